@@ -1,0 +1,3 @@
+from metralectl.cli.main import main
+
+main()

@@ -1,0 +1,126 @@
+"""`list`, `show` and `run --print`: the recipe catalog, no container engine needed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+from metralectl.cli.state import note, style
+from metralectl.errors import MetralError, NotFound
+
+
+def _catalog() -> Any:
+    from metralectl.catalog import load_catalog
+
+    catalog = load_catalog()
+    for refused in catalog.refused:
+        errors = [p for p in refused.problems if p.severity == "error"]
+        note(style(f"metralectl: your recipe {refused.path} was refused ({len(errors)} problem"
+                   f"{'s' if len(errors) != 1 else ''}); it is left out:", "33", sys.stderr))
+        for problem in errors[:5]:
+            note("  " + problem.render().replace("\n", "\n  "))
+    return catalog
+
+
+def _check_hardware(catalog: Any, hardware: str | None) -> None:
+    if hardware and hardware not in catalog.hardware:
+        from metralectl.schema import did_you_mean
+
+        guess = did_you_mean(hardware, catalog.hardware)
+        raise NotFound(f"unknown hardware class {hardware!r}",
+                       f"did you mean `{guess}`?" if guess else f"known: {', '.join(catalog.hardware)}")
+
+
+def _yes_no(value: bool | None) -> str:
+    return "?" if value is None else ("yes" if value else "no")
+
+
+def list_recipes(
+    hardware: str = typer.Option(None, "--hardware", help="Judge fit against this hardware class (gb10, hopper, b200)."),
+    tag: list[str] = typer.Option(None, "--tag", help="Only recipes with this tag (repeatable)."),
+    only_hardware: bool = typer.Option(False, "--only", help="With --hardware: list only that class's recipes."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per recipe)."),
+) -> None:
+    """List the recipes: model, quant, hardware, MTP, validated tok/s, memory, fit, cached weights."""
+    from metralectl import library
+
+    catalog = _catalog()
+    _check_hardware(catalog, hardware)
+    target = library.choose_target(catalog, hardware)
+    rows = library.rows(catalog, target, hardware=hardware if only_hardware else None, tags=tag or None)
+    if as_json:
+        print(json.dumps({"target": {"hardware": target.hardware, "how": target.how},
+                          "recipes": [r.as_json() for r in rows]}, indent=2))
+    else:
+        table_rows = [[
+            r.name, r.model, r.quant, r.hardware, "yes" if r.mtp else "-",
+            f"{r.validated_tok_s:g}" if r.validated_tok_s is not None else "-",
+            f"{r.memory_gb:.1f}" if r.memory_gb is not None else "?",
+            _yes_no(r.fits), r.weights, r.source if not r.overrides else "user (overrides shipped)",
+        ] for r in rows]
+        from metralectl.cli.table import render_table
+
+        print(render_table(["RECIPE", "MODEL", "QUANT", "HW", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS", "SOURCE"],
+                           table_rows, right=(5, 6)))
+        note(f"fit judged on: {target.hardware or 'each recipe’s own class'} ({target.how})")
+    if catalog.refused:
+        raise typer.Exit(1)
+
+
+def show(
+    recipe_name: str = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `metralectl list`)."),
+    set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a setting (checked)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show a recipe: settings, provenance, memory estimate, and the command it renders."""
+    from metralectl.cli import show_view
+    from metralectl.overrides import apply_sets
+
+    catalog = _catalog()
+    recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])
+    if as_json:
+        print(json.dumps(show_view.as_json(catalog, recipe), indent=2, default=str))
+    else:
+        print(show_view.as_text(catalog, recipe))
+
+
+def run(
+    recipe_name: str = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `metralectl list`)."),
+    print_only: bool = typer.Option(False, "--print", help="Print the exact `docker run` and exit."),
+    set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a setting (checked, shown as a deviation)."),
+    rank: int = typer.Option(0, "--rank", help="For multi-rank recipes: which rank to render."),
+    master_addr: str = typer.Option(None, "--master-addr", help="For multi-rank recipes: the head's RoCE IP."),
+    as_json: bool = typer.Option(False, "--json", help="With --print: the container spec as JSON."),
+) -> None:
+    """Serve a recipe (with --print: show the exact `docker run` it implies)."""
+    from dataclasses import asdict
+
+    from metralectl.overrides import apply_sets
+    from metralectl.render import docker_run_command, render
+
+    catalog = _catalog()
+    recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])
+    if not 0 <= rank < recipe.resources.world_size:
+        raise MetralError(f"{recipe.name} has {recipe.resources.world_size} rank(s); --rank {rank} does not exist")
+    spec = render(recipe, catalog.engines[recipe.engine], catalog.images[recipe.image], rank=rank,
+                  master_addr=master_addr)
+    for key, old, new in recipe.deviations:
+        note(style(f"deviation from the validated recipe: {key}: {old} -> {new}", "33", sys.stderr))
+    if not print_only:
+        raise MetralError("launching is not available in this build yet; `--print` shows the command",
+                          "run the printed command with Docker, or upgrade metralectl", exit_code=2)
+    if as_json:
+        print(json.dumps(asdict(spec), indent=2))
+    else:
+        if recipe.multi_rank and not master_addr:
+            note(f"rank {rank} of {recipe.resources.world_size}: pass --master-addr with the head's RoCE IP")
+        print(docker_run_command(spec))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("list")(list_recipes)
+    app.command("show")(show)
+    app.command("run")(run)

@@ -1,0 +1,90 @@
+"""How `show` presents a recipe (text and JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from metralectl.catalog import Catalog
+from metralectl.fit import MemoryEstimate, Part, estimate
+from metralectl.recipe import Recipe
+from metralectl.render import docker_run_command, render
+
+
+def _estimate(catalog: Catalog, recipe: Recipe) -> MemoryEstimate:
+    return estimate(recipe, catalog.model_of(recipe), catalog.hardware[recipe.hardware])
+
+
+def _gb(part: Part) -> str:
+    return f"{part.gb:7.2f} GB" if part.gb is not None else "      ? GB"
+
+
+def as_text(catalog: Catalog, recipe: Recipe) -> str:
+    from metralectl import hfcache
+
+    model = catalog.model_of(recipe)
+    hw = catalog.hardware[recipe.hardware]
+    image = catalog.images[recipe.image]
+    v = recipe.validated
+    lines = [f"{recipe.name} — {recipe.description}", ""]
+    lines += ["Provenance"]
+    lines.append(f"  file          {recipe.origin.path} ({recipe.origin.kind})")
+    if recipe.origin.overrides:
+        lines.append(f"  overrides     {recipe.origin.overrides}")
+    if recipe.origin.extends:
+        lines.append(f"  extends       {recipe.origin.extends}")
+    lines.append(f"  validated     {v.decode_tok_s if v.decode_tok_s is not None else '-'} tok/s decode on "
+                 f"{v.hardware or '?'}; engine revision {v.engine_revision or 'not recorded'}; date {v.date or 'not recorded'}")
+    if v.source:
+        lines.append(f"  source        {v.source}")
+    for key, old, new in recipe.deviations:
+        lines.append(f"  DEVIATION     {key}: {old} -> {new} (not what was validated)")
+    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    lines += ["", "Checkpoint"]
+    lines.append(f"  repo          {recipe.checkpoint.repo} @ {recipe.checkpoint.revision or 'unpinned'}")
+    lines.append(f"  quant         {recipe.checkpoint.quant} (kernel target {model.target_for(recipe.checkpoint.quant)})")
+    lines.append(f"  model         {model.display_name} ({model.model_type or 'model_type unknown'}); "
+                 f"MTP {'yes' if model.mtp_supported else 'no' if model.mtp_supported is False else 'unknown'}")
+    lines.append(f"  local cache   {cache.status}: {cache.detail}")
+    lines += ["", "Hardware and image"]
+    lines.append(f"  hardware      {hw.display_name} ({hw.arch}, {hw.cpu_arch}, "
+                 f"{'unified memory' if hw.unified_memory else 'GPU memory'}); boot timeout {hw.boot_timeout_s:g} s")
+    lines.append(f"  image         {image.ref} ({image.platform}; CUDA ≥ {image.min_cuda or '?'}, driver ≥ {image.min_driver or '?'})")
+    lines += ["", "Serve settings"]
+    for key, value in recipe.serve.items():
+        lines.append(f"  {key:<28}{'true' if value is True else value}")
+    r = recipe.resources
+    lines += ["", "Resources"]
+    lines.append(f"  port {r.port}, bind {r.bind}, memory-utilization {r.memory_utilization:g}, gpus {r.gpus}, "
+                 f"ranks {r.world_size}" + (f" (tp {r.tp_size} × ep {r.ep_size}, master-port {r.master_port})" if recipe.multi_rank else ""))
+    if recipe.env:
+        lines += ["", "Environment"] + [f"  {k}={val}" for k, val in recipe.env.items()]
+    est = _estimate(catalog, recipe)
+    lines += ["", f"Memory estimate (on {hw.id})"]
+    for part in (est.weights, est.kv_pool, est.reserve):
+        lines.append(f"  {part.label:<10}{_gb(part)}   {part.basis}")
+    total = f"{est.total_gb:7.2f} GB" if est.total_gb is not None else "      ? GB"
+    lines.append(f"  {'total':<10}{total}")
+    lines.append(f"  {'budget':<10}{_gb(est.budget)}   {est.budget.basis}")
+    verdict = {True: f"fits ({est.headroom_gb:.1f} GB headroom)" if est.headroom_gb is not None else "fits",
+               False: f"does NOT fit (short by {-(est.headroom_gb or 0):.1f} GB)", None: "unknown"}[est.fits]
+    lines.append(f"  verdict   {verdict}")
+    contract = catalog.engines[recipe.engine]
+    for rank in range(recipe.resources.world_size):
+        spec = render(recipe, contract, image, rank=rank)
+        title = "Command" if not recipe.multi_rank else f"Command (rank {rank}, {recipe.resources.ranks[rank].role})"
+        lines += ["", title, docker_run_command(spec)]
+    return "\n".join(lines)
+
+
+def as_json(catalog: Catalog, recipe: Recipe) -> dict[str, Any]:
+    est = _estimate(catalog, recipe)
+    image = catalog.images[recipe.image]
+    contract = catalog.engines[recipe.engine]
+    specs = [render(recipe, contract, image, rank=rank) for rank in range(recipe.resources.world_size)]
+    return {
+        "recipe": asdict(recipe),
+        "memory": {**asdict(est), "total_gb": est.total_gb, "fits": est.fits},
+        "commands": [docker_run_command(s) for s in specs],
+        "container_specs": [asdict(s) for s in specs],
+    }

@@ -1,0 +1,254 @@
+"""The engine's serve contract (engine/<name>.yaml): flags, levers, rules, readiness.
+
+Pure: loads and checks the contract, and checks one value against one flag.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from metralectl.schema import Checker, type_name
+from metralectl.yamlsrc import Document
+
+FLAG_TYPES = ("int", "float", "string", "path", "choice", "flag", "switch")
+RECIPE_ROLES = ("required", "required-with", "optional", "allowed", "resources", "launcher", "forbidden")
+SWITCH_VALUES = ("auto", "on", "off")
+_FLAG_KEYS = ("type", "default", "min", "max", "exclusive-min", "exclusive-max", "choices", "words", "recipe",
+              "with", "resource", "requires", "conflicts", "needs-model", "must-match", "aliases", "help", "reason",
+              "unset-word")
+_LEVER_KEYS = ("type", "default", "min", "max", "recipe", "help", "reason")
+_TOP_KEYS = ("schema", "name", "display-name", "binary", "serve-command", "model-argument", "version-command",
+             "default-port", "default-bind", "readiness", "log-phases", "log-failures", "endpoints", "flags",
+             "exclusive-groups", "rank-symmetric", "levers", "env-passthrough")
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    name: str
+    type: str
+    recipe: str
+    default: Any = None
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_min: float | None = None
+    exclusive_max: float | None = None
+    choices: tuple[str, ...] = ()
+    words: tuple[str, ...] = ()
+    trigger: str | None = None  # for required-with: the flag that makes this one required
+    resource: str | None = None  # for resources: the resources key it is rendered from
+    requires: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+    needs_model: str | None = None  # e.g. "mtp": the model must support it
+    must_match: str | None = None  # e.g. "checkpoint-quant"
+    aliases: tuple[str, ...] = ()
+    help: str = ""
+    reason: str = ""
+    unset_word: str | None = None
+
+    @property
+    def option(self) -> str:
+        return f"--{self.name}"
+
+    @property
+    def is_boolean(self) -> bool:
+        return self.type == "flag"
+
+    def check_value(self, value: Any) -> str | None:
+        """Why value is not acceptable for this flag, or None when it is."""
+        if self.type == "flag":
+            if value is True:
+                return None
+            if value is False:
+                return "a boolean key is written `true` or left out; `false` restates the default"
+            return f"is a presence-only switch: write `true` or leave it out, not {type_name(value)}"
+        if isinstance(value, str) and value in self.words:
+            return None
+        if self.type == "switch":
+            return None if value in SWITCH_VALUES else f"must be one of auto, on, off — not {type_name(value)}"
+        if self.type == "choice":
+            return None if value in self.choices else f"must be one of {', '.join(self.choices)} — not {type_name(value)}"
+        if self.type in ("string", "path"):
+            if isinstance(value, str) and value.strip():
+                return None
+            return f"must be a non-empty string, not {type_name(value)}"
+        if self.type == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                words = f" (or one of {', '.join(self.words)})" if self.words else ""
+                return f"must be an integer{words}, not {type_name(value)}"
+        elif self.type == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                words = f" (or one of {', '.join(self.words)})" if self.words else ""
+                return f"must be a number{words}, not {type_name(value)}"
+        return self._range_problem(value)
+
+    def _range_problem(self, value: float) -> str | None:
+        if value != value:  # NaN
+            return "must be a number, not NaN"
+        if self.minimum is not None and value < self.minimum:
+            return f"must be at least {self.minimum}, not {value}"
+        if self.maximum is not None and value > self.maximum:
+            return f"must be at most {self.maximum}, not {value}"
+        if self.exclusive_min is not None and value <= self.exclusive_min:
+            return f"must be greater than {self.exclusive_min}, not {value}"
+        if self.exclusive_max is not None and value >= self.exclusive_max:
+            return f"must be less than {self.exclusive_max}, not {value}"
+        return None
+
+    def render_value(self, value: Any) -> list[str]:
+        """The argv words for this flag set to value (booleans are presence-only)."""
+        if self.type == "flag":
+            return [self.option] if value is True else []
+        if self.unset_word is not None and value == self.unset_word:
+            return []  # the word that means "not set" (auto-compact: off) is the flag's absence
+        return [self.option, _format_scalar(value)]
+
+
+def _format_scalar(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class Lever:
+    name: str
+    type: str
+    recipe: bool
+    default: Any = None
+    minimum: float | None = None
+    help: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class LogPattern:
+    key: str  # the phase or failure cause
+    pattern: re.Pattern[str]
+    remedy: str = ""
+
+
+@dataclass(frozen=True)
+class EngineContract:
+    name: str
+    display_name: str
+    binary: str
+    serve_command: tuple[str, ...]
+    default_port: int
+    default_bind: str
+    readiness_marker: str
+    health_path: str
+    flags: dict[str, FlagSpec]
+    levers: dict[str, Lever]
+    exclusive_groups: tuple[tuple[tuple[str, ...], str], ...]
+    rank_symmetric: tuple[str, ...]
+    env_passthrough: tuple[str, ...]
+    endpoints: dict[str, str]
+    log_phases: tuple[LogPattern, ...] = ()
+    log_failures: tuple[LogPattern, ...] = ()
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def flag(self, name: str) -> FlagSpec | None:
+        return self.flags.get(self.aliases.get(name, name))
+
+    def env_allowed(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.env_passthrough)
+
+
+def parse_contract(doc: Document) -> tuple[EngineContract | None, Checker]:
+    """Build the contract from its YAML document; problems are reported on the returned Checker."""
+    check = Checker(doc)
+    top = check.mapping(doc.data, (), "the engine contract")
+    check.known_keys(top, (), _TOP_KEYS, "the engine contract")
+    name = check.string(top, (), "name")
+    flags: dict[str, FlagSpec] = {}
+    aliases: dict[str, str] = {}
+    for flag_name, raw in check.mapping(top.get("flags"), ("flags",), "flags").items():
+        spec = _parse_flag(check, str(flag_name), raw)
+        if spec:
+            flags[spec.name] = spec
+            for alias in spec.aliases:
+                aliases[alias] = spec.name
+    for spec in flags.values():
+        for other in (spec.trigger, *spec.requires, *spec.conflicts):
+            if other and other not in flags:
+                check.error(("flags", spec.name), f"refers to unknown flag {other!r}")
+    levers = {}
+    for lever_name, raw in check.mapping(top.get("levers", {}), ("levers",), "levers").items():
+        body = check.mapping(raw, ("levers", lever_name), f"lever {lever_name}")
+        check.known_keys(body, ("levers", lever_name), _LEVER_KEYS, f"lever {lever_name}")
+        levers[str(lever_name)] = Lever(str(lever_name), str(body.get("type", "string")), bool(body.get("recipe")),
+                                        body.get("default"), body.get("min"), str(body.get("help", "")),
+                                        str(body.get("reason", "")))
+    groups = []
+    for i, raw in enumerate(top.get("exclusive-groups") or []):
+        body = check.mapping(raw, ("exclusive-groups", i), "an exclusive group")
+        members = tuple(check.string_list(body, ("exclusive-groups", i), "flags", required=True))
+        groups.append((members, str(body.get("reason", ""))))
+    readiness = check.mapping(top.get("readiness", {}), ("readiness",), "readiness")
+    if not check.ok or name is None:
+        return None, check
+    contract = EngineContract(
+        name=name,
+        display_name=str(top.get("display-name", name)),
+        binary=str(top.get("binary", name)),
+        serve_command=tuple(top.get("serve-command") or ()),
+        default_port=int(top.get("default-port", 8888)),
+        default_bind=str(top.get("default-bind", "127.0.0.1")),
+        readiness_marker=str(readiness.get("log-marker", "Listening on {bind}:{port}")),
+        health_path=str(readiness.get("health-path", "/health")),
+        flags=flags,
+        levers=levers,
+        exclusive_groups=tuple(groups),
+        rank_symmetric=tuple(top.get("rank-symmetric") or ()),
+        env_passthrough=tuple(top.get("env-passthrough") or ()),
+        endpoints={str(k): str(v) for k, v in (top.get("endpoints") or {}).items()},
+        log_phases=_patterns(check, top, "log-phases", "phase"),
+        log_failures=_patterns(check, top, "log-failures", "cause"),
+        aliases=aliases,
+    )
+    return (contract if check.ok else None), check
+
+
+def _patterns(check: Checker, top: dict[str, Any], key: str, label: str) -> tuple[LogPattern, ...]:
+    out = []
+    for i, raw in enumerate(top.get(key) or []):
+        body = check.mapping(raw, (key, i), key)
+        try:
+            out.append(LogPattern(str(body.get(label)), re.compile(str(body.get("pattern"))), str(body.get("remedy", ""))))
+        except re.error as exc:
+            check.error((key, i, "pattern"), f"not a valid regular expression: {exc}")
+    return tuple(out)
+
+
+def _parse_flag(check: Checker, name: str, raw: Any) -> FlagSpec | None:
+    where = ("flags", name)
+    body = check.mapping(raw, where, f"flag {name}")
+    check.known_keys(body, where, _FLAG_KEYS, f"flag {name}")
+    kind = body.get("type")
+    role = body.get("recipe")
+    if kind not in FLAG_TYPES:
+        check.error(where + ("type",), f"unknown flag type {kind!r}", f"use one of {', '.join(FLAG_TYPES)}")
+        return None
+    if role not in RECIPE_ROLES:
+        check.error(where + ("recipe",), f"unknown recipe role {role!r}", f"use one of {', '.join(RECIPE_ROLES)}")
+        return None
+    if role == "required-with" and not body.get("with"):
+        check.error(where, "a required-with flag must name its trigger in `with:`")
+    if role == "resources" and not body.get("resource"):
+        check.error(where, "a resources flag must name its `resource:` key")
+    if kind == "choice" and not body.get("choices"):
+        check.error(where, "a choice flag must list its `choices:`")
+    if kind == "flag" and role not in ("allowed", "forbidden", "launcher"):
+        check.error(where + ("recipe",), "a presence-only flag can only be allowed, forbidden or launcher-set")
+    return FlagSpec(
+        name=name, type=kind, recipe=role, default=body.get("default"),
+        minimum=body.get("min"), maximum=body.get("max"),
+        exclusive_min=body.get("exclusive-min"), exclusive_max=body.get("exclusive-max"),
+        choices=tuple(str(c) for c in body.get("choices") or ()), words=tuple(str(w) for w in body.get("words") or ()),
+        trigger=body.get("with"), resource=body.get("resource"),
+        requires=tuple(body.get("requires") or ()), conflicts=tuple(body.get("conflicts") or ()),
+        needs_model=body.get("needs-model"), must_match=body.get("must-match"),
+        aliases=tuple(body.get("aliases") or ()), help=str(body.get("help", "")), reason=str(body.get("reason", "")),
+        unset_word=body.get("unset-word"),
+    )

@@ -1,0 +1,85 @@
+"""The validated recipe value. Built only by the checker (metralectl.checker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    repo: str
+    quant: str
+    revision: str | None  # a pinned commit, or None (pull records what it resolved to)
+
+
+@dataclass(frozen=True)
+class Rank:
+    index: int
+    role: str  # "head" | "worker"
+    port: int
+    serve: dict[str, Any]  # the effective serve settings of this rank
+
+
+@dataclass(frozen=True)
+class Resources:
+    port: int
+    bind: str
+    memory_utilization: float
+    gpus: str | int  # "all", "none" or a count
+    ranks: tuple[Rank, ...]
+    master_port: int | None = None
+    tp_size: int = 1
+    ep_size: int = 1
+    nodes: int = 1
+    expose_acknowledged: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass(frozen=True)
+class Validated:
+    source: str | None = None
+    engine_revision: str | None = None
+    hardware: str | None = None
+    date: str | None = None
+    decode_tok_s: float | None = None
+    image: str | None = None
+    notes: str | None = None
+
+
+@dataclass(frozen=True)
+class RecipeOrigin:
+    kind: str  # "shipped" | "user" | "file"
+    path: str
+    overrides: str | None = None  # path of the shipped recipe this one replaces
+    extends: str | None = None  # name of the recipe this one was built on
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str
+    engine: str
+    checkpoint: CheckpointRef
+    model: str  # kernel model id the checkpoint resolves to
+    hardware: str
+    image: str  # image id
+    serve: dict[str, Any]  # engine flag name -> value (head rank / single rank)
+    resources: Resources
+    env: dict[str, str]
+    tags: tuple[str, ...]
+    validated: Validated
+    origin: RecipeOrigin
+    deviations: tuple[tuple[str, Any, Any], ...] = ()  # (key, validated value, new value) from --set
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def multi_rank(self) -> bool:
+        return self.resources.world_size > 1
+
+    @property
+    def mtp(self) -> bool:
+        return self.serve.get("speculative") is True

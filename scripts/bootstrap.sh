@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up a development machine (or CI) from nothing: system packages the integration tests use,
+# then metralectl itself (editable, with test extras). Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
+
+# docker.io: the real daemon the lifecycle tests drive; busybox-static: the rootfs of the locally
+# built test-engine image (no registry is reachable); tmux: drives the TUI in end-to-end tests.
+need=()
+command -v dockerd >/dev/null || need+=(docker.io)
+[ -x /bin/busybox ] || need+=(busybox-static)
+command -v tmux >/dev/null || need+=(tmux)
+if [ ${#need[@]} -gt 0 ]; then
+  if as_root true 2>/dev/null; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "bootstrap: cannot install ${need[*]} without root; the Docker tests will be skipped" >&2
+  fi
+fi
+
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+command -v pyenv >/dev/null && pyenv rehash || true   # expose the new `metralectl` through pyenv's shims
+echo "bootstrap: done ($(python3 -m metralectl --version))" >&2

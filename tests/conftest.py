@@ -1,0 +1,24 @@
+"""Shared fixtures: every test runs with its own config dir, HF cache and METRALE_HOME."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "env"
+    for name in ("config", "cache", "hf", "metrale"):
+        (home / name).mkdir(parents=True)
+    monkeypatch.setenv("METRALECTL_CONFIG_DIR", str(home / "config"))
+    monkeypatch.setenv("METRALECTL_CACHE_DIR", str(home / "cache"))
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("METRALE_HOME", str(home / "metrale"))
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    return home

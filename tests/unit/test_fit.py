@@ -1,0 +1,61 @@
+"""Memory estimate arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from metralectl.fit import estimate, high_precision_layers, kv_element_bytes
+from metralectl.overrides import apply_sets
+from tests.unit.recipe_helpers import catalog
+
+
+def _estimate(name: str, *sets: str):
+    cat = catalog()
+    recipe = apply_sets(cat, cat.recipes[name], list(sets))
+    return estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware])
+
+
+def test_flagship_kv_pool_by_the_formula() -> None:
+    est = _estimate("qwen3.5-35b-a3b")
+    # 8192 tokens x 8 seqs x 10 attention layers x 2 kv-heads x 256 head-dim x 2 (K,V) x 0.5 B (nvfp4)
+    assert est.kv_pool.gb == pytest.approx(8192 * 8 * 10 * 2 * 256 * 2 * 0.5 / 1e9)
+    assert est.reserve.gb == pytest.approx(4.096)
+    assert est.budget.gb == pytest.approx(119.7 * 0.88)
+    assert est.weights.gb == pytest.approx(35 * 4.5 / 8)
+    assert est.fits is True and est.total_gb == pytest.approx(est.weights.gb + est.kv_pool.gb + est.reserve.gb)
+
+
+def test_kv_scales_with_dtype_and_blocks() -> None:
+    fp8 = _estimate("qwen3.5-35b-a3b", "kv-cache-dtype=fp8")
+    nvfp4 = _estimate("qwen3.5-35b-a3b")
+    assert fp8.kv_pool.gb == pytest.approx(2 * nvfp4.kv_pool.gb)
+    odd = _estimate("qwen3.5-35b-a3b", "max-seq-len=8193")  # rounds up to whole 16-token blocks
+    assert odd.kv_pool.gb == pytest.approx(nvfp4.kv_pool.gb * 8208 / 8192)
+
+
+def test_high_precision_layers_rule() -> None:
+    assert high_precision_layers(0, "fp8", 10) == 0
+    assert high_precision_layers(2, "nvfp4", 12) == 4
+    assert high_precision_layers("auto", "nvfp4", 12) == 4
+    assert high_precision_layers("max", "fp8", 12) == 12
+    assert high_precision_layers(0, "turbo3", 12) == max(2, math.ceil(12 / 3))
+    assert high_precision_layers(0, "turbo2", 12) == max(4, math.ceil(4 * 12 / 5))
+    assert kv_element_bytes("bf16k_turbo3v") == (2.0, 0.375)
+    assert kv_element_bytes("nonsense") is None
+
+
+def test_memory_that_does_not_fit() -> None:
+    est = _estimate("qwen3.5-35b-a3b", "max-seq-len=262144", "max-batch-size=64")
+    assert est.fits is False and est.headroom_gb is not None and est.headroom_gb < 0
+
+
+def test_unknown_figures_stay_unknown() -> None:
+    cat = catalog()
+    unknown = [r for r in cat.recipes.values()
+               if None in (cat.model_of(r).kv_heads, cat.model_of(r).head_dim, cat.model_of(r).attention_layers)]
+    assert unknown, "the data has figures left unknown (Gemma-4, ...); this test guards how they are shown"
+    for recipe in unknown:
+        est = estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware])
+        assert est.kv_pool.gb is None and est.fits is None and "unknown" in est.kv_pool.basis

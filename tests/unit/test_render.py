@@ -1,0 +1,111 @@
+"""What a recipe renders to: the golden flagship command and the container spec."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from metralectl.render import docker_run_command, render
+from tests.unit.recipe_helpers import REPO, catalog
+
+GOLDEN = REPO / "tests" / "golden" / "flagship-docker-run.txt"
+# The book's Quickstart launch (SPEC §2), minus the container name.
+QUICKSTART = """docker run -d --network host --gpus all --ipc=host
+  -v ~/.cache/huggingface:/root/.cache/huggingface
+  metrale/metrale-inference-gb10:latest
+  serve Sehyo/Qwen3.5-35B-A3B-NVFP4
+  --port 8888 --max-seq-len 8192 --kv-cache-dtype nvfp4
+  --gpu-memory-utilization 0.88 --scheduler slai
+  --speculative --mtp-quantization nvfp4"""
+
+
+@pytest.fixture()
+def home_hf(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.setenv("HOME", "/home/operator")  # the golden must not depend on who runs the tests
+    monkeypatch.setattr("metralectl.render.owner", lambda: "operator")
+
+
+def _flagship_spec():
+    cat = catalog()
+    recipe = cat.recipes["qwen3.5-35b-a3b"]
+    return render(recipe, cat.engines["metrale"], cat.images[recipe.image])
+
+
+def test_flagship_golden(home_hf: None) -> None:
+    text = docker_run_command(_flagship_spec())
+    assert text + "\n" == GOLDEN.read_text()
+
+
+def test_flagship_contains_the_quickstart_launch(home_hf: None) -> None:
+    words = shlex.split(docker_run_command(_flagship_spec()).replace("\\\n", " "))
+    quick = shlex.split(QUICKSTART.replace("\n", " "))
+    pairs = lambda ws: {(a, b) for a, b in zip(ws, ws[1:])}
+    ours = pairs(words)
+    missing = [p for p in pairs(quick) if p not in ours and not p[1].startswith("-") and not p[0].startswith("-v")]
+    # Every option of the Quickstart is there with the same value, in the same structure.
+    for flag, value in [("--network", "host"), ("--gpus", "all"), ("serve", "Sehyo/Qwen3.5-35B-A3B-NVFP4"),
+                        ("--port", "8888"), ("--max-seq-len", "8192"), ("--kv-cache-dtype", "nvfp4"),
+                        ("--gpu-memory-utilization", "0.88"), ("--scheduler", "slai"), ("--mtp-quantization", "nvfp4")]:
+        assert (flag, value) in ours, (flag, value, missing)
+    assert "--ipc=host" in words and "--speculative" in words
+    mount = words[words.index("-v") + 1]
+    assert mount == "~/.cache/huggingface:/root/.cache/huggingface"  # as in the book; the shell expands ~
+    assert words.index("metrale/metrale-inference-gb10:latest") < words.index("serve")
+
+
+def test_spec_is_data(home_hf: None) -> None:
+    spec = _flagship_spec()
+    assert spec.mounts[0].source == "/home/operator/.cache/huggingface"
+    assert spec.network_mode == "host" and spec.ipc_mode == "host" and spec.gpus == "all"
+    assert spec.command[:2] == ("serve", "Sehyo/Qwen3.5-35B-A3B-NVFP4")
+    assert spec.labels["ai.metrale.metralectl.managed"] == "true"
+    assert spec.labels["ai.metrale.metralectl.recipe"] == "qwen3.5-35b-a3b"
+    assert spec.labels["ai.metrale.metralectl.spec-hash"] == spec.spec_hash()
+    assert [m.target for m in spec.mounts] == ["/root/.cache/huggingface"]
+
+
+def test_hf_hub_cache_is_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hfhome"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+    mounts = {m.target: m.source for m in _flagship_spec().mounts}
+    assert mounts == {"/root/.cache/huggingface": str(tmp_path / "hfhome"),
+                      "/root/.cache/huggingface/hub": str(tmp_path / "elsewhere")}
+
+
+def test_auto_compact_off_is_the_flags_absence() -> None:
+    assert "--auto-compact" not in _flagship_spec().command
+    cat = catalog()
+    agents = cat.recipes["qwen3.5-35b-a3b-agents"]
+    command = render(agents, cat.engines["metrale"], cat.images[agents.image]).command
+    assert command[command.index("--auto-compact") + 1] == "0.85"
+    assert "--enable-prefix-caching" in command
+
+
+def test_multi_rank_renders_rank_and_rendezvous() -> None:
+    cat = catalog()
+    recipe = cat.recipes["qwen3.5-122b-a10b-ep2"]
+    head = render(recipe, cat.engines["metrale"], cat.images[recipe.image], rank=0, master_addr="192.0.2.1")
+    worker = render(recipe, cat.engines["metrale"], cat.images[recipe.image], rank=1, master_addr="192.0.2.1")
+    for spec, rank, port in ((head, "0", "8888"), (worker, "1", "8889")):
+        cmd = list(spec.command)
+        assert cmd[cmd.index("--rank") + 1] == rank
+        assert cmd[cmd.index("--world-size") + 1] == "2"
+        assert cmd[cmd.index("--master-addr") + 1] == "192.0.2.1"
+        assert cmd[cmd.index("--master-port") + 1] == "29500"
+        assert cmd[cmd.index("--port") + 1] == port
+    sym = lambda c: [w for w in c if w in ("--speculative",)] + [c[c.index(f) + 1] for f in ("--mtp-quantization", "--num-drafts")]
+    assert sym(list(head.command)) == sym(list(worker.command))
+    assert head.name != worker.name
+
+
+def test_gpus_none_makes_no_device_request() -> None:
+    from metralectl.overrides import apply_sets
+
+    cat = catalog()
+    recipe = apply_sets(cat, cat.recipes["qwen3.5-35b-a3b"], ["resources.gpus=none"])
+    spec = render(recipe, cat.engines["metrale"], cat.images[recipe.image])
+    assert spec.gpus is None
+    assert "--gpus" not in docker_run_command(spec)
