@@ -144,8 +144,23 @@ def _build_catalog(root: Path, user_dir: Path | None) -> Catalog:
             catalog.recipes[recipe.name] = recipe
             catalog.documents[recipe.name] = doc
     if user_dir is not None:
+        _load_user_images(catalog, user_dir.parent / "images")
         load_user_recipes(catalog, user_dir)
     return catalog
+
+
+def _load_user_images(catalog: Catalog, directory: Path) -> None:
+    """Your own images (a locally built Hopper tag, a mirror): added to, or replacing, shipped ones."""
+    for path in _yaml_files(directory):
+        try:
+            image, check = parse_image(_load(path))
+        except YamlSyntax as exc:
+            catalog.refused.append(Refused(str(path), [exc.problem]))
+            continue
+        if image is None or not check.ok:
+            catalog.refused.append(Refused(str(path), check.problems))
+            continue
+        catalog.images[image.id] = image
 
 
 def load_user_recipes(catalog: Catalog, directory: Path) -> None:

@@ -39,6 +39,7 @@ def fingerprint(root: Path, user_dir: Path | None) -> str:
         _stats(root / name, parts)
     if user_dir is not None:
         _stats(user_dir, parts)
+        _stats(user_dir.parent / "images", parts)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

@@ -1,4 +1,4 @@
-"""`list`, `show` and `run --print`: the recipe catalog, no container engine needed."""
+"""`list` and `show`: the recipe catalog, no container engine needed (`run --print` is in serve_cmds)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from metralectl.cli.state import note, style
-from metralectl.errors import MetralError, NotFound
+from metralectl.errors import NotFound
 
 
 def _catalog() -> Any:
@@ -87,40 +87,6 @@ def show(
         print(show_view.as_text(catalog, recipe))
 
 
-def run(
-    recipe_name: str = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `metralectl list`)."),
-    print_only: bool = typer.Option(False, "--print", help="Print the exact `docker run` and exit."),
-    set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a setting (checked, shown as a deviation)."),
-    rank: int = typer.Option(0, "--rank", help="For multi-rank recipes: which rank to render."),
-    master_addr: str = typer.Option(None, "--master-addr", help="For multi-rank recipes: the head's RoCE IP."),
-    as_json: bool = typer.Option(False, "--json", help="With --print: the container spec as JSON."),
-) -> None:
-    """Serve a recipe (with --print: show the exact `docker run` it implies)."""
-    from dataclasses import asdict
-
-    from metralectl.overrides import apply_sets
-    from metralectl.render import docker_run_command, render
-
-    catalog = _catalog()
-    recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])
-    if not 0 <= rank < recipe.resources.world_size:
-        raise MetralError(f"{recipe.name} has {recipe.resources.world_size} rank(s); --rank {rank} does not exist")
-    spec = render(recipe, catalog.engines[recipe.engine], catalog.images[recipe.image], rank=rank,
-                  master_addr=master_addr)
-    for key, old, new in recipe.deviations:
-        note(style(f"deviation from the validated recipe: {key}: {old} -> {new}", "33", sys.stderr))
-    if not print_only:
-        raise MetralError("launching is not available in this build yet; `--print` shows the command",
-                          "run the printed command with Docker, or upgrade metralectl", exit_code=2)
-    if as_json:
-        print(json.dumps(asdict(spec), indent=2))
-    else:
-        if recipe.multi_rank and not master_addr:
-            note(f"rank {rank} of {recipe.resources.world_size}: pass --master-addr with the head's RoCE IP")
-        print(docker_run_command(spec))
-
-
 def register(app: typer.Typer) -> None:
     app.command("list")(list_recipes)
     app.command("show")(show)
-    app.command("run")(run)

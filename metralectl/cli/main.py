@@ -46,9 +46,10 @@ def _root(
 
 
 def _register() -> None:
-    from metralectl.cli import catalog_cmds, recipes_cmds
+    from metralectl.cli import catalog_cmds, recipes_cmds, serve_cmds
 
     catalog_cmds.register(app)
+    serve_cmds.register(app)
     app.add_typer(recipes_cmds.app, name="recipes")
 
 

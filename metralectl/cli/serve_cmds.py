@@ -1,0 +1,253 @@
+"""`run`, `ps`, `logs`, `stop`: serving through the Docker SDK (imported lazily, inside commands)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import typer
+
+from metralectl.cli.state import note, style
+
+
+def _sigterm_as_interrupt() -> None:
+    """A SIGTERM (service manager, `kill`) cleans up like Ctrl-C does."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _runtime() -> Any:
+    from metralectl.runtime import DockerRuntime
+
+    return DockerRuntime()
+
+
+class _Progress:
+    """Lifecycle events on stderr: phases always, engine log lines when following."""
+
+    def __init__(self, follow_log: bool) -> None:
+        self.follow_log = follow_log
+
+    def __call__(self, event: Any) -> None:
+        from metralectl.lifecycle import events as ev
+
+        err = sys.stderr
+        if isinstance(event, ev.Step):
+            note(style(f"▸ {event.name:<10} {event.detail}", "2", err))
+        elif isinstance(event, ev.Warning_):
+            note(style(f"! {event.message}", "33", err))
+        elif isinstance(event, ev.ContainerStarted):
+            note(style(f"▸ {'started':<10} {event.name} (run {event.run_id})", "2", err))
+        elif isinstance(event, ev.Phase):
+            note(style(f"▸ {event.phase:<10} {event.line.strip()}  [{event.elapsed_s:.1f} s]", "36", err))
+        elif isinstance(event, ev.LogLine) and self.follow_log:
+            note(style(f"  │ {event.line}", "2", err))
+        elif isinstance(event, ev.Ready):
+            note(style(f"✔ ready in {event.elapsed_s:.1f} s", "32", err))
+        elif isinstance(event, ev.Failed):
+            if event.last_lines and not self.follow_log:
+                note(style("  last log lines:", "2", err))
+                for line in event.last_lines[-15:]:
+                    note(style(f"  │ {line}", "2", err))
+
+
+def _print_ready(launched: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(asdict(launched), indent=2))
+        return
+    model = launched.model or "metrale"
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
+    print(f"endpoint  {launched.url}/v1")
+    print(f"model     {model}")
+    print(f"container {launched.container} (run {launched.run_id}; logs: metralectl logs -f {launched.recipe})")
+    print(f"curl -s {launched.url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}")
+
+
+def run(
+    recipe_name: str = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `metralectl list`)."),
+    print_only: bool = typer.Option(False, "--print", help="Print the exact `docker run` and exit (no Docker needed)."),
+    set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a setting (checked, shown as a deviation)."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Show boot phases only (not the engine log) until ready."),
+    replace: bool = typer.Option(False, "--replace", help="Stop the model metralectl is serving first."),
+    keep_failed: bool = typer.Option(False, "--keep-failed", help="Keep a container that failed to start (for inspection)."),
+    stall_timeout: float = typer.Option(300.0, "--stall-timeout", help="Fail when the log shows no progress this long (s)."),
+    boot_timeout: float = typer.Option(None, "--boot-timeout", help="Fail when not ready after this long (s; default: the hardware class's, 900 on GB10)."),
+    no_weights_check: bool = typer.Option(False, "--no-weights-check", help="Start even if the weights are not in the cache (the engine downloads them)."),
+    rank: int = typer.Option(0, "--rank", help="With --print, for multi-rank recipes: which rank."),
+    master_addr: str = typer.Option(None, "--master-addr", help="With --print, for multi-rank recipes: the head's RoCE IP."),
+    as_json: bool = typer.Option(False, "--json", help="JSON on stdout (the spec with --print, the endpoint otherwise)."),
+) -> None:
+    """Serve a recipe and wait until it is really ready (--print: show the `docker run` instead)."""
+    from metralectl.cli.catalog_cmds import _catalog
+    from metralectl.errors import MetralError
+    from metralectl.overrides import apply_sets
+
+    catalog = _catalog()
+    recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])
+    for key, old, new in recipe.deviations:
+        note(style(f"deviation from the validated recipe: {key}: {old} -> {new}", "33", sys.stderr))
+    if print_only:
+        from metralectl.render import docker_run_command, render
+
+        if not 0 <= rank < recipe.resources.world_size:
+            raise MetralError(f"{recipe.name} has {recipe.resources.world_size} rank(s); --rank {rank} does not exist")
+        spec = render(recipe, catalog.engines[recipe.engine], catalog.images[recipe.image], rank=rank,
+                      master_addr=master_addr)
+        if as_json:
+            print(json.dumps(asdict(spec), indent=2))
+            return
+        if recipe.multi_rank and not master_addr:
+            note(f"rank {rank} of {recipe.resources.world_size}: pass --master-addr with the head's RoCE IP")
+        print(docker_run_command(spec))
+        return
+    from metralectl.lifecycle.launch import LaunchOptions, launch
+    from metralectl.store import lifecycle_lock
+
+    _sigterm_as_interrupt()
+    options = LaunchOptions(replace=replace, keep_failed=keep_failed, stall_timeout_s=stall_timeout,
+                            boot_timeout_s=boot_timeout,
+                            check_weights=not no_weights_check, sets=tuple(set_ or ()))
+    runtime = _runtime()
+    with lifecycle_lock(f"run {recipe.name}"):
+        from metralectl.lifecycle.swap import repair_if_needed
+
+        repair_if_needed(runtime, catalog, on_event=_Progress(False))
+        launched = launch(recipe, catalog, runtime, options=options, on_event=_Progress(follow_log=not detach))
+    _print_ready(launched, as_json)
+
+
+def ps(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    repair: bool = typer.Option(False, "--repair", help="Repair an interrupted swap (restore a serving model)."),
+) -> None:
+    """What metralectl is serving: recipe, state, health, uptime, endpoint, image revision."""
+    from metralectl.lifecycle import status
+
+    runtime = _runtime()
+    if repair:
+        from metralectl.cli.catalog_cmds import _catalog
+        from metralectl.lifecycle.swap import repair_if_needed
+        from metralectl.store import lifecycle_lock
+
+        with lifecycle_lock("repair"):
+            repair_if_needed(runtime, _catalog(), on_event=_Progress(False))
+    report = status.collect(runtime)
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2))
+        return
+    from metralectl.cli.table import render_table
+
+    rows = [[s.recipe, s.name, s.owner, s.state, s.health, s.uptime, s.endpoint, (s.image_revision or "-")[:24]]
+            for s in report.serving]
+    if rows:
+        print(render_table(["RECIPE", "CONTAINER", "OWNER", "STATE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REVISION"], rows))
+    else:
+        note("nothing is being served by metralectl")
+    if report.degraded:
+        note(style(f"DEGRADED: {report.degraded}", "31", sys.stderr))
+        note("    hint: `metralectl ps --repair` restores a serving model")
+    if report.last_swap:
+        note(f"last swap: {report.last_swap}")
+
+
+def logs(
+    recipe_name: str = typer.Argument(None, metavar="[RECIPE]", help="Whose logs (default: the one being served)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the container exits."),
+    tail: int = typer.Option(200, "--tail", "-n", help="Lines of history to start with."),
+) -> None:
+    """The engine's log (stdout). With -f, follows and returns when the container exits."""
+    from metralectl.lifecycle.stop import select
+
+    runtime = _runtime()
+    chosen = select(runtime, recipe_name, all_=False)
+    if not chosen:
+        from metralectl.errors import MetralError
+
+        raise MetralError("metralectl is not serving anything", "`metralectl run RECIPE`")
+    container = chosen[0]
+    if not follow:
+        for line in runtime.log_tail(container.id, tail):
+            print(line)
+        return
+    for line in runtime.follow_logs(container.id, tail=tail):
+        print(line, flush=True)
+
+
+def stop(
+    recipe_name: str = typer.Argument(None, metavar="[RECIPE]", help="Which recipe's container (default: the one served)."),
+    all_: bool = typer.Option(False, "--all", help="Every metralectl container."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Seconds between SIGTERM and SIGKILL."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Stop gracefully (kill after --timeout), verify the container is gone and memory came back."""
+    from metralectl.lifecycle.memory import NvmlMemoryWatch
+    from metralectl.lifecycle.stop import select, stop_containers
+    from metralectl.store import lifecycle_lock
+
+    runtime = _runtime()
+    with lifecycle_lock("stop"):
+        chosen = select(runtime, recipe_name, all_)
+        if not chosen:
+            note("nothing to stop")
+            return
+        results = stop_containers(runtime, chosen, timeout_s=timeout, on_event=_Progress(False),
+                                  memory=NvmlMemoryWatch(runtime))
+    if as_json:
+        print(json.dumps([asdict(r) for r in results], indent=2))
+        return
+    for r in results:
+        how = "killed after the timeout" if r.killed else f"exited {r.exit_code}"
+        print(f"stopped {r.name} ({r.recipe}): {how} in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; "
+              f"memory: {r.memory}")
+
+
+def swap(
+    recipe_name: str = typer.Argument(..., metavar="RECIPE", help="The recipe to serve instead."),
+    set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a setting (checked)."),
+    drain_timeout: float = typer.Option(60.0, "--drain-timeout", help="Max seconds to wait for in-flight requests."),
+    stall_timeout: float = typer.Option(300.0, "--stall-timeout", help="Fail when the new engine's log shows no progress this long (s)."),
+    boot_timeout: float = typer.Option(None, "--boot-timeout", help="Fail when the new engine is not ready after this long (s)."),
+    no_weights_check: bool = typer.Option(False, "--no-weights-check", help="Do not require the new weights in the cache."),
+    as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
+) -> None:
+    """Replace the served model; if the new one does not become ready, restore the previous one."""
+    from metralectl.cli.catalog_cmds import _catalog
+    from metralectl.lifecycle.launch import LaunchOptions
+    from metralectl.lifecycle.memory import NvmlMemoryWatch
+    from metralectl.lifecycle.swap import repair_if_needed, swap as do_swap
+    from metralectl.overrides import apply_sets
+    from metralectl.store import lifecycle_lock
+
+    catalog = _catalog()
+    recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])  # refused here, before anything is released
+    _sigterm_as_interrupt()
+    runtime = _runtime()
+    progress = _Progress(False)
+    with lifecycle_lock(f"swap to {recipe.name}"):
+        repair_if_needed(runtime, catalog, on_event=progress)
+        result = do_swap(recipe, list(set_ or []), catalog, runtime, on_event=progress,
+                         options=LaunchOptions(stall_timeout_s=stall_timeout, boot_timeout_s=boot_timeout,
+                                               check_weights=not no_weights_check),
+                         drain_timeout_s=drain_timeout, memory=NvmlMemoryWatch(runtime))
+    if as_json:
+        print(json.dumps(asdict(result), indent=2))
+        return
+    split = ", ".join(f"{k} {v:.1f} s" for k, v in result.phases.items())
+    print(f"swapped {result.from_recipe} -> {result.to_recipe}: downtime {result.downtime_s:.1f} s ({split})")
+    print(f"endpoint  {result.url}/v1")
+    print(f"model     {result.model or '-'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+    app.command("ps")(ps)
+    app.command("logs")(logs)
+    app.command("stop")(stop)
+    app.command("swap")(swap)

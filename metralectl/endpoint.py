@@ -1,0 +1,97 @@
+"""The served engine over HTTP: health, models, metrics, serve-config. httpx lives here (lazily)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from metralectl.errors import MetralError
+
+
+@dataclass(frozen=True)
+class Health:
+    status: int | None  # HTTP status, None when nothing answered
+    body: str
+    error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.status == 200
+
+
+def base_url(bind: str, port: int) -> str:
+    """How to reach a host-network engine from this machine (0.0.0.0 means: any, so loopback works)."""
+    host = "127.0.0.1" if bind in ("0.0.0.0", "") else ("[::1]" if bind == "::" else bind)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+class EngineClient:
+    """A small synchronous client for the engine's control endpoints (not the benchmark hot path)."""
+
+    def __init__(self, url: str, timeout: float = 2.0) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(timeout=timeout, trust_env=False)  # loopback: never through a proxy
+
+    def health(self, path: str = "/health") -> Health:
+        import httpx
+
+        try:
+            response = self._http.get(self.url + path)
+        except httpx.HTTPError as exc:
+            return Health(None, "", f"{type(exc).__name__}: {exc}")
+        return Health(response.status_code, response.text[:500])
+
+    def served_model(self) -> str | None:
+        data = self._json("/v1/models")
+        models = data.get("data") if isinstance(data, dict) else None
+        if isinstance(models, list) and models and isinstance(models[0], dict):
+            return str(models[0].get("id"))
+        return None
+
+    def metrics_text(self) -> str:
+        import httpx
+
+        try:
+            response = self._http.get(self.url + "/metrics")
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise MetralError(f"cannot read {self.url}/metrics: {exc}") from None
+        return response.text
+
+    def serve_config(self) -> dict[str, Any]:
+        data = self._json("/serve-config")
+        return data if isinstance(data, dict) else {}
+
+    def _json(self, path: str) -> Any:
+        import httpx
+
+        try:
+            response = self._http.get(self.url + path)
+            response.raise_for_status()
+            return response.json()
+        except (httpx.HTTPError, json.JSONDecodeError, ValueError):
+            return None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def requests_active(metrics_text: str) -> float | None:
+    """`metrale_requests_active` from Prometheus text (None when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "metrale_requests_active":
+            return sum(s.value for s in family.samples)
+    return None

@@ -1,0 +1,277 @@
+"""`run`: preflight, start the container, wait until the engine is really ready, or clean up.
+
+Ready means both: the log's `Listening on <bind>:<port>` marker AND `GET /health` = 200. A start
+that fails is classified in one line, its logs are kept, and its container removed (unless
+keep_failed). Ctrl-C at any point removes the half-started container.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from metralectl import hfcache, machine, store
+from metralectl.catalog import Catalog
+from metralectl.endpoint import EngineClient, base_url
+from metralectl.errors import MetralError
+from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit
+from metralectl.lifecycle.events import ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Warning_, ignore
+from metralectl.recipe import Recipe
+from metralectl.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, render
+from metralectl.runtime import ContainerInfo, DockerRuntime, RuntimeFailure
+
+LABEL_ENDPOINT = "ai.metrale.metralectl.endpoint"
+LABEL_SETS = "ai.metrale.metralectl.sets"
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    replace: bool = False
+    keep_failed: bool = False
+    stall_timeout_s: float = 300.0  # no new log line for this long while booting = stalled
+    boot_timeout_s: float | None = None  # default: the hardware class's (900 s on GB10)
+    check_weights: bool = True
+    sets: tuple[str, ...] = ()  # the --set overrides, recorded so a swap can restore this exact recipe
+
+
+@dataclass(frozen=True)
+class Launched:
+    run_id: str
+    recipe: str
+    container: str
+    container_id: str
+    url: str
+    model: str | None
+    ready_s: float
+    phases: dict[str, float] = field(default_factory=dict)
+    log_path: str = ""
+
+
+class LaunchFailed(MetralError):
+    def __init__(self, diagnosis: Diagnosis, last_lines: list[str], log_path: str, kept: str | None = None) -> None:
+        where = f"; logs kept in {log_path}" + (f"; container {kept} kept" if kept else "")
+        super().__init__(f"start failed ({diagnosis.cause}): {diagnosis.message}{where}", diagnosis.remedy)
+        self.diagnosis = diagnosis
+        self.last_lines = last_lines
+        self.log_path = log_path
+
+
+def port_free(bind: str, port: int) -> bool:
+    """Whether bind:port can be listened on (with host networking Docker cannot tell us)."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are not "in use"
+        try:
+            probe.bind((bind, port))
+        except OSError:
+            return False
+    return True
+
+
+def preflight(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spec: ContainerSpec, options: LaunchOptions,
+              on_event: Listener, *, ignore_running: tuple[str, ...] = (), check_port: bool = True) -> None:
+    """Everything that can refuse a launch before anything starts."""
+    if recipe.multi_rank:
+        raise MetralError(f"{recipe.name} needs {recipe.resources.world_size} ranks on {recipe.resources.nodes} nodes; "
+                          "`run` serves single-node recipes", f"`metralectl run {recipe.name} --print --rank N` shows each rank's command")
+    image = catalog.images[recipe.image]
+    on_event(Step("image", image.ref))
+    state = runtime.image_state(image.ref, image.revision_label)
+    if not state.present:
+        raise MetralError(f"image {image.ref} is not present locally", f"metralectl pull {recipe.name}")
+    expected = {"aarch64": "linux/arm64", "x86_64": "linux/amd64"}.get(machine.cpu_arch())
+    if state.platform and expected and state.platform != expected:
+        raise MetralError(f"image {image.ref} is built for {state.platform}, this machine is {expected}",
+                          "pull the image for this machine's platform, or use a recipe for this hardware class")
+    if options.check_weights:
+        on_event(Step("weights", recipe.checkpoint.repo))
+        cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+        if cache.status in ("absent", "partial"):
+            raise MetralError(f"weights of {recipe.checkpoint.repo} are {cache.status} in the HF cache ({cache.detail})",
+                              f"metralectl pull {recipe.name}")
+        if cache.status == "present":
+            on_event(Warning_(f"weights of {recipe.checkpoint.repo} are present but not verified "
+                              f"(`metralectl pull {recipe.name}` verifies them)"))
+    existing = runtime.inspect(spec.name)
+    if existing is not None and (not existing.managed or existing.labels.get(LABEL_OWNER) != owner()):
+        who = "is not metralectl's" if not existing.managed else f"belongs to {existing.labels.get(LABEL_OWNER)}"
+        raise MetralError(f"a container named {spec.name} already exists and {who}; metralectl will not touch it",
+                          f"remove or rename it yourself (`docker rm {spec.name}`), or serve under another recipe name")
+    others = [c for c in runtime.containers(mine=False) if c.running and c.owner != owner()]
+    if others:
+        names = ", ".join(f"{c.name} (owner {c.owner})" for c in others)
+        raise MetralError(f"another user's model is being served: {names}; metralectl will not stop it",
+                          "ask its owner to stop it (`metralectl stop`) first")
+    running = [c for c in runtime.containers() if c.running and c.name not in ignore_running]
+    if running and not options.replace:
+        names = ", ".join(f"{c.name} ({c.labels.get(LABEL_RECIPE, '?')})" for c in running)
+        raise MetralError(f"a model is already being served by metralectl: {names}",
+                          f"`metralectl swap {recipe.name}` replaces it with rollback; `run --replace` stops it first")
+    if not check_port:
+        return
+    on_event(Step("port", f"{spec.bind}:{spec.port}"))
+    if not running and not port_free(spec.bind, spec.port):
+        raise MetralError(f"port {spec.port} on {spec.bind} is already in use by another program",
+                          f"free it (`ss -ltnp 'sport = :{spec.port}'` shows who holds it) or `--set resources.port=N`")
+
+
+def launch(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, *, options: LaunchOptions = LaunchOptions(),
+           on_event: Listener = ignore, gpus_override: str | int | None = "recipe") -> Launched:
+    contract = catalog.engines[recipe.engine]
+    spec = render(recipe, contract, catalog.images[recipe.image], gpus_override=gpus_override)
+    preflight(recipe, catalog, runtime, spec, options, on_event)
+    if options.replace:
+        from metralectl.lifecycle.stop import stop_containers
+
+        for result in stop_containers(runtime, [c for c in runtime.containers() if c.running], on_event=on_event):
+            on_event(Step("replaced", result.name))
+    stale = runtime.inspect(spec.name)
+    if stale is not None:  # ours, not running: a leftover of an earlier failed run
+        runtime.remove(stale.id, force=True)
+    return start_and_wait(recipe, catalog, runtime, spec, options, on_event)
+
+
+def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spec: ContainerSpec,
+                   options: LaunchOptions, on_event: Listener) -> Launched:
+    run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    url = base_url(spec.bind, spec.port)
+    labels = {LABEL_RUN_ID: run_id, LABEL_ENDPOINT: url, LABEL_SETS: "\x1f".join(options.sets)}
+    log_path = store.logs_dir() / f"{run_id}-{recipe.name}.log"
+    boot_timeout = options.boot_timeout_s or catalog.hardware[recipe.hardware].boot_timeout_s
+    contract = catalog.engines[recipe.engine]
+    container: ContainerInfo | None = None
+    started = time.monotonic()
+    try:
+        on_event(Step("starting", spec.name))
+        try:
+            container = runtime.create_and_start(spec, labels)
+        except RuntimeFailure as exc:
+            cause = "gpu-runtime-missing" if "GPU" in exc.message else "start-refused"
+            raise LaunchFailed(Diagnosis(cause, exc.message, exc.hint or REMEDIES.get(cause, "")), [], str(log_path)) from None
+        on_event(ContainerStarted(spec.name, container.id, run_id))
+        log = BootLog(contract, spec.bind, spec.port)
+        phases = _wait_ready(runtime, container, log, log_path, url, boot_timeout, options.stall_timeout_s, started,
+                             on_event)
+        with EngineClient(url) as client:
+            model = client.served_model()
+        elapsed = time.monotonic() - started
+        on_event(Ready(url, model, elapsed))
+        store.append_jsonl(store.state_dir() / "runs.jsonl", {"run_id": run_id, "recipe": recipe.name, "outcome": "ready",
+                                                             "container": spec.name, "ready_s": round(elapsed, 3),
+                                                             "at": time.time(), "sets": list(options.sets)})
+        return Launched(run_id, recipe.name, spec.name, container.id, url, model, elapsed, phases, str(log_path))
+    except LaunchFailed as failure:
+        kept = None
+        if container is not None:
+            if options.keep_failed:
+                kept = spec.name
+            else:
+                runtime.remove(container.id, force=True)
+        on_event(Failed(failure.diagnosis.cause, failure.diagnosis.message, failure.diagnosis.remedy,
+                        tuple(failure.last_lines)))
+        store.append_jsonl(store.state_dir() / "runs.jsonl", {"run_id": run_id, "recipe": recipe.name, "outcome": "failed",
+                                                             "cause": failure.diagnosis.cause, "at": time.time()})
+        raise LaunchFailed(failure.diagnosis, failure.last_lines, failure.log_path, kept) from None
+    except BaseException:
+        # Ctrl-C, a crash, a lost daemon: nothing half-started may stay behind.
+        if container is not None:
+            _remove_quietly(runtime, container.id)
+        raise
+
+
+def _remove_quietly(runtime: DockerRuntime, container_id: str) -> None:
+    try:
+        runtime.remove(container_id, force=True)
+    except MetralError:
+        pass
+
+
+def _wait_ready(runtime: DockerRuntime, container: ContainerInfo, log: BootLog, log_path: Path, url: str,
+                boot_timeout: float, stall_timeout: float, started: float, on_event: Listener) -> dict[str, float]:
+    lines: queue.Queue[str | None] = queue.Queue()
+    stop = threading.Event()
+    follower = threading.Thread(target=_follow, args=(runtime, container.id, lines, stop), daemon=True)
+    follower.start()
+    phases: dict[str, float] = {}
+    last_progress = time.monotonic()
+    next_state_check = 0.0
+    log_ended = False
+    client: EngineClient | None = None
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        while True:
+            now = time.monotonic()
+            try:
+                line = lines.get(timeout=0.1)
+            except queue.Empty:
+                line = ""
+            if line is None:
+                log_ended = True
+            elif line:
+                os.write(fd, (line + "\n").encode())
+                last_progress = now
+                on_event(LogLine(line))
+                phase = log.feed(line)
+                if phase is not None and phase not in phases:
+                    phases[phase] = now - started
+                    on_event(Phase(phase, line, now - started))
+            if now >= next_state_check or log_ended:
+                next_state_check = now + 0.5
+                info = runtime.inspect(container.id)
+                if info is None or not info.running:
+                    _drain(lines, fd, log, on_event)
+                    code = info.exit_code if info else None
+                    raise LaunchFailed(diagnose_exit(code, bool(info and info.oom_killed), log), list(log.tail)[-30:],
+                                       str(log_path))
+            if log.marker_seen:
+                client = client or EngineClient(url, timeout=1.0)
+                if client.health().ready:
+                    phases.setdefault("ready", now - started)
+                    return phases
+            if now - started > boot_timeout:
+                raise LaunchFailed(Diagnosis("timeout", f"not ready after {boot_timeout:g} s (phase: {log.phase})",
+                                             REMEDIES["timeout"]), list(log.tail)[-30:], str(log_path))
+            if now - last_progress > stall_timeout and not log.marker_seen:
+                raise LaunchFailed(Diagnosis("stalled", f"no progress for {stall_timeout:g} s (phase: {log.phase})",
+                                             REMEDIES["stalled"]), list(log.tail)[-30:], str(log_path))
+            if log.marker_seen and now - last_progress > stall_timeout:
+                raise LaunchFailed(Diagnosis("health", f"/health did not answer 200 within {stall_timeout:g} s of the "
+                                             "readiness marker", REMEDIES["health"]), list(log.tail)[-30:], str(log_path))
+    finally:
+        stop.set()
+        os.close(fd)
+        if client is not None:
+            client.close()
+
+
+def _follow(runtime: DockerRuntime, container_id: str, lines: queue.Queue[str | None], stop: threading.Event) -> None:
+    try:
+        for line in runtime.follow_logs(container_id, stop=stop):
+            lines.put(line)
+            if stop.is_set():
+                break
+    except MetralError:
+        pass
+    finally:
+        lines.put(None)
+
+
+def _drain(lines: queue.Queue[str | None], fd: int, log: BootLog, on_event: Listener) -> None:
+    """Take the lines the follower still holds, so the diagnosis sees the engine's last words."""
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if line is None:
+            return
+        os.write(fd, (line + "\n").encode())
+        on_event(LogLine(line))
+        log.feed(line)

@@ -1,0 +1,63 @@
+"""After a stop: did the GPU memory come back? (Leaked GPU state is the usual cause of a failed next start.)
+
+NVML reports host PIDs, so we note the container's PIDs before stopping it and wait, after, until
+none of them holds GPU memory. On GB10 (unified memory, no NVML device memory) the per-process
+figures are what there is, which is why we watch processes rather than a device total.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from metralectl.runtime import ContainerInfo, DockerRuntime, container_pids
+
+WAIT_S = 20.0
+
+
+class MemoryWatch(Protocol):
+    def before(self, container: ContainerInfo) -> None: ...
+
+    def after(self, container: ContainerInfo) -> str: ...
+
+
+class NoMemoryWatch:
+    def before(self, container: ContainerInfo) -> None:
+        pass
+
+    def after(self, container: ContainerInfo) -> str:
+        return "not checked"
+
+
+class NvmlMemoryWatch:
+    """Watches the stopped container's processes leave the GPU, through the NVML seam."""
+
+    def __init__(self, runtime: DockerRuntime, wait_s: float = WAIT_S) -> None:
+        self.runtime = runtime
+        self.wait_s = wait_s
+        self._pids: dict[str, set[int]] = {}
+
+    def before(self, container: ContainerInfo) -> None:
+        self._pids[container.id] = container_pids(self.runtime, container.id)
+
+    def after(self, container: ContainerInfo) -> str:
+        from metralectl.gpu import NvmlProbe
+        from metralectl.gpudata import GpuUnavailable
+
+        pids = self._pids.pop(container.id, set())
+        probe = NvmlProbe()
+        system = probe.open()
+        if isinstance(system, GpuUnavailable):
+            return f"not checked ({system.reason})"
+        try:
+            deadline = time.monotonic() + self.wait_s
+            while True:
+                held = {p.pid: p.used_bytes or 0 for s in probe.sample() for p in (s.processes or ()) if p.pid in pids}
+                if not held:
+                    return "returned"
+                if time.monotonic() > deadline:
+                    return (f"still held: {sum(held.values()) / 1e9:.1f} GB by PIDs {sorted(held)} {self.wait_s:g} s "
+                            "after the stop (`metralectl doctor` lists GPU processes)")
+                time.sleep(0.5)
+        finally:
+            probe.close()

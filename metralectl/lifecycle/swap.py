@@ -1,0 +1,251 @@
+"""`swap`: replace the served model, keeping the engine's own hot-swap promises (SPEC §2).
+
+Refuse before releasing anything if the new recipe cannot work here; stage while the old model
+still serves; drain; stop the old one and wait for its memory; start the new one on the same port;
+if it does not become ready, restore the previous recipe and say so. A journal on disk records the
+phase, so an interrupted swap (Ctrl-C, SIGKILL, crash) is reported and repaired by the next
+`ps --repair` / `run` — never two models, never a silent nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from metralectl import store
+from metralectl.catalog import Catalog
+from metralectl.endpoint import EngineClient, requests_active
+from metralectl.errors import MetralError
+from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
+from metralectl.lifecycle.launch import LABEL_ENDPOINT, LABEL_SETS, LaunchFailed, LaunchOptions, preflight, start_and_wait
+from metralectl.lifecycle.memory import MemoryWatch
+from metralectl.lifecycle.stop import stop_containers
+from metralectl.overrides import apply_sets
+from metralectl.recipe import Recipe
+from metralectl.render import LABEL_RECIPE, render
+from metralectl.runtime import ContainerInfo, DockerRuntime
+
+
+@dataclass(frozen=True)
+class SwapResult:
+    from_recipe: str
+    to_recipe: str
+    outcome: str  # swapped | rolled-back | degraded
+    downtime_s: float
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: drain, stop, boot, restore
+    message: str = ""
+    url: str = ""
+    model: str | None = None
+
+
+class SwapRolledBack(MetralError):
+    """The new model did not become ready; the previous one serves again."""
+
+
+class SwapDegraded(MetralError):
+    """Neither model serves; the journal stays so `ps --repair` can restore."""
+
+    exit_code = 3
+
+
+def journal_path() -> Path:
+    return store.state_dir() / "swap-journal.json"
+
+
+def swaps_path() -> Path:
+    return store.state_dir() / "swaps.jsonl"
+
+
+def _journal(phase: str, body: dict[str, Any]) -> None:
+    import os
+
+    body = {**body, "phase": phase, "pid": os.getpid(), "updated": time.time()}
+    store.write_json(journal_path(), body)
+
+
+def _recipe_of(container: ContainerInfo, catalog: Catalog) -> tuple[Recipe, list[str]]:
+    """The exact recipe (with its --set overrides) a running container was started from."""
+    name = container.labels.get(LABEL_RECIPE, "")
+    sets = [s for s in container.labels.get(LABEL_SETS, "").split("\x1f") if s]
+    return apply_sets(catalog, catalog.recipe(name), sets), sets
+
+
+def _the_served(runtime: DockerRuntime) -> ContainerInfo:
+    running = [c for c in runtime.containers() if c.running]
+    if not running:
+        raise MetralError("metralectl is not serving anything to swap", "`metralectl run RECIPE` starts one")
+    if len(running) > 1:
+        raise MetralError("more than one metralectl container runs; swap needs exactly one",
+                          "`metralectl stop RECIPE` the extra one first")
+    return running[0]
+
+
+def drain(url: str, timeout_s: float, on_event: Listener) -> float:
+    """Wait (bounded) until the engine has no request in flight; returns the seconds waited."""
+    started = time.monotonic()
+    with EngineClient(url, timeout=1.0) as client:
+        while True:
+            try:
+                active = requests_active(client.metrics_text())
+            except MetralError:
+                active = None
+            if not active:
+                break
+            if time.monotonic() - started > timeout_s:
+                on_event(Warning_(f"{active:g} request(s) still in flight after {timeout_s:g} s; stopping anyway"))
+                break
+            time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: DockerRuntime, *, on_event: Listener = ignore,
+         options: LaunchOptions = LaunchOptions(), drain_timeout_s: float = 60.0,
+         memory: MemoryWatch | None = None) -> SwapResult:
+    """Call with the lifecycle lock held."""
+    old_container = _the_served(runtime)
+    if new.multi_rank:
+        raise MetralError(f"{new.name} needs {new.resources.world_size} ranks; hot swap is single-node "
+                          "(the engine's rule)", "stop the current model and launch the multi-rank recipe directly")
+    old, old_sets = _recipe_of(old_container, catalog)
+    port, bind = old.resources.ranks[0].port, old.resources.bind
+    if (new.resources.port, new.resources.bind) != (port, bind):
+        on_event(Warning_(f"{new.name} asks for {new.resources.bind}:{new.resources.port}; a swap keeps the served "
+                          f"address {bind}:{port}"))
+        new_sets = [*new_sets, f"resources.port={port}", f"resources.bind={bind}"]
+        new = apply_sets(catalog, catalog.recipe(new.name), new_sets)
+    contract = catalog.engines[new.engine]
+    spec = render(new, contract, catalog.images[new.image])
+    on_event(Step("staging", f"{new.name} while {old.name} serves"))
+    preflight(new, catalog, runtime, spec, LaunchOptions(replace=True, check_weights=options.check_weights), on_event,
+              ignore_running=(old_container.name,), check_port=False)
+    body = {"old": {"recipe": old.name, "sets": old_sets, "container": old_container.name},
+            "new": {"recipe": new.name, "sets": new_sets, "container": spec.name}}
+    phases: dict[str, float] = {}
+    _journal("draining", body)
+    url = old_container.labels.get(LABEL_ENDPOINT, "")
+    phases["drain"] = drain(url, drain_timeout_s, on_event) if url else 0.0
+    _journal("stopping-old", body)
+    down_from = time.monotonic()
+    stop_containers(runtime, [old_container], on_event=on_event, memory=memory)
+    phases["stop"] = time.monotonic() - down_from
+    _journal("starting-new", body)
+    stale = runtime.inspect(spec.name)
+    if stale is not None and stale.managed and not stale.running:
+        runtime.remove(stale.id, force=True)
+    boot_from = time.monotonic()
+    new_options = LaunchOptions(keep_failed=False, stall_timeout_s=options.stall_timeout_s,
+                                boot_timeout_s=options.boot_timeout_s, check_weights=False, sets=tuple(new_sets))
+    try:
+        launched = start_and_wait(new, catalog, runtime, spec, new_options, on_event)
+    except LaunchFailed as failure:
+        phases["boot"] = time.monotonic() - boot_from
+        return _restore(old, old_sets, new, catalog, runtime, body, phases, down_from, failure, options, on_event)
+    phases["boot"] = time.monotonic() - boot_from
+    result = SwapResult(old.name, new.name, "swapped", time.monotonic() - down_from, phases,
+                        f"{new.name} serves on {launched.url}", launched.url, launched.model)
+    _finish(result)
+    return result
+
+
+def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, runtime: DockerRuntime,
+             body: dict[str, Any], phases: dict[str, float], down_from: float, failure: LaunchFailed,
+             options: LaunchOptions, on_event: Listener) -> SwapResult:
+    _journal("restoring", body)
+    on_event(Warning_(f"{new.name} did not become ready ({failure.diagnosis.cause}); restoring {old.name}"))
+    restore_from = time.monotonic()
+    spec = render(old, catalog.engines[old.engine], catalog.images[old.image])
+    try:
+        start_and_wait(old, catalog, runtime, spec, LaunchOptions(stall_timeout_s=options.stall_timeout_s,
+                                                                   boot_timeout_s=options.boot_timeout_s,
+                                                                   check_weights=False, sets=tuple(old_sets)), on_event)
+    except LaunchFailed as second:
+        phases["restore"] = time.monotonic() - restore_from
+        _journal("degraded", {**body, "why": f"new: {failure.diagnosis.message}; restore: {second.diagnosis.message}"})
+        result = SwapResult(old.name, new.name, "degraded", time.monotonic() - down_from, phases,
+                            f"{new.name} failed ({failure.diagnosis.cause}) and restoring {old.name} failed too "
+                            f"({second.diagnosis.cause})")
+        store.append_jsonl(swaps_path(), {**asdict(result), "at": time.time()})
+        raise SwapDegraded(f"DEGRADED: nothing serves — {result.message}", "`metralectl ps --repair` retries the restore; "
+                           f"`metralectl logs` / {second.log_path} show why") from None
+    phases["restore"] = time.monotonic() - restore_from
+    result = SwapResult(old.name, new.name, "rolled-back", time.monotonic() - down_from, phases,
+                        f"{new.name} failed ({failure.diagnosis.cause}: {failure.diagnosis.message}); "
+                        f"{old.name} restored")
+    _finish(result)
+    raise SwapRolledBack(f"swap to {new.name} failed ({failure.diagnosis.cause}: {failure.diagnosis.message}); the previous "
+                         f"recipe {old.name} serves again", failure.diagnosis.remedy)
+
+
+def _finish(result: SwapResult) -> None:
+    store.append_jsonl(swaps_path(), {**asdict(result), "at": time.time()})
+    journal_path().unlink(missing_ok=True)
+
+
+def describe_journal() -> str | None:
+    """A line for `ps` when a swap was interrupted (its journal stayed, nobody holds the lock)."""
+    journal = store.read_json(journal_path())
+    if not isinstance(journal, dict):
+        return None
+    if store.lock_held():
+        return None  # a swap is running right now
+    old, new = journal.get("old", {}), journal.get("new", {})
+    return (f"a swap from {old.get('recipe')} to {new.get('recipe')} was interrupted while {journal.get('phase')} "
+            f"(pid {journal.get('pid')})" + (f": {journal['why']}" if journal.get("why") else ""))
+
+
+def last_swap_summary() -> str | None:
+    records = store.read_jsonl(swaps_path())
+    if not records:
+        return None
+    last = records[-1]
+    split = ", ".join(f"{k} {v:.1f} s" for k, v in (last.get("phases") or {}).items())
+    return (f"{last.get('from_recipe')} → {last.get('to_recipe')}: {last.get('outcome')}, downtime "
+            f"{last.get('downtime_s', 0):.1f} s ({split})")
+
+
+def repair_if_needed(runtime: DockerRuntime, catalog: Catalog, *, on_event: Listener = ignore) -> str | None:
+    """Finish or undo an interrupted swap. Call with the lifecycle lock held (so the journal is stale)."""
+    journal = store.read_json(journal_path())
+    if not isinstance(journal, dict):
+        return None
+    old, new = journal.get("old", {}), journal.get("new", {})
+    running = {c.labels.get(LABEL_RECIPE): c for c in runtime.containers() if c.running}
+    for stale in runtime.containers():
+        if not stale.running:
+            runtime.remove(stale.id, force=True)  # half-started leftovers of the interrupted swap
+    if new.get("recipe") in running and _healthy(running[new["recipe"]]):
+        outcome = f"the interrupted swap had finished: {new['recipe']} serves"
+    elif old.get("recipe") in running:
+        if new.get("recipe") in running and new.get("recipe") != old.get("recipe"):
+            stop_containers(runtime, [running[new["recipe"]]], on_event=on_event)  # never two models
+        outcome = f"the interrupted swap had not released {old['recipe']}; it still serves"
+    else:
+        for leftover in running.values():
+            stop_containers(runtime, [leftover], on_event=on_event)
+        on_event(Step("repair", f"restoring {old.get('recipe')} after an interrupted swap"))
+        recipe = apply_sets(catalog, catalog.recipe(str(old.get("recipe"))), list(old.get("sets") or []))
+        spec = render(recipe, catalog.engines[recipe.engine], catalog.images[recipe.image])
+        try:
+            start_and_wait(recipe, catalog, runtime, spec, LaunchOptions(check_weights=False,
+                                                                         sets=tuple(old.get("sets") or ())), on_event)
+        except LaunchFailed as failure:
+            _journal("degraded", {"old": old, "new": new, "why": f"repair: {failure.diagnosis.message}"})
+            raise SwapDegraded(f"DEGRADED: restoring {old.get('recipe')} failed: {failure.diagnosis.message}",
+                               failure.diagnosis.remedy) from None
+        outcome = f"restored {old.get('recipe')} after an interrupted swap"
+    store.append_jsonl(swaps_path(), {"from_recipe": old.get("recipe"), "to_recipe": new.get("recipe"),
+                                      "outcome": "repaired", "message": outcome, "at": time.time(), "phases": {},
+                                      "downtime_s": 0.0})
+    journal_path().unlink(missing_ok=True)
+    on_event(Step("repaired", outcome))
+    return outcome
+
+
+def _healthy(container: ContainerInfo) -> bool:
+    url = container.labels.get(LABEL_ENDPOINT)
+    if not url:
+        return False
+    with EngineClient(url, timeout=1.0) as client:
+        return client.health().ready

@@ -1,0 +1,471 @@
+"""The container runtime seam. The only module that imports `docker` (lazily).
+
+Every docker-py exception is translated here into a MetralError an operator can act on; the
+four ways Docker is unusable (not installed, not running, permission denied, rootless socket not
+exported) are told apart, each with its remedy (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from metralectl.errors import MetralError
+from metralectl.render import LABEL_MANAGED, LABEL_OWNER, ContainerSpec, owner
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
+CONNECT_TIMEOUT_S = 3.0
+
+
+class DockerUnavailable(MetralError):
+    """Docker cannot be used; `cause` says which of the known reasons."""
+
+    exit_code = 3
+
+    def __init__(self, cause: str, message: str, hint: str) -> None:
+        super().__init__(message, hint)
+        self.cause = cause
+
+
+class RuntimeFailure(MetralError):
+    """The daemon refused or failed an operation."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str  # unix:///..., tcp://..., ssh://...
+    source: str  # "DOCKER_HOST", "context <name>", "default"
+    tls: Any = None
+
+
+@dataclass(frozen=True)
+class ImageState:
+    ref: str
+    present: bool
+    image_id: str | None = None
+    revision: str | None = None
+    platform: str | None = None  # os/arch, e.g. linux/arm64
+    digests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    name: str
+    image: str
+    status: str  # created | running | exited | dead | ...
+    exit_code: int | None
+    oom_killed: bool
+    started_at: str | None
+    finished_at: str | None
+    labels: dict[str, str] = field(default_factory=dict)
+    health: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.status in ("running", "restarting")
+
+    @property
+    def managed(self) -> bool:
+        return self.labels.get(LABEL_MANAGED) == "true"
+
+    @property
+    def owner(self) -> str | None:
+        return self.labels.get(LABEL_OWNER)
+
+
+def resolve_endpoint() -> Endpoint:
+    """DOCKER_HOST, else the Docker CLI's current context, else the default socket."""
+    host = os.environ.get("DOCKER_HOST")
+    if host:
+        return Endpoint(host, "DOCKER_HOST")
+    try:
+        from docker.context import ContextAPI
+
+        context = ContextAPI.get_current_context()
+        if context is not None and context.name != "default" and context.Host:
+            return Endpoint(context.Host, f"context {context.name}", context.TLSConfig)
+    except Exception:  # noqa: BLE001 - a broken CLI config must not hide the default socket
+        pass
+    return Endpoint(f"unix://{DEFAULT_SOCKET}", "default")
+
+
+def _rootless_socket() -> Path | None:
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR") or (f"/run/user/{os.getuid()}" if hasattr(os, "getuid") else "")
+    candidate = Path(runtime_dir) / "docker.sock" if runtime_dir else None
+    return candidate if candidate and candidate.exists() else None
+
+
+def _user_in_docker_group() -> tuple[bool, bool]:
+    """(listed in /etc/group's docker entry, this process actually has the group)."""
+    try:
+        group = grp.getgrnam("docker")
+    except KeyError:
+        return False, False
+    try:
+        import pwd
+
+        user = pwd.getpwuid(os.getuid()).pw_name
+        primary = pwd.getpwuid(os.getuid()).pw_gid == group.gr_gid
+    except KeyError:
+        user, primary = "", False
+    listed = user in group.gr_mem or primary
+    return listed, group.gr_gid in os.getgroups()
+
+
+def classify_connect_error(endpoint: Endpoint, exc: BaseException) -> DockerUnavailable:
+    """Tell apart the ways Docker can be unreachable, from the exception chain and the filesystem."""
+    chain: list[BaseException] = []
+    cursor: BaseException | None = exc
+    while cursor is not None and cursor not in chain:
+        chain.append(cursor)
+        cursor = cursor.__cause__ or cursor.__context__
+    text = " ".join(str(e) for e in chain)
+    args = [a for e in chain for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
+    kinds = {type(e) for e in chain + args}
+    socket = endpoint.url[len("unix://"):] if endpoint.url.startswith("unix://") else None
+    where = f"{endpoint.url} ({endpoint.source})"
+    if PermissionError in kinds or "Permission denied" in text:
+        listed, active = _user_in_docker_group()
+        if listed and not active:
+            return DockerUnavailable(
+                "permission-denied", f"permission denied on {where}: you are in the docker group, but this "
+                "session started before you were added",
+                "log out and back in (or run `newgrp docker`); a background service needs its user manager "
+                "restarted (`systemctl --user daemon-reexec` or a reboot)")
+        return DockerUnavailable(
+            "permission-denied", f"permission denied on {where}: your user is not in the docker group",
+            "sudo usermod -aG docker $USER && newgrp docker   (then check: docker info --format '{{.ServerVersion}}')")
+    if socket is not None and not Path(socket).exists():
+        rootless = _rootless_socket()
+        if rootless is not None and endpoint.source == "default":
+            return DockerUnavailable(
+                "rootless-not-exported", f"no Docker socket at {socket}, but a rootless daemon listens on {rootless}",
+                f"export DOCKER_HOST=unix://{rootless}   (add it to your shell profile)")
+        if shutil.which("dockerd") or shutil.which("docker") or Path("/usr/bin/dockerd").exists():
+            return DockerUnavailable(
+                "not-running", f"the Docker daemon is not running (no socket at {socket})",
+                "sudo systemctl start docker && sudo systemctl enable docker")
+        return DockerUnavailable(
+            "not-installed", "Docker is not installed (no docker CLI, no daemon, no socket)",
+            "install Docker Engine (e.g. `sudo apt-get install docker.io`) and the NVIDIA container toolkit; "
+            "`list`, `show` and `run --print` work without it")
+    if ConnectionRefusedError in kinds or "Connection refused" in text:
+        return DockerUnavailable("not-running", f"the Docker daemon at {where} refuses connections (not running)",
+                                 "sudo systemctl start docker && sudo systemctl enable docker")
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return DockerUnavailable("unreachable", f"the Docker daemon at {where} did not answer within "
+                                 f"{CONNECT_TIMEOUT_S:g} s", "check `docker info`; restart the daemon if it hangs")
+    return DockerUnavailable("unreachable", f"cannot talk to the Docker daemon at {where}: {exc}",
+                             "check DOCKER_HOST / `docker context ls` and `docker info`")
+
+
+class DockerRuntime:
+    """Containers and images through the Docker SDK, with our errors and our labels."""
+
+    def __init__(self, endpoint: Endpoint | None = None, timeout: float = 30.0) -> None:
+        import docker
+
+        self.endpoint = endpoint or resolve_endpoint()
+        try:
+            self.api = docker.APIClient(base_url=self.endpoint.url, timeout=CONNECT_TIMEOUT_S, tls=self.endpoint.tls or False,
+                                        version="auto")
+            self.api.ping()
+        except Exception as exc:  # noqa: BLE001 - every way of failing to connect is classified
+            raise classify_connect_error(self.endpoint, exc) from None
+        self.api.timeout = timeout
+
+    # --- daemon ---------------------------------------------------------------------------------
+    def server_version(self) -> str:
+        return str(self._call(self.api.version).get("Version", "?"))
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._call(self.api.info))
+
+    # --- images ---------------------------------------------------------------------------------
+    def image_state(self, ref: str, revision_label: str = "org.opencontainers.image.revision") -> ImageState:
+        import docker.errors
+
+        try:
+            data = self.api.inspect_image(ref)
+        except docker.errors.ImageNotFound:
+            return ImageState(ref, False)
+        except docker.errors.DockerException as exc:
+            raise self._translate(exc) from None
+        labels = (data.get("Config") or {}).get("Labels") or {}
+        arch = data.get("Architecture") or ""
+        os_name = data.get("Os") or "linux"
+        return ImageState(ref, True, data.get("Id"), labels.get(revision_label), f"{os_name}/{arch}" if arch else None,
+                          tuple(data.get("RepoDigests") or ()))
+
+    def pull_image(self, ref: str, on_progress: Any = None, platform: str | None = None) -> ImageState:
+        """Pull ref; on_progress(layer_id, status, current_bytes, total_bytes) per daemon event."""
+        import docker.errors
+
+        repository, tag = _split_ref(ref)
+        previous = self.api.timeout
+        self.api.timeout = None  # a large layer may go quiet for a while; the daemon reports errors itself
+        try:
+            for event in self.api.pull(repository, tag=tag, stream=True, decode=True, platform=platform):
+                if "error" in event:
+                    raise RuntimeFailure(f"pulling {ref} failed: {event['error']}",
+                                         "check the image name, your network/registry login (`docker login`)")
+                if on_progress is not None:
+                    detail = event.get("progressDetail") or {}
+                    on_progress(event.get("id"), event.get("status", ""), detail.get("current"), detail.get("total"))
+        except docker.errors.DockerException as exc:
+            raise self._translate(exc) from None
+        finally:
+            self.api.timeout = previous
+        return self.image_state(ref)
+
+    # --- containers -----------------------------------------------------------------------------
+    def containers(self, *, managed_only: bool = True, all_states: bool = True, mine: bool = True) -> list[ContainerInfo]:
+        """metralectl's containers; with mine (the default) only this user's — never another owner's."""
+        filters: dict[str, Any] | None = None
+        if managed_only:
+            labels = [f"{LABEL_MANAGED}=true"] + ([f"{LABEL_OWNER}={owner()}"] if mine else [])
+            filters = {"label": labels}
+        listed = self._call(self.api.containers, all=all_states, filters=filters)
+        out = []
+        for item in listed:
+            info = self.inspect(item["Id"])
+            if info is not None:
+                out.append(info)
+        return out
+
+    def inspect(self, name_or_id: str) -> ContainerInfo | None:
+        import docker.errors
+
+        try:
+            data = self.api.inspect_container(name_or_id)
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.DockerException as exc:
+            raise self._translate(exc) from None
+        state = data.get("State") or {}
+        config = data.get("Config") or {}
+        health = (state.get("Health") or {}).get("Status")
+        return ContainerInfo(
+            id=data["Id"], name=str(data.get("Name", "")).lstrip("/"), image=str(config.get("Image", "")),
+            status=str(state.get("Status", "unknown")),
+            exit_code=state.get("ExitCode") if state.get("Status") in ("exited", "dead") else None,
+            oom_killed=bool(state.get("OOMKilled")), started_at=state.get("StartedAt"),
+            finished_at=state.get("FinishedAt"), labels=dict(config.get("Labels") or {}), health=health,
+        )
+
+    def create_and_start(self, spec: ContainerSpec, extra_labels: dict[str, str] | None = None) -> ContainerInfo:
+        """Create and start spec's container; a failed start leaves nothing behind."""
+        from docker.types import DeviceRequest
+
+        device_requests = None
+        if spec.gpus == "all":
+            device_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        elif isinstance(spec.gpus, int):
+            device_requests = [DeviceRequest(count=spec.gpus, capabilities=[["gpu"]])]
+        binds = {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts}
+        host_config = self.api.create_host_config(network_mode=spec.network_mode, ipc_mode=spec.ipc_mode, binds=binds,
+                                                  device_requests=device_requests, init=False)
+        created = self._call(self.api.create_container, image=spec.image, command=list(spec.command), name=spec.name,
+                             environment=dict(spec.env), labels={**spec.labels, **(extra_labels or {})},
+                             host_config=host_config, detach=True)
+        container_id = created["Id"]
+        try:
+            self._call(self.api.start, container_id)
+        except BaseException:
+            self.remove(container_id, force=True)
+            raise
+        info = self.inspect(container_id)
+        if info is None:
+            raise RuntimeFailure(f"container {spec.name} vanished right after it started")
+        return info
+
+    def stop(self, name_or_id: str, timeout_s: float = 30.0) -> None:
+        """SIGTERM, then SIGKILL after timeout_s (the daemon's own escalation)."""
+        import docker.errors
+
+        previous = self.api.timeout
+        self.api.timeout = timeout_s + 30
+        try:
+            self.api.stop(name_or_id, timeout=int(max(1, timeout_s)))
+        except docker.errors.NotFound:
+            return
+        except docker.errors.DockerException as exc:
+            raise self._translate(exc) from None
+        finally:
+            self.api.timeout = previous
+
+    def kill(self, name_or_id: str) -> None:
+        import docker.errors
+
+        try:
+            self.api.kill(name_or_id)
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if "is not running" not in str(exc):
+                raise self._translate(exc) from None
+
+    def remove(self, name_or_id: str, *, force: bool = False) -> None:
+        import docker.errors
+
+        try:
+            self.api.remove_container(name_or_id, force=force, v=False)
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if "already in progress" in str(exc):
+                return
+            raise self._translate(exc) from None
+
+    def wait_exit(self, name_or_id: str, timeout_s: float) -> int | None:
+        """The exit code once the container has stopped, or None if it still runs after timeout_s."""
+        import docker.errors
+        import requests
+
+        previous = self.api.timeout
+        self.api.timeout = timeout_s
+        try:
+            return int(self.api.wait(name_or_id)["StatusCode"])
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            return None
+        except docker.errors.NotFound:
+            return 0
+        except docker.errors.DockerException as exc:
+            raise self._translate(exc) from None
+        finally:
+            self.api.timeout = previous
+
+    def log_tail(self, name_or_id: str, lines: int = 50) -> list[str]:
+        import docker.errors
+
+        try:
+            raw = self.api.logs(name_or_id, stdout=True, stderr=True, tail=lines)
+        except docker.errors.NotFound:
+            return []
+        except docker.errors.DockerException as exc:
+            raise self._translate(exc) from None
+        return raw.decode("utf-8", "replace").splitlines()
+
+    def follow_logs(self, name_or_id: str, *, tail: int | str = "all", stop: threading.Event | None = None,
+                    since: int | None = None) -> Iterator[str]:
+        """Lines as they are written; ends when the container exits or `stop` is set.
+
+        docker-py's followed streams read without a socket timeout, so a daemon that keeps the
+        stream open after the container is gone would hang the reader: a watchdog closes it.
+        """
+        import docker.errors
+
+        try:
+            stream = self.api.logs(name_or_id, stdout=True, stderr=True, stream=True, follow=True, tail=tail,
+                                   since=since)
+        except docker.errors.NotFound:
+            return
+        except docker.errors.DockerException as exc:
+            raise self._translate(exc) from None
+        finished = threading.Event()
+        watchdog = threading.Thread(target=self._watch_stream, args=(name_or_id, stream, finished, stop), daemon=True)
+        watchdog.start()
+        buffer = b""
+        try:
+            for chunk in stream:
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for line in complete:
+                    yield line.decode("utf-8", "replace").rstrip("\r")
+        except Exception:  # noqa: BLE001 - a stream closed under us by the watchdog ends the iteration
+            pass
+        finally:
+            finished.set()
+            stream.close()
+        if buffer:
+            yield buffer.decode("utf-8", "replace")
+
+    def _watch_stream(self, name_or_id: str, stream: Any, finished: threading.Event,
+                      stop: threading.Event | None) -> None:
+        import docker
+
+        watcher = docker.APIClient(base_url=self.endpoint.url, timeout=5, tls=self.endpoint.tls or False, version="auto")
+        try:
+            while not finished.is_set():
+                if stop is not None and stop.is_set():
+                    break
+                try:
+                    state = (watcher.inspect_container(name_or_id).get("State") or {}).get("Status")
+                except Exception:  # noqa: BLE001 - gone or daemon gone: either way, stop reading
+                    state = "gone"
+                if state not in ("running", "created", "restarting", "paused"):
+                    finished.wait(0.5)  # let the daemon flush the last lines first
+                    break
+                finished.wait(0.25)
+        finally:
+            watcher.close()
+            if not finished.is_set():
+                stream.close()
+
+    # --- helpers --------------------------------------------------------------------------------
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        import docker.errors
+        import requests
+
+        try:
+            return fn(*args, **kwargs)
+        except docker.errors.DockerException as exc:
+            raise self._translate(exc) from None
+        except requests.exceptions.RequestException as exc:
+            raise classify_connect_error(self.endpoint, exc) from None
+
+    def _translate(self, exc: Exception) -> MetralError:
+        import docker.errors
+
+        text = str(getattr(exc, "explanation", None) or exc)
+        if isinstance(exc, docker.errors.ImageNotFound):
+            return RuntimeFailure(f"image not found: {text}", "pull it first (`metralectl pull RECIPE`)")
+        if "could not select device driver" in text:
+            return RuntimeFailure(f"the daemon cannot give containers a GPU: {text}",
+                                  "install the NVIDIA container toolkit, then `sudo nvidia-ctk runtime configure "
+                                  "--runtime=docker && sudo systemctl restart docker`")
+        if isinstance(exc, docker.errors.APIError) and exc.status_code == 409:
+            return RuntimeFailure(f"conflict: {text}")
+        if not isinstance(exc, docker.errors.APIError):
+            return classify_connect_error(self.endpoint, exc)
+        return RuntimeFailure(f"Docker refused: {text}")
+
+    def close(self) -> None:
+        self.api.close()
+
+
+def _split_ref(ref: str) -> tuple[str, str | None]:
+    """repository and tag of an image reference (a digest stays in the repository part)."""
+    if "@" in ref:
+        return ref, None
+    last = ref.rsplit("/", 1)[-1]
+    if ":" in last:
+        repository, tag = ref.rsplit(":", 1)
+        return repository, tag
+    return ref, "latest"
+
+
+def container_pids(runtime: DockerRuntime, name_or_id: str) -> set[int]:
+    """Host PIDs of a running container's processes (empty when it is not running)."""
+    import docker.errors
+
+    try:
+        top = runtime.api.top(name_or_id, ps_args="-eo pid")
+    except docker.errors.DockerException:
+        return set()
+    titles = [t.upper() for t in top.get("Titles") or []]
+    column = titles.index("PID") if "PID" in titles else 0
+    out = set()
+    for row in top.get("Processes") or []:
+        try:
+            out.add(int(row[column]))
+        except (ValueError, IndexError):
+            continue
+    return out

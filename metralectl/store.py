@@ -1,0 +1,135 @@
+"""State on disk: atomic writes, the one-lifecycle-at-a-time lock, run logs and records."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from metralectl import paths
+from metralectl.errors import MetralError
+
+
+class Busy(MetralError):
+    """Another launch or swap holds the machine's lifecycle lock."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again later
+
+
+def state_dir() -> Path:
+    path = paths.metrale_home() / "state"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def logs_dir() -> Path:
+    path = paths.metrale_home() / "logs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write via a temp file in the same directory, fsync, rename: readers see old or new, never torn."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, value: Any) -> None:
+    write_atomic(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def append_jsonl(path: Path, value: Any) -> None:
+    """One record per line, written with a single O_APPEND write (no torn lines between writers)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(value, sort_keys=True, default=str) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line  # a writer killed mid-line left a torn tail: start on a fresh line
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    out = []
+    try:
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by a crash is skipped, the rest is kept
+    except OSError:
+        pass
+    return out
+
+
+def lock_path() -> Path:
+    """One lifecycle at a time per machine: the lock lives outside any one user's home."""
+    directory = Path(os.environ.get("METRALECTL_LOCK_DIR") or tempfile.gettempdir())
+    return directory / "metralectl-lifecycle.lock"
+
+
+@contextmanager
+def lifecycle_lock(what: str) -> Iterator[None]:
+    """Hold the machine's lifecycle lock, or raise Busy at once (never wait)."""
+    path = lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            os.fchmod(fd, 0o666)  # other users' metralectl must be able to take it too
+        except OSError:
+            pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another metralectl"
+            raise Busy(f"busy: {holder} is in progress on this machine",
+                       "wait for it to finish (`metralectl ps` shows what is serving)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{what} (pid {os.getpid()})".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def lock_held() -> bool:
+    """Whether some process holds the lifecycle lock now (a journal without a holder is stale)."""
+    path = lock_path()
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
