@@ -62,7 +62,7 @@ class BootLog:
 
     def _is_our_marker(self, line: str) -> bool:
         match = re.search(r"Listening on (\S+):(\d+)", line)
-        return bool(match) and int(match.group(2)) == self.port
+        return match is not None and int(match.group(2)) == self.port
 
     def _failure(self, line: str) -> Diagnosis | None:
         for pattern in self.contract.log_failures:

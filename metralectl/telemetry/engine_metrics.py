@@ -1,0 +1,252 @@
+"""The engine's Prometheus /metrics text → a snapshot; two snapshots → rates. Pure: no HTTP here
+(the endpoint seam fetches the text).
+
+Parsed with prometheus_client's own parser (imported when first used). Series are looked up by sample
+name, so the text parses the same with or without `# TYPE` lines. Metric names: SPEC.md §2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from metralectl.errors import MetralError
+
+Labels = tuple[tuple[str, str], ...]
+
+# metrale_spec_decode_verify_total{k, outcome}: the engine's outcome words are not documented; these
+# cover the usual spellings. Other outcomes are kept in `spec_verify` but count toward neither side.
+ACCEPTED = frozenset({"accepted", "accept", "hit", "success", "ok", "true", "match"})
+REJECTED = frozenset({"rejected", "reject", "miss", "failure", "fail", "false", "mismatch"})
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A cumulative histogram summed over its label sets: ((le, cumulative count), …), +Inf last."""
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float
+    sum: float
+
+    def quantile(self, q: float) -> float | None:
+        return histogram_quantile(q, self.buckets)
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count > 0 else None
+
+    def minus(self, older: Histogram) -> Histogram | None:
+        """The observations made between two snapshots; None after a counter reset."""
+        if self.count < older.count:
+            return None
+        before = dict(older.buckets)
+        buckets = tuple((le, c - before.get(le, 0.0)) for le, c in self.buckets)
+        if any(c < 0 for _, c in buckets):
+            return None
+        return Histogram(buckets, self.count - older.count, self.sum - older.sum)
+
+
+def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
+    """Prometheus's histogram_quantile: linear interpolation inside the bucket holding rank q·count;
+    the first bucket interpolates from 0; a rank in +Inf answers the highest finite bound."""
+    ordered = sorted(buckets)
+    if not ordered or not math.isinf(ordered[-1][0]):
+        return None
+    total = ordered[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in ordered:
+        if count >= rank:
+            if math.isinf(le):
+                return prev_le if len(ordered) > 1 else None
+            if count == prev_count:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
+        prev_le, prev_count = le, count
+    return None
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    t: float | None  # when the text was fetched (caller's monotonic clock), for rates
+    requests_active: float | None
+    requests_total: float | None
+    prompt_tokens_total: float | None
+    generation_tokens_total: float | None
+    decoded_tokens_total: float | None
+    ttft: Histogram | None
+    prefix_cache_hits_total: float | None
+    prefix_cache_misses_total: float | None
+    prefix_cache_hit_rate_gauge: float | None
+    spec_verify: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (k, outcome) → count
+    tool_calls_total: float | None = None
+
+    @property
+    def ttft_p50_s(self) -> float | None:
+        return self.ttft.quantile(0.5) if self.ttft else None
+
+    @property
+    def ttft_p95_s(self) -> float | None:
+        return self.ttft.quantile(0.95) if self.ttft else None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """From the counters when both are there (exact), else the engine's own gauge."""
+        rate = _ratio(self.prefix_cache_hits_total, self.prefix_cache_misses_total)
+        return rate if rate is not None else self.prefix_cache_hit_rate_gauge
+
+    @property
+    def spec_acceptance(self) -> float | None:
+        return spec_acceptance(self.spec_verify)
+
+    def spec_acceptance_by_k(self) -> dict[str, float]:
+        return spec_acceptance_by_k(self.spec_verify)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requests_active": self.requests_active, "requests_total": self.requests_total,
+            "prompt_tokens_total": self.prompt_tokens_total, "generation_tokens_total": self.generation_tokens_total,
+            "decoded_tokens_total": self.decoded_tokens_total, "ttft_p50_s": self.ttft_p50_s,
+            "ttft_p95_s": self.ttft_p95_s, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "spec_acceptance": self.spec_acceptance, "spec_acceptance_by_k": self.spec_acceptance_by_k(),
+            "tool_calls_total": self.tool_calls_total,
+        }
+
+
+def spec_acceptance(counts: Mapping[tuple[str, str], float]) -> float | None:
+    accepted = sum(v for (_, o), v in counts.items() if o.lower() in ACCEPTED)
+    rejected = sum(v for (_, o), v in counts.items() if o.lower() in REJECTED)
+    return _ratio(accepted, rejected) if accepted + rejected > 0 else None
+
+
+def spec_acceptance_by_k(counts: Mapping[tuple[str, str], float]) -> dict[str, float]:
+    ks = sorted({k for k, _ in counts}, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
+    out = {}
+    for k in ks:
+        rate = spec_acceptance({key: v for key, v in counts.items() if key[0] == k})
+        if rate is not None:
+            out[k] = rate
+    return out
+
+
+def parse_metrics(text: str, *, t: float | None = None) -> EngineSnapshot:
+    """Parse Prometheus exposition text. Missing series are None (an older engine, a feature off)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    series: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                series[s.name].append((dict(s.labels), float(s.value)))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MetralError(f"the engine's /metrics is not Prometheus text: {exc}",
+                          "is the URL the engine's port? `curl http://HOST:PORT/metrics` shows what came back") from exc
+
+    def total(name: str) -> float | None:
+        values = series.get(name)
+        return sum(v for _, v in values) if values else None
+
+    spec: dict[tuple[str, str], float] = defaultdict(float)
+    for labels, value in series.get("metrale_spec_decode_verify_total", ()):
+        spec[(labels.get("k", ""), labels.get("outcome", ""))] += value
+    return EngineSnapshot(
+        t=t,
+        requests_active=total("metrale_requests_active"),
+        requests_total=total("metrale_requests_total"),
+        prompt_tokens_total=total("metrale_prompt_tokens_total"),
+        generation_tokens_total=total("metrale_generation_tokens_total"),
+        decoded_tokens_total=total("metrale_decoded_tokens_total"),
+        ttft=_histogram(series, "metrale_time_to_first_token_seconds"),
+        prefix_cache_hits_total=total("metrale_prefix_cache_hits_total"),
+        prefix_cache_misses_total=total("metrale_prefix_cache_misses_total"),
+        prefix_cache_hit_rate_gauge=total("metrale_prefix_cache_hit_rate"),
+        spec_verify=dict(spec),
+        tool_calls_total=total("metrale_tool_calls_total"),
+    )
+
+
+def _histogram(series: Mapping[str, list[tuple[dict[str, str], float]]], name: str) -> Histogram | None:
+    rows = series.get(f"{name}_bucket")
+    if not rows:
+        return None
+    by_le: dict[float, float] = defaultdict(float)
+    for labels, value in rows:  # summed over label sets (one per model; one model per process)
+        by_le[float(labels.get("le", "+Inf"))] += value
+    count = sum(v for _, v in series.get(f"{name}_count", ())) or by_le.get(math.inf, 0.0)
+    return Histogram(tuple(sorted(by_le.items())), count, sum(v for _, v in series.get(f"{name}_sum", ())))
+
+
+@dataclass(frozen=True)
+class EngineRates:
+    """What happened between two snapshots. A counter that went backwards (engine restart, hot swap
+    that resets metrics) makes its rate None rather than negative."""
+
+    dt_s: float
+    requests_per_s: float | None
+    prompt_tokens_per_s: float | None
+    generation_tokens_per_s: float | None
+    decoded_tokens_per_s: float | None
+    tool_calls_per_s: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    prefix_cache_hit_rate: float | None
+    spec_acceptance: float | None
+    reset: bool
+
+
+def engine_rates(old: EngineSnapshot, new: EngineSnapshot, dt_s: float | None = None) -> EngineRates:
+    """Rates over the interval; dt from the snapshots' `t` unless given."""
+    if dt_s is None:
+        if old.t is None or new.t is None:
+            raise MetralError("engine_rates needs the snapshots' fetch times (parse_metrics(..., t=)) or dt_s")
+        dt_s = new.t - old.t
+    if dt_s <= 0:
+        raise MetralError(f"engine_rates needs a positive interval, not {dt_s:g} s")
+    reset = False
+
+    def rate(a: float | None, b: float | None) -> float | None:
+        nonlocal reset
+        if a is None or b is None:
+            return None
+        if b < a:
+            reset = True
+            return None
+        return (b - a) / dt_s
+
+    ttft = new.ttft.minus(old.ttft) if new.ttft and old.ttft else None
+    if new.ttft and old.ttft and ttft is None:
+        reset = True
+    hits = _delta(old.prefix_cache_hits_total, new.prefix_cache_hits_total)
+    misses = _delta(old.prefix_cache_misses_total, new.prefix_cache_misses_total)
+    spec_delta = {k: v - old.spec_verify.get(k, 0.0) for k, v in new.spec_verify.items()}
+    if any(v < 0 for v in spec_delta.values()):
+        reset, spec_delta = True, {}
+    return EngineRates(
+        dt_s=dt_s,
+        requests_per_s=rate(old.requests_total, new.requests_total),
+        prompt_tokens_per_s=rate(old.prompt_tokens_total, new.prompt_tokens_total),
+        generation_tokens_per_s=rate(old.generation_tokens_total, new.generation_tokens_total),
+        decoded_tokens_per_s=rate(old.decoded_tokens_total, new.decoded_tokens_total),
+        tool_calls_per_s=rate(old.tool_calls_total, new.tool_calls_total),
+        ttft_p50_s=ttft.quantile(0.5) if ttft else None,
+        ttft_p95_s=ttft.quantile(0.95) if ttft else None,
+        prefix_cache_hit_rate=_ratio(hits, misses) if hits is not None and misses is not None and hits + misses > 0
+        else None,
+        spec_acceptance=spec_acceptance(spec_delta),
+        reset=reset,
+    )
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b < a else b - a
+
+
+def _ratio(hits: float | None, misses: float | None) -> float | None:
+    if hits is None or misses is None or hits + misses <= 0:
+        return None
+    return hits / (hits + misses)
