@@ -13,11 +13,15 @@ import os
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from metralectl import paths
 from metralectl.contract import EngineContract
-from metralectl.hardware import ImageInfo
+from metralectl.hardware import HardwareClass, ImageInfo
 from metralectl.recipe import Recipe
+
+if TYPE_CHECKING:
+    from metralectl.catalog import Catalog
 
 LABEL_PREFIX = "ai.metrale.metralectl"
 LABEL_MANAGED = f"{LABEL_PREFIX}.managed"
@@ -108,15 +112,32 @@ def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, maste
     return argv
 
 
+def nccl_env(recipe: Recipe, hardware: HardwareClass | None, roce_interface: str | None) -> dict[str, str]:
+    """The hardware class's NCCL settings for a multi-rank launch (identical on every rank)."""
+    if not recipe.multi_rank or hardware is None:
+        return {}
+    table = (hardware.multi_node or {}).get("nccl-env") or {}
+    iface = roce_interface or "<roce-ifname>"
+    return {str(k): str(v).replace("{roce_interface}", iface) for k, v in table.items()}
+
+
+def spec_for(catalog: Catalog, recipe: Recipe, **options: Any) -> ContainerSpec:
+    """render() with the recipe's contract, image and hardware class looked up in the catalog."""
+    return render(recipe, catalog.engines[recipe.engine], catalog.images[recipe.image],
+                  hardware=catalog.hardware.get(recipe.hardware), **options)
+
+
 def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: int = 0,
            master_addr: str | None = None, extra_env: dict[str, str] | None = None,
-           gpus_override: str | int | None = "recipe") -> ContainerSpec:
+           gpus_override: str | int | None = "recipe", hardware: HardwareClass | None = None,
+           roce_interface: str | None = None) -> ContainerSpec:
     gpus: str | int | None = recipe.resources.gpus
     if gpus == "none":
         gpus = None
     if gpus_override != "recipe":
         gpus = gpus_override
-    env = dict(recipe.env)
+    env = nccl_env(recipe, hardware, roce_interface)
+    env.update(recipe.env)
     env.update(extra_env or {})
     spec = ContainerSpec(
         name=container_name(recipe, rank),

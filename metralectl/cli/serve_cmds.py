@@ -82,6 +82,7 @@ def run(
     no_weights_check: bool = typer.Option(False, "--no-weights-check", help="Start even if the weights are not in the cache (the engine downloads them)."),
     rank: int = typer.Option(0, "--rank", help="With --print, for multi-rank recipes: which rank."),
     master_addr: str = typer.Option(None, "--master-addr", help="With --print, for multi-rank recipes: the head's RoCE IP."),
+    roce_interface: str = typer.Option(None, "--roce-interface", help="With --print, for multi-rank recipes: NCCL_SOCKET_IFNAME (the ConnectX port with an IPv4 address)."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout (the spec with --print, the endpoint otherwise)."),
 ) -> None:
     """Serve a recipe and wait until it is really ready (--print: show the `docker run` instead)."""
@@ -94,17 +95,17 @@ def run(
     for key, old, new in recipe.deviations:
         note(style(f"deviation from the validated recipe: {key}: {old} -> {new}", "33", sys.stderr))
     if print_only:
-        from metralectl.render import docker_run_command, render
+        from metralectl.render import docker_run_command, spec_for
 
         if not 0 <= rank < recipe.resources.world_size:
             raise MetralError(f"{recipe.name} has {recipe.resources.world_size} rank(s); --rank {rank} does not exist")
-        spec = render(recipe, catalog.engines[recipe.engine], catalog.images[recipe.image], rank=rank,
-                      master_addr=master_addr)
+        spec = spec_for(catalog, recipe, rank=rank, master_addr=master_addr, roce_interface=roce_interface)
         if as_json:
             print(json.dumps(asdict(spec), indent=2))
             return
-        if recipe.multi_rank and not master_addr:
-            note(f"rank {rank} of {recipe.resources.world_size}: pass --master-addr with the head's RoCE IP")
+        if recipe.multi_rank and not (master_addr and roce_interface):
+            note(f"rank {rank} of {recipe.resources.world_size}: pass --master-addr (the head's RoCE IP) and "
+                 "--roce-interface (the ConnectX port with an IPv4 address, same on both nodes)")
         print(docker_run_command(spec))
         return
     from metralectl.lifecycle.launch import LaunchOptions, launch

@@ -8,7 +8,7 @@ from typing import Any
 from metralectl.catalog import Catalog
 from metralectl.fit import MemoryEstimate, Part, estimate
 from metralectl.recipe import Recipe
-from metralectl.render import docker_run_command, render
+from metralectl.render import docker_run_command, spec_for
 
 
 def _estimate(catalog: Catalog, recipe: Recipe) -> MemoryEstimate:
@@ -69,9 +69,8 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     verdict = {True: f"fits ({est.headroom_gb:.1f} GB headroom)" if est.headroom_gb is not None else "fits",
                False: f"does NOT fit (short by {-(est.headroom_gb or 0):.1f} GB)", None: "unknown"}[est.fits]
     lines.append(f"  verdict   {verdict}")
-    contract = catalog.engines[recipe.engine]
     for rank in range(recipe.resources.world_size):
-        spec = render(recipe, contract, image, rank=rank)
+        spec = spec_for(catalog, recipe, rank=rank)
         title = "Command" if not recipe.multi_rank else f"Command (rank {rank}, {recipe.resources.ranks[rank].role})"
         lines += ["", title, docker_run_command(spec)]
     return "\n".join(lines)
@@ -79,9 +78,7 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
 
 def as_json(catalog: Catalog, recipe: Recipe) -> dict[str, Any]:
     est = _estimate(catalog, recipe)
-    image = catalog.images[recipe.image]
-    contract = catalog.engines[recipe.engine]
-    specs = [render(recipe, contract, image, rank=rank) for rank in range(recipe.resources.world_size)]
+    specs = [spec_for(catalog, recipe, rank=rank) for rank in range(recipe.resources.world_size)]
     return {
         "recipe": asdict(recipe),
         "memory": {**asdict(est), "total_gb": est.total_gb, "fits": est.fits},

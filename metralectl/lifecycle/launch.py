@@ -23,7 +23,7 @@ from metralectl.errors import MetralError
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit
 from metralectl.lifecycle.events import ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Warning_, ignore
 from metralectl.recipe import Recipe
-from metralectl.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, render
+from metralectl.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, spec_for
 from metralectl.runtime import ContainerInfo, DockerRuntime, RuntimeFailure
 
 LABEL_ENDPOINT = "ai.metrale.metralectl.endpoint"
@@ -123,8 +123,7 @@ def preflight(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spec: Co
 
 def launch(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, *, options: LaunchOptions = LaunchOptions(),
            on_event: Listener = ignore, gpus_override: str | int | None = "recipe") -> Launched:
-    contract = catalog.engines[recipe.engine]
-    spec = render(recipe, contract, catalog.images[recipe.image], gpus_override=gpus_override)
+    spec = spec_for(catalog, recipe, gpus_override=gpus_override)
     preflight(recipe, catalog, runtime, spec, options, on_event)
     if options.replace:
         from metralectl.lifecycle.stop import stop_containers

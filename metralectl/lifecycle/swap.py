@@ -24,7 +24,7 @@ from metralectl.lifecycle.memory import MemoryWatch
 from metralectl.lifecycle.stop import stop_containers
 from metralectl.overrides import apply_sets
 from metralectl.recipe import Recipe
-from metralectl.render import LABEL_RECIPE, render
+from metralectl.render import LABEL_RECIPE, spec_for
 from metralectl.runtime import ContainerInfo, DockerRuntime
 
 
@@ -115,8 +115,7 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: DockerRunt
                           f"address {bind}:{port}"))
         new_sets = [*new_sets, f"resources.port={port}", f"resources.bind={bind}"]
         new = apply_sets(catalog, catalog.recipe(new.name), new_sets)
-    contract = catalog.engines[new.engine]
-    spec = render(new, contract, catalog.images[new.image])
+    spec = spec_for(catalog, new)
     on_event(Step("staging", f"{new.name} while {old.name} serves"))
     preflight(new, catalog, runtime, spec, LaunchOptions(replace=True, check_weights=options.check_weights), on_event,
               ignore_running=(old_container.name,), check_port=False)
@@ -155,7 +154,7 @@ def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, ru
     _journal("restoring", body)
     on_event(Warning_(f"{new.name} did not become ready ({failure.diagnosis.cause}); restoring {old.name}"))
     restore_from = time.monotonic()
-    spec = render(old, catalog.engines[old.engine], catalog.images[old.image])
+    spec = spec_for(catalog, old)
     try:
         start_and_wait(old, catalog, runtime, spec, LaunchOptions(stall_timeout_s=options.stall_timeout_s,
                                                                    boot_timeout_s=options.boot_timeout_s,
@@ -226,7 +225,7 @@ def repair_if_needed(runtime: DockerRuntime, catalog: Catalog, *, on_event: List
             stop_containers(runtime, [leftover], on_event=on_event)
         on_event(Step("repair", f"restoring {old.get('recipe')} after an interrupted swap"))
         recipe = apply_sets(catalog, catalog.recipe(str(old.get("recipe"))), list(old.get("sets") or []))
-        spec = render(recipe, catalog.engines[recipe.engine], catalog.images[recipe.image])
+        spec = spec_for(catalog, recipe)
         try:
             start_and_wait(recipe, catalog, runtime, spec, LaunchOptions(check_weights=False,
                                                                          sets=tuple(old.get("sets") or ())), on_event)

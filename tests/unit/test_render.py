@@ -109,3 +109,45 @@ def test_gpus_none_makes_no_device_request() -> None:
     spec = render(recipe, cat.engines["metrale"], cat.images[recipe.image])
     assert spec.gpus is None
     assert "--gpus" not in docker_run_command(spec)
+
+
+def test_multi_rank_carries_the_classes_nccl_environment_on_every_rank() -> None:
+    from metralectl.render import spec_for
+
+    cat = catalog()
+    recipe = cat.recipes["qwen3.5-122b-a10b-ep2"]
+    envs = [spec_for(cat, recipe, rank=r, roce_interface="enp1s0f1np1").env for r in (0, 1)]
+    assert envs[0] == envs[1]
+    assert envs[0]["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1" and envs[0]["NCCL_NVLS_ENABLE"] == "0"
+    assert "NCCL_SOCKET_IFNAME" not in spec_for(cat, cat.recipes["qwen3.5-35b-a3b"]).env
+    assert spec_for(cat, recipe, rank=0).env["NCCL_SOCKET_IFNAME"] == "<roce-ifname>"  # never a guess
+
+
+def test_gpu_device_request_reaches_the_daemon_api() -> None:
+    """create_and_start turns spec.gpus into a Docker device request (unit-tested: no GPU here)."""
+    from metralectl.runtime import DockerRuntime
+
+    calls: dict = {}
+
+    class FakeApi:
+        def create_host_config(self, **kwargs):  # noqa: ANN003, ANN201
+            calls["host"] = kwargs
+            return kwargs
+
+        def create_container(self, **kwargs):  # noqa: ANN003, ANN201
+            calls["create"] = kwargs
+            return {"Id": "abc"}
+
+        def start(self, container_id):  # noqa: ANN001, ANN201
+            calls["start"] = container_id
+
+        def inspect_container(self, _):  # noqa: ANN001, ANN201
+            return {"Id": "abc", "Name": "/x", "State": {"Status": "running"}, "Config": {"Labels": {}}}
+
+    runtime = DockerRuntime.__new__(DockerRuntime)
+    runtime.api = FakeApi()  # type: ignore[assignment]
+    runtime.create_and_start(_flagship_spec())
+    [request] = calls["host"]["device_requests"]
+    assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
+    assert calls["host"]["network_mode"] == "host" and calls["host"]["ipc_mode"] == "host"
+    assert calls["create"]["labels"]["ai.metrale.metralectl.managed"] == "true"
