@@ -19,6 +19,7 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("METRALE_HOME", str(home / "metrale"))
+    monkeypatch.setenv("METRALECTL_LOCK_DIR", str(home))
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.delenv("FORCE_COLOR", raising=False)
     return home
