@@ -137,8 +137,9 @@ def classify_connect_error(endpoint: Endpoint, exc: BaseException) -> DockerUnav
             return DockerUnavailable(
                 "permission-denied", f"permission denied on {where}: you are in the docker group, but this "
                 "session started before you were added",
-                "log out and back in (or run `newgrp docker`); a background service needs its user manager "
-                "restarted (`systemctl --user daemon-reexec` or a reboot)")
+                "log out and back in (or run `newgrp docker` in this shell); a background service (the agent) "
+                "keeps its old groups until its user manager restarts: `sudo systemctl restart user@$(id -u).service` "
+                "or a re-login")
         return DockerUnavailable(
             "permission-denied", f"permission denied on {where}: your user is not in the docker group",
             "sudo usermod -aG docker $USER && newgrp docker   (then check: docker info --format '{{.ServerVersion}}')")
@@ -148,6 +149,10 @@ def classify_connect_error(endpoint: Endpoint, exc: BaseException) -> DockerUnav
             return DockerUnavailable(
                 "rootless-not-exported", f"no Docker socket at {socket}, but a rootless daemon listens on {rootless}",
                 f"export DOCKER_HOST=unix://{rootless}   (add it to your shell profile)")
+        if endpoint.source == "DOCKER_HOST":
+            return DockerUnavailable(
+                "not-running", f"nothing listens at DOCKER_HOST={endpoint.url} (no socket at {socket})",
+                "`unset DOCKER_HOST` to use the default socket, or start the daemon it names")
         if shutil.which("dockerd") or shutil.which("docker") or Path("/usr/bin/dockerd").exists():
             return DockerUnavailable(
                 "not-running", f"the Docker daemon is not running (no socket at {socket})",
@@ -169,12 +174,13 @@ def classify_connect_error(endpoint: Endpoint, exc: BaseException) -> DockerUnav
 class DockerRuntime:
     """Containers and images through the Docker SDK, with our errors and our labels."""
 
-    def __init__(self, endpoint: Endpoint | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, endpoint: Endpoint | None = None, timeout: float = 30.0,
+                 connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
         import docker
 
         self.endpoint = endpoint or resolve_endpoint()
         try:
-            self.api = docker.APIClient(base_url=self.endpoint.url, timeout=CONNECT_TIMEOUT_S, tls=self.endpoint.tls or False,
+            self.api = docker.APIClient(base_url=self.endpoint.url, timeout=connect_timeout, tls=self.endpoint.tls or False,
                                         version="auto")
             self.api.ping()
         except Exception as exc:  # noqa: BLE001 - every way of failing to connect is classified

@@ -49,6 +49,7 @@ def _register() -> None:
     from metralectl.cli import catalog_cmds, recipes_cmds, serve_cmds
 
     catalog_cmds.register(app)
+    from metralectl.cli import doctor_cmd; doctor_cmd.register(app)  # noqa: E702
     serve_cmds.register(app)
     app.add_typer(recipes_cmds.app, name="recipes")
 

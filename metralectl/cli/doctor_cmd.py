@@ -1,0 +1,90 @@
+"""`doctor`: check the machine, one line per check; exit non-zero if and only if a check found a problem.
+
+The checks live in metralectl.doctor (imported inside the command, so other commands never load it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from metralectl.cli.state import color_enabled
+
+if TYPE_CHECKING:
+    from metralectl.doctor.model import CheckResult
+
+MARKS = {"ok": ("[ ok ]", "32"), "warn": ("[warn]", "33"), "problem": ("[FAIL]", "31"), "skipped": ("[skip]", "2")}
+INDENT = " " * 7
+
+
+def render_text(results: list[CheckResult], elapsed_s: float, *, color: bool = False) -> str:
+    """The human report: a status mark, the title and detail per check, the remedy indented below."""
+    from metralectl.doctor.model import counts, exit_code
+
+    lines = []
+    for r in results:
+        mark, code = MARKS[r.status]
+        if color:
+            mark = f"\033[{code}m{mark}\033[0m"
+        lines.append(f"{mark} {r.title}: {r.detail}")
+        if r.remedy:
+            lines.append(f"{INDENT}→ {r.remedy}")
+    n = counts(results)
+    parts = [_count(n["problem"], "problem"), _count(n["warn"], "warning"), f"{n['ok']} ok", f"{n['skipped']} skipped"]
+    verdict = "problems found" if exit_code(results) else "no problems"
+    lines.append(f"{', '.join(parts)} in {elapsed_s:.2f} s: {verdict}")
+    return "\n".join(lines)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def as_json(results: list[CheckResult], elapsed_s: float, options: dict[str, Any]) -> dict[str, Any]:
+    from metralectl.doctor.model import counts, exit_code
+
+    return {"schema": 1, "ok": exit_code(results) == 0, "exit_code": exit_code(results), "counts": counts(results),
+            "elapsed_s": round(elapsed_s, 3), "options": options, "checks": [r.to_dict() for r in results]}
+
+
+def doctor(
+    as_json_: bool = typer.Option(False, "--json", help="Print the checks as one JSON document."),
+    recipe: str = typer.Option(None, "--recipe", metavar="RECIPE",
+                               help="Narrow to what this recipe needs: image present, weights cached, fits memory."),
+    port: int = typer.Option(None, "--port", min=1, max=65535, help="The port to test (default: the recipe's, or 8888)."),
+) -> None:
+    """Check this machine for everything that stops a model from being served, with the fix for each.
+
+    Exits 1 if any check found a problem (warnings do not count), so it is safe in scripts.
+    """
+    from metralectl.catalog import load_catalog
+    from metralectl.doctor import Context, diagnose
+    from metralectl.doctor.model import exit_code
+
+    catalog_loader: Callable[[], Any] = load_catalog
+    if recipe is not None:
+        catalog = load_catalog()
+        catalog.recipe(recipe)  # an unknown recipe is a usage error (exit 2), before any check runs
+        catalog_loader = lambda: catalog  # the one already loaded
+    ctx = Context(port=port, recipe=recipe, catalog_loader=catalog_loader)
+    started = time.monotonic()
+    results = diagnose(ctx)
+    elapsed = time.monotonic() - started
+    try:
+        if as_json_:
+            print(json.dumps(as_json(results, elapsed, {"recipe": recipe, "port": ctx.port_and_bind()[0]}), indent=2))
+        else:
+            print(render_text(results, elapsed, color=color_enabled(sys.stdout)))
+        sys.stdout.flush()
+    finally:
+        ctx.close()
+    raise typer.Exit(exit_code(results))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor)

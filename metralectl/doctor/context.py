@@ -1,0 +1,429 @@
+"""What the checks look at, gathered once and shared: who we are, the catalog, the Docker daemon, the GPUs.
+
+Every source of facts is injectable (tests pass fakes; the defaults are the real seams). Facts that
+may block (the daemon, NVML) are computed in their own daemon thread with an absolute deadline
+counted from the start of the run: a check that needs one gets the value, the error it raised, or
+`Unanswered` once the deadline has passed. Nothing here imports docker or pynvml; the seams do,
+lazily, when a fact is first asked for.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+T = TypeVar("T")
+
+DOCKER_BUDGET_S = 2.2  # the daemon must have answered by then: "unreachable" is reported within 3 s
+FACT_BUDGET_S = 2.4  # NVML, docker info, the labelled containers
+DEFAULT_PORT = 8888
+
+
+class Unanswered(Exception):
+    """A fact did not arrive before its deadline."""
+
+    def __init__(self, name: str, budget_s: float) -> None:
+        super().__init__(f"{name} did not answer within {budget_s:g} s")
+        self.name = name
+        self.budget_s = budget_s
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who runs doctor, as the kernel and /etc/group see it."""
+
+    uid: int
+    euid: int
+    gid: int
+    user: str
+    group: str  # primary group's name
+    home: Path
+    groups: tuple[int, ...]  # os.getgroups(): the groups this process really has
+    docker_gid: int | None  # None: no docker group on this machine
+    docker_listed: bool  # /etc/group names us in the docker group (or it is our primary group)
+    sudo_user: str | None = None
+    sudo_uid: int | None = None
+    sudo_gid: int | None = None
+    sudo_home: Path | None = None
+    sudo_group: str | None = None  # the invoking user's primary group's name
+
+    @property
+    def root(self) -> bool:
+        return self.euid == 0
+
+    @property
+    def docker_active(self) -> bool:
+        """This process carries the docker group (a shell started before `usermod -aG` does not)."""
+        return self.docker_gid is not None and (self.docker_gid in self.groups or self.gid == self.docker_gid)
+
+
+def current_identity(environ: Mapping[str, str] | None = None) -> Identity:
+    env = os.environ if environ is None else environ
+    uid, euid, gid = os.getuid(), os.geteuid(), os.getgid()
+    try:
+        entry = pwd.getpwuid(uid)
+        user, home = entry.pw_name, Path(entry.pw_dir)
+    except KeyError:
+        user, home = str(uid), Path.home()
+    try:
+        group = grp.getgrgid(gid).gr_name
+    except KeyError:
+        group = str(gid)
+    try:
+        docker = grp.getgrnam("docker")
+        docker_gid: int | None = docker.gr_gid
+        listed = user in docker.gr_mem or gid == docker.gr_gid
+    except KeyError:
+        docker_gid, listed = None, False
+    sudo_user = env.get("SUDO_USER") or None
+    sudo_uid = _int(env.get("SUDO_UID"))
+    sudo_gid = _int(env.get("SUDO_GID"))
+    sudo_home, sudo_group = None, None
+    if sudo_user:
+        try:
+            sudo_entry = pwd.getpwnam(sudo_user)
+            sudo_home = Path(sudo_entry.pw_dir)
+            sudo_uid = sudo_uid if sudo_uid is not None else sudo_entry.pw_uid
+            sudo_gid = sudo_gid if sudo_gid is not None else sudo_entry.pw_gid
+        except KeyError:
+            pass
+        try:
+            sudo_group = grp.getgrgid(sudo_gid).gr_name if sudo_gid is not None else None
+        except KeyError:
+            sudo_group = str(sudo_gid)
+    return Identity(uid, euid, gid, user, group, home, tuple(os.getgroups()), docker_gid, listed,
+                    sudo_user, sudo_uid, sudo_gid, sudo_home, sudo_group)
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+class GpuProbeLike(Protocol):
+    def open(self) -> Any: ...
+
+    def sample(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    system: Any  # GpuSystem | GpuUnavailable (metralectl.gpudata)
+    samples: tuple[Any, ...] = ()  # GpuSample per GPU, taken right after opening
+
+
+@dataclass(frozen=True)
+class ContainerPids:
+    """Running labelled (metralectl's) containers, and which host PIDs belong to which."""
+
+    names: dict[str, str] = field(default_factory=dict)  # container id -> name
+    pid_to_container: dict[int, str] = field(default_factory=dict)  # host pid -> container name
+
+
+class Fact(Generic[T]):
+    """A value computed once, in its own daemon thread, that callers wait for until an absolute deadline."""
+
+    def __init__(self, name: str, compute: Callable[[], T], deadline: float, budget_s: float) -> None:
+        self.name = name
+        self.budget_s = budget_s
+        self._deadline = deadline
+        self._done = threading.Event()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(compute,), name=f"doctor-fact-{name}", daemon=True).start()
+
+    def _run(self, compute: Callable[[], T]) -> None:
+        try:
+            self._value = compute()
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever asks, who judges it
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def get(self) -> T:
+        if not self._done.wait(max(0.0, self._deadline - time.monotonic())):
+            raise Unanswered(self.name, self.budget_s)
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+def _default_runtime() -> Any:
+    from metralectl.runtime import DockerRuntime
+
+    return DockerRuntime()
+
+
+def _default_probe(gpu_classes: tuple[tuple[str, str], ...], unified: frozenset[str]) -> GpuProbeLike:
+    from metralectl.gpu import NvmlProbe
+
+    return NvmlProbe(gpu_classes=gpu_classes, unified_classes=unified)
+
+
+def _default_catalog() -> Any:
+    from metralectl.catalog import load_catalog
+
+    return load_catalog()
+
+
+def _default_container_pids(runtime: Any, container_id: str) -> set[int]:
+    from metralectl.runtime import container_pids
+
+    return container_pids(runtime, container_id)
+
+
+def _default_cpu_arch() -> str:
+    from metralectl.machine import cpu_arch
+
+    return cpu_arch()
+
+
+def _default_proc_gpu_names() -> list[str]:
+    from metralectl.machine import gpu_names
+
+    return gpu_names()
+
+
+def _default_endpoint() -> tuple[str, str]:
+    """(URL, where it came from) the SDK will use: DOCKER_HOST, the CLI's current context, the default socket."""
+    host = os.environ.get("DOCKER_HOST")
+    if host:
+        return host, "DOCKER_HOST"
+    try:
+        from metralectl.runtime import resolve_endpoint
+
+        endpoint = resolve_endpoint()
+        return endpoint.url, endpoint.source
+    except Exception:  # noqa: BLE001 - the SDK missing or a broken CLI config: the default socket
+        return "unix:///var/run/docker.sock", "default"
+
+
+def listening_process(port: int) -> dict[str, Any]:
+    """{pid, process} of whoever listens on port, where this user may see it (other users' PIDs need root)."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return {}
+    for conn in conns:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            holder: dict[str, Any] = {"pid": conn.pid}
+            try:
+                holder["process"] = psutil.Process(conn.pid).name()
+            except psutil.Error:
+                pass
+            return holder
+    return {}
+
+
+def bind_test(host: str, port: int) -> OSError | None:
+    """Can a server listen on host:port right now? None if yes, else the error bind() gave."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "taken"
+        try:
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError as exc:
+            return exc
+    return None
+
+
+class Context:
+    """Options of this run plus the shared, lazily gathered facts."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        recipe: str | None = None,
+        environ: Mapping[str, str] | None = None,
+        identity: Identity | None = None,
+        runtime_factory: Callable[[], Any] = _default_runtime,
+        gpu_probe_factory: Callable[[tuple[tuple[str, str], ...], frozenset[str]], GpuProbeLike] = _default_probe,
+        catalog_loader: Callable[[], Any] = _default_catalog,
+        container_pids: Callable[[Any, str], set[int]] = _default_container_pids,
+        which: Callable[..., str | None] = shutil.which,
+        cpu_arch: Callable[[], str] = _default_cpu_arch,
+        proc_gpu_names: Callable[[], list[str]] = _default_proc_gpu_names,
+        port_probe: Callable[[str, int], OSError | None] = bind_test,
+        port_holder: Callable[[int], dict[str, Any]] = listening_process,
+        endpoint: Callable[[], tuple[str, str]] = _default_endpoint,
+        disk_usage: Callable[[Path], Any] = shutil.disk_usage,
+        proc_root: Path = Path("/proc"),
+        scan_budget_s: float = 0.8,
+        docker_budget_s: float = DOCKER_BUDGET_S,
+        fact_budget_s: float = FACT_BUDGET_S,
+    ) -> None:
+        self.port_option = port
+        self.recipe_name = recipe
+        self.environ: Mapping[str, str] = os.environ if environ is None else environ
+        self._identity = identity
+        self.runtime_factory = runtime_factory
+        self.gpu_probe_factory = gpu_probe_factory
+        self.catalog_loader = catalog_loader
+        self.container_pids_fn = container_pids
+        self.which = which
+        self.cpu_arch = cpu_arch
+        self.proc_gpu_names = proc_gpu_names
+        self.port_probe = port_probe
+        self.port_holder = port_holder
+        self.endpoint = endpoint
+        self.disk_usage = disk_usage
+        self.proc_root = proc_root
+        self.scan_budget_s = scan_budget_s
+        self.docker_budget_s = docker_budget_s
+        self.fact_budget_s = fact_budget_s
+        self.started = time.monotonic()
+        self.runtime_lock = threading.Lock()  # docker-py clients are shared between check threads
+        self._facts: dict[str, Fact[Any]] = {}
+        self._facts_lock = threading.Lock()
+        self._cleanups: list[threading.Event] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Deadlines count from here."""
+        self.started = time.monotonic()
+
+    def must_finish(self) -> threading.Event:
+        """An event a check sets once what it started outside this process (a container) is cleaned up."""
+        event = threading.Event()
+        with self._facts_lock:
+            self._cleanups.append(event)
+        return event
+
+    def close(self, grace_s: float = 10.0) -> None:
+        """Wait (bounded) for checks still cleaning up, e.g. removing a probe container."""
+        deadline = time.monotonic() + grace_s
+        for event in list(self._cleanups):
+            event.wait(max(0.0, deadline - time.monotonic()))
+
+    # -- facts ----------------------------------------------------------------------------------
+    def _fact(self, name: str, compute: Callable[[], T], budget_s: float) -> T:
+        with self._facts_lock:
+            fact = self._facts.get(name)
+            if fact is None:
+                fact = Fact(name, compute, self.started + budget_s, budget_s)
+                self._facts[name] = fact
+        return fact.get()  # type: ignore[no-any-return]
+
+    @property
+    def identity(self) -> Identity:
+        if self._identity is None:
+            self._identity = current_identity(self.environ)
+        return self._identity
+
+    def catalog(self) -> Any:
+        return self._fact("catalog", self.catalog_loader, self.fact_budget_s)
+
+    def recipe(self) -> Any | None:
+        return self.catalog().recipe(self.recipe_name) if self.recipe_name else None
+
+    def runtime(self) -> Any:
+        """A connected runtime, or the DockerUnavailable / ImportError / Unanswered that says why not."""
+        return self._fact("docker", self.runtime_factory, self.docker_budget_s)
+
+    def docker_info(self) -> dict[str, Any]:
+        def compute() -> dict[str, Any]:
+            runtime = self.runtime()
+            with self.runtime_lock:
+                return dict(runtime.info())
+
+        return self._fact("docker-info", compute, self.fact_budget_s)
+
+    def our_containers(self) -> ContainerPids:
+        def compute() -> ContainerPids:
+            runtime = self.runtime()
+            with self.runtime_lock:
+                running = runtime.containers(managed_only=True, all_states=False)
+                names = {c.id: c.name for c in running}
+                pids = {pid: c.name for c in running for pid in self.container_pids_fn(runtime, c.id)}
+            return ContainerPids(names, pids)
+
+        return self._fact("containers", compute, self.fact_budget_s)
+
+    def image_state(self, ref: str, label: str = "org.opencontainers.image.revision") -> Any:
+        runtime = self.runtime()
+        with self.runtime_lock:
+            return runtime.image_state(ref, label)
+
+    def gpus(self) -> GpuFacts:
+        def compute() -> GpuFacts:
+            from metralectl.gpudata import DEFAULT_GPU_CLASSES, DEFAULT_UNIFIED_CLASSES
+
+            classes: tuple[tuple[str, str], ...] = DEFAULT_GPU_CLASSES
+            unified: frozenset[str] = DEFAULT_UNIFIED_CLASSES
+            try:
+                hardware = list(self.catalog().hardware.values())
+            except Exception:  # noqa: BLE001 - a broken catalog is reported by its own checks
+                hardware = []  # NVML still answers; classes come from the built-in names
+            # The catalog's gpu-names first (they are the product's data), the defaults after.
+            classes = tuple((n, hw.id) for hw in hardware for n in hw.gpu_names) + classes
+            if hardware:
+                unified = frozenset(hw.id for hw in hardware if hw.unified_memory)
+            probe = self.gpu_probe_factory(classes, unified)
+            system = probe.open()
+            try:
+                samples = tuple(probe.sample()) if getattr(system, "gpus", None) else ()
+            finally:
+                probe.close()
+            return GpuFacts(system, samples)
+
+        return self._fact("nvml", compute, self.fact_budget_s)
+
+    # -- derived --------------------------------------------------------------------------------
+    def detected_gpu(self) -> tuple[str | None, str | None, str]:
+        """(hardware class id, GPU name, how it was found) from NVML, else the driver's /proc entries."""
+        try:
+            system = self.gpus().system
+        except Exception:  # noqa: BLE001 - fall back to /proc below
+            system = None
+        gpus = getattr(system, "gpus", None)
+        if gpus:
+            first = gpus[0]
+            return first.hw_class, first.name, "NVML"
+        names = self.proc_gpu_names()
+        if names:
+            from metralectl.machine import classify
+
+            try:
+                hw = classify(names, self.catalog().hardware.values())
+            except Exception:  # noqa: BLE001
+                hw = None
+            return hw, names[0], "/proc/driver/nvidia"
+        return None, None, "none"
+
+    def target_hardware(self) -> tuple[str | None, str]:
+        """The class to judge against: the recipe's (with --recipe), else the detected one."""
+        recipe = self.recipe()
+        if recipe is not None:
+            return recipe.hardware, f"recipe {recipe.name}"
+        hw, name, how = self.detected_gpu()
+        return hw, (f"detected {name} ({how})" if hw else "no known GPU detected")
+
+    def port_and_bind(self) -> tuple[int, str, str]:
+        """(port, bind address, where the port came from)."""
+        recipe = self.recipe()
+        bind = recipe.resources.bind if recipe is not None else "127.0.0.1"
+        if self.port_option is not None:
+            return self.port_option, bind, "--port"
+        if recipe is not None:
+            return recipe.resources.port, bind, f"recipe {recipe.name}"
+        return DEFAULT_PORT, bind, "default"

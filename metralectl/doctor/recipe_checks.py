@@ -1,0 +1,108 @@
+"""With `--recipe R`: what R itself needs — its image present, its weights cached, its memory fitting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from metralectl import hfcache
+from metralectl.doctor.context import Context
+from metralectl.doctor.model import Finding, ok, problem, skipped, warn
+
+GB = 1e9
+
+
+def _recipe(ctx: Context) -> Any:
+    recipe = ctx.recipe()
+    assert recipe is not None, "recipe checks run only with --recipe"
+    return recipe
+
+
+def check_image(ctx: Context) -> Finding:
+    from metralectl.hardware import PLATFORM_OF_ARCH
+
+    recipe = _recipe(ctx)
+    catalog = ctx.catalog()
+    image = catalog.images[recipe.image]
+    data: dict[str, Any] = {"image": image.ref, "recipe": recipe.name}
+    try:
+        state = ctx.image_state(image.ref, image.revision_label)
+    except Exception:  # noqa: BLE001 - the daemon check says why
+        return skipped(f"cannot look for {image.ref}: no Docker daemon (see the daemon check)", **data)
+    get = f"docker pull {image.ref}" if not image.build else f"build it: {image.build} (`docker build ... -t {image.ref}`)"
+    if not state.present:
+        return problem(f"{image.ref} is not present locally", f"metralectl pull {recipe.name}   (or: {get})", **data)
+    data.update(image_id=state.image_id, revision=state.revision, platform=state.platform)
+    want = PLATFORM_OF_ARCH.get(ctx.cpu_arch())
+    if state.platform and want and state.platform != want:
+        return problem(f"{image.ref} is present but built for {state.platform}; this machine is {want}",
+                       f"docker pull --platform {want} {image.ref}", **data)
+    validated = recipe.validated.engine_revision
+    revision = state.revision or "no revision label"
+    if validated and state.revision and state.revision != validated:
+        return warn(f"{image.ref} is present at revision {state.revision}; {recipe.name} was validated on {validated}",
+                    f"metralectl pull {recipe.name} fetches what it was validated on", **data)
+    return ok(f"{image.ref} is present ({revision}, {state.platform or 'platform ?'})", **data)
+
+
+def check_weights(ctx: Context) -> Finding:
+    recipe = _recipe(ctx)
+    repo, revision = recipe.checkpoint.repo, recipe.checkpoint.revision
+    state = hfcache.cache_state(repo, revision)
+    data = {"repo": repo, "revision": revision, "status": state.status,
+            "snapshot": str(state.snapshot) if state.snapshot else None}
+    download = f"hf download {repo}" + (f" --revision {revision}" if revision else "")
+    if state.status == "complete":
+        return ok(f"{repo} cached and verified ({state.detail})", **data)
+    if state.status == "present":
+        return ok(f"{repo} cached ({state.detail})", **data)
+    if state.status == "partial":
+        return warn(f"{repo} is partly downloaded ({state.detail}); the engine would fetch the rest on first start",
+                    f"metralectl pull {recipe.name}   (or: {download})", **data)
+    return warn(f"{repo} is not in the HF cache ({state.detail}); the engine downloads it on first start, "
+                "which takes a while", f"metralectl pull {recipe.name}   (or: {download})", **data)
+
+
+def check_fit(ctx: Context) -> Finding:
+    from metralectl.fit import estimate
+
+    recipe = _recipe(ctx)
+    catalog = ctx.catalog()
+    detected, gpu_name, _ = ctx.detected_gpu()
+    data: dict[str, Any] = {"recipe": recipe.name, "recipe_hardware": recipe.hardware, "detected_hardware": detected}
+    if detected is not None and detected != recipe.hardware:
+        return problem(f"{recipe.name} is built for {recipe.hardware}; this machine is {detected} ({gpu_name})",
+                       "pick a recipe for this machine (`metralectl list` judges fit on the detected class)", **data)
+    hw = catalog.hardware[recipe.hardware]
+    est = estimate(recipe, catalog.model_of(recipe), hw, gpu_name if detected == recipe.hardware else None)
+    total, budget = est.total_gb, est.budget.gb
+    data.update(estimate_gb=total, budget_gb=budget, weights_gb=est.weights.gb, kv_pool_gb=est.kv_pool.gb,
+                reserve_gb=est.reserve.gb)
+    where = f"on {hw.display_name}" + ("" if detected else " (no GPU detected: judged on the recipe's class)")
+    if est.fits is None:
+        unknown = "; ".join(p.basis for p in (est.weights, est.kv_pool, est.budget) if p.gb is None)
+        return warn(f"memory estimate unknown {where}: {unknown}", **data)
+    assert total is not None and budget is not None
+    summary = (f"needs ≈ {total:.1f} GB (weights {est.weights.gb:.1f} + KV {est.kv_pool.gb:.1f} + reserve "
+               f"{est.reserve.gb:.1f}) of a {budget:.1f} GB budget ({est.budget.basis}) {where}")
+    if not est.fits:
+        return problem(summary + ": does not fit",
+                       "lower serve.max-seq-len or serve.max-batch-size, or a leaner kv-cache-dtype (`--set`)", **data)
+    free = _available_now(ctx)
+    if free is not None:
+        data["available_now_gb"] = free
+        if free < total:
+            return problem(summary + f", but only {free:.1f} GB is free now (other processes hold the rest)",
+                           "free the GPU memory first (see the leaked-memory check)", **data)
+        if free < budget:
+            return warn(summary + f"; {free:.1f} GB is free now, less than the budget the engine reserves",
+                        "free the GPU memory first, or lower resources.memory-utilization", **data)
+    return ok(summary, **data)
+
+
+def _available_now(ctx: Context) -> float | None:
+    try:
+        samples = ctx.gpus().samples
+    except Exception:  # noqa: BLE001 - no GPU facts: the class-level answer stands
+        return None
+    values = [s.memory.available_bytes for s in samples if s.memory.available_bytes is not None]
+    return min(values) / GB if values else None

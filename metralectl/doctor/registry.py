@@ -1,0 +1,47 @@
+"""The checks, in the order they are shown. Adding a check is adding a line here."""
+
+from __future__ import annotations
+
+from metralectl.doctor import docker_checks as dk
+from metralectl.doctor import gpu_checks as gp
+from metralectl.doctor import hf_checks as hf
+from metralectl.doctor import host_checks as host
+from metralectl.doctor import recipe_checks as rc
+from metralectl.doctor.model import Check
+
+GPU_REQUEST_TIMEOUT_S = 5.0  # create + start `IMAGE --version` with --gpus all + remove; the only slow check
+
+CHECKS: tuple[Check, ...] = (
+    Check("user.root", "Not running as root or under sudo", host.check_root),
+    Check("docker.cli", "Docker CLI on PATH", dk.check_cli, general=True),
+    Check("docker.daemon", "Docker daemon reachable", dk.check_daemon),
+    Check("docker.version", "Docker server version", dk.check_version),
+    Check("docker.nvidia-runtime", "NVIDIA runtime known to the daemon", dk.check_nvidia_runtime),
+    Check("docker.gpu-request", "A container can get the GPUs", dk.check_gpu_request, timeout_s=GPU_REQUEST_TIMEOUT_S),
+    Check("gpu.driver", "NVIDIA driver and CUDA version", gp.check_driver),
+    Check("gpu.model", "GPU model and hardware class", gp.check_model),
+    Check("gpu.memory", "GPU memory", gp.check_memory),
+    Check("gpu.leaked", "GPU memory held by other processes", gp.check_leaked),
+    Check("cpu.arch", "CPU architecture matches the image", host.check_cpu_arch),
+    Check("hf.cache", "Hugging Face cache location", hf.check_location),
+    Check("hf.writable", "Hugging Face cache writable", hf.check_writable),
+    Check("hf.ownership", "No root-owned files in the HF cache", hf.check_ownership),
+    Check("hf.disk", "Free disk for the weights", hf.check_disk),
+    Check("hf.token", "Hugging Face token", hf.check_token, general=True),
+    Check("path.metralectl", "metralectl on PATH", host.check_path, general=True),
+    Check("net.port", "Engine port free", host.check_port),
+    Check("agent", "metralectl agent running", host.check_agent, general=True),
+)
+
+RECIPE_CHECKS: tuple[Check, ...] = (
+    Check("recipe.image", "Recipe's image present", rc.check_image),
+    Check("recipe.weights", "Recipe's weights cached", rc.check_weights),
+    Check("recipe.fit", "Recipe fits this machine's memory", rc.check_fit),
+)
+
+
+def select(recipe: str | None) -> tuple[Check, ...]:
+    """Every check; with a recipe, only what serving it needs, plus the recipe's own checks."""
+    if recipe is None:
+        return CHECKS
+    return tuple(c for c in CHECKS if not c.general) + RECIPE_CHECKS
