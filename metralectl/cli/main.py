@@ -51,6 +51,7 @@ def _register() -> None:
     catalog_cmds.register(app)
     from metralectl.cli import doctor_cmd; doctor_cmd.register(app)  # noqa: E702
     serve_cmds.register(app)
+    from metralectl.cli import staging_cmds; staging_cmds.register(app)  # noqa: E702
     app.add_typer(recipes_cmds.app, name="recipes")
 
 

@@ -30,32 +30,40 @@ def _runtime() -> Any:
 
 
 class _Progress:
-    """Lifecycle events on stderr: phases always, engine log lines when following."""
+    """Lifecycle events on stderr: phases always, engine log lines when following, transfer bars."""
 
-    def __init__(self, follow_log: bool) -> None:
+    def __init__(self, follow_log: bool, view: Any = None) -> None:
         self.follow_log = follow_log
+        self.view = view  # staging_cmds._Renderer while a launch may pull (progress bars)
+
+    def say(self, text: str, code: str = "2") -> None:
+        line = style(text, code, sys.stderr)
+        if self.view is not None:
+            self.view.say(line)
+        else:
+            note(line)
 
     def __call__(self, event: Any) -> None:
         from metralectl.lifecycle import events as ev
 
-        err = sys.stderr
-        if isinstance(event, ev.Step):
-            note(style(f"▸ {event.name:<10} {event.detail}", "2", err))
+        if isinstance(event, ev.Transfer) and self.view is not None:
+            (self.view.layer if event.kind == "image" else self.view.weights)(event.progress)
+        elif isinstance(event, ev.Step):
+            self.say(f"▸ {event.name:<10} {event.detail}")
         elif isinstance(event, ev.Warning_):
-            note(style(f"! {event.message}", "33", err))
+            self.say(f"! {event.message}", "33")
         elif isinstance(event, ev.ContainerStarted):
-            note(style(f"▸ {'started':<10} {event.name} (run {event.run_id})", "2", err))
+            self.say(f"▸ {'started':<10} {event.name} (run {event.run_id})")
         elif isinstance(event, ev.Phase):
-            note(style(f"▸ {event.phase:<10} {event.line.strip()}  [{event.elapsed_s:.1f} s]", "36", err))
+            self.say(f"▸ {event.phase:<10} {event.line.strip()}  [{event.elapsed_s:.1f} s]", "36")
         elif isinstance(event, ev.LogLine) and self.follow_log:
-            note(style(f"  │ {event.line}", "2", err))
+            self.say(f"  │ {event.line}")
         elif isinstance(event, ev.Ready):
-            note(style(f"✔ ready in {event.elapsed_s:.1f} s", "32", err))
-        elif isinstance(event, ev.Failed):
-            if event.last_lines and not self.follow_log:
-                note(style("  last log lines:", "2", err))
-                for line in event.last_lines[-15:]:
-                    note(style(f"  │ {line}", "2", err))
+            self.say(f"✔ ready in {event.elapsed_s:.1f} s", "32")
+        elif isinstance(event, ev.Failed) and event.last_lines and not self.follow_log:
+            self.say("  last log lines:")
+            for line in event.last_lines[-15:]:
+                self.say(f"  │ {line}")
 
 
 def _print_ready(launched: Any, as_json: bool) -> None:
@@ -80,6 +88,7 @@ def run(
     stall_timeout: float = typer.Option(300.0, "--stall-timeout", help="Fail when the log shows no progress this long (s)."),
     boot_timeout: float = typer.Option(None, "--boot-timeout", help="Fail when not ready after this long (s; default: the hardware class's, 900 on GB10)."),
     no_weights_check: bool = typer.Option(False, "--no-weights-check", help="Start even if the weights are not in the cache (the engine downloads them)."),
+    no_pull: bool = typer.Option(False, "--no-pull", help="Refuse instead of pulling a missing image or downloading missing weights."),
     rank: int = typer.Option(0, "--rank", help="With --print, for multi-rank recipes: which rank."),
     master_addr: str = typer.Option(None, "--master-addr", help="With --print, for multi-rank recipes: the head's RoCE IP."),
     roce_interface: str = typer.Option(None, "--roce-interface", help="With --print, for multi-rank recipes: NCCL_SOCKET_IFNAME (the ConnectX port with an IPv4 address)."),
@@ -114,13 +123,15 @@ def run(
     _sigterm_as_interrupt()
     options = LaunchOptions(replace=replace, keep_failed=keep_failed, stall_timeout_s=stall_timeout,
                             boot_timeout_s=boot_timeout,
-                            check_weights=not no_weights_check, sets=tuple(set_ or ()))
+                            check_weights=not no_weights_check, pull=not no_pull, sets=tuple(set_ or ()))
     runtime = _runtime()
-    with lifecycle_lock(f"run {recipe.name}"):
+    from metralectl.cli.staging_cmds import _Renderer
+
+    with lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
         from metralectl.lifecycle.swap import repair_if_needed
 
-        repair_if_needed(runtime, catalog, on_event=_Progress(False))
-        launched = launch(recipe, catalog, runtime, options=options, on_event=_Progress(follow_log=not detach))
+        repair_if_needed(runtime, catalog, on_event=_Progress(False, view))
+        launched = launch(recipe, catalog, runtime, options=options, on_event=_Progress(not detach, view))
     _print_ready(launched, as_json)
 
 
@@ -216,6 +227,7 @@ def swap(
     stall_timeout: float = typer.Option(300.0, "--stall-timeout", help="Fail when the new engine's log shows no progress this long (s)."),
     boot_timeout: float = typer.Option(None, "--boot-timeout", help="Fail when the new engine is not ready after this long (s)."),
     no_weights_check: bool = typer.Option(False, "--no-weights-check", help="Do not require the new weights in the cache."),
+    no_pull: bool = typer.Option(False, "--no-pull", help="Refuse instead of staging a missing image or weights."),
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
 ) -> None:
     """Replace the served model; if the new one does not become ready, restore the previous one."""
@@ -230,12 +242,14 @@ def swap(
     recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])  # refused here, before anything is released
     _sigterm_as_interrupt()
     runtime = _runtime()
-    progress = _Progress(False)
-    with lifecycle_lock(f"swap to {recipe.name}"):
+    from metralectl.cli.staging_cmds import _Renderer
+
+    with lifecycle_lock(f"swap to {recipe.name}"), _Renderer() as view:
+        progress = _Progress(False, view)
         repair_if_needed(runtime, catalog, on_event=progress)
         result = do_swap(recipe, list(set_ or []), catalog, runtime, on_event=progress,
                          options=LaunchOptions(stall_timeout_s=stall_timeout, boot_timeout_s=boot_timeout,
-                                               check_weights=not no_weights_check),
+                                               check_weights=not no_weights_check, pull=not no_pull),
                          drain_timeout_s=drain_timeout, memory=NvmlMemoryWatch(runtime))
     if as_json:
         print(json.dumps(asdict(result), indent=2))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,14 @@ class Step(Event):
 @dataclass(frozen=True)
 class Warning_(Event):
     message: str
+
+
+@dataclass(frozen=True)
+class Transfer(Event):
+    """Staging progress: an image layer (images.LayerProgress) or weights (weights.PullEvent)."""
+
+    kind: str  # "image" | "weights"
+    progress: Any
 
 
 @dataclass(frozen=True)

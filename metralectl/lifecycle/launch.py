@@ -21,7 +21,8 @@ from metralectl.catalog import Catalog
 from metralectl.endpoint import EngineClient, base_url
 from metralectl.errors import MetralError
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit
-from metralectl.lifecycle.events import ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Warning_, ignore
+from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
+                                         Warning_, ignore)
 from metralectl.recipe import Recipe
 from metralectl.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, spec_for
 from metralectl.runtime import ContainerInfo, DockerRuntime, RuntimeFailure
@@ -37,6 +38,7 @@ class LaunchOptions:
     stall_timeout_s: float = 300.0  # no new log line for this long while booting = stalled
     boot_timeout_s: float | None = None  # default: the hardware class's (900 s on GB10)
     check_weights: bool = True
+    pull: bool = True  # pull a missing image / download missing weights before starting (else refuse)
     sets: tuple[str, ...] = ()  # the --set overrides, recorded so a swap can restore this exact recipe
 
 
@@ -74,30 +76,37 @@ def port_free(bind: str, port: int) -> bool:
     return True
 
 
+def stage(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, options: LaunchOptions, on_event: Listener) -> None:
+    """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
+    from metralectl import images, weights
+
+    info = catalog.images[recipe.image]
+    arch = machine.cpu_arch()
+    on_event(Step("image", info.ref))
+    state = runtime.image_state(info.ref, info.revision_label)
+    if not state.present and options.pull:
+        images.pull(info, runtime, arch, lambda layer: on_event(Transfer("image", layer)))
+    images.image_preflight(info, runtime, arch, recipe.name)
+    if not options.check_weights:
+        return
+    on_event(Step("weights", recipe.checkpoint.repo))
+    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    if cache.status in ("absent", "partial") and options.pull:
+        weights.pull(recipe, lambda event: on_event(Transfer("weights", event)))
+    elif cache.status == "present":
+        on_event(Warning_(f"weights of {recipe.checkpoint.repo} are present but not verified "
+                          f"(`metralectl pull {recipe.name}` verifies them)"))
+        return
+    weights.weights_preflight(recipe)
+
+
 def preflight(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spec: ContainerSpec, options: LaunchOptions,
               on_event: Listener, *, ignore_running: tuple[str, ...] = (), check_port: bool = True) -> None:
     """Everything that can refuse a launch before anything starts."""
     if recipe.multi_rank:
         raise MetralError(f"{recipe.name} needs {recipe.resources.world_size} ranks on {recipe.resources.nodes} nodes; "
                           "`run` serves single-node recipes", f"`metralectl run {recipe.name} --print --rank N` shows each rank's command")
-    image = catalog.images[recipe.image]
-    on_event(Step("image", image.ref))
-    state = runtime.image_state(image.ref, image.revision_label)
-    if not state.present:
-        raise MetralError(f"image {image.ref} is not present locally", f"metralectl pull {recipe.name}")
-    expected = {"aarch64": "linux/arm64", "x86_64": "linux/amd64"}.get(machine.cpu_arch())
-    if state.platform and expected and state.platform != expected:
-        raise MetralError(f"image {image.ref} is built for {state.platform}, this machine is {expected}",
-                          "pull the image for this machine's platform, or use a recipe for this hardware class")
-    if options.check_weights:
-        on_event(Step("weights", recipe.checkpoint.repo))
-        cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
-        if cache.status in ("absent", "partial"):
-            raise MetralError(f"weights of {recipe.checkpoint.repo} are {cache.status} in the HF cache ({cache.detail})",
-                              f"metralectl pull {recipe.name}")
-        if cache.status == "present":
-            on_event(Warning_(f"weights of {recipe.checkpoint.repo} are present but not verified "
-                              f"(`metralectl pull {recipe.name}` verifies them)"))
+    stage(recipe, catalog, runtime, options, on_event)
     existing = runtime.inspect(spec.name)
     if existing is not None and (not existing.managed or existing.labels.get(LABEL_OWNER) != owner()):
         who = "is not metralectl's" if not existing.managed else f"belongs to {existing.labels.get(LABEL_OWNER)}"

@@ -117,7 +117,8 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: DockerRunt
         new = apply_sets(catalog, catalog.recipe(new.name), new_sets)
     spec = spec_for(catalog, new)
     on_event(Step("staging", f"{new.name} while {old.name} serves"))
-    preflight(new, catalog, runtime, spec, LaunchOptions(replace=True, check_weights=options.check_weights), on_event,
+    preflight(new, catalog, runtime, spec, LaunchOptions(replace=True, check_weights=options.check_weights,
+                                                         pull=options.pull), on_event,
               ignore_running=(old_container.name,), check_port=False)
     body = {"old": {"recipe": old.name, "sets": old_sets, "container": old_container.name},
             "new": {"recipe": new.name, "sets": new_sets, "container": spec.name}}

@@ -96,18 +96,24 @@ class Box:
         return name
 
     def weights_complete(self, repo: str = "Sehyo/Qwen3.5-35B-A3B-NVFP4") -> None:
-        """A verified snapshot in this box's HF cache (what `metralectl pull` leaves)."""
-        from metralectl.hfcache import VERIFIED_MANIFEST
+        """A verified snapshot in this box's HF cache, exactly as `metralectl pull` leaves one."""
+        import hashlib
 
-        base = self.home / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
+        from metralectl import hfcache
+
         commit = "0" * 40
+        base = self.home / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
         snap = base / "snapshots" / commit
         snap.mkdir(parents=True, exist_ok=True)
         (base / "refs").mkdir(exist_ok=True)
         (base / "refs" / "main").write_text(commit)
-        (snap / "config.json").write_text("{}")
-        (snap / "model.safetensors").write_bytes(b"\0" * 16)
-        (snap / VERIFIED_MANIFEST).write_text('{"files": {}}')
+        files = {"config.json": b"{}", "model.safetensors": b"\0" * 16}
+        listing = []
+        for name, data in files.items():
+            (snap / name).write_bytes(data)
+            listing.append(hfcache.RepoFile(name, len(data), hashlib.sha256(data).hexdigest()))
+        hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST,
+                                  hfcache.Listing(repo, commit, tuple(listing)).as_json())
 
     def cli(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
         out = subprocess.run([sys.executable, "-m", "metralectl", *args], capture_output=True, text=True,

@@ -41,9 +41,24 @@ def test_run_ready_curl_ps_stop(box: Box) -> None:
 
 def test_run_refuses_missing_weights_with_the_pull_command(box: Box) -> None:
     name = box.recipe("noweights")
-    out = box.cli("run", name)
-    assert out.returncode == 1 and "absent in the HF cache" in out.stderr and f"metralectl pull {name}" in out.stderr
+    out = box.cli("run", name, "--no-pull")
+    assert out.returncode == 1 and "weights incomplete" in out.stderr and f"metralectl pull {name}" in out.stderr
     assert box.containers() == []
+
+
+def test_run_downloads_missing_weights_then_serves(box: Box) -> None:
+    """No weights in the cache: run stages them from the Hub (a local stand-in) with verification first."""
+    from tests.fakehub.server import FakeHub, FakeRepo
+
+    repo = FakeRepo.build("Sehyo/Qwen3.5-35B-A3B-NVFP4", {"config.json": b'{"model_type": "qwen3_5_moe"}',
+                                                          "model.safetensors": b"\1" * 4096})
+    with FakeHub([repo]) as hub:
+        box.env.update({"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_XET": "1"})
+        name = box.recipe("pulls")
+        out = box.cli("run", name, check=True)
+    assert "endpoint  http://127.0.0.1:" in out.stdout
+    listed = {r["name"]: r for r in json.loads(box.cli("list", "--json", check=True).stdout)["recipes"]}
+    assert listed[name]["weights"] == "complete"
 
 
 @pytest.mark.parametrize("image,cause,extra_args", [

@@ -1,0 +1,232 @@
+"""`pull` and `images`: staging engine images and checkpoint weights before launch.
+
+Progress goes to stderr (rich bars on a terminal, a few plain lines otherwise); results to stdout.
+rich, docker and huggingface_hub are imported inside the commands, never at registration.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import typer
+
+from metralectl.cli.state import note, style
+from metralectl.errors import UsageError
+
+
+class _Renderer:
+    """Turns the core's events into progress on stderr."""
+
+    PLAIN_EVERY_S = 15.0
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self.console = Console(stderr=True)
+        self.live = self.console.is_terminal
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=28),
+                                 TextColumn("{task.fields[size]}"), TextColumn("{task.fields[rate]}"),
+                                 TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[files]}"),
+                                 console=self.console, disable=not self.live)
+        self.tasks: dict[Any, Any] = {}
+        self.last_plain: dict[Any, tuple[str, float]] = {}
+
+    def __enter__(self) -> _Renderer:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def say(self, text: str) -> None:
+        if self.live:
+            self.progress.console.print(text, highlight=False, markup=False)
+        else:
+            note(text)
+
+    def _plain(self, key: Any, phase: str, text: str) -> None:
+        last = self.last_plain.get(key)
+        now = time.monotonic()
+        if last is None or last[0] != phase or now - last[1] >= self.PLAIN_EVERY_S:
+            self.last_plain[key] = (phase, now)
+            note(text)
+
+    def weights(self, e: Any) -> None:
+        from metralectl.progress import human_bytes, human_duration
+
+        if e.phase in ("note", "resolve"):
+            self.say(f"{e.repo}: {e.message}")
+            return
+        size = f"{human_bytes(e.done)}/{human_bytes(e.total)}"
+        rate = f"{human_bytes(e.rate_bps)}/s" if e.rate_bps is not None and e.phase != "done" else ""
+        eta = f"ETA {human_duration(e.eta_s)}" if e.eta_s is not None and e.phase != "done" else ""
+        files = f"{e.files_done}/{e.files_total} files"
+        label = {"download": "downloading", "verify": "verifying", "done": "verified"}.get(e.phase, e.phase)
+        if not self.live:
+            pct = f" ({100 * e.done / e.total:.0f}%)" if e.total else ""
+            self._plain(e.repo, e.phase, f"{e.repo}: {label} {size}{pct} {rate} {eta} {files}".rstrip())
+            return
+        key = (e.repo, "download" if e.phase == "download" else "verify")  # "done" finishes the verify row
+        if key not in self.tasks:
+            self.tasks[key] = self.progress.add_task(f"{e.repo} {label}", total=e.total or None, size="", rate="",
+                                                     eta="", files="")
+        self.progress.update(self.tasks[key], completed=e.done, total=e.total or None, size=size, rate=rate,
+                             eta=eta, files=files, description=f"{e.repo} {label}")
+
+    def layer(self, e: Any) -> None:
+        from metralectl.progress import human_bytes
+
+        if e.layer is None:
+            self.say(f"{e.ref}: {e.status}")
+            return
+        finished = e.status in ("Pull complete", "Already exists", "Download complete")
+        if not self.live:
+            if e.status not in ("Downloading", "Extracting", "Waiting"):
+                self._plain((e.ref, e.layer), e.status, f"{e.ref}: layer {e.layer}: {e.status}")
+            return
+        key = (e.ref, e.layer)
+        if key not in self.tasks:
+            self.tasks[key] = self.progress.add_task(f"layer {e.layer}", total=None, size="", rate="", eta="",
+                                                     files="")
+        size = f"{human_bytes(e.current)}/{human_bytes(e.total)}" if e.total else ""
+        fields: dict[str, Any] = {"description": f"layer {e.layer} {e.status.lower()}", "size": size}
+        if e.total:
+            fields.update(completed=e.current or 0, total=e.total)
+        if finished:
+            if e.total:
+                fields["completed"] = e.total
+            else:
+                fields.update(completed=1, total=1)
+        self.progress.update(self.tasks[key], **fields)
+
+
+def _image_line(result: Any) -> str:
+    s = result.status
+    rev = f"rev {s.revision[:12]}" if s.revision else "no revision label"
+    return f"image {s.info.ref} {result.action} ({rev}, {s.local_platform or '?'}, {s.digest or 'no digest'})"
+
+
+def _weights_line(result: Any) -> str:
+    from metralectl.progress import human_bytes
+
+    how = ("already complete" if result.already_complete
+           else f"{human_bytes(result.downloaded_bytes)} downloaded")
+    pinned = "pinned" if result.revision else "main"
+    return (f"weights {result.repo} complete at {result.commit[:12]} ({pinned}; {result.files} files, "
+            f"{human_bytes(result.total_bytes)}, {how})")
+
+
+def pull(
+    recipe_names: list[str] = typer.Argument(..., metavar="RECIPE...", help="Recipes to stage (see `metralectl list`)."),
+    weights_only: bool = typer.Option(False, "--weights-only", help="Only download and verify the checkpoint."),
+    image_only: bool = typer.Option(False, "--image-only", help="Only pull the engine image."),
+    update: bool = typer.Option(False, "--update", help="Pull images again even when present (e.g. a moved :latest)."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
+) -> None:
+    """Stage recipes: pull the engine image and download + verify the checkpoint into the HF cache."""
+    from metralectl import images, machine, weights
+    from metralectl.cli.catalog_cmds import _catalog
+
+    if weights_only and image_only:
+        raise UsageError("--weights-only and --image-only exclude each other")
+    catalog = _catalog()
+    recipes = [catalog.recipe(name) for name in dict.fromkeys(recipe_names)]
+    arch = machine.cpu_arch()
+    summary: dict[str, dict[str, Any]] = {r.name: {"recipe": r.name, "image": None, "weights": None} for r in recipes}
+    with _Renderer() as view:
+        if not weights_only:
+            from metralectl.runtime import DockerRuntime, DockerUnavailable
+
+            try:
+                runtime = DockerRuntime()
+            except DockerUnavailable as exc:
+                exc.hint = f"{exc.hint}; weights alone: `metralectl pull --weights-only {' '.join(r.name for r in recipes)}`"
+                raise
+            pulled: dict[str, Any] = {}
+            try:
+                for r in recipes:
+                    if r.image not in pulled:
+                        pulled[r.image] = images.pull(catalog.images[r.image], runtime, arch, view.layer, update=update)
+                        view.say(_image_line(pulled[r.image]))
+                    summary[r.name]["image"] = {**pulled[r.image].status.as_json(), "action": pulled[r.image].action}
+            finally:
+                runtime.close()
+        if not image_only:
+            fetched: dict[tuple[str, str | None], Any] = {}
+            for r in recipes:
+                key = (r.checkpoint.repo, r.checkpoint.revision)
+                if key not in fetched:
+                    fetched[key] = weights.pull(r, view.weights)
+                    view.say(_weights_line(fetched[key]))
+                summary[r.name]["weights"] = fetched[key].as_json()
+    if as_json:
+        print(json.dumps({"recipes": list(summary.values())}, indent=2))
+        return
+    for name, item in summary.items():
+        parts = []
+        if item["image"]:
+            parts.append(f"image {item['image']['action']}")
+        if item["weights"]:
+            parts.append(f"weights complete at {item['weights']['commit'][:12]}")
+        print(f"{name}: ready ({', '.join(parts)})")
+
+
+def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """The engine images metralectl knows: which are local, their revision, platform, and the recipes using them."""
+    from metralectl import images, machine
+    from metralectl.cli.catalog_cmds import _catalog
+    from metralectl.errors import MetralError
+
+    catalog = _catalog()
+    arch = machine.cpu_arch()
+    runtime: Any = None
+    docker_error: MetralError | None = None
+    try:
+        from metralectl.runtime import DockerRuntime
+
+        runtime = DockerRuntime()
+    except MetralError as exc:
+        docker_error = exc
+    rows = images.statuses(catalog, runtime, arch)
+    if as_json:
+        print(json.dumps({"machine": {"arch": arch, "platform": images.machine_platform(arch)},
+                          "docker": {"reachable": runtime is not None,
+                                     "error": docker_error.message if docker_error else None},
+                          "images": [r.as_json() for r in rows]}, indent=2))
+    else:
+        from metralectl.cli.table import render_table
+
+        def local(row: Any) -> str:
+            if row.present is None:
+                return "?"
+            return "yes" if row.present else ("no (build)" if row.info.build else "no")
+
+        here = images.machine_platform(arch)
+
+        def platform(row: Any) -> str:
+            other = images.normalize_platform(row.info.platform) != here
+            return row.info.platform + (" (other arch)" if other else "")
+
+        table = [[r.info.id, r.info.ref, platform(r),
+                  local(r), (r.revision or "-")[:12], (r.digest.split("@")[-1][:19] if r.digest else "-"),
+                  ", ".join(r.recipes) or "-"] for r in rows]
+        print(render_table(["IMAGE", "REF", "PLATFORM", "LOCAL", "REVISION", "DIGEST", "RECIPES"], table))
+        note(f"this machine: {images.machine_platform(arch)} ({arch})")
+        for r in rows:
+            if r.problem and r.present:
+                note(style(f"{r.info.id}: {r.problem}", "33", sys.stderr))
+    if docker_error is not None:
+        note(style(f"metralectl: Docker not reachable, local state unknown: {docker_error.message}", "33", sys.stderr))
+        if docker_error.hint:
+            note(f"    hint: {docker_error.hint}")
+    if runtime is not None:
+        runtime.close()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("pull")(pull)
+    app.command("images")(images_cmd)

@@ -1,0 +1,103 @@
+"""huggingface_hub's exceptions as an operator's errors, each with a remedy.
+
+Classes are recognised by name along the MRO rather than imported: they moved between
+huggingface_hub.utils and huggingface_hub.errors across versions, and this keeps the only
+huggingface_hub import in weights.py.
+"""
+
+from __future__ import annotations
+
+from metralectl import paths
+from metralectl.errors import MetralError
+
+
+class WeightsError(MetralError):
+    """Weights are missing, unverifiable, or cannot be fetched."""
+
+    network = False  # the Hub could not be reached (a verified local copy may still do)
+
+
+def _is(exc: BaseException, name: str) -> bool:
+    return any(cls.__name__ == name for cls in type(exc).__mro__)
+
+
+_NETWORK_NAMES = ("ConnectError", "ConnectTimeout", "ReadTimeout", "TimeoutException", "ConnectionError",
+                  "OfflineModeIsEnabled", "ProxyError", "NetworkError")
+_BROKEN_TRANSFER = ("RemoteProtocolError", "ReadError", "ChunkedEncodingError", "IncompleteRead")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    cursor: BaseException | None = exc
+    while cursor is not None and cursor not in out:
+        out.append(cursor)
+        cursor = cursor.__cause__ or cursor.__context__
+    return out
+
+
+def hub_error(exc: BaseException, repo: str, revision: str, token: bool, file: str | None = None,
+              endpoint: str | None = None) -> BaseException:
+    """A WeightsError with a remedy for what the Hub (or the network, or the disk) said; else exc itself."""
+    import errno
+
+    page = f"https://huggingface.co/{repo}"
+    what = f"{repo}/{file}" if file else f"{repo}@{revision}"
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    server_says = getattr(exc, "server_message", None) or ""
+    if isinstance(exc, MetralError):
+        return exc
+    if _is(exc, "GatedRepoError"):
+        if not token:
+            return WeightsError(
+                f"{repo} is a gated repository and no Hugging Face token is set (the Hub answered {status})",
+                f"open {page}, log in and accept its conditions; create a read token at "
+                "https://huggingface.co/settings/tokens; then `export HF_TOKEN=hf_...` (or `hf auth login`) and pull again")
+        return WeightsError(
+            f"{repo} is a gated repository and your token has not been granted access (the Hub answered {status})",
+            f"open {page} logged in as the token's owner (`hf auth whoami` says who) and accept or request "
+            "access; approval can take a while on some repositories")
+    if status == 401 and ("Invalid credentials" in server_says or (token and not _is(exc, "RepositoryNotFoundError"))):
+        return WeightsError("the Hugging Face token was refused (401: invalid or revoked credentials)",
+                            "fix HF_TOKEN (or the token saved by `hf auth login`): create one at "
+                            "https://huggingface.co/settings/tokens; for a public repo, `unset HF_TOKEN` also works")
+    if _is(exc, "RepositoryNotFoundError"):
+        why = "it is private and your token cannot see it" if token else "it is private and no token is set"
+        return WeightsError(f"no repository {repo} on the Hub (or {why})",
+                            "check checkpoint.repo in the recipe; for a private repo set HF_TOKEN to a token that can read it")
+    if _is(exc, "RevisionNotFoundError"):
+        return WeightsError(f"{repo} has no revision {revision} on the Hub",
+                            "the recipe pins a commit the Hub does not have (history rewritten?); fix checkpoint.revision")
+    if status == 403:
+        return WeightsError(f"the Hub refused access to {what} (403{': ' + server_says if server_says else ''})",
+                            "a fine-grained token needs read access to this repository; check it at "
+                            "https://huggingface.co/settings/tokens")
+    if status == 429:
+        return WeightsError("the Hub is rate-limiting these downloads (429)",
+                            "wait a few minutes and pull again; an HF_TOKEN raises the limits")
+    if status is not None and status >= 500:
+        return WeightsError(f"the Hub failed while serving {what} ({status})", "retry later; https://status.huggingface.co")
+    if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
+        return WeightsError(f"{what}: the download ended at a different size than the Hub announced",
+                            "pull again (that file starts afresh); if it repeats, a proxy is cutting transfers")
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return WeightsError(f"the disk filled up while downloading {what}",
+                            "free space or point HF_HUB_CACHE at a larger disk; finished files are kept")
+    if isinstance(exc, PermissionError):
+        return WeightsError(f"permission denied writing the Hugging Face cache: {exc.filename or exc}",
+                            f"if it belongs to root: sudo chown -R $USER: {paths.hf_hub_cache()}")
+    names = {type(e).__name__ for e in _chain(exc)}
+    if names & set(_BROKEN_TRANSFER):
+        err = WeightsError(f"the download of {what} kept breaking off mid-transfer "
+                           f"({type(_chain(exc)[0]).__name__}: {_chain(exc)[0]})",
+                           "pull again to continue (finished files are kept); if it repeats, check proxies "
+                           "and the link's stability")
+        err.network = True
+        return err
+    if names & set(_NETWORK_NAMES) or _is(exc, "LocalEntryNotFoundError"):
+        err = WeightsError(f"cannot reach the Hugging Face Hub at {endpoint or 'https://huggingface.co'} "
+                           f"({type(_chain(exc)[-1]).__name__})",
+                           "check the network / proxy (HTTPS_PROXY) and HF_ENDPOINT, and that HF_HUB_OFFLINE is not "
+                           "set; pull again to continue: finished files are kept")
+        err.network = True
+        return err
+    return exc
