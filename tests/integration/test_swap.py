@@ -114,11 +114,11 @@ def test_foreign_containers_are_never_touched(box: Box) -> None:
     image = box.images["ok"]
     clash = f"metralectl-{box.prefix}-clash"  # a foreign container holding the name a recipe renders to
     other_owner = f"{box.prefix}-otherowner"  # labelled as metralectl's, but another user's
-    subprocess.run(["docker", "run", "-d", "--name", clash, "--entrypoint", "/bin/busybox", image, "sleep", "300"],
+    subprocess.run(["docker", "run", "-d", "--network", "none", "--name", clash, "--entrypoint", "/bin/busybox", image, "sleep", "300"],
                    check=True, capture_output=True)
     other = ["--label", "ai.metrale.metralectl.managed=true", "--label", "ai.metrale.metralectl.owner=someone-else",
              "--label", "ai.metrale.metralectl.recipe=x", "--entrypoint", "/bin/busybox", image, "sleep", "300"]
-    subprocess.run(["docker", "create", "--name", other_owner, *other], check=True, capture_output=True)
+    subprocess.run(["docker", "create", "--network", "none", "--name", other_owner, *other], check=True, capture_output=True)
     try:
         mine = box.recipe("mine")
         box.weights_complete()
