@@ -8,7 +8,8 @@ figures are what there is, which is why we watch processes rather than a device 
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from metralectl.runtime import ContainerInfo, DockerRuntime, container_pids
 
@@ -32,9 +33,12 @@ class NoMemoryWatch:
 class NvmlMemoryWatch:
     """Watches the stopped container's processes leave the GPU, through the NVML seam."""
 
-    def __init__(self, runtime: DockerRuntime, wait_s: float = WAIT_S) -> None:
+    def __init__(self, runtime: DockerRuntime, wait_s: float = WAIT_S, probe_factory: Callable[[], Any] | None = None,
+                 poll_s: float = 0.5) -> None:
         self.runtime = runtime
         self.wait_s = wait_s
+        self.poll_s = poll_s
+        self._probe_factory = probe_factory
         self._pids: dict[str, set[int]] = {}
 
     def before(self, container: ContainerInfo) -> None:
@@ -45,7 +49,7 @@ class NvmlMemoryWatch:
         from metralectl.gpudata import GpuUnavailable
 
         pids = self._pids.pop(container.id, set())
-        probe = NvmlProbe()
+        probe = self._probe_factory() if self._probe_factory else NvmlProbe()
         system = probe.open()
         if isinstance(system, GpuUnavailable):
             return f"not checked ({system.reason})"
@@ -58,6 +62,6 @@ class NvmlMemoryWatch:
                 if time.monotonic() > deadline:
                     return (f"still held: {sum(held.values()) / 1e9:.1f} GB by PIDs {sorted(held)} {self.wait_s:g} s "
                             "after the stop (`metralectl doctor` lists GPU processes)")
-                time.sleep(0.5)
+                time.sleep(self.poll_s)
         finally:
             probe.close()

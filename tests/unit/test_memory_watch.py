@@ -1,0 +1,48 @@
+"""After a stop, GPU memory is watched by the container's host PIDs — including on GB10 (unified)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from metralectl.gpu import NvmlProbe
+from metralectl.lifecycle.memory import NvmlMemoryWatch
+from metralectl.runtime import ContainerInfo
+from tests.unit import fake_pynvml as fk
+
+CONTAINER = ContainerInfo("c1", "metralectl-x", "img", "running", None, False, None, None, {})
+
+
+class _Api:
+    def top(self, _: str, ps_args: str = "") -> dict[str, Any]:
+        return {"Titles": ["PID"], "Processes": [["4242"], ["4243"]]}
+
+
+class _Runtime:
+    api = _Api()
+
+
+def _watch(device: fk.FakeDevice, wait_s: float = 0.3) -> NvmlMemoryWatch:
+    watch = NvmlMemoryWatch(_Runtime(), wait_s=wait_s, poll_s=0.01,  # type: ignore[arg-type]
+                            probe_factory=lambda: NvmlProbe(nvml=fk.make_fake([device])))
+    watch.before(CONTAINER)
+    return watch
+
+
+def test_memory_returns_once_the_containers_processes_leave_the_gpu_on_gb10() -> None:
+    readings = itertools.chain([[(4242, 30 * fk.GiB), (999, fk.GiB)]] * 3, itertools.repeat([(999, fk.GiB)]))
+    device = fk.gb10(compute_procs=lambda: next(readings))  # memory NotSupported: only per-process figures
+    assert _watch(device).after(CONTAINER) == "returned"  # PID 999 is not ours: it does not count
+
+
+def test_memory_still_held_is_reported_with_the_pids() -> None:
+    device = fk.FakeDevice(compute_procs=[(4243, 2 * fk.GiB)])
+    answer = _watch(device, wait_s=0.05).after(CONTAINER)
+    assert answer.startswith("still held: 2.1 GB by PIDs [4243]")
+
+
+def test_no_nvml_is_not_a_failure() -> None:
+    watch = NvmlMemoryWatch(_Runtime(), probe_factory=lambda: NvmlProbe(  # type: ignore[arg-type]
+        nvml=fk.make_fake([], init_error=fk.LibraryNotFound)))
+    watch.before(CONTAINER)
+    assert watch.after(CONTAINER).startswith("not checked (")
