@@ -53,6 +53,8 @@ def _register() -> None:
     serve_cmds.register(app)
     from metralectl.cli import staging_cmds; staging_cmds.register(app)  # noqa: E702
     app.add_typer(recipes_cmds.app, name="recipes")
+    from metralectl.cli import agent_cmds; agent_cmds.register(app)  # noqa: E702
+    from metralectl.cli import peer_cmds; peer_cmds.register(app)  # noqa: E702
 
 
 _register()

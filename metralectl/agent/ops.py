@@ -1,0 +1,191 @@
+"""What the local API reads and does, behind one protocol: the real one drives the lifecycle over Docker.
+
+Reads answer quickly with values (an unreachable Docker is an answer: {"error", "hint"}). Changes
+(run, swap, stop) are called by JobRunner with the lifecycle lock already held, exactly as the CLI's
+`run`/`swap`/`stop` call the same lifecycle functions under the same lock.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+from metralectl import paths
+from metralectl.errors import MetralError
+
+Emit = Callable[[Any], None]
+
+
+class Operations(Protocol):
+    def capability(self) -> dict[str, Any]: ...
+
+    def serving(self) -> dict[str, Any]: ...
+
+    def recipes(self) -> dict[str, Any]: ...
+
+    def telemetry(self) -> dict[str, Any]: ...
+
+    def history(self) -> dict[str, Any]: ...
+
+    def run(self, recipe: str, on_event: Emit) -> Any: ...
+
+    def swap(self, recipe: str, on_event: Emit) -> Any: ...
+
+    def stop(self, recipe: str | None, on_event: Emit) -> Any: ...
+
+
+def error_json(exc: MetralError) -> dict[str, Any]:
+    return {"error": exc.message, "hint": exc.hint}
+
+
+def bench_history(limit: int = 50) -> dict[str, Any]:
+    """Benchmark runs recorded under METRALE_HOME/runs/<benchmark-id>/, newest first (read-only, best effort)."""
+    root = paths.metrale_home() / "runs"
+    runs: list[dict[str, Any]] = []
+    if root.is_dir():
+        files = sorted((p for p in root.glob("*/**/*.json") if p.is_file() and not p.name.endswith(".sig")),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+        for path in files[:limit]:
+            entry: dict[str, Any] = {"benchmark": path.relative_to(root).parts[0], "file": str(path.relative_to(root)),
+                                     "mtime": path.stat().st_mtime,
+                                     "signed": path.with_name(path.name + ".sig").exists()}
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                data = None
+            if isinstance(data, dict):
+                entry["summary"] = {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}
+            runs.append(entry)
+    return {"root": str(root), "runs": runs}
+
+
+class TelemetryFeed:
+    """A low-rate GPU sampler for the page (started lazily; an unavailable GPU is an answer)."""
+
+    RETRY_S = 60.0  # a driver that appears later (installed, reloaded) is picked up
+
+    def __init__(self) -> None:
+        self._sampler: Any = None
+        self._unavailable: dict[str, Any] | None = None
+        self._tried = 0.0
+        self._lock = threading.Lock()
+
+    def latest(self) -> dict[str, Any]:
+        with self._lock:
+            if self._sampler is None and (self._unavailable is None or time.monotonic() - self._tried > self.RETRY_S):
+                self._tried = time.monotonic()
+                self._unavailable = None
+                self._open()
+        if self._unavailable is not None:
+            return self._unavailable
+        if self._sampler.error is not None:
+            return {"available": False, "reason": f"sampling stopped: {self._sampler.error}"}
+        sample = self._sampler.latest(timeout=1.0)
+        return {"available": True, "sample": sample.to_dict() if sample else None}
+
+    def _open(self) -> None:
+        from metralectl.gpu import NvmlProbe
+        from metralectl.gpudata import GpuUnavailable
+        from metralectl.telemetry.sampler import Sampler
+
+        probe = NvmlProbe()
+        system = probe.open()
+        if isinstance(system, GpuUnavailable):
+            self._unavailable = system.to_dict()
+            return
+        self._sampler = Sampler(probe, hz=2.0, power_hz=None, energy_hz=None).start()
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+
+
+class LifecycleOps:
+    """The real operations: doctor-based capability, the Docker runtime, the catalog, the lifecycle."""
+
+    def __init__(self, capability: Callable[[], dict[str, Any] | None], telemetry: TelemetryFeed | None = None) -> None:
+        self._capability = capability
+        self._telemetry = telemetry or TelemetryFeed()
+
+    def capability(self) -> dict[str, Any]:
+        answer = self._capability()
+        return answer if answer is not None else {"can_run": None, "summary": "checking…", "problems": [], "checks": []}
+
+    def _runtime(self) -> Any:
+        from metralectl.runtime import DockerRuntime
+
+        return DockerRuntime(timeout=10.0)
+
+    def serving(self) -> dict[str, Any]:
+        from metralectl.lifecycle import status
+
+        try:
+            runtime = self._runtime()
+            try:
+                return status.collect(runtime).as_json()
+            finally:
+                runtime.close()
+        except MetralError as exc:
+            return {"serving": [], **error_json(exc)}
+
+    def recipes(self) -> dict[str, Any]:
+        from metralectl import library
+        from metralectl.catalog import load_catalog
+
+        catalog = load_catalog()
+        target = library.choose_target(catalog, None)
+        return {"target": {"hardware": target.hardware, "how": target.how},
+                "recipes": [r.as_json() for r in library.rows(catalog, target)]}
+
+    def telemetry(self) -> dict[str, Any]:
+        return self._telemetry.latest()
+
+    def history(self) -> dict[str, Any]:
+        return bench_history()
+
+    def run(self, recipe: str, on_event: Emit) -> Any:
+        from metralectl.catalog import load_catalog
+        from metralectl.lifecycle.launch import LaunchOptions, launch
+        from metralectl.lifecycle.swap import repair_if_needed
+
+        catalog = load_catalog()
+        chosen = catalog.recipe(recipe)
+        runtime = self._runtime()
+        repair_if_needed(runtime, catalog, on_event=on_event)
+        return asdict(launch(chosen, catalog, runtime, options=LaunchOptions(), on_event=on_event))
+
+    def swap(self, recipe: str, on_event: Emit) -> Any:
+        from metralectl.catalog import load_catalog
+        from metralectl.lifecycle.launch import LaunchOptions
+        from metralectl.lifecycle.memory import NvmlMemoryWatch
+        from metralectl.lifecycle.swap import repair_if_needed, swap
+
+        catalog = load_catalog()
+        chosen = catalog.recipe(recipe)
+        runtime = self._runtime()
+        repair_if_needed(runtime, catalog, on_event=on_event)
+        return asdict(swap(chosen, [], catalog, runtime, on_event=on_event, options=LaunchOptions(),
+                           drain_timeout_s=60.0, memory=NvmlMemoryWatch(runtime)))
+
+    def stop(self, recipe: str | None, on_event: Emit) -> Any:
+        from metralectl.lifecycle.memory import NvmlMemoryWatch
+        from metralectl.lifecycle.stop import select, stop_containers
+
+        runtime = self._runtime()
+        chosen = select(runtime, recipe, all_=False)
+        if not chosen:
+            return {"stopped": [], "note": "nothing to stop"}
+        results = stop_containers(runtime, chosen, timeout_s=30.0, on_event=on_event, memory=NvmlMemoryWatch(runtime))
+        return {"stopped": [asdict(r) for r in results]}
+
+    def close(self) -> None:
+        self._telemetry.close()
+
+
+def static_dir() -> Path:
+    return Path(__file__).resolve().parent / "static"

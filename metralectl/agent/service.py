@@ -1,0 +1,171 @@
+"""`metralectl agent`: the long-running service. Wires the capability monitor, the local API + page and
+the peer listener, records where it listens (`<config>/agent/agent.json`), and stops cleanly on
+SIGTERM/SIGINT.
+
+The docker group: a process keeps the groups it started with, so an agent started before
+`usermod -aG docker $USER` can never reach the socket by itself. When its own check finds exactly that
+case (listed in /etc/group, missing from the process) it re-executes itself through `sg docker`, which
+needs no password for a listed member, and so picks up the fix within one check interval, without the
+operator restarting anything (`--no-regroup` turns this off).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from metralectl import paths
+from metralectl.agent import security
+from metralectl.agent.capability import DEFAULT_INTERVAL_S, CapabilityMonitor, doctor_capability
+from metralectl.peers import PEER_PORT
+
+log = logging.getLogger("metralectl.agent")
+REGROUP_MARK = "METRALECTL_AGENT_REGROUPED"  # set on the re-executed agent: never loop through sg twice
+
+
+def state_path(base: Path | None = None) -> Path:
+    return security.agent_dir(base) / "agent.json"
+
+
+def read_state(base: Path | None = None) -> dict[str, Any] | None:
+    """Where a running agent listens, or None when none is recorded (or its process is gone)."""
+    from metralectl.store import read_json
+
+    state = read_json(state_path(base))
+    if not isinstance(state, dict):
+        return None
+    pid = state.get("pid")
+    if not isinstance(pid, int):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return state
+
+
+def page_url(base: Path | None = None, port: int | None = None) -> str:
+    state = read_state(base) or {}
+    port = port or int(state.get("api_port") or security.DEFAULT_API_PORT)
+    return f"http://127.0.0.1:{port}/#token={security.load_or_create_token(base)}"
+
+
+def needs_regroup(answer: dict[str, Any]) -> bool:
+    for check in answer.get("checks", []):
+        if check.get("id") == "docker.daemon" and check.get("status") == "problem":
+            data = check.get("data") or {}
+            return bool(data.get("cause") == "permission-denied" and data.get("in_docker_group")
+                        and not data.get("docker_group_active"))
+    return False
+
+
+@dataclass
+class AgentOptions:
+    api_port: int = security.DEFAULT_API_PORT
+    peer_port: int = PEER_PORT
+    peer_host: str = "0.0.0.0"
+    peer: bool = True
+    interval_s: float = DEFAULT_INTERVAL_S
+    regroup: bool = True
+    argv: Sequence[str] = field(default_factory=lambda: list(sys.argv[1:]))
+
+
+class Agent:
+    def __init__(self, options: AgentOptions, *, base: Path | None = None,
+                 check: Callable[[], dict[str, Any]] = doctor_capability, ops: Any = None, facts: Any = None) -> None:
+        from metralectl import identity
+        from metralectl.agent.api import LocalApiServer
+        from metralectl.agent.ops import LifecycleOps
+
+        self.options = options
+        self.base = base
+        self.identity = identity.load_or_create(base)
+        self.token = security.load_or_create_token(base)
+        self.stopping = threading.Event()
+        self.regroup_wanted = False
+        self.monitor = CapabilityMonitor(self._checked(check), interval_s=options.interval_s,
+                                         on_change=lambda a: log.info("capability: %s", a.get("summary")))
+        self.ops = ops if ops is not None else LifecycleOps(self.monitor.latest)
+        self.api = LocalApiServer(self.ops, token=self.token, port=options.api_port,
+                                  info={"fingerprint": self.identity.fingerprint})
+        self.peer_server: Any = None
+        if options.peer:
+            from metralectl.peers.admission import Facts
+            from metralectl.peers.listener import Node, PeerServer
+
+            node = Node(base if base is not None else paths.config_dir(), self.identity, facts or Facts())
+            self.peer_server = PeerServer(node, options.peer_host, options.peer_port)
+        self.api.info["peer_port"] = self.peer_server.port if self.peer_server else None
+
+    def _checked(self, check: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+        def run() -> dict[str, Any]:
+            answer = check()
+            if (self.options.regroup and needs_regroup(answer) and not os.environ.get(REGROUP_MARK)
+                    and shutil.which("sg")):
+                answer["summary"] += " (the agent is picking up the docker group: restarting itself through `sg docker`)"
+                self.regroup_wanted = True
+                self.stopping.set()
+            return answer
+        return run
+
+    def start(self) -> None:
+        self.monitor.start()
+        self.api.start("agent-api")
+        if self.peer_server is not None:
+            self.peer_server.start("agent-peers")
+        from metralectl.store import write_json
+
+        write_json(state_path(self.base), {"pid": os.getpid(), "api_port": self.api.port,
+                                           "peer_port": self.peer_server.port if self.peer_server else None,
+                                           "fingerprint": self.identity.fingerprint, "started": time.time()})
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.monitor.stop()
+        self.api.stop()
+        if self.peer_server is not None:
+            self.peer_server.stop()
+        close = getattr(self.ops, "close", None)
+        if close is not None:
+            close()
+        state = read_state(self.base)
+        if state is not None and state.get("pid") == os.getpid():
+            state_path(self.base).unlink(missing_ok=True)
+
+    def wait(self) -> None:
+        while not self.stopping.wait(0.5):
+            pass
+
+
+def run_agent(options: AgentOptions, *, base: Path | None = None, on_ready: Callable[[Agent], None] | None = None) -> None:
+    agent = Agent(options, base=base)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        agent.stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.start()
+    if on_ready is not None:
+        on_ready(agent)
+    try:
+        agent.wait()
+    finally:
+        agent.stop()
+    if agent.regroup_wanted:
+        command = shlex.join([sys.executable, "-m", "metralectl", *options.argv])
+        os.environ[REGROUP_MARK] = "1"
+        log.warning("re-executing through `sg docker` to pick up the docker group")
+        os.execvp("sg", ["sg", "docker", "-c", command])

@@ -1,0 +1,118 @@
+"""`id`, `verify RECORD`, `agent` (+ `agent url`): this box's identity, signed records, the background agent.
+
+cryptography, httpx and the agent's modules are imported inside the commands (`--help` stays light).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from metralectl.cli.state import note, style
+
+agent_app = typer.Typer(help="The background agent: local API + control-plane page + peer listener.",
+                        invoke_without_command=True, no_args_is_help=False, add_completion=False,
+                        rich_markup_mode=None)
+
+
+def id_(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    fix_permissions: bool = typer.Option(False, "--fix-permissions", help="chmod the private key to 0600 (and its dir to 0700)."),
+) -> None:
+    """This box's identity: its Ed25519 fingerprint (created on first use)."""
+    from metralectl import identity, paths
+
+    if fix_permissions and os.path.lexists(identity.key_path()):
+        changed = identity.repair_permissions()
+        note(f"repaired: {changed}" if changed else "permissions were already right")
+    existed = identity.key_path().exists()
+    ident = identity.load_or_create()
+    if not existed:
+        note(f"created a new identity in {paths.display(ident.path.parent)} (private key mode 0600)")
+    if as_json:
+        print(json.dumps(ident.to_json(), indent=2))
+        return
+    print(ident.fingerprint)
+    note(f"key: {paths.display(ident.path)}  (ed25519; peers compare this fingerprint when pairing)")
+
+
+def verify(
+    record: Path = typer.Argument(..., metavar="RECORD", help="A signed envelope, or a record with RECORD.sig next to it."),
+    expect: list[str] = typer.Option(None, "--expect", metavar="NAME=VALUE", help="A name the record must carry (e.g. unit=...)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
+) -> None:
+    """Check a signed record against this box's key and its paired peers' keys (exit 1 if it fails)."""
+    from metralectl.errors import MetralError, UsageError
+    from metralectl.peers.store import known_keys
+    from metralectl.signing import verify_file
+
+    wanted = {}
+    for item in expect or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--expect {item!r}: write NAME=VALUE")
+        wanted[key] = value
+    verdict = verify_file(record, known_keys(), expect=wanted)
+    if as_json:
+        print(json.dumps({"ok": verdict.ok, "signer": verdict.signer, "reason": verdict.reason,
+                          "payload_type": verdict.payload_type, "names": verdict.names}, indent=2))
+    elif verdict.ok:
+        print(f"good signature by {verdict.signer}")
+        for key, value in sorted(verdict.names.items()):
+            print(f"  {key}: {value}")
+    if not verdict.ok:
+        if as_json:
+            raise typer.Exit(1)
+        raise MetralError(f"{record}: {verdict.reason}",
+                          "pair with the signer (`metralectl peer pair ADDR`) if it is a node you trust"
+                          if verdict.reason.startswith("signed by") else None)
+
+
+@agent_app.callback()
+def agent(
+    ctx: typer.Context,
+    port: int = typer.Option(8897, "--port", min=1, max=65535, help="The local API and page (loopback only)."),
+    peer_port: int = typer.Option(8899, "--peer-port", min=0, max=65535, help="The peer listener's port."),
+    peer_bind: str = typer.Option("0.0.0.0", "--peer-bind", help="Where the peer listener listens (:: for IPv6 too)."),
+    no_peer: bool = typer.Option(False, "--no-peer", help="Do not start the peer listener."),
+    interval: float = typer.Option(3.0, "--interval", min=0.5, help="Seconds between capability re-checks."),
+    no_regroup: bool = typer.Option(False, "--no-regroup", help="Do not re-exec through `sg docker` to pick up a new docker group."),
+) -> None:
+    """Run the agent in the foreground (the installer's service unit runs this)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import logging
+
+    from metralectl.agent.service import Agent, AgentOptions, run_agent
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+
+    def ready(agent: Agent) -> None:
+        api = agent.api
+        peer = agent.peer_server
+        note(f"metralectl agent {agent.identity.fingerprint}")
+        note(f"  page + local API: http://127.0.0.1:{api.port}/  (`metralectl agent url` adds the token)")
+        note(f"  peer listener:    {peer_bind}:{peer.port}" if peer else "  peer listener:    off")
+
+    run_agent(AgentOptions(api_port=port, peer_port=peer_port, peer_host=peer_bind, peer=not no_peer,
+                           interval_s=interval, regroup=not no_regroup), on_ready=ready)
+
+
+@agent_app.command("url")
+def url(port: int = typer.Option(None, "--port", help="The agent's port (default: the running agent's, else 8897).")) -> None:
+    """Print the control-plane page's address with the API token (open it in a browser on this machine)."""
+    from metralectl.agent.service import page_url, read_state
+
+    if read_state() is None:
+        note(style("note: no running agent recorded; start one with `metralectl agent`", "33", sys.stderr))
+    print(page_url(port=port))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("id")(id_)
+    app.command("verify")(verify)
+    app.add_typer(agent_app, name="agent")

@@ -1,0 +1,196 @@
+"""`peer pair|list|revoke|grant-bench|bench-config` and `nodes ADDR…` (bench admission of other nodes).
+
+`nodes` is the `bench nodes` of SPEC §6, top-level until the bench sub-app takes it over.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from typing import Any
+
+import typer
+
+from metralectl.cli.state import note, style
+
+peer_app = typer.Typer(help="Other metralectl nodes this box trusts by key (pairing, grants).",
+                       no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+
+
+def _me() -> Any:
+    from metralectl import identity
+
+    return identity.load_or_create()
+
+
+@peer_app.command("pair")
+def pair(
+    address: str = typer.Argument(..., metavar="ADDR", help="ip[:port], [v6]:port, host.local or dns.name (port: 8899)."),
+    expect: str = typer.Option(None, "--expect", metavar="FINGERPRINT", help="Pair only if the node shows this fingerprint."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Trust the key shown without asking (trust on first use)."),
+    peer_port: int = typer.Option(8899, "--peer-port", help="This box's peer port, announced in the hello."),
+    timeout: float = typer.Option(5.0, "--timeout", help="Seconds to wait for the node."),
+    as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
+) -> None:
+    """Trust a node's key on first use (after seeing its fingerprint); a changed key is refused loudly."""
+    from metralectl.errors import MetralError
+    from metralectl.identity import parse_fingerprint
+    from metralectl.peers.ops import pair as do_pair
+
+    wanted = parse_fingerprint(expect) if expect else None
+
+    def confirm(remote: Any, where: str) -> bool:
+        note(f"{where} is {remote.name or '?'} (metralectl {remote.version or '?'})")
+        note(f"  fingerprint: {remote.fingerprint}")
+        if wanted is not None:
+            if remote.fingerprint != wanted:
+                raise MetralError(f"{where} shows {remote.fingerprint}, not the expected {wanted}: not paired",
+                                  "check the fingerprint with `metralectl id` on that machine")
+            return True
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            raise MetralError("not paired: confirm the fingerprint interactively, or pass --expect FINGERPRINT",
+                              "run `metralectl id` on that machine and compare")
+        note("  compare it with `metralectl id` on that machine.")
+        return bool(typer.confirm("Trust this key?", default=False, err=True))
+
+    result = do_pair(address, _me(), confirm=confirm, name=socket.gethostname(), peer_port=peer_port, timeout=timeout)
+    if as_json:
+        print(json.dumps(result.__dict__, indent=2))
+        return
+    print(f"{result.outcome}: {result.address} {result.fingerprint} ({result.name or '?'})")
+    note(f"hello: {result.hello}")
+    note(f"next, on {result.address}: `metralectl peer grant-bench {_me().fingerprint}` lets this box run benchmarks there")
+
+
+@peer_app.command("list")
+def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Known peers (and hellos waiting for a grant)."""
+    from metralectl.peers.store import PeerStore
+
+    book = PeerStore().load()
+    if as_json:
+        print(json.dumps({"peers": [p.to_json() for p in book.peers],
+                          "pending": [p.__dict__ for p in book.pending]}, indent=2))
+        return
+    from metralectl.cli.table import render_table
+
+    if book.peers:
+        print(render_table(["FINGERPRINT", "NAME", "ADDRESS", "GRANTS", "FIRST SEEN", "VIA"],
+                           [[p.fingerprint, p.name or "-", p.address or "-", ",".join(p.grants) or "-", p.first_seen,
+                             p.via] for p in book.peers]))
+    else:
+        note("no known peers (`metralectl peer pair ADDR`)")
+    for p in book.pending:
+        note(f"pending hello: {p.fingerprint} ({p.name or '?'} at {p.from_addr}, {p.seen}); "
+             f"`metralectl peer grant-bench {p.fingerprint}` trusts it")
+
+
+@peer_app.command("revoke")
+def revoke(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT")) -> None:
+    """Forget a peer: its requests and its signed records are no longer accepted."""
+    from metralectl.identity import parse_fingerprint
+    from metralectl.peers.store import PeerStore
+
+    peer = PeerStore().revoke(parse_fingerprint(fingerprint))
+    print(f"revoked {peer.fingerprint} ({peer.name or '?'} at {peer.address or '?'})")
+
+
+@peer_app.command("grant-bench")
+def grant_bench(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT", help="The peer's fingerprint (its `metralectl id`).")) -> None:
+    """Let that peer run benchmarks on this box (bench.yaml must have bench enabled)."""
+    from metralectl.identity import parse_fingerprint
+    from metralectl.peers.config import load_bench_config
+    from metralectl.peers.store import PeerStore
+
+    peer, how = PeerStore().grant(parse_fingerprint(fingerprint), "bench")
+    print(f"{how}: {peer.fingerprint} ({peer.name or '?'})")
+    if not load_bench_config().enabled:
+        note(style("note: bench is not enabled on this node: `metralectl peer bench-config --enable`", "33", sys.stderr))
+
+
+@peer_app.command("bench-config")
+def bench_config(
+    enable: bool = typer.Option(None, "--enable/--disable", help="Take benchmark units from granted peers."),
+    hardware_class: str = typer.Option(None, "--hardware-class", help="What this node benchmarks as (default: detected)."),
+    memory_floor: float = typer.Option(None, "--memory-floor", min=0, help="GB of available memory below which units are refused."),
+    disk_floor: float = typer.Option(None, "--disk-floor", min=0, help="GB of free disk below which units are refused."),
+    disk_path: str = typer.Option(None, "--disk-path", help="Where free disk is measured (default: the HF cache)."),
+) -> None:
+    """Show this node's bench.yaml; with options, change it."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    import yaml
+
+    from metralectl import paths
+    from metralectl.peers.config import bench_path, load_bench_config, save_bench_config
+
+    config = load_bench_config()
+    changes: dict[str, Any] = {}
+    if enable is not None:
+        changes["enabled"] = enable
+    if hardware_class is not None:
+        changes["hardware_class"] = hardware_class or None
+    if memory_floor is not None:
+        changes["memory_floor_gb"] = memory_floor
+    if disk_floor is not None:
+        changes["disk_floor_gb"] = disk_floor
+    if disk_path is not None:
+        changes["disk_path"] = Path(disk_path).expanduser() if disk_path else None
+    if changes:
+        config = replace(config, **changes, exists=True)
+        note(f"wrote {paths.display(save_bench_config(config))}")
+    elif not config.exists:
+        note(f"no {paths.display(bench_path())} yet: these are the defaults")
+    print(yaml.safe_dump(config.to_yaml_dict(), sort_keys=False), end="")
+
+
+def nodes(
+    addresses: list[str] = typer.Argument(None, metavar="[ADDR]...", help="ip[:port], [v6]:port, host.local, dns.name; none: this box."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    timeout: float = typer.Option(5.0, "--timeout", help="Seconds to wait for each node."),
+) -> None:
+    """For each node: admitted for benchmarks, or refused and why (exit 1 if any is refused)."""
+    from metralectl.peers.ops import NodeAnswer, ask_nodes
+
+    if addresses:
+        answers = ask_nodes(addresses, _me(), timeout=timeout)
+    else:
+        from metralectl import paths
+        from metralectl.peers.listener import Node
+
+        admission = Node(paths.config_dir(), _me()).admission(None)
+        answers = [NodeAnswer("this box", admission.admitted, admission.fingerprint, admission)]
+    if as_json:
+        print(json.dumps([a.to_json() for a in answers], indent=2))
+    else:
+        for a in answers:
+            _render(a)
+    if not all(a.admitted for a in answers):
+        raise typer.Exit(1)
+
+
+def _render(answer: Any) -> None:
+    out = sys.stdout
+    adm = answer.admission
+    if answer.admitted and adm is not None:
+        print(f"{answer.address}  {style('admitted', '32', out)}  {adm.hardware_class}  {adm.gpu}  signer {adm.fingerprint}")
+        return
+    print(f"{answer.address}  {style('refused', '31', out)}" + (f"  signer {answer.fingerprint}" if answer.fingerprint else ""))
+    if answer.error:
+        print(f"    {answer.error}")
+        if answer.hint:
+            print(f"      → {answer.hint}")
+        return
+    for check in adm.reasons if adm else []:
+        print(f"    {check.id}: {check.detail}")
+        if check.remedy:
+            print(f"      → {check.remedy}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(peer_app, name="peer")
+    app.command("nodes")(nodes)

@@ -1,0 +1,112 @@
+"""The requesting side of the peer protocol (httpx, imported inside the functions)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from metralectl.errors import MetralError
+from metralectl.identity import Identity, fingerprint_of, public_key_from_b64
+from metralectl.peers.address import PeerAddress
+from metralectl.peers.protocol import H_KEY, new_nonce, sign_request, verify_response
+from metralectl.peers.store import key_changed
+
+TIMEOUT_S = 5.0
+
+
+class PeerUnreachable(MetralError):
+    """Nothing (or not a metralectl peer listener) answered at that address."""
+
+
+class PeerProtocolError(MetralError):
+    """The peer answered, but not in a way that can be trusted."""
+
+
+@dataclass(frozen=True)
+class RemoteIdentity:
+    fingerprint: str
+    public_key: bytes
+    name: str
+    version: str
+
+    @property
+    def public_b64(self) -> str:
+        import base64
+
+        return base64.b64encode(self.public_key).decode("ascii")
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    value: Any
+
+
+def _send(addr: PeerAddress, method: str, path: str, body: bytes, headers: dict[str, str],
+          timeout: float) -> tuple[int, Mapping[str, str], bytes]:
+    import httpx
+
+    url = addr.url(path)
+    try:
+        with httpx.Client(timeout=timeout, trust_env=False) as client:
+            response = client.request(method, url, content=body, headers=headers)
+    except httpx.TimeoutException:
+        raise PeerUnreachable(f"{addr}: no answer within {timeout:g} s",
+                              "is `metralectl agent` running there, and its peer port open in the firewall?") from None
+    except httpx.HTTPError as exc:
+        raise PeerUnreachable(f"{addr}: {exc}",
+                              "is `metralectl agent` running there? (peer port: `metralectl agent --peer-port`)") from None
+    return response.status_code, response.headers, response.content
+
+
+def _decode(addr: PeerAddress, body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise PeerProtocolError(f"{addr}: the answer is not JSON (not a metralectl peer listener?)") from None
+
+
+def fetch_identity(addr: PeerAddress, *, timeout: float = TIMEOUT_S) -> RemoteIdentity:
+    """Who answers at addr, proven: its answer is signed, over our fresh challenge, by the key it shows."""
+    challenge = new_nonce()
+    status, headers, body = _send(addr, "GET", f"/peer/v1/identity?challenge={challenge}", b"", {}, timeout)
+    value = _decode(addr, body)
+    if status != 200 or not isinstance(value, dict):
+        raise PeerProtocolError(f"{addr}: identity request answered {status}: {value}")
+    try:
+        key = public_key_from_b64(str(value["public_key"]))
+        claimed = str(value["fingerprint"])
+    except (KeyError, ValueError) as exc:
+        raise PeerProtocolError(f"{addr}: malformed identity ({exc})") from None
+    if fingerprint_of(key) != claimed:
+        raise PeerProtocolError(f"{addr}: its fingerprint {claimed} does not belong to the key it shows")
+    problem = verify_response(headers, status, body, nonce=challenge, me="", expect_key=claimed, public=key)
+    if problem:
+        raise PeerProtocolError(f"{addr}: identity not proven: {problem}")
+    return RemoteIdentity(claimed, key, str(value.get("name", "")), str(value.get("version", "")))
+
+
+def signed_call(me: Identity, addr: PeerAddress, fingerprint: str, public_key: bytes, method: str, path: str,
+                body: bytes = b"", *, timeout: float = TIMEOUT_S) -> Answer:
+    """A request signed by `me` for the node `fingerprint`; the answer must be signed by that node's key."""
+    headers = sign_request(me, fingerprint, method, path, body)
+    if body:
+        headers["Content-Type"] = "application/json"
+    status, response_headers, response_body = _send(addr, method, path, body, headers, timeout)
+    answered_as = response_headers.get(H_KEY)
+    if answered_as and answered_as != fingerprint:
+        raise key_changed(str(addr), fingerprint, str(answered_as))
+    problem = verify_response(response_headers, status, response_body, nonce=headers["X-Metrale-Nonce"], me=me.fingerprint,
+                              expect_key=fingerprint, public=public_key)
+    if problem:
+        raise PeerProtocolError(f"{addr}: answer refused: {problem}",
+                                "if the node was reinstalled, check `metralectl id` there and pair again")
+    return Answer(status, _decode(addr, response_body))
+
+
+def hello(me: Identity, addr: PeerAddress, fingerprint: str, public_key: bytes, *, name: str, peer_port: int,
+          timeout: float = TIMEOUT_S) -> Answer:
+    body = json.dumps({"public_key": me.public_b64, "name": name, "peer_port": peer_port}).encode()
+    return signed_call(me, addr, fingerprint, public_key, "POST", "/peer/v1/hello", body, timeout=timeout)

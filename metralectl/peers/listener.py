@@ -1,0 +1,168 @@
+"""The peer listener: the HTTP port other metralectl nodes talk to (PEER_PORT; not the local API).
+
+    GET  /peer/v1/identity?challenge=N   public: fingerprint, key, name; the answer is signed over N,
+                                         which proves the node holds the key it shows
+    POST /peer/v1/hello                  public, self-signed: "I paired with you; here is my key".
+                                         Stored as pending; trusts nothing until the operator types the
+                                         fingerprint here (`metralectl peer grant-bench FP`)
+    GET  /peer/v1/admission              signed by a known peer: the bench admission answer
+
+Every other request must be signed by a known peer's key (protocol.verify_request); every answer is
+signed by this node's key (protocol.sign_response).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from metralectl import __version__
+from metralectl.httpserve import BodyTooLarge, Handler, Server, json_bytes
+from metralectl.identity import Identity, fingerprint_of, public_key_from_b64
+from metralectl.peers import PEER_PORT
+from metralectl.peers.address import PeerAddress
+from metralectl.peers.admission import Admission, Facts, judge
+from metralectl.peers.config import bench_path, load_bench_config
+from metralectl.peers.protocol import (
+    _NONCE,
+    H_KEY,
+    H_NONCE,
+    NonceStore,
+    Refusal,
+    SignedRequest,
+    sign_response,
+    verify_request,
+)
+from metralectl.peers.store import PeerStore
+
+log = logging.getLogger("metralectl.peers")
+PROTOCOL = 1
+
+
+@dataclass
+class Node:
+    """This node as the peer listener sees it. Everything is explicit, so two nodes can share a process."""
+
+    base: Path  # the config dir: identity, peers, bench.yaml, the nonce store
+    identity: Identity
+    facts: Facts = field(default_factory=Facts)
+    name: str = field(default_factory=socket.gethostname)
+    peers: PeerStore = field(init=False)
+    nonces: NonceStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.peers = PeerStore(self.base)
+        self.nonces = NonceStore(self.base / "peers" / "nonces")
+
+    def trusted_key(self, fingerprint: str) -> bytes | None:
+        peer = self.peers.load().by_fingerprint(fingerprint)
+        return peer.key if peer is not None else None
+
+    def admission(self, grants: tuple[str, ...] | None) -> Admission:
+        return judge(load_bench_config(self.base), fingerprint=self.identity.fingerprint, name=self.name,
+                     facts=self.facts, requester_grants=grants, config_path=bench_path(self.base))
+
+
+class PeerHandler(Handler):
+    server: PeerServer
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _answer(self, status: int, value: Any, *, nonce: str = "", to: str = "") -> None:
+        body = json_bytes(value)
+        headers = sign_response(self.server.node.identity, status, nonce, to, body)
+        self.send_bytes(status, body, "application/json", headers)
+
+    def _refuse(self, refusal: Refusal) -> None:
+        nonce = self.header(H_NONCE) or ""
+        self._answer(refusal.status, {"error": refusal.reason},
+                     nonce=nonce if _NONCE.fullmatch(nonce) else "", to=self.header(H_KEY) or "")
+
+    def _signed(self, body: bytes, keys: Any = None) -> SignedRequest | None:
+        node = self.server.node
+        result = verify_request(self.headers, self.command, self.path, body, me=node.identity.fingerprint,
+                                keys=keys or node.trusted_key, nonces=node.nonces)
+        if isinstance(result, Refusal):
+            log.info("peer request refused from %s: %s", self.client_address[0], result.reason)
+            self._refuse(result)
+            return None
+        return result
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            body = self.read_body()
+        except BodyTooLarge as exc:
+            self.close_connection = True
+            self._refuse(Refusal(413, str(exc)))
+            return
+        route = urlsplit(self.path).path
+        if method == "GET" and route == "/peer/v1/identity":
+            self._identity()
+        elif method == "POST" and route == "/peer/v1/hello":
+            self._hello(body)
+        elif method == "GET" and route == "/peer/v1/admission":
+            self._admission(body)
+        else:
+            request = self._signed(body)  # unknown paths answer only to known peers
+            if request is not None:
+                self._answer(404, {"error": f"no {method} {route}"}, nonce=request.nonce, to=request.key)
+
+    # -- routes ---------------------------------------------------------------------------------
+    def _identity(self) -> None:
+        node = self.server.node
+        challenge = (parse_qs(urlsplit(self.path).query).get("challenge") or [""])[0]
+        if not _NONCE.fullmatch(challenge):
+            self._answer(400, {"error": "a challenge (16-64 url-safe characters) is required"})
+            return
+        self._answer(200, {"fingerprint": node.identity.fingerprint, "public_key": node.identity.public_b64,
+                           "name": node.name, "protocol": PROTOCOL, "version": __version__}, nonce=challenge)
+
+    def _hello(self, body: bytes) -> None:
+        try:
+            hello = json.loads(body)
+            key = public_key_from_b64(str(hello["public_key"]))
+            name = str(hello.get("name", ""))
+            port = int(hello.get("peer_port", PEER_PORT))
+        except (ValueError, KeyError, TypeError):
+            self._refuse(Refusal(400, "a hello needs {public_key, name, peer_port}"))
+            return
+        fp = fingerprint_of(key)
+        request = self._signed(body, keys=lambda claimed: key if claimed == fp else None)  # self-signed
+        if request is None:
+            return
+        source = PeerAddress(self.client_address[0].removeprefix("::ffff:"), port).netloc
+        self.server.node.peers.add_pending(fp, hello["public_key"], name, source)
+        log.info("hello from %s (%s) at %s: pending until the operator grants it", fp, name, source)
+        self._answer(200, {"pending": True, "fingerprint": self.server.node.identity.fingerprint},
+                     nonce=request.nonce, to=request.key)
+
+    def _admission(self, body: bytes) -> None:
+        request = self._signed(body)
+        if request is None:
+            return
+        peer = self.server.node.peers.load().by_fingerprint(request.key)
+        grants = peer.grants if peer is not None else ()
+        try:
+            answer = self.server.node.admission(grants).to_json()
+        except Exception as exc:  # noqa: BLE001 - a broken bench.yaml is an answer, not a dropped connection
+            message = getattr(exc, "message", str(exc))
+            self._answer(500, {"error": f"this node cannot judge admission: {message}",
+                               "hint": getattr(exc, "hint", None)}, nonce=request.nonce, to=request.key)
+            return
+        self._answer(200, answer, nonce=request.nonce, to=request.key)
+
+
+class PeerServer(Server):
+    def __init__(self, node: Node, host: str = "0.0.0.0", port: int = PEER_PORT) -> None:
+        self.node = node
+        super().__init__((host, port), PeerHandler)
