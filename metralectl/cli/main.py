@@ -52,6 +52,7 @@ def _register() -> None:
     from metralectl.cli import doctor_cmd; doctor_cmd.register(app)  # noqa: E702
     serve_cmds.register(app)
     from metralectl.cli import staging_cmds; staging_cmds.register(app)  # noqa: E702
+    from metralectl.cli import top_cmd; top_cmd.register(app)  # noqa: E702
     app.add_typer(recipes_cmds.app, name="recipes")
     from metralectl.cli import agent_cmds; agent_cmds.register(app)  # noqa: E702
     from metralectl.cli import peer_cmds; peer_cmds.register(app)  # noqa: E702

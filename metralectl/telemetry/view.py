@@ -1,0 +1,389 @@
+"""What `metralectl top` shows, as values: GPU samples + engine /metrics snapshots + thermal lines →
+rows and JSON-ready dicts. Pure (no NVML, no HTTP, no printing), so the CLI, the TUI and the agent
+render the same numbers.
+
+`TopModel` is the one stateful piece: it remembers each GPU's thermal state (the park/resume lines
+have hysteresis, so the next state depends on the last) and which samples it has already seen.
+Rates come from trailing windows: GPU energy rate from the NVML energy counter's delta over the last
+`rate_window_s` (instant-power integral when the counter is missing), engine token rates from the
+oldest and newest /metrics snapshots the caller kept for that window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from metralectl.gpudata import GpuInfo, GpuSample, GpuSystem, GpuUnavailable, MemoryState
+from metralectl.telemetry.energy import Method, Scope, Trapezoid
+from metralectl.telemetry.engine_metrics import EngineRates, EngineSnapshot, engine_rates
+from metralectl.telemetry.sampler import Sample, SamplerStats
+from metralectl.telemetry.thermal import (
+    ThermalLines,
+    ThermalState,
+    ThermalStatus,
+    node_thermal,
+    thermal_status,
+)
+
+SCHEMA = 1
+RATE_WINDOW_S = 5.0  # the counter ticks every ~100 ms on an H200: ±2 % edge error over 5 s, ±10 % over 1 s
+UNIFIED_LABEL = ("unified: host MemTotal/MemAvailable (NVML has no device memory here); "
+                 "GPU-resident = Σ GPU processes")
+EngineSource = Literal["container", "url"]
+EngineState = Literal["ok", "unreachable", "bad-metrics"]
+
+
+# -- GPU ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EnergyRate:
+    """Average power over the trailing window, and how it was measured."""
+
+    watts: float | None
+    method: Method | None  # counter | instant-integral | average-integral
+    span_s: float | None
+
+
+def energy_rates(samples: Sequence[Sample], *, window_s: float = RATE_WINDOW_S) -> dict[str, EnergyRate]:
+    """Per GPU uuid: the energy counter's delta over the newest `window_s` of samples divided by the time
+    between its readings; where fewer than two counter readings are there (no counter, just started) or
+    the counter went backwards in between and left fewer than two, the trapezoid of instant power (or,
+    last resort, the averaged reading) over the same samples."""
+    if not samples:
+        return {}
+    end_t = samples[-1].t
+    recent = [s for s in samples if s.t >= end_t - window_s]
+    out: dict[str, EnergyRate] = {}
+    for g in samples[-1].gpus:
+        counter = _counter_rate([e for s in recent if s.energy for e in s.energy if e.uuid == g.uuid])
+        out[g.uuid] = counter if counter is not None else _integral_rate([x for s in recent for x in s.gpus
+                                                                         if x.uuid == g.uuid])
+    return out
+
+
+def _counter_rate(readings: list[Any]) -> EnergyRate | None:
+    usable = [r for r in readings if r.energy_mj is not None]
+    for i in range(len(usable) - 1, 0, -1):  # after a reset only the readings since it count
+        if usable[i].energy_mj < usable[i - 1].energy_mj:
+            usable = usable[i:]
+            break
+    if len(usable) < 2:
+        return None
+    first, last = usable[0], usable[-1]
+    span = last.t - first.t
+    if span <= 0:
+        return None
+    return EnergyRate((last.energy_mj - first.energy_mj) / 1000.0 / span, "counter", span)
+
+
+def _integral_rate(gpus: list[GpuSample]) -> EnergyRate:
+    for method, attr in (("instant-integral", "instant_w"), ("average-integral", "average_w")):
+        acc = Trapezoid()
+        for g in gpus:
+            acc.add(g.power.t, getattr(g.power, attr))
+        if acc.joules is not None and acc.span_s > 0:
+            return EnergyRate(acc.joules / acc.span_s, method, acc.span_s)  # type: ignore[arg-type]
+    return EnergyRate(None, None, None)
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    index: int
+    uuid: str
+    name: str | None
+    hw_class: str | None
+    util_gpu_pct: int | None
+    util_mem_pct: int | None
+    power_w: float | None
+    power_source: str | None  # "instant" | "average" (a ~1 s average on Ampere and later) | None
+    power_limit_w: float | None
+    energy_mj: int | None  # the latest counter reading in the window
+    energy: EnergyRate
+    energy_scope: Scope  # "gpu-only" on unified memory: the board draws more than the GPU reports
+    temp_gpu_c: int | None
+    temp_mem_c: int | None
+    thermal: ThermalStatus | None  # None: this hardware class has no thermal lines
+    lines: ThermalLines | None
+    clock_reasons: tuple[str, ...] | None
+    throttled: bool | None
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+    memory: MemoryState
+    processes: int | None  # GPU processes listed by the driver (None: it would not say)
+
+    @property
+    def memory_label(self) -> str:
+        return UNIFIED_LABEL if self.memory.kind == "unified" else "discrete: NVML device memory"
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.memory
+        return {
+            "index": self.index, "uuid": self.uuid, "name": self.name, "hw_class": self.hw_class,
+            "util_gpu_pct": self.util_gpu_pct, "util_mem_pct": self.util_mem_pct,
+            "power_w": self.power_w, "power_source": self.power_source, "power_limit_w": self.power_limit_w,
+            "energy_mj": self.energy_mj, "energy_rate_w": self.energy.watts,
+            "energy_rate_method": self.energy.method, "energy_rate_span_s": self.energy.span_s,
+            "energy_scope": self.energy_scope,
+            "temp_gpu_c": self.temp_gpu_c, "temp_mem_c": self.temp_mem_c,
+            "thermal": None if self.thermal is None else {
+                "state": self.thermal.state, "reason": self.thermal.reason,
+                "thermal_throttle": self.thermal.throttled,
+                "park_c": self.lines.park_c if self.lines else None,
+                "resume_c": self.lines.resume_c if self.lines else None},
+            "clock_reasons": None if self.clock_reasons is None else list(self.clock_reasons),
+            "throttled": self.throttled,
+            "sm_clock_mhz": self.sm_clock_mhz, "mem_clock_mhz": self.mem_clock_mhz,
+            "memory": {"kind": m.kind, "total_bytes": m.total_bytes, "used_bytes": m.used_bytes,
+                       "available_bytes": m.available_bytes, "gpu_resident_bytes": m.gpu_resident_bytes,
+                       "label": self.memory_label},
+            "processes": self.processes,
+        }
+
+
+def gpu_row(sample: GpuSample, info: GpuInfo | None, rate: EnergyRate | None, energy_mj: int | None,
+            thermal: ThermalStatus | None, lines: ThermalLines | None) -> GpuRow:
+    return GpuRow(
+        index=sample.index, uuid=sample.uuid,
+        name=info.name if info else None, hw_class=info.hw_class if info else None,
+        util_gpu_pct=sample.util_gpu_pct, util_mem_pct=sample.util_mem_pct,
+        power_w=sample.power_w, power_source=sample.power_source, power_limit_w=sample.power_limit_w,
+        energy_mj=energy_mj, energy=rate or EnergyRate(None, None, None),
+        energy_scope="gpu-only" if sample.memory.kind == "unified" else "gpu",
+        temp_gpu_c=sample.temp_gpu_c, temp_mem_c=sample.temp_mem_c, thermal=thermal, lines=lines,
+        clock_reasons=sample.clock_reasons, throttled=sample.throttled,
+        sm_clock_mhz=sample.sm_clock_mhz, mem_clock_mhz=sample.mem_clock_mhz, memory=sample.memory,
+        processes=None if sample.processes is None else len({p.pid for p in sample.processes}),
+    )
+
+
+# -- engine ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineTarget:
+    url: str
+    name: str | None = None  # the container's name
+    recipe: str | None = None
+    source: EngineSource = "url"
+
+
+@dataclass(frozen=True)
+class EngineObservation:
+    """What the poller holds for one engine: the snapshots of the trailing window (oldest first) and the
+    last scrape's error, if the last scrape failed."""
+
+    target: EngineTarget
+    snapshots: tuple[EngineSnapshot, ...] = ()
+    error: str | None = None
+    state: EngineState = "ok"
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    target: EngineTarget
+    state: EngineState
+    error: str | None
+    snapshot: EngineSnapshot | None  # the newest
+    rates: EngineRates | None  # over the window; None until two snapshots are there
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.rates.generation_tokens_per_s if self.rates else None
+
+    @property
+    def ttft_p50_s(self) -> float | None:
+        """Over the window when requests started in it, else since the engine started."""
+        if self.rates and self.rates.ttft_p50_s is not None:
+            return self.rates.ttft_p50_s
+        return self.snapshot.ttft_p50_s if self.snapshot else None
+
+    @property
+    def ttft_p95_s(self) -> float | None:
+        if self.rates and self.rates.ttft_p95_s is not None:
+            return self.rates.ttft_p95_s
+        return self.snapshot.ttft_p95_s if self.snapshot else None
+
+    @property
+    def ttft_scope(self) -> str | None:
+        if self.rates and self.rates.ttft_p50_s is not None:
+            return "window"
+        return "lifetime" if self.snapshot and self.snapshot.ttft_p50_s is not None else None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        if self.rates and self.rates.prefix_cache_hit_rate is not None:
+            return self.rates.prefix_cache_hit_rate
+        return self.snapshot.prefix_cache_hit_rate if self.snapshot else None
+
+    @property
+    def spec_acceptance(self) -> float | None:
+        if self.rates and self.rates.spec_acceptance is not None:
+            return self.rates.spec_acceptance
+        return self.snapshot.spec_acceptance if self.snapshot else None
+
+    def to_dict(self) -> dict[str, Any]:
+        s, r = self.snapshot, self.rates
+        return {
+            "url": self.target.url, "name": self.target.name, "recipe": self.target.recipe,
+            "source": self.target.source,
+            "state": self.state, "error": self.error,
+            "requests_active": _count(s.requests_active) if s else None,
+            "tokens_per_s": self.tokens_per_s, "ttft_p50_s": self.ttft_p50_s, "ttft_p95_s": self.ttft_p95_s,
+            "ttft_scope": self.ttft_scope, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "spec_acceptance": self.spec_acceptance,
+            "totals": None if s is None else {
+                "requests": _count(s.requests_total), "prompt_tokens": _count(s.prompt_tokens_total),
+                "generation_tokens": _count(s.generation_tokens_total),
+                "decoded_tokens": _count(s.decoded_tokens_total),
+                "tool_calls": _count(s.tool_calls_total)},
+            "lifetime": None if s is None else {
+                "ttft_p50_s": s.ttft_p50_s, "ttft_p95_s": s.ttft_p95_s,
+                "ttft_count": _count(s.ttft.count) if s.ttft else None,
+                "prefix_cache_hit_rate": s.prefix_cache_hit_rate, "spec_acceptance": s.spec_acceptance,
+                "spec_acceptance_by_k": s.spec_acceptance_by_k()},
+            "window": None if r is None else {
+                "span_s": r.dt_s, "requests_per_s": r.requests_per_s,
+                "prompt_tokens_per_s": r.prompt_tokens_per_s,
+                "generation_tokens_per_s": r.generation_tokens_per_s,
+                "decoded_tokens_per_s": r.decoded_tokens_per_s, "tool_calls_per_s": r.tool_calls_per_s,
+                "ttft_p50_s": r.ttft_p50_s, "ttft_p95_s": r.ttft_p95_s,
+                "prefix_cache_hit_rate": r.prefix_cache_hit_rate, "spec_acceptance": r.spec_acceptance,
+                "counter_reset": r.reset},
+        }
+
+
+def _count(value: float | None) -> float | int | None:
+    """Prometheus values are floats; counts that are whole print as integers in JSON."""
+    return int(value) if value is not None and math.isfinite(value) and value.is_integer() else value
+
+
+def engine_row(obs: EngineObservation) -> EngineRow:
+    """Rates between the newest snapshot and the oldest one since the last counter reset."""
+    snaps = [s for s in obs.snapshots if s.t is not None]
+    newest = obs.snapshots[-1] if obs.snapshots else None
+    rates = None
+    if len(snaps) >= 2:
+        for old in snaps[:-1]:  # oldest first; an engine restart in the window makes the older ones useless
+            if snaps[-1].t - old.t <= 0:  # type: ignore[operator]
+                continue
+            candidate = engine_rates(old, snaps[-1])
+            if not candidate.reset:
+                rates = candidate
+                break
+            rates = candidate  # keep the reset flag visible if nothing newer works
+    return EngineRow(obs.target, obs.state, obs.error, newest, rates)
+
+
+# -- the whole view -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TopView:
+    wall: float  # time.time() of the newest data
+    t: float | None  # the newest sample's monotonic time
+    interval_s: float
+    gpu: GpuSystem | GpuUnavailable
+    gpus: tuple[GpuRow, ...]
+    engines: tuple[EngineRow, ...]
+    engine_note: str | None  # why no engine is shown ("metralectl is serving nothing", "Docker: …")
+    sampler: SamplerStats | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def thermal(self) -> ThermalState:
+        return node_thermal([g.thermal for g in self.gpus if g.thermal is not None])
+
+    def to_dict(self) -> dict[str, Any]:
+        if isinstance(self.gpu, GpuSystem):
+            gpu: dict[str, Any] = {"available": True, "driver_version": self.gpu.driver_version,
+                                   "cuda_driver_version": self.gpu.cuda_driver_version}
+        else:
+            gpu = {"available": False, "reason": f"no GPU: {self.gpu.reason}", "hint": self.gpu.hint,
+                   "cause": self.gpu.cause}
+        st = self.sampler
+        out = {
+            "schema": SCHEMA, "wall": self.wall, "t": self.t, "interval_s": self.interval_s,
+            "gpu": gpu, "gpus": [g.to_dict() for g in self.gpus],
+            "thermal": self.thermal if self.gpus else None,
+            "engines": [e.to_dict() for e in self.engines], "engine_note": self.engine_note,
+            "sampler": None if st is None else {
+                "hz": st.hz, "tick_hz": st.tick_hz, "energy_hz": st.energy_hz, "samples": st.samples,
+                "missed_ticks": st.missed_ticks, "cpu_pct": st.cpu_pct, "lateness_p99_s": st.lateness_p99_s,
+                "error": st.error},
+            "notes": list(self.notes),
+        }
+        return finite(out)
+
+
+def finite(value: Any) -> Any:
+    """NaN/±inf → None, recursively: the output must stay strict JSON (json.dumps(allow_nan=False))."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+class TopModel:
+    """Builds TopViews; keeps the thermal hysteresis state per GPU between calls."""
+
+    def __init__(self, lines: Mapping[str, ThermalLines], *, rate_window_s: float = RATE_WINDOW_S) -> None:
+        self.lines = dict(lines)
+        self.rate_window_s = rate_window_s
+        self._thermal: dict[str, ThermalStatus] = {}
+        self._last_seq = -1
+
+    def _lines_for(self, info: GpuInfo | None) -> ThermalLines | None:
+        return self.lines.get(info.hw_class) if info is not None and info.hw_class else None
+
+    def _advance_thermal(self, samples: Sequence[Sample], infos: Mapping[str, GpuInfo]) -> None:
+        """Feed every sample not seen yet through the hysteresis, in order."""
+        for s in samples:
+            if s.seq <= self._last_seq:
+                continue
+            for g in s.gpus:
+                lines = self._lines_for(infos.get(g.uuid))
+                if lines is None:
+                    continue
+                prev = self._thermal.get(g.uuid)
+                self._thermal[g.uuid] = thermal_status(g.temp_gpu_c, g.clock_reasons, park_c=lines.park_c,
+                                                       resume_c=lines.resume_c,
+                                                       previous=prev.state if prev else "ok")
+            self._last_seq = s.seq
+
+    def view(
+        self,
+        *,
+        gpu: GpuSystem | GpuUnavailable,
+        samples: Sequence[Sample],
+        engines: Sequence[EngineObservation] = (),
+        engine_note: str | None = None,
+        wall: float,
+        interval_s: float,
+        sampler: SamplerStats | None = None,
+        notes: Sequence[str] = (),
+    ) -> TopView:
+        """`samples`: the sampler's newest samples, oldest first, covering at least the rate window."""
+        rows: list[GpuRow] = []
+        infos = {g.uuid: g for g in gpu.gpus} if isinstance(gpu, GpuSystem) else {}
+        if isinstance(gpu, GpuSystem) and samples:
+            self._advance_thermal(samples, infos)
+            rates = energy_rates(samples, window_s=self.rate_window_s)
+            latest_mj = {e.uuid: e.energy_mj for s in samples if s.energy for e in s.energy}
+            for g in samples[-1].gpus:
+                info = infos.get(g.uuid)
+                rows.append(gpu_row(g, info, rates.get(g.uuid), latest_mj.get(g.uuid),
+                                    self._thermal.get(g.uuid), self._lines_for(info)))
+        return TopView(wall=wall, t=samples[-1].t if samples else None, interval_s=interval_s, gpu=gpu,
+                       gpus=tuple(rows), engines=tuple(engine_row(o) for o in engines),
+                       engine_note=engine_note, sampler=sampler, notes=tuple(notes))
+
+
+def thermal_lines_from(hardware: Mapping[str, Any]) -> dict[str, ThermalLines]:
+    """{class id: lines} from the catalog's hardware classes (those stating both lines)."""
+    out = {}
+    for hw_id, hw in hardware.items():
+        park, resume = getattr(hw, "park_c", None), getattr(hw, "resume_c", None)
+        if park is not None and resume is not None:
+            out[hw_id] = ThermalLines(float(park), float(resume))
+    return out
