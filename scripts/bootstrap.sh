@@ -7,11 +7,17 @@ cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 
 # docker.io: the real daemon the lifecycle tests drive; busybox-static: the rootfs of the locally
-# built test-engine image (no registry is reachable); tmux: drives the TUI in end-to-end tests.
+# built test-engine image (no registry is reachable); docker-registry: a local registry for image
+# pulls; iproute2: network namespaces standing in for a second node; tmux: drives the TUI end to
+# end; shellcheck + dash: the installer is checked and run under a strict POSIX shell.
 need=()
 command -v dockerd >/dev/null || need+=(docker.io)
 [ -x /bin/busybox ] || need+=(busybox-static)
+command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v ip >/dev/null || need+=(iproute2)
 command -v tmux >/dev/null || need+=(tmux)
+command -v shellcheck >/dev/null || need+=(shellcheck)
+command -v dash >/dev/null || need+=(dash)
 if [ ${#need[@]} -gt 0 ]; then
   if as_root true 2>/dev/null; then
     as_root apt-get update -qq
