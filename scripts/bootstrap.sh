@@ -18,6 +18,8 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v tmux >/dev/null || need+=(tmux)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v dash >/dev/null || need+=(dash)
+command -v zsh >/dev/null || need+=(zsh)      # the installer's PATH line is sourced in each shell it writes for
+command -v fish >/dev/null || need+=(fish)
 if [ ${#need[@]} -gt 0 ]; then
   if as_root true 2>/dev/null; then
     as_root apt-get update -qq
