@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from metralectl.contract import EngineContract, FlagSpec
 from metralectl.errors import Problem
@@ -96,40 +96,35 @@ def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Rec
     return recipe, check.problems
 
 
-def _engine(check: Checker, top: dict[str, Any], world: World) -> EngineContract | None:
-    name = check.string(top, (), "engine", required=False)
+T = TypeVar("T")
+
+
+def _named(check: Checker, top: dict[str, Any], key: str, table: dict[str, T], what: str) -> T | None:
+    """The catalog entry a top-level key names; an unknown name is a problem with a suggestion."""
+    name = check.string(top, (), key, required=False)
     if name is None:
         return None
-    contract = world.engines.get(name)
-    if contract is None:
-        guess = did_you_mean(name, world.engines)
-        check.error(("engine",), f"unknown engine {name!r}",
-                    f"did you mean `{guess}`?" if guess else f"known engines: {', '.join(world.engines)}")
-    return contract
+    if name not in table:
+        guess = did_you_mean(name, table)
+        check.error((key,), f"unknown {what} {name!r}",
+                    f"did you mean `{guess}`?" if guess else f"known: {', '.join(table)}")
+        return None
+    return table[name]
+
+
+def _engine(check: Checker, top: dict[str, Any], world: World) -> EngineContract | None:
+    return _named(check, top, "engine", world.engines, "engine")
 
 
 def _hardware(check: Checker, top: dict[str, Any], world: World) -> HardwareClass | None:
-    hw = check.string(top, (), "hardware", required=False)
-    if hw is None:
-        return None
-    if hw not in world.hardware:
-        guess = did_you_mean(hw, world.hardware)
-        check.error(("hardware",), f"unknown hardware class {hw!r}",
-                    f"did you mean `{guess}`?" if guess else f"known classes: {', '.join(world.hardware)}")
-        return None
-    return world.hardware[hw]
+    return _named(check, top, "hardware", world.hardware, "hardware class")
 
 
 def _image(check: Checker, top: dict[str, Any], world: World, ctx: _Context) -> ImageInfo | None:
-    image_id = check.string(top, (), "image", required=False)
-    if image_id is None:
-        return None
-    image = world.images.get(image_id)
+    image = _named(check, top, "image", world.images, "image")
     if image is None:
-        guess = did_you_mean(image_id, world.images)
-        check.error(("image",), f"unknown image {image_id!r}",
-                    f"did you mean `{guess}`?" if guess else f"known images: {', '.join(world.images)}")
         return None
+    image_id = image.id
     if ctx.hardware and ctx.hardware.id not in image.hardware:
         check.error(("image",), f"image {image_id!r} is built for {', '.join(image.hardware)}, not {ctx.hardware.id}",
                     f"use the {ctx.hardware.id} image `{ctx.hardware.image}`" if ctx.hardware.image else None)
