@@ -67,6 +67,24 @@ class EngineClient:
         data = self._json("/serve-config")
         return data if isinstance(data, dict) else {}
 
+    def answer_one(self, timeout_s: float, model: str | None = None) -> Health:
+        """A real request: one chat completion of max_tokens 1. status None = no answer in time (or refused).
+
+        A healthy multi-rank head whose worker is missing keeps answering /health but hangs every
+        request (its first collective waits for the worker); only a request tells them apart.
+        """
+        import httpx
+
+        body = {"model": model or "metralectl-check", "messages": [{"role": "user", "content": "ping"}],
+                "max_tokens": 1, "temperature": 0}
+        try:
+            response = self._http.post(self.url + "/v1/chat/completions", json=body, timeout=timeout_s)
+        except httpx.TimeoutException:
+            return Health(None, "", f"no answer within {timeout_s:g} s")
+        except httpx.HTTPError as exc:
+            return Health(None, "", f"{type(exc).__name__}: {exc}")
+        return Health(response.status_code, response.text[:500])
+
     def _json(self, path: str) -> Any:
         import httpx
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from metralectl.errors import MetralError
-from metralectl.render import LABEL_MANAGED, LABEL_OWNER, ContainerSpec, owner
+from metralectl.render import LABEL_MANAGED, LABEL_OWNER, LABEL_PREFIX, ContainerSpec, owner
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
+LABEL_PROBE = f"{LABEL_PREFIX}.probe"
 CONNECT_TIMEOUT_S = 3.0
 
 
@@ -40,8 +41,30 @@ class RuntimeFailure(MetralError):
 @dataclass(frozen=True)
 class Endpoint:
     url: str  # unix:///..., tcp://..., ssh://...
-    source: str  # "DOCKER_HOST", "context <name>", "default"
+    source: str  # "DOCKER_HOST", "context <name>", "default", "--worker", ...
     tls: Any = None
+    spec: str = ""  # what the operator named (a context or a URL); "" for the current endpoint
+
+    @property
+    def is_local(self) -> bool:
+        """A daemon on this machine (a unix socket, or TCP on loopback)."""
+        if self.url.startswith(("unix://", "npipe://")):
+            return True
+        host = self.host
+        return host in ("localhost", "127.0.0.1", "::1")
+
+    @property
+    def host(self) -> str:
+        """The node's host name or address as the URL names it ("" for a unix socket)."""
+        if "://" not in self.url or self.url.startswith(("unix://", "npipe://")):
+            return ""
+        from urllib.parse import urlsplit
+
+        return urlsplit(self.url).hostname or ""
+
+    def describe(self) -> str:
+        named = self.spec if self.spec and self.spec != self.url else ""
+        return f"{self.url} (context {named})" if named else self.url
 
 
 @dataclass(frozen=True)
@@ -96,6 +119,82 @@ def resolve_endpoint() -> Endpoint:
     return Endpoint(f"unix://{DEFAULT_SOCKET}", "default")
 
 
+URL_SCHEMES = ("unix://", "tcp://", "ssh://", "npipe://", "http://", "https://")
+
+
+def endpoint_for(spec: str, role: str = "worker") -> Endpoint:
+    """A node's Docker endpoint from what the operator named: a URL, or a Docker CLI context.
+
+    tcp:// URLs use TLS when DOCKER_TLS_VERIFY is set (certificates from DOCKER_CERT_PATH, else
+    ~/.docker), as the Docker CLI does; a context carries its own TLS material.
+    """
+    spec = spec.strip()
+    source = f"--{role}"
+    if not spec:
+        raise MetralError(f"--{role} needs a Docker context name or an endpoint URL")
+    if spec.startswith(URL_SCHEMES):
+        if spec.startswith(("http://", "https://")):
+            spec_url = "tcp://" + spec.split("://", 1)[1]
+        else:
+            spec_url = spec
+        tls = _tls_from_env() if spec_url.startswith("tcp://") else None
+        return Endpoint(spec_url, source, tls, spec)
+    if "/" in spec or ":" in spec:
+        raise MetralError(f"--{role} {spec}: not a Docker context name nor an endpoint URL",
+                          "write a context name (`docker context ls`) or a URL: ssh://user@host, tcp://host:2376")
+    if spec == "default":
+        return Endpoint(f"unix://{DEFAULT_SOCKET}", "context default", None, spec)
+    host, tls = _read_context(spec)
+    if host is None:
+        raise MetralError(f"no Docker context named {spec!r}",
+                          f"create it (`docker context create {spec} --docker host=ssh://USER@{spec}`), or pass a URL "
+                          f"(--{role} ssh://USER@{spec}); `docker context ls` lists the existing ones")
+    return Endpoint(host, f"context {spec}", tls, spec)
+
+
+def _read_context(name: str) -> tuple[str | None, Any]:
+    """(docker host, TLS config) of a Docker CLI context, read from the CLI's own store.
+
+    Layout: $DOCKER_CONFIG (default ~/.docker)/contexts/meta/<sha256(name)>/meta.json and
+    .../contexts/tls/<sha256(name)>/docker/{ca,cert,key}.pem. Read directly: docker-py's
+    ContextAPI finds the store only when a config.json sits next to it.
+    """
+    import hashlib
+    import json
+
+    base = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "contexts"
+    digest = hashlib.sha256(name.encode()).hexdigest()
+    try:
+        meta = json.loads((base / "meta" / digest / "meta.json").read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        raise MetralError(f"cannot read the Docker context {name!r}: {exc}", "check `docker context ls`") from None
+    endpoint = ((meta.get("Endpoints") or {}).get("docker") or {}) if isinstance(meta, dict) else {}
+    host = endpoint.get("Host")
+    if not host:
+        raise MetralError(f"the Docker context {name!r} names no Docker host", f"check `docker context inspect {name}`")
+    tls_dir = base / "tls" / digest / "docker"
+    tls = None
+    if host.startswith("tcp://") and tls_dir.is_dir():
+        from docker.tls import TLSConfig
+
+        cert, key, ca = tls_dir / "cert.pem", tls_dir / "key.pem", tls_dir / "ca.pem"
+        tls = TLSConfig(client_cert=(str(cert), str(key)) if cert.exists() and key.exists() else None,
+                        ca_cert=str(ca) if ca.exists() else None, verify=not endpoint.get("SkipTLSVerify", False))
+    return str(host), tls
+
+
+def _tls_from_env() -> Any:
+    if not os.environ.get("DOCKER_TLS_VERIFY"):
+        return None
+    from docker.tls import TLSConfig
+
+    certs = Path(os.environ.get("DOCKER_CERT_PATH") or Path.home() / ".docker")
+    return TLSConfig(client_cert=(str(certs / "cert.pem"), str(certs / "key.pem")), ca_cert=str(certs / "ca.pem"),
+                     verify=True)
+
+
 def _rootless_socket() -> Path | None:
     runtime_dir = os.environ.get("XDG_RUNTIME_DIR") or (f"/run/user/{os.getuid()}" if hasattr(os, "getuid") else "")
     candidate = Path(runtime_dir) / "docker.sock" if runtime_dir else None
@@ -131,6 +230,14 @@ def classify_connect_error(endpoint: Endpoint, exc: BaseException) -> DockerUnav
     kinds = {type(e) for e in chain + args}
     socket = endpoint.url[len("unix://"):] if endpoint.url.startswith("unix://") else None
     where = f"{endpoint.url} ({endpoint.source})"
+    if "paramiko" in text:
+        return DockerUnavailable("ssh-unsupported", f"cannot reach {where}: ssh:// endpoints need the paramiko "
+                                 "package next to metralectl (docker-py's ssh transport imports it)",
+                                 "install it into metralectl's environment (`pipx inject metralectl paramiko`, or "
+                                 "`pip install 'docker[ssh]'`); metralectl then connects through your own `ssh` "
+                                 "(keys, agent, ~/.ssh/config), as the Docker CLI does")
+    if not endpoint.is_local:
+        return _remote_error(endpoint, where, text, kinds)
     if PermissionError in kinds or "Permission denied" in text:
         listed, active = _user_in_docker_group()
         if listed and not active:
@@ -171,17 +278,42 @@ def classify_connect_error(endpoint: Endpoint, exc: BaseException) -> DockerUnav
                              "check DOCKER_HOST / `docker context ls` and `docker info`")
 
 
+def _remote_error(endpoint: Endpoint, where: str, text: str, kinds: set[type]) -> DockerUnavailable:
+    """A node's daemon over ssh:// or tcp://: the remedies are on that node, not on this one."""
+    check = (f"`docker --context {endpoint.spec} info`" if endpoint.source.startswith("context") and endpoint.spec
+             else f"`docker -H {endpoint.url} info`")
+    if endpoint.url.startswith("ssh://"):
+        return DockerUnavailable("unreachable", f"cannot reach the Docker daemon at {where} over ssh: {text[:300]}",
+                                 f"check that `ssh {endpoint.host}` works without a password prompt (keys or agent) and "
+                                 f"that the user there is in the docker group; then {check}")
+    if ConnectionRefusedError in kinds or "Connection refused" in text:
+        return DockerUnavailable("not-running", f"the Docker daemon at {where} refuses connections",
+                                 f"on that node: is dockerd running and listening on TCP (with TLS)? {check}")
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return DockerUnavailable("unreachable", f"the Docker daemon at {where} did not answer within "
+                                 f"{CONNECT_TIMEOUT_S:g} s", f"check the network path to that node and {check}")
+    if "SSL" in text or "certificate" in text.lower():
+        return DockerUnavailable("tls", f"TLS with the Docker daemon at {where} failed: {text[:300]}",
+                                 "check the context's TLS material (`docker context inspect`) or DOCKER_CERT_PATH")
+    return DockerUnavailable("unreachable", f"cannot talk to the Docker daemon at {where}: {text[:300]}", check)
+
+
+def _api_client(endpoint: Endpoint, timeout: float | None) -> Any:
+    """docker-py's low-level client for an endpoint; ssh:// goes through the system `ssh` (like the CLI)."""
+    import docker
+
+    return docker.APIClient(base_url=endpoint.url, timeout=timeout, tls=endpoint.tls or False, version="auto",
+                            use_ssh_client=endpoint.url.startswith("ssh://"))
+
+
 class DockerRuntime:
     """Containers and images through the Docker SDK, with our errors and our labels."""
 
     def __init__(self, endpoint: Endpoint | None = None, timeout: float = 30.0,
                  connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
-        import docker
-
         self.endpoint = endpoint or resolve_endpoint()
         try:
-            self.api = docker.APIClient(base_url=self.endpoint.url, timeout=connect_timeout, tls=self.endpoint.tls or False,
-                                        version="auto")
+            self.api = _api_client(self.endpoint, connect_timeout)
             self.api.ping()
         except Exception as exc:  # noqa: BLE001 - every way of failing to connect is classified
             raise classify_connect_error(self.endpoint, exc) from None
@@ -395,9 +527,7 @@ class DockerRuntime:
 
     def _watch_stream(self, name_or_id: str, stream: Any, finished: threading.Event,
                       stop: threading.Event | None) -> None:
-        import docker
-
-        watcher = docker.APIClient(base_url=self.endpoint.url, timeout=5, tls=self.endpoint.tls or False, version="auto")
+        watcher = _api_client(self.endpoint, 5)
         try:
             while not finished.is_set():
                 if stop is not None and stop.is_set():
@@ -414,6 +544,43 @@ class DockerRuntime:
             watcher.close()
             if not finished.is_set():
                 stream.close()
+
+    def run_probe(self, image: str, script: str, *, read_only: dict[str, str] | None = None,
+                  timeout_s: float = 60.0) -> tuple[int | None, str]:
+        """Run `sh -c script` in a short-lived container of `image` on the host network; (exit code, output).
+
+        Bind sources must exist (Docker's Mounts API refuses a missing one instead of creating it as
+        root on that node). The container carries no metralectl-managed label (`ps` never shows it)
+        and is removed whatever happens.
+        """
+        import uuid
+
+        from docker.types import Mount as DockerMount
+
+        mounts = [DockerMount(target, source, type="bind", read_only=True) for source, target in (read_only or {}).items()]
+        host_config = self.api.create_host_config(network_mode="host", mounts=mounts or None)
+        name = f"metralectl-probe-{uuid.uuid4().hex[:8]}"
+        created = self._call(self.api.create_container, image=image, entrypoint=["sh", "-c"], command=[script],
+                             name=name, labels={LABEL_PROBE: "true", LABEL_OWNER: owner()}, host_config=host_config,
+                             detach=True)
+        try:
+            self._call(self.api.start, created["Id"])
+            code = self.wait_exit(created["Id"], timeout_s)
+            raw = self._call(self.api.logs, created["Id"], stdout=True, stderr=True)
+            return code, raw.decode("utf-8", "replace")
+        finally:
+            try:
+                self.remove(created["Id"], force=True)
+            except MetralError:
+                pass
+
+    def daemon_identity(self) -> tuple[str, str, str]:
+        """(identity, host name, CPU architecture) of the daemon this endpoint reaches. The identity is
+        the daemon ID with its host name and root dir: Docker 20.10 derives the ID from /etc/docker/key.json,
+        which machines cloned from one image share."""
+        info = self.info()
+        identity = f"{info.get('ID') or '?'}|{info.get('Name') or '?'}|{info.get('DockerRootDir') or '?'}"
+        return identity, str(info.get("Name") or "?"), str(info.get("Architecture") or "")
 
     # --- helpers --------------------------------------------------------------------------------
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -16,6 +16,7 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v ip >/dev/null || need+=(iproute2)
 command -v tmux >/dev/null || need+=(tmux)
+command -v iptables >/dev/null || need+=(iptables)   # the two-node test's firewall rule (node 2's namespace)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v dash >/dev/null || need+=(dash)
 command -v zsh >/dev/null || need+=(zsh)      # the installer's PATH line is sourced in each shell it writes for

@@ -55,9 +55,10 @@ class _Progress:
         elif isinstance(event, ev.ContainerStarted):
             self.say(f"▸ {'started':<10} {event.name} (run {event.run_id})")
         elif isinstance(event, ev.Phase):
-            self.say(f"▸ {event.phase:<10} {event.line.strip()}  [{event.elapsed_s:.1f} s]", "36")
+            who = "" if event.rank is None else f"r{event.rank} "
+            self.say(f"▸ {who}{event.phase:<10} {event.line.strip()}  [{event.elapsed_s:.1f} s]", "36")
         elif isinstance(event, ev.LogLine) and self.follow_log:
-            self.say(f"  │ {event.line}")
+            self.say(f"  {'' if event.rank is None else f'r{event.rank}'}│ {event.line}")
         elif isinstance(event, ev.Ready):
             self.say(f"✔ ready in {event.elapsed_s:.1f} s", "32")
         elif isinstance(event, ev.Failed) and event.last_lines and not self.follow_log:
@@ -78,6 +79,44 @@ def _print_ready(launched: Any, as_json: bool) -> None:
     print(f"curl -s {launched.url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}")
 
 
+def _print_ready_multi(launched: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(asdict(launched), indent=2))
+        return
+    model = launched.model or "metrale"
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
+    print(f"endpoint  {launched.url}/v1")
+    print(f"model     {model}")
+    print(f"roce      NCCL_SOCKET_IFNAME={launched.roce_interface}; master {launched.master_addr}:{launched.master_port}")
+    for rank in launched.ranks:
+        print(f"rank {rank.rank}    {rank.container} ({rank.role}) on {rank.endpoint} [{rank.node}]")
+    print(f"run       {launched.run_id}; logs: metralectl logs -f {launched.recipe} --rank N")
+    print(f"curl -s {launched.url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}")
+
+
+def _run_multi(recipe: Any, catalog: Any, options: Any, *, worker: str, head: str | None, roce_interface: str | None,
+               master_addr: str | None, first_request_timeout: float, detach: bool, as_json: bool) -> None:
+    """`run RECIPE --worker NODE`: both ranks of a multi-rank recipe, each on its node's Docker daemon."""
+    from metralectl.cli.staging_cmds import _Renderer
+    from metralectl.lifecycle.multinode import MultiOptions, launch_multi
+    from metralectl.runtime import DockerRuntime, endpoint_for
+    from metralectl.store import lifecycle_lock
+
+    _sigterm_as_interrupt()
+    head_rt = DockerRuntime(endpoint_for(head, "head")) if head else _runtime()
+    worker_rt = DockerRuntime(endpoint_for(worker, "worker"))
+    multi = MultiOptions(roce_interface=roce_interface, master_addr=master_addr,
+                         first_request_timeout_s=first_request_timeout)
+    with lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
+        if not head:
+            from metralectl.lifecycle.swap import repair_if_needed
+
+            repair_if_needed(head_rt, catalog, on_event=_Progress(False, view))
+        launched = launch_multi(recipe, catalog, head_rt, worker_rt, options=options, multi=multi,
+                                on_event=_Progress(not detach, view))
+    _print_ready_multi(launched, as_json)
+
+
 def run(
     recipe_name: str = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `metralectl list`)."),
     print_only: bool = typer.Option(False, "--print", help="Print the exact `docker run` and exit (no Docker needed)."),
@@ -90,11 +129,18 @@ def run(
     no_weights_check: bool = typer.Option(False, "--no-weights-check", help="Start even if the weights are not in the cache (the engine downloads them)."),
     no_pull: bool = typer.Option(False, "--no-pull", help="Refuse instead of pulling a missing image or downloading missing weights."),
     rank: int = typer.Option(0, "--rank", help="With --print, for multi-rank recipes: which rank."),
-    master_addr: str = typer.Option(None, "--master-addr", help="With --print, for multi-rank recipes: the head's RoCE IP."),
-    roce_interface: str = typer.Option(None, "--roce-interface", help="With --print, for multi-rank recipes: NCCL_SOCKET_IFNAME (the ConnectX port with an IPv4 address)."),
+    master_addr: str = typer.Option(None, "--master-addr", help="Multi-rank: the head's IP on the RoCE link (with --print; or, with --roce-interface, instead of detecting it)."),
+    roce_interface: str = typer.Option(None, "--roce-interface", help="Multi-rank: NCCL_SOCKET_IFNAME, the ConnectX port with an IPv4 address on both nodes (with --print; or, with --master-addr, instead of detecting it)."),
+    worker: str = typer.Option(None, "--worker", metavar="CONTEXT|URL", help="Multi-rank: the worker node's Docker endpoint (a `docker context` name, ssh://user@host, tcp://host:2376)."),
+    head: str = typer.Option(None, "--head", metavar="CONTEXT|URL", help="Multi-rank: the head node's Docker endpoint (default: this machine's, as `docker` would pick it)."),
+    first_request_timeout: float = typer.Option(120.0, "--first-request-timeout", help="Multi-rank: seconds the real 1-token request to the head may take before the worker counts as absent."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout (the spec with --print, the endpoint otherwise)."),
 ) -> None:
-    """Serve a recipe and wait until it is really ready (--print: show the `docker run` instead)."""
+    """Serve a recipe and wait until it is really ready (--print: show the `docker run` instead).
+
+    A multi-rank (EP=2) recipe runs on two nodes: `--worker NODE` names the worker's Docker endpoint;
+    the RoCE interface and the head's address on it are detected on both nodes (docs/multinode.md).
+    """
     from metralectl.cli.catalog_cmds import _catalog
     from metralectl.errors import MetralError
     from metralectl.overrides import apply_sets
@@ -120,10 +166,18 @@ def run(
     from metralectl.lifecycle.launch import LaunchOptions, launch
     from metralectl.store import lifecycle_lock
 
-    _sigterm_as_interrupt()
     options = LaunchOptions(replace=replace, keep_failed=keep_failed, stall_timeout_s=stall_timeout,
                             boot_timeout_s=boot_timeout,
                             check_weights=not no_weights_check, pull=not no_pull, sets=tuple(set_ or ()))
+    if recipe.multi_rank and worker:
+        _run_multi(recipe, catalog, options, worker=worker, head=head, roce_interface=roce_interface,
+                   master_addr=master_addr, first_request_timeout=first_request_timeout, detach=detach, as_json=as_json)
+        return
+    if recipe.multi_rank and head:
+        raise typer.BadParameter("a multi-rank launch needs --worker (the worker node's Docker endpoint)")
+    if worker or head:
+        raise typer.BadParameter(f"{recipe.name} is a single-node recipe; --worker/--head are for multi-rank recipes")
+    _sigterm_as_interrupt()
     runtime = _runtime()
     from metralectl.cli.staging_cmds import _Renderer
 
@@ -158,10 +212,17 @@ def ps(
 
     rows = [[s.recipe, s.name, s.owner, s.state, s.health, s.uptime, s.endpoint, (s.image_revision or "-")[:24]]
             for s in report.serving]
+    headers = ["RECIPE", "CONTAINER", "OWNER", "STATE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REVISION"]
+    if any(s.rank is not None for s in report.serving):  # a multi-rank deployment: say which rank runs where
+        headers[2:2] = ["RANK", "NODE"]
+        for row, s in zip(rows, report.serving):
+            row[2:2] = ["-" if s.rank is None else str(s.rank), s.node or "local"]
     if rows:
-        print(render_table(["RECIPE", "CONTAINER", "OWNER", "STATE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REVISION"], rows))
+        print(render_table(headers, rows))
     else:
         note("nothing is being served by metralectl")
+    for line in report.notes:
+        note(style(f"! {line}", "33", sys.stderr))
     if report.degraded:
         note(style(f"DEGRADED: {report.degraded}", "31", sys.stderr))
         note("    hint: `metralectl ps --repair` restores a serving model")
@@ -173,10 +234,13 @@ def logs(
     recipe_name: str = typer.Argument(None, metavar="[RECIPE]", help="Whose logs (default: the one being served)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the container exits."),
     tail: int = typer.Option(200, "--tail", "-n", help="Lines of history to start with."),
+    rank: int = typer.Option(None, "--rank", help="Multi-rank deployments: which rank's log (0 = the head, the default)."),
 ) -> None:
     """The engine's log (stdout). With -f, follows and returns when the container exits."""
     from metralectl.lifecycle.stop import select
 
+    if (rank is not None or recipe_name is not None) and _multi_rank_logs(recipe_name, rank, follow, tail):
+        return
     runtime = _runtime()
     chosen = select(runtime, recipe_name, all_=False)
     if not chosen:
@@ -192,6 +256,71 @@ def logs(
         print(line, flush=True)
 
 
+def _multi_rank_logs(recipe_name: str | None, rank: int | None, follow: bool, tail: int) -> bool:
+    """One rank's log of a recorded multi-rank deployment; False when none is meant (the single-node path)."""
+    from metralectl.errors import MetralError
+    from metralectl.lifecycle import deployment
+
+    if recipe_name is not None:
+        dep = deployment.find(recipe_name)
+    else:
+        found = deployment.load_all()
+        if len(found) > 1:
+            raise MetralError(f"several multi-rank deployments ({', '.join(d.recipe for d in found)}); name one",
+                              "`metralectl logs RECIPE --rank N`")
+        dep = found[0] if found else None
+    if dep is None:
+        if rank not in (None, 0):
+            raise MetralError("--rank is for multi-rank deployments (`run RECIPE --worker NODE`); none is recorded"
+                              + (f" for {recipe_name}" if recipe_name else ""), "`metralectl ps` lists what runs")
+        return False
+    record = dep.rank(rank or 0)
+    runtimes = deployment.Runtimes()
+    try:
+        runtime = runtimes.require(record)
+        container = (runtime.inspect(record.container_id) if record.container_id else None) or runtime.inspect(record.container)
+        if container is None:
+            raise MetralError(f"rank {record.rank} of {dep.recipe} ({record.container} on {record.endpoint}) is gone",
+                              f"`metralectl stop {dep.recipe}` cleans up; its start-up log is under $METRALE_HOME/logs/")
+        if not follow:
+            for line in runtime.log_tail(container.id, tail):
+                print(line)
+        else:
+            for line in runtime.follow_logs(container.id, tail=tail):
+                print(line, flush=True)
+    finally:
+        runtimes.close()
+    return True
+
+
+def _stop_deployments(runtime: Any, recipe_name: str | None, all_: bool, timeout: float) -> tuple[list[Any], set[str]]:
+    """Stop the multi-rank deployments this `stop` names, every rank on its node; (results, recipes stopped)."""
+    from metralectl.lifecycle import deployment
+    from metralectl.lifecycle.memory import NvmlMemoryWatch
+    from metralectl.lifecycle.multinode import RemoteMemory, stop_deployment
+
+    found = deployment.load_all()
+    if all_:
+        chosen = found
+    elif recipe_name is not None:
+        chosen = [d for d in found if d.recipe == recipe_name]
+    else:  # no name: the deployment, when it is all that runs here
+        running = [c.name for c in runtime.containers() if c.running]
+        ours = {r.container for d in found for r in d.ranks if r.endpoint == runtime.endpoint.url}
+        chosen = found if len(found) == 1 and all(name in ours for name in running) else []
+    runtimes = deployment.Runtimes(runtime)
+    results = []
+    local_url = runtime.endpoint.url
+    try:
+        for dep in chosen:
+            results += [(dep, r) for r in stop_deployment(
+                dep, runtimes, timeout_s=timeout, on_event=_Progress(False),
+                memory_for=lambda rt: NvmlMemoryWatch(rt) if rt.endpoint.url == local_url else RemoteMemory())]
+    finally:
+        runtimes.close(keep=runtime)
+    return results, {d.recipe for d in chosen}
+
+
 def stop(
     recipe_name: str = typer.Argument(None, metavar="[RECIPE]", help="Which recipe's container (default: the one served)."),
     all_: bool = typer.Option(False, "--all", help="Every metralectl container."),
@@ -199,25 +328,42 @@ def stop(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Stop gracefully (kill after --timeout), verify the container is gone and memory came back."""
+    from metralectl.errors import MetralError
     from metralectl.lifecycle.memory import NvmlMemoryWatch
     from metralectl.lifecycle.stop import select, stop_containers
     from metralectl.store import lifecycle_lock
 
     runtime = _runtime()
     with lifecycle_lock("stop"):
-        chosen = select(runtime, recipe_name, all_)
-        if not chosen:
+        ranked, covered = _stop_deployments(runtime, recipe_name, all_, timeout)
+        chosen = [] if (covered and not all_) else select(runtime, recipe_name, all_)
+        if not chosen and not ranked:
             note("nothing to stop")
             return
         results = stop_containers(runtime, chosen, timeout_s=timeout, on_event=_Progress(False),
-                                  memory=NvmlMemoryWatch(runtime))
+                                  memory=NvmlMemoryWatch(runtime)) if chosen else []
+    failed = [(dep, r) for dep, r in ranked if r.error]
     if as_json:
-        print(json.dumps([asdict(r) for r in results], indent=2))
-        return
-    for r in results:
-        how = "killed after the timeout" if r.killed else f"exited {r.exit_code}"
-        print(f"stopped {r.name} ({r.recipe}): {how} in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; "
-              f"memory: {r.memory}")
+        out = [{"rank": r.rank, "role": r.role, "endpoint": r.endpoint, "container": r.container, "error": r.error,
+                **(asdict(r.result) if r.result else {})} for _, r in ranked]
+        print(json.dumps(out + [asdict(r) for r in results], indent=2))
+    else:
+        for dep, r in ranked:
+            where = f"rank {r.rank} ({r.role}) on {r.endpoint}"
+            if r.result is None:
+                print(f"{r.container} ({dep.recipe}, {where}): {'already gone' if r.error == '' else r.error}")
+                continue
+            how = "killed after the timeout" if r.result.killed else f"exited {r.result.exit_code}"
+            print(f"stopped {r.container} ({dep.recipe}, {where}): {how} in {r.result.stop_s:.1f} s; "
+                  f"removed: {'yes' if r.result.removed else 'no'}; memory: {r.result.memory}")
+        for r in results:
+            how = "killed after the timeout" if r.killed else f"exited {r.exit_code}"
+            print(f"stopped {r.name} ({r.recipe}): {how} in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; "
+                  f"memory: {r.memory}")
+    if failed:
+        raise MetralError("not every rank could be stopped: " + "; ".join(f"rank {r.rank} of {d.recipe}: {r.error}"
+                                                                       for d, r in failed),
+                          "the deployment stays recorded; `metralectl stop RECIPE` again once the node answers")
 
 
 def swap(

@@ -26,6 +26,13 @@ REMEDIES = {
     "timeout": "the engine did not become ready within the hardware class's boot timeout",
     "exited": "see the log lines above",
     "health": "the engine printed its marker but /health never answered 200",
+    # multi-rank (EP=2) launches; the log signatures' remedies live in engine/metrale.yaml
+    "nccl-stuck": "NCCL_SOCKET_IFNAME must name the same RoCE port on every rank and that link must be up: check "
+                  "the interface metralectl chose on each node (shown above), the engine image's own environment, "
+                  "and `ping -I IF HEAD-IP` from the worker",
+    "requests-hang": "the head is healthy but the worker does not take part in requests (it failed to come up or "
+                     "lost the head): `metralectl logs --rank 1 RECIPE` on the kept log, then run again",
+    "rank-exited": "see the failing rank's log lines above (`metralectl logs --rank N` while it is kept)",
 }
 
 

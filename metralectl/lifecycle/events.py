@@ -47,11 +47,13 @@ class Phase(Event):
     phase: str
     line: str
     elapsed_s: float
+    rank: int | None = None  # which rank's log, in a multi-rank launch
 
 
 @dataclass(frozen=True)
 class LogLine(Event):
     line: str
+    rank: int | None = None  # which rank's log, in a multi-rank launch
 
 
 @dataclass(frozen=True)

@@ -100,28 +100,39 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, options: Lau
     weights.weights_preflight(recipe)
 
 
+def check_containers(recipe: Recipe, runtime: DockerRuntime, spec: ContainerSpec, options: LaunchOptions, *,
+                     ignore_running: tuple[str, ...] = (), where: str = "") -> list[ContainerInfo]:
+    """Refuse a foreign container holding spec's name, another user's model, or (without --replace) one of
+    ours serving; return ours that are running (what --replace stops). `where` names the node."""
+    existing = runtime.inspect(spec.name)
+    if existing is not None and (not existing.managed or existing.labels.get(LABEL_OWNER) != owner()):
+        who = "is not metralectl's" if not existing.managed else f"belongs to {existing.labels.get(LABEL_OWNER)}"
+        raise MetralError(f"a container named {spec.name} already exists{where} and {who}; metralectl will not touch it",
+                          f"remove or rename it yourself (`docker rm {spec.name}`), or serve under another recipe name")
+    others = [c for c in runtime.containers(mine=False) if c.running and c.owner != owner()]
+    if others:
+        names = ", ".join(f"{c.name} (owner {c.owner})" for c in others)
+        raise MetralError(f"another user's model is being served{where}: {names}; metralectl will not stop it",
+                          "ask its owner to stop it (`metralectl stop`) first")
+    running = [c for c in runtime.containers() if c.running and c.name not in ignore_running]
+    if running and not options.replace:
+        names = ", ".join(f"{c.name} ({c.labels.get(LABEL_RECIPE, '?')})" for c in running)
+        hint = ("`run --replace` stops it first" if recipe.multi_rank else
+                f"`metralectl swap {recipe.name}` replaces it with rollback; `run --replace` stops it first")
+        raise MetralError(f"a model is already being served by metralectl{where}: {names}", hint)
+    return running
+
+
 def preflight(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spec: ContainerSpec, options: LaunchOptions,
               on_event: Listener, *, ignore_running: tuple[str, ...] = (), check_port: bool = True) -> None:
     """Everything that can refuse a launch before anything starts."""
     if recipe.multi_rank:
         raise MetralError(f"{recipe.name} needs {recipe.resources.world_size} ranks on {recipe.resources.nodes} nodes; "
-                          "`run` serves single-node recipes", f"`metralectl run {recipe.name} --print --rank N` shows each rank's command")
+                          "name the worker node's Docker endpoint",
+                          f"`metralectl run {recipe.name} --worker CONTEXT|ssh://user@host` (docs/multinode.md); "
+                          f"`metralectl run {recipe.name} --print --rank N` shows each rank's command")
     stage(recipe, catalog, runtime, options, on_event)
-    existing = runtime.inspect(spec.name)
-    if existing is not None and (not existing.managed or existing.labels.get(LABEL_OWNER) != owner()):
-        who = "is not metralectl's" if not existing.managed else f"belongs to {existing.labels.get(LABEL_OWNER)}"
-        raise MetralError(f"a container named {spec.name} already exists and {who}; metralectl will not touch it",
-                          f"remove or rename it yourself (`docker rm {spec.name}`), or serve under another recipe name")
-    others = [c for c in runtime.containers(mine=False) if c.running and c.owner != owner()]
-    if others:
-        names = ", ".join(f"{c.name} (owner {c.owner})" for c in others)
-        raise MetralError(f"another user's model is being served: {names}; metralectl will not stop it",
-                          "ask its owner to stop it (`metralectl stop`) first")
-    running = [c for c in runtime.containers() if c.running and c.name not in ignore_running]
-    if running and not options.replace:
-        names = ", ".join(f"{c.name} ({c.labels.get(LABEL_RECIPE, '?')})" for c in running)
-        raise MetralError(f"a model is already being served by metralectl: {names}",
-                          f"`metralectl swap {recipe.name}` replaces it with rollback; `run --replace` stops it first")
+    running = check_containers(recipe, runtime, spec, options, ignore_running=ignore_running)
     if not check_port:
         return
     on_event(Step("port", f"{spec.bind}:{spec.port}"))
@@ -135,8 +146,10 @@ def launch(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, *, options:
     spec = spec_for(catalog, recipe, gpus_override=gpus_override)
     preflight(recipe, catalog, runtime, spec, options, on_event)
     if options.replace:
+        from metralectl.lifecycle.multinode import stop_deployments_on
         from metralectl.lifecycle.stop import stop_containers
 
+        stop_deployments_on(runtime, on_event)  # a multi-rank deployment with a rank here goes as a whole
         for result in stop_containers(runtime, [c for c in runtime.containers() if c.running], on_event=on_event):
             on_event(Step("replaced", result.name))
     stale = runtime.inspect(spec.name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,6 +28,8 @@ class Serving:
     run_id: str
     image: str
     image_revision: str | None
+    rank: int | None = None  # multi-rank deployments: which rank this container is
+    node: str | None = None  # ... and the Docker endpoint of its node
 
 
 @dataclass(frozen=True)
@@ -35,9 +37,11 @@ class StatusReport:
     serving: list[Serving] = field(default_factory=list)
     degraded: str | None = None
     last_swap: str | None = None
+    notes: list[str] = field(default_factory=list)  # multi-rank: a rank down, a node unreachable
 
     def as_json(self) -> dict[str, Any]:
-        return {"serving": [asdict(s) for s in self.serving], "degraded": self.degraded, "last_swap": self.last_swap}
+        return {"serving": [asdict(s) for s in self.serving], "degraded": self.degraded, "last_swap": self.last_swap,
+                "notes": list(self.notes)}
 
 
 def _uptime(started_at: str | None) -> float | None:
@@ -73,25 +77,85 @@ def _health(container: ContainerInfo) -> str:
     return "ok" if answer.ready else f"{answer.status}"
 
 
+def _row(runtime: DockerRuntime, container: ContainerInfo, answer: str, revisions: dict[str, str | None],
+         rank: int | None = None, node: str | None = None) -> Serving:
+    key = f"{runtime.endpoint.url} {container.image}"
+    if key not in revisions:
+        revisions[key] = runtime.image_state(container.image).revision
+    up = _uptime(container.started_at) if container.running else None
+    return Serving(
+        recipe=container.labels.get(LABEL_RECIPE, "?"), name=container.name, owner=container.owner or "?",
+        state=container.status if container.exit_code is None else f"{container.status} ({container.exit_code})",
+        health=answer, uptime=_human(up), uptime_s=up, endpoint=container.labels.get(LABEL_ENDPOINT, "-"),
+        run_id=container.labels.get(LABEL_RUN_ID, "-"), image=container.image,
+        image_revision=revisions[key], rank=rank, node=node)
+
+
 def collect(runtime: DockerRuntime) -> StatusReport:
     containers = runtime.containers(mine=False)  # show every metralectl model on the box, each with its owner
     with ThreadPoolExecutor(max_workers=max(1, len(containers))) as pool:
         health = list(pool.map(_health, containers))
     revisions: dict[str, str | None] = {}
-    serving = []
-    for container, answer in zip(containers, health):
-        if container.image not in revisions:
-            revisions[container.image] = runtime.image_state(container.image).revision
-        up = _uptime(container.started_at) if container.running else None
-        serving.append(Serving(
-            recipe=container.labels.get(LABEL_RECIPE, "?"), name=container.name, owner=container.owner or "?",
-            state=container.status if container.exit_code is None else f"{container.status} ({container.exit_code})",
-            health=answer, uptime=_human(up), uptime_s=up, endpoint=container.labels.get(LABEL_ENDPOINT, "-"),
-            run_id=container.labels.get(LABEL_RUN_ID, "-"), image=container.image,
-            image_revision=revisions[container.image]))
+    serving = [_row(runtime, container, answer, revisions) for container, answer in zip(containers, health)]
+    notes = _deployments(runtime, serving, revisions)
     from metralectl.lifecycle.swap import describe_journal, last_swap_summary
 
-    return StatusReport(serving, describe_journal(), last_swap_summary())
+    return StatusReport(serving, describe_journal(), last_swap_summary(), notes)
+
+
+def _deployments(local: DockerRuntime, serving: list[Serving], revisions: dict[str, str | None]) -> list[str]:
+    """Multi-rank deployments: mark the local rows with their rank, add the other nodes' ranks, say what is wrong.
+
+    Runs only when `run --worker` recorded a deployment (state/deployments/); otherwise nothing changes.
+    """
+    from metralectl.lifecycle import deployment
+
+    found = deployment.load_all()
+    if not found:
+        return []
+    runtimes = deployment.Runtimes(local)
+    notes: list[str] = []
+    try:
+        for dep in found:
+            states: dict[int, str] = {}
+            reachable = True
+            for record in dep.ranks:
+                where = "local" if record.endpoint == local.endpoint.url else record.endpoint
+                if record.endpoint == local.endpoint.url:
+                    for i, row in enumerate(serving):
+                        if row.name == record.container:
+                            serving[i] = replace(row, rank=record.rank, node=where)
+                            states[record.rank] = row.state
+                    continue
+                runtime = runtimes.get(record)
+                if runtime is None:
+                    reachable = False
+                    states[record.rank] = "unreachable"
+                    error = runtimes.errors[record.endpoint]
+                    serving.append(Serving(dep.recipe, record.container, "?", "unreachable", "-", "-", None, "-",
+                                           dep.run_id, "?", None, record.rank, where))
+                    notes.append(f"{dep.recipe}: rank {record.rank} ({record.role}) on {record.endpoint} is unreachable: "
+                                 f"{error.message}")
+                    continue
+                info = runtime.inspect(record.container_id or record.container) or runtime.inspect(record.container)
+                if info is None:
+                    states[record.rank] = "gone"
+                    serving.append(Serving(dep.recipe, record.container, "?", "gone", "-", "-", None, "-", dep.run_id,
+                                           "?", None, record.rank, where))
+                    continue
+                states[record.rank] = info.status
+                serving.append(_row(runtime, info, _health(info), revisions, record.rank, where))
+            down = [r for r in dep.ranks if not states.get(r.rank, "gone").startswith("running")]
+            if reachable and len(down) == len(dep.ranks) and all(states.get(r.rank, "gone") == "gone" for r in down):
+                deployment.forget(dep.recipe, dep.run_id)  # nothing of it is left anywhere: a stale record
+                continue
+            if down and len(down) < len(dep.ranks) and dep.state != "starting":
+                names = ", ".join(f"rank {r.rank} ({r.role}, {states.get(r.rank, 'unknown')})" for r in down)
+                notes.append(f"{dep.recipe}: {names} is not running: the head's requests hang or fail until every rank "
+                             f"is back; `metralectl stop {dep.recipe}` then run it again")
+    finally:
+        runtimes.close(keep=local)
+    return notes
 
 
 __all__ = ["StatusReport", "Serving", "collect", "store"]

@@ -24,7 +24,7 @@ from metralectl.lifecycle.memory import MemoryWatch
 from metralectl.lifecycle.stop import stop_containers
 from metralectl.overrides import apply_sets
 from metralectl.recipe import Recipe
-from metralectl.render import LABEL_RECIPE, spec_for
+from metralectl.render import LABEL_RANK, LABEL_RECIPE, spec_for
 from metralectl.runtime import ContainerInfo, DockerRuntime
 
 
@@ -108,6 +108,10 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: DockerRunt
     if new.multi_rank:
         raise MetralError(f"{new.name} needs {new.resources.world_size} ranks; hot swap is single-node "
                           "(the engine's rule)", "stop the current model and launch the multi-rank recipe directly")
+    if LABEL_RANK in old_container.labels:
+        served = old_container.labels.get(LABEL_RECIPE, old_container.name)
+        raise MetralError(f"{served} is served by several ranks on several nodes; hot swap is single-node (the engine's "
+                          "rule)", f"`metralectl stop {served}` (every rank), then `metralectl run {new.name}`")
     old, old_sets = _recipe_of(old_container, catalog)
     port, bind = old.resources.ranks[0].port, old.resources.bind
     if (new.resources.port, new.resources.bind) != (port, bind):

@@ -19,8 +19,12 @@ Command line
         documented conflicts are refused (``--dflash`` with ``--speculative``,
         ``--prompt-lookup-decoding`` without ``--speculative`` ...).
         Multi-rank: ``--rank R --world-size W --master-addr A --master-port P``. Rank 0 is the head
-        (serves HTTP); rank > 0 prints worker lines and serves nothing. The rendezvous is simulated
-        (class ``Rendezvous``); a real TCP rendezvous can be plugged in there.
+        (serves HTTP; listens for the rendezvous on A:P); rank > 0 connects to A:P, prints worker
+        lines and serves nothing. The rendezvous is real TCP (class ``Rendezvous``): mismatching
+        --speculative/--num-drafts/--mtp-quantization make the worker exit 1 with the engine's
+        "SSM intermediate-buffer error"; different NCCL_SOCKET_IFNAME values leave every rank
+        "stuck at all ranks ready"; no worker in time is a "rendezvous timeout" (exit 1); a worker
+        lost after the rendezvous makes the head's requests hang while /health stays 200.
 
 Start-up log (stdout, flushed line by line)
 -------------------------------------------
@@ -71,8 +75,14 @@ So the double's own knobs deliberately do NOT start with METRALE_:
       oom              print "error: out of memory ..." during start-up, exit 1
       ignore-sigterm   log and ignore SIGTERM (docker stop then has to SIGKILL: 137)
       swap-fail        an --auto-swap load fails and the previous model is restored
-      rendezvous-timeout  multi-rank start fails with a rendezvous timeout, exit 1
+      rendezvous-timeout  multi-rank start fails with a rendezvous timeout at once, exit 1
+      worker-drop  a worker closes its rendezvous link right after joining but keeps running: the
+                   head is ready and /health 200, but every request hangs
   DOUBLE_READY_DELAY   seconds from start to ready (default 0.5; 3 with slow-ready)
+  DOUBLE_RENDEZVOUS_TIMEOUT  seconds a multi-rank start waits for its peers (default 60)
+  DOUBLE_RANK_OVERRIDE what this rank reports at the rendezvous instead of its real values, e.g.
+                       ``num-drafts=3`` or ``NCCL_SOCKET_IFNAME=eth9`` (comma-separated; keys:
+                       speculative, num-drafts, mtp-quantization, NCCL_SOCKET_IFNAME)
   DOUBLE_TTFT_MS       delay before the first generated token, ms (default 20)
   DOUBLE_ITL_MS        delay between generated tokens, ms (default 5)
   DOUBLE_OUTPUT_TOKENS natural (EOS) length of a completion's content, tokens (default 16)
@@ -135,7 +145,7 @@ REQUIRES = (("prompt-lookup-decoding", "speculative"),)
 
 KNOWN_FAULTS = frozenset({
     "exit-at-start", "exit-137", "never-ready", "stall", "slow-ready", "loaded-zero", "oom",
-    "ignore-sigterm", "swap-fail", "rendezvous-timeout",
+    "ignore-sigterm", "swap-fail", "rendezvous-timeout", "worker-drop",
 })
 
 UNSUPPORTED_PREFIXES = (
@@ -441,6 +451,7 @@ class Engine:
         self.served_name = args.served_name
         self.ready = threading.Event()
         self.stopping = threading.Event()
+        self.peer_lost = threading.Event()  # multi-rank head: a worker's rendezvous connection dropped
         self.swap_lock = threading.Lock()
         self.swapping = False
         self.metrics = Metrics()
@@ -751,6 +762,13 @@ class Handler(BaseHTTPRequestHandler):
             auto_swap(e, requested)  # a failed swap leaves the previous model serving this request
         if not e.ready.is_set() or e.swapping:
             return self._not_loaded()
+        if e.peer_lost.is_set():
+            # The head's first collective blocks on the missing worker: the request hangs, /health stays 200.
+            log("request waiting for a worker rank that is gone (hangs until the worker is back)")
+            while not e.stopping.wait(0.5):
+                pass
+            self.close_connection = True
+            return None
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
@@ -952,41 +970,275 @@ def auto_swap(e: Engine, new_model: str) -> bool:
 
 
 class Rendezvous:
-    """Multi-rank start-up. Simulated: logs what the real engine logs, waits a little.
+    """Multi-rank start-up over a real TCP rendezvous (stdlib sockets), the way ``met`` does it.
 
-    A real TCP rendezvous (head listens on --master-addr:--master-port, workers connect and
-    exchange their serve flags, which must match for --speculative/--mtp-quantization/--num-drafts)
-    can replace join() without touching the callers.
+    The head (rank 0) listens on --master-addr:--master-port (that very address: a master-addr
+    that is not one of the head's own addresses fails to bind, as NCCL's would) and waits for
+    world-1 workers; each worker connects with retries and sends one JSON line: its rank, its
+    rank-symmetric serve flags (--speculative, --num-drafts, --mtp-quantization) and its
+    NCCL_SOCKET_IFNAME. The head compares them with its own:
+
+    - flags differ: the head logs the mismatch, tells that worker, and keeps waiting; the worker
+      prints the engine's "SSM intermediate-buffer error" and exits 1 (the book's symmetry rule);
+    - NCCL_SOCKET_IFNAME differs: every rank prints "all ranks ready" and then hangs (NCCL init
+      never completes, no readiness marker): the book's "stuck at all ranks ready";
+    - nobody (acceptable) joined within DOUBLE_RENDEZVOUS_TIMEOUT seconds (default 60): the head,
+      and a worker that cannot reach the head, print "rendezvous timeout" and exit 1.
+
+    After the rendezvous the head keeps each worker's connection; when one drops, the head keeps
+    answering /health 200 but inference requests hang (the book: "health 200 but requests hang —
+    the worker failed to come up"). DOUBLE_RANK_OVERRIDE (e.g. ``num-drafts=3`` or
+    ``NCCL_SOCKET_IFNAME=eth9``) changes what THIS rank reports at the rendezvous, standing in for
+    an engine build whose own defaults (MODEL.toml) replace a flag, or a hand-started rank.
     """
+
+    SYMMETRIC = ("speculative", "num-drafts", "mtp-quantization")
+    CONNECT_ATTEMPT_S = 2.0
+    RETRY_PAUSE_S = 0.5
 
     def __init__(self, e: Engine):
         self.e = e
         a = e.args
         self.rank, self.world = a.rank, a.world_size
-        self.master = f"{a.get('master-addr', '127.0.0.1')}:{a.int('master-port', 29500)}"
+        self.host = a.get("master-addr", "127.0.0.1").strip("[]")
+        self.port = a.int("master-port", 29500)
+        self.master = format_addr(self.host, self.port)
+        self.timeout_s = env_float("DOUBLE_RENDEZVOUS_TIMEOUT", 60.0)
+        self.tag = f"rank {self.rank}/{self.world}"
+        self.listener: socket.socket | None = None
+        self.peers: list[socket.socket] = []
+        self.identity = self._identity()
 
     @property
     def is_head(self) -> bool:
         return self.rank == 0
 
-    def join(self) -> bool:
-        """Return False when asked to stop while waiting; raise StartupFailure on timeout."""
-        if self.world <= 1:
-            return True
-        tag = f"rank {self.rank}/{self.world}"
-        if self.is_head:
-            log(f"{tag} (head): waiting for {self.world - 1} worker(s) on {self.master}")
-        else:
-            log(f"{tag} (worker): connecting to master {self.master}")
+    def _identity(self) -> dict:
+        a = self.e.args
+        flags: dict = {"speculative": "speculative" in a.flags,
+                       "num-drafts": a.get("num-drafts", "1"),
+                       "mtp-quantization": a.get("mtp-quantization", "bf16")}
+        ifname = os.environ.get("NCCL_SOCKET_IFNAME", "")
+        for item in os.environ.get("DOUBLE_RANK_OVERRIDE", "").split(","):
+            key, eq, value = item.strip().partition("=")
+            if not eq:
+                continue
+            if key == "NCCL_SOCKET_IFNAME":
+                ifname = value
+            elif key == "speculative":
+                flags[key] = value.lower() in ("1", "true", "yes", "on")
+            elif key in self.SYMMETRIC:
+                flags[key] = value
+            else:
+                raise UsageError(f"error: DOUBLE_RANK_OVERRIDE: unknown key {key!r} "
+                                 f"(known: {', '.join(self.SYMMETRIC)}, NCCL_SOCKET_IFNAME)")
+        return {"rank": self.rank, "world": self.world, "flags": flags, "ifname": ifname,
+                "model": a.model}
+
+    # ---- head
+    def listen(self) -> None:
+        """Head: bind the rendezvous address before loading (workers may come early)."""
+        if self.world <= 1 or not self.is_head:
+            return
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+            sock.listen(8)
+        except OSError as exc:
+            sock.close()
+            raise StartupFailure(f"error: {self.tag} (head): cannot listen for the rendezvous on {self.master}: "
+                                 f"{exc.strerror or exc} (--master-addr must be one of this node's addresses)"
+                                 ) from None
+        sock.settimeout(0.25)
+        self.listener = sock
+        log(f"{self.tag} (head): waiting for {self.world - 1} worker(s) on {self.master}")
+
+    def _describe(self, flags: dict) -> str:
+        return " ".join(f"--{k} {v}" if k != "speculative" else ("--speculative" if v else "(no --speculative)")
+                        for k, v in flags.items())
+
+    def _head_join(self) -> bool:
+        assert self.listener is not None
         if "rendezvous-timeout" in self.e.faults:
             if self.e.sleep(min(self.e.ready_delay, 1.0)):
                 return False
-            raise StartupFailure(f"error: {tag}: rendezvous timeout after 300s "
+            raise StartupFailure(f"error: {self.tag}: rendezvous timeout after {self.timeout_s:g}s "
                                  f"(master {self.master} unreachable or port blocked)")
-        if self.e.sleep(min(self.e.ready_delay * 0.2, 0.2)):
+        deadline = time.monotonic() + self.timeout_s
+        joined: dict[int, dict] = {}
+        while len(joined) < self.world - 1:
+            if self.e.stopping.is_set():
+                return False
+            if time.monotonic() > deadline:
+                raise StartupFailure(f"error: {self.tag} (head): rendezvous timeout after {self.timeout_s:g}s: "
+                                     f"{len(joined)} of {self.world - 1} worker(s) joined on {self.master} "
+                                     "(a worker never came up, cannot reach the master, or the port is blocked)")
+            try:
+                conn, peer = self.listener.accept()
+            except (socket.timeout, BlockingIOError):
+                continue
+            except OSError:
+                continue
+            hello = self._read_hello(conn)
+            if hello is None:
+                conn.close()
+                continue
+            rank = int(hello.get("rank", -1))
+            mine, theirs = self.identity["flags"], hello.get("flags") or {}
+            differ = [k for k in self.SYMMETRIC if mine.get(k) != theirs.get(k)]
+            if differ or not 0 < rank < self.world or rank in joined:
+                why = (f"rank {rank} is out of range or already joined" if not differ else
+                       f"MTP flags differ: rank {rank} has {self._describe({k: theirs.get(k) for k in differ})}, "
+                       f"the head has {self._describe({k: mine.get(k) for k in differ})}")
+                log(f"{self.tag} (head): refusing rank {rank} from {peer[0]}: {why}; still waiting")
+                self._send(conn, {"ok": False, "error": "flags" if differ else "rank", "detail": why,
+                                  "head_flags": mine})
+                conn.close()
+                continue
+            log(f"{self.tag} (head): rank {rank} joined from {peer[0]} (NCCL_SOCKET_IFNAME="
+                f"{hello.get('ifname') or '-'})")
+            joined[rank] = hello
+            self.peers.append(conn)
+        ifnames = {self.identity["ifname"]} | {h.get("ifname") for h in joined.values()}
+        stuck = len(ifnames) > 1
+        for conn in self.peers:
+            self._send(conn, {"ok": True, "stuck": stuck})
+        log(f"{self.tag}: all ranks ready")
+        if stuck:
+            # NCCL's ncclCommInitRank never completes when the ranks use different interfaces.
+            while not self.e.stopping.wait(0.5):
+                pass
             return False
-        log(f"{tag}: all ranks ready")
+        for rank, conn in zip(sorted(joined), self.peers):
+            threading.Thread(target=self._watch_peer, args=(rank, conn), daemon=True).start()
         return True
+
+    def _watch_peer(self, rank: int, conn: socket.socket) -> None:
+        conn.settimeout(None)
+        try:
+            while conn.recv(1024):
+                pass
+        except OSError:
+            pass
+        if not self.e.stopping.is_set():
+            self.e.peer_lost.set()
+            log(f"{self.tag} (head): lost rank {rank} (connection closed); requests will hang until it is back")
+
+    # ---- worker
+    def _worker_join(self) -> bool:
+        log(f"{self.tag} (worker): connecting to master {self.master}")
+        if "rendezvous-timeout" in self.e.faults:
+            if self.e.sleep(min(self.e.ready_delay, 1.0)):
+                return False
+            raise StartupFailure(f"error: {self.tag}: rendezvous timeout after {self.timeout_s:g}s "
+                                 f"(master {self.master} unreachable or port blocked)")
+        deadline = time.monotonic() + self.timeout_s
+        last_error = "no answer"
+        while True:
+            if self.e.stopping.is_set():
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StartupFailure(f"error: {self.tag} (worker): rendezvous timeout after {self.timeout_s:g}s: "
+                                     f"master {self.master} unreachable or port blocked ({last_error})")
+            try:
+                conn = socket.create_connection((self.host, self.port), timeout=min(self.CONNECT_ATTEMPT_S, left))
+            except OSError as exc:
+                last_error = exc.strerror or str(exc)
+                if self.e.sleep(min(self.RETRY_PAUSE_S, max(left, 0))):
+                    return False
+                continue
+            self._send(conn, self.identity)
+            conn.settimeout(None)
+            answer = self._read_line(conn, waiting=True)
+            if answer is None:
+                conn.close()
+                last_error = "the master closed the connection"
+                if self.e.sleep(self.RETRY_PAUSE_S):
+                    return False
+                continue
+            if not answer.get("ok"):
+                conn.close()
+                if answer.get("error") == "flags":
+                    raise StartupFailure(
+                        f"error: {self.tag} (worker): SSM intermediate-buffer error: the head's MTP verify step "
+                        f"found no intermediate buffers on this rank ({answer.get('detail')}); head and worker "
+                        "must use identical --speculative, --mtp-quantization, --num-drafts")
+                raise StartupFailure(f"error: {self.tag} (worker): the master refused this rank: "
+                                     f"{answer.get('detail')}")
+            log(f"{self.tag}: all ranks ready")
+            if answer.get("stuck"):
+                while not self.e.stopping.wait(0.5):
+                    pass
+                conn.close()
+                return False
+            if "worker-drop" in self.e.faults:
+                log(f"{self.tag} (worker): dropping the link to the master (DOUBLE_FAULT=worker-drop)")
+                conn.close()
+                return True
+            self.peers.append(conn)
+            threading.Thread(target=self._watch_head, args=(conn,), daemon=True).start()
+            return True
+
+    def _watch_head(self, conn: socket.socket) -> None:
+        conn.settimeout(None)
+        try:
+            while conn.recv(1024):
+                pass
+        except OSError:
+            pass
+        if not self.e.stopping.is_set():
+            log(f"{self.tag} (worker): lost the master {self.master} (connection closed)")
+
+    # ---- wire
+    @staticmethod
+    def _send(conn: socket.socket, payload: dict) -> None:
+        try:
+            conn.sendall((json.dumps(payload) + "\n").encode())
+        except OSError:
+            pass
+
+    def _read_line(self, conn: socket.socket, waiting: bool = False) -> dict | None:
+        buf = b""
+        conn.settimeout(0.5)
+        deadline = time.monotonic() + (self.timeout_s + 5 if waiting else 5.0)
+        while b"\n" not in buf:
+            if self.e.stopping.is_set() or time.monotonic() > deadline:
+                return None
+            try:
+                chunk = conn.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            buf += chunk
+        try:
+            data = json.loads(buf.split(b"\n", 1)[0])
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _read_hello(self, conn: socket.socket) -> dict | None:
+        return self._read_line(conn)
+
+    def join(self) -> bool:
+        """Return False when asked to stop (or stuck until stopped); raise StartupFailure on failure."""
+        if self.world <= 1:
+            return True
+        return self._head_join() if self.is_head else self._worker_join()
+
+    def close(self) -> None:
+        for conn in self.peers:
+            try:
+                conn.close()
+            except OSError:
+                pass
+        if self.listener is not None:
+            self.listener.close()
 
 
 # ----------------------------------------------------------------------------------------- main
@@ -1078,20 +1330,35 @@ def run_serve(argv: list[str]) -> int:
     log(f"{VERSION_LINE} starting: rank {args.rank}/{args.world_size}, model {args.model}")
 
     if not rdv.is_head:
-        # worker: no HTTP; load, join, then stay silent until told to stop
-        if not rdv.join() or not load_model(e, args.model):
+        # worker: no HTTP; join, load, then stay silent until told to stop
+        try:
+            if not rdv.join() or not load_model(e, args.model):
+                return shutdown(e, None)
+            log(f"rank {args.rank}/{args.world_size} (worker): ready; the head serves HTTP")
+            while not e.stopping.wait(0.5):
+                pass
             return shutdown(e, None)
-        log(f"rank {args.rank}/{args.world_size} (worker): ready; the head serves HTTP")
-        while not e.stopping.wait(0.5):
-            pass
-        return shutdown(e, None)
+        finally:
+            rdv.close()
 
     server = bind_server(e)
+    try:
+        rdv.listen()
+    except StartupFailure:
+        server.server_close()
+        raise
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
                               name="http", daemon=True)
     thread.start()
-    if not load_model(e, args.model) or not rdv.join():
-        return shutdown(e, server)
+    try:
+        if not load_model(e, args.model) or not rdv.join():
+            rdv.close()
+            return shutdown(e, server)
+    except StartupFailure:
+        rdv.close()
+        server.shutdown()
+        server.server_close()
+        raise
     e.ready.set()  # ready first, so whoever sees the marker gets 200
     log(f"Listening on {format_addr(args.bind, args.port)}")
     if args.bind in ("127.0.0.1", "localhost", "::1"):
@@ -1102,6 +1369,7 @@ def run_serve(argv: list[str]) -> int:
             "use --require-auth or a firewall")
     while not e.stopping.wait(0.5):
         pass
+    rdv.close()
     return shutdown(e, server)
 
 

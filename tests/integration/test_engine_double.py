@@ -268,8 +268,12 @@ def test_undeclared_metrale_env_refused(start):
 
 
 def test_worker_rank_in_container(start):
-    r = start("m", "--rank", "1", "--world-size", "2", "--master-addr", "127.0.0.1")
+    master = str(free_port())
+    rank = ("--world-size", "2", "--master-addr", "127.0.0.1", "--master-port", master)
+    head = start("m", "--rank", "0", *rank)
+    r = start("m", "--rank", "1", *rank)
     assert r.wait_log("(worker): ready"), r.logs()
+    assert head.wait_log(MARKER), head.logs()
     assert MARKER not in r.logs()
     r.c.stop(timeout=5)
     assert r.exit_code() == 0

@@ -68,7 +68,7 @@ def test_swap_refuses_before_releasing_anything(box: Box) -> None:
         (box.config / "recipes" / f"{missing_image}.yaml").read_text().replace("image: double-ok",
                                                                                "image: metrale-inference-hopper"))
     no_image = box.cli("swap", missing_image)
-    assert no_image.returncode == 1 and "is not present locally" in no_image.stderr
+    assert no_image.returncode == 1 and "is not here" in no_image.stderr  # a locally built image: nothing to pull
     assert box.containers() == container_before and _serving(box)[old]["health"] == "ok"
 
 

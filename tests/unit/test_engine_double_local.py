@@ -432,23 +432,93 @@ def test_port_in_use_exits_1(spawn):
     assert "failed to bind" in d.text
 
 
+def _pair_args(master_port: int, rank: int, *extra: str) -> tuple[str, ...]:
+    return ("serve", "m", "--rank", str(rank), "--world-size", "2", "--master-addr", "127.0.0.1",
+            "--master-port", str(master_port), *extra)
+
+
 def test_worker_rank_serves_no_http(spawn):
-    d = spawn("serve", "m", "--rank", "1", "--world-size", "2", "--master-addr", "127.0.0.1",
-              "--master-port", "29555")
-    assert d.wait_for("(worker): ready")
-    assert "connecting to master 127.0.0.1:29555" in d.text
-    assert MARKER not in d.text
+    """A real TCP rendezvous: the head listens on master-addr:master-port, the worker joins it."""
+    master = free_port()
+    head = spawn(*_pair_args(master, 0))
+    worker = spawn(*_pair_args(master, 1))
+    assert worker.wait_for("(worker): ready"), worker.text
+    assert head.wait_for(MARKER), head.text
+    assert f"connecting to master 127.0.0.1:{master}" in worker.text
+    assert f"waiting for 1 worker(s) on 127.0.0.1:{master}" in head.text
+    assert "all ranks ready" in head.text and "all ranks ready" in worker.text
+    assert MARKER not in worker.text
     with pytest.raises(httpx.TransportError):
-        httpx.get(d.url + "/health", timeout=1)
-    d.proc.send_signal(signal.SIGTERM)
-    assert d.wait() == 0
+        httpx.get(worker.url + "/health", timeout=1)
+    assert httpx.get(head.url + "/health", timeout=2).status_code == 200
+    time.sleep(1.0)  # the rendezvous link stays up while both run
+    assert "lost" not in worker.text and "lost" not in head.text
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.wait() == 0
 
 
 def test_head_rank_and_rendezvous_timeout(spawn):
-    d = spawn("serve", "m", "--rank", "0", "--world-size", "2")
-    assert d.wait_for(MARKER)
-    assert "all ranks ready" in d.text
+    """Nobody joins in time: the head (and a worker with no head to reach) time out, exit 1."""
+    fast = clean_env(DOUBLE_RENDEZVOUS_TIMEOUT="1")
+    master = free_port()
+    head = spawn(*_pair_args(master, 0), env=fast)
+    assert head.wait() == 1
+    assert "rendezvous timeout" in head.text and MARKER not in head.text
+    lonely = spawn(*_pair_args(free_port(), 1), env=fast)
+    assert lonely.wait() == 1
+    assert "rendezvous timeout" in lonely.text and "port blocked" in lonely.text
     bad = spawn("serve", "m", "--rank", "1", "--world-size", "2",
                 env=clean_env(DOUBLE_FAULT="rendezvous-timeout"))
     assert bad.wait() == 1
     assert "rendezvous timeout" in bad.text
+
+
+def test_rendezvous_flag_mismatch_kills_the_worker_and_the_head_keeps_waiting(spawn):
+    master = free_port()
+    head = spawn(*_pair_args(master, 0, "--speculative", "--num-drafts", "1", "--mtp-quantization", "nvfp4"))
+    assert head.wait_for("waiting for 1 worker(s)")
+    odd = spawn(*_pair_args(master, 1, "--speculative", "--num-drafts", "3", "--mtp-quantization", "nvfp4"))
+    assert odd.wait() == 1
+    assert "SSM intermediate-buffer error" in odd.text
+    assert head.wait_for("refusing rank 1") and "--num-drafts 3" in head.text
+    assert head.proc.poll() is None and MARKER not in head.text
+    # the same mismatch reported through the knob (an engine build whose defaults differ)
+    knob = spawn(*_pair_args(master, 1, "--speculative", "--num-drafts", "1", "--mtp-quantization", "nvfp4"),
+                 env=clean_env(DOUBLE_RANK_OVERRIDE="num-drafts=2"))
+    assert knob.wait() == 1 and "SSM intermediate-buffer error" in knob.text
+    good = spawn(*_pair_args(master, 1, "--speculative", "--num-drafts", "1", "--mtp-quantization", "nvfp4"))
+    assert head.wait_for(MARKER), head.text
+    assert good.wait_for("(worker): ready")
+
+
+def test_rendezvous_ifname_mismatch_is_stuck_at_all_ranks_ready(spawn):
+    master = free_port()
+    head = spawn(*_pair_args(master, 0), env=clean_env(NCCL_SOCKET_IFNAME="enp1s0f0np0"))
+    worker = spawn(*_pair_args(master, 1), env=clean_env(NCCL_SOCKET_IFNAME="enp1s0f1np1"))
+    assert head.wait_for("all ranks ready") and worker.wait_for("all ranks ready")
+    time.sleep(1.5)
+    assert MARKER not in head.text and "(worker): ready" not in worker.text
+    assert head.proc.poll() is None and worker.proc.poll() is None
+    assert httpx.get(head.url + "/health", timeout=2).status_code == 503
+
+
+def test_lost_worker_makes_requests_hang_while_health_is_200(spawn):
+    master = free_port()
+    head = spawn(*_pair_args(master, 0))
+    worker = spawn(*_pair_args(master, 1))
+    assert head.wait_for(MARKER), head.text
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    assert httpx.post(head.url + "/v1/chat/completions", json=body, timeout=5).status_code == 200
+    worker.proc.kill()
+    worker.wait()
+    assert head.wait_for("lost rank 1"), head.text
+    assert httpx.get(head.url + "/health", timeout=2).status_code == 200
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(head.url + "/v1/chat/completions", json=body, timeout=1.5)
+
+
+def test_master_addr_must_be_the_heads_own(spawn):
+    head = spawn("serve", "m", "--rank", "0", "--world-size", "2", "--master-addr", "203.0.113.7",
+                 "--master-port", str(free_port()))
+    assert head.wait() == 1
+    assert "cannot listen for the rendezvous on 203.0.113.7" in head.text

@@ -1,0 +1,380 @@
+"""What a node's network and HF cache look like, from a probe container's output. Pure.
+
+An EP=2 launch needs, on each node, the IPv4 address of the RoCE port (the hardware class names the
+candidates: on GB10 `enp1s0f0np0` or `enp1s0f1np1`, "whichever has an IPv4 address"). metralectl
+reads it without any new remote-execution channel: a short-lived container from the node's own
+engine image, with host networking, prints a few /proc files (`PROBE_SCRIPT`) and this module
+turns them into facts:
+
+- /proc/net/fib_trie lists the node's own IPv4 addresses ("/32 host LOCAL" leaves) but not their
+  interfaces; /proc/net/route lists each interface's connected networks and the default route.
+  An address belongs to the interface whose connected network contains it (longest prefix); the
+  interface holding the default route is the management network.
+- /proc/net/tcp and tcp6 list listening sockets (state 0A): a port an rank needs that something
+  already listens on is refused before anything starts.
+- the HF cache, mounted read-only, shows which snapshots of the checkpoint carry metralectl's
+  verified manifest.
+
+/proc/net/route and /proc/net/tcp print IPv4 addresses as the kernel's __be32 read in host byte
+order; every node this targets (aarch64 GB10, x86_64 Hopper/B200) is little-endian.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from metralectl.errors import MetralError
+
+HUB_MOUNT = "/metralectl-hub"
+_MARK = "@@metralectl-probe "
+
+
+def probe_script(repo_dir: str | None = None) -> str:
+    """The sh script the probe container runs (busybox or any POSIX sh; only cat, ls and echo)."""
+    lines = [
+        f"echo '{_MARK}route'; cat /proc/net/route",
+        f"echo '{_MARK}fib_trie'; cat /proc/net/fib_trie",
+        f"echo '{_MARK}tcp'; cat /proc/net/tcp 2>/dev/null",
+        f"echo '{_MARK}tcp6'; cat /proc/net/tcp6 2>/dev/null",
+    ]
+    if repo_dir:
+        base = f"{HUB_MOUNT}/{repo_dir}"
+        lines.append(
+            f"echo '{_MARK}hf'; if [ -d '{HUB_MOUNT}' ]; then echo 'hub present'; else echo 'hub absent'; fi; "
+            f"if [ -d '{base}' ]; then echo 'repo present'; "
+            f"if [ -f '{base}/refs/main' ]; then echo \"ref main $(cat '{base}/refs/main')\"; fi; "
+            f"for s in '{base}'/snapshots/*/; do [ -d \"$s\" ] || continue; "
+            f"if [ -f \"$s.metralectl-verified.json\" ]; then echo \"verified $s\"; else echo \"snapshot $s\"; fi; "
+            "done; else echo 'repo absent'; fi")
+    lines.append(f"echo '{_MARK}end'")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class IfAddr:
+    address: str
+    prefix: int | None  # length of the connected network, None when no route names one
+
+    def __str__(self) -> str:
+        return f"{self.address}/{self.prefix}" if self.prefix is not None else self.address
+
+    def network(self) -> ipaddress.IPv4Network | None:
+        if self.prefix is None:
+            return None
+        return ipaddress.IPv4Network(f"{self.address}/{self.prefix}", strict=False)
+
+
+@dataclass(frozen=True)
+class Route:
+    iface: str
+    destination: str
+    gateway: str
+    mask: str
+    flags: int
+
+    @property
+    def prefix(self) -> int:
+        return ipaddress.IPv4Network(f"0.0.0.0/{self.mask}").prefixlen
+
+    @property
+    def is_default(self) -> bool:
+        return self.destination == "0.0.0.0" and self.mask == "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class NodeNet:
+    """A node's IPv4 interfaces (loopback left out), its default-route interfaces, its listeners."""
+
+    interfaces: dict[str, tuple[IfAddr, ...]] = field(default_factory=dict)
+    default_ifaces: tuple[str, ...] = ()
+    listeners: tuple[tuple[str, int], ...] = ()
+
+    def ipv4(self, iface: str) -> tuple[IfAddr, ...]:
+        return self.interfaces.get(iface, ())
+
+    def port_holders(self, bind: str, port: int) -> list[str]:
+        """Listening sockets that would keep `bind:port` from being bound."""
+        wildcard = {"0.0.0.0", "::", ""}
+        out = []
+        for address, listening in self.listeners:
+            if listening != port:
+                continue
+            if bind in wildcard or address in wildcard or address == bind:
+                out.append(f"{address}:{port}" if ":" not in address else f"[{address}]:{port}")
+        return out
+
+
+@dataclass(frozen=True)
+class HubView:
+    """What the probe saw of one checkpoint in the node's HF cache."""
+
+    hub_present: bool
+    repo_present: bool
+    ref_main: str | None
+    verified: tuple[str, ...]  # commits whose snapshot carries .metralectl-verified.json
+    unverified: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    net: NodeNet
+    hub: HubView | None
+
+
+class ProbeUnreadable(MetralError):
+    """The probe's output is not what the script prints (an image without sh or /proc?)."""
+
+
+def _le_ipv4(hex_text: str) -> str:
+    raw = bytes.fromhex(hex_text.strip())
+    if len(raw) != 4:
+        raise ValueError(hex_text)
+    return str(ipaddress.IPv4Address(raw[::-1]))
+
+
+def _le_ipv6(hex_text: str) -> str:
+    raw = bytes.fromhex(hex_text.strip())
+    if len(raw) != 16:
+        raise ValueError(hex_text)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))  # four host-order 32-bit words
+    address = ipaddress.IPv6Address(words)
+    return str(address.ipv4_mapped) if address.ipv4_mapped else str(address)
+
+
+def parse_routes(text: str) -> list[Route]:
+    """/proc/net/route: Iface Destination Gateway Flags RefCnt Use Metric Mask ..."""
+    routes = []
+    for line in text.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) < 8:
+            continue
+        try:
+            routes.append(Route(cols[0], _le_ipv4(cols[1]), _le_ipv4(cols[2]), _le_ipv4(cols[7]), int(cols[3], 16)))
+        except ValueError:
+            continue
+    return routes
+
+
+def parse_local_addresses(text: str) -> list[str]:
+    """The node's own IPv4 addresses: the "/32 host LOCAL" leaves of /proc/net/fib_trie."""
+    found: list[str] = []
+    last: str | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("|--"):
+            last = stripped[3:].strip()
+        elif stripped.startswith("/32") and "host LOCAL" in stripped and last is not None and last not in found:
+            found.append(last)
+    return found
+
+
+def parse_listeners(tcp_text: str, tcp6_text: str = "") -> list[tuple[str, int]]:
+    """(address, port) of every LISTEN socket in /proc/net/tcp and tcp6."""
+    out: list[tuple[str, int]] = []
+    for text, decode in ((tcp_text, _le_ipv4), (tcp6_text, _le_ipv6)):
+        for line in text.splitlines()[1:]:
+            cols = line.split()
+            if len(cols) < 4 or cols[3] != "0A":
+                continue
+            address, _, port = cols[1].partition(":")
+            try:
+                entry = (decode(address), int(port, 16))
+            except ValueError:
+                continue
+            if entry not in out:
+                out.append(entry)
+    return out
+
+
+def interfaces_of(routes: Sequence[Route], addresses: Sequence[str]) -> dict[str, tuple[IfAddr, ...]]:
+    """Map each local address to the interface whose connected network holds it (longest prefix)."""
+    connected = [r for r in routes if not r.is_default and r.gateway == "0.0.0.0" and r.iface != "*"]
+    out: dict[str, list[IfAddr]] = {}
+    for address in addresses:
+        ip = ipaddress.IPv4Address(address)
+        if ip.is_loopback:
+            continue
+        best: Route | None = None
+        for route in connected:
+            network = ipaddress.IPv4Network(f"{route.destination}/{route.mask}", strict=False)
+            if ip in network and (best is None or route.prefix > best.prefix):
+                best = route
+        if best is None:
+            out.setdefault("?", []).append(IfAddr(address, None))
+        else:
+            out.setdefault(best.iface, []).append(IfAddr(address, best.prefix))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def node_net(route_text: str, fib_text: str, tcp_text: str = "", tcp6_text: str = "") -> NodeNet:
+    routes = parse_routes(route_text)
+    defaults = tuple(dict.fromkeys(r.iface for r in routes if r.is_default and r.iface != "*"))
+    return NodeNet(interfaces_of(routes, parse_local_addresses(fib_text)), defaults,
+                   tuple(parse_listeners(tcp_text, tcp6_text)))
+
+
+def _sections(text: str) -> dict[str, str]:
+    out: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        if line.startswith(_MARK):
+            current = line[len(_MARK):].strip()
+            out[current] = []
+        elif current is not None:
+            out[current].append(line)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def _hub(text: str) -> HubView:
+    hub_present = repo_present = False
+    ref = None
+    verified: list[str] = []
+    unverified: list[str] = []
+    for line in text.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        if line.strip() == "hub present":
+            hub_present = True
+        elif line.strip() == "repo present":
+            repo_present = True
+        elif word == "ref" and rest.startswith("main "):
+            ref = rest[5:].strip() or None
+        elif word in ("verified", "snapshot"):
+            commit = rest.rstrip("/").rsplit("/", 1)[-1]
+            (verified if word == "verified" else unverified).append(commit)
+    return HubView(hub_present, repo_present, ref, tuple(verified), tuple(unverified))
+
+
+def parse_probe(text: str) -> ProbeReport:
+    sections = _sections(text)
+    if "route" not in sections or "fib_trie" not in sections or "end" not in sections:
+        tail = " | ".join(text.strip().splitlines()[-3:]) or "no output"
+        raise ProbeUnreadable(f"the probe printed no network tables ({tail})")
+    net = node_net(sections["route"], sections["fib_trie"], sections.get("tcp", ""), sections.get("tcp6", ""))
+    hub = _hub(sections["hf"]) if "hf" in sections else None
+    return ProbeReport(net, hub)
+
+
+# --- choosing the RoCE interface -------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeView:
+    label: str  # "rank 0 (head) on unix:///var/run/docker.sock"
+    net: NodeNet
+
+
+@dataclass(frozen=True)
+class RoceChoice:
+    interface: str
+    addresses: tuple[IfAddr, ...]  # per node, in the order given (head first)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def master_addr(self) -> str:
+        return self.addresses[0].address
+
+
+class RoceRefused(MetralError):
+    """The nodes' networks do not allow a RoCE launch as they are."""
+
+
+DETECT_HINT = ("or, if you know better, pass `--roce-interface IF --master-addr IP` (IF: the ConnectX port with an "
+               "IPv4 address on both nodes; IP: the head's address on it)")
+
+
+def describe(net: NodeNet, roce: Sequence[str], chosen: str | None = None) -> str:
+    """One line per node: every IPv4 interface, the RoCE candidates marked, the management one named."""
+    parts = []
+    for iface in sorted(net.interfaces, key=lambda i: (i not in roce, i)):
+        addrs = ", ".join(str(a) for a in net.interfaces[iface])
+        tags = []
+        if iface == chosen:
+            tags.append("RoCE, chosen")
+        elif iface in roce:
+            tags.append("RoCE")
+        if iface in net.default_ifaces:
+            tags.append("management: default route")
+        parts.append(f"{iface} {addrs}" + (f" ({'; '.join(tags)})" if tags else ""))
+    missing = [i for i in roce if not net.ipv4(i)]
+    if missing:
+        parts.append(f"no IPv4 on {', '.join(missing)}")
+    return " · ".join(parts) if parts else "no IPv4 address besides loopback"
+
+
+def _only_management(net: NodeNet, roce: Sequence[str]) -> str:
+    others = [f"{i} {', '.join(str(a) for a in net.interfaces[i])}" for i in net.interfaces]
+    if not others:
+        return "it has no IPv4 address besides loopback"
+    mgmt = [i for i in net.interfaces if i in net.default_ifaces]
+    if mgmt and len(mgmt) == len(net.interfaces):
+        return (f"only the management interface ({'; '.join(others)}) has one: NCCL would fall back to it "
+                "(about 10× slower)")
+    return f"only {'; '.join(others)} ha{'s' if len(others) == 1 else 've'} one, none of them a RoCE port"
+
+
+def choose_roce(roce: Sequence[str], nodes: Sequence[NodeView]) -> RoceChoice:
+    """The RoCE port every node has an IPv4 address on (the class's order breaks ties), or a refusal."""
+    if not roce:
+        raise RoceRefused("this hardware class names no RoCE interfaces (no multi-node settings)")
+    wanted = " or ".join(roce)
+    lacking = [n for n in nodes if not any(n.net.ipv4(i) for i in roce)]
+    if lacking:
+        detail = "; ".join(f"{n.label}: no IPv4 address on {wanted}; {_only_management(n.net, roce)}" for n in lacking)
+        raise RoceRefused(f"the RoCE link is not configured: {detail}",
+                          f"give a ConnectX port an IPv4 address on each node (the same port on both, e.g. "
+                          f"`sudo ip addr add 10.0.0.1/24 dev {roce[0]}` on the head and .2 on the worker, made "
+                          f"persistent with netplan/NetworkManager) and check the cable; {DETECT_HINT}")
+    common = [i for i in roce if all(n.net.ipv4(i) for n in nodes)]
+    if not common:
+        have = "; ".join(f"{n.label} has {', '.join(i for i in roce if n.net.ipv4(i))}" for n in nodes)
+        raise RoceRefused(f"the nodes disagree on the RoCE interface: {have}; NCCL_SOCKET_IFNAME must be the same "
+                          "on every rank (else NCCL is stuck at \"all ranks ready\")",
+                          f"address the same ConnectX port on both nodes (cable them port to port); {DETECT_HINT}")
+    chosen = common[0]
+    notes = []
+    if len(common) > 1:
+        notes.append(f"{' and '.join(common)} both have IPv4 addresses on every node; using {chosen} "
+                     "(the hardware class's first)")
+    addresses = tuple(n.net.ipv4(chosen)[0] for n in nodes)
+    if len({a.address for a in addresses}) < len(addresses):
+        raise RoceRefused(f"the nodes report the same address {addresses[0].address} on {chosen}: head and worker "
+                          "look like the same machine", "name the worker node's own Docker endpoint with --worker")
+    for node, address in zip(nodes, addresses):
+        if node.net.default_ifaces and chosen in node.net.default_ifaces:
+            notes.append(f"{node.label}: {chosen} also carries the default route (is it the management network?)")
+    head_network = addresses[0].network()
+    for node, address in zip(nodes[1:], addresses[1:]):
+        network = address.network()
+        if network is not None and ipaddress.IPv4Address(addresses[0].address) not in network:
+            notes.append(f"the head's {addresses[0].address} is not in {node.label}'s {chosen} network {network}: "
+                         "the rendezvous needs a route between them")
+        elif head_network is not None and network is not None and head_network != network:
+            notes.append(f"{chosen} networks differ: head {head_network}, {node.label} {network}")
+    return RoceChoice(chosen, addresses, tuple(notes))
+
+
+def check_given(roce_interface: str, master_addr: str, nodes: Sequence[NodeView]) -> list[str]:
+    """Warnings about an operator's --roce-interface/--master-addr, from what the probe saw (never a refusal)."""
+    notes = []
+    if nodes:
+        head = nodes[0]
+        if master_addr not in {a.address for a in head.net.ipv4(roce_interface)}:
+            notes.append(f"--master-addr {master_addr} is not {head.label}'s address on {roce_interface} "
+                         f"({describe(head.net, [roce_interface])})")
+    for node in nodes[1:]:
+        if not node.net.ipv4(roce_interface):
+            notes.append(f"{node.label} has no IPv4 address on {roce_interface}")
+    return notes
+
+
+def hub_summary(hub: HubView | None) -> str:
+    if hub is None:
+        return "not checked"
+    if not hub.hub_present:
+        return "no HF cache"
+    if not hub.repo_present:
+        return "checkpoint absent"
+    if hub.verified:
+        return "verified " + ", ".join(c[:12] for c in hub.verified)
+    return "present, not verified" if hub.unverified else "no snapshot"
+
