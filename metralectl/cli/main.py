@@ -54,6 +54,7 @@ def _register() -> None:
     from metralectl.cli import staging_cmds; staging_cmds.register(app)  # noqa: E702
     from metralectl.cli import top_cmd; top_cmd.register(app)  # noqa: E702
     app.add_typer(recipes_cmds.app, name="recipes")
+    from metralectl.cli import bench_cmds; bench_cmds.register(app)  # noqa: E702
     from metralectl.cli import agent_cmds; agent_cmds.register(app)  # noqa: E702
     from metralectl.cli import peer_cmds; peer_cmds.register(app)  # noqa: E702
 

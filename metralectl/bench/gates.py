@@ -1,0 +1,126 @@
+"""Gates (thresholds -> verdicts), the client-bound judgement, and the exit-code contract (pure).
+
+Exit codes (SPEC §7): 0 ran and every gate passed or there was no verdict; 1 the run failed, was
+cancelled, or measured the client instead of the server (client-bound); 2 ran and a gate said no.
+`--no-fail-on-verdict` maps 2 to 0.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from metralectl.errors import UsageError
+
+OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le, ">": operator.gt,
+                                                  "<": operator.lt, "==": operator.eq}
+_GATE = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(>=|<=|==|>|<)\s*(-?[0-9.eE+]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Gate:
+    metric: str  # a key of the summary's headline
+    op: str
+    threshold: float
+    source: str  # "recipe <name>", "param <key>", "cli"
+
+    def describe(self) -> str:
+        return f"{self.metric} {self.op} {self.threshold:g} ({self.source})"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    gate: Gate
+    value: float | None
+    passed: bool | None  # None: no data for the metric -> no verdict
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self.gate), "value": self.value, "passed": self.passed, "note": self.note}
+
+
+def parse_gate(text: str) -> Gate:
+    m = _GATE.match(text)
+    if not m:
+        raise UsageError(f"--gate {text!r}: expected METRIC OP NUMBER, e.g. decode_tok_s_p50>=120",
+                         "operators: >= <= > < ==; metrics are the keys of the run's headline (`bench show RUN`)")
+    return Gate(m.group(1), m.group(2), float(m.group(3)), "cli")
+
+
+def recipe_gate(validated_tok_s: float | None, validated_hw: str | None, target_hw: str | None, tolerance: float,
+                recipe: str) -> tuple[Gate | None, str]:
+    """The decode gate a recipe's validated numbers imply: same hardware class only (numbers never
+    compare across classes)."""
+    if validated_tok_s is None:
+        return None, f"recipe {recipe} records no validated decode tok/s"
+    if not target_hw:
+        return None, "the engine did not say its hardware class (/hardware); no recipe gate"
+    if validated_hw and target_hw != validated_hw:
+        return None, f"hardware class {target_hw} differs from the recipe's validated {validated_hw}; no recipe gate"
+    return Gate("decode_tok_s_p50", ">=", round(validated_tok_s * (1 - tolerance), 3),
+                f"recipe {recipe}: validated {validated_tok_s:g} tok/s - {tolerance:.0%}"), ""
+
+
+def param_gates(suite: str, params: dict[str, Any]) -> list[Gate]:
+    gates = []
+    if suite == "decode" and params.get("min_tok_s"):
+        gates.append(Gate("decode_tok_s_p50", ">=", params["min_tok_s"], "param min_tok_s"))
+    if suite == "ttft-prefix" and params.get("min_speedup"):
+        gates.append(Gate("prefix_speedup", ">=", params["min_speedup"], "param min_speedup"))
+    if suite == "long-decode" and params.get("max_repetition"):
+        gates.append(Gate("repetition_max", "<=", params["max_repetition"], "param max_repetition"))
+    if suite == "tool-call":
+        gates.append(Gate("well_formed_frac", ">=", params["min_well_formed"], "param min_well_formed"))
+    if suite == "rate" and params.get("min_slo_attainment"):
+        for r in params["rates"]:
+            gates.append(Gate(f"rate{r:g}.slo_attainment", ">=", params["min_slo_attainment"], "param min_slo_attainment"))
+    return gates
+
+
+def evaluate(gates: list[Gate], headline: dict[str, Any]) -> list[Verdict]:
+    out = []
+    for gate in gates:
+        value = headline.get(gate.metric)
+        if not isinstance(value, (int, float)):
+            note = "no such metric in this run" if gate.metric not in headline else "no data"
+            out.append(Verdict(gate, None, None, note))
+            continue
+        out.append(Verdict(gate, float(value), OPS[gate.op](float(value), gate.threshold)))
+    return out
+
+
+def overall(verdicts: list[Verdict]) -> str:
+    if any(v.passed is False for v in verdicts):
+        return "fail"
+    if any(v.passed for v in verdicts):
+        return "pass"
+    return "none"
+
+
+def client_bound_reasons(health: dict[str, Any], max_lag_ms: float, max_cpu: float) -> list[str]:
+    """Why the load generator, not the server, may have set the numbers (empty: within budget)."""
+    reasons = []
+    lag = (health.get("loop_lag_ms") or {}).get("p99")
+    if lag is not None and lag > max_lag_ms:
+        reasons.append(f"event-loop delay p99 {lag:.2f} ms > {max_lag_ms:g} ms")
+    cpu = health.get("cpu_frac")
+    if cpu is not None and cpu > max_cpu:
+        reasons.append(f"client CPU {cpu:.0%} of a core > {max_cpu:.0%}")
+    # open loop: a late dispatch bends the arrival process (the request's own times stay exact: they start
+    # at its send); p95, because one descheduling on a shared box must not condemn a 20-arrival window
+    slip = (health.get("dispatch_slip_ms") or {}).get("p95")
+    slip_budget = max(5.0, 2 * max_lag_ms)
+    if slip is not None and slip > slip_budget:
+        reasons.append(f"arrivals dispatched late: p95 {slip:.2f} ms > {slip_budget:g} ms")
+    return reasons
+
+
+def exit_code(status: str, verdict: str, *, fail_on_verdict: bool = True) -> int:
+    if status != "completed":
+        return 1
+    if verdict == "fail":
+        return 2 if fail_on_verdict else 0
+    return 0

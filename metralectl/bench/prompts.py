@@ -1,0 +1,113 @@
+"""Requests with exact prompt lengths: sized with the engine's /tokenize, checked later against usage.
+
+A unique prefix ("Request 4 8 2 1 0 0 0 0 1 2: ") opens every prompt so no request hits another's
+prefix cache (a nonce per run also keeps runs apart). Digits are spaced because " 7" is one token
+in every common tokenizer, so all prefixes of a run have the same length and one sizing fits all.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from metralectl.bench.loadgen import Planned
+
+WORDS = ["the", "of", "and", "to", "in", "is", "a", "that", "for", "it", "with", "as", "on", "be", "at", "by", "this", "from", "or", "have", "an", "are", "not", "but", "we", "you", "all", "can", "had", "her", "was", "one", "our", "out", "day", "get", "has", "him", "his", "how", "man", "new", "now", "old", "see", "two", "way", "who", "boy", "did", "its", "let", "put", "say", "she", "too", "use", "time", "year", "people", "good", "first", "well", "long", "make", "work", "world", "life", "hand", "part", "place"]
+CountFn = Callable[[list[dict[str, str]]], "int | None"]
+
+
+def filler(n_words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(max(n_words, 0)))
+
+
+def prefix_for(nonce: int, key: int) -> str:
+    digits = f"{nonce % 10000:04d}{key % 1000000:06d}"
+    return "Request " + " ".join(digits) + ": "
+
+
+@dataclass(frozen=True)
+class Shaped:
+    text: str  # the body after the prefix
+    tokens: int | None  # prompt_tokens the engine should report (None: could not size it)
+    method: str  # "tokenize" | "estimated" | "fixed"
+
+
+def shape_prompt(target: int, count: CountFn | None, *, seed: int, with_prefix: bool = True,
+                 max_rounds: int = 24) -> Shaped:
+    """Body text such that prefix + body is exactly `target` prompt tokens (chat template included)."""
+    head = prefix_for(0, 0) if with_prefix else ""
+
+    def measure(n: int) -> int | None:
+        return count([{"role": "user", "content": head + filler(n, seed)}]) if count else None
+
+    n = max(target - 30, 1)
+    got = measure(n)
+    if got is None:
+        overhead = 20 if with_prefix else 0
+        return Shaped(filler(max(target - overhead - 10, 1), seed), None, "estimated")
+    seen: dict[int, int] = {n: got}
+    for _ in range(max_rounds):
+        if got == target:
+            return Shaped(filler(n, seed), target, "tokenize")
+        step = target - got
+        n = max(1, n + (step if abs(step) > 1 else (1 if step > 0 else -1)))
+        if n in seen:  # oscillating around a word that is two tokens: accept the closest from below
+            break
+        got = measure(n)
+        if got is None:
+            break
+        seen[n] = got
+    below = [(v, k) for k, v in seen.items() if v <= target]
+    v, k = max(below) if below else min((v, k) for k, v in seen.items())
+    return Shaped(filler(k, seed), v, "tokenize")
+
+
+@dataclass(frozen=True)
+class RequestFactory:
+    """Picklable (worker processes build their own bodies): request i -> Planned."""
+
+    model: str
+    max_tokens: int
+    text: str
+    expected_prompt_tokens: int | None = None
+    prefix: str = "unique"  # "unique" | "none" | "pairs" (i and i+1 share one: cold then warm)
+    nonce: int = 0
+    temperature: float = 0.0
+    seed: int | None = 0
+    ignore_eos: bool = True
+    continuous_usage: bool = True
+    keep_content: bool = False
+    system: str | None = None
+    tools: str | None = None  # JSON text of the tools list
+    tool_choice: str | None = None  # JSON text
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    def __call__(self, i: int) -> Planned:
+        if self.prefix == "none":
+            content, tag = self.text, None
+        elif self.prefix == "pairs":
+            content, tag = prefix_for(self.nonce, i // 2) + self.text, ("cold" if i % 2 == 0 else "warm")
+        else:
+            content, tag = prefix_for(self.nonce, i) + self.text, None
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
+            {"role": "user", "content": content}]
+        body: dict[str, Any] = {
+            "model": self.model, "messages": messages, "max_tokens": self.max_tokens, "stream": True,
+            "temperature": self.temperature,
+            "stream_options": {"include_usage": True, **({"continuous_usage_stats": True} if self.continuous_usage else {})},
+        }
+        if self.seed is not None:
+            body["seed"] = self.seed
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+            body["min_tokens"] = self.max_tokens
+        if self.tools:
+            body["tools"] = json.loads(self.tools)
+            body["tool_choice"] = json.loads(self.tool_choice) if self.tool_choice else "auto"
+        body.update(dict(self.extra))
+        return Planned(json.dumps(body, separators=(",", ":")).encode(), self.expected_prompt_tokens, tag,
+                       self.keep_content)

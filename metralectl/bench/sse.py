@@ -1,0 +1,196 @@
+"""From what the wire delivered to per-request timings (pure; runs after the load, never in the hot path).
+
+Input: `RawResponse.pieces`, the response body as (arrival perf_counter_ns, bytes) pieces exactly as
+the transport read them. An SSE event gets the arrival time of the read that completed it.
+
+Token accounting, best first (recorded as `count_method`):
+  continuous-usage  every token event carries cumulative usage.completion_tokens: exact per event
+  usage             the final usage equals the number of token events: one token each
+  usage-spread      the final usage differs: its total is split over the events by text length
+  events            no usage at all: one token per event (a lower bound for multi-token chunks)
+A chunk carrying n tokens is spread evenly between the previous token event and its own arrival,
+so ITL stays per token; the first chunk's tokens all land at TTFT. Reasoning and tool-call deltas
+are generated tokens. E2E ends at the last token event, not at a finish or usage-only chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from metralectl.bench.stats import largest_remainder
+
+NS_PER_MS = 1_000_000
+
+
+@dataclass
+class RawResponse:
+    """One streamed request as the transport saw it; nothing parsed."""
+
+    t_send: int  # perf_counter_ns just before the request was written
+    status: int | None = None
+    t_headers: int | None = None
+    pieces: list[tuple[int, bytes]] = field(default_factory=list)
+    error: str | None = None
+    t_done: int | None = None
+
+
+@dataclass
+class TokenEvent:
+    t: int  # arrival, perf_counter_ns
+    kind: str  # "c" content, "r" reasoning, "t" tool call
+    n: int = 1  # tokens it carries (filled in by count_tokens)
+    chars: int = 0
+    cum: int | None = None  # cumulative completion_tokens, when the chunk carried usage
+
+
+@dataclass
+class Parsed:
+    events: list[TokenEvent]
+    usage: dict[str, Any] | None
+    response_id: str | None
+    finish_reason: str | None
+    tool_calls: list[dict[str, Any]]
+    content: str
+    done: bool  # saw `data: [DONE]`
+    error: str | None  # an error object in the stream, or unparseable data
+
+
+def split_events(pieces: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    """SSE events (their `data:` payload, lines joined) with the arrival time of the piece completing them."""
+    out: list[tuple[int, bytes]] = []
+    buf = b""
+    for t, data in pieces:
+        buf += data
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        while True:
+            end = buf.find(b"\n\n")
+            if end < 0:
+                break
+            block, buf = buf[:end], buf[end + 2:]
+            payload = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+            if payload:
+                out.append((t, b"\n".join(payload)))
+    if buf.strip():
+        # a final event without its blank line (server closed early): keep it, stamped with the last piece
+        payload = [line[5:].lstrip(b" ") for line in buf.split(b"\n") if line.startswith(b"data:")]
+        if payload and pieces:
+            out.append((pieces[-1][0], b"\n".join(payload)))
+    return out
+
+
+def parse_stream(pieces: list[tuple[int, bytes]], keep_content: bool = False) -> Parsed:
+    events: list[TokenEvent] = []
+    usage: dict[str, Any] | None = None
+    response_id = finish = error = None
+    done = False
+    calls: dict[int, dict[str, Any]] = {}
+    text: list[str] = []
+    for t, data in split_events(pieces):
+        if data == b"[DONE]":
+            done = True
+            continue
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            error = error or f"unparseable event: {data[:80]!r}"
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if "error" in obj and not obj.get("choices"):
+            err = obj["error"]
+            error = error or (str(err.get("message", err)) if isinstance(err, dict) else str(err))
+            continue
+        response_id = response_id or obj.get("id")
+        u = obj.get("usage")
+        if isinstance(u, dict):
+            usage = u
+        event = _token_event(t, obj, calls, text if keep_content else None)
+        if event is not None:
+            if isinstance(u, dict) and isinstance(u.get("completion_tokens"), int):
+                event.cum = u["completion_tokens"]
+            events.append(event)
+        for choice in obj.get("choices") or ():
+            if isinstance(choice, dict) and choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    return Parsed(events, usage, response_id, finish, [calls[i] for i in sorted(calls)], "".join(text), done, error)
+
+
+def _token_event(t: int, obj: dict[str, Any], calls: dict[int, dict[str, Any]], text: list[str] | None) -> TokenEvent | None:
+    choices = obj.get("choices")
+    if not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        delta = {"content": choice.get("text")}  # /v1/completions chunks
+    content = delta.get("content")
+    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+    tools = delta.get("tool_calls")
+    kind, chars = "", 0
+    if tools:
+        kind = "t"
+        for tc in tools:
+            if not isinstance(tc, dict):
+                continue
+            slot = calls.setdefault(int(tc.get("index", len(calls))), {"id": None, "name": "", "arguments": ""})
+            slot["id"] = slot["id"] or tc.get("id")
+            fn = tc.get("function") or {}
+            slot["name"] += fn.get("name") or ""
+            slot["arguments"] += fn.get("arguments") or ""
+            chars += len(fn.get("arguments") or "") + len(fn.get("name") or "")
+    if reasoning:
+        kind = kind or "r"
+        chars += len(reasoning)
+    if content:
+        kind = "c"  # content wins: time to first *content* token must see it
+        chars += len(content)
+        if text is not None:
+            text.append(content)
+    return TokenEvent(t, kind, 1, max(chars, 1)) if kind else None
+
+
+def count_tokens(events: list[TokenEvent], usage: dict[str, Any] | None) -> str:
+    """Set each event's `n`; return the method used (see the module docstring)."""
+    if events and all(e.cum is not None for e in events):
+        prev = 0
+        for e in events:
+            assert e.cum is not None
+            e.n, prev = max(e.cum - prev, 0), max(e.cum, prev)
+        total = usage.get("completion_tokens") if usage else None
+        if isinstance(total, int) and total > prev:
+            events[-1].n += total - prev  # tokens reported only by the final usage (held-back text)
+        return "continuous-usage"
+    total = usage.get("completion_tokens") if usage else None
+    if not isinstance(total, int):
+        for e in events:
+            e.n = 1
+        return "events"
+    if total == len(events):
+        for e in events:
+            e.n = 1
+        return "usage"
+    for e, n in zip(events, largest_remainder(total, [e.chars for e in events])):
+        e.n = n
+    return "usage-spread"
+
+
+def token_times(events: list[TokenEvent]) -> tuple[list[int], int]:
+    """Arrival time of every token (multi-token chunks spread over the gap before them), and how many
+    tokens came with the first event (they share its time, so they have no ITL)."""
+    times: list[int] = []
+    first_n = 0
+    prev: int | None = None
+    for e in events:
+        if e.n <= 0:
+            continue
+        if prev is None:
+            times.extend([e.t] * e.n)
+            first_n = e.n
+        else:
+            gap = e.t - prev
+            times.extend(prev + gap * (j + 1) // e.n for j in range(e.n))
+        prev = e.t
+    return times, first_n

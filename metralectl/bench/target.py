@@ -1,0 +1,139 @@
+"""What is being measured: URL, served model, /serve-config digests, /hardware, the recipe metralectl
+served there (from its container labels), image revision. Control calls (httpx, lazily), not the hot path."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from metralectl.errors import MetralError
+
+
+class Control:
+    """Synchronous control-plane calls to the engine (health, models, tokenize, ...)."""
+
+    def __init__(self, url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self._httpx = httpx
+        self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers or {})
+
+    def get_json(self, path: str) -> Any:
+        try:
+            response = self._http.get(self.url + path)
+            if response.status_code != 200:
+                return None
+            return response.json()
+        except (self._httpx.HTTPError, ValueError):
+            return None
+
+    def health(self) -> tuple[int | None, str]:
+        try:
+            response = self._http.get(self.url + "/health")
+            return response.status_code, response.text[:200]
+        except self._httpx.HTTPError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def tokenize_messages(self, model: str, messages: list[dict[str, str]]) -> int | None:
+        """Prompt tokens of a chat as the engine counts them; None when /tokenize is not offered."""
+        try:
+            response = self._http.post(self.url + "/tokenize", json={"model": model, "messages": messages})
+        except self._httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            data = response.json()
+        except ValueError:
+            return None
+        count = data.get("count") if isinstance(data, dict) else None
+        if isinstance(count, int):
+            return count
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        return len(tokens) if isinstance(tokens, list) else None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Control:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+@dataclass
+class Target:
+    url: str
+    model: str | None
+    serve_config_digests: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] | None = None
+    hardware_class: str | None = None
+    engine_version: str | None = None
+    recipe: str | None = None
+    spec_hash: str | None = None
+    image: str | None = None
+    image_revision: str | None = None
+    container: str | None = None
+    serve_flags: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+DIGEST_KEYS = ("binary_sha256", "args_sha256", "engine_version", "model", "served_model_name")
+
+
+def describe(control: Control, *, managed: dict[str, Any] | None = None) -> Target:
+    """Ask the engine what it is; `managed` is what metralectl's container labels say (when it served it)."""
+    models = control.get_json("/v1/models")
+    model = None
+    if isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"]:
+        model = str(models["data"][0].get("id"))
+    config = control.get_json("/serve-config")
+    digests: dict[str, Any] = {}
+    flags: dict[str, Any] = {}
+    if isinstance(config, dict):
+        digests = {k: config[k] for k in DIGEST_KEYS if k in config}
+        digests["serve_config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+        if isinstance(config.get("flags"), dict):
+            flags = dict(config["flags"])
+    hardware = control.get_json("/hardware")
+    hw_class = hardware.get("hardware_class") if isinstance(hardware, dict) else None
+    engine_version = (hardware or {}).get("engine_version") if isinstance(hardware, dict) else None
+    target = Target(control.url, model, digests, hardware if isinstance(hardware, dict) else None,
+                    str(hw_class) if hw_class else None, engine_version or digests.get("engine_version"),
+                    serve_flags=flags)
+    if managed:
+        target.recipe, target.spec_hash = managed.get("recipe"), managed.get("spec_hash")
+        target.image, target.image_revision = managed.get("image"), managed.get("image_revision")
+        target.container = managed.get("container")
+    return target
+
+
+def managed_container(url: str | None) -> dict[str, Any] | None:
+    """The metralectl container serving `url` (or the only one serving, when url is None), from its labels.
+    None when Docker is not reachable or nothing matches: benchmarks do not need Docker."""
+    try:
+        from metralectl.lifecycle.launch import LABEL_ENDPOINT
+        from metralectl.render import LABEL_RECIPE, LABEL_SPEC_HASH
+        from metralectl.runtime import DockerRuntime
+
+        runtime = DockerRuntime(timeout=5.0)
+        running = [c for c in runtime.containers(mine=False) if c.running and c.labels.get(LABEL_ENDPOINT)]
+    except (MetralError, ImportError, OSError):
+        return None
+    norm = (url or "").rstrip("/").removesuffix("/v1")
+    chosen = [c for c in running if url is None or c.labels[LABEL_ENDPOINT].rstrip("/") == norm]
+    if len(chosen) != 1:
+        return None
+    c = chosen[0]
+    try:
+        revision = runtime.image_state(c.image).revision
+    except MetralError:
+        revision = None
+    return {"recipe": c.labels.get(LABEL_RECIPE), "spec_hash": c.labels.get(LABEL_SPEC_HASH), "image": c.image,
+            "image_revision": revision, "container": c.name, "url": c.labels[LABEL_ENDPOINT]}

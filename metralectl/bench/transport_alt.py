@@ -1,0 +1,105 @@
+"""The comparison transports behind the same seam: httpx (the project's HTTP library) and aiohttp (only if
+installed). Each stamps every raw read as it is handed over; the start stamp is taken when the request
+is handed to the library, as a user of that library would. benchmarks/bench_client.py measures them
+against `raw`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from metralectl.bench.sse import RawResponse
+from metralectl.bench.transport import perf_ns
+from metralectl.errors import UsageError
+
+
+class HttpxTransport:
+    """For comparison (and the brief's default): httpx's pool, each raw read stamped."""
+
+    def __init__(self, url: str, path: str, pool: int, headers: Mapping[str, str] | None = None) -> None:
+        import httpx
+
+        self.url = url.rstrip("/") + path
+        self.base = url.rstrip("/")
+        limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
+        self._client = httpx.AsyncClient(limits=limits, timeout=None, trust_env=False,
+                                         headers={"Content-Type": "application/json", **(headers or {})})
+        self._httpx = httpx
+
+    async def open(self, prewarm: int) -> None:
+        # fill the pool now (concurrent requests each take a connection), as the raw transport does
+        await asyncio.gather(*(self._client.get(self.base + "/health") for _ in range(prewarm)), return_exceptions=True)
+
+    async def stream(self, body: bytes, timeout_s: float) -> RawResponse:
+        raw = RawResponse(perf_ns())
+
+        async def go() -> None:
+            async with self._client.stream("POST", self.url, content=body) as resp:
+                raw.t_headers, raw.status = perf_ns(), resp.status_code
+                async for data in resp.aiter_raw():
+                    raw.pieces.append((perf_ns(), data))
+
+        try:
+            await asyncio.wait_for(go(), timeout_s)
+        except asyncio.TimeoutError:
+            raw.error = f"timed out after {timeout_s:g} s"
+        except self._httpx.HTTPError as exc:
+            raw.error = f"{type(exc).__name__}: {exc}"
+        raw.t_done = perf_ns()
+        return raw
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+class AiohttpTransport:
+    """For comparison: aiohttp (not a dependency; only when installed)."""
+
+    def __init__(self, url: str, path: str, pool: int, headers: Mapping[str, str] | None = None) -> None:
+        try:
+            import aiohttp
+        except ImportError:
+            raise UsageError("the aiohttp transport needs aiohttp installed", "pip install aiohttp, or use transport=raw") from None
+        self._aiohttp = aiohttp
+        self.url = url.rstrip("/") + path
+        self.base = url.rstrip("/")
+        self.pool = pool
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self._session: object | None = None
+
+    async def open(self, prewarm: int) -> None:
+        aiohttp = self._aiohttp
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.pool),
+                                        timeout=aiohttp.ClientTimeout(total=None), headers=self.headers)
+        self._session = session
+
+        async def warm() -> None:
+            async with session.get(self.base + "/health") as resp:
+                await resp.read()
+
+        await asyncio.gather(*(warm() for _ in range(prewarm)), return_exceptions=True)
+
+    async def stream(self, body: bytes, timeout_s: float) -> RawResponse:
+        raw = RawResponse(perf_ns())
+        session = self._session
+        assert session is not None
+
+        async def go() -> None:
+            async with session.post(self.url, data=body) as resp:  # type: ignore[attr-defined]
+                raw.t_headers, raw.status = perf_ns(), resp.status
+                async for data in resp.content.iter_any():
+                    raw.pieces.append((perf_ns(), data))
+
+        try:
+            await asyncio.wait_for(go(), timeout_s)
+        except asyncio.TimeoutError:
+            raw.error = f"timed out after {timeout_s:g} s"
+        except self._aiohttp.ClientError as exc:
+            raw.error = f"{type(exc).__name__}: {exc}"
+        raw.t_done = perf_ns()
+        return raw
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()  # type: ignore[attr-defined]

@@ -1,0 +1,251 @@
+"""`bench`: run suites against the served endpoint; history, show, compare, export.
+
+Nothing heavy at import: the load generator, httpx and docker are imported inside the commands.
+Progress goes to stderr, results to stdout (`--format json > run.json` is a clean document).
+Exit codes: 0 ran and gates passed (or none applied); 1 failed, cancelled or client-bound; 2 a gate said no.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Any
+
+import typer
+
+from metralectl.cli.state import note, style
+
+app = typer.Typer(name="bench", help="Benchmark the served endpoint; keep and compare the results.",
+                  no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+DEFAULT_URL = "http://127.0.0.1:8888"
+
+
+def _dump(value: Any) -> None:
+    print(json.dumps({k: v for k, v in value.items() if not k.startswith("_")} if isinstance(value, dict) else value,
+                     indent=2, sort_keys=True, default=str))
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in ("text", "json"):
+        from metralectl.errors import UsageError
+
+        raise UsageError(f"--format {fmt!r}: expected text or json")
+
+
+@app.command("list")
+def list_(suite: str = typer.Argument(None, metavar="[SUITE]", help="Show this suite's parameters."),
+          fmt: str = typer.Option("text", "--format", help="text or json.")) -> None:
+    """The suites, or one suite's parameter schema."""
+    from metralectl.bench.suites import SUITES, get_suite
+    from metralectl.cli.table import render_table
+
+    _check_format(fmt)
+    if suite is None:
+        if fmt == "json":
+            _dump({"suites": [{"id": s.id, "title": s.title, "description": s.description} for s in SUITES.values()]})
+            return
+        print(render_table(["SUITE", "WHAT"], [[s.id, s.title] for s in SUITES.values()]))
+        note("`metralectl bench list SUITE` shows its parameters; set them with --param KEY=VALUE")
+        return
+    s = get_suite(suite)
+    if fmt == "json":
+        _dump({"id": s.id, "title": s.title, "description": s.description,
+               "params": [{"name": p.name, "type": p.describe_type(), "default": p.default, "help": p.help}
+                          for p in s.schema]})
+        return
+    print(f"{s.id}: {s.title}\n{s.description}\n")
+    print(render_table(["PARAM", "TYPE", "DEFAULT", "MEANING"],
+                       [[p.name, p.describe_type(), ",".join(map(str, p.default)) if isinstance(p.default, list)
+                         else str(p.default), p.help] for p in s.schema]))
+
+
+class _Progress:
+    def __call__(self, event: Any) -> None:
+        err = sys.stderr
+        if event.kind == "stage":
+            note(style(f"▸ {event.message}  (workers {event.data.get('workers')})", "36", err))
+        elif event.kind == "stage-done":
+            a = event.data["summary"]
+            ttft = (a.get("ttft_ms") or {}).get("p50")
+            tok = a.get("output_tok_s")
+            line = (f"  ✔ {a.get('ok')}/{a.get('requests')} ok, {tok if tok is not None else '-'} out tok/s, "
+                    f"TTFT p50 {ttft:.1f} ms" if ttft is not None else f"  ✔ {a.get('ok')}/{a.get('requests')} ok")
+            note(style(line, "2", err))
+            for reason in event.data.get("client_bound") or []:
+                note(style(f"  ! client-bound: {reason}", "33", err))
+        elif event.kind == "warning":
+            note(style(f"! {event.message}", "33", err))
+        else:
+            note(style(f"▸ {event.message}", "2", err))
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+@app.command("run")
+def run(
+    suite: str = typer.Argument(..., metavar="SUITE", help="Which suite (`metralectl bench list`)."),
+    param: list[str] = typer.Option(None, "--param", "-p", metavar="KEY=VALUE", help="A suite parameter."),
+    url: str = typer.Option(None, "--url", help=f"Engine base URL (default: what metralectl serves, else {DEFAULT_URL})."),
+    gate: list[str] = typer.Option(None, "--gate", metavar="METRIC>=N", help="A threshold on a headline metric."),
+    recipe: str = typer.Option(None, "--recipe", help="Gate against this recipe's validated numbers."),
+    self_start: str = typer.Option(None, "--self-start", metavar="RECIPE", help="Serve RECIPE first, tear it down after."),
+    fail_on_verdict: bool = typer.Option(True, "--fail-on-verdict/--no-fail-on-verdict", help="Exit 2 when a gate fails."),
+    fmt: str = typer.Option("text", "--format", help="text or json (the whole record)."),
+    header: list[str] = typer.Option(None, "--header", metavar="NAME:VALUE", help="Extra request header (auth)."),
+    source: str = typer.Option("cli", "--source", hidden=True),
+) -> None:
+    """Run a suite against the endpoint and record it under $METRALE_HOME/runs/SUITE/."""
+    from metralectl.bench.gates import parse_gate
+    from metralectl.bench.params import parse_params
+    from metralectl.bench.runner import RunRequest
+    from metralectl.bench.runner import run as run_suite
+    from metralectl.bench.suites import get_suite
+    from metralectl.errors import UsageError
+
+    _check_format(fmt)
+    s = get_suite(suite)
+    params = parse_params(s.id, s.schema, param or [])
+    gates = [parse_gate(g) for g in gate or []]
+    headers = {}
+    for h in header or []:
+        name, sep, value = h.partition(":")
+        if not sep:
+            raise UsageError(f"--header {h!r}: expected NAME:VALUE")
+        headers[name.strip()] = value.strip()
+    _sigterm_as_interrupt()
+    if self_start:
+        from metralectl.cli.bench_selfstart import served
+
+        with served(self_start, _Progress()) as (endpoint, managed, rec):
+            request = RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, managed,
+                                 {"recipe": self_start, "url": endpoint}, headers)
+            record = run_suite(request, _Progress())
+    else:
+        from metralectl.bench.target import managed_container
+
+        found = managed_container(url)
+        endpoint = url or (found or {}).get("url") or DEFAULT_URL
+        rec = _recipe(recipe or (found or {}).get("recipe"), explicit=recipe is not None)
+        record = run_suite(RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, found,
+                                      headers=headers), _Progress())
+    _emit(record, fmt)
+
+
+def _recipe(name: str | None, *, explicit: bool) -> Any:
+    if not name:
+        return None
+    from metralectl.cli.catalog_cmds import _catalog
+    from metralectl.errors import MetralError
+
+    try:
+        return _catalog().recipe(name)
+    except MetralError:
+        if explicit:
+            raise
+        return None  # a served recipe this catalog no longer has: no recipe gate
+
+
+def _emit(record: dict[str, Any], fmt: str) -> None:
+    from metralectl.cli.bench_view import render_run
+
+    if fmt == "json":
+        _dump(record)
+    else:
+        print(render_run(record))
+    if record.get("status") == "client-bound":
+        note(style(f"metralectl: {record.get('error')}", "31", sys.stderr))
+    code = int(record.get("exit_code") or 0)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command("history")
+def history(
+    suite: str = typer.Option(None, "--id", help="Only this suite."),
+    limit: int = typer.Option(20, "--limit", min=1, help="Most recent N runs."),
+    run_id: str = typer.Option(None, "--run", help="One run (the whole record)."),
+    fmt: str = typer.Option("text", "--format", help="text or json."),
+) -> None:
+    """Recorded runs, newest first (a run whose process died shows as interrupted)."""
+    from metralectl.bench import records
+    from metralectl.cli.bench_view import history_table, render_run
+
+    _check_format(fmt)
+    if run_id:
+        record = records.repair(records.find(run_id))
+        if fmt == "json":
+            _dump(record)
+        else:
+            print(render_run(record or {}))
+        return
+    runs = records.list_runs(suite)[:limit]
+    if fmt == "json":
+        _dump([{k: v for k, v in r.items() if not k.startswith("_")} for r in runs])
+        return
+    if runs:
+        print(history_table(runs))
+    else:
+        note("no benchmark runs recorded yet (`metralectl bench run decode`)")
+
+
+@app.command("show")
+def show(run_id: str = typer.Argument(..., metavar="RUN"),
+         fmt: str = typer.Option("text", "--format", help="text or json."),
+         requests: bool = typer.Option(False, "--requests", help="With --format json: include per-request timings.")) -> None:
+    """One run: target, stages, headline, gates."""
+    from metralectl.bench import records
+    from metralectl.cli.bench_view import render_run
+
+    _check_format(fmt)
+    directory = records.find(run_id)
+    record = records.repair(directory) or {}
+    if fmt == "json":
+        if requests:
+            record["requests"] = records.requests(directory)
+        _dump(record)
+    else:
+        print(render_run(record))
+
+
+@app.command("compare")
+def compare(a: str = typer.Argument(..., metavar="RUN_A"), b: str = typer.Argument(..., metavar="RUN_B"),
+            fmt: str = typer.Option("text", "--format", help="text or json.")) -> None:
+    """Two runs side by side with deltas (B relative to A)."""
+    from metralectl.bench import records
+    from metralectl.cli.bench_view import compare_rows, render_compare
+
+    _check_format(fmt)
+    ra, rb = records.load(records.find(a)) or {}, records.load(records.find(b)) or {}
+    if fmt == "json":
+        _dump({"a": ra.get("run_id"), "b": rb.get("run_id"),
+               "metrics": [{"metric": k, "a": va, "b": vb, "delta": d, "relative": rel}
+                           for k, va, vb, d, rel in compare_rows(ra, rb)]})
+        return
+    print(render_compare(ra, rb))
+
+
+@app.command("export")
+def export(csv_: bool = typer.Option(False, "--csv", help="CSV on stdout (the only format for now)."),
+           suite: str = typer.Option(None, "--id", help="Only this suite."),
+           run_id: str = typer.Option(None, "--run", help="One run's per-request timings instead of one row per run."),
+           limit: int = typer.Option(1000, "--limit", min=1)) -> None:
+    """Export runs (one row each, headline metrics as columns) or one run's requests as CSV."""
+    from metralectl.bench import records
+    from metralectl.errors import UsageError
+
+    if not csv_:
+        raise UsageError("bench export needs --csv", "metralectl bench export --csv > runs.csv")
+    if run_id:
+        sys.stdout.write(records.export_requests_csv(records.requests(records.find(run_id))))
+        return
+    sys.stdout.write(records.export_runs_csv(records.list_runs(suite)[:limit]))
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="bench")
