@@ -11,7 +11,7 @@ from typing import Any
 
 from metralectl import __version__
 from metralectl.bench import gates as G
-from metralectl.bench import records
+from metralectl.bench import records, signed
 from metralectl.bench.energy import StageEnergy
 from metralectl.bench.prompts import RequestFactory, Shaped, shape_prompt
 from metralectl.bench.results import RequestResult, aggregate
@@ -132,6 +132,9 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
     if interrupted:
         record["error"] = record.get("error") or "interrupted"
     records.save(directory, record)
+    unsigned = signed.sign_run(directory, record)
+    if unsigned:
+        on_event(Event("note", unsigned, {}))
     record["_dir"] = str(directory)
     if interrupted:
         raise RunInterrupted(f"benchmark interrupted; partial record kept: {run_id}",

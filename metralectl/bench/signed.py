@@ -1,0 +1,56 @@
+"""Benchmark records signed with this box's key (docs/agent.md: the metralectl-envelope/1 format).
+
+The signature covers the record's exact bytes plus what it names: the run, the suite, the recipe
+and spec hash, the image revision, and the digest of the raw per-request timings — so neither the
+summary nor the timings behind it can change without the signature failing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from metralectl.errors import MetralError
+
+PAYLOAD_TYPE = "application/vnd.metralectl.bench-record+json"
+RECORD = "run.json"
+
+
+def names_for(directory: Path, record: dict[str, Any]) -> dict[str, str]:
+    target = record.get("target") or {}
+    requests = directory / str(record.get("requests_file") or "requests.jsonl")
+    digest = hashlib.sha256(requests.read_bytes()).hexdigest() if requests.exists() else "none"
+    names = {"run": str(record.get("run_id", "")), "suite": str(record.get("suite", "")),
+             "recipe": str(target.get("recipe") or "none"), "spec_hash": str(target.get("spec_hash") or "none"),
+             "image_revision": str(target.get("image_revision") or "none"), "requests_sha256": digest}
+    return names
+
+
+def sign_run(directory: Path, record: dict[str, Any]) -> str | None:
+    """Sign the run's record (creating this box's identity on first use); the reason when it could not."""
+    from metralectl import identity, signing
+
+    try:
+        key = identity.load_or_create()
+        signing.sign_file(directory / RECORD, PAYLOAD_TYPE, names_for(directory, record), key)
+    except (MetralError, OSError) as exc:
+        return f"record not signed: {exc}"
+    return None
+
+
+def verify_run(directory: Path) -> Any:
+    """The verdict on a run directory: the envelope, and that the timings it names are the ones on disk."""
+    import json
+
+    from metralectl import signing
+    from metralectl.peers.store import known_keys
+
+    verdict = signing.verify_file(directory / RECORD, known_keys())
+    if not verdict.ok:
+        return verdict
+    record = json.loads((directory / RECORD).read_text())
+    expected = names_for(directory, record)
+    if verdict.names.get("requests_sha256") != expected["requests_sha256"]:
+        return signing.Verification(False, verdict.signer, "the per-request timings changed after signing")
+    return verdict
