@@ -246,6 +246,26 @@ def bind_test(host: str, port: int) -> OSError | None:
     return None
 
 
+def _default_agent_view() -> dict[str, Any] | None:
+    """The running agent's own answer: None when no agent runs; {"pid", "port", "status"|"error"} otherwise."""
+    import json
+    import urllib.request
+
+    from metralectl.agent.service import read_state
+
+    state = read_state()
+    if state is None:
+        return None
+    port = int(state.get("api_port") or 0)
+    view: dict[str, Any] = {"pid": state.get("pid"), "port": port}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=1.5) as reply:
+            view["status"] = json.loads(reply.read())
+    except (OSError, ValueError) as exc:
+        view["error"] = str(exc)
+    return view
+
+
 class Context:
     """Options of this run plus the shared, lazily gathered facts."""
 
@@ -267,6 +287,7 @@ class Context:
         port_holder: Callable[[int], dict[str, Any]] = listening_process,
         endpoint: Callable[[], tuple[str, str]] = _default_endpoint,
         disk_usage: Callable[[Path], Any] = shutil.disk_usage,
+        agent_view: Callable[[], dict[str, Any] | None] | None = None,
         proc_root: Path = Path("/proc"),
         scan_budget_s: float = 0.8,
         docker_budget_s: float = DOCKER_BUDGET_S,
@@ -287,6 +308,7 @@ class Context:
         self.port_holder = port_holder
         self.endpoint = endpoint
         self.disk_usage = disk_usage
+        self.agent_view = agent_view or _default_agent_view
         self.proc_root = proc_root
         self.scan_budget_s = scan_budget_s
         self.docker_budget_s = docker_budget_s

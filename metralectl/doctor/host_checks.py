@@ -143,7 +143,22 @@ def _local_platform(ctx: Context, ref: str) -> str | None:
 
 
 def check_agent(ctx: Context) -> Finding:
-    return skipped("no agent yet (the background agent arrives in a later release)")
+    """Whether the background agent runs, and its own answer to "can this machine run models"."""
+    view = ctx.agent_view()
+    if view is None:
+        return warn("the background agent is not running (the control-plane page and peers need it)",
+                    "systemctl --user start metralectl-agent   (or run `metralectl agent` in a terminal)")
+    where = f"pid {view.get('pid')}, 127.0.0.1:{view.get('port')}"
+    if "error" in view:
+        return warn(f"the agent ({where}) does not answer: {view['error']}",
+                    "systemctl --user restart metralectl-agent", pid=view.get("pid"))
+    status = view.get("status") or {}
+    summary = str(status.get("summary") or "checking")
+    if status.get("can_run") is False:
+        remedies = [str(p.get("remedy")) for p in status.get("problems") or [] if isinstance(p, dict) and p.get("remedy")]
+        return problem(f"the agent ({where}) says this machine cannot run models: {summary}",
+                       "; ".join(remedies) or None, pid=view.get("pid"))
+    return ok(f"the agent ({where}) says: {summary}", pid=view.get("pid"), can_run=status.get("can_run"))
 
 
 _CONTAINER_ID = re.compile(r"(?:docker[-/]|containers/)([0-9a-f]{64})")

@@ -184,6 +184,7 @@ def make_ctx(tmp_path: Path, **kw: Any) -> Context:
         port_holder=lambda port: {},
         endpoint=lambda: ("unix:///var/run/docker.sock", "default"),
         disk_usage=disk(500),
+        agent_view=lambda: {"pid": 4321, "port": 8897, "status": {"can_run": True, "summary": "ready: Docker, GPU runtime and GPU answer"}},
         proc_root=proc,
     )
     defaults.update(kw)

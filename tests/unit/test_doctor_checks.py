@@ -524,9 +524,15 @@ def test_port_real_bind(tmp_path: Path) -> None:
     assert bind_test("127.0.0.1", port) is None
 
 
-def test_agent_is_skipped_for_now(tmp_path: Path) -> None:
+def test_agent_running_and_its_own_view(tmp_path: Path) -> None:
     r = one(df.make_ctx(tmp_path), "agent")
-    assert r.status == "skipped" and "no agent yet" in r.detail
+    assert r.status == "ok" and "pid 4321" in r.detail and "ready" in r.detail
+    down = one(df.make_ctx(tmp_path, agent_view=lambda: None), "agent")
+    assert down.status == "warn" and "not running" in down.detail and "systemctl --user start" in (down.remedy or "")
+    refusing = one(df.make_ctx(tmp_path, agent_view=lambda: {"pid": 1, "port": 8897, "status": {
+        "can_run": False, "summary": "Docker: permission denied", "problems": [{"remedy": "sudo usermod -aG docker $USER"}]}}),
+        "agent")
+    assert refusing.status == "problem" and "cannot run models" in refusing.detail and "usermod" in (refusing.remedy or "")
 
 
 # -- --recipe -------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_all_bad_machine(tmp_path: Path) -> None:
         endpoint=lambda: ("unix:///var/run/docker.sock.test-absent", "default"),
         gpu_probe_factory=df.probe_factory([h200], meminfo, cuda=12080, driver="570.86.15"),
         cpu_arch=lambda: "aarch64", port_probe=df.in_use, port_holder=lambda port: {"pid": 777, "process": "node"},
-        disk_usage=df.disk(4))
+        disk_usage=df.disk(4), agent_view=lambda: None)
     df.fake_proc(ctx.proc_root, 4242, "python3", container_id="e" * 64)
     text, code = report(ctx, tmp_path)
     assert code == 1
