@@ -145,8 +145,21 @@ class Box:
             subprocess.run(["docker", "rm", "-f", name], capture_output=True)
 
 
+def _served_elsewhere() -> list[str]:
+    """Running metralectl models that are not a test's own (one model per box: they would refuse our runs)."""
+    out = subprocess.run(["docker", "ps", "--filter", "label=ai.metrale.metralectl.managed=true", "--format",
+                          "{{.Names}}"], capture_output=True, text=True)
+    return [n for n in out.stdout.split() if not n.startswith("metralectl-it")]
+
+
 @pytest.fixture()
 def box(tmp_path: Path, engine_images: dict[str, str]) -> Iterator[Box]:
+    others = _served_elsewhere()
+    if others:
+        if not os.environ.get("CI"):
+            pytest.skip(f"a metralectl model is being served on this daemon ({', '.join(others)}); "
+                        "the lifecycle tests need the box to themselves (one model per box)")
+        subprocess.run(["docker", "rm", "-f", *others], capture_output=True)  # CI: leftovers of an earlier run
     machine = Box(tmp_path, engine_images)
     try:
         yield machine
