@@ -42,21 +42,23 @@ def _root(
     """Launch validated recipes, check the machine, watch the GPU, benchmark the endpoint."""
     state.DEBUG = debug or bool(os.environ.get("METRALECTL_DEBUG"))
     if ctx.invoked_subcommand is None:
+        if sys.stdin.isatty() and sys.stdout.isatty():  # a person at a terminal: the dashboard (lazily)
+            from metralectl.cli.tui_cmd import launch
+
+            return launch()
         click.echo(ctx.get_help())
 
 
 def _register() -> None:
-    from metralectl.cli import catalog_cmds, recipes_cmds, serve_cmds
+    # Command modules are light at import: each imports its heavy libraries inside its commands.
+    from metralectl.cli import (agent_cmds, bench_cmds, catalog_cmds, doctor_cmd, peer_cmds, recipes_cmds,
+                                serve_cmds, staging_cmds, top_cmd, tui_cmd)
 
-    catalog_cmds.register(app)
-    from metralectl.cli import doctor_cmd; doctor_cmd.register(app)  # noqa: E702
-    serve_cmds.register(app)
-    from metralectl.cli import staging_cmds; staging_cmds.register(app)  # noqa: E702
-    from metralectl.cli import top_cmd; top_cmd.register(app)  # noqa: E702
+    for module in (catalog_cmds, doctor_cmd, serve_cmds, staging_cmds, top_cmd, tui_cmd):
+        module.register(app)
     app.add_typer(recipes_cmds.app, name="recipes")
-    from metralectl.cli import bench_cmds; bench_cmds.register(app)  # noqa: E702
-    from metralectl.cli import agent_cmds; agent_cmds.register(app)  # noqa: E702
-    from metralectl.cli import peer_cmds; peer_cmds.register(app)  # noqa: E702
+    for module in (bench_cmds, agent_cmds, peer_cmds):
+        module.register(app)
 
 
 _register()

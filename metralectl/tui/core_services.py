@@ -1,0 +1,210 @@
+"""The real services: the same core calls the CLI makes (lifecycle, status, doctor, telemetry, bench).
+
+Every import of the core happens inside the method that needs it (on a worker thread), so the
+dashboard paints before Docker, httpx or NVML are even loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from metralectl.tui.services import Action, LibraryItem, LibrarySnapshot, Listener, Outcome, Plan
+
+if TYPE_CHECKING:
+    from metralectl.catalog import Catalog
+    from metralectl.doctor.model import CheckResult
+    from metralectl.lifecycle.status import StatusReport
+    from metralectl.runtime import DockerRuntime
+    from metralectl.tui.cancel import CancelToken
+    from metralectl.tui.services import BenchService, TelemetryFeed
+
+LOCK_NOTE = "(dashboard)"
+
+
+class CoreServices:
+    def __init__(self, *, hardware: str | None = None, bench: BenchService | None = None) -> None:
+        self._hardware = hardware
+        self._catalog: Catalog | None = None
+        self._catalog_lock = threading.Lock()
+        if bench is None:
+            from metralectl.tui.bench_adapter import make_bench
+
+            bench = make_bench()
+        self.bench = bench
+
+    # -- helpers --------------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.time()
+
+    def catalog(self, reload: bool = False) -> Catalog:
+        with self._catalog_lock:
+            if self._catalog is None or reload:
+                from metralectl.catalog import load_catalog
+
+                self._catalog = load_catalog()
+            return self._catalog
+
+    @staticmethod
+    def _runtime() -> DockerRuntime:
+        from metralectl.runtime import DockerRuntime
+
+        return DockerRuntime()
+
+    # -- library --------------------------------------------------------------------------------
+    def library(self) -> LibrarySnapshot:
+        from metralectl import library
+        from metralectl.errors import MetralError
+        from metralectl.render import LABEL_RECIPE
+
+        catalog = self.catalog(reload=True)
+        target = library.choose_target(catalog, self._hardware)
+        rows = library.rows(catalog, target)
+        notes = [f"your recipe {r.path} was refused ({len(r.problems)} problems); `metralectl recipes check` "
+                 "explains" for r in catalog.refused]
+        present: dict[str, bool | None] = {}
+        serving: set[str] = set()
+        try:
+            runtime = self._runtime()
+            try:
+                for image in {catalog.recipes[r.name].image for r in rows}:
+                    info = catalog.images[image]
+                    present[info.ref] = runtime.image_state(info.ref, info.revision_label).present
+                serving = {c.labels.get(LABEL_RECIPE, "") for c in runtime.containers() if c.running}
+            finally:
+                runtime.close()
+        except MetralError as exc:
+            notes.append(f"Docker not reachable, images unknown: {exc.message}")
+        items = []
+        for r in rows:
+            ref = catalog.images[catalog.recipes[r.name].image].ref
+            items.append(LibraryItem(r, ref, present.get(ref), r.name in serving))
+        judged = f"fit judged on: {target.hardware or 'each recipe’s own class'} ({target.how})"
+        return LibrarySnapshot(tuple(items), judged, tuple(notes))
+
+    def detail(self, name: str) -> str:
+        from metralectl.cli.show_view import as_text
+
+        catalog = self.catalog()
+        return as_text(catalog, catalog.recipe(name))
+
+    # -- actions --------------------------------------------------------------------------------
+    def plan(self, action: Action, name: str | None) -> Plan:
+        from metralectl.tui.plans import make_plan
+
+        catalog = self.catalog()
+        recipe = catalog.recipe(name) if name else None
+        return make_plan(action, recipe, catalog, self._runtime)
+
+    def perform(self, action: Action, name: str | None, on_event: Listener, cancel: CancelToken) -> Outcome:
+        from metralectl.store import lifecycle_lock
+
+        def emit(event: Any) -> None:
+            cancel.check()
+            on_event(event)
+
+        catalog = self.catalog()
+        recipe = catalog.recipe(name) if name else None
+        if action == "pull":
+            assert recipe is not None
+            return self._pull(recipe, catalog, emit)
+        runtime = self._runtime()
+        try:
+            with lifecycle_lock(f"{action} {name or ''} {LOCK_NOTE}".replace("  ", " ")):
+                if action == "stop":
+                    return self._stop(runtime, name, emit)
+                from metralectl.lifecycle.swap import repair_if_needed
+
+                assert recipe is not None
+                repair_if_needed(runtime, catalog, on_event=emit)
+                if action == "run":
+                    return self._run(recipe, catalog, runtime, emit)
+                return self._swap(recipe, catalog, runtime, emit)
+        finally:
+            runtime.close()
+
+    def _pull(self, recipe: Any, catalog: Catalog, emit: Listener) -> Outcome:
+        from metralectl import images, machine, weights
+        from metralectl.progress import human_bytes
+
+        runtime = self._runtime()
+        try:
+            image = images.pull(catalog.images[recipe.image], runtime, machine.cpu_arch(), emit)
+        finally:
+            runtime.close()
+        got = weights.pull(recipe, emit)
+        how = "already complete" if got.already_complete else f"{human_bytes(got.downloaded_bytes)} downloaded"
+        return Outcome("pull", recipe.name, "done", f"{recipe.name}: image {image.action}; weights complete at "
+                       f"{got.commit[:12]} ({how})", lines=tuple(got.notes))
+
+    @staticmethod
+    def _run(recipe: Any, catalog: Catalog, runtime: DockerRuntime, emit: Listener) -> Outcome:
+        from metralectl.lifecycle.launch import LaunchOptions, launch
+
+        launched = launch(recipe, catalog, runtime, options=LaunchOptions(), on_event=emit)
+        return Outcome("run", recipe.name, "done", f"{recipe.name} serves on {launched.url}/v1 (model "
+                       f"{launched.model or '-'}); ready in {launched.ready_s:.1f} s")
+
+    @staticmethod
+    def _swap(recipe: Any, catalog: Catalog, runtime: DockerRuntime, emit: Listener) -> Outcome:
+        from metralectl.lifecycle.launch import LaunchOptions
+        from metralectl.lifecycle.memory import NvmlMemoryWatch
+        from metralectl.lifecycle.swap import swap
+
+        result = swap(recipe, [], catalog, runtime, on_event=emit, options=LaunchOptions(),
+                      memory=NvmlMemoryWatch(runtime))
+        split = ", ".join(f"{k} {v:.1f} s" for k, v in result.phases.items())
+        return Outcome("swap", recipe.name, "done", f"swapped {result.from_recipe} → {result.to_recipe}: downtime "
+                       f"{result.downtime_s:.1f} s ({split})")
+
+    @staticmethod
+    def _stop(runtime: DockerRuntime, name: str | None, emit: Listener) -> Outcome:
+        from metralectl.lifecycle.memory import NvmlMemoryWatch
+        from metralectl.lifecycle.stop import select, stop_containers
+        from metralectl.render import LABEL_RECIPE
+
+        running = [c for c in runtime.containers() if c.running]
+        mine = [c for c in running if c.labels.get(LABEL_RECIPE) == name]
+        chosen = mine or select(runtime, None, all_=False)
+        if not chosen:
+            return Outcome("stop", name, "done", "nothing to stop")
+        results = stop_containers(runtime, chosen, on_event=emit, memory=NvmlMemoryWatch(runtime))
+        lines = tuple(f"stopped {r.name} ({r.recipe}): {'killed after the timeout' if r.killed else f'exited {r.exit_code}'}"
+                      f" in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; memory: {r.memory}"
+                      for r in results)
+        return Outcome("stop", name, "done", lines[0] if len(lines) == 1 else f"stopped {len(lines)} containers",
+                       lines=lines)
+
+    # -- serving --------------------------------------------------------------------------------
+    def status(self) -> StatusReport:
+        from metralectl.lifecycle import status
+
+        runtime = self._runtime()
+        try:
+            return status.collect(runtime)
+        finally:
+            runtime.close()
+
+    def follow_logs(self, container: str, stop: threading.Event) -> Iterator[str]:
+        runtime = self._runtime()
+        try:
+            yield from runtime.follow_logs(container, tail=200, stop=stop)
+        finally:
+            runtime.close()
+
+    def telemetry(self) -> TelemetryFeed:
+        from metralectl.tui.telemetry_feed import TopFeed
+
+        return TopFeed(self.catalog())
+
+    # -- doctor ---------------------------------------------------------------------------------
+    def doctor(self) -> list[CheckResult]:
+        from metralectl.doctor import Context, diagnose
+
+        ctx = Context(catalog_loader=self.catalog)
+        try:
+            return diagnose(ctx)
+        finally:
+            ctx.close()

@@ -1,0 +1,1 @@
+"""Modal screens: confirmation, live progress of an action, error detail, benchmark run detail."""

@@ -1,0 +1,39 @@
+"""An error (or any message) that deserves more than a notification: what, the hint, the last lines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, Static
+
+
+class MessageScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,enter,q", "close", "Close")]
+
+    def __init__(self, title: str, message: str, hint: str | None = None, lines: Sequence[str] = ()) -> None:
+        super().__init__(classes="dialog-screen")
+        self.title_text, self.message, self.hint, self.lines = title, message, hint, tuple(lines)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="message-dialog", classes="dialog"):
+            yield Label(self.title_text, classes="dialog--title")
+            with VerticalScroll(classes="dialog--body"):
+                yield Static(Text(self.message), classes="dialog--error")
+                if self.hint:
+                    yield Static(Text(f"→ {self.hint}"), classes="dialog--hint")
+                if self.lines:
+                    yield Static(Text("\n".join(self.lines)), classes="command")
+            with Horizontal(classes="dialog--buttons"):
+                yield Button("Close", id="close", variant="primary", compact=True)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(None)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,36 @@
+"""The Serving view's telemetry: `metralectl top`'s session (telemetry.watch.TopSession) behind the
+small TelemetryFeed interface, so the view neither knows NVML nor HTTP and tests pass canned TopViews."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from metralectl.telemetry.view import TopView
+    from metralectl.telemetry.watch import TopSession
+
+
+class TopFeed:
+    interval_s = 1.0
+
+    def __init__(self, catalog: Any, *, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self._catalog = catalog
+        self._session: TopSession | None = None
+
+    def start(self) -> None:
+        from metralectl.gpu import NvmlProbe
+        from metralectl.telemetry.view import thermal_lines_from
+        from metralectl.telemetry.watch import TopSession, discover_engines
+
+        self._session = TopSession(NvmlProbe(), discover_engines, thermal_lines_from(self._catalog.hardware),
+                                   interval_s=self.interval_s, hz=4.0, energy_hz=1.0).start()
+
+    def view(self) -> TopView:
+        assert self._session is not None, "start() first"
+        return self._session.view()
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None

@@ -1,0 +1,129 @@
+"""Library: the recipes as a filterable table, the chosen one's detail, and the actions on it."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Input, Label
+
+from metralectl.tui import library_filter
+from metralectl.tui.messages import DetailLoaded, LibraryLoaded, WorkerFailed
+from metralectl.tui.services import Action, LibrarySnapshot
+from metralectl.tui.views import services_of
+from metralectl.tui.widgets.recipe_table import RecipeTable
+from metralectl.tui.widgets.text_pane import TextPane
+
+FILTER_HELP = "filter: words · fits cached image mtp serving · hw:gb10 quant:fp8 tag:x · !word"
+
+
+class LibraryView(Vertical):
+    BINDINGS = [
+        Binding("slash", "focus_filter", "Filter"),
+        Binding("p", "act('pull')", "Pull"),
+        Binding("r", "act('run')", "Run"),
+        Binding("w", "act('swap')", "Swap"),
+        Binding("x", "act('stop')", "Stop"),
+        Binding("ctrl+r", "reload", "Reload"),
+    ]
+
+    class ActionRequested(Message):
+        def __init__(self, action: Action, recipe: str | None) -> None:
+            super().__init__()
+            self.action = action
+            self.recipe = recipe
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.snapshot: LibrarySnapshot | None = None
+        self.chosen: str | None = None
+        self._details: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder=FILTER_HELP, id="library-filter", compact=True)
+        with Horizontal(id="library-body"):
+            yield RecipeTable(id="recipes")
+            yield TextPane("loading the catalog…", wrap=False, id="recipe-detail")
+        yield Label("", id="library-note")
+
+    def on_mount(self) -> None:
+        self.reload()
+
+    def focus_main(self) -> None:
+        self.query_one(RecipeTable).focus()
+
+    # -- workers --------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="library", exit_on_error=False)
+    def reload(self) -> None:
+        try:
+            self.post_message(LibraryLoaded(services_of(self).library()))
+        except Exception as exc:  # noqa: BLE001 - becomes a notification
+            self.post_message(WorkerFailed("library", exc))
+
+    @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
+    def load_detail(self, name: str) -> None:
+        try:
+            self.post_message(DetailLoaded(name, services_of(self).detail(name)))
+        except Exception as exc:  # noqa: BLE001
+            self.post_message(WorkerFailed(f"show {name}", exc))
+
+    # -- results --------------------------------------------------------------------------------
+    def on_library_loaded(self, message: LibraryLoaded) -> None:
+        message.stop()
+        self.snapshot = message.snapshot
+        self._details.clear()
+        self._refilter()
+        note = Text(message.snapshot.judged_on, style="dim")
+        for extra in message.snapshot.notes:
+            note.append(f"  ! {extra}", style="yellow")
+        self.query_one("#library-note", Label).update(note)
+
+    def _refilter(self) -> None:
+        if self.snapshot is None:
+            return
+        query = self.query_one("#library-filter", Input).value
+        items = library_filter.apply(self.snapshot.items, query)
+        self.query_one(RecipeTable).set_items(items, keep=self.chosen)
+        if not items:
+            self.query_one(TextPane).show(f"no recipe matches {query!r}")
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "library-filter":
+            event.stop()
+            self._refilter()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "library-filter":
+            event.stop()
+            self.focus_main()
+
+    def on_recipe_table_chosen(self, message: RecipeTable.Chosen) -> None:
+        message.stop()
+        if message.name == self.chosen and message.name in self._details:
+            return
+        self.chosen = message.name
+        if message.name in self._details:
+            self.query_one(TextPane).show(self._details[message.name])
+        else:
+            self.load_detail(message.name)
+
+    def on_detail_loaded(self, message: DetailLoaded) -> None:
+        message.stop()
+        self._details[message.name] = message.text
+        if message.name == self.chosen:
+            self.query_one(TextPane).show(message.text)
+
+    # -- keys -----------------------------------------------------------------------------------
+    def action_focus_filter(self) -> None:
+        self.query_one("#library-filter", Input).focus()
+
+    def action_act(self, action: Action) -> None:
+        name = self.query_one(RecipeTable).chosen
+        if name is None and action != "stop":
+            self.notify("no recipe selected", severity="warning")
+            return
+        self.post_message(self.ActionRequested(action, name))
+

@@ -1,0 +1,215 @@
+"""Serving (the main view): what runs, live charts, the engine's log, the last swap's downtime.
+
+Three long-lived thread workers feed it: the status poll (every 2 s), the telemetry feed (TopViews,
+coalesced) and the log follower (lines, coalesced); each stops on its own Event when the view goes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Label, Static
+
+from metralectl.tui.coalesce import Coalescer, Throttle
+from metralectl.tui.messages import LinesReady, StatusLoaded, TelemetryReady, WorkerFailed
+from metralectl.tui.telemetry_history import CHARTS, TelemetryHistory
+from metralectl.tui.views import services_of
+from metralectl.tui.widgets.chart import Chart
+from metralectl.tui.widgets.log_tail import LogTail
+from metralectl.tui.widgets.serving_card import ServingCard
+
+if TYPE_CHECKING:
+    from metralectl.lifecycle.status import StatusReport
+    from metralectl.telemetry.view import TopView
+
+STATUS_EVERY_S = 2.0
+LOG_FRAME_S = 0.05  # log repaints at most 20 times a second, whatever the line rate
+
+
+class ServingView(Vertical):
+    BINDINGS = [
+        Binding("f", "toggle_follow", "Follow log"),
+        Binding("ctrl+l", "clear_log", "Clear log"),
+        Binding("x", "stop", "Stop model"),
+        Binding("ctrl+r", "refresh_status", "Refresh"),
+    ]
+
+    class StopRequested(Message):
+        def __init__(self, recipe: str | None) -> None:
+            super().__init__()
+            self.recipe = recipe
+
+    def __init__(self, *, id: str | None = None, status_every_s: float = STATUS_EVERY_S) -> None:
+        super().__init__(id=id)
+        self.status_every_s = status_every_s
+        self.report: StatusReport | None = None
+        self.history = TelemetryHistory()
+        self.following: str | None = None
+        self._log_stop: threading.Event | None = None
+        self._telemetry_stop = threading.Event()
+        self.telemetry: Coalescer[TopView] = Coalescer(lambda: self.post_message(TelemetryReady()), maxlen=120)
+        self.lines: Coalescer[str] = Coalescer(lambda: self.post_message(LinesReady()), maxlen=20000)
+        self._status_failed = False
+        self._log_throttle = Throttle(self, LOG_FRAME_S, self._drain_lines)
+
+    def compose(self) -> ComposeResult:
+        yield ServingCard(id="serving-card")
+        with Grid(id="charts"):
+            for key, title in CHARTS:
+                yield Chart(title, id=f"chart-{key}", classes="chart")
+            yield Static("", id="telemetry-note", classes="chart")
+        with Horizontal(id="log-bar"):
+            yield Label("engine log", id="log-title")
+            yield Label("", id="log-rate")
+        yield LogTail(id="serving-log")
+
+    def on_mount(self) -> None:
+        self.action_refresh_status()
+        self.set_interval(self.status_every_s, self.action_refresh_status)
+        self.watch_telemetry()
+
+    def on_unmount(self) -> None:
+        self._telemetry_stop.set()
+        if self._log_stop is not None:
+            self._log_stop.set()
+
+    def focus_main(self) -> None:
+        self.query_one(LogTail).focus()
+
+    # -- status ---------------------------------------------------------------------------------
+    def action_refresh_status(self) -> None:
+        self.poll_status()
+
+    @work(thread=True, exclusive=True, group="status", exit_on_error=False)
+    def poll_status(self) -> None:
+        try:
+            report = services_of(self).status()
+        except Exception as exc:  # noqa: BLE001
+            if not self._status_failed:  # say it once, not every 2 s
+                self._status_failed = True
+                self.post_message(WorkerFailed("serving status", exc))
+            return
+        self._status_failed = False
+        self.post_message(StatusLoaded(report))
+
+    def on_status_loaded(self, message: StatusLoaded) -> None:
+        message.stop()
+        self.report = message.report
+        self.query_one(ServingCard).show(message.report)
+        running = [s for s in message.report.serving if s.state.startswith("running")]
+        target = running[0].name if running else None
+        if target != self.following:
+            self._follow(target)
+
+    # -- log ------------------------------------------------------------------------------------
+    def _follow(self, container: str | None) -> None:
+        if self._log_stop is not None:
+            self._log_stop.set()
+        self.following = container
+        title = self.query_one("#log-title", Label)
+        if container is None:
+            self._log_stop = None
+            title.update(Text("engine log — nothing served", style="dim"))
+            return
+        self._log_stop = threading.Event()
+        self.query_one(LogTail).write_line(f"── following {container} ──")
+        self._update_log_title()
+        self.follow_logs(container, self._log_stop)
+
+    def _update_log_title(self) -> None:
+        if self.following is None:
+            return
+        state = "following" if self.query_one(LogTail).following else "paused (f resumes)"
+        self.query_one("#log-title", Label).update(f"engine log — {self.following} — {state}")
+
+    @work(thread=True, group="logs", exit_on_error=False)
+    def follow_logs(self, container: str, stop: threading.Event) -> None:
+        try:
+            for line in services_of(self).follow_logs(container, stop):
+                if stop.is_set():
+                    break
+                self.lines.push(line)
+        except Exception as exc:  # noqa: BLE001
+            if not stop.is_set():
+                self.post_message(WorkerFailed(f"logs of {container}", exc))
+
+    def on_lines_ready(self, message: LinesReady) -> None:
+        """Drains at most LOG_FRAME_S apart: one write and one repaint, however many lines came. Until
+        then the Coalescer stays pending, so the producer posts nothing more."""
+        message.stop()
+        self._log_throttle.request()
+
+    def _drain_lines(self) -> None:
+        batch = self.lines.drain()
+        self.query_one(LogTail).append(batch)
+        if self.lines.dropped:
+            self.query_one("#log-rate", Label).update(f"{self.lines.dropped} lines skipped to keep up")
+
+    def action_toggle_follow(self) -> None:
+        self.query_one(LogTail).toggle_follow()
+        self._update_log_title()
+
+    def action_clear_log(self) -> None:
+        self.query_one(LogTail).clear()
+
+    def action_stop(self) -> None:
+        running = [s for s in (self.report.serving if self.report else []) if s.state.startswith("running")]
+        self.post_message(self.StopRequested(running[0].recipe if running else None))
+
+    # -- telemetry ------------------------------------------------------------------------------
+    @work(thread=True, group="telemetry", exit_on_error=False)
+    def watch_telemetry(self) -> None:
+        stop = self._telemetry_stop
+        try:
+            feed = services_of(self).telemetry()
+            feed.start()
+        except Exception as exc:  # noqa: BLE001
+            self.post_message(WorkerFailed("telemetry", exc))
+            return
+        try:
+            while not stop.is_set():
+                self.telemetry.push(feed.view())
+                stop.wait(feed.interval_s)
+        except Exception as exc:  # noqa: BLE001
+            self.post_message(WorkerFailed("telemetry", exc))
+        finally:
+            feed.close()
+
+    def on_telemetry_ready(self, message: TelemetryReady) -> None:
+        message.stop()
+        views = self.telemetry.drain()
+        for view in views:
+            self.history.add(view)
+        if views:
+            self._draw_charts()
+
+    def _draw_charts(self) -> None:
+        for key, _ in CHARTS:
+            s = self.history.chart(key)
+            self.query_one(f"#chart-{key}", Chart).set_data(s.values, s.current, lines=s.lines, y_max=s.y_max,
+                                                             note=s.note)
+        view = self.history.latest
+        if view is None:
+            return
+        notes = Text()
+        from metralectl.gpudata import GpuUnavailable
+
+        if isinstance(view.gpu, GpuUnavailable):
+            notes.append(f"no GPU: {view.gpu.reason}\n", style="yellow")
+        elif view.gpus:
+            names = {g.name for g in view.gpus if g.name}
+            notes.append(f"{len(view.gpus)}× {', '.join(sorted(names)) or 'GPU'}\n", style="bold")
+            notes.append(f"thermal {view.thermal}\n", style="red" if view.thermal == "parked" else "green")
+        if view.engine_note:
+            notes.append(f"{view.engine_note}\n", style="dim")
+        for e in view.engines:
+            if e.error:
+                notes.append(f"{e.target.url}: {e.error}\n", style="yellow")
+        self.query_one("#telemetry-note", Static).update(notes)

@@ -1,0 +1,49 @@
+"""What is served: recipe, endpoint, health, uptime, image revision; the last swap; a degraded state."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+if TYPE_CHECKING:
+    from metralectl.lifecycle.status import StatusReport
+
+
+def _health(value: str) -> Text:
+    style = {"ok": "bold green", "-": "dim"}.get(value, "bold yellow")
+    return Text(value, style=style)
+
+
+class ServingCard(Static):
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(Text("asking Docker what is served…", style="dim"), id=id, classes=classes)
+        self.report: StatusReport | None = None
+
+    def show(self, report: StatusReport) -> None:
+        self.report = report
+        table = Table.grid(padding=(0, 2), expand=True)
+        for name in ("RECIPE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REV", "OWNER"):
+            table.add_column(name, no_wrap=True, overflow="ellipsis",
+                             ratio={"RECIPE": 3, "ENDPOINT": 3, "IMAGE REV": 2}.get(name))
+        if report.serving:
+            table.add_row(*(Text(h, style="bold") for h in ("RECIPE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REV",
+                                                              "OWNER")))
+        for s in report.serving:
+            recipe = Text(s.recipe, style="bold")
+            if not s.state.startswith("running"):
+                recipe.append(f" ({s.state})", style="yellow")
+            table.add_row(recipe, _health(s.health), s.uptime, f"{s.endpoint}/v1" if s.endpoint != "-" else "-",
+                          (s.image_revision or "-")[:12], s.owner)
+        parts: list[Table | Text] = [table] if report.serving else [
+            Text("Nothing is served. Pick a recipe in the Library (2) and press r to run it.", style="dim")]
+        if report.degraded:
+            parts.append(Text(f"DEGRADED: {report.degraded} — `metralectl ps --repair` restores a model",
+                              style="bold red"))
+        parts.append(Text(f"last swap: {report.last_swap}" if report.last_swap else "last swap: none recorded",
+                          style="dim", no_wrap=True, overflow="ellipsis"))
+        from rich.console import Group
+
+        self.update(Group(*parts))

@@ -1,0 +1,100 @@
+"""Serving view: status card, coalesced telemetry into charts, the log tail, stop, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from metralectl.errors import MetralError
+from metralectl.tui.app import MetralectlApp
+from metralectl.tui.screens.confirm import ConfirmScreen
+from metralectl.tui.views.serving import ServingView
+from metralectl.tui.widgets.chart import Chart
+from metralectl.tui.widgets.log_tail import LogTail
+from metralectl.tui.widgets.serving_card import ServingCard
+from tests.unit.tui.conftest import until
+from tests.unit.tui.fakes import FakeServices, top_view
+
+
+def test_status_charts_and_log(services: FakeServices) -> None:
+    services.served = ["qwen3.5-35b-a3b"]
+
+    async def scenario() -> None:
+        app = MetralectlApp(services, status_every_s=0.2)
+        async with app.run_test(size=(120, 40)) as pilot:
+            view = app.query_one(ServingView)
+            card = app.query_one(ServingCard)
+            await until(pilot, lambda: card.report is not None and card.report.serving, what="status")
+            assert card.report is not None and card.report.last_swap and "downtime 41.0 s" in card.report.last_swap
+            log = app.query_one(LogTail)
+            await until(pilot, lambda: log.received == 5, what="log lines")
+            assert view.following == "metralectl-qwen3.5-35b-a3b" and log.lines[-1] == "engine line 4"
+            await until(pilot, lambda: len(view.history.values("util")) >= 5, what="telemetry")
+            temp = app.query_one("#chart-temp", Chart)
+            assert temp.current.endswith("°C")
+            assert app.query_one("#chart-tok_s", Chart).current.endswith("tok/s")
+            assert "GPU-held" in view.history.chart("memory").note
+            assert isinstance(app.focused, LogTail)
+            await pilot.press("f")
+            assert not log.following and "paused" in str(app.query_one("#log-title").render())
+            await pilot.press("f")
+            assert log.following
+            await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="stop confirmation")
+            assert app.screen.plan.action == "stop" and not app.screen.plan.cancellable  # type: ignore[attr-defined]
+            await pilot.press("y")
+            await until(pilot, lambda: app.screen.outcome is not None)  # type: ignore[attr-defined]
+            await pilot.press("enter")
+            await until(pilot, lambda: card.report is not None and not card.report.serving, what="nothing served")
+            await until(pilot, lambda: view.following is None, what="log follower stopped")
+            assert services.follow_stops[0].is_set()
+        feed = services.feeds[0]
+        deadline = time.monotonic() + 5
+        while not feed.closed and time.monotonic() < deadline:  # its thread wakes and closes it
+            await asyncio.sleep(0.01)
+        assert feed.started and feed.closed  # the telemetry feed is closed when the app goes
+
+    asyncio.run(scenario())
+
+
+def test_telemetry_bursts_are_coalesced(services: FakeServices) -> None:
+    async def scenario() -> None:
+        app = MetralectlApp(services)
+        async with app.run_test(size=(80, 24)) as pilot:
+            view = app.query_one(ServingView)
+            await until(pilot, lambda: view.history.latest is not None)
+            before = len(view.history.values("util"))
+            view.telemetry.extend([top_view(i) for i in range(50)])  # one burst = one message
+            await until(pilot, lambda: len(view.history.values("util")) >= before + 50)
+
+    asyncio.run(scenario())
+
+
+def test_no_gpu_and_no_docker_are_shown_not_raised(services: FakeServices) -> None:
+    services.views = [top_view(gpu=False)]
+    services.fail["status"] = MetralError("Docker is not running", "sudo systemctl start docker")
+
+    async def scenario() -> None:
+        app = MetralectlApp(services, status_every_s=0.1)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: "no GPU" in str(app.query_one("#telemetry-note").render()), what="gpu note")
+            await until(pilot, lambda: any("Docker is not running" in n.message for n in app._notifications))
+            await pilot.pause(0.5)  # several failed polls ...
+            assert sum("Docker is not running" in n.message for n in app._notifications) == 1  # ... one notice
+            assert app.query_one("#chart-util", Chart).current == "?"
+
+    asyncio.run(scenario())
+
+
+def test_log_tail_keeps_max_lines(services: FakeServices) -> None:
+    services.served = ["qwen3.5-35b-a3b"]
+    services.log_lines = [f"line {i}" for i in range(12000)]
+
+    async def scenario() -> None:
+        app = MetralectlApp(services)
+        async with app.run_test(size=(80, 24)) as pilot:
+            log = app.query_one(LogTail)
+            await until(pilot, lambda: log.received == 12000, what="all lines")
+            assert log.line_count <= 5000 and log.lines[-1] == "line 11999"
+
+    asyncio.run(scenario())
