@@ -12,7 +12,7 @@ oldest and newest /metrics snapshots the caller kept for that window.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -112,6 +112,7 @@ class GpuRow:
     mem_clock_mhz: int | None
     memory: MemoryState
     processes: int | None  # GPU processes listed by the driver (None: it would not say)
+    process_list: tuple[ProcessRow, ...] = ()  # per PID: its GPU memory and our container, when one of ours
 
     @property
     def memory_label(self) -> str:
@@ -139,11 +140,27 @@ class GpuRow:
                        "available_bytes": m.available_bytes, "gpu_resident_bytes": m.gpu_resident_bytes,
                        "label": self.memory_label},
             "processes": self.processes,
+            "process_list": [{"pid": p.pid, "used_bytes": p.used_bytes, "kind": p.kind, "container": p.container}
+                             for p in self.process_list],
         }
 
 
+@dataclass(frozen=True)
+class ProcessRow:
+    pid: int
+    used_bytes: int | None
+    kind: str
+    container: str | None  # the metralectl container this PID runs in, when it is one of ours
+
+
+ContainerOf = Callable[[int], "str | None"]
+
+
 def gpu_row(sample: GpuSample, info: GpuInfo | None, rate: EnergyRate | None, energy_mj: int | None,
-            thermal: ThermalStatus | None, lines: ThermalLines | None) -> GpuRow:
+            thermal: ThermalStatus | None, lines: ThermalLines | None,
+            container_of: ContainerOf | None = None) -> GpuRow:
+    procs = tuple(ProcessRow(p.pid, p.used_bytes, p.kind, container_of(p.pid) if container_of else None)
+                  for p in sample.processes or ())
     return GpuRow(
         index=sample.index, uuid=sample.uuid,
         name=info.name if info else None, hw_class=info.hw_class if info else None,
@@ -155,6 +172,7 @@ def gpu_row(sample: GpuSample, info: GpuInfo | None, rate: EnergyRate | None, en
         clock_reasons=sample.clock_reasons, throttled=sample.throttled,
         sm_clock_mhz=sample.sm_clock_mhz, mem_clock_mhz=sample.mem_clock_mhz, memory=sample.memory,
         processes=None if sample.processes is None else len({p.pid for p in sample.processes}),
+        process_list=procs,
     )
 
 
@@ -362,6 +380,7 @@ class TopModel:
         interval_s: float,
         sampler: SamplerStats | None = None,
         notes: Sequence[str] = (),
+        container_of: ContainerOf | None = None,
     ) -> TopView:
         """`samples`: the sampler's newest samples, oldest first, covering at least the rate window."""
         rows: list[GpuRow] = []
@@ -373,7 +392,7 @@ class TopModel:
             for g in samples[-1].gpus:
                 info = infos.get(g.uuid)
                 rows.append(gpu_row(g, info, rates.get(g.uuid), latest_mj.get(g.uuid),
-                                    self._thermal.get(g.uuid), self._lines_for(info)))
+                                    self._thermal.get(g.uuid), self._lines_for(info), container_of))
         return TopView(wall=wall, t=samples[-1].t if samples else None, interval_s=interval_s, gpu=gpu,
                        gpus=tuple(rows), engines=tuple(engine_row(o) for o in engines),
                        engine_note=engine_note, sampler=sampler, notes=tuple(notes))

@@ -62,7 +62,20 @@ def discover_engines(
         return [], f"no engine found: {exc.message}"
     targets = [EngineTarget(c.labels[LABEL_ENDPOINT], c.name, c.labels.get(LABEL_RECIPE), "container")
                for c in containers if c.running and c.labels.get(LABEL_ENDPOINT)]
+    _OURS.clear()
+    _OURS.update({c.id: c.name for c in containers})
     return targets, None if targets else NO_ENGINE
+
+
+_OURS: dict[str, str] = {}  # container id -> name of metralectl's running containers (last discovery)
+
+
+def our_container_of(pid: int, proc_root: Path = Path("/proc")) -> str | None:
+    """The metralectl container a GPU process (host PID) runs in, from /proc/PID/cgroup; None otherwise."""
+    from metralectl.doctor.host_checks import container_id_of_pid
+
+    container_id = container_id_of_pid(proc_root, pid)
+    return _OURS.get(container_id) if container_id else None
 
 
 def fixed_targets(urls: Sequence[str]) -> Discovery:
@@ -241,7 +254,8 @@ class TopSession:
         return self.model.view(gpu=gpu, samples=samples, engines=engines,
                                engine_note=None if engines else note,
                                wall=samples[-1].wall if samples else self._wall(),
-                               interval_s=self.interval_s, sampler=stats, notes=self._notes)
+                               interval_s=self.interval_s, sampler=stats, notes=self._notes,
+                               container_of=our_container_of)
 
     def close(self) -> None:
         self.poller.stop()

@@ -245,3 +245,27 @@ def test_shipped_catalog_lines() -> None:
     lines = thermal_lines_from(load_catalog().hardware)
     assert lines["gb10"] == ThermalLines(80.0, 70.0)
     assert lines["hopper"] == lines["b200"] == ThermalLines(80.0, 70.0)  # inherited from gb10
+
+
+def test_gpu_processes_name_our_container(tmp_path) -> None:  # noqa: ANN001
+    """Per-process GPU memory, with the metralectl container a PID runs in (from /proc/PID/cgroup)."""
+    from metralectl.gpu import NvmlProbe
+    from metralectl.telemetry import watch
+    from metralectl.telemetry.view import gpu_row
+    from tests.unit import fake_pynvml as fk
+
+    ours = "a" * 64
+    for pid, cgroup in ((4242, f"0::/system.slice/docker-{ours}.scope\n"), (999, "0::/user.slice\n")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(cgroup)
+    watch._OURS.clear()
+    watch._OURS[ours] = "metralectl-qwen3.5-35b-a3b"
+    probe = NvmlProbe(nvml=fk.make_fake([fk.gb10(compute_procs=[(4242, 30 * fk.GiB), (999, fk.GiB)])]),
+                      meminfo_path="/nonexistent")
+    probe.open()
+    [sample] = probe.sample()
+    row = gpu_row(sample, None, None, None, None, None, lambda pid: watch.our_container_of(pid, tmp_path))
+    by_pid = {p["pid"]: p for p in row.to_dict()["process_list"]}
+    assert by_pid[4242]["container"] == "metralectl-qwen3.5-35b-a3b" and by_pid[4242]["used_bytes"] == 30 * fk.GiB
+    assert by_pid[999]["container"] is None
+    watch._OURS.clear()
