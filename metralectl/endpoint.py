@@ -31,11 +31,12 @@ def base_url(bind: str, port: int) -> str:
 class EngineClient:
     """A small synchronous client for the engine's control endpoints (not the benchmark hot path)."""
 
-    def __init__(self, url: str, timeout: float = 2.0) -> None:
+    def __init__(self, url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> None:
         import httpx
 
         self.url = url.rstrip("/")
-        self._http = httpx.Client(timeout=timeout, trust_env=False)  # loopback: never through a proxy
+        # trust_env=False: the engine is local or on the RoCE link, never behind the user's HTTP proxy
+        self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers or {})
 
     def health(self, path: str = "/health") -> Health:
         import httpx
@@ -47,7 +48,7 @@ class EngineClient:
         return Health(response.status_code, response.text[:500])
 
     def served_model(self) -> str | None:
-        data = self._json("/v1/models")
+        data = self.get_json("/v1/models")
         models = data.get("data") if isinstance(data, dict) else None
         if isinstance(models, list) and models and isinstance(models[0], dict):
             return str(models[0].get("id"))
@@ -64,7 +65,7 @@ class EngineClient:
         return response.text
 
     def serve_config(self) -> dict[str, Any]:
-        data = self._json("/serve-config")
+        data = self.get_json("/serve-config")
         return data if isinstance(data, dict) else {}
 
     def answer_one(self, timeout_s: float, model: str | None = None) -> Health:
@@ -85,15 +86,34 @@ class EngineClient:
             return Health(None, "", f"{type(exc).__name__}: {exc}")
         return Health(response.status_code, response.text[:500])
 
-    def _json(self, path: str) -> Any:
+    def get_json(self, path: str) -> Any:
+        """The JSON a GET answers with 200, else None (not offered, not ready, not JSON)."""
         import httpx
 
         try:
             response = self._http.get(self.url + path)
-            response.raise_for_status()
+            if response.status_code != 200:
+                return None
             return response.json()
         except (httpx.HTTPError, json.JSONDecodeError, ValueError):
             return None
+
+
+    def tokenize_messages(self, model: str, messages: list[dict[str, str]]) -> int | None:
+        """Prompt tokens of a chat as the engine counts them (`/tokenize`); None when it is not offered."""
+        import httpx
+
+        try:
+            response = self._http.post(self.url + "/tokenize", json={"model": model, "messages": messages})
+            data = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        if not isinstance(data, dict):
+            return None
+        count, tokens = data.get("count"), data.get("tokens")
+        if isinstance(count, int):
+            return count
+        return len(tokens) if isinstance(tokens, list) else None
 
     def close(self) -> None:
         self._http.close()

@@ -1,5 +1,6 @@
 """What is being measured: URL, served model, /serve-config digests, /hardware, the recipe metralectl
-served there (from its container labels), image revision. Control calls (httpx, lazily), not the hot path."""
+served there (from its container labels), image revision. Control calls go through the endpoint seam, not the
+hot path (bench/transport.py)."""
 
 from __future__ import annotations
 
@@ -8,61 +9,23 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from metralectl.endpoint import EngineClient
 from metralectl.errors import MetralError
 
 
-class Control:
-    """Synchronous control-plane calls to the engine (health, models, tokenize, ...)."""
+class Control(EngineClient):
+    """Control-plane calls to the engine for a benchmark: the endpoint seam's client, with its health as
+    (status, text) and a longer default timeout."""
 
     def __init__(self, url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> None:
-        import httpx
+        super().__init__(url, timeout=timeout, headers=headers)
 
-        self.url = url.rstrip("/")
-        self._httpx = httpx
-        self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers or {})
-
-    def get_json(self, path: str) -> Any:
-        try:
-            response = self._http.get(self.url + path)
-            if response.status_code != 200:
-                return None
-            return response.json()
-        except (self._httpx.HTTPError, ValueError):
-            return None
-
-    def health(self) -> tuple[int | None, str]:
-        try:
-            response = self._http.get(self.url + "/health")
-            return response.status_code, response.text[:200]
-        except self._httpx.HTTPError as exc:
-            return None, f"{type(exc).__name__}: {exc}"
-
-    def tokenize_messages(self, model: str, messages: list[dict[str, str]]) -> int | None:
-        """Prompt tokens of a chat as the engine counts them; None when /tokenize is not offered."""
-        try:
-            response = self._http.post(self.url + "/tokenize", json={"model": model, "messages": messages})
-        except self._httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        try:
-            data = response.json()
-        except ValueError:
-            return None
-        count = data.get("count") if isinstance(data, dict) else None
-        if isinstance(count, int):
-            return count
-        tokens = data.get("tokens") if isinstance(data, dict) else None
-        return len(tokens) if isinstance(tokens, list) else None
-
-    def close(self) -> None:
-        self._http.close()
+    def health(self, path: str = "/health") -> tuple[int | None, str]:  # type: ignore[override]
+        answer = super().health(path)
+        return answer.status, answer.error or answer.body[:200]
 
     def __enter__(self) -> Control:
         return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
 
 @dataclass
