@@ -410,19 +410,36 @@ class DockerRuntime:
         binds = {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts}
         host_config = self.api.create_host_config(network_mode=spec.network_mode, ipc_mode=spec.ipc_mode, binds=binds,
                                                   device_requests=device_requests, init=False)
-        created = self._call(self.api.create_container, image=spec.image, command=list(spec.command), name=spec.name,
-                             environment=dict(spec.env), labels={**spec.labels, **(extra_labels or {})},
-                             host_config=host_config, detach=True)
+        labels = {**spec.labels, **(extra_labels or {})}
+        try:
+            created = self._call(self.api.create_container, image=spec.image, command=list(spec.command),
+                                 name=spec.name, environment=dict(spec.env), labels=labels, host_config=host_config,
+                                 detach=True)
+        except BaseException:
+            # Ctrl-C can land after the daemon created the container but before we learnt its id.
+            self.remove_if_labelled(spec.name, labels)
+            raise
         container_id = created["Id"]
         try:
             self._call(self.api.start, container_id)
+            info = self.inspect(container_id)
         except BaseException:
             self.remove(container_id, force=True)
             raise
-        info = self.inspect(container_id)
         if info is None:
             raise RuntimeFailure(f"container {spec.name} vanished right after it started")
         return info
+
+    def remove_if_labelled(self, name: str, labels: dict[str, str]) -> bool:
+        """Remove the container called name only if it carries exactly these labels (this very launch's)."""
+        try:
+            found = self.inspect(name)
+        except MetralError:
+            return False
+        if found is None or any(found.labels.get(k) != v for k, v in labels.items()):
+            return False
+        self.remove(found.id, force=True)
+        return True
 
     def stop(self, name_or_id: str, timeout_s: float = 30.0) -> None:
         """SIGTERM, then SIGKILL after timeout_s (the daemon's own escalation)."""

@@ -203,6 +203,11 @@ def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spe
         # Ctrl-C, a crash, a lost daemon: nothing half-started may stay behind.
         if container is not None:
             _remove_quietly(runtime, container.id)
+        else:  # interrupted inside create/start: find this launch's container by its name and run id
+            try:
+                runtime.remove_if_labelled(spec.name, {LABEL_RUN_ID: run_id})
+            except MetralError:
+                pass
         raise
 
 

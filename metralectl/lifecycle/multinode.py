@@ -478,8 +478,16 @@ def start_and_wait_multi(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node]
                                                              "cause": failure.diagnosis.cause, "at": time.time()})
         raise LaunchFailed(failure.diagnosis, failure.last_lines, failure.log_path, kept) from None
     except BaseException:
-        # Ctrl-C, a crash, a lost daemon: nothing half-started may stay behind, on either node.
-        if not _teardown(nodes, containers):
+        # Ctrl-C, a crash, a lost daemon: nothing half-started may stay behind, on either node — including a
+        # rank whose create/start was interrupted before we learnt its container's id (found by name + run id).
+        left = _teardown(nodes, containers)
+        for node, spec in zip(nodes, specs):
+            if node.rank not in containers:
+                try:
+                    node.runtime.remove_if_labelled(spec.name, {LABEL_RUN_ID: run_id})
+                except MetralError:
+                    left.append(f"{spec.name} ({node.label})")
+        if not left:
             deployment.forget(recipe.name, run_id)
         raise
 

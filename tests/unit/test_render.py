@@ -151,3 +151,32 @@ def test_gpu_device_request_reaches_the_daemon_api() -> None:
     assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
     assert calls["host"]["network_mode"] == "host" and calls["host"]["ipc_mode"] == "host"
     assert calls["create"]["labels"]["ai.metrale.metralectl.managed"] == "true"
+
+
+def test_ctrl_c_inside_create_removes_the_container_the_daemon_made() -> None:
+    """An interrupt can land after the daemon created the container but before its id came back."""
+    from metralectl.runtime import DockerRuntime
+
+    removed: list[str] = []
+    spec = _flagship_spec()
+
+    class FakeApi:
+        def create_host_config(self, **kwargs):  # noqa: ANN003, ANN201
+            return kwargs
+
+        def create_container(self, **kwargs):  # noqa: ANN003, ANN201
+            raise KeyboardInterrupt  # the daemon made it; we never saw the id
+
+        def inspect_container(self, name):  # noqa: ANN001, ANN201
+            return {"Id": "made-by-daemon", "Name": f"/{name}", "State": {"Status": "created"},
+                    "Config": {"Labels": {**spec.labels, "ai.metrale.metralectl.run-id": "r1"}}}
+
+        def remove_container(self, container_id, force=False, v=False):  # noqa: ANN001, ANN201
+            removed.append(container_id)
+
+    runtime = DockerRuntime.__new__(DockerRuntime)
+    runtime.api = FakeApi()  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        runtime.create_and_start(spec, {"ai.metrale.metralectl.run-id": "r1"})
+    assert removed == ["made-by-daemon"]
+    assert not runtime.remove_if_labelled(spec.name, {"ai.metrale.metralectl.run-id": "another-run"})
