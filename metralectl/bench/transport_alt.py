@@ -7,7 +7,7 @@ against `raw`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from metralectl.bench.sse import RawResponse
 from metralectl.bench.transport import perf_ns
@@ -40,14 +40,7 @@ class HttpxTransport:
                 async for data in resp.aiter_raw():
                     raw.pieces.append((perf_ns(), data))
 
-        try:
-            await asyncio.wait_for(go(), timeout_s)
-        except asyncio.TimeoutError:
-            raw.error = f"timed out after {timeout_s:g} s"
-        except self._httpx.HTTPError as exc:
-            raw.error = f"{type(exc).__name__}: {exc}"
-        raw.t_done = perf_ns()
-        return raw
+        return await _collect(go, raw, timeout_s, self._httpx.HTTPError)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -91,15 +84,21 @@ class AiohttpTransport:
                 async for data in resp.content.iter_any():
                     raw.pieces.append((perf_ns(), data))
 
-        try:
-            await asyncio.wait_for(go(), timeout_s)
-        except asyncio.TimeoutError:
-            raw.error = f"timed out after {timeout_s:g} s"
-        except self._aiohttp.ClientError as exc:
-            raw.error = f"{type(exc).__name__}: {exc}"
-        raw.t_done = perf_ns()
-        return raw
+        return await _collect(go, raw, timeout_s, self._aiohttp.ClientError)
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()  # type: ignore[attr-defined]
+
+
+async def _collect(go: Callable[[], Awaitable[None]], raw: RawResponse, timeout_s: float,
+                   client_error: type[BaseException]) -> RawResponse:
+    """Run one request's reader under the timeout; a timeout or the library's own error lands in raw.error."""
+    try:
+        await asyncio.wait_for(go(), timeout_s)
+    except asyncio.TimeoutError:
+        raw.error = f"timed out after {timeout_s:g} s"
+    except client_error as exc:
+        raw.error = f"{type(exc).__name__}: {exc}"
+    raw.t_done = perf_ns()
+    return raw
