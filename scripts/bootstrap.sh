@@ -21,6 +21,10 @@ command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v dash >/dev/null || need+=(dash)
 command -v zsh >/dev/null || need+=(zsh)      # the installer's PATH line is sourced in each shell it writes for
 command -v fish >/dev/null || need+=(fish)
+# chromium + chromium-driver: the control-plane page's browser test (tests/integration/test_page_chromium.py,
+# headless, driven by Selenium through Debian's own chromedriver: nothing is downloaded)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   if as_root true 2>/dev/null; then
     as_root apt-get update -qq

@@ -93,7 +93,7 @@ def check_daemon(ctx: Context) -> Finding:
                 sock = f" (socket {data['socket_owner']}:{data['socket_group']} {data['socket_mode']})"
             return problem(f"permission denied on {url}{sock}: {case}", remedy, **data)
         hint = exc.hint
-        if source == "DOCKER_HOST" and exc.cause in ("not-running", "unreachable"):
+        if source == "DOCKER_HOST" and exc.cause in ("not-running", "unreachable") and "DOCKER_HOST" not in (hint or ""):
             hint = (f"{hint}; or DOCKER_HOST={url} points at the wrong place: `unset DOCKER_HOST` uses the default "
                     "socket (`docker context ls` lists the others)")
         return problem(exc.message, hint, **data)

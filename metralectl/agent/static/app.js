@@ -17,6 +17,12 @@ function takeTokenFromFragment() {
   }
 }
 
+// Without the token the page is read-only: its action buttons are disabled and say why.
+const NEEDS_TOKEN = "needs the agent's token: run `metralectl agent url` and open that address (or paste the token below)";
+function actionAttrs(onclick, busy = false) {
+  return { onclick, disabled: busy || !token, title: token ? false : NEEDS_TOKEN };
+}
+
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
@@ -87,14 +93,18 @@ async function refreshServing() {
   err.hidden = !s.error;
   err.textContent = s.error ? `${s.error}${s.hint ? " — " + s.hint : ""}` : "";
   serving = s.serving || [];
-  const body = $("#serving tbody");
-  body.replaceChildren(...serving.map((x) => el("tr", {},
-    el("td", {}, x.recipe), el("td", {}, x.name), el("td", {}, x.state), el("td", {}, x.health),
-    el("td", {}, x.uptime), el("td", {}, x.endpoint),
-    el("td", {}, el("button", { class: "danger", onclick: () => act("/api/stop", { recipe: x.recipe }) }, "Stop")))));
+  renderServing();
   $("#serving-empty").hidden = serving.length > 0 || !!s.error;
   if (s.degraded) { err.hidden = false; err.textContent = `DEGRADED: ${s.degraded}`; }
   renderRecipeButtons();
+}
+
+function renderServing() {
+  $("#serving tbody").replaceChildren(...serving.map((x) => el("tr", {},
+    el("td", {}, x.recipe), el("td", {}, x.name), el("td", {}, x.state), el("td", {}, x.health),
+    el("td", {}, x.uptime), el("td", {}, x.endpoint),
+    el("td", {}, el("button", { class: "danger", ...actionAttrs(() => act("/api/stop", { recipe: x.recipe })) },
+      "Stop")))));
 }
 
 // -- recipes ------------------------------------------------------------------------------------
@@ -120,7 +130,7 @@ function renderRecipeButtons() {
         x.fits === null ? "?" : x.fits ? "yes" : "no"),
       el("td", {}, x.weights), el("td", {}, x.validated_tok_s ?? "-"),
       el("td", {}, isServed ? el("span", { class: "ok" }, "serving")
-        : el("button", { disabled: busy, onclick: () => act(action[1], { recipe: x.name }) }, action[0])));
+        : el("button", actionAttrs(() => act(action[1], { recipe: x.name }), busy), action[0])));
   }));
 }
 
@@ -191,6 +201,8 @@ function renderToken() {
   showTokenState(token ? "Actions are unlocked for this tab." :
     "Read-only: actions need the agent's token (run `metralectl agent url` on this machine and open that address, or paste the token).");
   $("#token-form").hidden = !!token;
+  renderServing();
+  renderRecipeButtons();
 }
 
 async function refreshAgent() {
@@ -203,6 +215,9 @@ function every(ms, fn) { const tick = () => fn().catch(() => {}).finally(() => s
 document.addEventListener("DOMContentLoaded", () => {
   takeTokenFromFragment();
   renderToken();
+  // The address `metralectl agent url` prints, opened in a tab that already shows the page, changes
+  // only the fragment: no reload, so take the token (and clear the address bar) here too.
+  window.addEventListener("hashchange", () => { takeTokenFromFragment(); renderToken(); });
   $("#token-form").addEventListener("submit", (e) => {
     e.preventDefault();
     const v = $("#token-input").value.trim();
