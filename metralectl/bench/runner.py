@@ -44,6 +44,7 @@ class RunRequest:
     self_started: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     probe: Any | None = None  # GpuProbe for energy (tests inject fakes)
+    unit: dict[str, Any] | None = None  # a peer's remote unit this run is for ({key, requester, digest, campaign})
 
 
 class RunInterrupted(MetralError):
@@ -89,6 +90,10 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
             raise MetralError(f"{req.url} is not ready: /health answered {http_status if http_status is not None else body}",
                               "start it (`metralectl run RECIPE`), or pass --url / --self-start RECIPE")
         target = describe(control, managed=req.managed)
+        if req.unit and req.recipe is not None and target.recipe != req.recipe.name:
+            raise MetralError(f"the unit is for recipe {req.recipe.name}, but {req.url} serves "
+                              f"{target.recipe or 'something metralectl did not start'}",
+                              f"on this node: `metralectl run {req.recipe.name}` (or swap to it) first")
         model = p["model"] or target.model or "default"
         run_id = records.new_run_id()
         record: dict[str, Any] = {
@@ -96,6 +101,8 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
             "params": p, "target": target.to_dict(), "self_started": req.self_started, "stages": [],
             "gates": [], "verdict": "none", "summary": {}, "client": {}, "error": None, "exit_code": None,
             "telemetry": {}, "prompt_sizing": {}, "model_sent": model}
+        if req.unit:
+            record["unit"] = dict(req.unit)
         directory = records.start(req.suite, run_id, record)
         on_event(Event("note", f"run {run_id} -> {directory}", {"run_id": run_id, "dir": str(directory)}))
         energy = StageEnergy(req.probe)

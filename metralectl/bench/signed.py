@@ -24,6 +24,10 @@ def names_for(directory: Path, record: dict[str, Any]) -> dict[str, str]:
     names = {"run": str(record.get("run_id", "")), "suite": str(record.get("suite", "")),
              "recipe": str(target.get("recipe") or "none"), "spec_hash": str(target.get("spec_hash") or "none"),
              "image_revision": str(target.get("image_revision") or "none"), "requests_sha256": digest}
+    unit = record.get("unit")
+    if isinstance(unit, dict) and unit.get("key"):  # a remote unit: accepted only as the unit it was run for
+        names["unit"] = str(unit["key"])
+        names["requester"] = str(unit.get("requester") or "none")
     return names
 
 

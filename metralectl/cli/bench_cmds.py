@@ -99,6 +99,8 @@ def run(
     fmt: str = typer.Option("text", "--format", help="text or json (the whole record)."),
     header: list[str] = typer.Option(None, "--header", metavar="NAME:VALUE", help="Extra request header (auth)."),
     source: str = typer.Option("cli", "--source", hidden=True),
+    unit: str = typer.Option(None, "--unit", hidden=True, help="JSON: the peer's remote unit this run is for."),
+    events_fd: int = typer.Option(None, "--events-fd", hidden=True, help="Also write events as JSON lines to this fd."),
 ) -> None:
     """Run a suite against the endpoint and record it under $METRALE_HOME/runs/SUITE/."""
     from metralectl.bench.gates import parse_gate
@@ -118,14 +120,16 @@ def run(
         if not sep:
             raise UsageError(f"--header {h!r}: expected NAME:VALUE")
         headers[name.strip()] = value.strip()
+    unit_label = _unit_label(unit)
+    progress: Any = _Progress() if events_fd is None else _EventsPipe(events_fd, _Progress())
     _sigterm_as_interrupt()
     if self_start:
         from metralectl.cli.bench_selfstart import served
 
-        with served(self_start, _Progress()) as (endpoint, managed, rec):
+        with served(self_start, progress) as (endpoint, managed, rec):
             request = RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, managed,
-                                 {"recipe": self_start, "url": endpoint}, headers)
-            record = run_suite(request, _Progress())
+                                 {"recipe": self_start, "url": endpoint}, headers, unit=unit_label)
+            record = run_suite(request, progress)
     else:
         from metralectl.bench.target import managed_container
 
@@ -133,8 +137,40 @@ def run(
         endpoint = url or (found or {}).get("url") or DEFAULT_URL
         rec = _recipe(recipe or (found or {}).get("recipe"), explicit=recipe is not None)
         record = run_suite(RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, found,
-                                      headers=headers), _Progress())
+                                      headers=headers, unit=unit_label), progress)
     _emit(record, fmt)
+
+
+def _unit_label(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    from metralectl.errors import UsageError
+
+    try:
+        label = json.loads(text)
+    except ValueError:
+        label = None
+    if not isinstance(label, dict) or not isinstance(label.get("key"), str):
+        raise UsageError("--unit: expected a JSON object with a key")
+    return label
+
+
+class _EventsPipe:
+    """Runner events as JSON lines on an inherited fd (the agent's unit runner reads them), and on stderr."""
+
+    def __init__(self, fd: int, also: Any) -> None:
+        import os
+
+        self._out = os.fdopen(fd, "w", buffering=1)
+        self._also = also
+
+    def __call__(self, event: Any) -> None:
+        try:
+            self._out.write(json.dumps({"kind": event.kind, "message": event.message, "data": event.data},
+                                       default=str) + "\n")
+        except (OSError, ValueError):
+            pass  # the reader went away; the record on disk still tells the whole story
+        self._also(event)
 
 
 def _recipe(name: str | None, *, explicit: bool) -> Any:
@@ -272,4 +308,7 @@ def export(csv_: bool = typer.Option(False, "--csv", help="CSV on stdout (the on
 
 
 def register(root: typer.Typer) -> None:
+    from metralectl.cli import campaign_cmd
+
+    campaign_cmd.register(app)
     root.add_typer(app, name="bench")

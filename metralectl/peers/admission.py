@@ -44,6 +44,7 @@ class Admission:
     hardware_class: str | None
     gpu: str | None
     checks: list[AdmissionCheck] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)  # memory_available_gb, disk_free_gb (planning uses them)
 
     @property
     def reasons(self) -> list[AdmissionCheck]:
@@ -58,8 +59,10 @@ class Admission:
     def from_json(cls, raw: dict[str, Any]) -> Admission:
         checks = [AdmissionCheck(str(c["id"]), bool(c["ok"]), str(c["detail"]), c.get("remedy"))
                   for c in raw.get("checks", [])]
+        given = raw.get("facts")
+        facts: dict[str, Any] = given if isinstance(given, dict) else {}
         return cls(bool(raw["admitted"]), str(raw["fingerprint"]), str(raw.get("name", "")),
-                   raw.get("hardware_class"), raw.get("gpu"), checks)
+                   raw.get("hardware_class"), raw.get("gpu"), checks, dict(facts))
 
 
 def probe_gpu() -> GpuFact:
@@ -83,6 +86,33 @@ def probe_gpu() -> GpuFact:
             probe.close()
         except Exception:  # noqa: BLE001 - closing a half-open probe
             pass
+
+
+def probe_thermal() -> dict[str, Any]:
+    """The node's hottest GPU and the driver's clock reasons, for a campaign's thermal parking.
+    {"temp_c": None, "reason": ...} when no GPU can be read (such a node is never parked)."""
+    from metralectl.gpu import NvmlProbe
+    from metralectl.gpudata import GpuUnavailable
+
+    probe = NvmlProbe()
+    try:
+        system = probe.open()
+        if isinstance(system, GpuUnavailable):
+            return {"temp_c": None, "clock_reasons": None, "reason": system.reason}
+        samples = probe.sample(detail=True)
+    except Exception as exc:  # noqa: BLE001 - an unreadable sensor is an answer, not a crash
+        return {"temp_c": None, "clock_reasons": None, "reason": f"the GPU probe failed: {exc}"}
+    finally:
+        try:
+            probe.close()
+        except Exception:  # noqa: BLE001 - closing a half-open probe
+            pass
+    temps = [float(t) for s in samples for t in (s.temp_gpu_c, s.temp_mem_c) if t is not None]
+    reasons = sorted({r for s in samples for r in (s.clock_reasons or ())})
+    known = any(s.clock_reasons is not None for s in samples)
+    return {"temp_c": max(temps) if temps else None, "clock_reasons": reasons if known else None,
+            "reason": None if temps else "the GPUs report no temperature",
+            "gpus": [{"index": s.index, "temp_gpu_c": s.temp_gpu_c, "temp_mem_c": s.temp_mem_c} for s in samples]}
 
 
 def available_memory() -> int | None:
@@ -114,14 +144,17 @@ def _lock_held() -> bool:
 class Facts:
     gpu: Callable[[], GpuFact] = probe_gpu
     busy: Callable[[], bool] = _lock_held
-    queued: Callable[[], int] = lambda: 0  # remote benchmark units are not queued yet (issue 10, later)
+    queued: Callable[[], int] = lambda: 0  # units queued elsewhere (the node adds its own unit queue)
     memory: Callable[[], int | None] = available_memory
     disk: Callable[[Path], int | None] = free_disk
+    thermal: Callable[[], dict[str, Any]] = probe_thermal
 
 
 def judge(config: BenchConfig, *, fingerprint: str, name: str, facts: Facts,
-          requester_grants: tuple[str, ...] | None = None, config_path: Path | None = None) -> Admission:
-    """The admission answer. requester_grants None: asked locally (no grant needed)."""
+          requester_grants: tuple[str, ...] | None = None, config_path: Path | None = None,
+          queued: int = 0) -> Admission:
+    """The admission answer. requester_grants None: asked locally (no grant needed); queued: this node's
+    own units waiting or running (added to what facts.queued says)."""
     where = paths.display(config_path) if config_path else "bench.yaml"
     checks: list[AdmissionCheck] = []
     add = checks.append
@@ -151,8 +184,8 @@ def judge(config: BenchConfig, *, fingerprint: str, name: str, facts: Facts,
                            "try again when it has finished"))
     else:
         add(AdmissionCheck("busy", True, "not busy"))
-    queued = facts.queued()
-    add(AdmissionCheck("queue", queued == 0, "nothing queued" if queued == 0 else f"{queued} unit(s) queued",
+    queued += facts.queued()
+    add(AdmissionCheck("queue", queued == 0, "nothing queued" if queued == 0 else f"{queued} unit(s) queued or running",
                        None if queued == 0 else "try again when the queue has drained"))
     mem = facts.memory()
     if mem is None:
@@ -174,4 +207,6 @@ def judge(config: BenchConfig, *, fingerprint: str, name: str, facts: Facts,
         add(AdmissionCheck("gpu", True, f"GPU {gpu.name}"))
     else:
         add(AdmissionCheck("gpu", False, f"no GPU it can name: {gpu.reason or 'unknown'}", gpu.hint))
-    return Admission(all(c.ok for c in checks), fingerprint, name, hw, gpu.name, checks)
+    facts_out = {"memory_available_gb": None if mem is None else round(mem / GB, 2),
+                 "disk_free_gb": None if free is None else round(free / GB, 2)}
+    return Admission(all(c.ok for c in checks), fingerprint, name, hw, gpu.name, checks, facts_out)

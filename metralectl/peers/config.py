@@ -6,6 +6,7 @@
       memory_gb: 16          # refuse units while less memory is available
       disk_gb: 50            # refuse units while less disk is free under disk_path
     disk_path: ~/.cache/huggingface/hub   # default: the HF hub cache (where weights land)
+    endpoint: http://127.0.0.1:8888        # what units benchmark; default: what metralectl serves here
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from metralectl.errors import MetralError
 
 DEFAULT_MEMORY_GB = 16.0
 DEFAULT_DISK_GB = 50.0
-_KEYS = ("enabled", "hardware_class", "floors", "disk_path")
+_KEYS = ("enabled", "hardware_class", "floors", "disk_path", "endpoint")
 _FLOOR_KEYS = ("memory_gb", "disk_gb")
 
 
@@ -34,6 +35,7 @@ class BenchConfig:
     memory_floor_gb: float = DEFAULT_MEMORY_GB
     disk_floor_gb: float = DEFAULT_DISK_GB
     disk_path: Path | None = None
+    endpoint: str | None = None  # None: the endpoint metralectl serves on this node (as `bench run` picks it)
     exists: bool = False  # False: no bench.yaml (the defaults above)
 
     def resolved_disk_path(self) -> Path:
@@ -46,6 +48,8 @@ class BenchConfig:
         out["floors"] = {"memory_gb": self.memory_floor_gb, "disk_gb": self.disk_floor_gb}
         if self.disk_path is not None:
             out["disk_path"] = str(self.disk_path)
+        if self.endpoint:
+            out["endpoint"] = self.endpoint
         return out
 
 
@@ -97,8 +101,12 @@ def load_bench_config(base: Path | None = None) -> BenchConfig:
     disk_path = doc.get("disk_path")
     if disk_path is not None and not isinstance(disk_path, str):
         raise BenchConfigError(f"{paths.display(path)}: disk_path must be a path")
+    endpoint = doc.get("endpoint")
+    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://"))):
+        raise BenchConfigError(f"{paths.display(path)}: endpoint must be an http(s):// URL, not {endpoint!r}",
+                               "e.g. endpoint: http://127.0.0.1:8888 (or leave it out: what metralectl serves here)")
     return BenchConfig(
-        enabled=enabled, hardware_class=hw or None,
+        enabled=enabled, hardware_class=hw or None, endpoint=endpoint.rstrip("/") if endpoint else None,
         memory_floor_gb=_number(floors.get("memory_gb", DEFAULT_MEMORY_GB), "floors.memory_gb", path),
         disk_floor_gb=_number(floors.get("disk_gb", DEFAULT_DISK_GB), "floors.disk_gb", path),
         disk_path=Path(disk_path).expanduser() if disk_path else None, exists=True)

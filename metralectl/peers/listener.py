@@ -6,6 +6,8 @@
                                          Stored as pending; trusts nothing until the operator types the
                                          fingerprint here (`metralectl peer grant-bench FP`)
     GET  /peer/v1/admission              signed by a known peer: the bench admission answer
+    GET  /peer/v1/thermal                signed by a known peer: the hottest GPU and the throttle flags
+    /peer/v1/units...                    remote benchmark units (unit_routes.py): submit, follow, fetch, cancel
 
 Every other request must be signed by a known peer's key (protocol.verify_request); every answer is
 signed by this node's key (protocol.sign_response).
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,7 @@ from metralectl.identity import Identity, fingerprint_of, public_key_from_b64
 from metralectl.peers import PEER_PORT
 from metralectl.peers.address import PeerAddress
 from metralectl.peers.admission import Admission, Facts, judge
-from metralectl.peers.config import bench_path, load_bench_config
+from metralectl.peers.config import BenchConfig, bench_path, load_bench_config
 from metralectl.peers.protocol import (
     _NONCE,
     H_KEY,
@@ -39,6 +42,7 @@ from metralectl.peers.protocol import (
     verify_request,
 )
 from metralectl.peers.store import PeerStore
+from metralectl.peers.units import Executor, UnitQueue
 
 log = logging.getLogger("metralectl.peers")
 PROTOCOL = 1
@@ -52,20 +56,33 @@ class Node:
     identity: Identity
     facts: Facts = field(default_factory=Facts)
     name: str = field(default_factory=socket.gethostname)
+    home: Path | None = None  # METRALE_HOME: units and their records (default: paths.metrale_home())
+    executor: Executor | None = None  # how units run (default: `metralectl bench run` as a child)
     peers: PeerStore = field(init=False)
     nonces: NonceStore = field(init=False)
+    units: UnitQueue = field(init=False)
 
     def __post_init__(self) -> None:
+        from metralectl import paths
+        from metralectl.peers.unit_exec import SubprocessExecutor
+
         self.peers = PeerStore(self.base)
         self.nonces = NonceStore(self.base / "peers" / "nonces")
+        home = self.home if self.home is not None else paths.metrale_home()
+        executor = self.executor or SubprocessExecutor(self.base, home, lambda: self.bench_config().endpoint)
+        self.units = UnitQueue(home, executor)
+
+    def bench_config(self) -> BenchConfig:
+        return load_bench_config(self.base)
 
     def trusted_key(self, fingerprint: str) -> bytes | None:
         peer = self.peers.load().by_fingerprint(fingerprint)
         return peer.key if peer is not None else None
 
     def admission(self, grants: tuple[str, ...] | None) -> Admission:
-        return judge(load_bench_config(self.base), fingerprint=self.identity.fingerprint, name=self.name,
-                     facts=self.facts, requester_grants=grants, config_path=bench_path(self.base))
+        return judge(self.bench_config(), fingerprint=self.identity.fingerprint, name=self.name,
+                     facts=self.facts, requester_grants=grants, config_path=bench_path(self.base),
+                     queued=self.units.waiting())
 
 
 class PeerHandler(Handler):
@@ -112,6 +129,12 @@ class PeerHandler(Handler):
             self._hello(body)
         elif method == "GET" and route == "/peer/v1/admission":
             self._admission(body)
+        elif method == "GET" and route == "/peer/v1/thermal":
+            self._thermal(body)
+        elif route == "/peer/v1/units" or route.startswith("/peer/v1/units/"):
+            from metralectl.peers.unit_routes import dispatch
+
+            dispatch(self, method, route, body)
         else:
             request = self._signed(body)  # unknown paths answer only to known peers
             if request is not None:
@@ -162,7 +185,24 @@ class PeerHandler(Handler):
         self._answer(200, answer, nonce=request.nonce, to=request.key)
 
 
+    def _thermal(self, body: bytes) -> None:
+        request = self._signed(body)
+        if request is None:
+            return
+        reading = dict(self.server.node.facts.thermal())
+        reading["hardware_class"] = self.server.node.bench_config().hardware_class
+        self._answer(200, reading, nonce=request.nonce, to=request.key)
+
+
 class PeerServer(Server):
     def __init__(self, node: Node, host: str = "0.0.0.0", port: int = PEER_PORT) -> None:
         self.node = node
         super().__init__((host, port), PeerHandler)
+
+    def start(self, name: str) -> threading.Thread:
+        self.node.units.start()
+        return super().start(name)
+
+    def stop(self) -> None:
+        super().stop()
+        self.node.units.stop()

@@ -213,3 +213,29 @@ def verify_response(headers: Headers, status: int, body: bytes, *, nonce: str, m
     if not verify_signature(public, signature, data):
         return "the answer's signature does not verify with the paired key"
     return None
+
+
+# -- streamed answers: one signature per line ---------------------------------------------------------
+EVENT_DOMAIN = "metralectl-peer-event/1"
+
+
+def _event_pae(nonce: str, key: str, to: str, stream: str, line: bytes) -> bytes:
+    return pae("event", {"nonce": nonce, "key": key, "to": to, "stream": stream}, line, domain=EVENT_DOMAIN)
+
+
+def sign_event_line(me: Identity, nonce: str, to: str, stream: str, line: bytes) -> bytes:
+    """`<signature> <json>\\n`: each line of a stream is signed on its own (the stream has no end to sign),
+    bound to the request's nonce and the stream's name, so lines cannot be moved between streams."""
+    return b64(me.sign(_event_pae(nonce, me.fingerprint, to, stream, line))).encode() + b" " + line + b"\n"
+
+
+def verify_event_line(raw: bytes, *, nonce: str, me: str, key: str, public: bytes, stream: str) -> bytes | None:
+    """The JSON bytes of a signed stream line, or None when its signature does not verify."""
+    sig_s, sep, line = raw.rstrip(b"\n").partition(b" ")
+    if not sep:
+        return None
+    try:
+        signature = unb64(sig_s.decode("ascii"), "signature")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return line if verify_signature(public, signature, _event_pae(nonce, key, me, stream, line)) else None

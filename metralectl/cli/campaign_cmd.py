@@ -1,0 +1,205 @@
+"""`bench campaign` (units over the admitted nodes) and `bench nodes` (who is admitted, and why not).
+
+Progress on stderr; the final table (or, with --json, one JSON object per event) on stdout.
+Exit codes: 0 every unit's record accepted and no gate failed; 1 a unit failed or did not run (or
+nothing was admitted); 2 a gate said no; 130 interrupted (every node's running unit was cancelled).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from metralectl.cli.state import note, style
+
+
+def campaign(
+    plan_file: Path = typer.Argument(None, metavar="[PLAN.yaml]", help="The campaign plan (docs/bench.md#campaigns)."),
+    node: list[str] = typer.Option(None, "--node", "-n", metavar="ADDR", help="A node's peer address (repeatable)."),
+    unit: list[str] = typer.Option(None, "--unit", "-u", metavar='"SUITE K=V ..."', help="A unit (repeatable)."),
+    reference: str = typer.Option(None, "--reference", metavar="ADDR", help="The node that hosts every speed-class unit."),
+    recipe: str = typer.Option(None, "--recipe", help="The recipe every node must be serving."),
+    hardware_class: str = typer.Option(None, "--hardware-class", help="The class certified (default: the reference's)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Admission and the plan only; nothing runs."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Go on after a unit fails its gate."),
+    ignore_thermals: bool = typer.Option(False, "--dangerous-ignore-thermals", help="Never park a hot node (warn only)."),
+    thermal_poll: float = typer.Option(60.0, "--thermal-poll", min=0.05, help="Seconds between readings of a parked node."),
+    thermal_max_wait: float = typer.Option(1800.0, "--thermal-max-wait", min=0, help="Longest park before resuming with a warning."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per event on stdout."),
+    timeout: float = typer.Option(5.0, "--timeout", help="Seconds to wait for each node's answers."),
+) -> None:
+    """Run benchmark units over admitted peer nodes: longest first, speed class on one reference node,
+    hot nodes parked, every record verified before it counts."""
+    from metralectl import identity, paths
+    from metralectl.bench import campaign_file
+    from metralectl.bench.campaign import Campaign, CampaignOptions, exit_code
+    from metralectl.bench.campaign_plan import NodeFacts, choose_reference, simulate
+    from metralectl.peers.ops import ask_nodes
+    from metralectl.peers.remote_units import NodeRef, RemoteNode
+    from metralectl.peers.store import known_keys
+
+    spec = campaign_file.load(plan_file, list(unit or []), list(node or []), reference, recipe)
+    if not spec.nodes:
+        from metralectl.errors import UsageError
+
+        raise UsageError("which nodes? give --node ADDR (or `nodes:` in the plan)",
+                         "each must be paired (`metralectl peer pair ADDR`) and have granted this box bench")
+    out = _Out(as_json)
+    me = identity.load_or_create()
+    answers = ask_nodes(list(spec.nodes), me, timeout=timeout)
+    lines = _thermal_lines()
+    admitted, facts, refused = [], [], []
+    ok = [a for a in answers if a.admitted and a.admission is not None]
+    classes = {a.address: a.admission.hardware_class for a in ok if a.admission is not None}
+    certified = hardware_class or classes.get(spec.reference or "") or next(iter(classes.values()), None)
+    for a in answers:
+        adm = a.admission
+        why = None if a in ok else ("; ".join(a.reasons) or "refused")
+        if why is None and adm is not None and adm.hardware_class != certified:
+            why = f"hardware class {adm.hardware_class}; the campaign certifies {certified}"
+        elif why is None and adm is not None and adm.hardware_class not in lines:
+            why = f"hardware class {adm.hardware_class} declares no thermal park/resume lines: it cannot be campaigned"
+        if why is not None or adm is None:
+            refused.append((a.address, why))
+            out.event("fleet", node=a.address, admitted=False, reason=why, hint=a.hint)
+            continue
+        handle = RemoteNode(me, NodeRef.lookup(a.address), known_keys(), name=a.address)
+        temp = _temp(handle)
+        admitted.append((handle, adm.hardware_class))
+        facts.append(NodeFacts(a.address, adm.facts.get("memory_available_gb"), temp))
+        out.event("fleet", node=a.address, admitted=True, fingerprint=adm.fingerprint, gpu=adm.gpu,
+                  hardware_class=adm.hardware_class, temp_c=temp, free_memory_gb=adm.facts.get("memory_available_gb"))
+    if not admitted:
+        from metralectl.errors import MetralError
+
+        raise MetralError("no node is admitted: nothing to run the campaign on", "`metralectl bench nodes ADDR...` says why")
+    ref_name, why = choose_reference(facts, spec.reference)
+    units = list(spec.units)
+    plan = simulate(units, facts, ref_name, why)
+    out.event("plan", **plan.to_json(), units=[u.to_json() for u in units])
+    if any(u.speed for u in units) and len(admitted) > 1:
+        note(style(f"WARNING speed-class units BUNDLED on {ref_name} ({why})", "33", sys.stderr))
+    if dry_run:
+        out.final({"dry_run": True, "plan": plan.to_json(), "refused": refused})
+        return
+    run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
+    directory = paths.metrale_home() / "campaigns" / run_id
+    options = CampaignOptions(keep_going=keep_going, ignore_thermals=ignore_thermals, thermal_poll_s=thermal_poll,
+                              thermal_max_wait_s=thermal_max_wait)
+    run = Campaign(run_id, units, [h for h, _ in admitted], ref_name,
+                   {h.name: lines.get(cls or "") for h, cls in admitted}, directory, options=options,
+                   on_event=lambda kind, data: out.event(kind, **data))
+    note(f"campaign {run_id}: {len(units)} unit(s) on {len(admitted)} node(s); record: {paths.display(directory)}")
+    record = run.run()
+    out.final(record)
+    code = exit_code(record)
+    if code:
+        raise typer.Exit(code)
+
+
+def _thermal_lines() -> dict[str, Any]:
+    from metralectl.catalog import load_catalog
+    from metralectl.telemetry.view import thermal_lines_from
+
+    return thermal_lines_from(load_catalog().hardware)
+
+
+def _temp(handle: Any) -> float | None:
+    from metralectl.errors import MetralError
+
+    try:
+        value = handle.thermal().get("temp_c")
+    except MetralError:
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+class _Out:
+    """Events: JSON lines on stdout with --json; otherwise a line each on stderr and a table at the end."""
+
+    def __init__(self, as_json: bool) -> None:
+        import threading
+
+        self.as_json = as_json
+        self._lock = threading.Lock()  # node workers emit from their threads: one whole line at a time
+
+    def event(self, kind: str, **data: Any) -> None:
+        if self.as_json:
+            line = json.dumps({"event": kind, **data}, sort_keys=True, default=str) + "\n"
+            with self._lock:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            return
+        text = _describe(kind, data)
+        if text:
+            color = {"thermal": "33", "retired": "31", "halt": "31", "link-lost": "33"}.get(kind, "2")
+            with self._lock:
+                note(style(text, color, sys.stderr))
+
+    def final(self, record: dict[str, Any]) -> None:
+        if self.as_json:
+            print(json.dumps({"event": "final", **record}, sort_keys=True, default=str), flush=True)
+            return
+        if record.get("dry_run"):
+            plan = record["plan"]
+            for name, queue in plan["queues"].items():
+                print(f"{name}: {', '.join(queue) or '(idle)'}  (finishes at ~{plan['finish_s'][name]:.0f} s)")
+            print(f"makespan ~{plan['makespan_s']:.0f} s; reference {plan['reference']} ({plan['reference_why']})")
+            for unit_id in plan["unassigned"]:
+                print(f"unassigned: {unit_id} (no admitted node may run it)")
+            return
+        from metralectl.cli.table import render_table
+
+        rows = []
+        for u in record["units"]:
+            headline = u.get("headline") or {}
+            first = next(iter(sorted(headline.items())), None)
+            rows.append([u["unit"]["id"], u.get("node") or "-", u["state"], u.get("verdict") or "-",
+                         f"{first[0]}={first[1]}" if first else (u.get("error") or "-")])
+        print(render_table(["UNIT", "NODE", "STATE", "VERDICT", "HEADLINE / WHY"], rows))
+
+
+def _describe(kind: str, d: dict[str, Any]) -> str | None:
+    if kind == "fleet":
+        if d["admitted"]:
+            return f"▸ {d['node']}: admitted ({d.get('hardware_class')}, {d.get('gpu')}, signer {d.get('fingerprint')})"
+        return f"▸ {d['node']}: refused: {d.get('reason')}" + (f"\n    → {d['hint']}" if d.get("hint") else "")
+    if kind == "plan":
+        return f"▸ plan: makespan ~{d['makespan_s']:.0f} s; speed class on {d['reference']} ({d['reference_why']})"
+    if kind == "start":
+        return f"▸ {d['node']}: {d['unit']} (expected {d['expected_s']:.0f} s) as {d['key']}"
+    if kind == "line":
+        event = d["event"]
+        if event.get("kind") in ("stage", "stage-done", "warning"):
+            return f"  {d['node']} {d['unit']}: {event.get('message')}"
+        return None
+    if kind == "link-lost":
+        return f"! {d['node']} {d['unit']}: event stream lost ({d['why']}); re-attaching (#{d['losses']})"
+    if kind == "done":
+        tail = f" ({d['error']})" if d.get("error") else (f", verdict {d['verdict']}" if d.get("verdict") else "")
+        return f"✔ {d['node']}: {d['unit']} {d['state']} in {d['seconds']:.1f} s{tail}"
+    if kind == "thermal":
+        temp = f"{d['temp_c']:.0f} °C" if isinstance(d.get("temp_c"), (int, float)) else "?"
+        return f"! thermal {d['node']}: {d['state']} ({temp}): {d.get('reason')}"
+    if kind == "retired":
+        return f"✘ {d['node']} retired for this campaign: {d['reason']}"
+    if kind == "halt":
+        return f"✘ stopping new units: {d['reason']} (--keep-going goes on)"
+    if kind == "cancel":
+        return f"▸ cancel {d['key']} on {d['node']}: " + ("done" if d.get("ok") else f"FAILED: {d.get('error')}")
+    if kind == "summary":
+        return f"▸ summary: {d['states']}" + (f"; gates failed: {', '.join(d['failed_gates'])}" if d["failed_gates"] else "")
+    return None
+
+
+def register(bench_app: typer.Typer) -> None:
+    from metralectl.cli.peer_cmds import nodes
+
+    bench_app.command("campaign")(campaign)
+    bench_app.command("nodes")(nodes)

@@ -1,0 +1,168 @@
+"""`metralectl bench campaign` over two nodes on loopback (real peer listeners, real unit runs against real
+engine doubles), driven as an operator would: the CLI in a subprocess.
+
+The thermal reading is the one fake (no GPU here): node b crosses the park line between units, hovers
+between the lines (still parked: hysteresis) and cools below the resume line — the campaign parks it,
+keeps node a working, and resumes it. Also: a node whose units keep failing is retired and its units
+run elsewhere; Ctrl-C cancels every node's running unit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from metralectl import identity, signing
+from metralectl.peers.store import known_keys
+from tests.integration.peer_nodes import REPO, EngineDouble, PeerNode, Thermal, free_port, pair_and_grant
+
+pytestmark = pytest.mark.integration
+
+
+class Fleet:
+    def __init__(self, root: Path, thermal_b: Thermal, *, b_endpoint: str | None = None) -> None:
+        self.here = Path(os.environ["METRALECTL_CONFIG_DIR"])
+        self.me = identity.load_or_create(self.here)
+        self.doubles = [EngineDouble(itl_ms=3.0), EngineDouble(itl_ms=3.0)]
+        self.a = PeerNode(root, "a", endpoint=self.doubles[0].url)
+        self.b = PeerNode(root, "b", endpoint=b_endpoint or self.doubles[1].url, thermal=thermal_b)
+        for node in (self.a, self.b):
+            pair_and_grant(self.here, self.me, "here", node)
+
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "metralectl", "bench", "campaign", *args],
+                              capture_output=True, text=True, cwd=REPO, timeout=timeout)
+
+    def stop(self) -> None:
+        for node in (self.a, self.b):
+            node.stop()
+        for d in self.doubles:
+            d.stop()
+
+
+def _events(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture()
+def scripted() -> Thermal:
+    """Node b: cool for planning and its first unit, then 85 °C (park), 75 °C twice (between the lines:
+    still parked), then 65 °C (resume) and cool from then on."""
+    readings = [50.0, 50.0, 85.0, 75.0, 75.0, 65.0]
+    thermal = Thermal(50.0)
+
+    def next_reading(t: Thermal) -> None:
+        t.temp_c = readings[t.reads - 1] if t.reads - 1 < len(readings) else 45.0
+
+    thermal.on_read = next_reading
+    return thermal
+
+
+@pytest.fixture()
+def fleet(tmp_path: Path, scripted: Thermal) -> Iterator[Fleet]:
+    f = Fleet(tmp_path, scripted)
+    yield f
+    f.stop()
+
+
+UNITS = ["decode repeats=3 max_tokens=16 warmup=1",
+         "tool-call repeats=2", "tool-call repeats=2", "tool-call repeats=2", "tool-call repeats=2"]
+
+
+def _unit_args(units: list[str]) -> list[str]:
+    return [x for u in units for x in ("--unit", u)]
+
+
+def test_campaign_parks_a_hot_node_and_resumes_it(fleet: Fleet) -> None:
+    done = fleet.cli("--node", fleet.a.addr, "--node", fleet.b.addr, "--reference", fleet.a.addr,
+                     "--thermal-poll", "0.3", "--json", *_unit_args(UNITS))
+    assert done.returncode == 0, done.stderr + done.stdout
+    events = _events(done.stdout)
+    kinds = [e["event"] for e in events]
+    assert kinds.count("fleet") == 2 and all(e["admitted"] for e in events if e["event"] == "fleet")
+    plan = next(e for e in events if e["event"] == "plan")
+    assert plan["reference"] == fleet.a.addr and "decode" in plan["queues"][fleet.a.addr]
+
+    thermal = [e for e in events if e["event"] == "thermal" and e["node"] == fleet.b.addr]
+    assert [t["state"] for t in thermal] == ["parked", "resumed"], thermal
+    assert thermal[0]["temp_c"] == 85.0 and thermal[1]["temp_c"] == 65.0
+    parked_at, resumed_at = thermal[0]["at"], thermal[1]["at"]
+    assert resumed_at - parked_at >= 0.3 * 3 * 0.9  # read at 85, 75, 75 (hysteresis), then 65
+    starts = [e for e in events if e["event"] == "start"]
+    assert not [s for s in starts if s["node"] == fleet.b.addr and parked_at < s["at"] < resumed_at]
+    assert [s for s in starts if s["node"] == fleet.a.addr and parked_at < s["at"] < resumed_at] or \
+        all(s["at"] < parked_at for s in starts if s["node"] == fleet.a.addr), "node a kept working"
+    decode_starts = [s for s in starts if s["unit"] == "decode"]
+    assert [s["node"] for s in decode_starts] == [fleet.a.addr]  # the speed class stays on the reference
+
+    final = events[-1]
+    assert final["event"] == "final" and {u["state"] for u in final["units"]} == {"accepted"}
+    assert {u["node"] for u in final["units"]} == {fleet.a.addr, fleet.b.addr}
+    keys = known_keys(fleet.here)
+    for u in final["units"]:
+        assert u["key"].startswith("certify-") and u["unit"]["id"] in u["key"]
+        verdict = signing.verify_file(Path(u["record_dir"]) / "run.json", keys, expect={"unit": u["key"]})
+        signer = fleet.a.me.fingerprint if u["node"] == fleet.a.addr else fleet.b.me.fingerprint
+        assert verdict.ok and verdict.signer == signer, verdict
+    saved = json.loads((Path(final["units"][0]["record_dir"]).parents[1] / "campaign.json").read_text())
+    assert [t["state"] for t in saved["thermal"]] == ["parked", "resumed"]
+
+
+def test_a_node_failing_twice_is_retired_and_its_units_run_elsewhere(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # node b benchmarks an endpoint where nothing listens
+    f = Fleet(tmp_path, Thermal(50.0), b_endpoint=dead)
+    try:
+        done = f.cli("--node", f.a.addr, "--node", f.b.addr, "--reference", f.a.addr, "--json",
+                     *_unit_args(["tool-call repeats=2"] * 4))
+    finally:
+        f.stop()
+    events = _events(done.stdout)
+    retired = [e for e in events if e["event"] == "retired"]
+    assert [r["node"] for r in retired] == [f.b.addr] and "2 times in a row" in retired[0]["reason"]
+    failed_on_b = [e for e in events if e["event"] == "done" and e["node"] == f.b.addr]
+    assert len(failed_on_b) == 2 and all(e["state"] == "pending" for e in failed_on_b)  # put back for node a
+    final = events[-1]
+    assert {u["state"] for u in final["units"]} == {"accepted"} and {u["node"] for u in final["units"]} == {f.a.addr}
+    assert done.returncode == 0, done.stderr
+
+
+def test_ctrl_c_cancels_every_nodes_job(fleet: Fleet) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "metralectl", "bench", "campaign", "--node", fleet.a.addr,
+                             "--node", fleet.b.addr, "--reference", fleet.a.addr, "--json",
+                             "--unit", "decode repeats=400 max_tokens=64", "--unit", "tool-call repeats=400"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not all(any(u.state == "running" for u in n.node.units.list_for(fleet.me.fingerprint))
+                      for n in (fleet.a, fleet.b)):
+            assert time.monotonic() < deadline and proc.poll() is None, "both nodes never ran a unit"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    for node in (fleet.a, fleet.b):
+        units = node.node.units.list_for(fleet.me.fingerprint)
+        assert units and all(u.state == "cancelled" for u in units), [(u.key, u.state) for u in units]
+    cancels = [e for e in _events(out) if e["event"] == "cancel"]
+    assert {c["node"] for c in cancels} == {fleet.a.addr, fleet.b.addr} and all(c["ok"] for c in cancels)
+
+
+def test_dry_run_shows_the_plan_and_runs_nothing(fleet: Fleet) -> None:
+    done = subprocess.run([sys.executable, "-m", "metralectl", "bench", "campaign", "--node", fleet.a.addr,
+                           "--node", fleet.b.addr, "--dry-run", *_unit_args(UNITS)],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "makespan" in done.stdout and "speed-class units BUNDLED" in done.stderr
+    assert not fleet.a.node.units.list_for(fleet.me.fingerprint) and not fleet.b.node.units.list_for(fleet.me.fingerprint)
