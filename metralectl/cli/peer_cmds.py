@@ -118,6 +118,7 @@ def bench_config(
     memory_floor: float = typer.Option(None, "--memory-floor", min=0, help="GB of available memory below which units are refused."),
     disk_floor: float = typer.Option(None, "--disk-floor", min=0, help="GB of free disk below which units are refused."),
     disk_path: str = typer.Option(None, "--disk-path", help="Where free disk is measured (default: the HF cache)."),
+    endpoint: str = typer.Option(None, "--endpoint", help="What units benchmark (default: what metralectl serves here; '' resets)."),
 ) -> None:
     """Show this node's bench.yaml; with options, change it."""
     from dataclasses import replace
@@ -140,6 +141,12 @@ def bench_config(
         changes["disk_floor_gb"] = disk_floor
     if disk_path is not None:
         changes["disk_path"] = Path(disk_path).expanduser() if disk_path else None
+    if endpoint is not None:
+        if endpoint and not endpoint.startswith(("http://", "https://")):
+            from metralectl.errors import UsageError
+
+            raise UsageError(f"--endpoint {endpoint!r}: expected an http(s):// URL", "e.g. --endpoint http://127.0.0.1:8888")
+        changes["endpoint"] = endpoint.rstrip("/") or None
     if changes:
         config = replace(config, **changes, exists=True)
         note(f"wrote {paths.display(save_bench_config(config))}")
