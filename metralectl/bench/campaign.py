@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from metralectl import store
 from metralectl.bench.campaign_plan import PlannedUnit, pick
 from metralectl.errors import MetralError
+from metralectl.peers.remote_units import UnitRefused
 from metralectl.telemetry.thermal import ThermalLines, ThermalState, thermal_status
 
 
@@ -54,6 +55,8 @@ class CampaignOptions:
     attempts: int = 2  # nodes a unit may be tried on
     timeout_factor: float = 3.0
     allowance_s: float = 120.0  # a unit's fixed allowance on top of expected x factor
+    busy_backoff_s: float = 30.0  # a node that answers "not admitted now" (busy, floors) is asked again after this
+    busy_limit: int = 20  # ... this many times in a row, then it is retired
 
 
 @dataclass
@@ -95,6 +98,7 @@ class Campaign:
         self.groups_on: dict[str, set[str]] = {n: set() for n in self.nodes}
         self.running: dict[str, UnitResult] = {}
         self.failures = {n: 0 for n in self.nodes}
+        self.busy = {n: 0 for n in self.nodes}
         self.retired: dict[str, str] = {}
         self.thermal: dict[str, ThermalState] = {n: "ok" for n in self.nodes}
         self.thermal_log: list[dict[str, Any]] = []
@@ -223,7 +227,14 @@ class Campaign:
         t0 = time.monotonic()
         error: str | None = None
         try:
-            node.submit(spec)
+            try:
+                node.submit(spec)
+            except UnitRefused as exc:
+                if exc.status != 503:
+                    raise
+                self._not_now(name, result, exc.message)
+                return
+            self.busy[name] = 0
             end = node.follow(key, lambda e: self.emit("line", node=name, unit=unit.id, event=e),
                               lambda n, why: self.emit("link-lost", node=name, unit=unit.id, losses=n, why=why))
             state = (end.get("data") or {}).get("state")
@@ -254,6 +265,22 @@ class Campaign:
                   error=result.error, seconds=attempt["seconds"], headline=result.headline)
         if self.halted and result.verdict == "fail":
             self.emit("halt", reason=self.halted)
+
+    def _not_now(self, name: str, result: UnitResult, why: str) -> None:
+        """The node refused for now (busy, below its floors, queue full): not a failure of the unit; the unit
+        goes back as it was and the node waits busy_backoff_s (retired after busy_limit refusals in a row)."""
+        with self.cond:
+            self.busy[name] += 1
+            result.state, result.node, result.key = "pending", None, None
+            self.pending.append(result.unit)
+            self.groups_on[name].discard(result.unit.group)
+            if self.busy[name] >= self.options.busy_limit:
+                self.retired[name] = f"not admitted {self.busy[name]} times in a row (last: {why})"
+        self.emit("busy", node=name, unit=result.unit.id, times=self.busy[name], why=why)
+        if name in self.retired:
+            self.emit("retired", node=name, reason=self.retired[name])
+        else:
+            self.aborting.wait(self.options.busy_backoff_s)
 
     def _failed(self, name: str, result: UnitResult, error: str) -> None:
         """A harness failure on `name` (under the lock): put the unit back for another node, maybe retire."""

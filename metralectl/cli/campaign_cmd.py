@@ -138,7 +138,7 @@ class _Out:
             return
         text = _describe(kind, data)
         if text:
-            color = {"thermal": "33", "retired": "31", "halt": "31", "link-lost": "33"}.get(kind, "2")
+            color = {"thermal": "33", "retired": "31", "halt": "31", "link-lost": "33", "busy": "33"}.get(kind, "2")
             with self._lock:
                 note(style(text, color, sys.stderr))
 
@@ -187,6 +187,8 @@ def _describe(kind: str, d: dict[str, Any]) -> str | None:
     if kind == "thermal":
         temp = f"{d['temp_c']:.0f} °C" if isinstance(d.get("temp_c"), (int, float)) else "?"
         return f"! thermal {d['node']}: {d['state']} ({temp}): {d.get('reason')}"
+    if kind == "busy":
+        return f"! {d['node']}: not taking {d['unit']} now ({d['why']}); asking again later (#{d['times']})"
     if kind == "retired":
         return f"✘ {d['node']} retired for this campaign: {d['reason']}"
     if kind == "halt":

@@ -15,7 +15,7 @@ from metralectl.bench import campaign_file
 from metralectl.bench.campaign import Campaign, CampaignOptions, exit_code
 from metralectl.bench.campaign_plan import NodeFacts, PlannedUnit, choose_reference, estimate_s, pick, simulate
 from metralectl.errors import MetralError
-from metralectl.peers.remote_units import RecordRejected
+from metralectl.peers.remote_units import RecordRejected, UnitRefused
 from metralectl.telemetry.thermal import ThermalLines
 
 
@@ -68,15 +68,19 @@ def test_estimates_follow_the_parameters() -> None:
 # -- run time, against fake nodes -------------------------------------------------------------------
 class FakeNode:
     def __init__(self, name: str, *, fail: int = 0, verdict: str = "none", temps: list[float | None] | None = None,
-                 block: bool = False, reject: bool = False) -> None:
+                 block: bool = False, reject: bool = False, busy: int = 0) -> None:
         self.name, self.fingerprint = name, f"FP-{name}"
         self.fail, self.verdict, self.temps, self.block, self.reject = fail, verdict, list(temps or []), block, reject
+        self.busy = busy
         self.ran: list[str] = []
         self.cancelled: list[str] = []
         self.release = threading.Event()
         self.reads = 0
 
     def submit(self, spec: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        if self.busy > 0:
+            self.busy -= 1
+            raise UnitRefused("not admitted now: busy: a launch, swap or stop holds the lifecycle lock", status=503)
         self.ran.append(spec["key"])
         return {"key": spec["key"]}, True
 
@@ -139,6 +143,18 @@ def test_a_rejected_record_counts_as_a_failure_of_that_node(tmp_path: Path) -> N
     record = c.run()
     assert all(u["state"] == "accepted" and u["node"] == "a" for u in record["units"])
     assert any("signed by someone else" in (att["error"] or "") for u in record["units"] for att in u["attempts"])
+
+
+def test_a_busy_node_is_asked_again_later_not_counted_as_failing(tmp_path: Path) -> None:
+    busy = FakeNode("solo", busy=3)
+    c, events = _campaign(tmp_path, [U("t1")], [busy], busy_backoff_s=0.01)
+    record = c.run()
+    assert record["units"][0]["state"] == "accepted" and not c.retired and c.failures["solo"] == 0
+    assert [d["times"] for k, d in events if k == "busy"] == [1, 2, 3]
+    forever = FakeNode("never", busy=10**6)
+    c2, events2 = _campaign(tmp_path / "2", [U("t1")], [forever], busy_backoff_s=0.0, busy_limit=4)
+    record2 = c2.run()
+    assert "not admitted 4 times" in c2.retired["never"] and record2["units"][0]["state"] == "not-run"
 
 
 def test_a_fail_verdict_halts_new_units_unless_keep_going(tmp_path: Path) -> None:
