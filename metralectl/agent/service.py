@@ -84,7 +84,8 @@ class AgentOptions:
 
 class Agent:
     def __init__(self, options: AgentOptions, *, base: Path | None = None,
-                 check: Callable[[], dict[str, Any]] = doctor_capability, ops: Any = None, facts: Any = None) -> None:
+                 check: Callable[[], dict[str, Any]] = doctor_capability, ops: Any = None, facts: Any = None,
+                 home: Path | None = None) -> None:
         from metralectl import identity
         from metralectl.agent.api import LocalApiServer
         from metralectl.agent.ops import LifecycleOps
@@ -105,7 +106,7 @@ class Agent:
             from metralectl.peers.admission import Facts
             from metralectl.peers.listener import Node, PeerServer
 
-            node = Node(base if base is not None else paths.config_dir(), self.identity, facts or Facts())
+            node = Node(base if base is not None else paths.config_dir(), self.identity, facts or Facts(), home=home)
             self.peer_server = PeerServer(node, options.peer_host, options.peer_port)
         self.api.info["peer_port"] = self.peer_server.port if self.peer_server else None
 

@@ -83,9 +83,17 @@ class Thermal:
         return {"temp_c": self.temp_c, "clock_reasons": list(self.reasons), "reason": None}
 
 
+def _can_run() -> dict[str, Any]:
+    return {"can_run": True, "summary": "this machine can run models", "problems": [], "checks": []}
+
+
 class PeerNode:
+    """One node: by default a whole `metralectl agent` (agent.service.Agent: capability monitor, local API,
+    peer listener, unit queue) in this process, so its machine facts can be injected; `agent=False` runs
+    the peer listener alone."""
+
     def __init__(self, root: Path, name: str, *, endpoint: str | None = None, hardware_class: str = "gb10",
-                 memory_gb: float = 100.0, thermal: Thermal | None = None) -> None:
+                 memory_gb: float = 100.0, thermal: Thermal | None = None, agent: bool = True) -> None:
         self.name = name
         self.base = root / name / "config"
         self.home = root / name / "metrale"
@@ -94,9 +102,20 @@ class PeerNode:
         self.memory_gb = memory_gb
         facts = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: False, queued=lambda: 0,
                       memory=lambda: int(self.memory_gb * 1e9), disk=lambda p: 900 * 10**9, thermal=self.thermal)
-        self.node = Node(self.base, self.me, facts, name=name, home=self.home)
-        self.server = PeerServer(self.node, "127.0.0.1", 0)
-        self.server.start(f"peer-{name}")
+        self.agent: Any = None
+        if agent:
+            from metralectl.agent.service import Agent, AgentOptions
+
+            self.agent = Agent(AgentOptions(api_port=0, peer_port=0, peer_host="127.0.0.1", interval_s=30.0,
+                                            regroup=False, argv=[]),
+                               base=self.base, home=self.home, check=_can_run, facts=facts)
+            self.agent.start()
+            self.server: PeerServer = self.agent.peer_server
+            self.node: Node = self.server.node
+        else:
+            self.node = Node(self.base, self.me, facts, name=name, home=self.home)
+            self.server = PeerServer(self.node, "127.0.0.1", 0)
+            self.server.start(f"peer-{name}")
         if endpoint is not None:
             save_bench_config(BenchConfig(enabled=True, hardware_class=hardware_class, endpoint=endpoint,
                                           memory_floor_gb=1, disk_floor_gb=1), self.base)
@@ -106,7 +125,10 @@ class PeerNode:
         return f"127.0.0.1:{self.server.port}"
 
     def stop(self) -> None:
-        self.server.stop()
+        if self.agent is not None:
+            self.agent.stop()
+        else:
+            self.server.stop()
 
 
 def pair_and_grant(client_base: Path, client: identity.Identity, client_name: str, node: PeerNode,

@@ -1,5 +1,6 @@
-"""`metralectl bench campaign` over two nodes on loopback (real peer listeners, real unit runs against real
-engine doubles), driven as an operator would: the CLI in a subprocess.
+"""`metralectl bench campaign` over two agents on loopback (each a whole agent.service.Agent — capability
+monitor, local API, peer listener, unit queue — in this process, so its machine facts can be injected; real
+unit runs against real engine doubles), driven as an operator would: the CLI in a subprocess.
 
 The thermal reading is the one fake (no GPU here): node b crosses the park line between units, hovers
 between the lines (still parked: hysteresis) and cools below the resume line — the campaign parks it,
