@@ -1,15 +1,17 @@
 """The agent's local API and its control-plane page, on loopback (security.py is the gate).
 
-    GET  /                     the control-plane page (static HTML + JS + CSS served from here, no CDN)
-    GET  /api/status           can this machine run models (the agent's own, re-checked answer)
-    GET  /api/serving          what is serving (lifecycle.status.collect)
-    GET  /api/recipes          the library rows
-    GET  /api/telemetry        the newest GPU sample, or why there is none
-    GET  /api/history          recorded benchmark runs
-    GET  /api/jobs[/ID]        lifecycle jobs started through the API, with their events
-    POST /api/run   {recipe}   start serving a recipe        -> 202 {job} | 409 busy
-    POST /api/swap  {recipe}   replace the served model       -> 202 {job} | 409 busy
-    POST /api/stop  {recipe?}  stop what is served            -> 202 {job} | 409 busy
+    GET  /                         the control-plane page (static HTML + JS + CSS served from here, no CDN)
+    GET  /api/status               can this machine run models (the agent's own, re-checked answer)
+    GET  /api/serving              what is serving (lifecycle.status.collect)
+    GET  /api/recipes              the library rows
+    GET  /api/telemetry            the newest GPU sample, or why there is none
+    GET  /api/history              recorded benchmark runs
+    GET  /api/jobs[/ID]            lifecycle jobs started through the API, with their events
+    GET  /api/jobs/ID/events?after=N&wait=S   the events after N; waits up to S (<= 25) s for one (long-poll)
+    POST /api/run   {recipe, sets?, options?}                 start serving   -> 202 {job} | 400 | 409 busy
+    POST /api/swap  {recipe, sets?, drain_timeout_s?, options?} replace it    -> 202 {job} | 400 | 409 busy
+    POST /api/stop  {recipe?, all?, timeout_s?}               stop it         -> 202 {job} | 400 | 409 busy
+    POST /api/jobs/ID/cancel       cancel a job as Ctrl-C would   -> 202 {job} (200 when it had ended)
 
 Every POST needs the bearer token; GET never changes anything.
 """
@@ -18,17 +20,20 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import mimetypes
+import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from metralectl import __version__
 from metralectl.agent import security
 from metralectl.agent.jobs import JobRunner
 from metralectl.agent.ops import Operations, error_json, static_dir
-from metralectl.errors import MetralError
+from metralectl.errors import MetralError, UsageError
 from metralectl.httpserve import BodyTooLarge, Handler, Server
 
 log = logging.getLogger("metralectl.agent")
@@ -41,7 +46,94 @@ PAGE_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",
 }
+STOP_GRACE_S = 60.0  # how long stopping the agent waits for a cancelled job's cleanup
 STATIC = {"/": "index.html", "/index.html": "index.html", "/app.js": "app.js", "/app.css": "app.css"}
+
+
+# -- the bodies of the changes (strict: a wrong type or an unknown key is refused, naming it) -------------
+LAUNCH_FLAGS = ("check_weights", "pull")
+RUN_OPTIONS = ("replace", "keep_failed", "stall_timeout_s", "boot_timeout_s", *LAUNCH_FLAGS)
+SWAP_OPTIONS = ("stall_timeout_s", "boot_timeout_s", *LAUNCH_FLAGS)
+BODY_KEYS = {"run": ("recipe", "sets", "options"), "swap": ("recipe", "sets", "drain_timeout_s", "options"),
+             "stop": ("recipe", "all", "timeout_s")}
+
+
+@dataclass(frozen=True)
+class ChangeRequest:
+    recipe: str | None
+    sets: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)  # LaunchOptions' field names
+    drain_timeout_s: float = 60.0
+    all_: bool = False
+    timeout_s: float = 30.0
+
+
+def _known(obj: dict[str, Any], valid: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(obj) - set(valid))
+    if unknown:
+        raise UsageError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} in {where}; "
+                         f"valid: {', '.join(valid)}")
+
+
+def _seconds(obj: dict[str, Any], key: str, where: str, default: float | None, *, nullable: bool = False) -> Any:
+    value = obj.get(key, default)
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise UsageError(f"{where}{key} must be a number of seconds (>= 0){' or null' if nullable else ''}, "
+                         f"not {json.dumps(value)}")
+    return float(value)
+
+
+def _flag(obj: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = obj.get(key, default)
+    if not isinstance(value, bool):
+        raise UsageError(f"{where}{key} must be true or false, not {json.dumps(value)}")
+    return value
+
+
+def parse_change(kind: str, body: dict[str, Any]) -> ChangeRequest:
+    """POST /api/run|swap|stop's body, checked; UsageError naming the offending key."""
+    _known(body, BODY_KEYS[kind], f"the {kind} body")
+    recipe = body.get("recipe")
+    if recipe is not None and (not isinstance(recipe, str) or not recipe):
+        raise UsageError(f"recipe must be a recipe name (a string), not {json.dumps(recipe)}")
+    if kind == "stop":
+        return ChangeRequest(recipe, all_=_flag(body, "all", "", False),
+                             timeout_s=_seconds(body, "timeout_s", "", 30.0))
+    if not recipe:
+        raise UsageError("which recipe? send {\"recipe\": NAME}")
+    sets = body.get("sets", [])
+    if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
+        raise UsageError(f"sets must be a list of \"KEY=VALUE\" strings, not {json.dumps(sets)}")
+    raw = body.get("options", {})
+    if not isinstance(raw, dict):
+        raise UsageError(f"options must be an object, not {json.dumps(raw)}")
+    _known(raw, RUN_OPTIONS if kind == "run" else SWAP_OPTIONS, f"the {kind} options")
+    options: dict[str, Any] = {}
+    for key in raw:
+        if key.endswith("_s"):
+            options[key] = _seconds(raw, key, "options.", None, nullable=key == "boot_timeout_s")
+        else:
+            options[key] = _flag(raw, key, "options.", False)
+    drain = _seconds(body, "drain_timeout_s", "", 60.0) if kind == "swap" else 60.0
+    return ChangeRequest(recipe, list(sets), options, drain_timeout_s=drain)
+
+
+def events_query(query: str) -> tuple[int, float]:
+    """?after=N&wait=S of GET /api/jobs/ID/events: (N >= 0, S seconds, at most MAX_WAIT_S)."""
+    from metralectl.agent.jobs import MAX_WAIT_S
+
+    params = parse_qs(query, keep_blank_values=True)
+    _known(params, ("after", "wait"), "the events query")
+    try:
+        after = int(params.get("after", ["0"])[-1])
+        wait_s = float(params.get("wait", ["0"])[-1])
+    except ValueError:
+        raise UsageError("after must be an event number and wait a number of seconds") from None
+    if after < 0 or not math.isfinite(wait_s) or wait_s < 0:
+        raise UsageError("after and wait must not be negative")
+    return after, min(wait_s, MAX_WAIT_S)
 
 
 class ApiHandler(Handler):
@@ -98,12 +190,16 @@ class ApiHandler(Handler):
             except MetralError as exc:
                 self.send_json(503, error_json(exc), PAGE_HEADERS)
             return
-        if route.startswith("/api/jobs/"):
+        events = re.fullmatch(r"/api/jobs/([^/]+)/events", route)
+        if events is not None:
+            self._events(events.group(1), urlsplit(self.path).query)
+            return
+        if route.startswith("/api/jobs/") and "/" not in route[len("/api/jobs/"):]:
             job = self.server.jobs.get(route[len("/api/jobs/"):])
             if job is None:
                 self.send_json(404, {"error": "no such job"}, PAGE_HEADERS)
             else:
-                self.send_json(200, job.to_json(), PAGE_HEADERS)
+                self._send_ordered(200, job.to_json())
             return
         self.send_json(404, {"error": f"no {route}"}, PAGE_HEADERS)
 
@@ -140,22 +236,33 @@ class ApiHandler(Handler):
         if not isinstance(body, dict):
             self.send_json(400, {"error": "the body must be a JSON object"}, PAGE_HEADERS)
             return
-        recipe = body.get("recipe")
-        if recipe is not None and not isinstance(recipe, str):
-            self.send_json(400, {"error": "recipe must be a string"}, PAGE_HEADERS)
-            return
-        ops = self.server.ops
-        if route in ("/api/run", "/api/swap"):
-            if not recipe:
-                self.send_json(400, {"error": "which recipe? send {\"recipe\": NAME}"}, PAGE_HEADERS)
-                return
-            kind_ = route.rsplit("/", 1)[1]
-            fn = ops.run if kind_ == "run" else ops.swap
-            self._start(kind_, recipe, lambda emit: fn(recipe, emit))
-        elif route == "/api/stop":
-            self._start("stop", recipe, lambda emit: ops.stop(recipe, emit))
+        cancel = re.fullmatch(r"/api/jobs/([^/]+)/cancel", route)
+        if route in ("/api/run", "/api/swap", "/api/stop"):
+            self._change(route.rsplit("/", 1)[1], body)
+        elif cancel is not None:
+            self._cancel(cancel.group(1))
         else:
             self.send_json(404, {"error": f"no POST {route}"}, PAGE_HEADERS)
+
+    def _change(self, kind: str, body: dict[str, Any]) -> None:
+        ops = self.server.ops
+        try:
+            req = parse_change(kind, body)
+            if kind != "stop":
+                ops.check(req.recipe or "", req.sets)  # a bad --set is refused here, before any job
+        except MetralError as exc:
+            self.send_json(400, refusal_json(exc), PAGE_HEADERS)
+            return
+
+        def work(emit: Callable[[Any], None]) -> Any:
+            if kind == "run":
+                return ops.run(req.recipe or "", emit, sets=req.sets, options=req.options)
+            if kind == "swap":
+                return ops.swap(req.recipe or "", emit, sets=req.sets, drain_timeout_s=req.drain_timeout_s,
+                                options=req.options)
+            return ops.stop(req.recipe, emit, all_=req.all_, timeout_s=req.timeout_s)
+
+        self._start(kind, req.recipe, work)
 
     def _start(self, kind: str, target: str | None, work: Callable[[Callable[[Any], None]], Any]) -> None:
         from metralectl.store import Busy
@@ -163,12 +270,49 @@ class ApiHandler(Handler):
         try:
             job = self.server.jobs.start(kind, target, work)
         except Busy as exc:
-            self.send_json(409, error_json(exc), PAGE_HEADERS)
+            self.send_json(409, refusal_json(exc), PAGE_HEADERS)
             return
         except MetralError as exc:
-            self.send_json(400, error_json(exc), PAGE_HEADERS)
+            self.send_json(400, refusal_json(exc), PAGE_HEADERS)
             return
-        self.send_json(202, job.to_json(), {**PAGE_HEADERS, "Location": f"/api/jobs/{job.id}"})
+        self._send_ordered(202, job.to_json(), {"Location": f"/api/jobs/{job.id}"})
+
+    def _cancel(self, job_id: str) -> None:
+        job = self.server.jobs.get(job_id)
+        if job is None:
+            self.send_json(404, {"error": "no such job"}, PAGE_HEADERS)
+            return
+        active = job.cancel()
+        log.info("job %s: cancel requested%s", job.id, "" if active else " (it had already ended)")
+        self._send_ordered(202 if active else 200, job.to_json(events=False))
+
+    def _events(self, job_id: str, query: str) -> None:
+        job = self.server.jobs.get(job_id)
+        if job is None:
+            self.send_json(404, {"error": "no such job"}, PAGE_HEADERS)
+            return
+        try:
+            after, wait_s = events_query(query)
+        except MetralError as exc:
+            self.send_json(400, refusal_json(exc), PAGE_HEADERS)
+            return
+        events, state, missed = job.wait_events(after, wait_s)
+        self._send_ordered(200, {"events": events, "missed": missed, "job": state})
+
+    def _send_ordered(self, status: int, value: Any, headers: dict[str, str] | None = None) -> None:
+        """JSON in the order it was built (a result's phases keep their order: drain, stop, boot, ...)."""
+        body = (json.dumps(value, default=str) + "\n").encode()
+        self.send_bytes(status, body, "application/json", {**PAGE_HEADERS, **(headers or {})})
+
+
+def refusal_json(exc: MetralError) -> dict[str, Any]:
+    """A refusal as the CLI would show it: message, hint, and the exit code the direct path would end with."""
+    from metralectl.errors import RecipeInvalid
+
+    out: dict[str, Any] = {**error_json(exc), "exit_code": exc.exit_code}
+    if isinstance(exc, RecipeInvalid):
+        out["problems"] = [p.render() for p in exc.problems if p.severity == "error"]
+    return out
 
 
 class LocalApiServer(Server):
@@ -189,3 +333,18 @@ class LocalApiServer(Server):
     @property
     def port(self) -> int:
         return int(self.server_address[1])
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):  # a follower left mid-poll
+            log.debug("local API: %s left before its answer", client_address)
+            return
+        super().handle_error(request, client_address)
+
+    def stop(self) -> None:
+        """Cancel a running job first (as Ctrl-C would: its cleanup runs, its followers see it), then stop."""
+        left = self.jobs.shutdown(STOP_GRACE_S)
+        for job in left:
+            log.warning("job %s did not finish its cleanup within %g s", job.id, STOP_GRACE_S)
+        super().stop()

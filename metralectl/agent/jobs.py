@@ -1,29 +1,41 @@
 """Lifecycle jobs the agent runs for the API: one at a time, each under the machine's lifecycle lock.
 
 A POST starts a job and answers at once (202 + the job), or 409 when the lock is held (by another job,
-or by a CLI `run`/`swap`/`stop` on the box). The job's events are kept so the page can follow them.
+or by a CLI `run`/`swap`/`stop` on the box). Every event gets a sequence number (`seq` 1, 2, ...), so a
+follower asks for "what came after N" (`wait_events`, a long-poll) and never sees a gap or a repeat.
+
+Cancelling works as Ctrl-C does in the CLI: the job's thread gets exactly one KeyboardInterrupt, and
+the lifecycle's own cleanup runs (the half-started container is removed; an interrupted swap leaves
+its journal for the next run to repair). It is raised from the event listener at the job's next
+event; a job that emits nothing for GRACE_S (an engine loading silently, a drain) gets it delivered
+into its thread at the next Python instruction it executes (as tui/cancel.py does). Never twice: a
+second interrupt could cut the cleanup the first one started.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from metralectl.errors import MetralError
 
-MAX_EVENTS = 500
+MAX_EVENTS = 2000
 MAX_JOBS = 20
+MAX_WAIT_S = 25.0
+GRACE_S = 1.0
+ACTIVE_STATES = ("starting", "running")
 
 
 def event_json(event: Any) -> dict[str, Any]:
-    kind = type(event).__name__.rstrip("_")
-    body = asdict(event) if is_dataclass(event) and not isinstance(event, type) else {"text": str(event)}
-    return {"kind": kind, "t": time.time(), **body}
+    from metralectl.lifecycle.events import to_json
+
+    return {"t": time.time(), **to_json(event)}
 
 
 @dataclass
@@ -31,32 +43,121 @@ class Job:
     id: str
     kind: str  # run | swap | stop
     target: str | None
-    state: str = "starting"  # starting | running | done | failed
+    state: str = "starting"  # starting | running | done | failed | cancelled
     started: float = field(default_factory=time.time)
     finished: float | None = None
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     result: Any = None
     error: str | None = None
     hint: str | None = None
+    exit_code: int | None = None  # 0 done; the MetralError's code when failed; 130 cancelled
+    cancel_requested: bool = False
+    cancelled_by: str | None = None  # "a client" (POST .../cancel) | "the agent stopping"
+    seq: int = 0  # the last event's number
+    grace_s: float = GRACE_S
+    _cond: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
+    _thread_id: int | None = field(default=None, repr=False, compare=False)
+    _delivered: bool = field(default=False, repr=False, compare=False)
 
     def to_json(self, *, events: bool = True) -> dict[str, Any]:
-        out = {"id": self.id, "kind": self.kind, "target": self.target, "state": self.state, "started": self.started,
-               "finished": self.finished, "result": self.result, "error": self.error, "hint": self.hint}
-        if events:
-            out["events"] = list(self.events)
+        with self._cond:
+            out = {"id": self.id, "kind": self.kind, "target": self.target, "state": self.state,
+                   "started": self.started, "finished": self.finished, "result": self.result, "error": self.error,
+                   "hint": self.hint, "exit_code": self.exit_code, "cancel_requested": self.cancel_requested,
+                   "cancelled_by": self.cancelled_by, "last_seq": self.seq}
+            if events:
+                out["events"] = list(self.events)
         return out
+
+    # -- events -----------------------------------------------------------------------------------
+    def emit(self, event: Any) -> None:
+        """The lifecycle's on_event: record the event, or raise the cancel's KeyboardInterrupt."""
+        if self._take_delivery():
+            raise KeyboardInterrupt
+        body = event_json(event)
+        with self._cond:
+            self.seq += 1
+            self.events.append({"seq": self.seq, **body})
+            self._cond.notify_all()
+
+    def wait_events(self, after: int, wait_s: float) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+        """(events with seq > after, the job without its events, how many of them were dropped from memory),
+        waiting up to wait_s (at most MAX_WAIT_S) for at least one new event or the job's end."""
+        deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
+        with self._cond:
+            while self.seq <= after and self.finished is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            new = [e for e in self.events if e["seq"] > after]
+            missed = (new[0]["seq"] - after - 1) if new else 0
+            return new, self.to_json(events=False), missed
+
+    # -- cancelling --------------------------------------------------------------------------------
+    def cancel(self, by: str = "a client") -> bool:
+        """Ask the job to stop (as Ctrl-C would); False when it had already ended."""
+        with self._cond:
+            if self.finished is not None:
+                return False
+            first = not self.cancel_requested
+            self.cancel_requested = True
+            self.cancelled_by = self.cancelled_by or by
+            self._cond.notify_all()
+        if first:
+            timer = threading.Timer(self.grace_s, self._inject)
+            timer.daemon = True
+            timer.start()
+        return True
+
+    def wait_finished(self, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.finished is not None, timeout_s)
+
+    def _take_delivery(self) -> bool:
+        with self._cond:
+            if self.cancel_requested and not self._delivered and self._thread_id == threading.get_ident():
+                self._delivered = True
+                return True
+            return False
+
+    def _inject(self) -> None:
+        with self._cond:
+            if not self.cancel_requested or self._delivered or self._thread_id is None:
+                return
+            self._delivered = True
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id),
+                                                       ctypes.py_object(KeyboardInterrupt))
+
+    def _bind(self) -> None:
+        with self._cond:
+            self._thread_id = threading.get_ident()
+
+    def _unbind(self) -> None:
+        with self._cond:
+            tid, self._thread_id = self._thread_id, None
+            if tid is not None and self._delivered:  # scheduled just as the work ended: withdraw it
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+
+    def _finish(self, state: str, *, result: Any = None, error: str | None = None, hint: str | None = None,
+                exit_code: int) -> None:
+        with self._cond:
+            self.state, self.result, self.error, self.hint, self.exit_code = state, result, error, hint, exit_code
+            self.finished = time.time()
+            self._cond.notify_all()
 
 
 Work = Callable[[Callable[[Any], None]], Any]  # work(on_event) -> a JSON-ready result
 
 
 class JobRunner:
-    def __init__(self, lock: Callable[[str], Any] | None = None) -> None:
+    def __init__(self, lock: Callable[[str], Any] | None = None, *, grace_s: float = GRACE_S) -> None:
         if lock is None:
             from metralectl.store import lifecycle_lock
 
             lock = lifecycle_lock
         self._lock_factory = lock
+        self.grace_s = grace_s
         self._jobs: dict[str, Job] = {}
         self._order: deque[str] = deque()
         self._ids = itertools.count(1)
@@ -70,28 +171,57 @@ class JobRunner:
         with self._mutex:
             return [self._jobs[i] for i in self._order]
 
+    def cancel(self, job_id: str) -> Job | None:
+        job = self.get(job_id)
+        if job is not None:
+            job.cancel()
+        return job
+
+    def shutdown(self, timeout_s: float) -> tuple[Job, ...]:
+        """Cancel the jobs still running and wait (bounded) for their cleanup; the ones that did not end."""
+        active = [job for job in self.list() if job.finished is None]
+        for job in active:
+            job.cancel("the agent stopping")
+        deadline = time.monotonic() + timeout_s
+        return tuple(job for job in active if not job.wait_finished(max(0.0, deadline - time.monotonic())))
+
     def start(self, kind: str, target: str | None, work: Work) -> Job:
         """Start work under the lifecycle lock; raises store.Busy (without starting) if the lock is held."""
         with self._mutex:
-            job = Job(f"{kind}-{int(time.time())}-{next(self._ids)}", kind, target)
+            job = Job(f"{kind}-{int(time.time())}-{next(self._ids)}", kind, target, grace_s=self.grace_s)
         got = threading.Event()
         refused: list[BaseException] = []
 
         def run() -> None:
+            outcome: list[Any] = []  # [result] once the work has returned
             try:
                 with self._lock_factory(f"{kind} {target or ''} (agent)".replace("  ", " ")):
-                    job.state = "running"
+                    with job._cond:
+                        job.state = "running"
+                    job._bind()  # before anyone can know the job: a cancel always finds its thread
                     got.set()
-                    job.result = work(lambda event: job.events.append(event_json(event)))
-                    job.state = "done"
+                    try:
+                        outcome.append(work(job.emit))
+                    finally:
+                        job._unbind()
+                job._finish("done", result=outcome[0], exit_code=0)
+            except KeyboardInterrupt:
+                if outcome:  # the cancel landed after the work had returned: it is done
+                    job._finish("done", result=outcome[0], exit_code=0)
+                else:
+                    job._finish("cancelled", error=f"cancelled by {job.cancelled_by}; what it had started was "
+                                "cleaned up", exit_code=130)
             except MetralError as exc:
                 if not got.is_set():
                     refused.append(exc)
-                job.state, job.error, job.hint = "failed", exc.message, exc.hint
+                if job._delivered:
+                    job._finish("cancelled", error=f"cancelled by {job.cancelled_by} ({exc.message})", hint=exc.hint,
+                                exit_code=130)
+                else:
+                    job._finish("failed", error=exc.message, hint=exc.hint, exit_code=exc.exit_code)
             except BaseException as exc:  # noqa: BLE001 - a job thread must record, never vanish
-                job.state, job.error = "failed", f"internal error: {type(exc).__name__}: {exc}"
+                job._finish("failed", error=f"internal error: {type(exc).__name__}: {exc}", exit_code=70)
             finally:
-                job.finished = time.time()
                 got.set()
 
         threading.Thread(target=run, name=f"agent-job-{job.id}", daemon=True).start()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +19,7 @@ from metralectl import paths
 from metralectl.errors import MetralError
 
 Emit = Callable[[Any], None]
+LIFECYCLE_TIMEOUT_S = 30.0  # the Docker API timeout of a change, as the CLI's DockerRuntime()
 
 
 class Operations(Protocol):
@@ -32,11 +33,19 @@ class Operations(Protocol):
 
     def history(self) -> dict[str, Any]: ...
 
-    def run(self, recipe: str, on_event: Emit) -> Any: ...
+    def check(self, recipe: str, sets: Sequence[str]) -> None:
+        """Refuse (MetralError) an unknown recipe or a bad --set before any job starts."""
 
-    def swap(self, recipe: str, on_event: Emit) -> Any: ...
+    def run(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (),
+            options: Mapping[str, Any] | None = None) -> Any:
+        """Serve the recipe (options: LaunchOptions' fields); the result is asdict(Launched)."""
 
-    def stop(self, recipe: str | None, on_event: Emit) -> Any: ...
+    def swap(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (), drain_timeout_s: float = 60.0,
+             options: Mapping[str, Any] | None = None) -> Any:
+        """Replace the served model (options: LaunchOptions' staging/boot fields); asdict(SwapResult)."""
+
+    def stop(self, recipe: str | None, on_event: Emit, *, all_: bool = False, timeout_s: float = 30.0) -> Any:
+        """Stop as `metralectl stop` does on one node; {"stopped": [asdict(StopResult)...], "note"?}."""
 
 
 def error_json(exc: MetralError) -> dict[str, Any]:
@@ -116,10 +125,10 @@ class LifecycleOps:
         answer = self._capability()
         return answer if answer is not None else {"can_run": None, "summary": "checking…", "problems": [], "checks": []}
 
-    def _runtime(self) -> Any:
+    def _runtime(self, timeout: float = 10.0) -> Any:
         from metralectl.runtime import DockerRuntime
 
-        return DockerRuntime(timeout=10.0)
+        return DockerRuntime(timeout=timeout)
 
     def serving(self) -> dict[str, Any]:
         from metralectl.lifecycle import status
@@ -148,40 +157,69 @@ class LifecycleOps:
     def history(self) -> dict[str, Any]:
         return bench_history()
 
-    def run(self, recipe: str, on_event: Emit) -> Any:
+    def check(self, recipe: str, sets: Sequence[str]) -> None:
+        from metralectl.catalog import load_catalog
+        from metralectl.overrides import apply_sets
+
+        catalog = load_catalog()
+        apply_sets(catalog, catalog.recipe(recipe), list(sets))
+
+    # The changes: the same calls, in the same order, as `metralectl run/swap/stop` (cli/serve_cmds.py).
+    def run(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (),
+            options: Mapping[str, Any] | None = None) -> Any:
         from metralectl.catalog import load_catalog
         from metralectl.lifecycle.launch import LaunchOptions, launch
         from metralectl.lifecycle.swap import repair_if_needed
+        from metralectl.overrides import apply_sets
 
         catalog = load_catalog()
-        chosen = catalog.recipe(recipe)
-        runtime = self._runtime()
-        repair_if_needed(runtime, catalog, on_event=on_event)
-        return asdict(launch(chosen, catalog, runtime, options=LaunchOptions(), on_event=on_event))
+        chosen = apply_sets(catalog, catalog.recipe(recipe), list(sets))
+        launch_options = LaunchOptions(**dict(options or {}), sets=tuple(sets))
+        runtime = self._runtime(LIFECYCLE_TIMEOUT_S)
+        try:
+            repair_if_needed(runtime, catalog, on_event=on_event)
+            return asdict(launch(chosen, catalog, runtime, options=launch_options, on_event=on_event))
+        finally:
+            runtime.close()
 
-    def swap(self, recipe: str, on_event: Emit) -> Any:
+    def swap(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (), drain_timeout_s: float = 60.0,
+             options: Mapping[str, Any] | None = None) -> Any:
         from metralectl.catalog import load_catalog
         from metralectl.lifecycle.launch import LaunchOptions
         from metralectl.lifecycle.memory import NvmlMemoryWatch
         from metralectl.lifecycle.swap import repair_if_needed, swap
+        from metralectl.overrides import apply_sets
 
         catalog = load_catalog()
-        chosen = catalog.recipe(recipe)
-        runtime = self._runtime()
-        repair_if_needed(runtime, catalog, on_event=on_event)
-        return asdict(swap(chosen, [], catalog, runtime, on_event=on_event, options=LaunchOptions(),
-                           drain_timeout_s=60.0, memory=NvmlMemoryWatch(runtime)))
+        chosen = apply_sets(catalog, catalog.recipe(recipe), list(sets))
+        runtime = self._runtime(LIFECYCLE_TIMEOUT_S)
+        try:
+            repair_if_needed(runtime, catalog, on_event=on_event)
+            return asdict(swap(chosen, list(sets), catalog, runtime, on_event=on_event,
+                               options=LaunchOptions(**dict(options or {})), drain_timeout_s=drain_timeout_s,
+                               memory=NvmlMemoryWatch(runtime)))
+        finally:
+            runtime.close()
 
-    def stop(self, recipe: str | None, on_event: Emit) -> Any:
+    def stop(self, recipe: str | None, on_event: Emit, *, all_: bool = False, timeout_s: float = 30.0) -> Any:
         from metralectl.lifecycle.memory import NvmlMemoryWatch
         from metralectl.lifecycle.stop import select, stop_containers
+        from metralectl.render import LABEL_RANK, LABEL_RECIPE
 
-        runtime = self._runtime()
-        chosen = select(runtime, recipe, all_=False)
-        if not chosen:
-            return {"stopped": [], "note": "nothing to stop"}
-        results = stop_containers(runtime, chosen, timeout_s=30.0, on_event=on_event, memory=NvmlMemoryWatch(runtime))
-        return {"stopped": [asdict(r) for r in results]}
+        runtime = self._runtime(LIFECYCLE_TIMEOUT_S)
+        try:
+            chosen = select(runtime, recipe, all_)  # the selection of `metralectl stop` on one node
+            ranked = sorted({c.labels.get(LABEL_RECIPE, c.name) for c in chosen if LABEL_RANK in c.labels})
+            if ranked:  # `metralectl stop` stops every rank on its node; one rank alone must not be stopped here
+                raise MetralError(f"{', '.join(ranked)} is served by several ranks on several nodes; the agent stops "
+                                  "single-node models only", f"`metralectl stop {ranked[0]} --direct` stops every rank")
+            if not chosen:
+                return {"stopped": [], "note": "nothing to stop"}
+            results = stop_containers(runtime, chosen, timeout_s=timeout_s, on_event=on_event,
+                                      memory=NvmlMemoryWatch(runtime))
+            return {"stopped": [asdict(r) for r in results]}
+        finally:
+            runtime.close()
 
     def close(self) -> None:
         self._telemetry.close()

@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
         state.report_error(exc)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
+        if exc.exit_code == 130 and isinstance(exc.__cause__, KeyboardInterrupt):  # Typer's form of Ctrl-C
+            print("metralectl: interrupted", file=sys.stderr)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         print("metralectl: interrupted", file=sys.stderr)

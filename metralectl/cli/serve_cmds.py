@@ -1,4 +1,9 @@
-"""`run`, `ps`, `logs`, `stop`: serving through the Docker SDK (imported lazily, inside commands)."""
+"""`run`, `ps`, `logs`, `stop`, `swap`: serving through the Docker SDK (imported lazily, inside commands).
+
+While `metralectl agent` runs it owns run/swap/stop on the box: a single-node `run`, `swap` and `stop` become
+its jobs (agent/client.py), rendered and printed exactly as the direct path does; `--direct` (or
+METRALECTL_DIRECT=1) works without it. `run --print`, multi-rank runs, `ps` and `logs` are always direct.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +32,42 @@ def _runtime() -> Any:
     from metralectl.runtime import DockerRuntime
 
     return DockerRuntime()
+
+
+DIRECT_HELP = "Work directly, not through the running agent (also: METRALECTL_DIRECT=1)."
+
+
+def _agent(direct: bool) -> Any:
+    """The running agent's client (it owns run/swap/stop on this box), or None: work directly."""
+    if direct:
+        return None
+    from metralectl.agent.client import running_agent
+
+    return running_agent()
+
+
+def _via_agent(agent: Any, kind: str, body: dict[str, Any], *, follow_log: bool, bars: bool = True) -> tuple[bool, Any]:
+    """The change as the agent's job, its events rendered as the direct path renders them: (True, its result);
+    (False, None) when the recorded agent turned out to be gone (then work directly). Ctrl-C/SIGTERM cancel
+    the job and follow its cleanup; a second one leaves at once (the agent still cleans up)."""
+    from metralectl.agent.client import AgentGone, outcome
+
+    _sigterm_as_interrupt()
+    try:
+        job, early = agent.start_shielded(kind, body)
+    except AgentGone:
+        return False, None
+    note(agent.describe())
+    if bars:
+        from metralectl.cli.staging_cmds import _Renderer
+
+        with _Renderer() as view:
+            job, interrupted = agent.follow(job, _Progress(follow_log, view), interrupted=early)
+    else:
+        job, interrupted = agent.follow(job, _Progress(follow_log), interrupted=early)
+    if interrupted and job.get("state") == "done":
+        note(f"the {kind} had finished before the cancel reached the agent")
+    return True, outcome(job, interrupted)
 
 
 class _Progress:
@@ -79,44 +120,6 @@ def _print_ready(launched: Any, as_json: bool) -> None:
     print(f"curl -s {launched.url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}")
 
 
-def _print_ready_multi(launched: Any, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(asdict(launched), indent=2))
-        return
-    model = launched.model or "metrale"
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
-    print(f"endpoint  {launched.url}/v1")
-    print(f"model     {model}")
-    print(f"roce      NCCL_SOCKET_IFNAME={launched.roce_interface}; master {launched.master_addr}:{launched.master_port}")
-    for rank in launched.ranks:
-        print(f"rank {rank.rank}    {rank.container} ({rank.role}) on {rank.endpoint} [{rank.node}]")
-    print(f"run       {launched.run_id}; logs: metralectl logs -f {launched.recipe} --rank N")
-    print(f"curl -s {launched.url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}")
-
-
-def _run_multi(recipe: Any, catalog: Any, options: Any, *, worker: str, head: str | None, roce_interface: str | None,
-               master_addr: str | None, first_request_timeout: float, detach: bool, as_json: bool) -> None:
-    """`run RECIPE --worker NODE`: both ranks of a multi-rank recipe, each on its node's Docker daemon."""
-    from metralectl.cli.staging_cmds import _Renderer
-    from metralectl.lifecycle.multinode import MultiOptions, launch_multi
-    from metralectl.runtime import DockerRuntime, endpoint_for
-    from metralectl.store import lifecycle_lock
-
-    _sigterm_as_interrupt()
-    head_rt = DockerRuntime(endpoint_for(head, "head")) if head else _runtime()
-    worker_rt = DockerRuntime(endpoint_for(worker, "worker"))
-    multi = MultiOptions(roce_interface=roce_interface, master_addr=master_addr,
-                         first_request_timeout_s=first_request_timeout)
-    with lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
-        if not head:
-            from metralectl.lifecycle.swap import repair_if_needed
-
-            repair_if_needed(head_rt, catalog, on_event=_Progress(False, view))
-        launched = launch_multi(recipe, catalog, head_rt, worker_rt, options=options, multi=multi,
-                                on_event=_Progress(not detach, view))
-    _print_ready_multi(launched, as_json)
-
-
 def run(
     recipe_name: str = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `metralectl list`)."),
     print_only: bool = typer.Option(False, "--print", help="Print the exact `docker run` and exit (no Docker needed)."),
@@ -135,8 +138,12 @@ def run(
     head: str = typer.Option(None, "--head", metavar="CONTEXT|URL", help="Multi-rank: the head node's Docker endpoint (default: this machine's, as `docker` would pick it)."),
     first_request_timeout: float = typer.Option(120.0, "--first-request-timeout", help="Multi-rank: seconds the real 1-token request to the head may take before the worker counts as absent."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout (the spec with --print, the endpoint otherwise)."),
+    direct: bool = typer.Option(False, "--direct", help=DIRECT_HELP),
 ) -> None:
     """Serve a recipe and wait until it is really ready (--print: show the `docker run` instead).
+
+    While `metralectl agent` runs, a single-node run is its job (it owns launch/swap/stop on the box);
+    the output is the same. `--direct` works without it.
 
     A multi-rank (EP=2) recipe runs on two nodes: `--worker NODE` names the worker's Docker endpoint;
     the RoCE interface and the head's address on it are detected on both nodes (docs/multinode.md).
@@ -170,13 +177,28 @@ def run(
                             boot_timeout_s=boot_timeout,
                             check_weights=not no_weights_check, pull=not no_pull, sets=tuple(set_ or ()))
     if recipe.multi_rank and worker:
-        _run_multi(recipe, catalog, options, worker=worker, head=head, roce_interface=roce_interface,
-                   master_addr=master_addr, first_request_timeout=first_request_timeout, detach=detach, as_json=as_json)
+        from metralectl.cli import multirank_cmds
+
+        multirank_cmds.run_multi(recipe, catalog, options, worker=worker, head=head, roce_interface=roce_interface,
+                                 master_addr=master_addr, first_request_timeout=first_request_timeout, detach=detach,
+                                 as_json=as_json)
         return
     if recipe.multi_rank and head:
         raise typer.BadParameter("a multi-rank launch needs --worker (the worker node's Docker endpoint)")
     if worker or head:
         raise typer.BadParameter(f"{recipe.name} is a single-node recipe; --worker/--head are for multi-rank recipes")
+    agent = _agent(direct)
+    if agent is not None:
+        body = {"recipe": recipe_name, "sets": list(set_ or []),
+                "options": {"replace": replace, "keep_failed": keep_failed, "stall_timeout_s": stall_timeout,
+                            "boot_timeout_s": boot_timeout, "check_weights": not no_weights_check, "pull": not no_pull}}
+        routed, result = _via_agent(agent, "run", body, follow_log=not detach)
+        if routed:
+            from metralectl.agent.client import rebuild
+            from metralectl.lifecycle.launch import Launched
+
+            _print_ready(rebuild(Launched, result), as_json)
+            return
     _sigterm_as_interrupt()
     runtime = _runtime()
     from metralectl.cli.staging_cmds import _Renderer
@@ -237,9 +259,10 @@ def logs(
     rank: int = typer.Option(None, "--rank", help="Multi-rank deployments: which rank's log (0 = the head, the default)."),
 ) -> None:
     """The engine's log (stdout). With -f, follows and returns when the container exits."""
+    from metralectl.cli import multirank_cmds
     from metralectl.lifecycle.stop import select
 
-    if (rank is not None or recipe_name is not None) and _multi_rank_logs(recipe_name, rank, follow, tail):
+    if (rank is not None or recipe_name is not None) and multirank_cmds.rank_logs(recipe_name, rank, follow, tail):
         return
     runtime = _runtime()
     chosen = select(runtime, recipe_name, all_=False)
@@ -256,69 +279,10 @@ def logs(
         print(line, flush=True)
 
 
-def _multi_rank_logs(recipe_name: str | None, rank: int | None, follow: bool, tail: int) -> bool:
-    """One rank's log of a recorded multi-rank deployment; False when none is meant (the single-node path)."""
-    from metralectl.errors import MetralError
-    from metralectl.lifecycle import deployment
-
-    if recipe_name is not None:
-        dep = deployment.find(recipe_name)
-    else:
-        found = deployment.load_all()
-        if len(found) > 1:
-            raise MetralError(f"several multi-rank deployments ({', '.join(d.recipe for d in found)}); name one",
-                              "`metralectl logs RECIPE --rank N`")
-        dep = found[0] if found else None
-    if dep is None:
-        if rank not in (None, 0):
-            raise MetralError("--rank is for multi-rank deployments (`run RECIPE --worker NODE`); none is recorded"
-                              + (f" for {recipe_name}" if recipe_name else ""), "`metralectl ps` lists what runs")
-        return False
-    record = dep.rank(rank or 0)
-    runtimes = deployment.Runtimes()
-    try:
-        runtime = runtimes.require(record)
-        container = (runtime.inspect(record.container_id) if record.container_id else None) or runtime.inspect(record.container)
-        if container is None:
-            raise MetralError(f"rank {record.rank} of {dep.recipe} ({record.container} on {record.endpoint}) is gone",
-                              f"`metralectl stop {dep.recipe}` cleans up; its start-up log is under $METRALE_HOME/logs/")
-        if not follow:
-            for line in runtime.log_tail(container.id, tail):
-                print(line)
-        else:
-            for line in runtime.follow_logs(container.id, tail=tail):
-                print(line, flush=True)
-    finally:
-        runtimes.close()
-    return True
-
-
-def _stop_deployments(runtime: Any, recipe_name: str | None, all_: bool, timeout: float) -> tuple[list[Any], set[str]]:
-    """Stop the multi-rank deployments this `stop` names, every rank on its node; (results, recipes stopped)."""
-    from metralectl.lifecycle import deployment
-    from metralectl.lifecycle.memory import NvmlMemoryWatch
-    from metralectl.lifecycle.multinode import RemoteMemory, stop_deployment
-
-    found = deployment.load_all()
-    if all_:
-        chosen = found
-    elif recipe_name is not None:
-        chosen = [d for d in found if d.recipe == recipe_name]
-    else:  # no name: the deployment, when it is all that runs here
-        running = [c.name for c in runtime.containers() if c.running]
-        ours = {r.container for d in found for r in d.ranks if r.endpoint == runtime.endpoint.url}
-        chosen = found if len(found) == 1 and all(name in ours for name in running) else []
-    runtimes = deployment.Runtimes(runtime)
-    results = []
-    local_url = runtime.endpoint.url
-    try:
-        for dep in chosen:
-            results += [(dep, r) for r in stop_deployment(
-                dep, runtimes, timeout_s=timeout, on_event=_Progress(False),
-                memory_for=lambda rt: NvmlMemoryWatch(rt) if rt.endpoint.url == local_url else RemoteMemory())]
-    finally:
-        runtimes.close(keep=runtime)
-    return results, {d.recipe for d in chosen}
+def _stopped_line(r: Any) -> str:
+    how = "killed after the timeout" if r.killed else f"exited {r.exit_code}"
+    return (f"stopped {r.name} ({r.recipe}): {how} in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; "
+            f"memory: {r.memory}")
 
 
 def stop(
@@ -326,16 +290,36 @@ def stop(
     all_: bool = typer.Option(False, "--all", help="Every metralectl container."),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds between SIGTERM and SIGKILL."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    direct: bool = typer.Option(False, "--direct", help=DIRECT_HELP),
 ) -> None:
     """Stop gracefully (kill after --timeout), verify the container is gone and memory came back."""
     from metralectl.errors import MetralError
+    from metralectl.lifecycle import deployment
     from metralectl.lifecycle.memory import NvmlMemoryWatch
-    from metralectl.lifecycle.stop import select, stop_containers
+    from metralectl.lifecycle.stop import StopResult, select, stop_containers
     from metralectl.store import lifecycle_lock
 
+    agent = _agent(direct)
+    if agent is not None and not deployment.load_all():  # multi-rank deployments: every rank, directly
+        routed, result = _via_agent(agent, "stop", {"recipe": recipe_name, "all": all_, "timeout_s": timeout},
+                                    follow_log=False, bars=False)
+        if routed:
+            from metralectl.agent.client import rebuild
+
+            stopped = [rebuild(StopResult, r) for r in (result or {}).get("stopped") or []]
+            if not stopped:
+                note("nothing to stop")
+            elif as_json:
+                print(json.dumps([asdict(r) for r in stopped], indent=2))
+            else:
+                for r in stopped:
+                    print(_stopped_line(r))
+            return
     runtime = _runtime()
     with lifecycle_lock("stop"):
-        ranked, covered = _stop_deployments(runtime, recipe_name, all_, timeout)
+        from metralectl.cli import multirank_cmds
+
+        ranked, covered = multirank_cmds.stop_deployments(runtime, recipe_name, all_, timeout)
         chosen = [] if (covered and not all_) else select(runtime, recipe_name, all_)
         if not chosen and not ranked:
             note("nothing to stop")
@@ -357,9 +341,7 @@ def stop(
             print(f"stopped {r.container} ({dep.recipe}, {where}): {how} in {r.result.stop_s:.1f} s; "
                   f"removed: {'yes' if r.result.removed else 'no'}; memory: {r.result.memory}")
         for r in results:
-            how = "killed after the timeout" if r.killed else f"exited {r.exit_code}"
-            print(f"stopped {r.name} ({r.recipe}): {how} in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; "
-                  f"memory: {r.memory}")
+            print(_stopped_line(r))
     if failed:
         raise MetralError("not every rank could be stopped: " + "; ".join(f"rank {r.rank} of {d.recipe}: {r.error}"
                                                                        for d, r in failed),
@@ -375,6 +357,7 @@ def swap(
     no_weights_check: bool = typer.Option(False, "--no-weights-check", help="Do not require the new weights in the cache."),
     no_pull: bool = typer.Option(False, "--no-pull", help="Refuse instead of staging a missing image or weights."),
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
+    direct: bool = typer.Option(False, "--direct", help=DIRECT_HELP),
 ) -> None:
     """Replace the served model; if the new one does not become ready, restore the previous one."""
     from metralectl.cli.catalog_cmds import _catalog
@@ -386,6 +369,18 @@ def swap(
 
     catalog = _catalog()
     recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])  # refused here, before anything is released
+    agent = _agent(direct)
+    if agent is not None:
+        body = {"recipe": recipe_name, "sets": list(set_ or []), "drain_timeout_s": drain_timeout,
+                "options": {"stall_timeout_s": stall_timeout, "boot_timeout_s": boot_timeout,
+                            "check_weights": not no_weights_check, "pull": not no_pull}}
+        routed, result = _via_agent(agent, "swap", body, follow_log=False)
+        if routed:
+            from metralectl.agent.client import rebuild
+            from metralectl.lifecycle.swap import SwapResult
+
+            _print_swap(rebuild(SwapResult, result), as_json)
+            return
     _sigterm_as_interrupt()
     runtime = _runtime()
     from metralectl.cli.staging_cmds import _Renderer
@@ -397,6 +392,10 @@ def swap(
                          options=LaunchOptions(stall_timeout_s=stall_timeout, boot_timeout_s=boot_timeout,
                                                check_weights=not no_weights_check, pull=not no_pull),
                          drain_timeout_s=drain_timeout, memory=NvmlMemoryWatch(runtime))
+    _print_swap(result, as_json)
+
+
+def _print_swap(result: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(asdict(result), indent=2))
         return

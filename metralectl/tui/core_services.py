@@ -110,6 +110,9 @@ class CoreServices:
         if action == "pull":
             assert recipe is not None
             return self._pull(recipe, catalog, emit)
+        routed = self._via_agent(action, name, on_event, cancel)
+        if routed is not None:
+            return routed
         runtime = self._runtime()
         try:
             with lifecycle_lock(f"{action} {name or ''} {LOCK_NOTE}".replace("  ", " ")):
@@ -124,6 +127,55 @@ class CoreServices:
                 return self._swap(recipe, catalog, runtime, emit)
         finally:
             runtime.close()
+
+    @staticmethod
+    def _via_agent(action: Action, name: str | None, on_event: Listener, cancel: CancelToken) -> Outcome | None:
+        """run/swap/stop as a job of the running agent (it owns them on this box); None: no agent, work directly."""
+        from metralectl.agent.client import AgentGone, outcome, rebuild, running_agent
+        from metralectl.errors import MetralError
+        from metralectl.lifecycle.events import Failed
+        from metralectl.tui.cancel import Cancelled
+
+        agent = running_agent()
+        if agent is None:
+            return None
+        if action == "stop":
+            from metralectl.lifecycle import deployment
+
+            if deployment.load_all():  # a multi-rank deployment: stopped directly, like `metralectl stop`
+                return None
+        try:
+            job = agent.start(action, {"recipe": name})
+        except AgentGone:
+            return None
+        failed: list[Failed] = []
+
+        def listen(event: Any) -> None:
+            if isinstance(event, Failed):
+                failed.append(event)
+            on_event(event)  # raises Cancelled once the operator cancelled: follow() then posts the cancel
+
+        job, interrupted = agent.follow(job, listen, cancelled=lambda: cancel.cancelled,
+                                        leave_on_second_interrupt=False)
+        if job.get("state") == "cancelled" and (interrupted or cancel.cancelled):
+            raise Cancelled()
+        try:
+            result = outcome(job, False)
+        except MetralError as exc:
+            exc.last_lines = list(failed[-1].last_lines) if failed else []  # type: ignore[attr-defined]
+            raise
+        if action == "run":
+            from metralectl.lifecycle.launch import Launched
+
+            return _run_outcome(rebuild(Launched, result))
+        if action == "swap":
+            from metralectl.lifecycle.swap import SwapResult
+
+            return _swap_outcome(rebuild(SwapResult, result))
+        from metralectl.lifecycle.stop import StopResult
+
+        stopped = [rebuild(StopResult, r) for r in (result or {}).get("stopped") or []]
+        return _stop_outcome(name, stopped)
 
     def _pull(self, recipe: Any, catalog: Catalog, emit: Listener) -> Outcome:
         from metralectl import images, machine, weights
@@ -143,9 +195,7 @@ class CoreServices:
     def _run(recipe: Any, catalog: Catalog, runtime: DockerRuntime, emit: Listener) -> Outcome:
         from metralectl.lifecycle.launch import LaunchOptions, launch
 
-        launched = launch(recipe, catalog, runtime, options=LaunchOptions(), on_event=emit)
-        return Outcome("run", recipe.name, "done", f"{recipe.name} serves on {launched.url}/v1 (model "
-                       f"{launched.model or '-'}); ready in {launched.ready_s:.1f} s")
+        return _run_outcome(launch(recipe, catalog, runtime, options=LaunchOptions(), on_event=emit))
 
     @staticmethod
     def _swap(recipe: Any, catalog: Catalog, runtime: DockerRuntime, emit: Listener) -> Outcome:
@@ -153,11 +203,8 @@ class CoreServices:
         from metralectl.lifecycle.memory import NvmlMemoryWatch
         from metralectl.lifecycle.swap import swap
 
-        result = swap(recipe, [], catalog, runtime, on_event=emit, options=LaunchOptions(),
-                      memory=NvmlMemoryWatch(runtime))
-        split = ", ".join(f"{k} {v:.1f} s" for k, v in result.phases.items())
-        return Outcome("swap", recipe.name, "done", f"swapped {result.from_recipe} → {result.to_recipe}: downtime "
-                       f"{result.downtime_s:.1f} s ({split})")
+        return _swap_outcome(swap(recipe, [], catalog, runtime, on_event=emit, options=LaunchOptions(),
+                                  memory=NvmlMemoryWatch(runtime)))
 
     @staticmethod
     def _stop(runtime: DockerRuntime, name: str | None, emit: Listener) -> Outcome:
@@ -170,12 +217,7 @@ class CoreServices:
         chosen = mine or select(runtime, None, all_=False)
         if not chosen:
             return Outcome("stop", name, "done", "nothing to stop")
-        results = stop_containers(runtime, chosen, on_event=emit, memory=NvmlMemoryWatch(runtime))
-        lines = tuple(f"stopped {r.name} ({r.recipe}): {'killed after the timeout' if r.killed else f'exited {r.exit_code}'}"
-                      f" in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; memory: {r.memory}"
-                      for r in results)
-        return Outcome("stop", name, "done", lines[0] if len(lines) == 1 else f"stopped {len(lines)} containers",
-                       lines=lines)
+        return _stop_outcome(name, stop_containers(runtime, chosen, on_event=emit, memory=NvmlMemoryWatch(runtime)))
 
     # -- serving --------------------------------------------------------------------------------
     def status(self) -> StatusReport:
@@ -208,3 +250,25 @@ class CoreServices:
             return diagnose(ctx)
         finally:
             ctx.close()
+
+
+# -- outcomes, the same whether the change ran here or as the agent's job --------------------------------
+def _run_outcome(launched: Any) -> Outcome:
+    return Outcome("run", launched.recipe, "done", f"{launched.recipe} serves on {launched.url}/v1 (model "
+                   f"{launched.model or '-'}); ready in {launched.ready_s:.1f} s")
+
+
+def _swap_outcome(result: Any) -> Outcome:
+    split = ", ".join(f"{k} {v:.1f} s" for k, v in result.phases.items())
+    return Outcome("swap", result.to_recipe, "done", f"swapped {result.from_recipe} → {result.to_recipe}: downtime "
+                   f"{result.downtime_s:.1f} s ({split})")
+
+
+def _stop_outcome(name: str | None, results: list[Any]) -> Outcome:
+    if not results:
+        return Outcome("stop", name, "done", "nothing to stop")
+    lines = tuple(f"stopped {r.name} ({r.recipe}): {'killed after the timeout' if r.killed else f'exited {r.exit_code}'}"
+                  f" in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; memory: {r.memory}"
+                  for r in results)
+    return Outcome("stop", name, "done", lines[0] if len(lines) == 1 else f"stopped {len(lines)} containers",
+                   lines=lines)

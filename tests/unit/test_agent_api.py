@@ -49,17 +49,20 @@ class FakeOps:
     def history(self) -> dict[str, Any]:
         raise MetralError("history store broken", "fix it")
 
-    def run(self, recipe: str, on_event: Any) -> Any:
+    def check(self, recipe: str, sets: Any) -> None:
+        pass
+
+    def run(self, recipe: str, on_event: Any, **kwargs: Any) -> Any:
         self.calls.append(("run", recipe))
         on_event(Step("starting", f"container for {recipe}"))
         self.release.wait(5)
         return {"recipe": recipe}
 
-    def swap(self, recipe: str, on_event: Any) -> Any:
+    def swap(self, recipe: str, on_event: Any, **kwargs: Any) -> Any:
         self.calls.append(("swap", recipe))
         return {"to": recipe}
 
-    def stop(self, recipe: str | None, on_event: Any) -> Any:
+    def stop(self, recipe: str | None, on_event: Any, **kwargs: Any) -> Any:
         self.calls.append(("stop", recipe))
         return {"stopped": []}
 

@@ -158,3 +158,23 @@ def test_broken_user_recipe_is_reported_and_others_still_list(isolated_env: Path
 def test_debug_shows_traceback_only_when_asked(tmp_path: Path) -> None:
     out = cli("--debug", "show", "nope")
     assert out.returncode == 2 and "Traceback" not in out.stderr  # a MetralError is not a crash
+
+
+def test_ctrl_c_says_interrupted_and_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Typer turns KeyboardInterrupt into a silent Exit(130); the boundary still tells the operator."""
+    import click
+    import typer
+
+    from metralectl.cli import main as cli_main
+
+    class Interrupted:
+        def main(self, **kw: object) -> None:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as exc:
+                raise click.exceptions.Exit(130) from exc
+
+    monkeypatch.setattr(typer.main, "get_command", lambda app: Interrupted())
+    with pytest.raises(SystemExit) as exited:
+        cli_main.main(["list"])
+    assert exited.value.code == 130 and "metralectl: interrupted" in capsys.readouterr().err

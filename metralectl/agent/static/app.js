@@ -119,7 +119,7 @@ async function refreshRecipes() {
 }
 
 function renderRecipeButtons() {
-  const busy = currentJob && !["done", "failed"].includes(currentJob.state);
+  const busy = currentJob && !FINISHED.includes(currentJob.state);
   const body = $("#recipes tbody");
   body.replaceChildren(...recipes.map((x) => {
     const isServed = serving.some((s) => s.recipe === x.name && s.state.startsWith("running"));
@@ -140,6 +140,15 @@ async function act(path, body) {
   if (job) { currentJob = job; followJob(); }
 }
 
+const FINISHED = ["done", "failed", "cancelled"];
+
+function progressText(p) {
+  if (!p || typeof p !== "object") return "";
+  const done = p.done ?? p.current, total = p.total;  // weights.PullEvent / images.LayerProgress
+  const what = [p.repo || p.ref || "", p.layer || "", p.phase || p.status || ""].filter(Boolean).join(" ");
+  return total ? `${what} ${Math.round((100 * (done || 0)) / total)} %` : what;
+}
+
 async function followJob() {
   if (!currentJob) return;
   const j = await getJSON(`/api/jobs/${encodeURIComponent(currentJob.id)}`);
@@ -148,11 +157,11 @@ async function followJob() {
   $("#job-title").textContent = `${currentJob.kind} ${currentJob.target || ""}`;
   $("#job-state").textContent = currentJob.state + (currentJob.error ? `: ${currentJob.error}` : "") +
     (currentJob.hint ? ` (hint: ${currentJob.hint})` : "");
-  $("#job-state").className = currentJob.state === "failed" ? "error" : currentJob.state === "done" ? "ok" : "";
+  $("#job-state").className = ["failed", "cancelled"].includes(currentJob.state) ? "error" : currentJob.state === "done" ? "ok" : "";
   $("#job-events").textContent = (currentJob.events || []).map((e) =>
-    `${e.kind.padEnd(16)} ${e.detail || e.line || e.message || e.name || e.phase || ""}`).join("\n");
+    `${e.kind.padEnd(16)} ${e.detail || e.line || e.message || e.name || e.phase || progressText(e.progress)}`).join("\n");
   renderRecipeButtons();
-  if (!["done", "failed"].includes(currentJob.state)) setTimeout(followJob, 1000);
+  if (!FINISHED.includes(currentJob.state)) setTimeout(followJob, 1000);
   else refreshServing();
 }
 
