@@ -155,6 +155,30 @@ def bench_config(
     print(yaml.safe_dump(config.to_yaml_dict(), sort_keys=False), end="")
 
 
+@peer_app.command("units")
+def units(limit: int = typer.Option(20, "--limit", min=1, help="Most recent N."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Benchmark units peers ran (or are running) on this box, newest first."""
+    import time
+
+    from metralectl import paths
+    from metralectl.peers.units import read_units
+
+    found = read_units(paths.metrale_home())[:limit]
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return
+    if not found:
+        note("no peer has run a benchmark unit here")
+        return
+    from metralectl.cli.table import render_table
+
+    rows = [[u["key"], u["spec"].get("suite", "?"), str(u.get("requester", "?"))[:9], u.get("state", "?"),
+             u.get("verdict") or "-", time.strftime("%Y-%m-%d %H:%M", time.localtime(float(u.get("submitted") or 0))),
+             u.get("run_id") or "-"] for u in found]
+    print(render_table(["KEY", "SUITE", "FROM", "STATE", "VERDICT", "SUBMITTED", "RUN"], rows))
+
+
 def nodes(
     addresses: list[str] = typer.Argument(None, metavar="[ADDR]...", help="ip[:port], [v6]:port, host.local, dns.name; none: this box."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),

@@ -99,6 +99,16 @@ class Unit:
                    raw.get("verdict"), raw.get("exit_code"), raw.get("error"), bool(raw.get("cancel_requested")))
 
 
+def read_units(home: Path) -> list[dict[str, Any]]:
+    """The units on disk, newest first, read-only (a CLI must never take them over from a running agent)."""
+    out = []
+    for path in (home / "units").glob("*/unit.json"):
+        raw = store.read_json(path)
+        if isinstance(raw, dict) and isinstance(raw.get("spec"), dict):
+            out.append(raw)
+    return sorted(out, key=lambda u: float(u.get("submitted") or 0), reverse=True)
+
+
 class UnitQueue:
     def __init__(self, home: Path, executor: Executor, *, max_waiting: int = MAX_WAITING) -> None:
         self.root = home / "units"
@@ -134,15 +144,9 @@ class UnitQueue:
             unit.events = [e for e in store.read_jsonl(path.parent / "events.jsonl") if isinstance(e, dict)]
             found.append(unit)
         found.sort(key=lambda u: u.submitted)
-        finished = [u for u in found if u.done]
-        for old in finished[:-KEEP_FINISHED] if len(finished) > KEEP_FINISHED else []:
-            shutil.rmtree(self._dir(old.key), ignore_errors=True)
-            found.remove(old)
         for unit in found:
             self._units[unit.key] = unit
-            if unit.state == "running":  # the agent stopped under it: say so, and never run it twice
-                self._finish(unit, "failed", error="the agent stopped while this unit ran")
-            elif unit.state == "queued":
+            if unit.state == "queued":
                 self._waiting.append(unit.key)
 
     # -- events ---------------------------------------------------------------------------------
@@ -234,7 +238,15 @@ class UnitQueue:
 
     # -- the worker -----------------------------------------------------------------------------
     def start(self) -> UnitQueue:
+        """Take the queue over (the agent's peer listener does; a CLI that only reads never calls this)."""
         if self._thread is None:
+            finished = sorted((u for u in self._units.values() if u.done), key=lambda u: u.submitted)
+            for old in finished[:-KEEP_FINISHED] if len(finished) > KEEP_FINISHED else []:
+                shutil.rmtree(self._dir(old.key), ignore_errors=True)
+                del self._units[old.key]
+            for unit in list(self._units.values()):
+                if unit.state == "running":  # the agent stopped under it: say so, and never run it twice
+                    self._finish(unit, "failed", error="the agent stopped while this unit ran")
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="peer-units", daemon=True)
             self._thread.start()

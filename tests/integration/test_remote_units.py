@@ -9,6 +9,7 @@ the record; replayed/expired/unpaired/ungranted submissions refused; cancel; a t
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -88,6 +89,16 @@ def test_submit_follow_fetch_verify_and_idempotency(pair: tuple[Path, identity.I
     assert verdict.ok and verdict.signer == node.me.fingerprint
     # and the node's admission counts nothing queued once it is done
     assert node.node.units.waiting() == 0
+    # the node's operator sees it (read-only: listing never takes units over from the running agent)
+    import subprocess
+    import sys
+
+    listed = subprocess.run([sys.executable, "-m", "metralectl", "peer", "units", "--json"], capture_output=True,
+                            text=True, env={**os.environ, "METRALE_HOME": str(node.home)}, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    shown = json.loads(listed.stdout)
+    assert [(u["key"], u["state"], u["requester"]) for u in shown] == [("certify-r1-node1-decode", "completed",
+                                                                         me.fingerprint)]
 
 
 class CuttingProxy:
