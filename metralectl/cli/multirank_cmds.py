@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import asdict
 from typing import Any
 
-from metralectl.cli.serve_cmds import _Progress, _runtime, _sigterm_as_interrupt
+from metralectl.cli.serve_cmds import _Progress, _runtime, _sigterm_as_interrupt, hello_request
 
 
 def print_ready_multi(launched: Any, as_json: bool) -> None:
@@ -16,14 +15,13 @@ def print_ready_multi(launched: Any, as_json: bool) -> None:
         print(json.dumps(asdict(launched), indent=2))
         return
     model = launched.model or "metrale"
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
     print(f"endpoint  {launched.url}/v1")
     print(f"model     {model}")
     print(f"roce      NCCL_SOCKET_IFNAME={launched.roce_interface}; master {launched.master_addr}:{launched.master_port}")
     for rank in launched.ranks:
         print(f"rank {rank.rank}    {rank.container} ({rank.role}) on {rank.endpoint} [{rank.node}]")
     print(f"run       {launched.run_id}; logs: metralectl logs -f {launched.recipe} --rank N")
-    print(f"curl -s {launched.url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}")
+    print(hello_request(launched.url, model))
 
 
 def run_multi(recipe: Any, catalog: Any, options: Any, *, worker: str, head: str | None, roce_interface: str | None,

@@ -108,16 +108,21 @@ class _Progress:
                 self.say(f"  │ {line}")
 
 
+def hello_request(url: str, model: str) -> str:
+    """A first request to try against a ready endpoint, as a shell line."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
+    return f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
+
+
 def _print_ready(launched: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(asdict(launched), indent=2))
         return
     model = launched.model or "metrale"
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
     print(f"endpoint  {launched.url}/v1")
     print(f"model     {model}")
     print(f"container {launched.container} (run {launched.run_id}; logs: metralectl logs -f {launched.recipe})")
-    print(f"curl -s {launched.url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}")
+    print(hello_request(launched.url, model))
 
 
 def run(
