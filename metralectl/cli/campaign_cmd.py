@@ -31,76 +31,127 @@ def campaign(
     ignore_thermals: bool = typer.Option(False, "--dangerous-ignore-thermals", help="Never park a hot node (warn only)."),
     thermal_poll: float = typer.Option(60.0, "--thermal-poll", min=0.05, help="Seconds between readings of a parked node."),
     thermal_max_wait: float = typer.Option(1800.0, "--thermal-max-wait", min=0, help="Longest park before resuming with a warning."),
+    local: bool = typer.Option(False, "--local", help="This box is a node too (its units run here, as a peer's would)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per event on stdout."),
     timeout: float = typer.Option(5.0, "--timeout", help="Seconds to wait for each node's answers."),
 ) -> None:
-    """Run benchmark units over admitted peer nodes: longest first, speed class on one reference node,
-    hot nodes parked, every record verified before it counts."""
+    """Run benchmark units over admitted peer nodes (and, with --local, this box): longest first, speed
+    class on one reference node, hot nodes parked, every record verified before it counts."""
     from metralectl import identity, paths
     from metralectl.bench import campaign_file
     from metralectl.bench.campaign import Campaign, CampaignOptions, exit_code
-    from metralectl.bench.campaign_plan import NodeFacts, choose_reference, simulate
-    from metralectl.peers.ops import ask_nodes
-    from metralectl.peers.remote_units import NodeRef, RemoteNode
-    from metralectl.peers.store import known_keys
+    from metralectl.bench.campaign_plan import choose_reference, simulate
 
     spec = campaign_file.load(plan_file, list(unit or []), list(node or []), reference, recipe)
-    if not spec.nodes:
+    if not spec.nodes and not local:
         from metralectl.errors import UsageError
 
-        raise UsageError("which nodes? give --node ADDR (or `nodes:` in the plan)",
+        raise UsageError("which nodes? give --node ADDR (or `nodes:` in the plan), and/or --local",
                          "each must be paired (`metralectl peer pair ADDR`) and have granted this box bench")
     out = _Out(as_json)
-    me = identity.load_or_create()
-    answers = ask_nodes(list(spec.nodes), me, timeout=timeout)
-    lines = _thermal_lines()
-    admitted, facts, refused = [], [], []
-    ok = [a for a in answers if a.admitted and a.admission is not None]
-    classes = {a.address: a.admission.hardware_class for a in ok if a.admission is not None}
-    certified = hardware_class or classes.get(spec.reference or "") or next(iter(classes.values()), None)
-    for a in answers:
-        adm = a.admission
-        why = None if a in ok else ("; ".join(a.reasons) or "refused")
-        if why is None and adm is not None and adm.hardware_class != certified:
-            why = f"hardware class {adm.hardware_class}; the campaign certifies {certified}"
-        elif why is None and adm is not None and adm.hardware_class not in lines:
-            why = f"hardware class {adm.hardware_class} declares no thermal park/resume lines: it cannot be campaigned"
-        if why is not None or adm is None:
-            refused.append((a.address, why))
-            out.event("fleet", node=a.address, admitted=False, reason=why, hint=a.hint)
-            continue
-        handle = RemoteNode(me, NodeRef.lookup(a.address), known_keys(), name=a.address)
-        temp = _temp(handle)
-        admitted.append((handle, adm.hardware_class))
-        facts.append(NodeFacts(a.address, adm.facts.get("memory_available_gb"), temp))
-        out.event("fleet", node=a.address, admitted=True, fingerprint=adm.fingerprint, gpu=adm.gpu,
-                  hardware_class=adm.hardware_class, temp_c=temp, free_memory_gb=adm.facts.get("memory_available_gb"))
-    if not admitted:
-        from metralectl.errors import MetralError
-
-        raise MetralError("no node is admitted: nothing to run the campaign on", "`metralectl bench nodes ADDR...` says why")
-    ref_name, why = choose_reference(facts, spec.reference)
-    units = list(spec.units)
-    plan = simulate(units, facts, ref_name, why)
-    out.event("plan", **plan.to_json(), units=[u.to_json() for u in units])
-    if any(u.speed for u in units) and len(admitted) > 1:
-        note(style(f"WARNING speed-class units BUNDLED on {ref_name} ({why})", "33", sys.stderr))
-    if dry_run:
-        out.final({"dry_run": True, "plan": plan.to_json(), "refused": refused})
-        return
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
     directory = paths.metrale_home() / "campaigns" / run_id
-    options = CampaignOptions(keep_going=keep_going, ignore_thermals=ignore_thermals, thermal_poll_s=thermal_poll,
-                              thermal_max_wait_s=thermal_max_wait)
-    run = Campaign(run_id, units, [h for h, _ in admitted], ref_name,
-                   {h.name: lines.get(cls or "") for h, cls in admitted}, directory, options=options,
-                   on_event=lambda kind, data: out.event(kind, **data))
-    note(f"campaign {run_id}: {len(units)} unit(s) on {len(admitted)} node(s); record: {paths.display(directory)}")
-    record = run.run()
+    me = identity.load_or_create()
+    fleet = _Fleet(me, out, hardware_class, spec.reference)
+    try:
+        fleet.ask(list(spec.nodes), timeout, local_workdir=directory / "local" if local and not dry_run else None,
+                  local_probe=local)
+        if not fleet.admitted:
+            from metralectl.errors import MetralError
+
+            raise MetralError("no node is admitted: nothing to run the campaign on",
+                              "`metralectl bench nodes ADDR...` says why")
+        ref_name, why = choose_reference(fleet.facts, spec.reference)
+        units = list(spec.units)
+        plan = simulate(units, fleet.facts, ref_name, why)
+        out.event("plan", **plan.to_json(), units=[u.to_json() for u in units])
+        if any(u.speed for u in units) and len(fleet.admitted) > 1:
+            note(style(f"WARNING speed-class units BUNDLED on {ref_name} ({why})", "33", sys.stderr))
+        if dry_run:
+            out.final({"dry_run": True, "plan": plan.to_json(), "refused": fleet.refused})
+            return
+        options = CampaignOptions(keep_going=keep_going, ignore_thermals=ignore_thermals, thermal_poll_s=thermal_poll,
+                                  thermal_max_wait_s=thermal_max_wait)
+        run = Campaign(run_id, units, [h for h, _ in fleet.admitted], ref_name,
+                       {h.name: fleet.lines.get(cls or "") for h, cls in fleet.admitted}, directory, options=options,
+                       on_event=lambda kind, data: out.event(kind, **data))
+        note(f"campaign {run_id}: {len(units)} unit(s) on {len(fleet.admitted)} node(s); "
+             f"record: {paths.display(directory)}")
+        record = run.run()
+    finally:
+        fleet.close()
     out.final(record)
     code = exit_code(record)
     if code:
         raise typer.Exit(code)
+
+
+class _Fleet:
+    """Admission: which nodes take part, as handles, with what planning needs to know of them."""
+
+    def __init__(self, me: Any, out: _Out, hardware_class: str | None, reference: str | None) -> None:
+        self.me, self.out, self.hardware_class, self.reference = me, out, hardware_class, reference
+        self.lines = _thermal_lines()
+        self.admitted: list[tuple[Any, str | None]] = []
+        self.facts: list[Any] = []
+        self.refused: list[tuple[str, str | None]] = []
+        self._local: Any = None
+
+    def ask(self, addresses: list[str], timeout: float, *, local_workdir: Path | None, local_probe: bool) -> None:
+        from metralectl.peers.ops import NodeAnswer, ask_nodes
+
+        answers = ask_nodes(addresses, self.me, timeout=timeout) if addresses else []
+        if local_probe:
+            from metralectl import paths
+            from metralectl.peers.listener import Node
+
+            here = Node(paths.config_dir(), self.me, name="local").admission(None)
+            blocking = [c.detail for c in here.reasons if c.id not in ("bench.enabled", "grant")]
+            answers.append(NodeAnswer("local", not blocking, here.fingerprint, here,
+                                      error="; ".join(blocking) if blocking else None))
+        ok = [a for a in answers if a.admitted and a.admission is not None]
+        classes = {a.address: a.admission.hardware_class for a in ok if a.admission is not None}
+        certified = self.hardware_class or classes.get(self.reference or "") or next(iter(classes.values()), None)
+        for a in answers:
+            adm = a.admission
+            why = None if a in ok else ("; ".join(a.reasons) or "refused")
+            if why is None and adm is not None and adm.hardware_class != certified:
+                why = f"hardware class {adm.hardware_class}; the campaign certifies {certified}"
+            elif why is None and adm is not None and adm.hardware_class not in self.lines:
+                why = f"hardware class {adm.hardware_class} declares no thermal park/resume lines: it cannot be campaigned"
+            if why is not None or adm is None:
+                self.refused.append((a.address, why))
+                self.out.event("fleet", node=a.address, admitted=False, reason=why, hint=a.hint)
+                continue
+            handle = self._handle(a.address, local_workdir)
+            temp = _temp(handle)
+            self.admitted.append((handle, adm.hardware_class))
+            from metralectl.bench.campaign_plan import NodeFacts
+
+            self.facts.append(NodeFacts(a.address, adm.facts.get("memory_available_gb"), temp))
+            self.out.event("fleet", node=a.address, admitted=True, fingerprint=adm.fingerprint, gpu=adm.gpu,
+                           hardware_class=adm.hardware_class, temp_c=temp,
+                           free_memory_gb=adm.facts.get("memory_available_gb"))
+
+    def _handle(self, address: str, local_workdir: Path | None) -> Any:
+        from metralectl.peers.store import known_keys
+
+        if address != "local":
+            from metralectl.peers.remote_units import NodeRef, RemoteNode
+
+            return RemoteNode(self.me, NodeRef.lookup(address), known_keys(), name=address)
+        from metralectl import paths
+        from metralectl.peers.admission import probe_thermal
+        from metralectl.peers.local_node import LocalNode
+
+        if local_workdir is None:  # a dry run: only its thermal reading is asked for
+            return type("Probe", (), {"name": "local", "thermal": staticmethod(probe_thermal)})()
+        self._local = LocalNode(self.me, paths.config_dir(), paths.metrale_home(), local_workdir, known_keys())
+        return self._local
+
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
 
 
 def _thermal_lines() -> dict[str, Any]:

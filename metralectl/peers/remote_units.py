@@ -224,28 +224,34 @@ def fetch_record(me: Identity, node: NodeRef, key: str, dest: Path, *, known: Ma
                  suite: str | None = None, timeout: float = 30.0) -> Fetched:
     """Fetch unit `key`'s record, check it (see the module doc), and keep it under dest/ — or raise
     RecordRejected and keep nothing."""
-    from metralectl import signing, store
-
     answer = _call(me, node, "GET", f"/peer/v1/units/{key}/record", timeout=timeout)
     if answer.status != 200 or not isinstance(answer.value, dict):
         raise _refused(node, f"the record of unit {key}", answer)
     value = answer.value
-
-    def reject(why: str) -> RecordRejected:
-        return RecordRejected(f"{node}: the record of unit {key} is not accepted: {why}",
-                              "it was not kept; the unit counts as failed on that node")
-
     try:
         payload = base64.b64decode(str(value["record"]), validate=True)
         requests = base64.b64decode(str(value.get("requests") or ""), validate=True)
         envelope = value["envelope"]
     except (KeyError, binascii.Error, ValueError) as exc:
-        raise reject(f"malformed answer ({exc})") from None
-    verdict = signing.verify(envelope, known, payload=payload, expect={"unit": key, "requester": me.fingerprint})
+        raise RecordRejected(f"{node}: the record of unit {key} is not accepted: malformed answer ({exc})") from None
+    return accept_record(str(node), node.fingerprint, me.fingerprint, key, payload, envelope, requests, dest,
+                         known=known, suite=suite)
+
+
+def accept_record(where: str, signer: str, requester: str, key: str, payload: bytes, envelope: Any, requests: bytes,
+                  dest: Path, *, known: Mapping[str, bytes], suite: str | None = None) -> Fetched:
+    """The checks a unit's record must pass before it counts (see the module doc); then it is kept under dest/."""
+    from metralectl import signing, store
+
+    def reject(why: str) -> RecordRejected:
+        return RecordRejected(f"{where}: the record of unit {key} is not accepted: {why}",
+                              "it was not kept; the unit counts as failed on that node")
+
+    verdict = signing.verify(envelope, known, payload=payload, expect={"unit": key, "requester": requester})
     if not verdict.ok:
         raise reject(verdict.reason)
-    if verdict.signer != node.fingerprint:
-        raise reject(f"signed by {verdict.signer}, not by the node it ran on ({node.fingerprint})")
+    if verdict.signer != signer:
+        raise reject(f"signed by {verdict.signer}, not by the node it ran on ({signer})")
     try:
         record = json.loads(payload)
     except ValueError:

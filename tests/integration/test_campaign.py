@@ -167,3 +167,48 @@ def test_dry_run_shows_the_plan_and_runs_nothing(fleet: Fleet) -> None:
     assert done.returncode == 0, done.stderr
     assert "makespan" in done.stdout and "speed-class units BUNDLED" in done.stderr
     assert not fleet.a.node.units.list_for(fleet.me.fingerprint) and not fleet.b.node.units.list_for(fleet.me.fingerprint)
+
+
+def test_this_box_is_a_node_too(tmp_path: Path) -> None:
+    """`--local`: units run here exactly as on a peer (a `bench run` child signing with this box's key), and
+    their records pass the same checks. (The CLI's own machine facts are real, and this machine has no GPU,
+    so the handle is driven in-process with injected facts; the CLI's refusal is checked too.)"""
+    from metralectl import store
+    from metralectl.bench.campaign import Campaign
+    from metralectl.bench.campaign_plan import PlannedUnit
+    from metralectl.peers.admission import Facts, GpuFact
+    from metralectl.peers.config import BenchConfig, save_bench_config
+    from metralectl.peers.local_node import LocalNode
+    from metralectl.peers.remote_units import NodeRef, RemoteNode
+    from metralectl.telemetry.thermal import ThermalLines
+
+    fleet = Fleet(tmp_path, Thermal(50.0))
+    home = Path(os.environ["METRALE_HOME"])
+    save_bench_config(BenchConfig(endpoint=fleet.doubles[1].url), fleet.here)  # not enabled: that is for peers
+    facts = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: False, memory=lambda: 10**11,
+                  disk=lambda p: 10**12, thermal=Thermal(50.0))
+    local = LocalNode(fleet.me, fleet.here, home, tmp_path / "campaign" / "local", known_keys(fleet.here), facts=facts)
+    try:
+        assert local.blocking() == []
+        remote = RemoteNode(fleet.me, NodeRef.lookup(fleet.a.addr, fleet.here), known_keys(fleet.here))
+        units = [PlannedUnit("decode", "decode", {"repeats": "3", "max_tokens": "16"}, expected_s=9, group="d")]
+        units += [PlannedUnit(f"tool-{i}", "tool-call", {"repeats": "2"}, expected_s=5 - i, group=f"t{i}") for i in range(3)]
+        lines = {"local": ThermalLines(80, 70), remote.name: ThermalLines(80, 70)}
+        record = Campaign("loc", units, [local, remote], "local", lines, tmp_path / "campaign").run()
+        assert {u["state"] for u in record["units"]} == {"accepted"}
+        decode = next(u for u in record["units"] if u["unit"]["id"] == "decode")
+        assert decode["node"] == "local"
+        verdict = signing.verify_file(Path(decode["record_dir"]) / "run.json", known_keys(fleet.here),
+                                      expect={"unit": decode["key"]})
+        assert verdict.ok and verdict.signer == fleet.me.fingerprint
+        # a peer's unit queued or running on this box keeps local units off the GPU
+        store.write_json(home / "units" / "peer-unit" / "unit.json",
+                         {"spec": {"key": "peer-unit", "suite": "decode"}, "state": "running", "submitted": 1.0,
+                          "requester": "X"})
+        assert any("queued or running" in why for why in local.blocking())
+    finally:
+        local.close()
+        fleet.stop()
+    refused = subprocess.run([sys.executable, "-m", "metralectl", "bench", "campaign", "--local", "--unit", "decode"],
+                             capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert refused.returncode == 1 and "local: refused" in refused.stderr and "no GPU it can name" in refused.stderr
