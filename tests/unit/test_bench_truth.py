@@ -92,6 +92,27 @@ def test_open_loop_rate_and_window() -> None:
     assert agg["output_tok_s"] == pytest.approx(500, rel=0.15)
 
 
+def test_open_loop_schedule_starts_after_the_collection_in_a_large_heap() -> None:
+    """The garbage collection before a run takes long in a process with a big heap (the full test suite's
+    is one); an open-loop schedule anchored before it sent the backlog in a burst after warm-up, and the
+    window counted ~60 requests at 50/s."""
+    import gc
+    import time as _time
+
+    heap = [[i] for i in range(3_000_000)]  # cycle-tracked objects: a full collection has to walk them
+    t = _time.perf_counter()
+    gc.collect()
+    assert _time.perf_counter() - t > 0.05, "the heap is too small to show the effect here"
+    try:
+        with truth_server("--ttft-ms", "5", "--itl-ms", "2") as url:
+            spec = LoadSpec(mode="constant", rate=50, concurrency=32, warmup_s=0.2, duration_s=1.0)
+            out = run_load(spec, url, PATH, RequestFactory(model="m", max_tokens=10, text="x"))
+    finally:
+        del heap
+    agg = aggregate(out.results, out.window)
+    assert 45 <= agg["requests"] <= 55 and out.health["dispatch_slip_ms"]["p99"] < 20.0
+
+
 def test_sharded_over_two_processes() -> None:
     with truth_server("--record", "--ttft-ms", "10", "--itl-ms", "10") as url:
         spec = LoadSpec(concurrency=8, warmup_s=0.2, duration_s=0.8)
