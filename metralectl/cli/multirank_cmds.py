@@ -3,25 +3,17 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from typing import Any
 
-from metralectl.cli.serve_cmds import _Progress, _runtime, _sigterm_as_interrupt, hello_request
+from metralectl.cli.serve_cmds import _Progress, _runtime, _sigterm_as_interrupt, print_ready
 
 
 def print_ready_multi(launched: Any, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(asdict(launched), indent=2))
-        return
-    model = launched.model or "metrale"
-    print(f"endpoint  {launched.url}/v1")
-    print(f"model     {model}")
-    print(f"roce      NCCL_SOCKET_IFNAME={launched.roce_interface}; master {launched.master_addr}:{launched.master_port}")
-    for rank in launched.ranks:
-        print(f"rank {rank.rank}    {rank.container} ({rank.role}) on {rank.endpoint} [{rank.node}]")
-    print(f"run       {launched.run_id}; logs: metralectl logs -f {launched.recipe} --rank N")
-    print(hello_request(launched.url, model))
+    print_ready(launched, as_json, [
+        f"roce      NCCL_SOCKET_IFNAME={launched.roce_interface}; master {launched.master_addr}:{launched.master_port}",
+        *(f"rank {rank.rank}    {rank.container} ({rank.role}) on {rank.endpoint} [{rank.node}]"
+          for rank in launched.ranks),
+        f"run       {launched.run_id}; logs: metralectl logs -f {launched.recipe} --rank N"])
 
 
 def run_multi(recipe: Any, catalog: Any, options: Any, *, worker: str, head: str | None, roce_interface: str | None,

@@ -114,15 +114,22 @@ def hello_request(url: str, model: str) -> str:
     return f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
 
 
-def _print_ready(launched: Any, as_json: bool) -> None:
+def print_ready(launched: Any, as_json: bool, details: list[str]) -> None:
+    """What a ready launch prints: its JSON, or the endpoint, the model, `details`, and a first request."""
     if as_json:
         print(json.dumps(asdict(launched), indent=2))
         return
     model = launched.model or "metrale"
     print(f"endpoint  {launched.url}/v1")
     print(f"model     {model}")
-    print(f"container {launched.container} (run {launched.run_id}; logs: metralectl logs -f {launched.recipe})")
+    for line in details:
+        print(line)
     print(hello_request(launched.url, model))
+
+
+def _print_ready(launched: Any, as_json: bool) -> None:
+    print_ready(launched, as_json, [f"container {launched.container} (run {launched.run_id}; "
+                                    f"logs: metralectl logs -f {launched.recipe})"])
 
 
 def run(
