@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,44 @@ def _send(addr: PeerAddress, method: str, path: str, body: bytes, headers: dict[
         raise PeerUnreachable(f"{addr}: {exc}",
                               "is `metralectl agent` running there? (peer port: `metralectl agent --peer-port`)") from None
     return response.status_code, response.headers, response.content
+
+
+class StreamBroken(PeerUnreachable):
+    """A streamed answer broke off (reset, EOF mid-line is not this: silence past the read timeout is)."""
+
+
+@dataclass
+class Stream:
+    status: int
+    headers: Mapping[str, str]
+    lines: Iterator[bytes]  # the body's lines, exact bytes without the newline; raises StreamBroken
+    read: Any  # () -> bytes: the whole body (for a non-200 answer)
+
+
+@contextmanager
+def open_stream(addr: PeerAddress, path: str, headers: dict[str, str], *, read_timeout: float) -> Iterator[Stream]:
+    """GET a streamed answer; a transport failure at any point is StreamBroken (or PeerUnreachable before it began)."""
+    import httpx
+
+    def lines(response: Any) -> Iterator[bytes]:
+        pending = b""
+        try:
+            for chunk in response.iter_bytes():
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    yield line
+        except httpx.TransportError as exc:
+            raise StreamBroken(f"{addr}: {type(exc).__name__}: {exc}" if str(exc) else
+                               f"{addr}: {type(exc).__name__}") from None
+
+    try:
+        with httpx.Client(timeout=httpx.Timeout(TIMEOUT_S, read=read_timeout), trust_env=False) as client:
+            with client.stream("GET", addr.url(path), headers=headers) as response:
+                yield Stream(response.status_code, response.headers, lines(response), response.read)
+    except httpx.TransportError as exc:
+        raise StreamBroken(f"{addr}: {type(exc).__name__}: {exc}" if str(exc) else
+                           f"{addr}: {type(exc).__name__}") from None
 
 
 def _decode(addr: PeerAddress, body: bytes) -> Any:

@@ -22,7 +22,8 @@ from typing import Any
 from metralectl.errors import MetralError
 from metralectl.identity import Identity
 from metralectl.peers.address import PeerAddress, parse_address
-from metralectl.peers.client import TIMEOUT_S, Answer, PeerProtocolError, PeerUnreachable, signed_call
+from metralectl.peers.client import (TIMEOUT_S, Answer, PeerProtocolError, PeerUnreachable, StreamBroken,
+                                     open_stream, signed_call)
 from metralectl.peers.protocol import H_KEY, sign_request, verify_event_line, verify_response
 from metralectl.peers.store import PeerStore, key_changed
 
@@ -153,63 +154,50 @@ class _Progressed(Exception):
 
 def _stream_once(me: Identity, node: NodeRef, key: str, after: int, on_event: Callable[[dict[str, Any]], None],
                  read_timeout: float, stop: threading.Event | None) -> dict[str, Any] | None:
-    import httpx
-
     path = f"/peer/v1/units/{key}/events?after={after}"
     headers = sign_request(me, node.fingerprint, "GET", path)
     nonce, stream = headers["X-Metrale-Nonce"], f"units/{key}/events"
     last = after
     try:
-        with httpx.Client(timeout=httpx.Timeout(TIMEOUT_S, read=read_timeout), trust_env=False) as client:
-            with client.stream("GET", node.address.url(path), headers=headers) as response:
-                answered_as = response.headers.get(H_KEY)
-                if answered_as and answered_as != node.fingerprint:
-                    raise key_changed(str(node), node.fingerprint, str(answered_as))
-                if response.status_code != 200:
-                    body = response.read()
-                    problem = verify_response(response.headers, response.status_code, body, nonce=nonce,
-                                              me=me.fingerprint, expect_key=node.fingerprint, public=node.public_key)
-                    if problem:
-                        raise PeerProtocolError(f"{node}: answer refused: {problem}")
-                    raise _refused(node, f"events of unit {key}", Answer(response.status_code, json.loads(body)))
-                problem = verify_response(response.headers, 200, b"", nonce=nonce, me=me.fingerprint,
-                                          expect_key=node.fingerprint, public=node.public_key)
+        with open_stream(node.address, path, headers, read_timeout=read_timeout) as response:
+            answered_as = response.headers.get(H_KEY)
+            if answered_as and answered_as != node.fingerprint:
+                raise key_changed(str(node), node.fingerprint, str(answered_as))
+            if response.status != 200:
+                body = response.read()
+                problem = verify_response(response.headers, response.status, body, nonce=nonce,
+                                          me=me.fingerprint, expect_key=node.fingerprint, public=node.public_key)
                 if problem:
-                    raise PeerProtocolError(f"{node}: stream refused: {problem}")
-                for raw in _lines(response.iter_bytes()):
-                    if stop is not None and stop.is_set():
-                        raise KeyboardInterrupt
-                    line = verify_event_line(raw, nonce=nonce, me=me.fingerprint, key=node.fingerprint,
-                                             public=node.public_key, stream=stream)
-                    if line is None:
-                        raise PeerProtocolError(f"{node}: a line of unit {key}'s stream is not signed by its key")
-                    event = json.loads(line)
-                    if event.get("kind") == "heartbeat":
-                        continue
-                    seq = int(event["seq"])
-                    if seq <= last:
-                        continue  # already seen (a node never sends these, but a re-attach must never repeat)
-                    if seq != last + 1:
-                        raise PeerProtocolError(f"{node}: unit {key}'s stream skipped from {last} to {seq}")
-                    on_event(event)
-                    last = seq
-                    if event.get("kind") == "end":
-                        return event
-    except httpx.TransportError as exc:
-        raise _Progressed(last, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
+                    raise PeerProtocolError(f"{node}: answer refused: {problem}")
+                raise _refused(node, f"events of unit {key}", Answer(response.status, json.loads(body)))
+            problem = verify_response(response.headers, 200, b"", nonce=nonce, me=me.fingerprint,
+                                      expect_key=node.fingerprint, public=node.public_key)
+            if problem:
+                raise PeerProtocolError(f"{node}: stream refused: {problem}")
+            for raw in response.lines:
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt
+                line = verify_event_line(raw, nonce=nonce, me=me.fingerprint, key=node.fingerprint,
+                                         public=node.public_key, stream=stream)
+                if line is None:
+                    raise PeerProtocolError(f"{node}: a line of unit {key}'s stream is not signed by its key")
+                event = json.loads(line)
+                if event.get("kind") == "heartbeat":
+                    continue
+                seq = int(event["seq"])
+                if seq <= last:
+                    continue  # already seen (a node never sends these, but a re-attach must never repeat)
+                if seq != last + 1:
+                    raise PeerProtocolError(f"{node}: unit {key}'s stream skipped from {last} to {seq}")
+                on_event(event)
+                last = seq
+                if event.get("kind") == "end":
+                    return event
+    except StreamBroken as exc:
+        raise _Progressed(last, exc.message) from None
     if last != after:
         raise _Progressed(last, "the stream closed before the unit's end")
     return None
-
-
-def _lines(chunks: Any) -> Any:
-    """Byte lines of a stream, exactly as sent (the signatures cover the exact bytes)."""
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            yield line
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,12 @@ class FakeRepo:
     gate_api: bool = False  # also refuse the model-info/tree API (the Hub did so in the past)
 
     @classmethod
+    def flagship(cls) -> FakeRepo:
+        """A tiny stand-in for the flagship's checkpoint (its config and one small weights file)."""
+        return cls.build("Sehyo/Qwen3.5-35B-A3B-NVFP4", {"config.json": b'{"model_type": "qwen3_5_moe"}',
+                                                         "model.safetensors": b"\1" * 4096})
+
+    @classmethod
     def build(cls, repo_id: str, files: dict[str, bytes], commit: str | None = None, **kw: object) -> FakeRepo:
         entries = {p: FakeFile(p, d, p.endswith(LFS_SUFFIXES)) for p, d in files.items()}
         digest = hashlib.sha1(repo_id.encode())

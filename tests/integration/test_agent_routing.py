@@ -141,8 +141,7 @@ def test_transfers_are_rendered_through_the_agent(box: Box) -> None:
     """Missing weights: the agent's run downloads them; the CLI renders its transfer events as directly."""
     from tests.fakehub.server import FakeHub, FakeRepo
 
-    repo = FakeRepo.build("Sehyo/Qwen3.5-35B-A3B-NVFP4", {"config.json": b'{"model_type": "qwen3_5_moe"}',
-                                                          "model.safetensors": b"\1" * 4096})
+    repo = FakeRepo.flagship()
     with FakeHub([repo]) as hub:
         box.env.update({"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_XET": "1"})
         name = box.recipe("pulls")

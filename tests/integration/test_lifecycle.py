@@ -50,8 +50,7 @@ def test_run_downloads_missing_weights_then_serves(box: Box) -> None:
     """No weights in the cache: run stages them from the Hub (a local stand-in) with verification first."""
     from tests.fakehub.server import FakeHub, FakeRepo
 
-    repo = FakeRepo.build("Sehyo/Qwen3.5-35B-A3B-NVFP4", {"config.json": b'{"model_type": "qwen3_5_moe"}',
-                                                          "model.safetensors": b"\1" * 4096})
+    repo = FakeRepo.flagship()
     with FakeHub([repo]) as hub:
         box.env.update({"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_XET": "1"})
         name = box.recipe("pulls")
