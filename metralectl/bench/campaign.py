@@ -28,6 +28,8 @@ from metralectl.errors import MetralError
 from metralectl.peers.remote_units import UnitRefused
 from metralectl.telemetry.thermal import ThermalLines, ThermalState, thermal_status
 
+ABORT_WAIT_S = 45.0  # after Ctrl-C: how long to wait for the nodes' cancelled units to end (a node SIGKILLs at 30 s)
+
 
 class NodeHandle(Protocol):
     name: str
@@ -129,19 +131,22 @@ class Campaign:
     def run(self) -> dict[str, Any]:
         """Run to the end (or until abort() from another thread); returns the campaign record."""
         self.save()
-        workers = [threading.Thread(target=self._worker, args=(name,), name=f"campaign-{name}", daemon=True)
-                   for name in self.nodes]
-        for w in workers:
-            w.start()
+        # Each worker says it has ended through an Event, never through Thread.join: a Ctrl-C landing inside
+        # join() can leave the thread marked stopped while it still runs (CPython <= 3.11), and the campaign
+        # would then conclude without waiting for a node's cancelled unit to end.
+        ended = {name: threading.Event() for name in self.nodes}
+        for name in self.nodes:
+            threading.Thread(target=self._worker_until_ended, args=(name, ended[name]), name=f"campaign-{name}",
+                             daemon=True).start()
         try:
-            while any(w.is_alive() for w in workers):
-                for w in workers:
-                    w.join(0.2)
+            for flag in ended.values():
+                while not flag.wait(0.2):
+                    pass
         except KeyboardInterrupt:
             self.abort()
-            deadline = time.monotonic() + 45
-            for w in workers:
-                w.join(max(0.1, deadline - time.monotonic()))
+            deadline = time.monotonic() + ABORT_WAIT_S
+            for flag in ended.values():
+                flag.wait(max(0.1, deadline - time.monotonic()))
             self._conclude()
             raise
         self._conclude()
@@ -186,6 +191,12 @@ class Campaign:
             return may_run(u, name, self.reference) and name not in self.excluded.get(u.id, set())
 
         return any(takes(u) for u in self.pending) or any(takes(r.unit) for n, r in self.running.items() if n != name)
+
+    def _worker_until_ended(self, name: str, ended: threading.Event) -> None:
+        try:
+            self._worker(name)
+        finally:
+            ended.set()
 
     def _worker(self, name: str) -> None:
         while True:
