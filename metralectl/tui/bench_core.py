@@ -96,6 +96,7 @@ class CoreBench:
         from metralectl.bench.runner import run as run_suite
         from metralectl.bench.suites import get_suite
         from metralectl.bench.target import managed_container
+        from metralectl.tui.cancel import Cancelled
 
         total = len(get_suite(suite).stages(params))
         found = managed_container(None)
@@ -121,7 +122,8 @@ class CoreBench:
         try:
             record = run_suite(request, relay)
         except RunInterrupted:
-            cancel.check()  # ours: report it as a cancel
+            if cancel.cancelled:  # ours: report it as a cancel
+                raise Cancelled() from None
             raise
         return summary_of(record)
 

@@ -5,6 +5,10 @@ container is removed, partial downloads are dropped). `Cancelled` is a KeyboardI
 from the event listener the core calls, so the same cleanup runs. A core call that emits no event
 for a while (an engine loading silently) gets the exception delivered asynchronously into its
 thread after `grace_s`, at the next Python instruction it executes.
+
+It is delivered once, whichever way comes first: the core's cleanup (removing a half-started container)
+runs after the exception and may call the listener or take longer than `grace_s`; a second Cancelled
+landing there would cut the cleanup short and leave the mess it exists to remove.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class CancelToken:
         self._lock = threading.Lock()
         self._thread_id: int | None = None
         self._injected = False
+        self._delivered = False  # Cancelled has been raised in the bound thread (by check() or injection)
         self._timer: threading.Timer | None = None
 
     @property
@@ -33,9 +38,14 @@ class CancelToken:
         return self._event.is_set()
 
     def check(self) -> None:
-        """Raise Cancelled when cancel() was called (call it from the core's event listener)."""
-        if self._event.is_set():
-            raise Cancelled()
+        """Raise Cancelled when cancel() was called (call it from the core's event listener); once only."""
+        if not self._event.is_set():
+            return
+        with self._lock:
+            if self._delivered:
+                return
+            self._delivered = True
+        raise Cancelled()
 
     def cancel(self) -> None:
         if self._event.is_set():
@@ -67,7 +77,7 @@ class CancelToken:
 
     def _inject(self) -> None:
         with self._lock:
-            if self._thread_id is None:
+            if self._thread_id is None or self._delivered:
                 return
-            self._injected = True
+            self._injected = self._delivered = True
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), ctypes.py_object(Cancelled))

@@ -98,6 +98,36 @@ def test_cancel_token_interrupts_a_silent_call() -> None:
     assert result == ["cancelled"]
 
 
+def test_cancel_is_delivered_once_so_the_cleanup_after_it_runs_to_the_end() -> None:
+    """The listener raises Cancelled; the core's cleanup then calls the listener again and runs longer than
+    the grace. Neither the listener nor the asynchronous delivery may raise a second time inside it."""
+    token = CancelToken(grace_s=0.05)
+    result: list[str] = []
+
+    def core_with_cleanup() -> None:
+        try:
+            with token.bound():
+                try:
+                    while True:
+                        token.check()  # the core's event listener
+                        time.sleep(0.01)
+                except Cancelled:
+                    token.check()  # the cleanup emits an event ("removing the half-started container")
+                    time.sleep(0.3)  # and takes six graces
+                    result.append("cleaned up")
+                    raise
+        except Cancelled:
+            result.append("cancelled")
+
+    thread = threading.Thread(target=core_with_cleanup)
+    thread.start()
+    time.sleep(0.05)
+    token.cancel()
+    thread.join(3)
+    assert result == ["cleaned up", "cancelled"]
+    assert token.cancelled
+
+
 def test_telemetry_history_series_lines_and_unified_memory() -> None:
     h = TelemetryHistory(keep=5)
     for i in range(8):
