@@ -145,10 +145,12 @@ def private_dockerd() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
         yield proc, f"unix://{sock}"
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: dockerd and the containerd it started
+            # its own session. The containerd it supervises has a process group of its own but a parent-death
+            # signal of SIGKILL (moby's supervisor), so it dies with dockerd.
+            os.killpg(proc.pid, signal.SIGKILL)
         else:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)  # a containerd left behind in the group
+                os.killpg(proc.pid, signal.SIGKILL)  # anything else dockerd started in its session
             except ProcessLookupError:
                 pass
         proc.wait(10)
