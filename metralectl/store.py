@@ -92,10 +92,22 @@ def lock_path() -> Path:
     return directory / "metralectl-lifecycle.lock"
 
 
+UNIT_HOLDER = "bench unit "  # how a peer's benchmark unit names itself as the lock's holder
+
+
+def busy_because(holder: str) -> Busy:
+    if holder.startswith(UNIT_HOLDER):
+        key = holder[len(UNIT_HOLDER):].split(" ", 1)[0]
+        return Busy(f"busy: {holder} is in progress on this machine",
+                    f"wait for it to finish, or stop it: `metralectl peer units --cancel {key}`")
+    return Busy(f"busy: {holder} is in progress on this machine",
+                "wait for it to finish (`metralectl ps` shows what is serving)")
+
+
 @contextmanager
-def lifecycle_lock(what: str) -> Iterator[None]:
-    """Hold the machine's lifecycle lock, or raise Busy at once (never wait)."""
-    path = lock_path()
+def lifecycle_lock(what: str, path: Path | None = None) -> Iterator[None]:
+    """Hold the machine's lifecycle lock (`path`: another machine's, in tests), or raise Busy at once."""
+    path = path or lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
@@ -106,9 +118,7 @@ def lifecycle_lock(what: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another metralectl"
-            raise Busy(f"busy: {holder} is in progress on this machine",
-                       "wait for it to finish (`metralectl ps` shows what is serving)") from None
+            raise busy_because(os.pread(fd, 200, 0).decode(errors="replace").strip() or "another metralectl") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{what} (pid {os.getpid()})".encode(), 0)
         try:
@@ -120,16 +130,24 @@ def lifecycle_lock(what: str) -> Iterator[None]:
         os.close(fd)
 
 
-def lock_held() -> bool:
-    """Whether some process holds the lifecycle lock now (a journal without a holder is stale)."""
-    path = lock_path()
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDONLY)
+def lock_holder(path: Path | None = None) -> str | None:
+    """Who holds the lifecycle lock now ("run qwen (pid 12)"), or None when nobody does."""
+    path = path or lock_path()
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another metralectl"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
     finally:
         os.close(fd)
-    return False
+
+
+def lock_held() -> bool:
+    """Whether some process holds the lifecycle lock now (a journal without a holder is stale)."""
+    return lock_holder() is not None

@@ -12,6 +12,7 @@
     POST /api/swap  {recipe, sets?, drain_timeout_s?, options?} replace it    -> 202 {job} | 400 | 409 busy
     POST /api/stop  {recipe?, all?, timeout_s?}               stop it         -> 202 {job} | 400 | 409 busy
     POST /api/jobs/ID/cancel       cancel a job as Ctrl-C would   -> 202 {job} (200 when it had ended)
+    POST /api/units/KEY/cancel     stop a peer's benchmark unit on this box -> 200 {unit} | 404
 
 Every POST needs the bearer token; GET never changes anything.
 """
@@ -26,7 +27,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from metralectl import __version__
@@ -35,6 +36,9 @@ from metralectl.agent.jobs import JobRunner
 from metralectl.agent.ops import Operations, error_json, static_dir
 from metralectl.errors import MetralError, UsageError
 from metralectl.httpserve import BodyTooLarge, Handler, Server
+
+if TYPE_CHECKING:
+    from metralectl.peers.units import UnitQueue
 
 log = logging.getLogger("metralectl.agent")
 
@@ -237,10 +241,13 @@ class ApiHandler(Handler):
             self.send_json(400, {"error": "the body must be a JSON object"}, PAGE_HEADERS)
             return
         cancel = re.fullmatch(r"/api/jobs/([^/]+)/cancel", route)
+        cancel_unit = re.fullmatch(r"/api/units/([^/]+)/cancel", route)
         if route in ("/api/run", "/api/swap", "/api/stop"):
             self._change(route.rsplit("/", 1)[1], body)
         elif cancel is not None:
             self._cancel(cancel.group(1))
+        elif cancel_unit is not None:
+            self._cancel_unit(cancel_unit.group(1))
         else:
             self.send_json(404, {"error": f"no POST {route}"}, PAGE_HEADERS)
 
@@ -286,6 +293,24 @@ class ApiHandler(Handler):
         log.info("job %s: cancel requested%s", job.id, "" if active else " (it had already ended)")
         self._send_ordered(202 if active else 200, job.to_json(events=False))
 
+    def _cancel_unit(self, key: str) -> None:
+        """This box's operator stops a peer's benchmark unit (it holds the lifecycle lock while it runs)."""
+        from metralectl.peers.units import UnitNotFound
+
+        units = self.server.units
+        if units is None:
+            self.send_json(404, {"error": "this agent runs no peer listener, so no peer's unit runs here",
+                                 "hint": "`metralectl peer units` lists what peers ran here"}, PAGE_HEADERS)
+            return
+        try:
+            unit = units.cancel(key, None)
+        except UnitNotFound:
+            self.send_json(404, {"error": f"no unit {key} on this node",
+                                 "hint": "`metralectl peer units` lists them"}, PAGE_HEADERS)
+            return
+        log.info("unit %s: cancel requested by this node's operator", key)
+        self._send_ordered(200, unit.to_json())
+
     def _events(self, job_id: str, query: str) -> None:
         job = self.server.jobs.get(job_id)
         if job is None:
@@ -327,6 +352,7 @@ class LocalApiServer(Server):
         self.jobs = jobs or JobRunner()
         self.static = static or static_dir()
         self.info = dict(info or {})
+        self.units: UnitQueue | None = None  # the peer listener's unit queue (the agent sets it)
         super().__init__(("::1" if host == "::1" else "127.0.0.1", port), ApiHandler)
         self.info.setdefault("api_port", self.port)
 

@@ -174,6 +174,13 @@ class AgentClient:
             raise self._refused(status, value, "the cancel")
         return value
 
+    def cancel_unit(self, key: str) -> dict[str, Any]:
+        """Stop a peer's benchmark unit on this box (POST /api/units/KEY/cancel): the unit as it stands."""
+        status, value = self._request("POST", f"/api/units/{key}/cancel", {})
+        if status != 200 or not isinstance(value, dict):
+            raise self._refused(status, value, f"cancelling unit {key}")
+        return value
+
     def follow(self, job: dict[str, Any], on_event: Callable[[Any], None], *,
                cancelled: Callable[[], bool] | None = None, wait_s: float = FOLLOW_WAIT_S,
                leave_on_second_interrupt: bool = True, interrupted: bool = False) -> tuple[dict[str, Any], bool]:

@@ -85,7 +85,7 @@ class AgentOptions:
 class Agent:
     def __init__(self, options: AgentOptions, *, base: Path | None = None,
                  check: Callable[[], dict[str, Any]] = doctor_capability, ops: Any = None, facts: Any = None,
-                 home: Path | None = None) -> None:
+                 home: Path | None = None, lock_path: Path | None = None) -> None:
         from metralectl import identity
         from metralectl.agent.api import LocalApiServer
         from metralectl.agent.ops import LifecycleOps
@@ -106,8 +106,10 @@ class Agent:
             from metralectl.peers.admission import Facts
             from metralectl.peers.listener import Node, PeerServer
 
-            node = Node(base if base is not None else paths.config_dir(), self.identity, facts or Facts(), home=home)
+            node = Node(base if base is not None else paths.config_dir(), self.identity, facts or Facts(), home=home,
+                        lock_path=lock_path)
             self.peer_server = PeerServer(node, options.peer_host, options.peer_port)
+            self.api.units = node.units
         self.api.info["peer_port"] = self.peer_server.port if self.peer_server else None
 
     def _checked(self, check: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:

@@ -227,7 +227,7 @@ def _describe(kind: str, d: dict[str, Any]) -> str | None:
         return f"▸ {d['node']}: {d['unit']} (expected {d['expected_s']:.0f} s) as {d['key']}"
     if kind == "line":
         event = d["event"]
-        if event.get("kind") in ("stage", "stage-done", "warning"):
+        if event.get("kind") in ("stage", "stage-done", "warning", "waiting"):
             return f"  {d['node']} {d['unit']}: {event.get('message')}"
         return None
     if kind == "link-lost":

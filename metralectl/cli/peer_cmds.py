@@ -157,6 +157,8 @@ def bench_config(
 
 @peer_app.command("units")
 def units(limit: int = typer.Option(20, "--limit", min=1, help="Most recent N."),
+          cancel: str = typer.Option(None, "--cancel", metavar="KEY",
+                                     help="Stop this unit (queued or running) through the agent."),
           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Benchmark units peers ran (or are running) on this box, newest first."""
     import time
@@ -164,6 +166,9 @@ def units(limit: int = typer.Option(20, "--limit", min=1, help="Most recent N.")
     from metralectl import paths
     from metralectl.peers.units import read_units
 
+    if cancel is not None:
+        _cancel_unit(cancel, as_json)
+        return
     found = read_units(paths.metrale_home())[:limit]
     if as_json:
         print(json.dumps(found, indent=2))
@@ -177,6 +182,33 @@ def units(limit: int = typer.Option(20, "--limit", min=1, help="Most recent N.")
              u.get("verdict") or "-", time.strftime("%Y-%m-%d %H:%M", time.localtime(float(u.get("submitted") or 0))),
              u.get("run_id") or "-"] for u in found]
     print(render_table(["KEY", "SUITE", "FROM", "STATE", "VERDICT", "SUBMITTED", "RUN"], rows))
+
+
+def _cancel_unit(key: str, as_json: bool) -> None:
+    """Units run inside the agent (it owns the queue): the cancel goes to it, never to files on disk."""
+    from metralectl import paths
+    from metralectl.agent.client import running_agent
+    from metralectl.errors import MetralError
+    from metralectl.peers.units import read_units
+
+    agent = running_agent()
+    if agent is None:
+        known = {u["key"]: u for u in read_units(paths.metrale_home())}
+        if key not in known:
+            raise MetralError(f"no unit {key} on this box", "`metralectl peer units` lists them")
+        raise MetralError(f"unit {key} is {known[key].get('state')}, and no agent runs here to stop anything",
+                          "units only run inside the agent: with it stopped, nothing runs")
+    unit = agent.cancel_unit(key)
+    if as_json:
+        print(json.dumps(unit, indent=2))
+        return
+    state = unit.get("state")
+    if state in ("completed", "failed", "cancelled") and not unit.get("cancel_requested"):
+        note(f"unit {key} had already ended ({state})")
+    elif state == "cancelled":
+        note(f"unit {key} cancelled")
+    else:
+        note(f"unit {key}: stopping (its benchmark is interrupted and writes its record as interrupted)")
 
 
 def nodes(

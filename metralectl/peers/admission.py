@@ -3,7 +3,7 @@
 The checks (SPEC §6): bench enabled, the requester granted `bench`, a hardware class, a signer
 identity, not busy (the lifecycle lock), nothing queued, memory and disk above bench.yaml's floors,
 a GPU it can name. Every fact comes from an injectable source (`Facts`); the defaults are the real
-seams (NvmlProbe, psutil, shutil.disk_usage, store.lock_held).
+seams (NvmlProbe, psutil, shutil.disk_usage, store.lock_holder).
 """
 
 from __future__ import annotations
@@ -134,16 +134,18 @@ def free_disk(path: Path) -> int | None:
         return None
 
 
-def _lock_held() -> bool:
-    from metralectl.store import lock_held
+def lifecycle_busy() -> str | None:
+    """What holds the lifecycle lock, unless it is a peer's benchmark unit (the queue check counts those)."""
+    from metralectl.store import UNIT_HOLDER, lock_holder
 
-    return lock_held()
+    holder = lock_holder()
+    return None if holder is None or holder.startswith(UNIT_HOLDER) else holder
 
 
 @dataclass
 class Facts:
     gpu: Callable[[], GpuFact] = probe_gpu
-    busy: Callable[[], bool] = _lock_held
+    busy: Callable[[], str | None] = lifecycle_busy  # what holds the lifecycle lock (None: nothing)
     queued: Callable[[], int] = lambda: 0  # units queued elsewhere (the node adds its own unit queue)
     memory: Callable[[], int | None] = available_memory
     disk: Callable[[Path], int | None] = free_disk
@@ -179,9 +181,10 @@ def judge(config: BenchConfig, *, fingerprint: str, name: str, facts: Facts,
         add(AdmissionCheck("hardware_class", False, "no hardware class: none set and none detected",
                            "set `hardware_class:` in bench.yaml (`metralectl peer bench-config --hardware-class gb10`)"))
     add(AdmissionCheck("signer", True, f"signs records as {fingerprint}"))
-    if facts.busy():
-        add(AdmissionCheck("busy", False, "busy: a launch, swap or stop holds the lifecycle lock",
-                           "try again when it has finished"))
+    holder = facts.busy()
+    if holder:
+        what = holder if isinstance(holder, str) else "a launch, swap or stop"
+        add(AdmissionCheck("busy", False, f"busy: {what} holds the lifecycle lock", "try again when it has finished"))
     else:
         add(AdmissionCheck("busy", True, "not busy"))
     queued += facts.queued()

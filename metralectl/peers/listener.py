@@ -15,6 +15,7 @@ signed by this node's key (protocol.sign_response).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import socket
@@ -43,6 +44,7 @@ from metralectl.peers.protocol import (
 )
 from metralectl.peers.store import PeerStore
 from metralectl.peers.units import Executor, UnitQueue
+from metralectl.store import lifecycle_lock
 
 log = logging.getLogger("metralectl.peers")
 PROTOCOL = 1
@@ -58,6 +60,7 @@ class Node:
     name: str = field(default_factory=socket.gethostname)
     home: Path | None = None  # METRALE_HOME: units and their records (default: paths.metrale_home())
     executor: Executor | None = None  # how units run (default: `metralectl bench run` as a child)
+    lock_path: Path | None = None  # the lifecycle lock units hold (default: this machine's; tests give each node one)
     peers: PeerStore = field(init=False)
     nonces: NonceStore = field(init=False)
     units: UnitQueue = field(init=False)
@@ -70,7 +73,7 @@ class Node:
         self.nonces = NonceStore(self.base / "peers" / "nonces")
         home = self.home if self.home is not None else paths.metrale_home()
         executor = self.executor or SubprocessExecutor(self.base, home, lambda: self.bench_config().endpoint)
-        self.units = UnitQueue(home, executor)
+        self.units = UnitQueue(home, executor, lock=functools.partial(lifecycle_lock, path=self.lock_path))
 
     def bench_config(self) -> BenchConfig:
         return load_bench_config(self.base)

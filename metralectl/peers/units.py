@@ -6,12 +6,16 @@
 A unit is queued -> running -> completed | failed | cancelled. Events are kept (and persisted), so a
 follower that lost its link asks again from the last sequence number it saw and misses nothing; a
 unit that was running when the agent stopped is failed on the next start (its record, if any, says
-how far it got). The work itself is done by an Executor (unit_exec.SubprocessExecutor runs
+how far it got). A unit runs under the machine's lifecycle lock, so nobody launches, swaps or stops the
+model it is measuring (they are told which unit holds it and how to cancel it); a unit whose turn comes
+while a launch, swap or stop holds the lock waits for it, cancellably, at most its own timeout. The work
+itself is done by an Executor (unit_exec.SubprocessExecutor runs
 `metralectl bench run` as a child process, so a load generator never shares the agent's interpreter).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import shutil
@@ -21,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ContextManager, Protocol
 
 from metralectl import store
 from metralectl.errors import MetralError
@@ -33,6 +37,8 @@ MAX_WAITING = 8  # queued (not yet running) units; more is refused, not silently
 KEEP_FINISHED = 200  # finished units kept on disk (their records stay under runs/ regardless)
 
 Emit = Callable[[dict[str, Any]], None]
+Lock = Callable[[str], ContextManager[None]]  # store.lifecycle_lock: hold it or raise store.Busy at once
+LOCK_POLL_S = 1.0
 
 
 class UnitConflict(MetralError):
@@ -110,9 +116,11 @@ def read_units(home: Path) -> list[dict[str, Any]]:
 
 
 class UnitQueue:
-    def __init__(self, home: Path, executor: Executor, *, max_waiting: int = MAX_WAITING) -> None:
+    def __init__(self, home: Path, executor: Executor, *, max_waiting: int = MAX_WAITING,
+                 lock: Lock = store.lifecycle_lock) -> None:
         self.root = home / "units"
         self.executor = executor
+        self.lock = lock
         self.max_waiting = max_waiting
         self._units: dict[str, Unit] = {}
         self._waiting: deque[str] = deque()
@@ -194,8 +202,10 @@ class UnitQueue:
             raise UnitNotFound(f"no unit {key} (from you) on this node")
         return unit
 
-    def cancel(self, key: str, requester: str) -> Unit:
+    def cancel(self, key: str, requester: str | None) -> Unit:
+        """Cancel a unit for its requester, or (requester None) for this node's operator."""
         unit = self.get(key, requester)
+        by = "" if requester is not None else " by this node's operator"
         with self._cond:
             if unit.done:
                 return unit
@@ -210,9 +220,9 @@ class UnitQueue:
                 if event is not None:
                     event.set()
         if cancelled_now:
-            self._finish(unit, "cancelled", error="cancelled before it started")
+            self._finish(unit, "cancelled", error=f"cancelled{by} before it started")
         else:
-            self._emit(unit, "note", "cancel requested: stopping the benchmark")
+            self._emit(unit, "note", f"cancel requested{by}: stopping the benchmark")
         return unit
 
     def events_after(self, key: str, after: int, wait_s: float) -> tuple[list[dict[str, Any]], bool]:
@@ -279,15 +289,41 @@ class UnitQueue:
             unit = self._next()
             if unit is None:
                 return
-            self._emit(unit, "started", f"running {unit.spec.suite}")
-            try:
-                outcome = self.executor.run(unit, functools.partial(self._relay, unit), self._cancel[unit.key])
-            except Exception as exc:  # noqa: BLE001 - a unit that breaks is a failed unit, never a dead worker
-                log.exception("unit %s broke", unit.key)
-                outcome = ExecOutcome(None, 1, f"internal error: {type(exc).__name__}: {exc}")
+            cancel = self._cancel[unit.key]
+            with contextlib.ExitStack() as held:
+                why_not = self._hold_lock(unit, cancel, held)
+                if why_not is not None:
+                    outcome = ExecOutcome(None, 1, why_not)
+                else:
+                    self._emit(unit, "started", f"running {unit.spec.suite}")
+                    try:
+                        outcome = self.executor.run(unit, functools.partial(self._relay, unit), cancel)
+                    except Exception as exc:  # noqa: BLE001 - a unit that breaks is a failed unit, never a dead worker
+                        log.exception("unit %s broke", unit.key)
+                        outcome = ExecOutcome(None, 1, f"internal error: {type(exc).__name__}: {exc}")
             self._conclude(unit, outcome)
             with self._cond:
                 self._cancel.pop(unit.key, None)
+
+    def _hold_lock(self, unit: Unit, cancel: threading.Event, held: contextlib.ExitStack) -> str | None:
+        """Take the lifecycle lock for the unit's run (into `held`); None once held, else why the unit cannot run."""
+        holder = f"{store.UNIT_HOLDER}{unit.key} for peer {unit.requester[:9]}"
+        deadline = time.monotonic() + unit.spec.timeout_s
+        said: str | None = None
+        while True:
+            try:
+                held.enter_context(self.lock(holder))
+                return None
+            except store.Busy as exc:
+                if exc.message != said:
+                    said = exc.message
+                    self._emit(unit, "waiting", f"waiting for the lifecycle lock: {exc.message.removeprefix('busy: ')}")
+            if cancel.wait(LOCK_POLL_S) or self._stop.is_set():
+                if self._stop.is_set() and not unit.cancel_requested:
+                    return "the agent stopped while this unit waited for the lifecycle lock"
+                return "cancelled while it waited for the lifecycle lock"
+            if time.monotonic() > deadline:
+                return f"the node stayed busy for {unit.spec.timeout_s:g} s ({said})"
 
     def _relay(self, unit: Unit, event: dict[str, Any]) -> None:
         raw = event.get("data")

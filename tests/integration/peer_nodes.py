@@ -97,10 +97,12 @@ class PeerNode:
         self.name = name
         self.base = root / name / "config"
         self.home = root / name / "metrale"
+        # each node is its own machine: its own lifecycle lock (a CLI reaches it with METRALECTL_LOCK_DIR)
+        self.lock_path = root / name / "locks" / "metralectl-lifecycle.lock"
         self.me = identity.load_or_create(self.base)
         self.thermal = thermal or Thermal()
         self.memory_gb = memory_gb
-        facts = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: False, queued=lambda: 0,
+        facts = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: None, queued=lambda: 0,
                       memory=lambda: int(self.memory_gb * 1e9), disk=lambda p: 900 * 10**9, thermal=self.thermal)
         self.agent: Any = None
         if agent:
@@ -108,12 +110,12 @@ class PeerNode:
 
             self.agent = Agent(AgentOptions(api_port=0, peer_port=0, peer_host="127.0.0.1", interval_s=30.0,
                                             regroup=False, argv=[]),
-                               base=self.base, home=self.home, check=_can_run, facts=facts)
+                               base=self.base, home=self.home, check=_can_run, facts=facts, lock_path=self.lock_path)
             self.agent.start()
             self.server: PeerServer = self.agent.peer_server
             self.node: Node = self.server.node
         else:
-            self.node = Node(self.base, self.me, facts, name=name, home=self.home)
+            self.node = Node(self.base, self.me, facts, name=name, home=self.home, lock_path=self.lock_path)
             self.server = PeerServer(self.node, "127.0.0.1", 0)
             self.server.start(f"peer-{name}")
         if endpoint is not None:

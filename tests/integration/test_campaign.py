@@ -185,7 +185,7 @@ def test_this_box_is_a_node_too(tmp_path: Path) -> None:
     fleet = Fleet(tmp_path, Thermal(50.0))
     home = Path(os.environ["METRALE_HOME"])
     save_bench_config(BenchConfig(endpoint=fleet.doubles[1].url), fleet.here)  # not enabled: that is for peers
-    facts = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: False, memory=lambda: 10**11,
+    facts = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: None, memory=lambda: 10**11,
                   disk=lambda p: 10**12, thermal=Thermal(50.0))
     local = LocalNode(fleet.me, fleet.here, home, tmp_path / "campaign" / "local", known_keys(fleet.here), facts=facts)
     try:

@@ -29,7 +29,7 @@ from metralectl.peers.protocol import sign_request
 from metralectl.peers.store import PeerKeyChanged, PeerStore
 
 REPO = Path(__file__).resolve().parents[2]
-FACTS = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: False, queued=lambda: 0,
+FACTS = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: None, queued=lambda: 0,
               memory=lambda: 100 * 10**9, disk=lambda p: 900 * 10**9)
 
 

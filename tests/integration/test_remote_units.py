@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from metralectl import identity
+from metralectl import identity, store
 from metralectl.bench import signed
 from metralectl.peers import remote_units as ru
 from metralectl.peers.protocol import sign_request
@@ -254,6 +256,63 @@ def test_cancel_a_running_unit_and_no_record_is_served(pair: tuple[Path, identit
         ru.fetch_record(me, ref, "certify-r4-node1-decode", Path(unit.run_dir or "/nonexistent") / "x",
                         known=known_keys(here))
     assert refused.value.status == 409
+
+
+def test_a_running_unit_holds_the_lifecycle_lock_and_the_nodes_operator_can_stop_it(
+        pair: tuple[Path, identity.Identity, PeerNode]) -> None:
+    """While a peer's unit measures, nobody on the node launches, swaps or stops under it: the lock names
+    the unit and the way to stop it, and `metralectl peer units --cancel KEY` on the node (through its
+    agent) does; the requester sees the unit end cancelled by the operator, and the lock is free again."""
+    here, me, node = pair
+    ref = ru.NodeRef.lookup(node.addr, here)
+    key = "certify-r6-node1-decode"
+    ru.submit(me, ref, _spec(key, repeats=200, max_tokens=64))
+    deadline = time.monotonic() + 30
+    while not any(e["kind"] == "stage" for e in node.node.units.get(key).events):
+        assert time.monotonic() < deadline, "the unit never started measuring"
+        time.sleep(0.1)
+    holder = store.lock_holder(node.lock_path)
+    assert holder and holder.startswith(f"bench unit {key} for peer {me.fingerprint[:9]}"), holder
+    with pytest.raises(store.Busy) as refused:
+        with store.lifecycle_lock("swap qwen", path=node.lock_path):
+            pass
+    assert f"bench unit {key}" in refused.value.message and f"peer units --cancel {key}" in str(refused.value.hint)
+
+    env = {**os.environ, "METRALECTL_CONFIG_DIR": str(node.base), "METRALE_HOME": str(node.home),
+           "METRALECTL_LOCK_DIR": str(node.lock_path.parent)}
+    done = subprocess.run([sys.executable, "-m", "metralectl", "peer", "units", "--cancel", key], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "stopping" in done.stderr, done.stderr
+    seen, followed = _run_to_end(me, ref, key)
+    assert followed.end["data"]["state"] == "cancelled"
+    assert any("by this node's operator" in e["message"] for e in seen)
+    assert store.lock_holder(node.lock_path) is None
+    listed = subprocess.run([sys.executable, "-m", "metralectl", "peer", "units", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert [u["state"] for u in json.loads(listed.stdout) if u["key"] == key] == ["cancelled"]
+    unknown = subprocess.run([sys.executable, "-m", "metralectl", "peer", "units", "--cancel", "certify-nope"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 1 and "no unit certify-nope on this node" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+
+
+def test_a_unit_whose_turn_comes_during_a_swap_waits_for_it(pair: tuple[Path, identity.Identity, PeerNode]) -> None:
+    here, me, node = pair
+    ref = ru.NodeRef.lookup(node.addr, here)
+    key = "certify-r7-node1-decode"
+    with store.lifecycle_lock("swap qwen", path=node.lock_path):
+        ru.submit(me, ref, _spec(key))
+        deadline = time.monotonic() + 10
+        while not any(e["kind"] == "waiting" for e in node.node.units.get(key).events):
+            assert time.monotonic() < deadline, "the unit never said what it waits for"
+            time.sleep(0.05)
+        time.sleep(1.5)
+        assert not any(e["kind"] == "started" for e in node.node.units.get(key).events)
+    seen, followed = _run_to_end(me, ref, key)
+    assert followed.end["data"]["state"] == "completed"
+    waiting = [e for e in seen if e["kind"] == "waiting"]
+    assert len(waiting) == 1 and "swap qwen (pid" in waiting[0]["message"]
+    assert [e["kind"] for e in seen].index("waiting") < [e["kind"] for e in seen].index("started")
 
 
 def test_a_tampered_record_is_rejected_and_nothing_kept(pair: tuple[Path, identity.Identity, PeerNode],

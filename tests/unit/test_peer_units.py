@@ -3,6 +3,7 @@ cancel, numbered events, restart recovery, and that a read-only reader never tak
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from metralectl import store
 from metralectl.peers.unit_spec import UnitSpec, UnitSpecError
 from metralectl.peers.units import ExecOutcome, QueueFull, Unit, UnitConflict, UnitNotFound, UnitQueue, read_units
 
@@ -102,7 +104,8 @@ def test_full_queue_and_cancel(tmp_path: Path) -> None:
 
 def test_restart_recovery_and_read_only_readers(tmp_path: Path) -> None:
     ex = FakeExecutor(hold=True)
-    q = UnitQueue(tmp_path, ex).start()
+    # the agent about to die holds its lifecycle lock elsewhere: its SIGKILL would have released the real one
+    q = UnitQueue(tmp_path, ex, lock=functools.partial(store.lifecycle_lock, path=tmp_path / "dead.lock")).start()
     running, _ = q.submit(spec("a"), "FP")
     wait_for(lambda: running.state == "running")
     q.submit(spec("b"), "FP")
@@ -123,3 +126,41 @@ def test_restart_recovery_and_read_only_readers(tmp_path: Path) -> None:
     finally:
         restarted.stop()
         ex.release.set()
+
+
+def test_a_unit_waiting_for_the_lifecycle_lock_is_cancellable_and_bounded(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from metralectl.peers import units as units_mod
+
+    monkeypatch.setattr(units_mod, "LOCK_POLL_S", 0.05)
+    ex = FakeExecutor()
+    q = UnitQueue(tmp_path, ex).start()
+    try:
+        with store.lifecycle_lock("run qwen"):
+            waits, _ = q.submit(UnitSpec.from_json({"key": "w1", "suite": "decode", "timeout_s": 1}), "FP-A")
+            wait_for(lambda: waits.done)
+            assert waits.state == "failed" and "stayed busy for 1 s" in str(waits.error) and ex.ran == []
+            assert "run qwen (pid" in str(waits.error)
+            asked, _ = q.submit(spec("w2"), "FP-A")
+            wait_for(lambda: any(e["kind"] == "waiting" for e in asked.events))
+            q.cancel("w2", None)  # this node's operator
+            wait_for(lambda: asked.done)
+            assert asked.state == "cancelled" and "waited for the lifecycle lock" in str(asked.error)
+            assert any("by this node's operator" in e["message"] for e in asked.events) and ex.ran == []
+        free, _ = q.submit(spec("w3"), "FP-A")
+        wait_for(lambda: free.done)
+        assert free.state == "completed" and ex.ran == ["w3"] and store.lock_holder() is None
+    finally:
+        q.stop()
+
+
+def test_the_agent_stopping_ends_a_waiting_unit_as_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from metralectl.peers import units as units_mod
+
+    monkeypatch.setattr(units_mod, "LOCK_POLL_S", 0.05)
+    q = UnitQueue(tmp_path, FakeExecutor()).start()
+    with store.lifecycle_lock("swap qwen"):
+        unit, _ = q.submit(spec("w4"), "FP-A")
+        wait_for(lambda: any(e["kind"] == "waiting" for e in unit.events))
+        q.stop()
+    assert unit.state == "failed" and unit.error == "the agent stopped while this unit waited for the lifecycle lock"

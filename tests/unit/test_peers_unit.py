@@ -3,6 +3,7 @@ the peer store's trust rules, bench.yaml, and the admission checks."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -209,7 +210,7 @@ def test_bench_yaml_defaults_round_trip_and_errors(tmp_path: Path) -> None:
         load_bench_config(tmp_path)
 
 
-GOOD = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: False, queued=lambda: 0,
+GOOD = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: None, queued=lambda: 0,
              memory=lambda: 100 * 10**9, disk=lambda p: 500 * 10**9)
 
 
@@ -222,13 +223,14 @@ def test_admitted_when_everything_holds() -> None:
 
 
 def test_every_refusal_has_its_reason() -> None:
-    bad = Facts(gpu=lambda: GpuFact(None, None, "no NVIDIA driver", "install it"), busy=lambda: True,
+    bad = Facts(gpu=lambda: GpuFact(None, None, "no NVIDIA driver", "install it"), busy=lambda: "swap to qwen (pid 9)",
                 queued=lambda: 2, memory=lambda: 1 * 10**9, disk=lambda p: 1 * 10**9)
     answer = judge(BenchConfig(), fingerprint="FP", name="n", facts=bad, requester_grants=())
     assert not answer.admitted
     reasons = {c.id: c for c in answer.reasons}
     assert set(reasons) == {"bench.enabled", "grant", "hardware_class", "busy", "queue", "memory", "disk", "gpu"}
     assert "no NVIDIA driver" in reasons["gpu"].detail and reasons["gpu"].remedy == "install it"
+    assert reasons["busy"].detail == "busy: swap to qwen (pid 9) holds the lifecycle lock"
     assert "floor 16 GB" in reasons["memory"].detail
     hw_from_yaml = judge(BenchConfig(enabled=True, hardware_class="h200"), fingerprint="FP", name="n", facts=bad)
     assert hw_from_yaml.hardware_class == "h200"
@@ -244,3 +246,21 @@ def test_busy_uses_the_lifecycle_lock() -> None:
     with lifecycle_lock("swap to x"):
         answer = judge(config, fingerprint="FP", name="n", facts=facts)
     assert not answer.admitted and [c.id for c in answer.reasons] == ["busy"]
+    assert "swap to x (pid" in answer.reasons[0].detail
+    # a peer's unit holding the lock is not "busy": the queue check counts it (and lets more units wait)
+    with lifecycle_lock("bench unit certify-1 for peer ABCD"):
+        assert judge(config, fingerprint="FP", name="n", facts=facts).admitted
+
+
+def test_a_unit_holding_the_lock_tells_a_local_swap_how_to_stop_it() -> None:
+    from metralectl.store import Busy, lifecycle_lock, lock_holder
+
+    assert lock_holder() is None
+    with lifecycle_lock("bench unit certify-1 for peer ABCD"):
+        assert lock_holder() == f"bench unit certify-1 for peer ABCD (pid {os.getpid()})"
+        with pytest.raises(Busy) as refused:
+            with lifecycle_lock("swap qwen"):
+                pass
+    assert "bench unit certify-1 for peer ABCD" in refused.value.message
+    assert refused.value.hint and "metralectl peer units --cancel certify-1" in refused.value.hint
+    assert lock_holder() is None
