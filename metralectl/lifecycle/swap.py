@@ -192,8 +192,9 @@ def describe_journal() -> str | None:
     journal = store.read_json(journal_path())
     if not isinstance(journal, dict):
         return None
-    if store.lock_held():
-        return None  # a swap is running right now
+    holder = store.lock_holder()
+    if holder is not None and not holder.startswith(store.UNIT_HOLDER):
+        return None  # a swap is running right now (a peer's unit holding the lock is no swap)
     old, new = journal.get("old", {}), journal.get("new", {})
     return (f"a swap from {old.get('recipe')} to {new.get('recipe')} was interrupted while {journal.get('phase')} "
             f"(pid {journal.get('pid')})" + (f": {journal['why']}" if journal.get("why") else ""))

@@ -264,3 +264,15 @@ def test_a_unit_holding_the_lock_tells_a_local_swap_how_to_stop_it() -> None:
     assert "bench unit certify-1 for peer ABCD" in refused.value.message
     assert refused.value.hint and "metralectl peer units --cancel certify-1" in refused.value.hint
     assert lock_holder() is None
+
+
+def test_an_interrupted_swap_is_reported_while_a_peers_unit_holds_the_lock() -> None:
+    from metralectl import store
+    from metralectl.lifecycle.swap import describe_journal, journal_path
+
+    store.write_json(journal_path(), {"old": {"recipe": "a"}, "new": {"recipe": "b"}, "phase": "booting", "pid": 1})
+    assert describe_journal() and "from a to b was interrupted while booting" in str(describe_journal())
+    with store.lifecycle_lock("swap b"):
+        assert describe_journal() is None  # a swap is running: its journal is live
+    with store.lifecycle_lock("bench unit certify-1 for peer ABCD"):
+        assert "was interrupted" in str(describe_journal())
