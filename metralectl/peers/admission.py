@@ -183,8 +183,7 @@ def judge(config: BenchConfig, *, fingerprint: str, name: str, facts: Facts,
     add(AdmissionCheck("signer", True, f"signs records as {fingerprint}"))
     holder = facts.busy()
     if holder:
-        what = holder if isinstance(holder, str) else "a launch, swap or stop"
-        add(AdmissionCheck("busy", False, f"busy: {what} holds the lifecycle lock", "try again when it has finished"))
+        add(AdmissionCheck("busy", False, f"busy: {holder} holds the lifecycle lock", "try again when it has finished"))
     else:
         add(AdmissionCheck("busy", True, "not busy"))
     queued += facts.queued()
