@@ -182,6 +182,9 @@ def units(limit: int = typer.Option(20, "--limit", min=1, help="Most recent N.")
              u.get("verdict") or "-", time.strftime("%Y-%m-%d %H:%M", time.localtime(float(u.get("submitted") or 0))),
              u.get("run_id") or "-"] for u in found]
     print(render_table(["KEY", "SUITE", "FROM", "STATE", "VERDICT", "SUBMITTED", "RUN"], rows))
+    live = [u["key"] for u in found if u.get("state") in ("queued", "running")]
+    if live:
+        note(f"stop one (it holds this box's lifecycle lock while it runs): metralectl peer units --cancel {live[0]}")
 
 
 def _cancel_unit(key: str, as_json: bool) -> None:

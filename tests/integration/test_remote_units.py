@@ -280,6 +280,9 @@ def test_a_running_unit_holds_the_lifecycle_lock_and_the_nodes_operator_can_stop
 
     env = {**os.environ, "METRALECTL_CONFIG_DIR": str(node.base), "METRALE_HOME": str(node.home),
            "METRALECTL_LOCK_DIR": str(node.lock_path.parent)}
+    shown = subprocess.run([sys.executable, "-m", "metralectl", "peer", "units"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert key in shown.stdout and "running" in shown.stdout and f"peer units --cancel {key}" in shown.stderr
     done = subprocess.run([sys.executable, "-m", "metralectl", "peer", "units", "--cancel", key], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "stopping" in done.stderr, done.stderr
