@@ -29,6 +29,7 @@ from metralectl.runtime import ContainerInfo, DockerRuntime, RuntimeFailure
 
 LABEL_ENDPOINT = "ai.metrale.metralectl.endpoint"
 LABEL_SETS = "ai.metrale.metralectl.sets"
+DRAIN_S = 5.0  # after the container is down: how long its last log lines may take to arrive
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,7 @@ def _wait_ready(runtime: DockerRuntime, container: ContainerInfo, log: BootLog, 
                 next_state_check = now + 0.5
                 info = runtime.inspect(container.id)
                 if info is None or not info.running:
-                    _drain(lines, fd, log, on_event)
+                    _drain(lines, fd, log, on_event, log_ended)
                     code = info.exit_code if info else None
                     raise LaunchFailed(diagnose_exit(code, bool(info and info.oom_killed), log), list(log.tail)[-30:],
                                        str(log_path))
@@ -288,13 +289,16 @@ def _follow(runtime: DockerRuntime, container_id: str, lines: queue.Queue[str | 
         lines.put(None)
 
 
-def _drain(lines: queue.Queue[str | None], fd: int, log: BootLog, on_event: Listener) -> None:
-    """Take the lines the follower still holds, so the diagnosis sees the engine's last words."""
-    deadline = time.monotonic() + 1.0
+def _drain(lines: queue.Queue[str | None], fd: int, log: BootLog, on_event: Listener, ended: bool) -> None:
+    """Take the lines the follower still holds, so the diagnosis sees the engine's last words: until the
+    follower reaches the end of the log (it can lag the container's exit on a loaded machine), at most DRAIN_S."""
+    deadline = time.monotonic() + DRAIN_S
     while time.monotonic() < deadline:
         try:
-            line = lines.get(timeout=0.1)
+            line = lines.get(timeout=0.05)
         except queue.Empty:
+            if ended:
+                return
             continue
         if line is None:
             return

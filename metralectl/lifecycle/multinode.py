@@ -41,7 +41,8 @@ from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exi
 from metralectl.lifecycle.deployment import Deployment, RankRecord, Runtimes
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
-from metralectl.lifecycle.launch import LABEL_ENDPOINT, LABEL_SETS, LaunchFailed, LaunchOptions, check_containers
+from metralectl.lifecycle.launch import (DRAIN_S, LABEL_ENDPOINT, LABEL_SETS, LaunchFailed, LaunchOptions,
+                                         check_containers)
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
 from metralectl.lifecycle.stop import StopResult, stop_containers
 from metralectl.recipe import Recipe
@@ -560,6 +561,7 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
     client: EngineClient | None = None
     request: _RequestCheck | None = None
     by_rank = {n.rank: n for n in nodes}
+    ended: set[int] = set()  # ranks whose log followers have reached the end of the log
 
     def fail(rank: int, diagnosis: Diagnosis) -> LaunchFailed:
         message = diagnosis.message if diagnosis.message.startswith("rank ") else f"{by_rank[rank].label}: {diagnosis.message}"
@@ -573,6 +575,8 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
                 rank, line = lines.get(timeout=0.1)
             except queue.Empty:
                 rank, line = -1, ""
+            if line is None:
+                ended.add(rank)
             if line:
                 os.write(fds[rank], (line + "\n").encode())
                 last_progress = now
@@ -590,7 +594,7 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
                     if info is None or not info.running:
                         down.append((node, info))
                 if down:
-                    _drain(lines, fds, boots, on_event)
+                    _drain(lines, fds, boots, on_event, {d[0].rank for d in down}, ended)
                     down.sort(key=lambda d: (boots[d[0].rank].failure is None, -d[0].rank))
                     node, info = down[0]
                     diagnosis = diagnose_exit(info.exit_code if info else None, bool(info and info.oom_killed),
@@ -665,13 +669,20 @@ def _follow(runtime: DockerRuntime, container_id: str, rank: int, lines: queue.Q
 
 
 def _drain(lines: queue.Queue[tuple[int, str | None]], fds: dict[int, int], boots: dict[int, BootLog],
-           on_event: Listener) -> None:
-    """Take the lines the followers still hold, so the diagnosis sees every rank's last words."""
-    deadline = time.monotonic() + 1.0
+           on_event: Listener, down: set[int], ended: set[int]) -> None:
+    """Take the lines the followers still hold, so the diagnosis sees every rank's last words: until the
+    followers of the ranks that are down have reached the end of their logs (a remote daemon's stream can
+    lag the container's exit by more than a second on a loaded machine), at most DRAIN_S."""
+    deadline = time.monotonic() + DRAIN_S
     while time.monotonic() < deadline:
         try:
-            rank, line = lines.get(timeout=0.1)
+            rank, line = lines.get(timeout=0.05)
         except queue.Empty:
+            if down <= ended:
+                return
+            continue
+        if line is None:
+            ended.add(rank)
             continue
         if not line:
             continue
