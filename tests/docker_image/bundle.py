@@ -61,6 +61,12 @@ def closure() -> list[str]:
         native.append(Path(libdir) / ldlibrary)
     for binary in native:
         files |= _ldd(binary)
+    # glibc dlopens libgcc_s for pthread_exit's unwinding (no binary links it, so ldd never lists it): without
+    # it a daemon thread still alive at interpreter exit aborts with "libgcc_s.so.1 must be installed".
+    for libc in [f for f in files if os.path.basename(f).startswith("libc.so")]:
+        gcc_s = Path(libc).with_name("libgcc_s.so.1")
+        if gcc_s.exists():
+            files.add(str(gcc_s))
     return sorted(files)
 
 

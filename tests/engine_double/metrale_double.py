@@ -1007,6 +1007,7 @@ class Rendezvous:
         self.tag = f"rank {self.rank}/{self.world}"
         self.listener: socket.socket | None = None
         self.peers: list[socket.socket] = []
+        self.closing = threading.Event()  # our own close(): a watcher's link ending then is no loss to report
         self.identity = self._identity()
 
     @property
@@ -1122,7 +1123,7 @@ class Rendezvous:
                 pass
         except OSError:
             pass
-        if not self.e.stopping.is_set():
+        if not self.e.stopping.is_set() and not self.closing.is_set():
             self.e.peer_lost.set()
             log(f"{self.tag} (head): lost rank {rank} (connection closed); requests will hang until it is back")
 
@@ -1189,7 +1190,7 @@ class Rendezvous:
                 pass
         except OSError:
             pass
-        if not self.e.stopping.is_set():
+        if not self.e.stopping.is_set() and not self.closing.is_set():
             log(f"{self.tag} (worker): lost the master {self.master} (connection closed)")
 
     # ---- wire
@@ -1232,6 +1233,7 @@ class Rendezvous:
         return self._head_join() if self.is_head else self._worker_join()
 
     def close(self) -> None:
+        self.closing.set()
         for conn in self.peers:
             try:
                 conn.close()
