@@ -82,7 +82,13 @@ class Catalog:
             guess = did_you_mean(str(base_name), self.documents)
             return None, [doc.problem(("extends",), f"cannot extend unknown recipe {base_name!r}",
                                       f"did you mean `{guess}`?" if guess else "`metralectl list` shows the recipes")]
-        return overlay(base, doc, drop=("extends",)), []
+        # The settings are inherited; where the base came from is not: the child says its own `source:`.
+        inherited = Document(base.path, {k: v for k, v in base.data.items() if k not in _NOT_INHERITED},
+                             base.marks, base.origins) if isinstance(base.data, dict) else base
+        return overlay(inherited, doc, drop=("extends",)), []
+
+
+_NOT_INHERITED = ("source", "provenance")
 
 
 def _stem(path: str) -> str:
@@ -137,7 +143,7 @@ def _build_catalog(root: Path, user_dir: Path | None) -> Catalog:
     except YamlSyntax as exc:
         _shipped_problems([exc.problem])
         raise
-    for doc, path in shipped_docs:
+    for doc, path in _bases_first(shipped_docs):
         recipe, problems = catalog.check_document(doc, RecipeOrigin("shipped", doc.path))
         _shipped_problems(problems)
         if recipe is not None:
@@ -147,6 +153,21 @@ def _build_catalog(root: Path, user_dir: Path | None) -> Catalog:
         _load_user_images(catalog, user_dir.parent / "images")
         load_user_recipes(catalog, user_dir)
     return catalog
+
+
+def _bases_first(docs: list[tuple[Document, Path]]) -> list[tuple[Document, Path]]:
+    """Shipped recipes in an order where a recipe comes after the one it `extends:`."""
+    names = {_name(d) for d, _ in docs}
+    done: set[str] = set()
+    ordered: list[tuple[Document, Path]] = []
+    pending = list(docs)
+    while pending:
+        ready = [item for item in pending if _base_name(item[0]) not in names - done] or pending[:1]
+        for item in ready:
+            pending.remove(item)
+            ordered.append(item)
+            done.add(_name(item[0]))
+    return ordered
 
 
 def _load_user_images(catalog: Catalog, directory: Path) -> None:
@@ -207,7 +228,7 @@ def _add_user_recipe(catalog: Catalog, path: Path, doc: Document) -> None:
 
 def _load_engines(catalog: Catalog, root: Path) -> None:
     for path in _yaml_files(root / "engine"):
-        contract, check = parse_contract(_load(path, root))
+        contract, check = parse_contract(_load(path, root), path.parent)
         _shipped_problems(check.problems)
         if contract:
             catalog.engines[contract.name] = contract

@@ -28,7 +28,7 @@ def _stats(directory: Path, out: list[str]) -> None:
     for entry in entries:
         if entry.is_dir(follow_symlinks=True):
             _stats(Path(entry.path), out)
-        elif entry.name.endswith((".yaml", ".yml")):
+        elif entry.name.endswith((".yaml", ".yml", ".json")):  # .json: pinned and synced serve-options
             st = entry.stat()
             out.append(f"{entry.path}:{st.st_size}:{st.st_mtime_ns}")
 

@@ -11,28 +11,27 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from metralectl.checker_sections import check_env, check_source, check_validated
 from metralectl.contract import EngineContract, FlagSpec
+from metralectl.engine_revisions import Revision
 from metralectl.errors import Problem
 from metralectl.hardware import HardwareClass, ImageInfo, ModelInfo
-from metralectl.recipe import CheckpointRef, Rank, Recipe, RecipeOrigin, Resources, Validated
+from metralectl.recipe import CheckpointRef, Rank, Recipe, RecipeOrigin, Resources
 from metralectl.schema import Checker, did_you_mean, type_name
 from metralectl.yamlsrc import Document, KeyPath
 
-TOP_KEYS = ("schema", "name", "description", "extends", "engine", "checkpoint", "hardware", "image", "serve",
-            "resources", "env", "tags", "validated")
+TOP_KEYS = ("schema", "name", "description", "extends", "engine", "engine-revision", "source", "provenance",
+            "checkpoint", "hardware", "image", "serve", "resources", "env", "tags", "validated")
 REQUIRED_TOP = ("schema", "name", "description", "engine", "checkpoint", "hardware", "image", "serve",
                 "resources", "validated")
 CHECKPOINT_KEYS = ("repo", "quant", "revision", "model")
 RESOURCE_KEYS = ("port", "bind", "memory-utilization", "gpus", "ranks", "master-port", "tp-size", "ep-size",
                  "nodes", "expose-acknowledged")
 RANK_KEYS = ("role", "port", "serve")
-VALIDATED_KEYS = ("source", "engine-revision", "hardware", "date", "decode-tok-s", "image", "notes")
 QUANTS = ("nvfp4", "fp8", "bf16", "mxfp4")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class World(Protocol):
@@ -48,6 +47,7 @@ class World(Protocol):
 @dataclass
 class _Context:
     contract: EngineContract | None = None
+    revision: Revision | None = None
     hardware: HardwareClass | None = None
     model: ModelInfo | None = None
     quant: str | None = None
@@ -71,27 +71,32 @@ def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Rec
     description = check.string(top, (), "description", required=False) or ""
     ctx = _Context()
     ctx.contract = _engine(check, top, world)
+    ctx.revision = _revision(check, top, ctx.contract)
+    source, provenance = check_source(check, top)
     ctx.hardware = _hardware(check, top, world)
     image = _image(check, top, world, ctx)
     checkpoint = _checkpoint(check, top, world, ctx)
     serve = _serve(check, check.mapping(top.get("serve", {}), ("serve",), "serve"), ("serve",), ctx, head=True)
     resources = _resources(check, top, ctx, serve)
-    env = _env(check, top, ctx)
+    env = check_env(check, top, ctx.contract, ctx.revision)
     tags = tuple(check.string_list(top, (), "tags"))
-    validated = _validated(check, top, world)
+    validated = check_validated(check, top, world)
     if name and origin.path and origin.kind != "set":
         stem = origin.path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
         if stem != name and origin.kind != "file":
             check.warn(("name",), f"recipe name {name!r} differs from its file name {stem!r}",
                        "name the file after the recipe so `show NAME` and the file agree")
-    if not check.ok or None in (name, checkpoint, resources, image, ctx.hardware, ctx.contract, ctx.model):
+    if not check.ok or None in (name, checkpoint, resources, image, ctx.hardware, ctx.contract, ctx.model,
+                                ctx.revision):
         return None, check.problems
     assert name and checkpoint and resources and image and ctx.hardware and ctx.contract and ctx.model
+    assert ctx.revision is not None
     recipe = Recipe(
         name=name, description=description, engine=ctx.contract.name, checkpoint=checkpoint, model=ctx.model.id,
         hardware=ctx.hardware.id, image=image.id, serve=serve, resources=resources, env=env, tags=tags,
         validated=validated, origin=origin,
         warnings=tuple(p.render() for p in check.problems if p.severity == "warning"),
+        engine_revision=ctx.revision.id, source=source, provenance=provenance,
     )
     return recipe, check.problems
 
@@ -114,6 +119,27 @@ def _named(check: Checker, top: dict[str, Any], key: str, table: dict[str, T], w
 
 def _engine(check: Checker, top: dict[str, Any], world: World) -> EngineContract | None:
     return _named(check, top, "engine", world.engines, "engine")
+
+
+def _revision(check: Checker, top: dict[str, Any], contract: EngineContract | None) -> Revision | None:
+    """The engine revision the recipe targets (its release or commit); the contract's default if unnamed."""
+    if contract is None:
+        return None
+    raw = top.get("engine-revision")
+    if raw is None:
+        revision = contract.revision(None)
+        if revision is None:
+            check.error((), f"the {contract.display_name} contract names no default revision")
+        return revision
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        check.error(("engine-revision",), f"must be a revision name, not {type_name(raw)}")
+        return None
+    revision = contract.revisions.get(str(raw))
+    if revision is None:
+        guess = did_you_mean(str(raw), contract.revisions)
+        check.error(("engine-revision",), f"unknown {contract.display_name} revision {raw!r}",
+                    f"did you mean `{guess}`?" if guess else f"known: {', '.join(contract.revisions)}")
+    return revision
 
 
 def _hardware(check: Checker, top: dict[str, Any], world: World) -> HardwareClass | None:
@@ -188,8 +214,8 @@ def _resolve_model(check: Checker, body: dict[str, Any], world: World, hw: Hardw
 def _serve(check: Checker, body: dict[str, Any], where: KeyPath, ctx: _Context, *, head: bool,
            base: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check a serve mapping; with base, body holds per-rank overrides of base."""
-    contract = ctx.contract
-    if contract is None:
+    contract, revision = ctx.contract, ctx.revision
+    if contract is None or revision is None:
         return {}
     values: dict[str, Any] = dict(base or {})
     for key, value in body.items():
@@ -197,6 +223,13 @@ def _serve(check: Checker, body: dict[str, Any], where: KeyPath, ctx: _Context, 
         if spec is None:
             _unknown_flag(check, where + (key,), str(key), contract)
             continue
+        if spec.name not in revision.specs:
+            having = [r.label for r in contract.revisions.values() if spec.name in r.specs]
+            check.error(where + (key,), f"--{spec.name} is not a flag of engine revision {revision.label}",
+                        f"it is one of {', '.join(having)}: name that revision in `engine-revision:`"
+                        if having else None)
+            continue
+        spec = revision.specs[spec.name]
         if spec.recipe == "resources":
             check.error(where + (key,), f"--{spec.name} is a resource, not a serve setting",
                         f"set it as `resources.{spec.resource}`")
@@ -205,15 +238,15 @@ def _serve(check: Checker, body: dict[str, Any], where: KeyPath, ctx: _Context, 
             why = spec.reason or "metralectl sets it itself when it launches the recipe"
             check.error(where + (key,), f"--{spec.name} cannot be set in a recipe: {why}")
             continue
-        problem = spec.check_value(value)
+        problem = spec.check_value(value, false_allowed=revision.policy.false_allowed)
         if problem:
-            check.error(where + (key,), f"--{spec.name} {problem}", _value_hint(spec))
+            check.error(where + (key,), f"--{spec.name} {problem}", _value_hint(spec, revision))
             continue
         values[spec.name] = value
     if base is None:
-        _required(check, values, where, contract)
+        _required(check, values, where, revision)
     _relations(check, values, where, contract, ctx)
-    return _ordered(values, contract)
+    return {name: values[name] for name in revision.specs if name in values}
 
 
 def _unknown_flag(check: Checker, keypath: KeyPath, key: str, contract: EngineContract) -> None:
@@ -226,25 +259,45 @@ def _unknown_flag(check: Checker, keypath: KeyPath, key: str, contract: EngineCo
                 f"did you mean `{guess}`?" if guess else "see `met serve --help` for the flag list")
 
 
-def _value_hint(spec: FlagSpec) -> str | None:
+def _value_hint(spec: FlagSpec, revision: Revision) -> str | None:
     if spec.type == "flag":
+        if revision.policy.false_allowed:
+            return f"write `{spec.name}: true` (on) or `{spec.name}: false` (off: the flag's absence)"
         return f"write `{spec.name}: true`, or remove the line to keep the default (off)"
     if spec.default is not None:
         return f"the engine default is {spec.default}"
     return spec.help or None
 
 
-def _required(check: Checker, values: dict[str, Any], where: KeyPath, contract: EngineContract) -> None:
-    for spec in contract.flags.values():
-        if spec.recipe == "required" and spec.name not in values:
-            check.error(where, f"missing --{spec.name}: every recipe-settable serve key must be explicit",
-                        f"add `{spec.name}: {spec.default}` (the engine default) or the value you validated"
-                        if spec.default is not None else f"add `{spec.name}: ...`")
-        elif spec.recipe == "required-with" and spec.trigger:
-            if values.get(spec.trigger) is not None and spec.name not in values:
-                check.error(where, f"missing --{spec.name}: it must be explicit when {spec.trigger} is set",
-                            f"add `{spec.name}: {spec.default}` (the engine default) or the value you validated"
-                            if spec.default is not None else f"add `{spec.name}: ...`")
+def _is_set(values: dict[str, Any], name: str | None) -> bool:
+    """Set = stated with a value; a presence-only flag pinned `false` is the flag's absence."""
+    return name is not None and values.get(name) is not None and values.get(name) is not False
+
+
+def _add_hint(spec: FlagSpec) -> str:
+    if spec.type == "flag":
+        return f"add `{spec.name}: false` (off) or `{spec.name}: true`"
+    if spec.default is not None:
+        return f"add `{spec.name}: {_yaml_word(spec.default)}` (the engine default) or the value you validated"
+    return f"add `{spec.name}: ...` (the value the engine resolves it to for this model)"
+
+
+def _yaml_word(value: Any) -> str:
+    return "true" if value is True else "false" if value is False else str(value)
+
+
+def _required(check: Checker, values: dict[str, Any], where: KeyPath, revision: Revision) -> None:
+    policy = revision.policy
+    rule = ("every settable flag pinned" if policy.required == "all" else "every flag with an engine default pinned")
+    for spec in revision.specs.values():
+        if spec.name in values:
+            continue
+        if policy.requires(spec):
+            check.error(where, f"missing --{spec.name}: engine revision {revision.label} wants {rule} "
+                               "(nothing inherited silently)", _add_hint(spec))
+        elif spec.trigger and _is_set(values, spec.trigger):
+            check.error(where, f"missing --{spec.name}: it must be explicit when {spec.trigger} is set",
+                        _add_hint(spec))
 
 
 def _relations(check: Checker, values: dict[str, Any], where: KeyPath, contract: EngineContract,
@@ -252,13 +305,13 @@ def _relations(check: Checker, values: dict[str, Any], where: KeyPath, contract:
     for name, value in values.items():
         spec = contract.flags[name]
         key = where + (name,)
-        if spec.recipe == "required-with" and spec.trigger and values.get(spec.trigger) is None:
-            check.error(key, f"--{name} only applies with --{spec.trigger}", f"set `{spec.trigger}: true` or remove `{name}`")
+        if not _is_set(values, name):
+            continue
         for needed in spec.requires:
-            if values.get(needed) is None:
-                check.error(key, f"--{name} requires --{needed}", f"add `{needed}: true` or remove `{name}`")
+            if not _is_set(values, needed):
+                check.error(key, f"--{name} requires --{needed}", f"set `{needed}: true` or drop `{name}`")
         for other in spec.conflicts:
-            if values.get(other) is not None:
+            if _is_set(values, other):
                 check.error(key, f"--{name} conflicts with --{other}", f"keep one of `{name}` and `{other}`")
         if spec.must_match == "checkpoint-quant" and ctx.quant and value != ctx.quant:
             check.error(key, f"--{name} {value} does not match the checkpoint's quantization {ctx.quant} "
@@ -269,19 +322,21 @@ def _relations(check: Checker, values: dict[str, Any], where: KeyPath, contract:
                             f"remove `{name}: true` (or use self-speculative / ngram-speculative)")
             elif ctx.model.mtp_supported is None:
                 check.warn(key, f"whether {ctx.model.display_name} ships MTP weights is unknown")
+    drafts = values.get("num-drafts")
+    methods = ("speculative", "self-speculative", "ngram-speculative", "dflash")
+    if isinstance(drafts, int) and drafts > 1 and not any(_is_set(values, m) for m in methods):
+        # validate_serve_args refuses it (stated in the engine's recipes @61e6559)
+        check.error(where + ("num-drafts",), f"--num-drafts {drafts} needs a speculative method",
+                    "set `speculative: true` (MTP), or `num-drafts: 1`")
     if values.get("fp8-kv-calibration-tokens") and values.get("kv-cache-dtype") not in (None, "fp8"):
         check.error(where + ("fp8-kv-calibration-tokens",), "FP8 KV calibration only applies to kv-cache-dtype fp8",
                     "set it to 0, or use `kv-cache-dtype: fp8`")
     for members, reason in contract.exclusive_groups:
-        chosen = [m for m in members if values.get(m) is not None]
+        chosen = [m for m in members if _is_set(values, m)]
         if len(chosen) > 1:
             check.error(where + (chosen[1],), f"only one of {', '.join('--' + m for m in members)} may be set; "
                                              f"this recipe sets {' and '.join(chosen)} ({reason})",
                         f"keep one of {', '.join(chosen)}")
-
-
-def _ordered(values: dict[str, Any], contract: EngineContract) -> dict[str, Any]:
-    return {name: values[name] for name in contract.flags if name in values}
 
 
 def _resources(check: Checker, top: dict[str, Any], ctx: _Context, serve: dict[str, Any]) -> Resources | None:
@@ -382,61 +437,3 @@ def _ranks(check: Checker, body: dict[str, Any], where: KeyPath, ctx: _Context, 
                                                 "must match (else the worker crashes with an SSM intermediate-buffer error)",
                             f"remove the per-rank `{key}` override")
     return ranks
-
-
-def _env(check: Checker, top: dict[str, Any], ctx: _Context) -> dict[str, str]:
-    env = check.mapping(top.get("env") or {}, ("env",), "env")
-    out: dict[str, str] = {}
-    contract = ctx.contract
-    for name, value in env.items():
-        key: KeyPath = ("env", name)
-        name = str(name)
-        if not ENV_NAME_RE.match(name):
-            check.error(key, f"{name!r} is not a valid environment variable name")
-            continue
-        if isinstance(value, (dict, list)) or value is None:
-            check.error(key, f"an environment value must be a plain value, not {type_name(value)}")
-            continue
-        if contract is None:
-            continue
-        lever = contract.levers.get(name)
-        if lever is not None:
-            if not lever.recipe:
-                check.error(key, f"{name} cannot be set in a recipe: {lever.reason or 'not a runtime lever'}")
-                continue
-            if lever.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < (lever.minimum or 0)):
-                check.error(key, f"{name} must be a whole number ≥ {lever.minimum or 0}, not {type_name(value)}")
-                continue
-        elif name.startswith("METRALE_"):
-            guess = did_you_mean(name, [n for n, lv in contract.levers.items() if lv.recipe])
-            check.error(key, f"{name} is not a declared {contract.display_name} lever; the engine refuses to start "
-                             "with an undeclared METRALE_* name",
-                        f"did you mean `{guess}`?" if guess else "see `met dump-serve-options` for the levers")
-            continue
-        elif not contract.env_allowed(name):
-            check.error(key, f"{name} is not a runtime lever of {contract.display_name}",
-                        f"a recipe's env may name declared levers ({', '.join(n for n, lv in contract.levers.items() if lv.recipe)}) "
-                        f"or {', '.join(contract.env_passthrough)}")
-            continue
-        out[name] = str(value).lower() if isinstance(value, bool) else str(value)
-    return out
-
-
-def _validated(check: Checker, top: dict[str, Any], world: World) -> Validated:
-    where: KeyPath = ("validated",)
-    body = check.mapping(top.get("validated") or {}, where, "validated")
-    check.known_keys(body, where, VALIDATED_KEYS, "validated")
-    hw = check.string(body, where, "hardware", required=False, nullable=True)
-    if hw and hw not in world.hardware:
-        check.error(where + ("hardware",), f"unknown hardware class {hw!r}")
-    date = check.string(body, where, "date", required=False, nullable=True)
-    if date and not DATE_RE.match(date):
-        check.error(where + ("date",), f"date {date!r} is not YYYY-MM-DD")
-    tok_s = check.number(body, where, "decode-tok-s", required=False, nullable=True, minimum=0)
-    return Validated(
-        source=check.string(body, where, "source", required=False, nullable=True),
-        engine_revision=check.string(body, where, "engine-revision", required=False, nullable=True),
-        hardware=hw, date=date, decode_tok_s=tok_s,
-        image=check.string(body, where, "image", required=False, nullable=True),
-        notes=check.string(body, where, "notes", required=False, nullable=True),
-    )

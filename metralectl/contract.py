@@ -1,6 +1,8 @@
 """The engine's serve contract (engine/<name>.yaml): flags, levers, rules, readiness.
 
-Pure: loads and checks the contract, and checks one value against one flag.
+Pure: loads and checks the contract, and checks one value against one flag. Which flags and levers a
+given engine release or commit has, and the recipe policy it enforces, live in its revisions
+(metralectl.engine_revisions), built from the engine's own serve-options.json.
 """
 
 from __future__ import annotations
@@ -8,13 +10,19 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from metralectl.schema import Checker, type_name
 from metralectl.yamlsrc import Document
 
+if TYPE_CHECKING:
+    from metralectl.engine_revisions import Policy, Revision
+
 FLAG_TYPES = ("int", "float", "string", "path", "choice", "flag", "switch")
-RECIPE_ROLES = ("required", "required-with", "optional", "allowed", "resources", "launcher", "forbidden")
+# setting: a recipe states it as its revision's policy requires; resources: rendered from `resources:`;
+# launcher: metralectl sets it; forbidden: never in a recipe (reason: says why).
+RECIPE_ROLES = ("setting", "resources", "launcher", "forbidden")
 SWITCH_VALUES = ("auto", "on", "off")
 _FLAG_KEYS = ("type", "default", "min", "max", "exclusive-min", "exclusive-max", "choices", "words", "recipe",
               "with", "resource", "requires", "conflicts", "needs-model", "must-match", "aliases", "help", "reason",
@@ -37,16 +45,18 @@ class FlagSpec:
     exclusive_max: float | None = None
     choices: tuple[str, ...] = ()
     words: tuple[str, ...] = ()
-    trigger: str | None = None  # for required-with: the flag that makes this one required
+    trigger: str | None = None  # `with:` the flag that, once set, makes this one required
     resource: str | None = None  # for resources: the resources key it is rendered from
     requires: tuple[str, ...] = ()
     conflicts: tuple[str, ...] = ()
     needs_model: str | None = None  # e.g. "mtp": the model must support it
     must_match: str | None = None  # e.g. "checkpoint-quant"
-    aliases: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # the engine's other spellings of the option (--served-model-name)
     help: str = ""
     reason: str = ""
     unset_word: str | None = None
+    recipe_keys: tuple[str, ...] = ()  # the spelling an engine recipe must use instead (max_model_len)
+    source: str = ""  # for a flag the pinned dump lacks: the engine file@commit it was read from
 
     @property
     def option(self) -> str:
@@ -56,14 +66,17 @@ class FlagSpec:
     def is_boolean(self) -> bool:
         return self.type == "flag"
 
-    def check_value(self, value: Any) -> str | None:
-        """Why value is not acceptable for this flag, or None when it is."""
+    def check_value(self, value: Any, *, false_allowed: bool = True) -> str | None:
+        """Why value is not acceptable for this flag, or None when it is. A presence-only flag takes
+        `true` or `false` (`false` = the flag's absence) where the revision's policy allows it."""
         if self.type == "flag":
-            if value is True:
+            if value is True or (value is False and false_allowed):
                 return None
             if value is False:
-                return "a boolean key is written `true` or left out; `false` restates the default"
-            return f"is a presence-only switch: write `true` or leave it out, not {type_name(value)}"
+                return ("a boolean key is written `true` or left out under this engine revision; "
+                        "`false` restates the default")
+            spelled = "`true` or `false`" if false_allowed else "`true` or leave it out"
+            return f"is a presence-only switch: write {spelled}, not {type_name(value)}"
         if isinstance(value, str) and value in self.words:
             return None
         if self.type == "switch":
@@ -100,7 +113,7 @@ class FlagSpec:
     def render_value(self, value: Any) -> list[str]:
         """The argv words for this flag set to value (booleans are presence-only)."""
         if self.type == "flag":
-            return [self.option] if value is True else []
+            return [self.option] if value is True else []  # `false` is the flag's absence
         if self.unset_word is not None and value == self.unset_word:
             return []  # the word that means "not set" (auto-compact: off) is the flag's absence
         return [self.option, _format_scalar(value)]
@@ -112,13 +125,17 @@ def _format_scalar(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Lever:
+    """A METRALE_* environment lever from the engine's table (serve-options.json `levers`)."""
+
     name: str
-    type: str
-    recipe: bool
+    type: str  # switch | text | int | float | path (the table's type, or our refinement)
+    recipe: bool  # may a recipe's env: set it (the table's class is Runtime, unless we say otherwise)
     default: Any = None
     minimum: float | None = None
     help: str = ""
     reason: str = ""
+    klass: str = "runtime"  # the engine's class: runtime | dev | tool | build | harness
+    flag: str | None = None  # the serve flag that also sets it
 
 
 @dataclass(frozen=True)
@@ -147,19 +164,29 @@ class EngineContract:
     log_phases: tuple[LogPattern, ...] = ()
     log_failures: tuple[LogPattern, ...] = ()
     aliases: dict[str, str] = field(default_factory=dict)
+    revisions: dict[str, Revision] = field(default_factory=dict)  # engine release/commit -> its surface
+    default_revision: str = ""  # what a recipe without `engine-revision:` targets
+    synced_policy: Policy | None = None  # the policy for a synced release this contract does not name
+    lever_refinements: dict[str, dict[str, Any]] = field(default_factory=dict)  # `levers:` of the contract
 
     def flag(self, name: str) -> FlagSpec | None:
         return self.flags.get(self.aliases.get(name, name))
+
+    def revision(self, revision_id: str | None) -> Revision | None:
+        return self.revisions.get(revision_id or self.default_revision)
 
     def env_allowed(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.env_passthrough)
 
 
-def parse_contract(doc: Document) -> tuple[EngineContract | None, Checker]:
-    """Build the contract from its YAML document; problems are reported on the returned Checker."""
+def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[EngineContract | None, Checker]:
+    """Build the contract from its YAML document (and, from engine_dir, the serve-options.json each
+    revision pins); problems are reported on the returned Checker."""
+    from metralectl import engine_revisions
+
     check = Checker(doc)
     top = check.mapping(doc.data, (), "the engine contract")
-    check.known_keys(top, (), _TOP_KEYS, "the engine contract")
+    check.known_keys(top, (), _TOP_KEYS + engine_revisions.TOP_KEYS, "the engine contract")
     name = check.string(top, (), "name")
     flags: dict[str, FlagSpec] = {}
     aliases: dict[str, str] = {}
@@ -167,19 +194,18 @@ def parse_contract(doc: Document) -> tuple[EngineContract | None, Checker]:
         spec = _parse_flag(check, str(flag_name), raw)
         if spec:
             flags[spec.name] = spec
-            for alias in spec.aliases:
-                aliases[alias] = spec.name
+            for alias in (*spec.aliases, *(k.replace("_", "-") for k in spec.recipe_keys)):
+                aliases[alias] = spec.name  # --served-model-name, and an engine recipe's max_model_len
     for spec in flags.values():
         for other in (spec.trigger, *spec.requires, *spec.conflicts):
             if other and other not in flags:
                 check.error(("flags", spec.name), f"refers to unknown flag {other!r}")
-    levers = {}
-    for lever_name, raw in check.mapping(top.get("levers", {}), ("levers",), "levers").items():
-        body = check.mapping(raw, ("levers", lever_name), f"lever {lever_name}")
-        check.known_keys(body, ("levers", lever_name), _LEVER_KEYS, f"lever {lever_name}")
-        levers[str(lever_name)] = Lever(str(lever_name), str(body.get("type", "string")), bool(body.get("recipe")),
-                                        body.get("default"), body.get("min"), str(body.get("help", "")),
-                                        str(body.get("reason", "")))
+    # The lever table is the engine's (each revision's serve-options.json); `levers:` here refines it.
+    refinements = engine_revisions.parse_lever_refinements(check, top)
+    revisions, default_revision, synced_policy = engine_revisions.parse_revisions(
+        check, top, flags, refinements, engine_dir)
+    default = revisions.get(default_revision)
+    levers = dict(default.levers) if default is not None else {}
     groups = []
     for i, raw in enumerate(top.get("exclusive-groups") or []):
         body = check.mapping(raw, ("exclusive-groups", i), "an exclusive group")
@@ -206,6 +232,10 @@ def parse_contract(doc: Document) -> tuple[EngineContract | None, Checker]:
         log_phases=_patterns(check, top, "log-phases", "phase"),
         log_failures=_patterns(check, top, "log-failures", "cause"),
         aliases=aliases,
+        revisions=revisions,
+        default_revision=default_revision,
+        synced_policy=synced_policy,
+        lever_refinements=refinements,
     )
     return (contract if check.ok else None), check
 
@@ -224,23 +254,21 @@ def _patterns(check: Checker, top: dict[str, Any], key: str, label: str) -> tupl
 def _parse_flag(check: Checker, name: str, raw: Any) -> FlagSpec | None:
     where = ("flags", name)
     body = check.mapping(raw, where, f"flag {name}")
-    check.known_keys(body, where, _FLAG_KEYS, f"flag {name}")
+    check.known_keys(body, where, _FLAG_KEYS + ("recipe-keys", "source"), f"flag {name}")
     kind = body.get("type")
-    role = body.get("recipe")
+    role = body.get("recipe", "setting")
     if kind not in FLAG_TYPES:
         check.error(where + ("type",), f"unknown flag type {kind!r}", f"use one of {', '.join(FLAG_TYPES)}")
         return None
     if role not in RECIPE_ROLES:
         check.error(where + ("recipe",), f"unknown recipe role {role!r}", f"use one of {', '.join(RECIPE_ROLES)}")
         return None
-    if role == "required-with" and not body.get("with"):
-        check.error(where, "a required-with flag must name its trigger in `with:`")
     if role == "resources" and not body.get("resource"):
         check.error(where, "a resources flag must name its `resource:` key")
     if kind == "choice" and not body.get("choices"):
         check.error(where, "a choice flag must list its `choices:`")
-    if kind == "flag" and role not in ("allowed", "forbidden", "launcher"):
-        check.error(where + ("recipe",), "a presence-only flag can only be allowed, forbidden or launcher-set")
+    if kind == "flag" and role == "resources":
+        check.error(where + ("recipe",), "a presence-only flag cannot be rendered from resources")
     return FlagSpec(
         name=name, type=kind, recipe=role, default=body.get("default"),
         minimum=body.get("min"), maximum=body.get("max"),
@@ -250,5 +278,6 @@ def _parse_flag(check: Checker, name: str, raw: Any) -> FlagSpec | None:
         requires=tuple(body.get("requires") or ()), conflicts=tuple(body.get("conflicts") or ()),
         needs_model=body.get("needs-model"), must_match=body.get("must-match"),
         aliases=tuple(body.get("aliases") or ()), help=str(body.get("help", "")), reason=str(body.get("reason", "")),
-        unset_word=body.get("unset-word"),
+        unset_word=body.get("unset-word"), recipe_keys=tuple(str(k) for k in body.get("recipe-keys") or ()),
+        source=str(body.get("source", "")),
     )

@@ -96,6 +96,8 @@ def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
     missing = [n for n, v in (("attention layers", layers), ("KV heads", heads), ("head dim", dim)) if not v]
     if missing:
         return Part("KV pool", None, f"unknown: {', '.join(missing)} of {model.display_name} not in the data")
+    if batch == "auto":
+        return Part("KV pool", None, "unknown: max-batch-size auto (the engine sizes the batch at boot)")
     if sizes is None or not isinstance(seq, int) or not isinstance(batch, int):
         return Part("KV pool", None, f"unknown: KV dtype {dtype!r} has no known element size")
     assert layers and heads and dim

@@ -51,11 +51,25 @@ class Validated:
 
 
 @dataclass(frozen=True)
+class Provenance:
+    """Where an engine recipe came from: the upstream file this one re-expresses."""
+
+    repo: str  # e.g. Metrale/metrale-inference
+    path: str  # the upstream file, e.g. recipes/qwen3.5/qwen3.5-35b-a3b-nvfp4.yaml
+    commit: str
+    sha256: str  # of the upstream file's bytes
+    taken: str | None = None  # YYYY-MM-DD
+    release: str | None = None  # the engine release it shipped in, when known
+    deviations: tuple[tuple[str, str, str, str], ...] = ()  # (key, upstream value, ours, why)
+
+
+@dataclass(frozen=True)
 class RecipeOrigin:
-    kind: str  # "shipped" | "user" | "file"
+    kind: str  # "shipped" | "synced" | "user" | "file"
     path: str
-    overrides: str | None = None  # path of the shipped recipe this one replaces
+    overrides: str | None = None  # path of the shipped (or synced) recipe this one replaces
     extends: str | None = None  # name of the recipe this one was built on
+    release: str | None = None  # for a synced recipe: the engine release it came with
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,9 @@ class Recipe:
     origin: RecipeOrigin
     deviations: tuple[tuple[str, Any, Any], ...] = ()  # (key, validated value, new value) from --set
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    engine_revision: str = ""  # the engine revision (release or commit) it targets and is checked against
+    source: str | None = None  # "engine" (re-expressed from the engine's own recipe) | "book" | None
+    provenance: Provenance | None = None
 
     @property
     def multi_rank(self) -> bool:

@@ -98,10 +98,15 @@ def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, maste
         "ep-size": recipe.resources.ep_size,
     }
     serve = rank_info.serve
-    for spec in contract.flags.values():
+    revision = contract.revision(recipe.engine_revision)
+    specs = revision.specs if revision is not None else contract.flags
+    # Every policy that pins tp/ep sizes wants them on the command line even at 1 (nothing inherited).
+    pinned = revision is not None and revision.policy.required == "all"
+    for spec in specs.values():
         if spec.recipe == "resources" and spec.resource in resource_values:
             value = resource_values[spec.resource]
-            if value is None or (not recipe.multi_rank and spec.resource in ("master-port", "tp-size", "ep-size")):
+            single_only = ("master-port",) if pinned else ("master-port", "tp-size", "ep-size")
+            if value is None or (not recipe.multi_rank and spec.resource in single_only):
                 continue
             argv += spec.render_value(value)
             if spec.name == "gpu-memory-utilization" and recipe.multi_rank:

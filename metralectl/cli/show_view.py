@@ -9,6 +9,7 @@ from metralectl.catalog import Catalog
 from metralectl.fit import MemoryEstimate, Part, estimate
 from metralectl.recipe import Recipe
 from metralectl.render import docker_run_command, spec_for
+from metralectl.terminal_text import printable
 
 
 def _estimate(catalog: Catalog, recipe: Recipe) -> MemoryEstimate:
@@ -26,13 +27,8 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     hw = catalog.hardware[recipe.hardware]
     image = catalog.images[recipe.image]
     v = recipe.validated
-    lines = [f"{recipe.name} — {recipe.description}", ""]
-    lines += ["Provenance"]
-    lines.append(f"  file          {recipe.origin.path} ({recipe.origin.kind})")
-    if recipe.origin.overrides:
-        lines.append(f"  overrides     {recipe.origin.overrides}")
-    if recipe.origin.extends:
-        lines.append(f"  extends       {recipe.origin.extends}")
+    lines = [f"{recipe.name} — {printable(recipe.description)}", ""]
+    lines += ["Provenance"] + _provenance(catalog, recipe)
     lines.append(f"  validated     {v.decode_tok_s if v.decode_tok_s is not None else '-'} tok/s decode on "
                  f"{v.hardware or '?'}; engine revision {v.engine_revision or 'not recorded'}; date {v.date or 'not recorded'}")
     if v.source:
@@ -74,6 +70,32 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
         title = "Command" if not recipe.multi_rank else f"Command (rank {rank}, {recipe.resources.ranks[rank].role})"
         lines += ["", title, docker_run_command(spec)]
     return "\n".join(lines)
+
+
+def _provenance(catalog: Catalog, recipe: Recipe) -> list[str]:
+    origin = recipe.origin
+    kind = f"synced from engine release {origin.release}" if origin.kind == "synced" else origin.kind
+    lines = [f"  file          {origin.path} ({kind})"]
+    if origin.overrides:
+        lines.append(f"  overrides     {origin.overrides}")
+    if origin.extends:
+        lines.append(f"  extends       {origin.extends}")
+    if recipe.source == "book":
+        lines.append("  source        the engine book (the engine has no recipe for this)")
+    prov = recipe.provenance
+    if prov is not None:
+        lines.append(f"  engine recipe  {printable(prov.repo)} {printable(prov.path)} @ {prov.commit[:7]}")
+        lines.append(f"                sha256 {prov.sha256}, taken {prov.taken or 'date not recorded'}"
+                     + (f", release {printable(prov.release)}" if prov.release else ""))
+        for key, upstream, ours, why in prov.deviations:
+            lines.append(f"  deviates      {printable(key)}: {printable(upstream)} -> {printable(ours)} ({printable(why)})")
+    revision = catalog.engines[recipe.engine].revision(recipe.engine_revision)
+    if revision is not None:
+        rule = ("every settable flag pinned" if revision.policy.required == "all"
+                else "every flag with an engine default pinned")
+        false = "`false` allowed" if revision.policy.false_allowed else "`false` refused"
+        lines.append(f"  targets       engine revision {revision.label} (commit {revision.commit[:12]}; {rule}, {false})")
+    return lines
 
 
 def as_json(catalog: Catalog, recipe: Recipe) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.recipe_helpers import REPO, catalog, check, errors, flagship_data, one_error, read
+from tests.unit.recipe_helpers import REPO, catalog, check, errors, flagship_data, one_error, read, write
 
 
 def test_every_shipped_recipe_passes() -> None:
@@ -33,7 +33,7 @@ def test_yaml_syntax_error_has_line_and_column(tmp_path: Path) -> None:
 
 def test_duplicate_key_names_both_lines(tmp_path: Path) -> None:
     text = (REPO / "recipes" / "qwen3.5-35b-a3b.yaml").read_text()
-    text = text.replace("  max-batch-size: 8\n", "  max-batch-size: 8\n  max-seq-len: 4096\n")
+    text = text.replace("  block-size: 16\n", "  block-size: 16\n  max-seq-len: 4096\n")
     first_line = next(i for i, line in enumerate(text.splitlines(), 1) if "max-seq-len: 8192" in line)
     problem = one_error(check(tmp_path, text))
     assert "duplicate key 'max-seq-len'" in problem.message
@@ -72,7 +72,7 @@ def test_flag_written_with_dashes(tmp_path: Path) -> None:
     ("scheduler", "lifo", "must be one of fifo, slai"),
     ("tool-grammar", "maybe", "auto, on, off"),
     ("auto-compact", 1.5, "at most 1"),
-    ("auto-compact", 0, "greater than 0"),
+    ("auto-compact", -0.1, "at least 0"),
     ("default-min-p", True, "must be a number"),
     ("prompt-lookup-max-drafts", 17, None),
 ])
@@ -109,19 +109,38 @@ def test_utilization_of_one_is_allowed(tmp_path: Path) -> None:
     assert errors(check(tmp_path, data)) == []
 
 
-def test_boolean_false_is_refused(tmp_path: Path) -> None:
+def test_boolean_false_is_allowed_and_rendered_as_absent(tmp_path: Path) -> None:
+    """The engine's policy since 2026-10-05 (schema.rs@2735884): a presence-only flag is pinned `true` or
+    `false`, and `false` renders as the flag's absence."""
+    from metralectl.catalog import check_files
+    from metralectl.render import serve_argv
+
     data = flagship_data()
+    assert data["serve"]["enable-prefix-caching"] is True and data["serve"]["exact-verify"] is False
     data["serve"]["enable-prefix-caching"] = False
-    problem = one_error(check(tmp_path, data), "serve.enable-prefix-caching")
-    assert "`false` restates the default" in problem.message
+    [(_, recipe, problems)] = check_files(catalog(), [write(tmp_path, data)])
+    assert recipe is not None and errors(problems) == []
+    assert recipe.serve["enable-prefix-caching"] is False
+    argv = serve_argv(recipe, catalog().engines["metrale"])
+    assert "--enable-prefix-caching" not in argv and "--exact-verify" not in argv
+    assert "--speculative" in argv and "false" not in argv
+
+
+def test_boolean_false_is_refused_where_the_revision_refuses_it(tmp_path: Path) -> None:
+    """Revision 91b364b (like release b34) refuses a presence-only `false`: absence is its only "off"."""
+    data = read(REPO / "recipes" / "qwen3.5-122b-a10b-single.yaml")
+    assert data["engine-revision"] == "91b364b"
+    data["serve"]["enable-prefix-caching"] = False
+    problem = one_error(check(tmp_path, data, "qwen3.5-122b-a10b-single.yaml"), "serve.enable-prefix-caching")
+    assert "`false` restates the default" in problem.message and "91b364b" not in (problem.hint or "")
     assert "enable-prefix-caching: true" in (problem.hint or "")
 
 
 def test_boolean_written_as_yes_is_refused(tmp_path: Path) -> None:
-    # YAML 1.2: `yes` is the word "yes", not a boolean — a presence-only flag wants `true`.
+    # YAML 1.2: `yes` is the word "yes", not a boolean — a presence-only flag wants `true` or `false`.
     text = FLAGSHIP_TEXT().replace("  speculative: true", "  speculative: yes")
     problem = one_error(check(tmp_path, text), "serve.speculative")
-    assert "write `true` or leave it out" in problem.message
+    assert "presence-only switch: write `true` or `false`" in problem.message
 
 
 def FLAGSHIP_TEXT() -> str:
@@ -132,9 +151,39 @@ def test_missing_recipe_settable_key(tmp_path: Path) -> None:
     data = flagship_data()
     del data["serve"]["max-batch-size"]
     problem = one_error(check(tmp_path, data))
-    assert "missing --max-batch-size" in problem.message and "explicit" in problem.message
+    assert "missing --max-batch-size" in problem.message and "every settable flag pinned" in problem.message
     assert "max-batch-size: 8" in (problem.hint or "")
     assert problem.key == "serve"
+
+
+def test_missing_presence_only_flag_under_pin_everything(tmp_path: Path) -> None:
+    data = flagship_data()
+    del data["serve"]["hermetic"]
+    problem = one_error(check(tmp_path, data))
+    assert "missing --hermetic" in problem.message and "hermetic: false" in (problem.hint or "")
+
+
+def test_excluded_flags_are_optional_and_may_still_be_written(tmp_path: Path) -> None:
+    """The engine's EXCLUDED_NAMED (explicit.rs@61e6559): never required, still allowed."""
+    data = flagship_data()
+    assert "tool-call-parser" not in data["serve"] and "mtp-k-ladder" not in data["serve"]
+    data["serve"].update({"tool-call-parser": "qwen3_coder", "mtp-k-ladder": "2:2,32:1"})
+    assert errors(check(tmp_path, data)) == []
+
+
+def test_flag_of_a_later_revision_is_refused_with_the_revision_that_has_it(tmp_path: Path) -> None:
+    data = read(REPO / "recipes" / "qwen3.5-122b-a10b-single.yaml")
+    data["serve"]["prompt-lookup-decoding"] = True
+    problem = one_error(check(tmp_path, data, "qwen3.5-122b-a10b-single.yaml"), "serve.prompt-lookup-decoding")
+    assert "not a flag of engine revision 91b364b" in problem.message
+    assert "61e6559" in (problem.hint or "") and "2735884" in (problem.hint or "")
+
+
+def test_unknown_engine_revision_suggests(tmp_path: Path) -> None:
+    data = flagship_data()
+    data["engine-revision"] = "2735883"
+    problem = one_error(check(tmp_path, data), "engine-revision")
+    assert "unknown Metrale Engine revision '2735883'" in problem.message and "2735884" in (problem.hint or "")
 
 
 def test_missing_required_with_key(tmp_path: Path) -> None:
@@ -143,12 +192,17 @@ def test_missing_required_with_key(tmp_path: Path) -> None:
     assert "missing --mtp-quantization" in one_error(check(tmp_path, data)).message
 
 
-def test_required_with_key_without_its_trigger(tmp_path: Path) -> None:
+def test_speculative_settings_are_pinned_even_with_speculation_off(tmp_path: Path) -> None:
+    """Under pin-everything the MTP settings stay stated when --speculative is off (the engine's own
+    recipes pin num_drafts: 1 with speculative: false); more than one draft needs a method."""
     data = flagship_data()
-    del data["serve"]["speculative"]
-    probs = errors(check(tmp_path, data))
-    assert {p.key for p in probs} == {"serve.num-drafts", "serve.mtp-quantization", "serve.mtp-vocab"}
-    assert all("only applies with --speculative" in p.message for p in probs)
+    data["serve"]["speculative"] = False
+    assert errors(check(tmp_path, data)) == []
+    data["serve"]["num-drafts"] = 2
+    problem = one_error(check(tmp_path, data), "serve.num-drafts")
+    assert "--num-drafts 2 needs a speculative method" in problem.message
+    data["serve"]["ngram-speculative"] = True
+    assert errors(check(tmp_path, data)) == []
 
 
 @pytest.mark.parametrize("extra,fragment", [
@@ -174,12 +228,14 @@ def test_prompt_lookup_needs_speculative_and_excludes_others(tmp_path: Path) -> 
     assert any("--prompt-lookup-decoding conflicts with --self-speculative" in m for m in messages)
 
 
-def test_mtp_quantization_must_match_checkpoint(tmp_path: Path) -> None:
+def test_mtp_head_precision_may_differ_from_the_checkpoint(tmp_path: Path) -> None:
+    """The book said a mixed MTP head makes gibberish; the engine certifies a bf16 head on this NVFP4
+    checkpoint (MI recipes/qwen3.5/qwen3.5-35b-a3b-nvfp4.yaml@2735884), and the engine wins."""
     data = flagship_data()
-    data["serve"]["mtp-quantization"] = "fp8"
-    problem = one_error(check(tmp_path, data), "serve.mtp-quantization")
-    assert "does not match the checkpoint's quantization nvfp4" in problem.message
-    assert "mtp-quantization: nvfp4" in (problem.hint or "")
+    assert data["checkpoint"]["quant"] == "nvfp4" and data["serve"]["mtp-quantization"] == "bf16"
+    assert errors(check(tmp_path, data)) == []
+    data["serve"]["mtp-quantization"] = "fp4"
+    assert "must be one of bf16, fp8, nvfp4" in one_error(check(tmp_path, data), "serve.mtp-quantization").message
 
 
 def test_speculative_for_a_model_without_mtp(tmp_path: Path) -> None:
@@ -212,7 +268,8 @@ def test_revision_must_be_a_commit(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name,value,fragment", [
-    ("METRALE_RATE_LIMT_RPM", 60, "not a declared"),
+    ("METRALE_RATE_LIMT_RPM", 60, "is not a lever of engine revision 2735884"),
+    ("METRALE_BENCH_ITERS", 3, "classes it Dev"),
     ("METRALE_HOME", "/tmp/x", "cannot be set in a recipe"),
     ("PATH", "/usr/bin", "not a runtime lever"),
     ("METRALE_RATE_LIMIT_RPM", "sixty", "whole number"),
@@ -228,8 +285,12 @@ def test_env_refusals(tmp_path: Path, name: str, value: object, fragment: str) -
 
 def test_env_declared_lever_and_passthrough_accepted(tmp_path: Path) -> None:
     data = flagship_data()
-    data["env"] = {"METRALE_RATE_LIMIT_RPM": 600, "NCCL_DEBUG": "INFO"}
+    # METRALE_FP8_ROWWISE: a Runtime gate lever of the engine's table that the old hand-written list lacked
+    data["env"] = {"METRALE_RATE_LIMIT_RPM": 600, "NCCL_DEBUG": "INFO", "METRALE_FP8_ROWWISE": "1",
+                   "METRALE_MTP_DCUT_RATIO": "1.0"}
     assert errors(check(tmp_path, data)) == []
+    data["env"] = {"METRALE_MTP_DCUT_RATIO": "most"}
+    assert "must be a number" in one_error(check(tmp_path, data), "env.METRALE_MTP_DCUT_RATIO").message
 
 
 def test_resource_flag_under_serve_points_to_resources(tmp_path: Path) -> None:
@@ -268,7 +329,7 @@ def _ep2() -> dict:
 
 
 @pytest.mark.parametrize("override", [
-    {"num-drafts": 2}, {"mtp-quantization": "bf16"},
+    {"num-drafts": 2}, {"mtp-quantization": "nvfp4"},
 ])
 def test_multi_rank_ranks_must_agree(tmp_path: Path, override: dict) -> None:
     data = _ep2()

@@ -39,7 +39,7 @@ def test_list_table_and_json() -> None:
     assert "qwen3.5-35b-a3b" in table.stdout and "fit judged on" in table.stderr
     data = json.loads(cli("list", "--json").stdout)
     flagship = next(r for r in data["recipes"] if r["name"] == "qwen3.5-35b-a3b")
-    assert flagship["mtp"] is True and flagship["validated_tok_s"] == 131 and flagship["weights"] == "absent"
+    assert flagship["mtp"] is True and flagship["validated_tok_s"] == 133 and flagship["weights"] == "absent"
     assert flagship["fits"] is True and flagship["source"] == "shipped"
 
 
@@ -63,8 +63,10 @@ def test_unknown_hardware_is_a_clear_error() -> None:
 def test_show_has_provenance_memory_breakdown_and_command() -> None:
     out = cli("show", "qwen3.5-35b-a3b")
     assert out.returncode == 0, out.stderr
-    for fragment in ("Provenance", "recipes/qwen3.5-35b-a3b.yaml", "131 tok/s", "Memory estimate", "weights",
-                     "KV pool", "8192 seq × 8 batch × 10 attn layers", "budget", "119.7 GB unified × 0.88",
+    for fragment in ("Provenance", "recipes/qwen3.5-35b-a3b.yaml", "133 tok/s", "Memory estimate", "weights",
+                     "KV pool", "8192 seq × 2 batch × 10 attn layers", "budget", "119.7 GB unified × 0.85",
+                     "engine recipe  Metrale/metrale-inference recipes/qwen3.5/qwen3.5-35b-a3b-nvfp4.yaml @ 2735884",
+                     "targets       engine revision 2735884",
                      "docker run -d --name metralectl-qwen3.5-35b-a3b"):
         assert fragment in out.stdout, fragment
     data = json.loads(cli("show", "qwen3.5-35b-a3b", "--json").stdout)
@@ -85,9 +87,12 @@ def test_run_print_with_set_shows_deviation() -> None:
 
 
 def test_run_print_set_goes_through_the_checker() -> None:
-    out = cli("run", "qwen3.5-35b-a3b", "--print", "--set", "enable-prefix-caching=false")
+    out = cli("run", "qwen3.5-35b-a3b", "--print", "--set", "enable-prefix-caching=maybe")
     assert out.returncode == 1 and out.stdout == ""
-    assert "--set enable-prefix-caching=false" in out.stderr and "`false` restates the default" in out.stderr
+    assert "--set enable-prefix-caching=maybe" in out.stderr and "presence-only switch" in out.stderr
+    off = cli("run", "qwen3.5-35b-a3b", "--print", "--set", "enable-prefix-caching=false")
+    assert off.returncode == 0 and "--enable-prefix-caching" not in off.stdout  # `false` = the flag's absence
+    assert "serve.enable-prefix-caching: True -> False" in off.stderr
     out = cli("run", "qwen3.5-35b-a3b", "--print", "--set", "max-seq-lenn=4096")
     assert out.returncode == 2 and "not a serve flag" in out.stderr
     out = cli("run", "qwen3.5-35b-a3b", "--print", "--set", "resources.port=70000")

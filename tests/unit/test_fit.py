@@ -19,20 +19,29 @@ def _estimate(name: str, *sets: str):
 
 def test_flagship_kv_pool_by_the_formula() -> None:
     est = _estimate("qwen3.5-35b-a3b")
-    # 8192 tokens x 8 seqs x 10 attention layers x 2 kv-heads x 256 head-dim x 2 (K,V) x 0.5 B (nvfp4)
-    assert est.kv_pool.gb == pytest.approx(8192 * 8 * 10 * 2 * 256 * 2 * 0.5 / 1e9)
-    assert est.reserve.gb == pytest.approx(4.096)
-    assert est.budget.gb == pytest.approx(119.7 * 0.88)
+    # 8192 tokens x 2 seqs x 10 attention layers x 2 kv-heads x 256 head-dim x 2 (K,V) x 1 B (fp8)
+    assert est.kv_pool.gb == pytest.approx(8192 * 2 * 10 * 2 * 256 * 2 * 1.0 / 1e9)
+    assert est.reserve.gb == pytest.approx(1.024)
+    assert est.budget.gb == pytest.approx(119.7 * 0.85)
     assert est.weights.gb == pytest.approx(35 * 4.5 / 8)
     assert est.fits is True and est.total_gb == pytest.approx(est.weights.gb + est.kv_pool.gb + est.reserve.gb)
 
 
 def test_kv_scales_with_dtype_and_blocks() -> None:
-    fp8 = _estimate("qwen3.5-35b-a3b", "kv-cache-dtype=fp8")
-    nvfp4 = _estimate("qwen3.5-35b-a3b")
+    nvfp4 = _estimate("qwen3.5-35b-a3b", "kv-cache-dtype=nvfp4")
+    fp8 = _estimate("qwen3.5-35b-a3b")
     assert fp8.kv_pool.gb == pytest.approx(2 * nvfp4.kv_pool.gb)
     odd = _estimate("qwen3.5-35b-a3b", "max-seq-len=8193")  # rounds up to whole 16-token blocks
-    assert odd.kv_pool.gb == pytest.approx(nvfp4.kv_pool.gb * 8208 / 8192)
+    assert odd.kv_pool.gb == pytest.approx(fp8.kv_pool.gb * 8208 / 8192)
+    # one of the engine's 16 dtypes; a turbo V side gets the automatic BF16 boundary (4 of 10 layers)
+    pair = _estimate("qwen3.5-35b-a3b", "kv-cache-dtype=fp8k_turbo4v")
+    per_layer_fp8 = fp8.kv_pool.gb / 10
+    assert pair.kv_pool.gb == pytest.approx(per_layer_fp8 * (4 * 2.0 + 6 * (1.0 + 0.5) / 2))
+
+
+def test_auto_batch_size_leaves_the_kv_pool_unknown() -> None:
+    est = _estimate("qwen3.5-35b-a3b", "max-batch-size=auto")
+    assert est.kv_pool.gb is None and "auto" in est.kv_pool.basis and est.fits is None
 
 
 def test_high_precision_layers_rule() -> None:

@@ -39,7 +39,7 @@ def test_flag_value_reads_values_presence_and_absence() -> None:
     assert flag_value(command, "dflash") is None
 
 
-@pytest.mark.parametrize("name", ["qwen3.5-122b-a10b-ep2", "mistral-small-4-119b-ep2", "minimax-m2.7-ep2"])
+@pytest.mark.parametrize("name", ["qwen3.5-122b-a10b-ep2", "deepseek-v4-flash-ep2", "minimax-m2.7-ep2"])
 def test_shipped_ep2_recipes_render_symmetric_ranks(name: str) -> None:
     contract, specs = _ranks(name)
     assert symmetry_problems(specs, contract) == []
