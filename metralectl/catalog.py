@@ -151,6 +151,9 @@ def _build_catalog(root: Path, user_dir: Path | None) -> Catalog:
             catalog.documents[recipe.name] = doc
     if user_dir is not None:
         _load_user_images(catalog, user_dir.parent / "images")
+        from metralectl import synced_set
+
+        synced_set.load_into(catalog, user_dir.parent / "synced")  # a synced engine release, below the user's own
         load_user_recipes(catalog, user_dir)
     return catalog
 
@@ -216,7 +219,7 @@ def _base_name(doc: Document) -> str | None:
 def _add_user_recipe(catalog: Catalog, path: Path, doc: Document) -> None:
     name = _name(doc)
     shipped = catalog.recipes.get(name) if name else None
-    overrides = shipped.origin.path if shipped and shipped.origin.kind == "shipped" else None
+    overrides = shipped.origin.path if shipped and shipped.origin.kind in ("shipped", "synced") else None
     origin = RecipeOrigin("user", str(path), overrides=overrides, extends=_base_name(doc))
     recipe, problems = catalog.check_document(doc, origin)
     if recipe is None:

@@ -40,6 +40,12 @@ def fingerprint(root: Path, user_dir: Path | None) -> str:
     if user_dir is not None:
         _stats(user_dir, parts)
         _stats(user_dir.parent / "images", parts)
+        synced = user_dir.parent / "synced" / "current"
+        try:
+            parts.append(f"synced->{os.readlink(synced)}")  # a sync swaps this link: a new set, a new key
+        except OSError:
+            parts.append("synced:absent")
+        _stats(synced, parts)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

@@ -34,7 +34,7 @@ class LibraryRow:
     fits: bool | None  # on the target; None = unknown
     fits_reason: str
     weights: str  # complete | present | partial | absent
-    source: str  # shipped | user
+    source: str  # shipped | shipped (book) | synced bNN | user
     source_path: str
     overrides: str | None
     tags: tuple[str, ...]
@@ -73,9 +73,19 @@ def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
         name=recipe.name, model=model.display_name, repo=recipe.checkpoint.repo, quant=recipe.checkpoint.quant,
         hardware=recipe.hardware, mtp=recipe.mtp, validated_tok_s=recipe.validated.decode_tok_s,
         memory_gb=est.total_gb, budget_gb=est.budget.gb, fits=fits, fits_reason=reason, weights=cache.status,
-        source=recipe.origin.kind, source_path=recipe.origin.path, overrides=recipe.origin.overrides,
+        source=_source(recipe), source_path=recipe.origin.path, overrides=recipe.origin.overrides,
         tags=recipe.tags, description=recipe.description,
     )
+
+
+def _source(recipe: Recipe) -> str:
+    """shipped | shipped (book) | synced bNN | user"""
+    origin = recipe.origin
+    if origin.kind == "synced":
+        return f"synced {origin.release}"
+    if origin.kind == "shipped" and recipe.source == "book":
+        return "shipped (book)"
+    return origin.kind
 
 
 def rows(catalog: Catalog, target: Target, *, hardware: str | None = None, tags: list[str] | None = None) -> list[LibraryRow]:

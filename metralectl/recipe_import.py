@@ -236,9 +236,10 @@ def _settings(conv: _Conversion, defaults: dict[str, Any]) -> tuple[dict[str, An
         name = str(key).replace("_", "-")
         spec = revision.specs.get(contract.aliases.get(name, name))
         if spec is None:
-            guess = did_you_mean(name, list(revision.specs))
+            spellings = [s.recipe_keys[0] if s.recipe_keys else n.replace("-", "_") for n, s in revision.specs.items()]
+            guess = did_you_mean(str(key), spellings)
             conv.error(where, f"`{key}` is not a flag of engine revision {revision.label}",
-                       f"did you mean `{guess.replace('-', '_')}`?" if guess else None)
+                       f"did you mean `{guess}`?" if guess else None)
             continue
         value = _coerce(spec, raw)
         if spec.recipe == "resources" and spec.resource:

@@ -34,6 +34,10 @@ def _check_hardware(catalog: Any, hardware: str | None) -> None:
                        f"did you mean `{guess}`?" if guess else f"known: {', '.join(catalog.hardware)}")
 
 
+def _overridden(row: Any) -> str:
+    return "synced" if "/synced/" in str(row.overrides) else "shipped"
+
+
 def _yes_no(value: bool | None) -> str:
     return "?" if value is None else ("yes" if value else "no")
 
@@ -59,7 +63,7 @@ def list_recipes(
             r.name, r.model, r.quant, r.hardware, "yes" if r.mtp else "-",
             f"{r.validated_tok_s:g}" if r.validated_tok_s is not None else "-",
             f"{r.memory_gb:.1f}" if r.memory_gb is not None else "?",
-            _yes_no(r.fits), r.weights, r.source if not r.overrides else "user (overrides shipped)",
+            _yes_no(r.fits), r.weights, r.source if not r.overrides else f"{r.source} (overrides {_overridden(r)})",
         ] for r in rows]
         from metralectl.cli.table import render_table
 

@@ -45,3 +45,55 @@ def check(
         note(f"{len(results) - len(refused)} ok, {len(refused)} refused")
     if refused:
         raise typer.Exit(1)
+
+
+@app.command("sync")
+def sync(
+    source: str = typer.Option(None, "--from", metavar="URL|DIR",
+                               help="An engine release's download base (http/https) or a directory with its assets "
+                                    "(default: $METRALECTL_RECIPES_URL, else <config>/recipes-sync-source, else "
+                                    "engine release b34)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what changed as JSON."),
+) -> None:
+    """Fetch an engine release's recipes, verify every sha256, convert them, and install them as one set.
+
+    A failed or interrupted sync changes nothing. A recipe that does not convert is reported (file:line)
+    and left out; the others are installed, and the exit status is 1.
+    """
+    import sys
+
+    from metralectl import recipe_sync, sync_fetch
+    from metralectl.catalog import load_catalog
+    from metralectl.terminal_text import printable
+
+    where = "--from"
+    if source is None:
+        source, where = sync_fetch.default_source()
+    note(f"syncing engine recipes from {printable(source)} ({where})")
+    last: dict[str, float] = {}
+
+    def progress(asset: str, done: int, total: int | None) -> None:
+        import time
+
+        now = time.monotonic()
+        if now - last.get(asset, 0.0) >= 1.0 or done == total:  # at most once a second per file
+            last[asset] = now
+            note(f"  {asset}: {done / 1e6:.1f}" + (f" of {total / 1e6:.1f} MB" if total else " MB"))
+
+    catalog = load_catalog(use_cache=False)
+    report = recipe_sync.sync(catalog, sync_fetch.Source(source), progress=progress)
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2))
+    else:
+        print(f"engine release {report.release} (commit {report.commit[:12]}, engine {report.engine_version or '?'}), "
+              f"checked against revision {report.revision}")
+        for change in report.changes:
+            if change.status != "unchanged":
+                print(f"  {change.status:<9} {change.name:<40} {printable(change.id)}")
+    for change in report.refused:
+        for problem in change.problems:  # text from the release: escaped line by line
+            note(style("\n".join(printable(line) for line in problem.render().splitlines()), "31", sys.stderr))
+    counts = ", ".join(f"{report.count(s)} {s}" for s in ("added", "changed", "removed", "unchanged", "refused"))
+    note(f"synced set installed ({counts}): {report.installed}")
+    if report.refused:
+        raise typer.Exit(1)
