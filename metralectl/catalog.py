@@ -148,7 +148,7 @@ def _build_catalog(root: Path, user_dir: Path | None) -> Catalog:
         _shipped_problems(problems)
         if recipe is not None:
             catalog.recipes[recipe.name] = recipe
-            catalog.documents[recipe.name] = doc
+            catalog.documents[recipe.name] = catalog._resolve_extends(doc)[0] or doc  # what --set and extends build on
     if user_dir is not None:
         _load_user_images(catalog, user_dir.parent / "images")
         from metralectl import synced_set

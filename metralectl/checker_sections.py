@@ -51,7 +51,10 @@ def check_env(check: Checker, top: dict[str, Any], contract: EngineContract | No
             if not lever.recipe:
                 why = lever.reason or (f"the engine's lever table classes it {lever.klass.capitalize()}, and a "
                                        "recipe may set Runtime levers only")
-                check.error(key, f"{name} cannot be set in a recipe: {why}")
+                guess = did_you_mean(name, runtime)
+                check.error(key, f"{name} cannot be set in a recipe: {why}",
+                            f"did you mean the Runtime lever `{guess}`?" if guess else
+                            "a recipe's env may set the engine's Runtime levers (`met dump-serve-options`)")
                 continue
             problem = _lever_value(lever.type, lever.minimum, value)
             if problem:

@@ -143,7 +143,7 @@ def test_ep2_launch_both_ranks_detection_request_ps_logs_stop(ep, tmp_path: Path
     assert "rank 0 (head) on this machine: enp1s0f1np1 10.77.0.1/24 (RoCE, chosen)" in err
     assert f"rank 1 (worker) on {n2.URL} (context mtl-node2): enp1s0f1np1 10.77.0.2/24 (RoCE, chosen)" in err
     assert "NCCL_SOCKET_IFNAME=enp1s0f1np1 on both nodes; --master-addr 10.77.0.1" in err
-    assert "both ranks: --speculative present, --num-drafts 1, --mtp-quantization nvfp4" in err
+    assert "both ranks: --speculative present, --num-drafts 1, --mtp-quantization bf16" in err
     assert f"{EP_REPO} on rank 1 (worker)" in err and "verified 000000000000" in err
     assert "▸ r1 rendezvous" in err and "▸ r0 ready" in err and "a real request to the head" in err
     assert f"endpoint  http://127.0.0.1:{e.port}/v1" in out.stdout

@@ -375,3 +375,23 @@ def test_problem_render_names_file_line_column_key_and_hint(tmp_path: Path) -> N
     text = problem.render()
     assert text.startswith(f"{tmp_path}/qwen3.5-35b-a3b.yaml:{problem.line}:{problem.column}: error: serve.max-seq-length:")
     assert "hint: did you mean `max-seq-len`?" in text
+
+
+def test_a_recipe_built_on_a_book_variant_inherits_the_whole_chain(tmp_path: Path) -> None:
+    """hopper extends the certified flagship; a recipe (or --set) built on hopper gets every pinned setting."""
+    from metralectl.overrides import apply_sets
+
+    cat = catalog()
+    hopper = apply_sets(cat, cat.recipes["qwen3.5-35b-a3b-hopper"], ["max-seq-len=4096"])
+    assert hopper.hardware == "hopper" and hopper.serve["kv-cache-dtype"] == "fp8" and len(hopper.serve) > 90
+    assert hopper.deviations == (("serve.max-seq-len", 8192, 4096),)
+    assert hopper.source is None or hopper.source == "book"
+    text = "extends: qwen3.5-35b-a3b-hopper\nname: mine\ndescription: mine\nserve:\n  max-batch-size: 1\n"
+    assert errors(check(tmp_path, text, "mine.yaml")) == []
+
+
+def test_a_non_runtime_lever_names_the_runtime_one_it_resembles(tmp_path: Path) -> None:
+    data = flagship_data()
+    data["env"] = {"METRALE_HOME": "/tmp/x"}
+    problem = one_error(check(tmp_path, data), "env.METRALE_HOME")
+    assert "cannot be set in a recipe" in problem.message and "Runtime" in (problem.hint or "")
