@@ -84,7 +84,7 @@ def _provenance(catalog: Catalog, recipe: Recipe) -> list[str]:
         lines.append("  source        the engine book (the engine has no recipe for this)")
     prov = recipe.provenance
     if prov is not None:
-        lines.append(f"  engine recipe  {printable(prov.repo)} {printable(prov.path)} @ {prov.commit[:7]}")
+        lines.append(f"  engine recipe {printable(prov.repo)} {printable(prov.path)} @ {prov.commit[:7]}")
         lines.append(f"                sha256 {prov.sha256}, taken {prov.taken or 'date not recorded'}"
                      + (f", release {printable(prov.release)}" if prov.release else ""))
         for key, upstream, ours, why in prov.deviations:

@@ -65,7 +65,7 @@ def test_show_has_provenance_memory_breakdown_and_command() -> None:
     assert out.returncode == 0, out.stderr
     for fragment in ("Provenance", "recipes/qwen3.5-35b-a3b.yaml", "133 tok/s", "Memory estimate", "weights",
                      "KV pool", "8192 seq × 2 batch × 10 attn layers", "budget", "119.7 GB unified × 0.85",
-                     "engine recipe  Metrale/metrale-inference recipes/qwen3.5/qwen3.5-35b-a3b-nvfp4.yaml @ 2735884",
+                     "engine recipe Metrale/metrale-inference recipes/qwen3.5/qwen3.5-35b-a3b-nvfp4.yaml @ 2735884",
                      "targets       engine revision 2735884",
                      "docker run -d --name metralectl-qwen3.5-35b-a3b"):
         assert fragment in out.stdout, fragment
