@@ -57,7 +57,7 @@ class LoadSpec:
     seed: int = 0
     transport: str = "raw"
     probe_interval_s: float = 0.005
-    progress_every_s: float = 5.0  # drain progress cadence
+    progress_every_s: float = 2.0  # drain progress cadence
     tokenizer: str = ""  # tokenizer.json to count output tokens when the server reports no usage
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from metralectl.bench.records import effective_status  # noqa: F401  (re-exported: readers use outcome's)
 from metralectl.bench.results import RequestResult
 from metralectl.bench.target import Control, Target, managed_container
 from metralectl.safetext import clean
@@ -86,23 +87,6 @@ def judge(record: dict[str, Any], params: dict[str, Any], *, interrupted: bool) 
         return "client-bound", (f"client-bound in {', '.join(bound)}: the load generator, not the server, may have "
                                 "set these numbers (try --param workers=N, or less load)")
     return "completed", None
-
-
-def effective_status(record: dict[str, Any]) -> str:
-    """The status to show for a record, also one written before these rules: a 'completed' run whose
-    stages counted failed requests (or no success) is shown as errors, never as completed."""
-    status = str(record.get("status") or "?")
-    if status != "completed":
-        return status
-    allowed = (record.get("params") or {}).get("max_error_frac") or 0
-    for stage in record.get("stages") or []:
-        agg = stage.get("summary") or {}
-        requests, ok = agg.get("requests") or 0, agg.get("ok") or 0
-        if stage.get("invalid"):
-            return "invalid"
-        if requests and (ok == 0 or (requests - ok) > allowed * requests):
-            return "errors"
-    return status
 
 
 class ServedModelWatch:
