@@ -131,7 +131,7 @@ def build_model(params: dict[str, Any], out: Path) -> int:
         model = LlamaForCausalLM(config)  # weights from transformers' own init, on the seeded CPU generator
     model = model.to(getattr(torch, params["dtype"]))
     model.config.dtype = params["dtype"]
-    gen = {"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "do_sample": False}
+    gen: dict[str, Any] = {"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "do_sample": False}
     if params["eos"] == "suppressed":
         gen["suppress_tokens"] = [EOS]  # every output runs to max_tokens, as ignore_eos would make it
     model.generation_config = GenerationConfig(**gen)

@@ -238,18 +238,22 @@ def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: 
         cmd = [python, "-c", "from transformers.cli.transformers import main; main()", "serve", *pin,
                "--device", device, "--host", "127.0.0.1", "--port", str(chosen), "--log-level", "info",
                *extra_args]
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+        with open(log_path, "wb") as sink:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env,
                                     cwd=workdir, start_new_session=True)
         srv = TfServe(f"http://127.0.0.1:{chosen}", served, model_dir, log_path, versions, proc, workdir,
                       keep_workdir=keep, command=cmd)
         try:
             _wait_ready(srv, ready_timeout)
             return srv
-        except RuntimeError:
+        except RuntimeError as exc:
             srv.stop()
-            if port is None and attempt + 1 < attempts and "address already in use" in srv.log_text().lower():
+            log = srv.log_text()
+            if port is None and attempt + 1 < attempts and "address already in use" in log.lower():
                 continue  # another process took the port between our probe and the server's bind
+            if not keep:
+                shutil.rmtree(workdir, ignore_errors=True)
+                raise RuntimeError(f"{exc}\n--- its log, now removed ---\n{log[-4000:]}") from None
             raise
     raise AssertionError("unreachable")
 
