@@ -27,8 +27,10 @@ KIND_EMPTY = "empty"
 KIND_DRAIN = "cancelled-at-drain"
 KIND_INTERRUPTED = "interrupted"
 KIND_CANCELLED = "cancelled"
-# A read that came this soon after its newest bytes arrived was not late: token events sharing its stamp
-# arrived together (the server wrote them together), so sharing the stamp costs them no accuracy.
+# The oldest and newest bytes of a read arriving this close together came in together (one write of the
+# server's, or segments of it).
+SAME_ARRIVAL_NS = 50_000
+# A read this soon after its newest bytes arrived was not late.
 PROMPT_READ_NS = 250_000
 
 
@@ -131,7 +133,7 @@ def analyse(raw: RawResponse, *, index: int, worker: int, phase: str, t_sched: i
             res.tpot_ms = (times[-1] - times[0]) / decode_tokens / NS_PER_MS
             res.decode_tok_s = 1000.0 / res.tpot_ms
     if raw.reads:
-        errs = late_stamp_errors(parsed.events, dict(raw.reads), raw.t_send)
+        errs = late_stamp_errors(parsed.events, {t: (oldest, late) for t, oldest, late in raw.reads}, raw.t_send)
         res.late_stamps = sum(1 for e in errs if e > 0)
         res.stamp_err_ms = [round(e / NS_PER_MS, 4) for e in errs if e > 0]
         res.ttft_err_ms = errs[0] / NS_PER_MS if errs else None
@@ -169,38 +171,55 @@ def _transport_kind(raw: RawResponse) -> str:
     return KIND_TRUNCATED
 
 
-def late_stamp_errors(events: list[TokenEvent], reads: dict[int, int], t_send: int) -> list[float]:
-    """Estimated stamp error (ns) of every token event, from kernel-stamped reads.
+def late_stamp_errors(events: list[TokenEvent], reads: dict[int, tuple[int, int]], t_send: int) -> list[float]:
+    """Estimated stamp error (ns) of every token event, from kernel-stamped reads ({stamp: (oldest, late)}).
 
     A read is stamped with the arrival of its newest bytes, so when one read completes several token
-    events of a stream, all share that stamp and every one but the last may have arrived earlier. That
-    happens when the client was late to read (the error this estimates) or when the server wrote them
-    together (no error). A read that came within PROMPT_READ_NS of its newest bytes was not late: its
-    events count as written together. Otherwise an earlier event of the shared stamp is taken to have
-    arrived one of the stream's short gaps before the next (the 10th percentile of its gaps between
-    distinct stamps: a steady server's cadence), with the read's own lateness standing for the first
-    gap (a burst written at once and read late is then charged that lateness, not a whole gap), and
-    never before the previous stamp. Checked against the truth server and a packet capture of
-    `transformers serve` (docs/bench.md)."""
+    events of a stream, all share that stamp, and every one but the last may have arrived earlier: when
+    the client was late to read. The transport also knows when the read's oldest bytes arrived (a peek
+    before the read) and how late the read came:
+    - oldest bytes well before the newest: separate arrivals. The first event came with the oldest
+      bytes; the ones between are taken to be one of the stream's short gaps apart (the 10th percentile
+      of its gaps between distinct stamps), never before the oldest bytes.
+    - both together and the read prompt (within PROMPT_READ_NS): the server wrote them together.
+    - both together but the read late: either a burst read late, or segments the kernel merged while
+      they waited (it keeps the newest stamp). When the stream shows the server writing bursts (a
+      prompt read of several events that came together), it is taken for a burst; otherwise the
+      read's lateness stands for the first gap, and a short gap for each one after (never before the
+      previous stamp).
+    Checked against the truth server under CPU hogs and a packet capture of `transformers serve`."""
     out = [0.0] * len(events)
     stamps = sorted({e.t for e in events})
     gaps = [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
     usual = percentile(gaps, 10) if gaps else None
-    prev = t_send
+    groups: list[tuple[int, int]] = []
     i = 0
     while i < len(events):
         j = i
         while j + 1 < len(events) and events[j + 1].t == events[i].t:
             j += 1
+        groups.append((i, j))
+        i = j + 1
+    # a server seen writing several token events at once to a prompt reader writes in bursts: for it, a
+    # late read of events that came together is a burst, not merged segments
+    bursty = any(j > i and reads.get(events[i].t, (events[i].t, 0))[1] <= PROMPT_READ_NS
+                 and events[i].t - reads.get(events[i].t, (events[i].t, 0))[0] <= SAME_ARRIVAL_NS for i, j in groups)
+    prev = t_send
+    for i, j in groups:
         t = events[i].t
-        late = reads.get(t, 0)
-        if j > i and late > PROMPT_READ_NS:
+        oldest, late = reads.get(t, (t, 0))
+        spread = t - oldest
+        if j > i and spread > SAME_ARRIVAL_NS:
+            step = usual if usual is not None else spread / (j - i)
+            out[i] = float(spread)
+            for k in range(i + 1, j):
+                out[k] = float(min((j - k) * step, spread))
+        elif j > i and late > PROMPT_READ_NS and not bursty:
             span = max(t - prev, 0)
             step = usual if usual is not None else span / (j - i + 1)
             for k in range(i, j):
                 out[k] = float(min((j - k) * step, span, late + (j - k - 1) * step))
         prev = t
-        i = j + 1
     return out
 
 

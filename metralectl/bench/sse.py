@@ -47,8 +47,9 @@ class RawResponse:
     error: str | None = None
     t_done: int | None = None
     end: str | None = None  # END_*; None while the request is in flight
-    # kernel-stamped reads only: (stamp, ns from the stamp to the read) per read; how late the client read
-    reads: list[tuple[int, int]] = field(default_factory=list)
+    # kernel-stamped reads only, per read: (its stamp: the arrival of its newest bytes, the arrival of its
+    # oldest bytes, ns from the stamp to the read)
+    reads: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass

@@ -272,6 +272,9 @@ class _KConn(_Framer):
     def _readable(self) -> None:
         while True:
             try:
+                # a one-byte peek is stamped with the oldest queued segment, the read with the newest: a read
+                # that holds several events tells whether they arrived together (late_stamp_errors)
+                _, first_anc, _, _ = self.sock.recvmsg(1, 64, socket.MSG_PEEK)
                 data, anc, _, _ = self.sock.recvmsg(262144, 64)
             except (BlockingIOError, InterruptedError):
                 return
@@ -279,21 +282,26 @@ class _KConn(_Framer):
                 self.close_transport()
                 self.lost(exc)
                 return
-            t_read = t = perf_ns()
+            t_read = perf_ns()
             if not data:
                 self.close_transport()
                 self.lost(None)
                 return
-            for level, kind, payload in anc:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
-                    sec, nsec = _TIMESPEC.unpack_from(payload)
-                    t = min(t, self.clock.to_perf(sec * 1_000_000_000 + nsec))
+            t = min(t_read, self._stamp(anc, t_read))
+            first = min(t, self._stamp(first_anc, t))
             raw = self.raw
             if raw is not None:
                 t = max(t, self.last, raw.t_send)
-                raw.reads.append((t, t_read - t))  # how long the newest bytes waited for this read
+                raw.reads.append((t, min(max(first, raw.t_send), t), t_read - t))
             self.last = t
             self.feed(t, data)
+
+    def _stamp(self, ancillary: list[tuple[int, int, bytes]], default: int) -> int:
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+                sec, nsec = _TIMESPEC.unpack_from(payload)
+                return self.clock.to_perf(sec * 1_000_000_000 + nsec)
+        return default
 
     def close_transport(self) -> None:
         if self.sock.fileno() >= 0:

@@ -248,12 +248,20 @@ def test_ctrl_c_writes_every_in_flight_request_as_interrupted() -> None:
 # -- the client-bound guard's estimate ------------------------------------------------------------------
 def test_late_stamp_errors() -> None:
     ms = 1_000_000
-    # a stream every 10 ms; events 3 and 4 share a read that came 6 ms after its newest bytes
+    prompt = 10_000
+    # a stream every 10 ms; events 3 and 4 share a read whose oldest bytes came 8 ms before its newest
     events = [TokenEvent(t, "c") for t in (10 * ms, 20 * ms, 40 * ms, 40 * ms, 50 * ms)]
-    errs = late_stamp_errors(events, {10 * ms: 10_000, 20 * ms: 10_000, 40 * ms: 6 * ms, 50 * ms: 10_000}, 0)
-    assert errs == [0.0, 0.0, 6.0 * ms, 0.0, 0.0]  # the read's lateness stands for the first gap
-    very_late = late_stamp_errors(events, {10 * ms: 10_000, 20 * ms: 10_000, 40 * ms: 15 * ms, 50 * ms: 10_000}, 0)
-    assert very_late[2] == 10.0 * ms  # at most one short gap (10 ms) before the next event
-    # the same shared stamp read at once: the server wrote them together, no client error
-    prompt = late_stamp_errors(events, {10 * ms: 1000, 20 * ms: 1000, 40 * ms: 1000, 50 * ms: 1000}, 0)
-    assert prompt == [0.0] * 5
+    alone = {t: (t, prompt) for t in (10 * ms, 20 * ms, 50 * ms)}
+    errs = late_stamp_errors(events, {**alone, 40 * ms: (32 * ms, prompt)}, 0)
+    assert errs == [0.0, 0.0, 8.0 * ms, 0.0, 0.0]  # the first of them came with the oldest bytes
+    # three events in one read, 24 ms from the oldest bytes to the newest: the middle one a short gap before
+    three = [TokenEvent(t, "c") for t in (10 * ms, 20 * ms, 30 * ms, 55 * ms, 55 * ms, 55 * ms)]
+    spread = late_stamp_errors(three, {10 * ms: (10 * ms, prompt), 20 * ms: (20 * ms, prompt),
+                                       30 * ms: (30 * ms, prompt), 55 * ms: (31 * ms, prompt)}, 0)
+    assert spread == [0.0, 0.0, 0.0, 24.0 * ms, 10.0 * ms, 0.0]
+    # oldest and newest bytes together, read at once: the server wrote them together, no error
+    together = late_stamp_errors(events, {**alone, 40 * ms: (40 * ms, prompt)}, 0)
+    assert together == [0.0] * 5
+    # together but read 6 ms late (a burst read late, or segments the kernel merged): the lateness counts
+    merged = late_stamp_errors(events, {**alone, 40 * ms: (40 * ms, 6 * ms)}, 0)
+    assert merged == [0.0, 0.0, 6.0 * ms, 0.0, 0.0]
