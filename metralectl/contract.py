@@ -30,6 +30,7 @@ _FLAG_KEYS = ("type", "default", "min", "max", "exclusive-min", "exclusive-max",
 _LEVER_KEYS = ("type", "default", "min", "max", "recipe", "help", "reason")
 _TOP_KEYS = ("schema", "name", "display-name", "binary", "serve-command", "model-argument", "version-command",
              "default-port", "default-bind", "readiness", "log-phases", "log-failures", "endpoints", "flags",
+             "request-dialect",
              "exclusive-groups", "rank-symmetric", "levers", "env-passthrough")
 
 
@@ -168,6 +169,9 @@ class EngineContract:
     default_revision: str = ""  # what a recipe without `engine-revision:` targets
     synced_policy: Policy | None = None  # the policy for a synced release this contract does not name
     lever_refinements: dict[str, dict[str, Any]] = field(default_factory=dict)  # `levers:` of the contract
+    # which OpenAI request extensions the engine takes: {ignore-eos|min-tokens|stream-usage|continuous-usage:
+    # accepted|refused|unknown}; the benchmark probes the server when anything is unknown
+    request_dialect: dict[str, str] = field(default_factory=dict)
 
     def flag(self, name: str) -> FlagSpec | None:
         return self.flags.get(self.aliases.get(name, name))
@@ -236,8 +240,24 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         default_revision=default_revision,
         synced_policy=synced_policy,
         lever_refinements=refinements,
+        request_dialect=_dialect(check, top),
     )
     return (contract if check.ok else None), check
+
+
+_DIALECT_KEYS = ("ignore-eos", "min-tokens", "stream-usage", "continuous-usage")
+
+
+def _dialect(check: Checker, top: dict[str, Any]) -> dict[str, str]:
+    body = check.mapping(top.get("request-dialect", {}), ("request-dialect",), "request-dialect")
+    check.known_keys(body, ("request-dialect",), _DIALECT_KEYS, "request-dialect")
+    out = {}
+    for key in _DIALECT_KEYS:
+        value = str(body.get(key, "unknown"))
+        if value not in ("accepted", "refused", "unknown"):
+            check.error(("request-dialect", key), f"{value!r}: expected accepted, refused or unknown")
+        out[key] = value
+    return out
 
 
 def _patterns(check: Checker, top: dict[str, Any], key: str, label: str) -> tuple[LogPattern, ...]:

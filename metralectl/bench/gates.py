@@ -100,15 +100,26 @@ def overall(verdicts: list[Verdict]) -> str:
     return "none"
 
 
-def client_bound_reasons(health: dict[str, Any], max_lag_ms: float, max_cpu: float) -> list[str]:
-    """Why the load generator, not the server, may have set the numbers (empty: within budget)."""
+def client_bound_reasons(health: dict[str, Any], stamp_error: dict[str, Any] | None, max_error_ms: float,
+                         max_lag_ms: float) -> list[str]:
+    """Why the load generator, not the server, may have set the numbers (empty: within budget).
+
+    With kernel-stamped reads (the raw transport on Linux) the guard is the estimated error of the
+    stamps themselves (results.late_stamp_errors): late reads that merged several of a stream's token
+    events into one stamp. The event loop's ready-queue delay does not decide there: a kernel stamp
+    is exact however long the read waits, unless a second event of that stream arrives meanwhile.
+    Without kernel stamps every stamp is the read time, so the loop's delay is the error."""
     reasons = []
-    lag = (health.get("loop_lag_ms") or {}).get("p99")
-    if lag is not None and lag > max_lag_ms:
-        reasons.append(f"event-loop delay p99 {lag:.2f} ms > {max_lag_ms:g} ms")
-    cpu = health.get("cpu_frac")
-    if cpu is not None and cpu > max_cpu:
-        reasons.append(f"client CPU {cpu:.0%} of a core > {max_cpu:.0%}")
+    if stamp_error is not None:
+        for key, label in (("p99", "token stamps"), ("ttft_p99", "first-token stamps")):
+            value = stamp_error.get(key)
+            if value is not None and value > max_error_ms:
+                reasons.append(f"late reads shifted {label}: estimated error p99 {value:.2f} ms > {max_error_ms:g} ms "
+                               f"({stamp_error.get('late', 0)} of {stamp_error.get('n', 0)} token events)")
+    else:
+        lag = (health.get("loop_lag_ms") or {}).get("p99")
+        if lag is not None and lag > max_lag_ms:
+            reasons.append(f"event-loop delay p99 {lag:.2f} ms > {max_lag_ms:g} ms (reads are stamped by the loop)")
     # open loop: a late dispatch bends the arrival process (the request's own times stay exact: they start
     # at its send); p95, because one descheduling on a shared box must not condemn a 20-arrival window
     slip = (health.get("dispatch_slip_ms") or {}).get("p95")

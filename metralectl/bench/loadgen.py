@@ -5,6 +5,11 @@ drain. During drain the load goes on as unmeasured filler until every measured r
 the last measured requests see the same load as the first; then the fillers are cancelled.
 A request belongs to the phase in which it was *sent*. Parsing happens after the load (results.analyse).
 
+Every request is on record from the moment it is sent: a measured request still running when the drain
+timeout passes, or when the run is stopped (Ctrl-C), is kept and marked, never dropped. A stage whose
+requests keep failing at the transport level (refused, connect errors, HTTP errors) stops sending after
+a short run of failures instead of firing the rest of its load into a server that says no.
+
 Client health is measured alongside: ready-queue delay of the event loop (how long a just-arrived
 read waits before it is stamped), CPU of the loop's thread, and open-loop dispatch lateness.
 """
@@ -20,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metralectl.bench.results import RequestResult, analyse
-from metralectl.bench.sse import RawResponse
+from metralectl.bench.sse import END_CANCELLED, RawResponse
 from metralectl.bench.stats import summarize
 from metralectl.bench.transport import Transport, make_transport
 
@@ -35,6 +40,7 @@ class Planned:
     expected_prompt_tokens: int | None = None
     tag: str | None = None
     keep_content: bool = False
+    max_tokens: int | None = None  # the output length asked for (short outputs are counted)
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,14 @@ class LoadSpec:
     seed: int = 0
     transport: str = "raw"
     probe_interval_s: float = 0.005
+    progress_every_s: float = 2.0  # drain progress cadence
+    tokenizer: str = ""  # tokenizer.json to count output tokens when the server reports no usage
+
+    @property
+    def breaker(self) -> int:
+        """Consecutive failed requests after which a stage stops sending: every stream has seen a failure
+        (or five in a row for narrow loads), so a refusal is not one unlucky request."""
+        return max(5, self.concurrency)
 
     @property
     def open_loop(self) -> bool:
@@ -65,6 +79,12 @@ class WorkerOutcome:
     t0: int
     cancelled: bool = False
     raw: list[RawResponse] = field(default_factory=list, repr=False)
+    t0_unix_ns: int = 0  # wall-clock time of t0, to match request lines with server logs
+    aborted: str | None = None  # why the stage stopped sending early (the failure breaker)
+    drain_timed_out: bool = False
+
+
+Progress = Callable[[str, dict[str, Any]], None]
 
 
 class _State:
@@ -78,6 +98,24 @@ class _State:
         self.pending_measured = 0
         self.all_measured_done = asyncio.Event()
         self.records: list[tuple[int, str, int | None, RawResponse, Planned]] = []
+        self.failures_in_a_row = 0
+        self.aborted: str | None = None
+        self.last_failure: str | None = None
+
+    def note_end(self, raw: RawResponse) -> None:
+        """Feed the failure breaker with a finished request (transport-level outcome only; the stream's
+        events are judged after the load)."""
+        failed = raw.error is not None or (raw.status is not None and raw.status != 200)
+        if not failed:
+            self.failures_in_a_row = 0
+            return
+        self.failures_in_a_row += 1
+        self.last_failure = raw.error or f"HTTP {raw.status}"
+        if self.aborted is None and self.failures_in_a_row >= self.spec.breaker:
+            self.aborted = (f"stopped sending after {self.failures_in_a_row} failed requests in a row "
+                            f"(last: {self.last_failure[:120]})")
+            if self.t_end is None:
+                self.t_end = -1  # the window closes; in-flight measured requests still end on their own
 
     def phase_for_send(self, now: int) -> str:
         """Decide the phase of the request about to be sent (and open/close the window)."""
@@ -102,7 +140,8 @@ class _State:
 async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], Planned], *, worker: int = 0,
                      index_stride: int = 1, start_ns: int | None = None, rate_share: float = 1.0,
                      phase_offset_s: float = 0.0, headers: dict[str, str] | None = None,
-                     transport: Transport | None = None, keep_raw: bool = False) -> WorkerOutcome:
+                     transport: Transport | None = None, keep_raw: bool = False,
+                     on_progress: Progress | None = None) -> WorkerOutcome:
     """Run the load; `start_ns` aligns workers of a sharded run (all share one window)."""
     pool = spec.concurrency
     tr = transport
@@ -125,6 +164,7 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
                 gc.enable()
             raise
     t0 = start_ns or perf_ns()
+    t0_unix_ns = time.time_ns() - (perf_ns() - t0)
     state = _State(spec, t0)
     lag: list[float] = []
     slips: list[float] = []
@@ -134,21 +174,27 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
     in_flight: set[asyncio.Task[Any]] = set()
 
     async def one(index: int, t_sched: int | None) -> bool:
+        if state.aborted is not None:
+            return False
         now = perf_ns()
         phase = state.phase_for_send(now)
         if phase == "drain" and spec.concurrency == 1 and not spec.open_loop:
             return False  # one stream: no load to keep up for anyone
         planned = plan(index * index_stride + worker)
+        raw = RawResponse(now)
+        state.records.append((index, phase, t_sched, raw, planned))  # on record before it is sent
         if phase == "measure":
             state.sent_measured += 1
             state.pending_measured += 1
         state.sent += 1
-        raw = await tr.stream(planned.body, spec.timeout_s)
-        state.records.append((index, phase, t_sched, raw, planned))
-        if phase == "measure":
-            state.pending_measured -= 1
-            if state.t_end is not None and state.pending_measured == 0:
-                state.all_measured_done.set()
+        try:
+            await tr.stream(planned.body, spec.timeout_s, raw)
+        finally:
+            if phase == "measure":
+                state.pending_measured -= 1
+                if state.t_end is not None and state.pending_measured == 0:
+                    state.all_measured_done.set()
+        state.note_end(raw)
         return True
 
     async def stream_loop(first: int) -> None:
@@ -195,12 +241,11 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
     else:
         drivers = [loop.create_task(stream_loop(k)) for k in range(spec.concurrency)]
         in_flight.update(drivers)
+    drain_timed_out = False
     try:
         await _wait_window(spec, state)
         if state.t_end == -1 or state.pending_measured:
-            await asyncio.wait_for(_all_done(state), spec.drain_timeout_s)
-    except asyncio.TimeoutError:
-        pass  # unfinished measured requests are cancelled below and counted as errors
+            drain_timed_out = not await _drain(spec, state, on_progress)
     except asyncio.CancelledError:
         cancelled = True
     finally:
@@ -213,25 +258,65 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
         await tr.close()
         if gc_was_enabled:
             gc.enable()
+    _mark_unfinished(state, t_stop, cancelled=cancelled, drain_timeout_s=spec.drain_timeout_s)
     if state.t_end == -1 or state.t_end is None:
         done = [raw.t_done for _, ph, _, raw, _ in state.records if ph == "measure" and raw.t_done]
         state.t_end = max(done) if done else t_stop
     window = (state.t_measure, state.t_end) if state.t_measure is not None else None
+    from metralectl.bench.tokcount import counter
+
+    count = counter(spec.tokenizer) if spec.tokenizer else None
     results = [analyse(raw, index=i * index_stride + worker, worker=worker,
                        phase=("measure" if ph == "measure" else ph), t_sched=ts,
-                       expected_prompt_tokens=p.expected_prompt_tokens, keep_content=p.keep_content, tag=p.tag)
+                       expected_prompt_tokens=p.expected_prompt_tokens, keep_content=p.keep_content, tag=p.tag,
+                       asked_tokens=p.max_tokens, counter=count)
                for i, ph, ts, raw, p in state.records]
     wall = max((t_stop - t0) / 1e9, 1e-9)
     health = {"loop_lag_ms": summarize(lag), "cpu_s": round(cpu_s, 4), "cpu_frac": round(cpu_s / wall, 4),
               "wall_s": round(wall, 4), "dispatch_slip_ms": summarize(slips) if spec.open_loop else None,
               "queued_arrivals": queued, "workers": 1}
     raws = [raw for *_, raw, _ in state.records] if keep_raw else []
-    return WorkerOutcome(results, window, health, t0, cancelled, raws)
+    return WorkerOutcome(results, window, health, t0, cancelled, raws, t0_unix_ns, state.aborted, drain_timed_out)
+
+
+def _mark_unfinished(state: _State, t_stop: int, *, cancelled: bool, drain_timeout_s: float) -> None:
+    """Say why each request that never ended did not: it stays on record as a failure of its own kind."""
+    for _, phase, _, raw, _ in state.records:
+        if raw.end not in (None, END_CANCELLED):
+            continue
+        raw.t_done = raw.t_done or t_stop
+        raw.end = END_CANCELLED
+        if cancelled:
+            raw.error = "interrupted: the run was stopped while this request was in flight"
+        elif phase == "measure":
+            raw.error = f"cancelled at drain: still running when the {drain_timeout_s:g} s drain timeout passed"
+        else:
+            raw.error = "cancelled: unmeasured load, stopped after the measured window"
+
+
+async def _drain(spec: LoadSpec, state: _State, on_progress: Progress | None) -> bool:
+    """Wait for the measured requests still in flight, saying so every few seconds; False on timeout."""
+    started = time.monotonic()
+    deadline = started + spec.drain_timeout_s
+    while state.pending_measured:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            await asyncio.wait_for(_all_done(state), min(left, spec.progress_every_s))
+        except asyncio.TimeoutError:
+            if on_progress is not None and state.pending_measured:
+                on_progress("drain", {"in_flight": state.pending_measured,
+                                      "elapsed_s": round(time.monotonic() - started, 1),
+                                      "timeout_s": spec.drain_timeout_s})
+    return True
 
 
 async def _wait_window(spec: LoadSpec, state: _State) -> None:
     """Until the measured window closed (by time or by count)."""
     while True:
+        if state.aborted is not None:
+            return
         if spec.duration_s is not None and state.t_measure is not None:
             end = state.t_measure + int(spec.duration_s * 1e9)
             now = perf_ns()
@@ -240,7 +325,7 @@ async def _wait_window(spec: LoadSpec, state: _State) -> None:
                 return
             await asyncio.sleep(min((end - now) / 1e9, 0.05))
             continue
-        if state.t_end is not None:
+        if state.t_end is not None or state.aborted is not None:
             return
         await asyncio.sleep(0.005)
 

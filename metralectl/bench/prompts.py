@@ -81,6 +81,8 @@ class RequestFactory:
     ignore_eos: bool = True
     continuous_usage: bool = True
     keep_content: bool = False
+    min_tokens: bool | None = None  # send min_tokens = max_tokens (None: with ignore_eos, as before)
+    include_usage: bool = True  # send stream_options.include_usage
     system: str | None = None
     tools: str | None = None  # JSON text of the tools list
     tool_choice: str | None = None  # JSON text
@@ -98,16 +100,19 @@ class RequestFactory:
         body: dict[str, Any] = {
             "model": self.model, "messages": messages, "max_tokens": self.max_tokens, "stream": True,
             "temperature": self.temperature,
-            "stream_options": {"include_usage": True, **({"continuous_usage_stats": True} if self.continuous_usage else {})},
         }
+        if self.include_usage:
+            body["stream_options"] = {"include_usage": True,
+                                      **({"continuous_usage_stats": True} if self.continuous_usage else {})}
         if self.seed is not None:
             body["seed"] = self.seed
         if self.ignore_eos:
             body["ignore_eos"] = True
+        if self.min_tokens or (self.min_tokens is None and self.ignore_eos):
             body["min_tokens"] = self.max_tokens
         if self.tools:
             body["tools"] = json.loads(self.tools)
             body["tool_choice"] = json.loads(self.tool_choice) if self.tool_choice else "auto"
         body.update(dict(self.extra))
         return Planned(json.dumps(body, separators=(",", ":")).encode(), self.expected_prompt_tokens, tag,
-                       self.keep_content)
+                       self.keep_content, self.max_tokens)

@@ -64,10 +64,31 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def effective_status(record: dict[str, Any]) -> str:
+    """The status to show for a record, also one written before the no-green-over-errors rules: a
+    'completed' run whose stages counted failed requests beyond its allowance (or no success at all), or
+    measured a changed model, is errors / invalid, never completed."""
+    status = str(record.get("status") or "?")
+    if status != "completed":
+        return status
+    allowed = (record.get("params") or {}).get("max_error_frac") or 0
+    for stage in record.get("stages") or []:
+        agg = stage.get("summary") or {}
+        requests, ok = agg.get("requests") or 0, agg.get("ok") or 0
+        if stage.get("invalid"):
+            return "invalid"
+        if not requests or ok == 0 or (requests - ok) > allowed * requests:
+            return "errors"
+    return status
+
+
 def load(directory: Path) -> dict[str, Any] | None:
     record = store.read_json(directory / "run.json")
     if not isinstance(record, dict):
         return None
+    shown = effective_status(record)
+    if shown != record.get("status"):
+        record["status_recorded"], record["status"] = record.get("status"), shown
     if record.get("status") == "running" and record.get("host") == socket.gethostname():
         pid = record.get("pid")
         if isinstance(pid, int) and not _pid_alive(pid):
@@ -146,9 +167,10 @@ def export_runs_csv(runs: list[dict[str, Any]]) -> str:
 
 
 def export_requests_csv(lines: list[dict[str, Any]]) -> str:
-    cols = ["stage", "index", "worker", "phase", "tag", "ok", "status", "error", "t_send_us", "t_sched_us",
-            "ttft_ms", "ttft_content_ms", "tpot_ms", "e2e_ms", "decode_tok_s", "output_tokens", "reasoning_tokens",
-            "prompt_tokens", "expected_prompt_tokens", "count_method", "finish_reason", "events"]
+    cols = ["stage", "index", "worker", "phase", "tag", "ok", "status", "error_kind", "error", "response_id", "model",
+            "t_send_us", "t_sched_us", "ttft_ms", "ttft_content_ms", "tpot_ms", "e2e_ms", "decode_tok_s",
+            "output_tokens", "asked_tokens", "reasoning_tokens", "prompt_tokens", "expected_prompt_tokens",
+            "count_method", "finish_reason", "done", "end", "events"]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(cols)

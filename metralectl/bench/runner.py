@@ -11,7 +11,8 @@ from typing import Any
 
 from metralectl import __version__
 from metralectl.bench import gates as G
-from metralectl.bench import records, signed
+from metralectl.bench import outcome, records, signed
+from metralectl.bench.dialect import Dialect
 from metralectl.bench.energy import StageEnergy
 from metralectl.bench.prompts import RequestFactory, Shaped, shape_prompt
 from metralectl.bench.results import RequestResult, aggregate
@@ -23,7 +24,7 @@ from metralectl.errors import MetralError, UsageError
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # "note" | "stage" | "stage-done" | "warning"
+    kind: str  # "note" | "stage" | "stage-done" | "warning" | "progress"
     message: str
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -51,6 +52,9 @@ class RunInterrupted(MetralError):
     exit_code = 1
 
 
+CHAT_PATH = "/v1/chat/completions"
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -67,15 +71,19 @@ def _workers(value: str, stage: Stage) -> int:
     return n
 
 
-def _factory(stage: Stage, p: dict[str, Any], model: str, shaped: Shaped | None, nonce: int) -> RequestFactory:
+def _factory(stage: Stage, p: dict[str, Any], model: str, shaped: Shaped | None, nonce: int,
+             dialect: Dialect) -> RequestFactory:
     import json
 
+    force = p["ignore_eos"] and not stage.tools
     return RequestFactory(
         model=model, max_tokens=stage.osl, text=shaped.text if shaped else (stage.prompt or ""),
         expected_prompt_tokens=shaped.tokens if shaped else None, prefix=stage.prefix, nonce=nonce,
-        temperature=p.get("temperature", 0.0), seed=p["seed"], ignore_eos=p["ignore_eos"] and not stage.tools,
-        continuous_usage=p["continuous_usage"], keep_content=stage.keep_content,
-        tools=json.dumps(WEATHER_TOOL) if stage.tools else None, tool_choice=stage.tool_choice)
+        temperature=p.get("temperature", 0.0), seed=p["seed"] if dialect.seed else None,
+        ignore_eos=force and dialect.ignore_eos, min_tokens=force and dialect.min_tokens,
+        include_usage=dialect.stream_usage, continuous_usage=p["continuous_usage"] and dialect.continuous_usage,
+        keep_content=stage.keep_content, tools=json.dumps(WEATHER_TOOL) if stage.tools else None,
+        tool_choice=stage.tool_choice)
 
 
 def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
@@ -84,6 +92,10 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
     suite = get_suite(req.suite)
     p = req.params
     stages = suite.stages(p)
+    if p.get("tokenizer"):
+        from metralectl.bench.tokcount import counter
+
+        counter(p["tokenizer"])  # a bad path or a missing package is a usage error now, not in a worker
     with Control(req.url, headers=req.headers) as control:
         http_status, body = control.health()
         if http_status != 200:
@@ -100,14 +112,15 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
             "started_at": _now(), "finished_at": None, "source": req.source, "metralectl_version": __version__,
             "params": p, "target": target.to_dict(), "self_started": req.self_started, "stages": [],
             "gates": [], "verdict": "none", "summary": {}, "client": {}, "error": None, "exit_code": None,
-            "telemetry": {}, "prompt_sizing": {}, "model_sent": model}
+            "telemetry": {}, "prompt_sizing": {}, "model_sent": model, "dialect": None, "errors": []}
         if req.unit:
             record["unit"] = dict(req.unit)
         directory = records.start(req.suite, run_id, record)
         on_event(Event("note", f"run {run_id} -> {directory}", {"run_id": run_id, "dir": str(directory)}))
         energy = StageEnergy(req.probe)
         try:
-            done = _stages(req, stages, control, model, record, directory, energy, on_event)
+            dialect = _dialect(req, target, model, record, on_event)
+            done = _stages(req, stages, control, model, dialect, target, record, directory, energy, on_event)
         except KeyboardInterrupt:
             done = None
         except Exception as exc:
@@ -125,19 +138,15 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
     interrupted = done is None or record.get("status") == "interrupted"
     bound = [s["name"] for s in record["stages"] if s.get("client_bound")]
     record["client"] = {"client_bound": bool(bound), "stages": bound}
-    status = "interrupted" if interrupted else "completed"
-    if bound and p["client_bound"] == "fail" and status == "completed":
-        status = "client-bound"
-        record["error"] = (f"client-bound in {', '.join(bound)}: the load generator, not the server, may have set "
-                           "these numbers (try --param workers=N, or less load)")
+    record["errors"] = outcome.error_summary(record["stages"])
+    status, error = outcome.judge(record, p, interrupted=interrupted)
     verdicts = G.evaluate(_gates(req, target, record, on_event), (record["summary"] or {}).get("headline") or {})
     record["gates"] = [v.to_dict() for v in verdicts]
     record["verdict"] = G.overall(verdicts)
     record["status"] = status
+    record["error"] = error
     record["finished_at"] = _now()
     record["exit_code"] = G.exit_code(status, record["verdict"], fail_on_verdict=req.fail_on_verdict)
-    if interrupted:
-        record["error"] = record.get("error") or "interrupted"
     records.save(directory, record)
     unsigned = signed.sign_run(directory, record)
     if unsigned:
@@ -147,6 +156,49 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
         raise RunInterrupted(f"benchmark interrupted; partial record kept: {run_id}",
                              f"metralectl bench show {run_id}")
     return record
+
+
+def _dialect(req: RunRequest, target: Target, model: str, record: dict[str, Any], on_event: Listener) -> Dialect:
+    """What the requests may carry (bench/dialect.py), said once and recorded."""
+    from metralectl.bench import dialect as D
+
+    choice = req.params["dialect"]
+    chosen: Dialect | None = {"full": D.FULL, "plain": D.PLAIN}.get(choice)
+    if chosen is None and choice == "auto":
+        chosen = _engine_dialect(req)
+    if chosen is None:
+        on_event(Event("note", "probing which request fields the server accepts (one request)"))
+        chosen = D.probe(req.url, CHAT_PATH, model, req.headers, timeout_s=min(req.params["timeout_s"], 120.0),
+                         transport=req.params["transport"])
+    forced = chosen.forces_length(req.params["ignore_eos"])
+    record["dialect"] = {**chosen.to_dict(), "output_length_forced": forced}
+    if chosen.refused:
+        on_event(Event("warning", f"the server refused {', '.join(chosen.refused)} ({chosen.refusal}): not sending "
+                                  "them in this run", {"refused": list(chosen.refused)}))
+    if req.params["ignore_eos"] and not forced:
+        on_event(Event("warning", "output length is not forced (the server takes neither ignore_eos nor min_tokens): "
+                                  "outputs may end early at EOS, and tok/s is over the outputs as they came"))
+    if chosen.sends_usage is False:
+        how = ("counted with the tokenizer given" if req.params.get("tokenizer") else
+               "counted one per stream event (a lower bound when an event carries several; "
+               "--param tokenizer=DIR counts them exactly)")
+        on_event(Event("warning", f"the server reports no token usage: output tokens are {how}"))
+    return chosen
+
+
+def _engine_dialect(req: RunRequest) -> Dialect | None:
+    """The engine data's dialect, when metralectl serves the target and its engine declares every field."""
+    from metralectl.bench import dialect as D
+
+    if not req.managed or req.recipe is None:
+        return None
+    try:
+        from metralectl.cli.catalog_cmds import _catalog
+
+        contract = _catalog().engines.get(req.recipe.engine)
+    except MetralError:
+        return None
+    return D.from_engine(contract.name, contract.request_dialect) if contract is not None else None
 
 
 def _gates(req: RunRequest, target: Target, record: dict[str, Any], on_event: Listener) -> list[G.Gate]:
@@ -163,14 +215,21 @@ def _gates(req: RunRequest, target: Target, record: dict[str, Any], on_event: Li
     return gates
 
 
-def _stages(req: RunRequest, stages: list[Stage], control: Control, model: str, record: dict[str, Any],
-            directory: Path, energy: StageEnergy, on_event: Listener) -> list[tuple[Stage, list[RequestResult], dict[str, Any]]] | None:
+def _stages(req: RunRequest, stages: list[Stage], control: Control, model: str, dialect: Dialect, target: Target,
+            record: dict[str, Any], directory: Path, energy: StageEnergy,
+            on_event: Listener) -> list[tuple[Stage, list[RequestResult], dict[str, Any]]] | None:
     p = req.params
     shaped_by_isl: dict[int, Shaped] = {}
     runs: list[tuple[Stage, list[RequestResult], dict[str, Any]]] = []
     record["_partial"] = runs
     nonce = int(time.time()) % 10000
-    path = "/v1/chat/completions"
+    watch = outcome.ServedModelWatch(control, target, req.managed, req.url)
+
+    def progress(kind: str, data: dict[str, Any]) -> None:
+        if kind == "drain":
+            on_event(Event("progress", f"draining: {data['in_flight']} measured request(s) still running "
+                                       f"({data['elapsed_s']:g} s of the {data['timeout_s']:g} s drain timeout)", data))
+
     for k, stage in enumerate(stages):
         shaped = None
         if stage.isl is not None:
@@ -185,26 +244,36 @@ def _stages(req: RunRequest, stages: list[Stage], control: Control, model: str, 
                     on_event(Event("warning", "the engine offers no /tokenize: prompt lengths are estimates "
                                               "(checked against usage.prompt_tokens afterwards)"))
             shaped = shaped_by_isl[stage.isl]
-        factory = _factory(stage, p, model, shaped, nonce + k)
+        factory = _factory(stage, p, model, shaped, nonce + k, dialect)
         workers = _workers(p["workers"], stage)
         on_event(Event("stage", f"[{k + 1}/{len(stages)}] {stage.name}", {"workers": workers}))
         window = energy.open()
-        outcome = run_load(stage.load, req.url, path, factory, workers=workers, headers=req.headers)
-        tokens = sum(r.output_tokens for r in outcome.results)
-        agg = aggregate(outcome.results, outcome.window)
-        reasons = G.client_bound_reasons(outcome.health, p["max_loop_lag_ms"], p["max_client_cpu"])
+        result = run_load(stage.load, req.url, CHAT_PATH, factory, workers=workers, headers=req.headers,
+                          on_progress=progress)
+        tokens = sum(r.output_tokens for r in result.results)
+        agg = aggregate(result.results, result.window)
+        reasons = G.client_bound_reasons(result.health, agg.get("stamp_error_ms"), p["max_stamp_error_ms"],
+                                         p["max_loop_lag_ms"])
+        changed = watch.after_stage(k, stage.name, result.results)
         stage_rec = {"name": stage.name, "labels": stage.labels, "load": asdict(stage.load), "workers": workers,
-                     "summary": agg, "client_health": outcome.health, "client_bound": reasons,
-                     "energy": energy.close(window, tokens), "cancelled": outcome.cancelled}
+                     "summary": agg, "client_health": result.health, "client_bound": reasons,
+                     "energy": energy.close(window, tokens), "cancelled": result.cancelled,
+                     "t0_unix_ns": result.t0_unix_ns, "model": watch.measured, "aborted": result.aborted,
+                     "drain_timed_out": result.drain_timed_out, "invalid": changed}
+        stage_rec["ok"] = outcome.stage_ok(stage_rec, p["max_error_frac"])
         record["stages"].append(stage_rec)
-        t0 = outcome.t0
-        records.append_requests(directory, [{"stage": stage.name, **r.to_record(t0)} for r in outcome.results])
-        runs.append((stage, outcome.results, agg))
+        records.append_requests(directory, [{"stage": stage.name, **r.to_record(result.t0)} for r in result.results])
+        runs.append((stage, result.results, agg))
         record["telemetry"] = {"energy_available": energy.available, "thermal": energy.thermal(),
                                "reason": None if energy.available else f"unavailable: {energy.reason}"}
         records.save(directory, {k2: v for k2, v in record.items() if k2 != "_partial"})
-        on_event(Event("stage-done", stage.name, {"summary": agg, "client_bound": reasons}))
-        if outcome.cancelled:
+        on_event(Event("stage-done", stage.name, {"summary": agg, "client_bound": reasons, "ok": stage_rec["ok"],
+                                                  "aborted": result.aborted, "invalid": changed,
+                                                  "drain_timed_out": result.drain_timed_out,
+                                                  "errors": outcome.top_kinds(agg)}))
+        if result.cancelled:
             record["status"] = "interrupted"
             return None
+        if changed:
+            break  # every later stage would measure another model
     return runs

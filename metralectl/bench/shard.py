@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from metralectl.bench.loadgen import LoadSpec, Planned, WorkerOutcome, run_worker
+from metralectl.bench.loadgen import LoadSpec, Planned, Progress, WorkerOutcome, run_worker
 
 STREAMS_PER_PROCESS = 256  # one process stayed within the error budget to 384 streams at 10 ms ITL (docs/bench.md)
 
@@ -33,14 +33,14 @@ def auto_workers(spec: LoadSpec) -> int:
 
 
 def run_load(spec: LoadSpec, url: str, path: str, plan: Callable[[int], Planned], *, workers: int = 1,
-             headers: dict[str, str] | None = None) -> WorkerOutcome:
+             headers: dict[str, str] | None = None, on_progress: Progress | None = None) -> WorkerOutcome:
     if workers <= 1 or spec.requests is not None:
-        return asyncio.run(_in_process(spec, url, path, plan, headers))
-    return _sharded(spec, url, path, plan, workers, headers)
+        return asyncio.run(_in_process(spec, url, path, plan, headers, on_progress))
+    return _sharded(spec, url, path, plan, workers, headers, on_progress)
 
 
 async def _in_process(spec: LoadSpec, url: str, path: str, plan: Callable[[int], Planned],
-                      headers: dict[str, str] | None) -> WorkerOutcome:
+                      headers: dict[str, str] | None, on_progress: Progress | None = None) -> WorkerOutcome:
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     installed = False
@@ -51,7 +51,7 @@ async def _in_process(spec: LoadSpec, url: str, path: str, plan: Callable[[int],
         except (ValueError, RuntimeError, NotImplementedError):
             pass  # not the main thread
     try:
-        return await run_worker(spec, url, path, plan, headers=headers)
+        return await run_worker(spec, url, path, plan, headers=headers, on_progress=on_progress)
     finally:
         if installed:
             loop.remove_signal_handler(signal.SIGTERM)
@@ -80,7 +80,8 @@ def _worker_main(conn: Any, spec: LoadSpec, url: str, path: str, plan: Callable[
         try:
             return await run_worker(spec, url, path, plan, worker=worker, index_stride=workers, start_ns=start_ns,
                                     rate_share=1.0 / workers, headers=headers, transport=tr,
-                                    phase_offset_s=(worker / spec.rate if spec.mode == "constant" and spec.rate else 0.0))
+                                    phase_offset_s=(worker / spec.rate if spec.mode == "constant" and spec.rate else 0.0),
+                                    on_progress=lambda kind, data: conn.send(("progress", (kind, {**data, "worker": worker}))))
         finally:
             loop.remove_reader(conn.fileno())
 
@@ -94,7 +95,7 @@ def _worker_main(conn: Any, spec: LoadSpec, url: str, path: str, plan: Callable[
 
 
 def _sharded(spec: LoadSpec, url: str, path: str, plan: Callable[[int], Planned], workers: int,
-             headers: dict[str, str] | None) -> WorkerOutcome:
+             headers: dict[str, str] | None, on_progress: Progress | None = None) -> WorkerOutcome:
     import multiprocessing as mp
 
     from metralectl.errors import MetralError
@@ -121,7 +122,7 @@ def _sharded(spec: LoadSpec, url: str, path: str, plan: Callable[[int], Planned]
         start_ns = time.perf_counter_ns() + 200_000_000  # every worker is waiting; 0.2 s covers the hand-out
         for p in pipes:
             p.send(start_ns)
-        outcomes, errors = _collect(pipes)
+        outcomes, errors = _collect(pipes, on_progress=on_progress)
     except KeyboardInterrupt:
         cancelled = True
         for p in pipes:
@@ -129,7 +130,7 @@ def _sharded(spec: LoadSpec, url: str, path: str, plan: Callable[[int], Planned]
                 p.send("stop")
             except (OSError, BrokenPipeError):
                 pass
-        outcomes, errors = _collect(pipes, timeout=30.0)
+        outcomes, errors = _collect(pipes, timeout=30.0, on_progress=on_progress)
     finally:
         for proc in procs:
             proc.join(5.0)
@@ -140,18 +141,26 @@ def _sharded(spec: LoadSpec, url: str, path: str, plan: Callable[[int], Planned]
     return merge(outcomes, cancelled=cancelled or any(o.cancelled for o in outcomes), errors=errors)
 
 
-def _collect(pipes: list[Any], timeout: float | None = None) -> tuple[list[WorkerOutcome], list[str]]:
-    outcomes, errors = [], []
+def _collect(pipes: list[Any], timeout: float | None = None,
+             on_progress: Progress | None = None) -> tuple[list[WorkerOutcome], list[str]]:
+    outcomes: list[WorkerOutcome] = []
+    errors: list[str] = []
     for p in pipes:
-        if timeout is not None and not p.poll(timeout):
-            errors.append("a worker did not answer")
-            continue
-        try:
-            kind, payload = p.recv()
-        except EOFError:
-            errors.append("a worker died")
-            continue
+        while True:
+            if timeout is not None and not p.poll(timeout):
+                kind, payload = "error", "a worker did not answer"
+                break
+            try:
+                kind, payload = p.recv()
+            except EOFError:
+                kind, payload = "error", "a worker died"
+                break
+            if kind != "progress":
+                break
+            if on_progress is not None:
+                on_progress(*payload)
         if kind == "done":
+            assert isinstance(payload, WorkerOutcome)
             outcomes.append(payload)
         else:
             errors.append(str(payload))
@@ -174,7 +183,11 @@ def merge(outcomes: list[WorkerOutcome], *, cancelled: bool = False, errors: lis
         "per_worker": per,
         "worker_errors": errors or [],
     }
-    return WorkerOutcome(results, window, health, min((o.t0 for o in outcomes), default=0), cancelled)
+    first = min(outcomes, key=lambda o: o.t0, default=None)
+    aborted = next((o.aborted for o in outcomes if o.aborted), None)
+    return WorkerOutcome(results, window, health, first.t0 if first else 0, cancelled,
+                         t0_unix_ns=first.t0_unix_ns if first else 0, aborted=aborted,
+                         drain_timed_out=any(o.drain_timed_out for o in outcomes))
 
 
 def _worst(per: list[dict[str, Any]], key: str) -> dict[str, Any] | None:

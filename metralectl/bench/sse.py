@@ -7,6 +7,7 @@ Token accounting, best first (recorded as `count_method`):
   continuous-usage  every token event carries cumulative usage.completion_tokens: exact per event
   usage             the final usage equals the number of token events: one token each
   usage-spread      the final usage differs: its total is split over the events by text length
+  tokenizer(-spread) no usage, but a tokenizer of the model counted the generated text (same split)
   events            no usage at all: one token per event (a lower bound for multi-token chunks)
 A chunk carrying n tokens is spread evenly between the previous token event and its own arrival,
 so ITL stays per token; the first chunk's tokens all land at TTFT. Reasoning and tool-call deltas
@@ -24,9 +25,20 @@ from metralectl.bench.stats import largest_remainder
 NS_PER_MS = 1_000_000
 
 
+# How a response's body ended (RawResponse.end). A server may end a stream by closing the connection
+# rather than by HTTP framing; whether that stream is complete is decided from its events (results.analyse).
+END_COMPLETE = "complete"  # the HTTP framing ended (terminal chunk, Content-Length reached, or EOF framing)
+END_CLOSED = "closed"  # the server closed the connection before the framing ended, without an error
+END_LOST = "lost"  # the connection failed (reset, broken pipe) or the response head was unreadable
+END_TIMEOUT = "timeout"  # the per-request timeout passed
+END_CANCELLED = "cancelled"  # the client stopped waiting (drain timeout, Ctrl-C)
+END_CONNECT = "connect"  # no connection could be made
+
+
 @dataclass
 class RawResponse:
-    """One streamed request as the transport saw it; nothing parsed."""
+    """One streamed request as the transport saw it; nothing parsed. The load generator creates it before
+    the request is sent, so a request that never finishes (cancelled at drain, Ctrl-C) is still on record."""
 
     t_send: int  # perf_counter_ns just before the request was written
     status: int | None = None
@@ -34,6 +46,10 @@ class RawResponse:
     pieces: list[tuple[int, bytes]] = field(default_factory=list)
     error: str | None = None
     t_done: int | None = None
+    end: str | None = None  # END_*; None while the request is in flight
+    # kernel-stamped reads only, per read: (its stamp: the arrival of its newest bytes, the arrival of its
+    # oldest bytes, ns from the stamp to the read)
+    reads: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -55,10 +71,18 @@ class Parsed:
     content: str
     done: bool  # saw `data: [DONE]`
     error: str | None  # an error object in the stream, or unparseable data
+    model: str | None = None  # the `model` the chunks name (the first one given)
+    at_boundary: bool = True  # the body ended at an event boundary (nothing half-sent after the last event)
+    generated: str | None = None  # every generated text, when asked for (keep_generated)
 
 
 def split_events(pieces: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
     """SSE events (their `data:` payload, lines joined) with the arrival time of the piece completing them."""
+    return _split(pieces)[0]
+
+
+def _split(pieces: list[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes]], bool]:
+    """The events, and whether the body ended at an event boundary."""
     out: list[tuple[int, bytes]] = []
     buf = b""
     for t, data in pieces:
@@ -78,17 +102,23 @@ def split_events(pieces: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
         payload = [line[5:].lstrip(b" ") for line in buf.split(b"\n") if line.startswith(b"data:")]
         if payload and pieces:
             out.append((pieces[-1][0], b"\n".join(payload)))
-    return out
+        return out, False
+    return out, True
 
 
-def parse_stream(pieces: list[tuple[int, bytes]], keep_content: bool = False) -> Parsed:
+def parse_stream(pieces: list[tuple[int, bytes]], keep_content: bool = False, keep_generated: bool = False) -> Parsed:
+    """Events, usage and the rest of one stream. `keep_generated` keeps all generated text (content,
+    reasoning, tool-call arguments) in `generated`, for counting tokens when the server reports none."""
     events: list[TokenEvent] = []
     usage: dict[str, Any] | None = None
     response_id = finish = error = None
     done = False
     calls: dict[int, dict[str, Any]] = {}
     text: list[str] = []
-    for t, data in split_events(pieces):
+    generated: list[str] | None = [] if keep_generated else None
+    model: str | None = None
+    events_raw, at_boundary = _split(pieces)
+    for t, data in events_raw:
         if data == b"[DONE]":
             done = True
             continue
@@ -104,10 +134,12 @@ def parse_stream(pieces: list[tuple[int, bytes]], keep_content: bool = False) ->
             error = error or (str(err.get("message", err)) if isinstance(err, dict) else str(err))
             continue
         response_id = response_id or obj.get("id")
+        if model is None and isinstance(obj.get("model"), str):
+            model = obj["model"]
         u = obj.get("usage")
         if isinstance(u, dict):
             usage = u
-        event = _token_event(t, obj, calls, text if keep_content else None)
+        event = _token_event(t, obj, calls, text if keep_content else None, generated)
         if event is not None:
             if isinstance(u, dict) and isinstance(u.get("completion_tokens"), int):
                 event.cum = u["completion_tokens"]
@@ -115,10 +147,12 @@ def parse_stream(pieces: list[tuple[int, bytes]], keep_content: bool = False) ->
         for choice in obj.get("choices") or ():
             if isinstance(choice, dict) and choice.get("finish_reason"):
                 finish = choice["finish_reason"]
-    return Parsed(events, usage, response_id, finish, [calls[i] for i in sorted(calls)], "".join(text), done, error)
+    return Parsed(events, usage, response_id, finish, [calls[i] for i in sorted(calls)], "".join(text), done, error,
+                  model, at_boundary, "".join(generated) if generated is not None else None)
 
 
-def _token_event(t: int, obj: dict[str, Any], calls: dict[int, dict[str, Any]], text: list[str] | None) -> TokenEvent | None:
+def _token_event(t: int, obj: dict[str, Any], calls: dict[int, dict[str, Any]], text: list[str] | None,
+                 generated: list[str] | None = None) -> TokenEvent | None:
     choices = obj.get("choices")
     if not choices or not isinstance(choices[0], dict):
         return None
@@ -141,19 +175,26 @@ def _token_event(t: int, obj: dict[str, Any], calls: dict[int, dict[str, Any]], 
             slot["name"] += fn.get("name") or ""
             slot["arguments"] += fn.get("arguments") or ""
             chars += len(fn.get("arguments") or "") + len(fn.get("name") or "")
+            if generated is not None:
+                generated.append((fn.get("name") or "") + (fn.get("arguments") or ""))
     if reasoning:
         kind = kind or "r"
         chars += len(reasoning)
+        if generated is not None:
+            generated.append(str(reasoning))
     if content:
         kind = "c"  # content wins: time to first *content* token must see it
         chars += len(content)
         if text is not None:
             text.append(content)
+        if generated is not None:
+            generated.append(str(content))
     return TokenEvent(t, kind, 1, max(chars, 1)) if kind else None
 
 
-def count_tokens(events: list[TokenEvent], usage: dict[str, Any] | None) -> str:
-    """Set each event's `n`; return the method used (see the module docstring)."""
+def count_tokens(events: list[TokenEvent], usage: dict[str, Any] | None, counted: int | None = None) -> str:
+    """Set each event's `n`; return the method used (see the module docstring). `counted`: the generated
+    text's tokens by a tokenizer, used only when the server reported no usage."""
     if events and all(e.cum is not None for e in events):
         prev = 0
         for e in events:
@@ -164,6 +205,9 @@ def count_tokens(events: list[TokenEvent], usage: dict[str, Any] | None) -> str:
             events[-1].n += total - prev  # tokens reported only by the final usage (held-back text)
         return "continuous-usage"
     total = usage.get("completion_tokens") if usage else None
+    method = "usage"
+    if not isinstance(total, int) and counted is not None and events:
+        total, method = counted, "tokenizer"
     if not isinstance(total, int):
         for e in events:
             e.n = 1
@@ -171,10 +215,10 @@ def count_tokens(events: list[TokenEvent], usage: dict[str, Any] | None) -> str:
     if total == len(events):
         for e in events:
             e.n = 1
-        return "usage"
+        return method
     for e, n in zip(events, largest_remainder(total, [e.chars for e in events])):
         e.n = n
-    return "usage-spread"
+    return method + "-spread"
 
 
 def token_times(events: list[TokenEvent]) -> tuple[list[int], int]:

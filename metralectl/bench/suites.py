@@ -28,9 +28,16 @@ COMMON = (
     Param("timeout_s", "float", 300.0, "per-request timeout", 1),
     Param("workers", "str", "auto", "load-generator processes: a number, or auto"),
     Param("transport", "str", "raw", "HTTP stack of the load generator", choices=TRANSPORTS),
-    Param("max_loop_lag_ms", "float", 2.0, "client budget: p99 event-loop ready delay", 0),
-    Param("max_client_cpu", "float", 0.9, "client budget: busiest process's CPU, fraction of a core", 0),
+    Param("max_stamp_error_ms", "float", 2.0, "client budget: p99 estimated error of token stamps (kernel stamps)", 0),
+    Param("max_loop_lag_ms", "float", 2.0, "client budget without kernel stamps: p99 event-loop ready delay", 0),
     Param("client_bound", "str", "fail", "over the client budget: fail the run, or warn", choices=("fail", "warn")),
+    Param("max_error_frac", "float", 0.0, "failed measured requests allowed, as a fraction (0: none)", 0, 1),
+    Param("drain_timeout_s", "float", 120.0, "after the window, wait this long for measured requests still running", 1),
+    Param("dialect", "str", "auto", "request extensions: auto (the engine's data when metralectl serves it, else a "
+          "one-request probe), probe, full (send all), plain (standard OpenAI fields only)",
+          choices=("auto", "probe", "full", "plain")),
+    Param("tokenizer", "str", "", "tokenizer.json (or a dir with one) to count output tokens when the server "
+          "reports no usage"),
 )
 
 
@@ -65,7 +72,8 @@ class Suite:
 
 
 def _base(p: dict[str, Any], **kw: Any) -> LoadSpec:
-    return LoadSpec(timeout_s=p["timeout_s"], seed=p["seed"], transport=p["transport"], **kw)
+    return LoadSpec(timeout_s=p["timeout_s"], seed=p["seed"], transport=p["transport"],
+                    drain_timeout_s=p["drain_timeout_s"], tokenizer=p["tokenizer"], **kw)
 
 
 def _flat(prefix: str, agg: dict[str, Any], keys: tuple[str, ...] = ("p50", "p95", "p99")) -> dict[str, Any]:

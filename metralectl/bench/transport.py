@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from metralectl.bench.sse import RawResponse
+from metralectl.bench.sse import (END_CANCELLED, END_CLOSED, END_COMPLETE, END_CONNECT, END_LOST, END_TIMEOUT,
+                                  RawResponse)
 from metralectl.errors import UsageError
 
 TRANSPORTS = ("raw", "raw-nostamp", "httpx", "aiohttp")
@@ -34,7 +35,10 @@ _TIMESPEC = struct.Struct("qq")
 class Transport(Protocol):
     async def open(self, prewarm: int) -> None: ...
 
-    async def stream(self, body: bytes, timeout_s: float) -> RawResponse: ...
+    async def stream(self, body: bytes, timeout_s: float, raw: RawResponse | None = None) -> RawResponse:
+        """Send one request and fill `raw` (made here when None) with what arrives; never raises for a
+        failed request (the failure lands in raw.error / raw.end), only CancelledError passes through."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -104,7 +108,7 @@ class _Framer:
         try:
             raw.status = int(lines[0].split(b" ", 2)[1])
         except (IndexError, ValueError):
-            self._finish(f"bad HTTP status line: {lines[0][:80]!r}", fatal=True)
+            self._finish(f"bad HTTP status line: {lines[0][:80]!r}", fatal=True, end=END_LOST)
             return
         fields = {}
         for line in lines[1:]:
@@ -114,7 +118,11 @@ class _Framer:
         if b"chunked" in fields.get(b"transfer-encoding", b""):
             self._mode = "chunked"
         elif b"content-length" in fields:
-            self._mode, self._left = "length", int(fields[b"content-length"])
+            try:
+                self._mode, self._left = "length", int(fields[b"content-length"])
+            except ValueError:
+                self._finish(f"bad Content-Length: {fields[b'content-length'][:40]!r}", fatal=True, end=END_LOST)
+                return
             if self._left == 0:
                 self._finish(None)
         else:
@@ -141,7 +149,11 @@ class _Framer:
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 break
-            size = int(buf[pos:eol].split(b";", 1)[0], 16)
+            try:
+                size = int(buf[pos:eol].split(b";", 1)[0], 16)
+            except ValueError:
+                self._finish(f"bad chunk size line: {buf[pos:eol][:40]!r}", fatal=True, end=END_LOST)
+                return
             if size == 0:
                 rest = buf[eol + 2:]
                 if rest.startswith(b"\r\n") or b"\r\n\r\n" in rest:  # end (trailers, if any, are ignored)
@@ -152,12 +164,13 @@ class _Framer:
             pos, self._left = eol + 2, size
         self._buf = buf[pos:]
 
-    def _finish(self, error: str | None, *, fatal: bool = False) -> None:
+    def _finish(self, error: str | None, *, fatal: bool = False, end: str = END_COMPLETE) -> None:
         raw, waiter = self.raw, self.waiter
         self.raw = self.waiter = None
         if raw is not None:
             raw.t_done = perf_ns()
             raw.error = raw.error or error
+            raw.end = raw.end or end
         if fatal or not self._keep:
             self.alive = False
             self.close_transport()
@@ -168,9 +181,11 @@ class _Framer:
         self.alive = False
         if self.raw is not None:
             if self._mode == "eof" and exc is None:
-                self._finish(None)
+                self._finish(None)  # EOF is this response's framing
+            elif exc is None:
+                self._finish(None, end=END_CLOSED)  # complete or truncated: its events decide
             else:
-                self._finish(f"connection lost: {exc or 'closed by the server'}")
+                self._finish(f"connection lost: {exc}", end=END_LOST)
 
 
 class _Conn(_Framer, asyncio.Protocol):
@@ -257,6 +272,9 @@ class _KConn(_Framer):
     def _readable(self) -> None:
         while True:
             try:
+                # a one-byte peek is stamped with the oldest queued segment, the read with the newest: a read
+                # that holds several events tells whether they arrived together (late_stamp_errors)
+                _, first_anc, _, _ = self.sock.recvmsg(1, 64, socket.MSG_PEEK)
                 data, anc, _, _ = self.sock.recvmsg(262144, 64)
             except (BlockingIOError, InterruptedError):
                 return
@@ -264,20 +282,26 @@ class _KConn(_Framer):
                 self.close_transport()
                 self.lost(exc)
                 return
-            t = perf_ns()
+            t_read = perf_ns()
             if not data:
                 self.close_transport()
                 self.lost(None)
                 return
-            for level, kind, payload in anc:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
-                    sec, nsec = _TIMESPEC.unpack_from(payload)
-                    t = min(t, self.clock.to_perf(sec * 1_000_000_000 + nsec))
+            t = min(t_read, self._stamp(anc, t_read))
+            first = min(t, self._stamp(first_anc, t))
             raw = self.raw
             if raw is not None:
                 t = max(t, self.last, raw.t_send)
+                raw.reads.append((t, min(max(first, raw.t_send), t), t_read - t))
             self.last = t
             self.feed(t, data)
+
+    def _stamp(self, ancillary: list[tuple[int, int, bytes]], default: int) -> int:
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+                sec, nsec = _TIMESPEC.unpack_from(payload)
+                return self.clock.to_perf(sec * 1_000_000_000 + nsec)
+        return default
 
     def close_transport(self) -> None:
         if self.sock.fileno() >= 0:
@@ -327,8 +351,8 @@ class RawTransport:
         conns = await asyncio.gather(*(self._connect() for _ in range(min(prewarm, self.pool))))
         self._idle.extend(conns)
 
-    async def stream(self, body: bytes, timeout_s: float) -> RawResponse:
-        raw = RawResponse(perf_ns())
+    async def stream(self, body: bytes, timeout_s: float, raw: RawResponse | None = None) -> RawResponse:
+        raw = raw if raw is not None else RawResponse(perf_ns())
         async with self._slots:
             conn = None
             while self._idle and conn is None:
@@ -341,7 +365,7 @@ class RawTransport:
                 if conn is None:
                     conn = await self._connect()
             except OSError as exc:
-                raw.error = f"connect failed: {exc}"
+                raw.error, raw.end = f"connect failed: {exc}", END_CONNECT
                 raw.t_done = perf_ns()
                 return raw
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -349,9 +373,9 @@ class RawTransport:
                 await conn.send(raw, self._head + str(len(body)).encode() + b"\r\n\r\n" + body, waiter)
                 await asyncio.wait_for(waiter, timeout_s)
             except asyncio.TimeoutError:
-                conn._finish(f"timed out after {timeout_s:g} s", fatal=True)
+                conn._finish(f"timed out after {timeout_s:g} s", fatal=True, end=END_TIMEOUT)
             except asyncio.CancelledError:
-                conn._finish("cancelled", fatal=True)
+                conn._finish("cancelled", fatal=True, end=END_CANCELLED)
                 raise
             if conn.alive:
                 self._idle.append(conn)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
-from metralectl.bench.sse import RawResponse
+from metralectl.bench.sse import END_CANCELLED, END_COMPLETE, END_LOST, END_TIMEOUT, RawResponse
 from metralectl.bench.transport import perf_ns
 from metralectl.errors import UsageError
 
@@ -31,8 +31,8 @@ class HttpxTransport:
         # fill the pool now (concurrent requests each take a connection), as the raw transport does
         await asyncio.gather(*(self._client.get(self.base + "/health") for _ in range(prewarm)), return_exceptions=True)
 
-    async def stream(self, body: bytes, timeout_s: float) -> RawResponse:
-        raw = RawResponse(perf_ns())
+    async def stream(self, body: bytes, timeout_s: float, raw: RawResponse | None = None) -> RawResponse:
+        raw = raw if raw is not None else RawResponse(perf_ns())
 
         async def go() -> None:
             async with self._client.stream("POST", self.url, content=body) as resp:
@@ -73,8 +73,8 @@ class AiohttpTransport:
 
         await asyncio.gather(*(warm() for _ in range(prewarm)), return_exceptions=True)
 
-    async def stream(self, body: bytes, timeout_s: float) -> RawResponse:
-        raw = RawResponse(perf_ns())
+    async def stream(self, body: bytes, timeout_s: float, raw: RawResponse | None = None) -> RawResponse:
+        raw = raw if raw is not None else RawResponse(perf_ns())
         session = self._session
         assert session is not None
 
@@ -94,11 +94,17 @@ class AiohttpTransport:
 async def _collect(go: Callable[[], Awaitable[None]], raw: RawResponse, timeout_s: float,
                    client_error: type[BaseException]) -> RawResponse:
     """Run one request's reader under the timeout; a timeout or the library's own error lands in raw.error."""
+    raw.t_send = perf_ns()
     try:
         await asyncio.wait_for(go(), timeout_s)
+        raw.end = END_COMPLETE
     except asyncio.TimeoutError:
-        raw.error = f"timed out after {timeout_s:g} s"
+        raw.error, raw.end = f"timed out after {timeout_s:g} s", END_TIMEOUT
     except client_error as exc:
-        raw.error = f"{type(exc).__name__}: {exc}"
+        raw.error, raw.end = f"{type(exc).__name__}: {exc}", END_LOST
+    except asyncio.CancelledError:
+        raw.error, raw.end = "cancelled", END_CANCELLED
+        raw.t_done = perf_ns()
+        raise
     raw.t_done = perf_ns()
     return raw

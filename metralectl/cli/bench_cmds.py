@@ -61,21 +61,39 @@ def list_(suite: str = typer.Argument(None, metavar="[SUITE]", help="Show this s
 
 
 class _Progress:
+    """Runner events on stderr. A stage gets ✔ only when every measured request succeeded."""
+
     def __call__(self, event: Any) -> None:
+        from metralectl.safetext import clean
+
         err = sys.stderr
         if event.kind == "stage":
             note(style(f"▸ {event.message}  (workers {event.data.get('workers')})", "36", err))
         elif event.kind == "stage-done":
             a = event.data["summary"]
-            ttft = (a.get("ttft_ms") or {}).get("p50")
-            tok = a.get("output_tok_s")
-            line = (f"  ✔ {a.get('ok')}/{a.get('requests')} ok, {tok if tok is not None else '-'} out tok/s, "
-                    f"TTFT p50 {ttft:.1f} ms" if ttft is not None else f"  ✔ {a.get('ok')}/{a.get('requests')} ok")
-            note(style(line, "2", err))
+            counts = f"{a.get('ok')}/{a.get('requests')} ok"
+            if event.data.get("ok", True):
+                ttft = (a.get("ttft_ms") or {}).get("p50")
+                tok = a.get("output_tok_s")
+                line = f"  ✔ {counts}, {tok if tok is not None else '-'} out tok/s" + (
+                    f", TTFT p50 {ttft:.1f} ms" if ttft is not None else "")
+                note(style(line, "2", err))
+            else:
+                note(style(f"  ✘ {counts}", "31", err))
+                for kind in event.data.get("errors") or []:
+                    note(style(f"    {kind['kind']} ×{kind['count']}: {clean(kind['example'], 160)}", "31", err))
+            for key, label in (("aborted", ""), ("invalid", "invalid: "), ("drain_timed_out", "")):
+                value = event.data.get(key)
+                if value:
+                    text = ("the drain timeout passed with measured requests still running (kept as failures)"
+                            if key == "drain_timed_out" else f"{label}{value}")
+                    note(style(f"  ! {text}", "31", err))
             for reason in event.data.get("client_bound") or []:
                 note(style(f"  ! client-bound: {reason}", "33", err))
         elif event.kind == "warning":
             note(style(f"! {event.message}", "33", err))
+        elif event.kind == "progress":
+            note(style(f"  … {event.message}", "2", err))
         else:
             note(style(f"▸ {event.message}", "2", err))
 
@@ -194,11 +212,24 @@ def _emit(record: dict[str, Any], fmt: str) -> None:
         _dump(record)
     else:
         print(render_run(record))
-    if record.get("status") == "client-bound":
-        note(style(f"metralectl: {record.get('error')}", "31", sys.stderr))
+    _say_failure(record)
     code = int(record.get("exit_code") or 0)
     if code:
         raise typer.Exit(code)
+
+
+def _say_failure(record: dict[str, Any]) -> None:
+    """A run that did not complete says so on stderr: its status, why, and its failed requests by kind."""
+    from metralectl.bench.outcome import FAILED_STATUSES
+    from metralectl.safetext import clean
+
+    status = record.get("status")
+    if status not in FAILED_STATUSES:
+        return
+    note(style(f"metralectl: benchmark {status}: {clean(str(record.get('error') or ''), 400)}", "31", sys.stderr))
+    for kind in (record.get("errors") or [])[:5]:
+        note(style(f"  {kind['kind']} ×{kind['count']} (e.g. {clean(str(kind.get('example') or ''), 200)})", "31",
+                   sys.stderr))
 
 
 @app.command("history")

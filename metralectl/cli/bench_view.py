@@ -31,7 +31,8 @@ def stage_table(record: dict[str, Any]) -> str:
         a = s.get("summary") or {}
         energy = s.get("energy")
         jt = energy.get("j_per_output_token") if isinstance(energy, dict) else None
-        rows.append([s["name"], f"{a.get('ok', 0)}/{a.get('requests', 0)}", fmt(a.get("output_tok_s")),
+        mark = "" if s.get("ok", True) else " ✘"
+        rows.append([s["name"] + mark, f"{a.get('ok', 0)}/{a.get('requests', 0)}", fmt(a.get("output_tok_s")),
                      fmt(_p(a, "stream_tok_s", "p50")), fmt(_p(a, "ttft_ms", "p50")), fmt(_p(a, "ttft_ms", "p95")),
                      fmt(_p(a, "ttft_ms", "p99")), fmt(_p(a, "tpot_ms", "p50"), 2), fmt(_p(a, "tpot_ms", "p95"), 2),
                      fmt(_p(a, "itl_ms", "p50"), 2), fmt(_p(a, "itl_ms", "p95"), 2), fmt(_p(a, "e2e_ms", "p50")),
@@ -40,13 +41,23 @@ def stage_table(record: dict[str, Any]) -> str:
 
 
 def render_run(record: dict[str, Any]) -> str:
+    from metralectl.bench.outcome import FAILED_STATUSES, effective_status
+    from metralectl.safetext import clean
+
     t = record.get("target") or {}
-    lines = [f"run       {record.get('run_id')}  ({record.get('suite')}, {record.get('status')}, "
+    status = effective_status(record)
+    shown = f"FAILED: {status}" if status in FAILED_STATUSES else status
+    lines = [f"run       {record.get('run_id')}  ({record.get('suite')}, {shown}, "
              f"source {record.get('source')})",
              f"target    {t.get('url')}  model {t.get('model') or '-'}  hardware {t.get('hardware_class') or '?'}"
              + (f"  recipe {t['recipe']}" if t.get("recipe") else ""),
              "times     ms; TPOT/ITL per output token; throughput counts tokens inside the measured window", ""]
     lines.append(stage_table(record))
+    if record.get("error") and status in FAILED_STATUSES:
+        lines += ["", f"error     {clean(str(record['error']), 400)}"]
+    for kind in (record.get("errors") or [])[:5]:
+        lines.append(f"          {kind['kind']} ×{kind['count']}: {clean(str(kind.get('example') or ''), 160)}")
+    lines += _dialect_lines(record)
     headline = (record.get("summary") or {}).get("headline") or {}
     if record.get("suite") != "concurrency-sweep" and record.get("suite") != "rate":
         lines.append("")
@@ -73,14 +84,46 @@ def render_run(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _dialect_lines(record: dict[str, Any]) -> list[str]:
+    """How the requests were shaped and counted, when that qualifies the numbers."""
+    from metralectl.safetext import clean
+
+    d = record.get("dialect") or {}
+    out = []
+    if d.get("refused"):
+        out.append(f"requests  the server refused {', '.join(d['refused'])}; sent without them"
+                   + (f" ({clean(str(d.get('refusal') or ''), 120)})" if d.get("refusal") else ""))
+    if d and not d.get("output_length_forced", True):
+        short = sum((s.get("summary") or {}).get("short_outputs") or 0 for s in record.get("stages") or [])
+        ok = sum((s.get("summary") or {}).get("ok") or 0 for s in record.get("stages") or [])
+        out.append(f"output    length not forced: {short} of {ok} outputs ended before the asked length; "
+                   "tok/s is over the outputs as they came")
+    methods: dict[str, int] = {}
+    for s in record.get("stages") or []:
+        for m, n in ((s.get("summary") or {}).get("count_methods") or {}).items():
+            methods[m] = methods.get(m, 0) + n
+    if methods and set(methods) <= {"events"}:
+        out.append("tokens    counted one per stream event (the server reported no usage): a lower bound")
+    elif any(m.startswith("tokenizer") for m in methods):
+        out.append("tokens    counted with the tokenizer given (the server reported no usage)")
+    missing = sum((s.get("summary") or {}).get("done_marker_missing") or 0 for s in record.get("stages") or [])
+    if missing:
+        out.append(f"streams   {missing} ended without data: [DONE] after their finish chunk (counted complete)")
+    return out
+
+
 def history_table(runs: list[dict[str, Any]]) -> str:
+    from metralectl.bench.outcome import FAILED_STATUSES, effective_status
+
     rows = []
     for r in runs:
         headline = (r.get("summary") or {}).get("headline") or {}
         key = next((k for k in ("decode_tok_s_p50", "prefix_speedup", "well_formed_frac") if k in headline), None)
         if key is None:
             key = next((k for k in headline if k.endswith("output_tok_s") or k.endswith("goodput_rps")), None)
-        rows.append([r.get("run_id", "?"), r.get("suite", "?"), str(r.get("started_at", ""))[:19], r.get("status", "?"),
+        status = effective_status(r)
+        rows.append([r.get("run_id", "?"), r.get("suite", "?"), str(r.get("started_at", ""))[:19],
+                     f"FAILED {status}" if status in FAILED_STATUSES else status,
                      r.get("verdict") or "-", (r.get("target") or {}).get("model") or "-",
                      f"{key}={fmt(headline.get(key), 2)}" if key else "-"])
     return render_table(["RUN", "SUITE", "STARTED", "STATUS", "VERDICT", "MODEL", "HEADLINE"], rows)

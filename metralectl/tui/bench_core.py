@@ -46,10 +46,15 @@ def summary_of(record: dict[str, Any]) -> RunSummary:
         when = datetime.fromisoformat(str(started)).timestamp() if started else None
     except ValueError:
         when = None
+    from metralectl.bench.outcome import FAILED_STATUSES, effective_status
+
     target = record.get("target") or {}
-    status = str(record.get("status") or "?")
+    status = effective_status(record)
     verdict = record.get("verdict")
-    outcome = status if not verdict or verdict == "none" else f"{status}/{verdict}"
+    if status in FAILED_STATUSES:
+        outcome = f"failed ({status})"  # never shown as plain completed
+    else:
+        outcome = status if not verdict or verdict == "none" else f"{status}/{verdict}"
     directory = record.get("_dir") or ""
     return RunSummary(str(record.get("run_id")), str(record.get("suite")), when, str(record.get("source") or "?"),
                       str(target.get("recipe") or target.get("model") or target.get("url") or "-"), outcome,

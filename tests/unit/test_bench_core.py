@@ -97,14 +97,12 @@ def test_count_methods() -> None:
     assert spread.count_method == "usage-spread" and spread.output_tokens == 8
 
 
-def test_http_error_and_missing_done() -> None:
-    raw = RawResponse(t_send=0, status=503, pieces=[(1, b'{"error": {"message": "model_not_loaded"}}')])
+def test_http_error_is_a_failure_of_kind_http_status() -> None:
+    raw = RawResponse(t_send=0, status=503, pieces=[(1, b'{"error": {"message": "model_not_loaded"}}')], end="complete")
     r = analyse(raw, index=0, worker=0, phase="measure")
-    assert not r.ok and r.error == "HTTP 503: model_not_loaded"
-    cut = RawResponse(t_send=0, status=200, pieces=[(1, ev(chunk({"content": "a"})))])
-    assert analyse(cut, index=0, worker=0, phase="measure").error == "stream ended without [DONE]"
+    assert not r.ok and r.error == "HTTP 503: model_not_loaded" and r.error_kind == "http-503"
     agg = aggregate([r], None)
-    assert agg["errors"] == 1 and agg["ttft_ms"]["p50"] is None
+    assert agg["errors"] == 1 and agg["ttft_ms"]["p50"] is None and agg["error_kinds"] == {"http-503": 1}
 
 
 def test_unknown_param_lists_the_valid_ones() -> None:
@@ -158,10 +156,16 @@ def test_gates_and_exit_codes() -> None:
 
 
 def test_client_bound_reasons() -> None:
-    health = {"loop_lag_ms": {"p99": 3.0}, "cpu_frac": 0.95, "dispatch_slip_ms": {"p95": 9.0}}
-    reasons = G.client_bound_reasons(health, 1.0, 0.9)
-    assert len(reasons) == 3
-    assert G.client_bound_reasons({"loop_lag_ms": {"p99": 0.1}, "cpu_frac": 0.2}, 1.0, 0.9) == []
+    # with kernel stamps, the stamps' estimated error decides; the loop's delay does not
+    quiet_stamps = {"p99": 0.0, "ttft_p99": 0.0, "late": 0, "n": 500}
+    assert G.client_bound_reasons({"loop_lag_ms": {"p99": 3.0}}, quiet_stamps, 2.0, 2.0) == []
+    late = G.client_bound_reasons({"loop_lag_ms": {"p99": 0.1}}, {"p99": 9.0, "ttft_p99": 0.0, "late": 40, "n": 500},
+                                  2.0, 2.0)
+    assert len(late) == 1 and "estimated error p99 9.00 ms" in late[0]
+    # without kernel stamps (other transports) every stamp is the loop's: its delay is the error
+    assert len(G.client_bound_reasons({"loop_lag_ms": {"p99": 3.0}}, None, 2.0, 2.0)) == 1
+    assert G.client_bound_reasons({"loop_lag_ms": {"p99": 0.1}}, None, 2.0, 2.0) == []
+    assert len(G.client_bound_reasons({"dispatch_slip_ms": {"p95": 9.0}}, None, 2.0, 2.0)) == 1
 
 
 def test_repetition() -> None:

@@ -7,6 +7,8 @@ at concurrency 1 and 64; token counts exact.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from metralectl.bench.loadgen import LoadSpec
@@ -124,3 +126,52 @@ def test_sharded_over_two_processes() -> None:
     assert len({r.index for r in out.results}) == len(out.results)  # no index used twice across workers
     err = errors_vs_truth(measured, truth)
     assert percentile([abs(x) for x in err["token"]], 99) <= 2.0
+
+
+def _guard_vs_truth(concurrency: int, hogs: int) -> tuple[bool, float, dict[str, Any]]:
+    """One count-bounded stage against the truth server with `hogs` busy loops sharing the client's CPU:
+    (did the guard flag it, the true p99 stamp error in ms, the estimate)."""
+    import os
+    import subprocess
+    import sys
+
+    from metralectl.bench import gates as G
+
+    with truth_server("--record", "--ttft-ms", "25", "--itl-ms", "10", "--reasoning", "3", "--tail-ms", "15") as url:
+        allowed = os.sched_getaffinity(0)
+        cpu = min(allowed)
+        hog = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+        procs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(hogs)]
+        try:
+            if hogs:
+                os.sched_setaffinity(0, {cpu})  # the client shares its one CPU with the hogs
+            spec = LoadSpec(concurrency=concurrency, warmup_requests=concurrency, requests=concurrency * 4)
+            out = run_load(spec, url, PATH, RequestFactory(model="m", max_tokens=30, text="hello there"))
+        finally:
+            os.sched_setaffinity(0, allowed)
+            for p in procs:
+                p.kill()
+                p.wait()
+        truth = fetch_truth(url)
+    measured = [r for r in out.results if r.phase == "measure"]
+    err = errors_vs_truth(measured, truth)
+    true_p99 = max(percentile([abs(x) for x in err["token"]], 99) or 0.0, percentile([abs(x) for x in err["ttft"]], 99) or 0.0)
+    estimate = aggregate(out.results, out.window)["stamp_error_ms"]
+    flagged = bool(G.client_bound_reasons(out.health, estimate, 2.0, 2.0))
+    print(f"c={concurrency} hogs={hogs}: true p99 {true_p99:.3f} ms, estimate {estimate}, flagged {flagged}")
+    return flagged, true_p99, estimate
+
+
+def test_client_bound_guard_fires_on_the_loaded_client_and_not_on_the_quiet_one() -> None:
+    # Loaded: four busy loops share the client's CPU, so it is descheduled for longer than a stream's 10 ms
+    # between tokens and reads two of them at once: the truth server shows stamps off by ~10 ms.
+    flagged, true_p99, estimate = _guard_vs_truth(64, hogs=4)
+    assert true_p99 > 4.0, "the hogs did not disturb the client: this machine cannot show the loaded case"
+    assert flagged and estimate["late"] > 0
+    # Quiet: the same load alone. The loop's own delay may exceed 2 ms here (it did, in the field); the
+    # stamps' error does not, and the guard follows the stamps.
+    flagged, true_p99, estimate = _guard_vs_truth(64, hogs=0)
+    if true_p99 < 1.0:
+        assert not flagged, estimate
+    elif true_p99 > 4.0:
+        assert flagged, estimate  # the 'quiet' machine was not quiet: the guard must still tell the truth

@@ -187,7 +187,8 @@ class BenchView(Horizontal):
         except Exception as exc:  # noqa: BLE001
             self.post_message(BenchFinished(None, "failed", f"internal error: {type(exc).__name__}: {exc}"))
             return
-        self.post_message(BenchFinished(run, "done", f"{run.suite}: {run.outcome} · {run.headline}"))
+        failed = run.outcome.startswith("failed")
+        self.post_message(BenchFinished(run, "failed" if failed else "done", f"{run.suite}: {run.outcome} · {run.headline}"))
 
     def on_bench_tick(self, message: BenchTick) -> None:
         message.stop()

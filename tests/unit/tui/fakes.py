@@ -138,6 +138,7 @@ class FakeBench:
     unavailable: str | None = None
     hold: threading.Event | None = None
     ran: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    outcome: str = "ok"  # what the next run's summary says (the core says "failed (errors)" and the like)
 
     def suites(self) -> list[SuiteInfo]:
         return [] if self.unavailable else list(SUITES)
@@ -172,6 +173,7 @@ class FakeBench:
                 while not self.hold.wait(0.01):
                     on_event(BenchProgress(i, 5, "waiting"))
         run = _run(f"r{len(self.runs) + 1}", suite, "tui", "133.0 tok/s", FIXED_NOW)
+        run = RunSummary(run.run_id, run.suite, run.started, run.source, run.target, self.outcome, run.headline, run.path)
         self.runs.insert(0, run)
         return run
 

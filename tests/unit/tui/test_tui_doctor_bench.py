@@ -74,6 +74,41 @@ def test_bench_form_refuses_bad_values_inline_then_runs(services: FakeServices) 
     asyncio.run(scenario())
 
 
+def test_a_run_with_failed_requests_ends_red_and_failed(services: FakeServices) -> None:
+    services.bench.outcome = "failed (errors)"
+
+    async def scenario() -> None:
+        app = MetralectlApp(services)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("3")
+            view = app.query_one(BenchView)
+            start = app.query_one("#bench-start", Button)
+            await until(pilot, lambda: view.suite is not None and not start.disabled)
+            await pilot.press("ctrl+g")
+            history = app.query_one(HistoryTable)
+            await until(pilot, lambda: len(history.runs) == 3, what="the run in history")
+            status = app.query_one("#bench-status", Label).render()
+            assert "failed (errors)" in str(status)
+            assert any("red" in str(span.style) for span in status.spans)  # type: ignore[union-attr]
+            assert history.runs[0].outcome == "failed (errors)"
+
+    asyncio.run(scenario())
+
+
+def test_core_history_shows_failed_runs_as_failed() -> None:
+    from metralectl.bench import records
+    from metralectl.tui.bench_core import CoreBench
+
+    failing = {"started_at": "2026-12-01T00:00:00+00:00", "status": "completed", "params": {},
+               "stages": [{"name": "decode", "summary": {"requests": 5, "ok": 0}}], "target": {}}
+    directory = records.start("decode", "20261201-000000-bad000", dict(failing))
+    record = records.load(directory) or {}
+    record.update(failing)
+    records.save(directory, record)
+    [run] = CoreBench().history()
+    assert run.outcome == "failed (errors)"
+
+
 def test_bench_cancel(services: FakeServices) -> None:
     services.bench.hold = threading.Event()
 

@@ -1,0 +1,26 @@
+"""Text from outside (servers, engines, peers, archives) made safe for a terminal or a log line. Pure.
+
+Control characters would let that text move the cursor, clear the screen, hide what follows or forge a
+line of our own output; they are shown as escapes instead (`\\x1b`, `\\n`), and the text is capped.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def clean(text: str, limit: int = 500) -> str:
+    """`text` with every control, format and separator character escaped, at most `limit` characters."""
+    out = []
+    for ch in text:
+        if ch in _NAMED:
+            out.append(_NAMED[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    result = "".join(out)
+    return result if len(result) <= limit else result[: max(limit - 1, 0)] + "…"
