@@ -176,17 +176,17 @@ def late_stamp_errors(events: list[TokenEvent], reads: dict[int, tuple[int, int]
 
     A read is stamped with the arrival of its newest bytes, so when one read completes several token
     events of a stream, all share that stamp, and every one but the last may have arrived earlier: when
-    the client was late to read. The transport also knows when the read's oldest bytes arrived (a peek
-    before the read) and how late the read came:
+    the client was late to read. The transport knows how late each read came and, while the client is
+    behind, when the read's oldest bytes arrived (a peek before the read; -1 when it did not peek):
     - oldest bytes well before the newest: separate arrivals. The first event came with the oldest
       bytes; the ones between are taken to be one of the stream's short gaps apart (the 10th percentile
       of its gaps between distinct stamps), never before the oldest bytes.
     - both together and the read prompt (within PROMPT_READ_NS): the server wrote them together.
-    - both together but the read late: either a burst read late, or segments the kernel merged while
-      they waited (it keeps the newest stamp). When the stream shows the server writing bursts (a
-      prompt read of several events that came together), it is taken for a burst; otherwise the
-      read's lateness stands for the first gap, and a short gap for each one after (never before the
-      previous stamp).
+    - both together (or not peeked) but the read late: either a burst read late, or segments the
+      kernel merged while they waited (it keeps the newest stamp). When the stream shows the server
+      writing bursts (a prompt read of several events), it is taken for a burst; otherwise the read's
+      lateness stands for the first gap, and a short gap for each one after (never before the previous
+      stamp).
     Checked against the truth server under CPU hogs and a packet capture of `transformers serve`."""
     out = [0.0] * len(events)
     stamps = sorted({e.t for e in events})
@@ -202,13 +202,16 @@ def late_stamp_errors(events: list[TokenEvent], reads: dict[int, tuple[int, int]
         i = j + 1
     # a server seen writing several token events at once to a prompt reader writes in bursts: for it, a
     # late read of events that came together is a burst, not merged segments
-    bursty = any(j > i and reads.get(events[i].t, (events[i].t, 0))[1] <= PROMPT_READ_NS
-                 and events[i].t - reads.get(events[i].t, (events[i].t, 0))[0] <= SAME_ARRIVAL_NS for i, j in groups)
+    def together(t: int) -> bool:
+        oldest, late = reads.get(t, (-1, 0))
+        return late <= PROMPT_READ_NS and (oldest < 0 or t - oldest <= SAME_ARRIVAL_NS)
+
+    bursty = any(j > i and together(events[i].t) for i, j in groups)
     prev = t_send
     for i, j in groups:
         t = events[i].t
-        oldest, late = reads.get(t, (t, 0))
-        spread = t - oldest
+        oldest, late = reads.get(t, (-1, 0))
+        spread = t - oldest if oldest >= 0 else 0
         if j > i and spread > SAME_ARRIVAL_NS:
             step = usual if usual is not None else spread / (j - i)
             out[i] = float(spread)

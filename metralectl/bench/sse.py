@@ -48,7 +48,7 @@ class RawResponse:
     t_done: int | None = None
     end: str | None = None  # END_*; None while the request is in flight
     # kernel-stamped reads only, per read: (its stamp: the arrival of its newest bytes, the arrival of its
-    # oldest bytes, ns from the stamp to the read)
+    # oldest bytes or -1 when the read did not peek, ns from the stamp to the read)
     reads: list[tuple[int, int, int]] = field(default_factory=list)
 
 

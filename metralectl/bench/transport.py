@@ -30,6 +30,8 @@ TRANSPORTS = ("raw", "raw-nostamp", "httpx", "aiohttp")
 perf_ns = time.perf_counter_ns
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESPEC = struct.Struct("qq")
+LATE_READ_NS = 250_000  # a read this long after its newest bytes arrived came late ...
+BEHIND_WINDOW_NS = 100_000_000  # ... and for this long after one, reads peek first (_KConn._readable)
 
 
 class Transport(Protocol):
@@ -222,6 +224,7 @@ class _Clock:
     def __init__(self) -> None:
         self.offset = 0
         self.at = 0
+        self.behind_until = 0  # the client read late recently: its connections peek before reading
         self.calibrate()
 
     def calibrate(self) -> None:
@@ -271,10 +274,12 @@ class _KConn(_Framer):
 
     def _readable(self) -> None:
         while True:
+            # While the client is behind (a read came late lately), a one-byte peek first: it is stamped with
+            # the oldest queued segment, the read with the newest, so a read holding several events tells
+            # whether they arrived apart (late_stamp_errors). A client that keeps up pays nothing for it.
+            peek = perf_ns() < self.clock.behind_until
             try:
-                # a one-byte peek is stamped with the oldest queued segment, the read with the newest: a read
-                # that holds several events tells whether they arrived together (late_stamp_errors)
-                _, first_anc, _, _ = self.sock.recvmsg(1, 64, socket.MSG_PEEK)
+                first_anc = self.sock.recvmsg(1, 64, socket.MSG_PEEK)[1] if peek else None
                 data, anc, _, _ = self.sock.recvmsg(262144, 64)
             except (BlockingIOError, InterruptedError):
                 return
@@ -288,11 +293,13 @@ class _KConn(_Framer):
                 self.lost(None)
                 return
             t = min(t_read, self._stamp(anc, t_read))
-            first = min(t, self._stamp(first_anc, t))
+            if t_read - t > LATE_READ_NS:
+                self.clock.behind_until = t_read + BEHIND_WINDOW_NS
             raw = self.raw
             if raw is not None:
                 t = max(t, self.last, raw.t_send)
-                raw.reads.append((t, min(max(first, raw.t_send), t), t_read - t))
+                first = -1 if first_anc is None else min(max(self._stamp(first_anc, t), raw.t_send), t)
+                raw.reads.append((t, first, t_read - t))
             self.last = t
             self.feed(t, data)
 
