@@ -13,8 +13,9 @@ engine's own image. The flow (docs/multinode.md):
 4. render both ranks from the one recipe and refuse unless they agree on the rank-symmetric flags
    and the NCCL environment;
 5. start the head, then the worker at once (each waits for the other at the rendezvous), follow
-   both logs, and call it ready only when the head printed its marker, /health is 200 AND a real
-   1-token request was answered (a head whose worker is gone stays healthy but hangs requests);
+   both logs, poll the head's /health from the start, and call it ready only when /health is 200
+   AND a real 1-token request was answered (a head whose worker is gone stays healthy but hangs
+   requests); log lines are hints for phases and failure causes;
 6. any rank failing (exit, rendezvous timeout, flags mismatch, stuck at "all ranks ready", hung
    request) tears both down and says which rank and why; Ctrl-C does too.
 """
@@ -33,17 +34,19 @@ from pathlib import Path
 
 from metralectl import hfcache, images, machine, netprobe, paths, store
 from metralectl.catalog import Catalog
-from metralectl.contract import EngineContract
 from metralectl.endpoint import EngineClient, Health, base_url
 from metralectl.errors import MetralError
 from metralectl.lifecycle import deployment
-from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit
+from metralectl.contract import EngineContract, Readiness
+from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
 from metralectl.lifecycle.deployment import Deployment, RankRecord, Runtimes
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
-from metralectl.lifecycle.launch import (DRAIN_S, LABEL_ENDPOINT, LABEL_SETS, LaunchFailed, LaunchOptions,
+from metralectl.lifecycle.launch import (DRAIN_S, LABEL_ENDPOINT, LABEL_SETS, POLL_WAIT_S, LaunchFailed, LaunchOptions,
                                          check_containers)
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
+from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis, timeout_diagnosis,
+                                            warnings_at_ready)
 from metralectl.lifecycle.stop import StopResult, stop_containers
 from metralectl.recipe import Recipe
 from metralectl.render import LABEL_OWNER, LABEL_RUN_ID, ContainerSpec, owner, spec_for
@@ -446,7 +449,7 @@ def start_and_wait_multi(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node]
             deployment.save(record)
         boots = {n.rank: BootLog(contract, s.bind, s.port) for n, s in zip(nodes, specs)}
         phases = _wait_ready(nodes, containers, boots, log_paths, url, boot_timeout, options.stall_timeout_s,
-                             multi.first_request_timeout_s, started, interface, on_event)
+                             multi.first_request_timeout_s, started, interface, on_event, contract.readiness)
         with EngineClient(url) as client:
             model = client.served_model()
         elapsed = time.monotonic() - started
@@ -548,17 +551,20 @@ def _paths_text(log_paths: dict[int, Path], first: int) -> str:
 
 def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boots: dict[int, BootLog],
                 log_paths: dict[int, Path], url: str, boot_timeout: float, stall_timeout: float,
-                request_timeout: float, started: float, interface: str, on_event: Listener) -> dict[str, float]:
+                request_timeout: float, started: float, interface: str, on_event: Listener,
+                readiness: Readiness) -> dict[str, float]:
     lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
     stop = threading.Event()
     for node in nodes:
         threading.Thread(target=_follow, args=(node.runtime, containers[node.rank].id, node.rank, lines, stop),
                          daemon=True).start()
+    poller = HealthPoller(url, readiness)  # only the head serves HTTP
+    poller.start()
     fds = {rank: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for rank, path in log_paths.items()}
     phases: dict[str, float] = {}
-    last_progress = time.monotonic()
+    clock = BootClock(started, boot_timeout, stall_timeout)
+    seen_changes = 0
     next_check = 0.0
-    client: EngineClient | None = None
     request: _RequestCheck | None = None
     by_rank = {n.rank: n for n in nodes}
     ended: set[int] = set()  # ranks whose log followers have reached the end of the log
@@ -570,22 +576,31 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
 
     try:
         while True:
-            now = time.monotonic()
             try:
-                rank, line = lines.get(timeout=0.1)
+                rank, line = lines.get(timeout=POLL_WAIT_S)
             except queue.Empty:
                 rank, line = -1, ""
+            now = time.monotonic()
             if line is None:
                 ended.add(rank)
             if line:
-                os.write(fds[rank], (line + "\n").encode())
-                last_progress = now
-                on_event(LogLine(line, rank))
                 phase = boots[rank].feed(line)
+                clean = boots[rank].tail[-1]
+                os.write(fds[rank], (clean + "\n").encode())
+                clock.progressed(now)
+                on_event(LogLine(clean, rank))
                 key = (phase or "") if rank == 0 else f"rank{rank}:{phase}"
                 if phase is not None and key not in phases:
                     phases[key] = now - started
-                    on_event(Phase(phase, line, now - started, rank))
+                    on_event(Phase(phase, message_of(clean), now - started, rank))
+            health = poller.state
+            if poller.changes != seen_changes:
+                seen_changes = poller.changes
+                clock.progressed(now)
+                if health.kind != "down":
+                    on_event(Step("health", f"head: GET {readiness.health_path}: {health.describe()}"))
+            if health.kind == "faulted":
+                raise fail(0, fault_diagnosis(health, url))
             if now >= next_check or line is None:
                 next_check = now + 0.5
                 down = []
@@ -605,23 +620,23 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
                         diagnosis = Diagnosis("rank-exited", f"exited with code {info.exit_code if info else '?'} while "
                                               f"starting{waiting}", REMEDIES["rank-exited"])
                     raise fail(node.rank, diagnosis)
-            if request is None and boots[0].marker_seen:
-                client = client or EngineClient(url, timeout=1.0)
-                if client.health().ready:
-                    phases.setdefault("healthy", now - started)
-                    on_event(Step("request", f"a real request to the head ({url}, max_tokens 1, up to "
-                                             f"{request_timeout:g} s): the worker must take part"))
-                    request = _RequestCheck(url, request_timeout)
-                    request.start()
+            if request is None and health.kind == "ready":
+                phases.setdefault("healthy", now - started)
+                on_event(Step("request", f"a real request to the head ({url}, max_tokens 1, up to "
+                                         f"{request_timeout:g} s): the worker must take part"))
+                request = _RequestCheck(url, request_timeout)
+                request.start()
             if request is not None and request.finished.is_set():
                 answer = request.result or Health(None, "", "no result")
                 if answer.status == 200:
                     phases["ready"] = now - started
+                    _warn_at_ready(boots, on_event)
                     return phases
                 if answer.status in (401, 403):
                     on_event(Warning_(f"the head wants credentials (HTTP {answer.status}): a real request could not be "
                                       "sent, so whether the worker takes part is unchecked"))
                     phases["ready"] = now - started
+                    _warn_at_ready(boots, on_event)
                     return phases
                 if answer.status is None:
                     worker = nodes[-1]
@@ -632,27 +647,27 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
                         REMEDIES["requests-hang"]))
                 raise fail(0, Diagnosis("request-failed", f"the head answered a 1-token request with HTTP "
                                         f"{answer.status}: {answer.body[:200]}", "see the head's log lines above"))
-            if now - started > boot_timeout:
-                raise fail(0, Diagnosis("timeout", f"not ready after {boot_timeout:g} s (head phase: {boots[0].phase})",
-                                        REMEDIES["timeout"]))
-            if request is None and now - last_progress > stall_timeout:
-                if boots[0].marker_seen:
-                    raise fail(0, Diagnosis("health", f"/health did not answer 200 within {stall_timeout:g} s of the "
-                                            "readiness marker", REMEDIES["health"]))
+            if clock.timed_out(now):
+                raise fail(0, timeout_diagnosis(boots[0], health, url, boot_timeout, label="head phase"))
+            if request is None and clock.stalled(now):
                 stuck = [r for r, b in boots.items() if b.phase == "rendezvous"]
-                if stuck:
+                if stuck and not boots[0].ready_line_seen and health.kind != "ready":
                     raise fail(0, Diagnosis(
                         "nccl-stuck", f"stuck at \"all ranks ready\" for {stall_timeout:g} s: NCCL never finished "
                         f"initialising over {interface} (the ranks disagree on the interface, or the link is down)",
                         REMEDIES["nccl-stuck"]))
-                raise fail(0, Diagnosis("stalled", f"no progress on any rank for {stall_timeout:g} s (head phase: "
-                                        f"{boots[0].phase})", REMEDIES["stalled"]))
+                raise fail(0, stall_diagnosis(boots[0], health, url, stall_timeout, where=" on any rank"))
     finally:
         stop.set()
+        poller.stop()
         for fd in fds.values():
             os.close(fd)
-        if client is not None:
-            client.close()
+
+
+def _warn_at_ready(boots: dict[int, BootLog], on_event: Listener) -> None:
+    for rank, boot in sorted(boots.items()):
+        for warning in warnings_at_ready(boot):
+            on_event(Warning_(f"rank {rank}: {warning}"))
 
 
 def _follow(runtime: DockerRuntime, container_id: str, rank: int, lines: queue.Queue[tuple[int, str | None]],
@@ -686,9 +701,9 @@ def _drain(lines: queue.Queue[tuple[int, str | None]], fds: dict[int, int], boot
             continue
         if not line:
             continue
-        os.write(fds[rank], (line + "\n").encode())
-        on_event(LogLine(line, rank))
         boots[rank].feed(line)
+        os.write(fds[rank], (boots[rank].tail[-1] + "\n").encode())
+        on_event(LogLine(boots[rank].tail[-1], rank))
 
 
 # --- after the launch: stop ------------------------------------------------------------------------------
