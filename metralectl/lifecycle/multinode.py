@@ -622,6 +622,8 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
                     raise fail(node.rank, diagnosis)
             if request is None and health.kind == "ready":
                 phases.setdefault("healthy", now - started)
+                if not boots[0].ready_line_seen:  # a silent head: its readiness is its /health answer
+                    on_event(Phase("ready", f"GET {readiness.health_path}: {health.describe()}", now - started, 0))
                 on_event(Step("request", f"a real request to the head ({url}, max_tokens 1, up to "
                                          f"{request_timeout:g} s): the worker must take part"))
                 request = _RequestCheck(url, request_timeout)

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,13 +28,16 @@ from tests.integration.conftest import Box, free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
-BUNDLED = "metralectl-test/engine-bundled:latest"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docker_image"))
+import bundle  # noqa: E402 - the test image's own helper, beside build.sh
+
+BUNDLED = bundle.BUNDLED_IMAGE
 EP_REPO = "Sehyo/Qwen3.5-122B-A10B-NVFP4"
 # image id in the user config -> (tag, ENV baked in on BOTH nodes)
 EP_IMAGES = {
-    "ep": ("metralectl-test/engine-bundled:ep2", {"DOUBLE_RENDEZVOUS_TIMEOUT": "30"}),
-    "ep-rdv": ("metralectl-test/engine-bundled:ep2-rdv", {"DOUBLE_RENDEZVOUS_TIMEOUT": "4"}),
-    "ep-slow": ("metralectl-test/engine-bundled:ep2-slow", {"DOUBLE_READY_DELAY": "30"}),
+    "ep": (bundle.variant_tag("ep2"), {"DOUBLE_RENDEZVOUS_TIMEOUT": "30"}),
+    "ep-rdv": (bundle.variant_tag("ep2-rdv"), {"DOUBLE_RENDEZVOUS_TIMEOUT": "4"}),
+    "ep-slow": (bundle.variant_tag("ep2-slow"), {"DOUBLE_READY_DELAY": "30"}),
 }
 
 
@@ -50,11 +54,6 @@ def node2(engine_images: dict[str, str]) -> Iterator[n2.Node2]:
     missing = n2.missing_tools()
     if missing:
         _refuse(f"two-node tests need {', '.join(missing)} (Debian: iproute2, docker.io)")
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docker_image"))
-    import bundle
-
     for tag, env in EP_IMAGES.values():
         bundle.build_variant(tag, env)
     node = n2.Node2()
@@ -172,7 +171,7 @@ def test_ep2_launch_both_ranks_detection_request_ps_logs_stop(ep, tmp_path: Path
     # logs of either rank
     worker_log = e.box.cli("logs", e.name, "--rank", "1", check=True).stdout
     assert "(worker): ready" in worker_log and "all ranks ready" in worker_log and "lost" not in worker_log
-    assert "Listening on" in e.box.cli("logs", e.name, check=True).stdout
+    assert "Server live and ready at" in e.box.cli("logs", e.name, check=True).stdout
     assert e.record().exists() and json.loads(e.record().read_text())["state"] == "ready"
     # hot swap away from a multi-rank deployment is refused (the engine's rule), nothing touched
     refused = e.box.cli("swap", e.box.recipe("single"))
