@@ -6,6 +6,7 @@ the models/kernel targets it does not list, come from its parent.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,34 @@ class Sku:
 
 
 @dataclass(frozen=True)
+class ContainerExtras:
+    """Devices, capabilities and ulimits a container gets on top of a single-node launch."""
+
+    devices: tuple[str, ...] = ()  # host device paths passed through (`--device`), e.g. /dev/infiniband
+    cap_add: tuple[str, ...] = ()  # Linux capabilities (`--cap-add`), e.g. IPC_LOCK
+    ulimits: tuple[tuple[str, int, int], ...] = ()  # (name, soft, hard); -1 = unlimited (`--ulimit memlock=-1:-1`)
+
+
+@dataclass(frozen=True)
+class RankProfile:
+    """What each rank's container gets in a multi-rank launch on this class (single-node launches: none of it)."""
+
+    base: ContainerExtras = ContainerExtras()  # every rank
+    rdma: ContainerExtras = ContainerExtras()  # for NCCL over RDMA; left out under `--no-rdma`
+    shm_size: str | None = None  # `--shm-size`, e.g. 32gb
+    nccl_env: tuple[tuple[str, str], ...] = ()  # identical on every rank (interface / HCA are added when detected)
+    no_rdma_env: tuple[tuple[str, str], ...] = ()  # replaces nccl_env entries under `--no-rdma`
+
+    def extras(self, rdma: bool) -> ContainerExtras:
+        if not rdma:
+            return self.base
+        return ContainerExtras(tuple(dict.fromkeys(self.base.devices + self.rdma.devices)),
+                               tuple(dict.fromkeys(self.base.cap_add + self.rdma.cap_add)),
+                               self.base.ulimits + tuple(u for u in self.rdma.ulimits
+                                                         if u[0] not in {b[0] for b in self.base.ulimits}))
+
+
+@dataclass(frozen=True)
 class HardwareClass:
     id: str
     display_name: str
@@ -48,6 +77,7 @@ class HardwareClass:
     defaults: dict[str, Any] = field(default_factory=dict)
     multi_node: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    rank_profile: RankProfile | None = None  # from multi-node: container / nccl-env
 
     def memory_gb(self, gpu_name: str | None = None) -> float | None:
         """Memory of the named SKU, else of the smallest SKU (the conservative answer for fit)."""
@@ -145,6 +175,7 @@ def parse_hardware(doc: Document, parent: HardwareClass | None) -> tuple[Hardwar
     boot = top.get("boot-timeout-s", base.get("boot"))
     if not isinstance(boot, (int, float)) or isinstance(boot, bool) or boot <= 0:
         check.error(("boot-timeout-s",), "boot-timeout-s must be a positive number of seconds (or inherited)")
+    profile = _rank_profile(check, top.get("multi-node"))
     if not check.ok or hw_id is None:
         return None, check
     return HardwareClass(
@@ -154,8 +185,65 @@ def parse_hardware(doc: Document, parent: HardwareClass | None) -> tuple[Hardwar
         unified_memory=bool(memory.get("unified", False)), skus=tuple(skus), boot_timeout_s=float(boot or 0),
         park_c=thermal.get("park-c", base.get("park")), resume_c=thermal.get("resume-c", base.get("resume")),
         image=top.get("image"), defaults=dict(top.get("defaults") or {}),
-        multi_node=dict(top.get("multi-node") or {}), source=doc.path,
+        multi_node=dict(top.get("multi-node") or {}), source=doc.path, rank_profile=profile,
     ), check
+
+
+_MULTI_KEYS = ("interconnect", "roce-interfaces", "container", "nccl-env", "no-rdma-env")
+_EXTRAS_KEYS = ("devices", "cap-add", "ulimits")
+_SHM_SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]b?$", re.IGNORECASE)
+_CAP = re.compile(r"^[A-Z][A-Z_]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _extras(check: Checker, body: dict[str, Any], where: tuple) -> ContainerExtras:
+    devices = tuple(check.string_list(body, where, "devices"))
+    for i, device in enumerate(devices):
+        if not device.startswith("/dev/"):
+            check.error(where + ("devices", i), f"a device is a host path under /dev/, not {device!r}")
+    caps = tuple(check.string_list(body, where, "cap-add"))
+    for i, cap in enumerate(caps):
+        if not _CAP.match(cap):
+            check.error(where + ("cap-add", i), f"a capability is written like IPC_LOCK, not {cap!r}")
+    ulimits = []
+    for name, value in check.mapping(body.get("ulimits") or {}, where + ("ulimits",), "ulimits").items():
+        parts = str(value).split(":")
+        try:
+            soft, hard = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (None, None)
+        except ValueError:
+            soft, hard = None, None
+        if soft is None or hard is None:
+            check.error(where + ("ulimits", name), f"a ulimit is SOFT:HARD (-1 = unlimited), not {value!r}")
+            continue
+        ulimits.append((str(name), soft, hard))
+    return ContainerExtras(devices, caps, tuple(ulimits))
+
+
+def _rank_profile(check: Checker, raw: Any) -> RankProfile | None:
+    """multi-node: the container profile and NCCL environment of a multi-rank launch, checked."""
+    if raw is None:
+        return None
+    where: tuple = ("multi-node",)
+    body = check.mapping(raw, where, "multi-node")
+    check.known_keys(body, where, _MULTI_KEYS, "multi-node")
+    box_where = where + ("container",)
+    box = check.mapping(body.get("container") or {}, box_where, "multi-node.container")
+    check.known_keys(box, box_where, _EXTRAS_KEYS + ("rdma", "shm-size"), "multi-node.container")
+    rdma_body = check.mapping(box.get("rdma") or {}, box_where + ("rdma",), "multi-node.container.rdma")
+    check.known_keys(rdma_body, box_where + ("rdma",), _EXTRAS_KEYS, "multi-node.container.rdma")
+    base, rdma = _extras(check, box, box_where), _extras(check, rdma_body, box_where + ("rdma",))
+    shm = box.get("shm-size")
+    if shm is not None and not _SHM_SIZE.match(str(shm)):
+        check.error(box_where + ("shm-size",), f"shm-size is a size like 32gb, not {shm!r}")
+    envs = []
+    for key in ("nccl-env", "no-rdma-env"):
+        table = check.mapping(body.get(key) or {}, where + (key,), key)
+        for name in table:
+            if not _ENV_NAME.match(str(name)) or str(name) in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"):
+                check.error(where + (key, name), f"{name!r} cannot be set here",
+                            "NCCL_SOCKET_IFNAME and NCCL_IB_HCA come from the detected link, never from data")
+        envs.append(tuple((str(k), "" if v is None else str(v)) for k, v in table.items()))
+    return RankProfile(base, rdma, None if shm is None else str(shm), envs[0], envs[1])
 
 
 def parse_model(doc: Document, hardware: str) -> tuple[ModelInfo | None, Checker]:

@@ -149,6 +149,8 @@ def run(
     worker: str = typer.Option(None, "--worker", metavar="CONTEXT|URL", help="Multi-rank: the worker node's Docker endpoint (a `docker context` name, ssh://user@host, tcp://host:2376)."),
     head: str = typer.Option(None, "--head", metavar="CONTEXT|URL", help="Multi-rank: the head node's Docker endpoint (default: this machine's, as `docker` would pick it)."),
     first_request_timeout: float = typer.Option(120.0, "--first-request-timeout", help="Multi-rank: seconds the real 1-token request to the head may take before the worker counts as absent."),
+    no_rdma: bool = typer.Option(False, "--no-rdma", help="Multi-rank: no RDMA devices (/dev/infiniband); NCCL over TCP sockets on the RoCE interface (slower)."),
+    rdma_device: str = typer.Option(None, "--rdma-device", metavar="DEV", help="Multi-rank: NCCL_IB_HCA on every rank (with --print; or instead of the RDMA device detected behind the RoCE interface)."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout (the spec with --print, the endpoint otherwise)."),
     direct: bool = typer.Option(False, "--direct", help=DIRECT_HELP),
 ) -> None:
@@ -173,13 +175,17 @@ def run(
 
         if not 0 <= rank < recipe.resources.world_size:
             raise MetralError(f"{recipe.name} has {recipe.resources.world_size} rank(s); --rank {rank} does not exist")
-        spec = spec_for(catalog, recipe, rank=rank, master_addr=master_addr, roce_interface=roce_interface)
+        spec = spec_for(catalog, recipe, rank=rank, master_addr=master_addr, roce_interface=roce_interface,
+                        rdma=not no_rdma, rdma_device=rdma_device)
         if as_json:
             print(json.dumps(asdict(spec), indent=2))
             return
         if recipe.multi_rank and not (master_addr and roce_interface):
             note(f"rank {rank} of {recipe.resources.world_size}: pass --master-addr (the head's RoCE IP) and "
                  "--roce-interface (the ConnectX port with an IPv4 address, same on both nodes)")
+        if recipe.multi_rank and not (rdma_device or no_rdma):
+            note("NCCL_IB_HCA is left out (NCCL then uses any RDMA device); --rdma-device DEV sets it (the device "
+                 "behind the RoCE port: `ls /sys/class/net/IF/device/infiniband/`)")
         print(docker_run_command(spec))
         return
     from metralectl.lifecycle.launch import LaunchOptions, launch
@@ -193,12 +199,13 @@ def run(
 
         multirank_cmds.run_multi(recipe, catalog, options, worker=worker, head=head, roce_interface=roce_interface,
                                  master_addr=master_addr, first_request_timeout=first_request_timeout, detach=detach,
-                                 as_json=as_json)
+                                 as_json=as_json, rdma=not no_rdma, rdma_device=rdma_device)
         return
     if recipe.multi_rank and head:
         raise typer.BadParameter("a multi-rank launch needs --worker (the worker node's Docker endpoint)")
-    if worker or head:
-        raise typer.BadParameter(f"{recipe.name} is a single-node recipe; --worker/--head are for multi-rank recipes")
+    if worker or head or no_rdma or rdma_device:
+        raise typer.BadParameter(f"{recipe.name} is a single-node recipe; --worker/--head/--no-rdma/--rdma-device are "
+                                 "for multi-rank recipes")
     agent = _agent(direct)
     if agent is not None:
         body = {"recipe": recipe_name, "sets": list(set_ or []),

@@ -45,6 +45,7 @@ from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, Log
 from metralectl.lifecycle.launch import (DRAIN_S, LABEL_ENDPOINT, LABEL_SETS, POLL_WAIT_S, LaunchFailed, LaunchOptions,
                                          check_containers)
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
+from metralectl.lifecycle.rdma import check_rdma
 from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis, timeout_diagnosis,
                                             warnings_at_ready)
 from metralectl.lifecycle.stop import StopResult, stop_containers
@@ -62,6 +63,8 @@ class MultiOptions:
     master_addr: str | None = None
     first_request_timeout_s: float = 120.0  # the real 1-token request after /health is 200
     probe_timeout_s: float = 60.0
+    rdma: bool = True  # False (`--no-rdma`): no RDMA devices, NCCL over TCP sockets
+    rdma_device: str | None = None  # NCCL_IB_HCA on every rank, instead of the detected one
 
 
 @dataclass
@@ -137,7 +140,8 @@ def symmetry_problems(specs: Sequence[ContainerSpec], contract: EngineContract) 
             shown = ", ".join(f"rank {s.rank}: {_shown(v)}" for s, v in zip(specs, values))
             problems.append(f"--{name} differs between ranks ({shown}); the worker would crash with an SSM "
                             "intermediate-buffer error")
-    nccl = [{k: v for k, v in s.env.items() if k.startswith("NCCL_")} for s in specs]
+    # NCCL_IB_HCA names each node's own RDMA device (detected per node), so it may differ between ranks
+    nccl = [{k: v for k, v in s.env.items() if k.startswith("NCCL_") and k != "NCCL_IB_HCA"} for s in specs]
     for spec, env in zip(specs[1:], nccl[1:]):
         differ = sorted(k for k in set(env) | set(nccl[0]) if env.get(k) != nccl[0].get(k))
         if differ:
@@ -375,15 +379,19 @@ def launch_multi(recipe: Recipe, catalog: Catalog, head: DockerRuntime, worker: 
     probes = probe_nodes(recipe, catalog, nodes, multi.probe_timeout_s, on_event)
     interface, master_addr, notes = choose_network(recipe, catalog, nodes, probes, multi, on_event)
     check_weights(recipe, nodes, commit, options, on_event)
+    hcas = check_rdma(nodes, hardware.rank_profile, interface, rdma=multi.rdma, given_device=multi.rdma_device,
+                      on_event=on_event)
     specs = [spec_for(catalog, recipe, rank=n.rank, master_addr=master_addr, roce_interface=interface,
-                      gpus_override=gpus_override) for n in nodes]
+                      gpus_override=gpus_override, rdma=multi.rdma, rdma_device=hcas[n.rank]) for n in nodes]
     problems = symmetry_problems(specs, catalog.engines[recipe.engine])
     if problems:
         raise MetralError(f"the two ranks of {recipe.name} do not agree: " + "; ".join(problems),
                           "head and worker are rendered from one recipe; remove per-rank overrides of these settings")
     on_event(Step("symmetry", "both ranks: " + ", ".join(
         f"--{k} {_shown(flag_value(specs[0].command, k))}" for k in catalog.engines[recipe.engine].rank_symmetric)
-        + f"; identical NCCL environment ({len([k for k in specs[0].env if k.startswith('NCCL_')])} variables)"))
+        + f"; identical NCCL environment ({len([k for k in specs[0].env if k.startswith('NCCL_')])} variables)"
+        + (f"; {', '.join(specs[0].devices + tuple('--cap-add ' + c for c in specs[0].cap_add))}"
+           if specs[0].devices or specs[0].cap_add else "")))
     replacing = []
     for node, spec in zip(nodes, specs):
         replacing += [(node, c) for c in check_containers(recipe, node.runtime, spec, options, where=f" on {node.label}")]
