@@ -7,7 +7,7 @@ the models/kernel targets it does not list, come from its parent.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from metralectl.schema import Checker
@@ -19,7 +19,8 @@ _MODEL_KEYS = ("schema", "id", "display-name", "family", "model-type", "architec
                "hidden-size", "layers", "attention-layers", "kv-heads", "head-dim", "vision", "mtp", "tool-call-parser",
                "kv-advice", "checkpoints", "targets", "quant-targets", "provenance", "notes")
 _IMAGE_KEYS = ("schema", "id", "ref", "engine", "hardware", "platform", "min-cuda", "min-driver", "revision-label",
-               "tags", "build", "notes")
+               "tags", "tag-pattern", "build", "certified", "notes")
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # Docker's rule for a tag
 CPU_ARCHES = ("aarch64", "x86_64")
 PLATFORM_OF_ARCH = {"aarch64": "linux/arm64", "x86_64": "linux/amd64"}
 
@@ -141,8 +142,56 @@ class ImageInfo:
     min_cuda: str | None
     min_driver: str | None
     revision_label: str
-    build: str | None = None
+    build: str | None = None  # a Dockerfile in the engine repository: built from source, never pulled
     source: str = ""
+    tags: dict[str, str] = field(default_factory=dict)  # tags a recipe may pick (`image-tag:`) -> what each is
+    tag_pattern: str | None = None  # other tags a recipe may pick (commit / version tags), as a regex
+    certified: bool | None = None  # the engine's own recipes run this image (None: not stated, e.g. your own)
+    notes: str = ""
+
+    @property
+    def tag(self) -> str:
+        last = self.ref.rsplit("/", 1)[-1]
+        return last.rsplit(":", 1)[1] if ":" in last and "@" not in self.ref else "latest"
+
+    @property
+    def pullable(self) -> bool:
+        return self.build is None
+
+    def with_tag(self, tag: str | None) -> ImageInfo:
+        """This image under another tag (a recipe's `image-tag:`); itself when tag is None or already its own."""
+        if not tag or tag == self.tag or "@" in self.ref:
+            return self
+        last = self.ref.rsplit("/", 1)[-1]
+        repository = self.ref.rsplit(":", 1)[0] if ":" in last else self.ref
+        return replace(self, ref=f"{repository}:{tag}")
+
+    def tag_problem(self, tag: str) -> str | None:
+        """Why `tag` cannot be picked for this image (None: it can)."""
+        if not TAG_RE.match(tag):
+            return f"{tag!r} is not a Docker tag (letters, digits, '_', '.', '-'; at most 128)"
+        if tag in self.tags or tag == self.tag:
+            return None
+        if self.tag_pattern and re.fullmatch(self.tag_pattern, tag):
+            return None
+        listed = ", ".join(self.tags) or self.tag
+        other = " (or a commit / version tag)" if self.tag_pattern else ""
+        return f"image {self.id} has no tag {tag!r}; its tags are {listed}{other}"
+
+    def availability(self) -> str:
+        """How to get it, in a line: pulled, or built from source (and whether the engine certifies it)."""
+        if self.build is not None:
+            return ("build from source; not certified by the engine" if self.certified is False
+                    else "build from source") + f" ({build_command(self)})"
+        return "pulled from its registry" + ("; the engine's own image" if self.certified else "")
+
+
+def build_command(info: ImageInfo) -> str:
+    """The command that builds a from-source image under its ref (its `build:` is a Dockerfile in the engine repo)."""
+    build = info.build or ""
+    if build and " " not in build.strip():
+        return f"in a checkout of the engine repository: docker build -f {build} -t {info.ref} ."
+    return f"{build} (tag it {info.ref})"
 
 
 def _num(check: Checker, data: dict[str, Any], where: tuple, key: str, integer: bool = False) -> Any:
@@ -289,14 +338,41 @@ def parse_image(doc: Document) -> tuple[ImageInfo | None, Checker]:
     if platform and platform not in PLATFORM_OF_ARCH.values():
         check.error(("platform",), f"unknown platform {platform!r}", f"use one of {', '.join(PLATFORM_OF_ARCH.values())}")
     hardware = check.string_list(top, (), "hardware", required=True)
+    tags = _image_tags(check, top.get("tags"))
+    pattern = _opt_str(top.get("tag-pattern"))
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            check.error(("tag-pattern",), f"not a valid regular expression: {exc}")
+    certified = top.get("certified")
+    if certified is not None and not isinstance(certified, bool):
+        check.error(("certified",), f"certified is true or false, not {certified!r}")
     if not check.ok or image_id is None or ref is None or platform is None:
         return None, check
     return ImageInfo(
         id=image_id, ref=ref, engine=str(top.get("engine", "metrale")), hardware=tuple(hardware), platform=platform,
         min_cuda=_opt_str(top.get("min-cuda")), min_driver=_opt_str(top.get("min-driver")),
         revision_label=str(top.get("revision-label", "org.opencontainers.image.revision")),
-        build=_opt_str(top.get("build")), source=doc.path,
+        build=_opt_str(top.get("build")), source=doc.path, tags=tags, tag_pattern=pattern,
+        certified=certified if isinstance(certified, bool) else None, notes=str(top.get("notes") or ""),
     ), check
+
+
+def _image_tags(check: Checker, raw: Any) -> dict[str, str]:
+    """`tags:` as a list of names, or a mapping of name -> what the tag is."""
+    if raw is None:
+        return {}
+    items = list(raw.items()) if isinstance(raw, dict) else [(t, "") for t in raw] if isinstance(raw, list) else None
+    if items is None:
+        check.error(("tags",), "tags is a list of tag names or a mapping of tag -> what it is")
+        return {}
+    out = {}
+    for name, meaning in items:
+        if not TAG_RE.match(str(name)):
+            check.error(("tags", str(name)), f"{name!r} is not a Docker tag")
+        out[str(name)] = "" if meaning is None else str(meaning)
+    return out
 
 
 def _opt_str(value: Any) -> str | None:

@@ -75,6 +75,7 @@ class Recipe:
     origin: RecipeOrigin
     deviations: tuple[tuple[str, Any, Any], ...] = ()  # (key, validated value, new value) from --set
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    image_tag: str | None = None  # `image-tag:`: run the image under this tag instead of its ref's
 
     @property
     def multi_rank(self) -> bool:

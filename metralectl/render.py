@@ -142,7 +142,7 @@ def nccl_env(recipe: Recipe, hardware: HardwareClass | None, roce_interface: str
 
 def spec_for(catalog: Catalog, recipe: Recipe, **options: Any) -> ContainerSpec:
     """render() with the recipe's contract, image and hardware class looked up in the catalog."""
-    return render(recipe, catalog.engines[recipe.engine], catalog.images[recipe.image],
+    return render(recipe, catalog.engines[recipe.engine], catalog.image_for(recipe),
                   hardware=catalog.hardware.get(recipe.hardware), **options)
 
 

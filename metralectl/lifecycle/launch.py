@@ -87,7 +87,7 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, options: Lau
     """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
     from metralectl import images, weights
 
-    info = catalog.images[recipe.image]
+    info = catalog.image_for(recipe)
     arch = machine.cpu_arch()
     on_event(Step("image", info.ref))
     state = runtime.image_state(info.ref, info.revision_label)

@@ -198,7 +198,7 @@ def connect_nodes(head: DockerRuntime, worker: DockerRuntime, on_event: Listener
 
 
 def _image_on(node: Node, recipe: Recipe, catalog: Catalog, options: LaunchOptions, on_event: Listener) -> None:
-    info = catalog.images[recipe.image]
+    info = catalog.image_for(recipe)
     try:
         state = node.runtime.image_state(info.ref, info.revision_label)
         if not state.present and options.pull:
@@ -217,7 +217,7 @@ def stage_nodes(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node], options
     checkpoint commit the head will serve (None when it cannot be known here)."""
     from metralectl.lifecycle.launch import stage
 
-    info = catalog.images[recipe.image]
+    info = catalog.image_for(recipe)
     commit: str | None = recipe.checkpoint.revision
     for node in nodes:
         if node.rank == 0 and node.endpoint.is_local and node.arch == machine.cpu_arch():
@@ -256,7 +256,7 @@ def _probe(node: Node, image: str, repo_dir: str, timeout_s: float) -> netprobe.
 def probe_nodes(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node], timeout_s: float,
                 on_event: Listener) -> dict[int, netprobe.ProbeReport | MetralError]:
     """Probe every node at once; each answer is a report or the error that kept it from running."""
-    image = catalog.images[recipe.image].ref
+    image = catalog.image_for(recipe).ref
     repo_dir = hfcache.repo_dir(recipe.checkpoint.repo).name
     on_event(Step("probe", f"network and HF cache of {len(nodes)} nodes (a short-lived {image} container on each, "
                            "host network)"))

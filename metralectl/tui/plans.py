@@ -29,7 +29,7 @@ def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_f
         try:
             running = [c for c in runtime.containers() if c.running]
             if recipe is not None:
-                info = catalog.images[recipe.image]
+                info = catalog.image_for(recipe)
                 image_present = runtime.image_state(info.ref, info.revision_label).present
         finally:
             runtime.close()
@@ -56,7 +56,7 @@ def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_f
         ), cancellable=False)
 
     assert recipe is not None
-    info = catalog.images[recipe.image]
+    info = catalog.image_for(recipe)
     cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
     image_line = {True: "present", False: "absent", None: f"unknown ({docker_note})"}[image_present]
 
