@@ -41,7 +41,7 @@ POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer with
 class LaunchOptions:
     replace: bool = False
     keep_failed: bool = False
-    stall_timeout_s: float = 300.0  # no new log line for this long while booting = stalled
+    stall_timeout_s: float = 300.0  # no new log line and no change in the /health answer for this long = stalled
     boot_timeout_s: float | None = None  # default: the hardware class's (900 s on GB10)
     check_weights: bool = True
     pull: bool = True  # pull a missing image / download missing weights before starting (else refuse)
