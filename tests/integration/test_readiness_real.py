@@ -42,6 +42,14 @@ def test_todays_format_is_ready_on_health(box: Box) -> None:
     assert "✔ ready in" in err
 
 
+def test_loading_then_ready_on_an_early_bound_port(box: Box) -> None:
+    """Bound before loading (as during a hot swap): 503 loading is "not yet", then the 200 is seen in time."""
+    launched, state, err = _run_ready(box, "early3")
+    assert state["http_bind"] == "early"
+    _seen_in_time(launched, state)
+    assert "▸ health     GET /health: 503 loading" in err, err
+
+
 def test_an_engine_that_prints_no_ready_line_is_ready(box: Box) -> None:
     launched, state, err = _run_ready(box, "silent3")
     assert state["log_format"] == "silent"
