@@ -35,6 +35,10 @@ LABEL_ENDPOINT = "ai.metrale.metralectl.endpoint"
 LABEL_SETS = "ai.metrale.metralectl.sets"
 DRAIN_S = 5.0  # after the container is down: how long its last log lines may take to arrive
 POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer within this of the poll
+# A boot that logged a failure signature and still answered 200 must stay up this long before it counts as
+# ready: the engine's OOM watchdog reads every ~2 s and exits after 3 low readings, and field logs show its
+# first reading before the ready line and the exit 3 s after it (engine-facts §2).
+HOLD_S = 8.0
 
 
 @dataclass(frozen=True)
@@ -243,6 +247,7 @@ def _wait_ready(runtime: DockerRuntime, container: ContainerInfo, log: BootLog, 
     next_state_check = 0.0
     log_ended = False
     seen_changes = 0
+    hold_until: float | None = None
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         while True:
@@ -262,11 +267,17 @@ def _wait_ready(runtime: DockerRuntime, container: ContainerInfo, log: BootLog, 
                 clock.progressed(now)
                 if health.kind != "down":
                     on_event(Step("health", f"GET {readiness.health_path}: {health.describe()}"))
-            if health.kind == "ready":
+            if health.kind == "ready" and hold_until is None:
                 if "ready" not in phases:
                     phases["ready"] = now - started
                     on_event(Phase("ready", f"GET {readiness.health_path}: {health.describe()}", now - started))
-                for warning in warnings_at_ready(log):
+                if log.failure is None:
+                    return phases, poller.ready_at or time.time()
+                hold_until = now + HOLD_S  # e.g. a first OOM-watchdog reading: it may still exit seconds after ready
+                on_event(Step("holding", f"the engine logged `{log.failure.message}` while starting: checking it stays "
+                                         f"up for {HOLD_S:g} s"))
+            if hold_until is not None and now >= hold_until:
+                for warning in warnings_at_ready(log, HOLD_S):
                     on_event(Warning_(warning))
                 return phases, poller.ready_at or time.time()
             if health.kind == "faulted":
@@ -279,6 +290,8 @@ def _wait_ready(runtime: DockerRuntime, container: ContainerInfo, log: BootLog, 
                     code = info.exit_code if info else None
                     raise LaunchFailed(diagnose_exit(code, bool(info and info.oom_killed), log), list(log.tail)[-30:],
                                        str(log_path))
+            if hold_until is not None:
+                continue  # ready already; only an exit (checked above) can still fail the start
             if clock.timed_out(now):
                 raise LaunchFailed(timeout_diagnosis(log, health, url, boot_timeout), list(log.tail)[-30:],
                                    str(log_path))

@@ -42,8 +42,8 @@ from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exi
 from metralectl.lifecycle.deployment import Deployment, RankRecord, Runtimes
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
-from metralectl.lifecycle.launch import (DRAIN_S, LABEL_ENDPOINT, LABEL_SETS, POLL_WAIT_S, LaunchFailed, LaunchOptions,
-                                         check_containers)
+from metralectl.lifecycle.launch import (DRAIN_S, HOLD_S, LABEL_ENDPOINT, LABEL_SETS, POLL_WAIT_S, LaunchFailed,
+                                         LaunchOptions, check_containers)
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
 from metralectl.lifecycle.rdma import check_rdma
 from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis, timeout_diagnosis,
@@ -572,6 +572,7 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
     phases: dict[str, float] = {}
     clock = BootClock(started, boot_timeout, stall_timeout)
     seen_changes = 0
+    hold_until: float | None = None
     next_check = 0.0
     request: _RequestCheck | None = None
     by_rank = {n.rank: n for n in nodes}
@@ -638,16 +639,23 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
                 request.start()
             if request is not None and request.finished.is_set():
                 answer = request.result or Health(None, "", "no result")
-                if answer.status == 200:
+                if answer.status in (200, 401, 403) and hold_until is None:
+                    if answer.status != 200:
+                        on_event(Warning_(f"the head wants credentials (HTTP {answer.status}): a real request could "
+                                          "not be sent, so whether the worker takes part is unchecked"))
                     phases["ready"] = now - started
-                    _warn_at_ready(boots, on_event)
-                    return phases
-                if answer.status in (401, 403):
-                    on_event(Warning_(f"the head wants credentials (HTTP {answer.status}): a real request could not be "
-                                      "sent, so whether the worker takes part is unchecked"))
-                    phases["ready"] = now - started
-                    _warn_at_ready(boots, on_event)
-                    return phases
+                    flagged = [(r, b.failure) for r, b in sorted(boots.items()) if b.failure is not None]
+                    if not flagged:
+                        return phases
+                    hold_until = now + HOLD_S  # a rank that logged e.g. an OOM-watchdog reading may still exit
+                    who, signature = flagged[0]
+                    on_event(Step("holding", f"rank {who} logged `{signature.message}` while starting: checking "
+                                             f"both ranks stay up for {HOLD_S:g} s"))
+                if hold_until is not None:
+                    if now >= hold_until:
+                        _warn_at_ready(boots, on_event)
+                        return phases
+                    continue  # ready already; only a rank's exit (checked above) can still fail the start
                 if answer.status is None:
                     worker = nodes[-1]
                     raise fail(worker.rank, Diagnosis(
@@ -676,7 +684,7 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
 
 def _warn_at_ready(boots: dict[int, BootLog], on_event: Listener) -> None:
     for rank, boot in sorted(boots.items()):
-        for warning in warnings_at_ready(boot):
+        for warning in warnings_at_ready(boot, HOLD_S):
             on_event(Warning_(f"rank {rank}: {warning}"))
 
 

@@ -164,10 +164,10 @@ def timeout_diagnosis(log: BootLog, state: HealthState, url: str, boot_s: float,
                      f"{state.describe()})", REMEDIES["timeout"])
 
 
-def warnings_at_ready(log: BootLog) -> list[str]:
-    """A failure signature seen during a boot that still became ready (e.g. a first OOM-watchdog reading):
-    the engine may yet die of it, so the operator hears of it now."""
+def warnings_at_ready(log: BootLog, held_s: float) -> list[str]:
+    """A failure signature seen during a boot that still became ready (e.g. a first OOM-watchdog reading) and
+    stayed up for held_s: the operator hears of it, since the engine may yet die of it."""
     if log.failure is None:
         return []
-    return [f"the engine logged `{log.failure.message}` while starting ({log.failure.cause}); it became ready "
-            f"anyway, but may not stay up: {log.failure.remedy}"]
+    return [f"the engine logged `{log.failure.message}` while starting ({log.failure.cause}); it became ready and "
+            f"stayed up for {held_s:g} s, but may not stay up: {log.failure.remedy}"]

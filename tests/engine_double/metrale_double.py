@@ -102,6 +102,9 @@ So the double's own knobs deliberately do NOT start with METRALE_:
                    head is ready and /health 200, but every request hangs
       gpu-fault    load, then latch a GPU fault instead of becoming ready: /health answers 503
                    {"status":"faulted","reason":DOUBLE_FAULT_REASON} and the double keeps running
+      oom-after-ready  the engine's OOM watchdog as field logs show it: a first "OOM watchdog: GPU free
+                   memory critically low ... [1/3]" before the ready line, ready (/health 200), then
+                   [2/3] and [3/3] a second apart, "... Terminating ...", exit 1
   DOUBLE_LOG_FORMAT    tracing (default) | tracing-module | book | silent  (see Start-up log)
   DOUBLE_LOG_ANSI      1: colour codes in the tracing prefix
   DOUBLE_HTTP_BIND     early | late: when the HTTP socket is bound (default: early with book, else late)
@@ -174,7 +177,7 @@ REQUIRES = (("prompt-lookup-decoding", "speculative"),)
 
 KNOWN_FAULTS = frozenset({
     "exit-at-start", "exit-137", "never-ready", "stall", "slow-ready", "loaded-zero", "oom",
-    "ignore-sigterm", "swap-fail", "rendezvous-timeout", "worker-drop", "gpu-fault",
+    "ignore-sigterm", "swap-fail", "rendezvous-timeout", "worker-drop", "gpu-fault", "oom-after-ready",
 })
 DEFAULT_FAULT_REASON = "CUDA error: an illegal memory access was encountered (Xid 13) on GPU 0"
 
@@ -1417,6 +1420,22 @@ def load_model(e: Engine, model: str) -> bool:
         remaining = d - (time.monotonic() - t0)
         if remaining > 0 and e.sleep(remaining):
             return False
+    if "oom-after-ready" in f:
+        log(watchdog_reading(1), "ERROR")  # field logs: the first reading precedes the ready line
+    return True
+
+
+def watchdog_reading(n: int) -> str:
+    return f"OOM watchdog: GPU free memory critically low: 1350 MB (threshold: 2048 MB) [{n}/3]"
+
+
+def die_of_the_watchdog(e: Engine) -> bool:
+    """After the ready line: two more low readings a second apart, then the engine's own exit. False if stopped."""
+    for n in (2, 3):
+        if e.sleep(1.0):
+            return False
+        log(watchdog_reading(n), "ERROR")
+    log("OOM watchdog: 3 consecutive readings below threshold. Terminating to prevent system freeze.", "ERROR")
     return True
 
 
@@ -1491,6 +1510,11 @@ def run_serve(argv: list[str]) -> int:
             elif args.bind in ("0.0.0.0", "::", "[::]"):
                 log(f"WARNING: bound to {args.bind}: the API is exposed to every machine on the LAN; "
                     "use --require-auth or a firewall")
+    if "oom-after-ready" in faults and die_of_the_watchdog(e):
+        rdv.close()
+        server.shutdown()
+        server.server_close()
+        return 1
     while not e.stopping.wait(0.5):
         pass
     rdv.close()

@@ -62,6 +62,7 @@ def engine_images(docker_daemon: None) -> dict[str, str]:
         "module-ansi": {"DOUBLE_LOG_FORMAT": "tracing-module", "DOUBLE_LOG_ANSI": "1", "DOUBLE_READY_DELAY": "2"},
         "book": {"DOUBLE_LOG_FORMAT": "book"},
         "gpu-fault": {"DOUBLE_FAULT": "gpu-fault", "DOUBLE_FAULT_REASON": "Xid 79: GPU has fallen off the bus"},
+        "oom-after-ready": {"DOUBLE_FAULT": "oom-after-ready"},
     }
     for name, env in variants.items():
         images[name] = bundle.build_variant(bundle.variant_tag(name), env)

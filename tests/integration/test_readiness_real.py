@@ -83,3 +83,16 @@ def test_a_faulted_engine_fails_with_its_reason(box: Box) -> None:
     assert "nvidia-smi" in out.stderr and "Traceback" not in out.stderr
     assert "stalled" not in out.stderr and "timeout" not in out.stderr.split("start failed")[1].split("\n")[0]
     assert box.containers() == []
+
+
+def test_ready_then_killed_by_the_oom_watchdog_is_a_failed_start(box: Box) -> None:
+    """As field logs show it: a first watchdog reading, the ready line, /health 200, then the engine's exit
+    two seconds later. A harness that took the 200 would hand out a dead endpoint; run holds and fails."""
+    name = box.recipe("watchdog", image="oom-after-ready")
+    box.weights_complete()
+    out = box.cli("run", name, timeout=90)
+    assert out.returncode == 1, out.stderr
+    assert "▸ ready" in out.stderr and "▸ holding" in out.stderr  # it did answer 200 first
+    assert "start failed (out-of-memory)" in out.stderr and "OOM watchdog" in out.stderr
+    assert "endpoint" not in out.stdout and box.containers() == []
+

@@ -326,11 +326,37 @@ def test_an_exit_is_diagnosed_from_todays_error_line(engine: HealthServer, tmp_p
     assert "Snapshot 'db821d7'" in kept and os.path.getsize(tmp_path / "boot.log") > 0
 
 
-def test_a_watchdog_reading_before_ready_is_a_warning(engine: HealthServer, tmp_path: Path) -> None:
-    runtime = ScriptedRuntime([(0.05, "2026-08-26T05:35:05Z ERROR OOM watchdog: GPU free memory critically low: "
-                                      "1500 MB (threshold: 2048 MB) [1/3]")])
+WATCHDOG = "2026-08-26T05:35:05Z ERROR OOM watchdog: GPU free memory critically low: 1350 MB (threshold: 2048 MB) [{}/3]"
+
+
+def test_a_watchdog_reading_before_ready_holds_then_warns(engine: HealthServer, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine can say ready and die of its OOM watchdog seconds later: ready only once it has stayed up."""
+    monkeypatch.setattr(launch, "HOLD_S", 1.0)
+    runtime = ScriptedRuntime([(0.05, WATCHDOG.format(1))])
     engine.bind()
     _later(0.4, engine.turn_ready)
     events: list[Event] = []
+    started = time.monotonic()
     _wait(runtime, engine.url, tmp_path, events=events)
+    assert time.monotonic() - started >= 0.4 + 1.0  # held after the 200
+    kinds = [(type(e).__name__, getattr(e, "name", "")) for e in events]
+    assert ("Step", "holding") in kinds
+    assert kinds.index(("Step", "holding")) < next(i for i, e in enumerate(events) if isinstance(e, Warning_))
     assert any(isinstance(e, Warning_) and "OOM watchdog" in e.message for e in events)
+
+
+def test_an_engine_that_dies_while_held_is_a_failed_start(engine: HealthServer, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "HOLD_S", 30.0)
+    lines = [(0.05, WATCHDOG.format(1)), (0.6, WATCHDOG.format(2)), (0.3, WATCHDOG.format(3)),
+             (0.1, "2026-08-26T05:35:06Z ERROR OOM watchdog: 3 consecutive readings below threshold. Terminating.")]
+    runtime = ScriptedRuntime(lines)
+    engine.bind()
+    _later(0.3, engine.turn_ready)
+    _later(1.4, lambda: setattr(runtime, "exit_code", 1))
+    started = time.monotonic()
+    with pytest.raises(launch.LaunchFailed) as failed:
+        _wait(runtime, engine.url, tmp_path)
+    assert failed.value.diagnosis.cause == "out-of-memory" and "OOM watchdog" in failed.value.diagnosis.message
+    assert time.monotonic() - started < 15  # on the exit, not the end of the hold
