@@ -360,3 +360,14 @@ def test_an_engine_that_dies_while_held_is_a_failed_start(engine: HealthServer, 
         _wait(runtime, engine.url, tmp_path)
     assert failed.value.diagnosis.cause == "out-of-memory" and "OOM watchdog" in failed.value.diagnosis.message
     assert time.monotonic() - started < 15  # on the exit, not the end of the hold
+
+
+def test_a_modelless_boot_waiting_a_whole_window_says_so(engine: HealthServer, tmp_path: Path) -> None:
+    engine.bind()  # 503 loading throughout: the engine is up but has no model
+    line = (f"{PREFIX}Server live at 127.0.0.1:{engine.port} — no model loaded yet, requests get 503 until one is "
+            "started from the Library")
+    events: list[Event] = []
+    with pytest.raises(launch.LaunchFailed) as failed:
+        _wait(ScriptedRuntime([(0.1, line)]), engine.url, tmp_path, stall=0.8, events=events)
+    assert failed.value.diagnosis.cause == "no-model" and "run RECIPE --print" in failed.value.diagnosis.remedy
+    assert [e.phase for e in events if isinstance(e, Phase)] == ["no-model"]
