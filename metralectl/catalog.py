@@ -64,6 +64,10 @@ class Catalog:
     def model_of(self, recipe: Recipe) -> ModelInfo:
         return self.models_for(recipe.hardware)[recipe.model]
 
+    def image_for(self, recipe: Recipe) -> ImageInfo:
+        """The image a recipe runs: its image under the recipe's `image-tag:` when it names one."""
+        return self.images[recipe.image].with_tag(recipe.image_tag)
+
     def check_document(self, doc: Document, origin: RecipeOrigin) -> tuple[Recipe | None, list[Problem]]:
         """Check one recipe document against this catalog (resolving `extends:` first)."""
         merged, problems = self._resolve_extends(doc)

@@ -21,7 +21,7 @@ from metralectl.schema import Checker, did_you_mean, type_name
 from metralectl.yamlsrc import Document, KeyPath
 
 TOP_KEYS = ("schema", "name", "description", "extends", "engine", "engine-revision", "source", "provenance",
-            "checkpoint", "hardware", "image", "serve", "resources", "env", "tags", "validated")
+            "checkpoint", "hardware", "image", "image-tag", "serve", "resources", "env", "tags", "validated")
 REQUIRED_TOP = ("schema", "name", "description", "engine", "checkpoint", "hardware", "image", "serve",
                 "resources", "validated")
 CHECKPOINT_KEYS = ("repo", "quant", "revision", "model")
@@ -75,6 +75,7 @@ def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Rec
     source, provenance = check_source(check, top)
     ctx.hardware = _hardware(check, top, world)
     image = _image(check, top, world, ctx)
+    image_tag = _image_tag(check, top, image)
     checkpoint = _checkpoint(check, top, world, ctx)
     serve = _serve(check, check.mapping(top.get("serve", {}), ("serve",), "serve"), ("serve",), ctx, head=True)
     resources = _resources(check, top, ctx, serve)
@@ -96,7 +97,7 @@ def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Rec
         hardware=ctx.hardware.id, image=image.id, serve=serve, resources=resources, env=env, tags=tags,
         validated=validated, origin=origin,
         warnings=tuple(p.render() for p in check.problems if p.severity == "warning"),
-        engine_revision=ctx.revision.id, source=source, provenance=provenance,
+        engine_revision=ctx.revision.id, source=source, provenance=provenance, image_tag=image_tag,
     )
     return recipe, check.problems
 
@@ -157,6 +158,25 @@ def _image(check: Checker, top: dict[str, Any], world: World, ctx: _Context) -> 
     if ctx.contract and image.engine != ctx.contract.name:
         check.error(("image",), f"image {image_id!r} carries the {image.engine} engine, not {ctx.contract.name}")
     return image
+
+
+def _image_tag(check: Checker, top: dict[str, Any], image: ImageInfo | None) -> str | None:
+    """`image-tag:` — one of the image's tags (images/*.yaml `tags:`), or a commit / version tag it allows."""
+    if "image-tag" not in top or top["image-tag"] is None:
+        return None
+    tag = top["image-tag"]
+    if not isinstance(tag, str):
+        check.error(("image-tag",), f"image-tag is a tag name, not {type_name(tag)}")
+        return None
+    if image is None:
+        return None
+    problem = image.tag_problem(tag)
+    if problem:
+        check.error(("image-tag",), problem, f"`metralectl images` lists {image.id}'s tags")
+        return None
+    if not image.pullable and tag != image.tag:
+        check.warn(("image-tag",), f"{image.id} is built from source: tag your build {image.with_tag(tag).ref}")
+    return tag
 
 
 def _checkpoint(check: Checker, top: dict[str, Any], world: World, ctx: _Context) -> CheckpointRef | None:

@@ -28,6 +28,7 @@ _FLAG_KEYS = ("type", "default", "min", "max", "exclusive-min", "exclusive-max",
               "with", "resource", "requires", "conflicts", "needs-model", "must-match", "aliases", "help", "reason",
               "unset-word")
 _LEVER_KEYS = ("type", "default", "min", "max", "recipe", "help", "reason")
+_READINESS_KEYS = ("health-path", "health-ready-status", "health-status-key", "health-faulted", "health-reason-key")
 _TOP_KEYS = ("schema", "name", "display-name", "binary", "serve-command", "model-argument", "version-command",
              "default-port", "default-bind", "readiness", "log-phases", "log-failures", "endpoints", "flags",
              "request-dialect",
@@ -144,6 +145,18 @@ class LogPattern:
     key: str  # the phase or failure cause
     pattern: re.Pattern[str]
     remedy: str = ""
+    source: str = ""  # which engine source / release the wording comes from
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """How the engine says it is ready: GET health_path answers ready_status; a faulted body is a failure."""
+
+    health_path: str = "/health"
+    ready_status: int = 200
+    status_key: str = "status"  # the JSON key of a /health answer that names the state
+    faulted: str = "faulted"  # its value once a GPU fault is latched
+    reason_key: str = "reason"
 
 
 @dataclass(frozen=True)
@@ -154,8 +167,7 @@ class EngineContract:
     serve_command: tuple[str, ...]
     default_port: int
     default_bind: str
-    readiness_marker: str
-    health_path: str
+    readiness: Readiness
     flags: dict[str, FlagSpec]
     levers: dict[str, Lever]
     exclusive_groups: tuple[tuple[tuple[str, ...], str], ...]
@@ -215,7 +227,7 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         body = check.mapping(raw, ("exclusive-groups", i), "an exclusive group")
         members = tuple(check.string_list(body, ("exclusive-groups", i), "flags", required=True))
         groups.append((members, str(body.get("reason", ""))))
-    readiness = check.mapping(top.get("readiness", {}), ("readiness",), "readiness")
+    readiness = _readiness(check, top)
     if not check.ok or name is None:
         return None, check
     contract = EngineContract(
@@ -225,8 +237,7 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         serve_command=tuple(top.get("serve-command") or ()),
         default_port=int(top.get("default-port", 8888)),
         default_bind=str(top.get("default-bind", "127.0.0.1")),
-        readiness_marker=str(readiness.get("log-marker", "Listening on {bind}:{port}")),
-        health_path=str(readiness.get("health-path", "/health")),
+        readiness=readiness,
         flags=flags,
         levers=levers,
         exclusive_groups=tuple(groups),
@@ -258,14 +269,27 @@ def _dialect(check: Checker, top: dict[str, Any]) -> dict[str, str]:
             check.error(("request-dialect", key), f"{value!r}: expected accepted, refused or unknown")
         out[key] = value
     return out
+def _readiness(check: Checker, top: dict[str, Any]) -> Readiness:
+    body = check.mapping(top.get("readiness", {}), ("readiness",), "readiness")
+    check.known_keys(body, ("readiness",), _READINESS_KEYS, "readiness")
+    status = body.get("health-ready-status", 200)
+    if not isinstance(status, int) or isinstance(status, bool) or not 200 <= status < 300:
+        check.error(("readiness", "health-ready-status"), f"must be a 2xx HTTP status, not {status!r}")
+        status = 200
+    return Readiness(str(body.get("health-path", "/health")), status, str(body.get("health-status-key", "status")),
+                     str(body.get("health-faulted", "faulted")), str(body.get("health-reason-key", "reason")))
 
 
 def _patterns(check: Checker, top: dict[str, Any], key: str, label: str) -> tuple[LogPattern, ...]:
     out = []
     for i, raw in enumerate(top.get(key) or []):
         body = check.mapping(raw, (key, i), key)
+        check.known_keys(body, (key, i), (label, "pattern", "remedy", "source"), f"a {key} entry")
+        if not str(body.get("source") or "").strip():
+            check.error((key, i), "names no `source:`", "say which engine source or release the wording comes from")
         try:
-            out.append(LogPattern(str(body.get(label)), re.compile(str(body.get("pattern"))), str(body.get("remedy", ""))))
+            out.append(LogPattern(str(body.get(label)), re.compile(str(body.get("pattern"))), str(body.get("remedy", "")),
+                                  str(body.get("source", ""))))
         except re.error as exc:
             check.error((key, i, "pattern"), f"not a valid regular expression: {exc}")
     return tuple(out)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from metralectl.errors import MetralError
-from metralectl.hardware import PLATFORM_OF_ARCH, ImageInfo
+from metralectl.hardware import PLATFORM_OF_ARCH, ImageInfo, build_command
 
 _ARCH_ALIASES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
 
@@ -48,7 +48,9 @@ class ImageStatus:
     def as_json(self) -> dict[str, Any]:
         return {"id": self.info.id, "ref": self.info.ref, "platform": self.info.platform,
                 "hardware": list(self.info.hardware), "built_locally": self.info.build is not None,
-                "build": self.info.build, "present": self.present, "image_id": self.image_id,
+                "build": self.info.build, "build_command": build_command(self.info) if self.info.build else None,
+                "certified": self.info.certified, "availability": self.info.availability(),
+                "tags": dict(self.info.tags), "tag_pattern": self.info.tag_pattern, "present": self.present, "image_id": self.image_id,
                 "revision": self.revision, "digest": self.digest, "local_platform": self.local_platform,
                 "recipes": list(self.recipes), "problem": self.problem}
 
@@ -88,7 +90,7 @@ def check_platform(image_state: Any, image_info: ImageInfo, cpu_arch: str) -> Im
             f"the local {image_info.ref} is a {local} image, but this machine is {here} "
             f"(the catalog says {declared}); it would fail with `exec format error`",
             f"replace it: `docker rmi {image_info.ref}` then `docker pull --platform {here} {image_info.ref}`"
-            + (f" (or rebuild it: {image_info.build})" if image_info.build else ""))
+            + (f" (or rebuild it: {build_command(image_info)})" if image_info.build else ""))
     return None
 
 
@@ -136,8 +138,9 @@ def pull(info: ImageInfo, runtime: ImageRuntime, cpu_arch: str,
     if info.build is not None:  # nothing to pull from; a local copy for the wrong platform must be rebuilt
         if state.present and problem is None:
             return ImagePull(status(info, runtime, cpu_arch), "present")
-        raise problem or ImageError(f"image {info.ref} is built locally, not pulled, and is not here",
-                                    f"build it: {info.build}, tagged `{info.ref}`")
+        raise problem or ImageError(f"image {info.ref} cannot be pulled: it is built from source"
+                                    + ("; not certified by the engine" if info.certified is False else "")
+                                    + " — and it is not here", f"build it {build_command(info)}")
     # absent, --update, or a local copy for another platform: `docker pull --platform` replaces the tag
 
     def relay(layer: str | None, text: str, current: int | None, total: int | None) -> None:
@@ -161,6 +164,9 @@ def image_preflight(info: ImageInfo, runtime: ImageRuntime, cpu_arch: str, recip
     if problem is not None:
         raise problem
     if not state.present:
+        if info.build is not None:
+            raise ImageError(f"image {info.ref} is not here, and it cannot be pulled: it is built from source"
+                             + ("; not certified by the engine" if info.certified is False else ""),
+                             f"build it {build_command(info)}")
         raise ImageError(f"image {info.ref} is not here; run `metralectl pull {recipe_name}`",
-                         info.build and f"it is built locally: {info.build}" or
                          f"`metralectl pull {recipe_name}` pulls it (and the weights)")

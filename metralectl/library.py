@@ -39,6 +39,9 @@ class LibraryRow:
     overrides: str | None
     tags: tuple[str, ...]
     description: str
+    image: str = ""  # the image ref the recipe runs
+    image_availability: str = ""  # pulled, or built from source (and whether the engine certifies it)
+    image_pullable: bool = True
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,12 +72,14 @@ def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
         if target.hardware is None:
             reason += f" (on {judged_on})"
     cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    image = catalog.image_for(recipe)
     return LibraryRow(
         name=recipe.name, model=model.display_name, repo=recipe.checkpoint.repo, quant=recipe.checkpoint.quant,
         hardware=recipe.hardware, mtp=recipe.mtp, validated_tok_s=recipe.validated.decode_tok_s,
         memory_gb=est.total_gb, budget_gb=est.budget.gb, fits=fits, fits_reason=reason, weights=cache.status,
         source=_source(recipe), source_path=recipe.origin.path, overrides=recipe.origin.overrides,
-        tags=recipe.tags, description=recipe.description,
+        tags=recipe.tags, description=recipe.description, image=image.ref, image_availability=image.availability(),
+        image_pullable=image.pullable,
     )
 
 

@@ -31,13 +31,19 @@ HUB_MOUNT = "/metralectl-hub"
 _MARK = "@@metralectl-probe "
 
 
-def probe_script(repo_dir: str | None = None) -> str:
+def probe_script(repo_dir: str | None = None, sys_root: str = "/sys") -> str:
     """The sh script the probe container runs (busybox or any POSIX sh; only cat, ls and echo)."""
     lines = [
         f"echo '{_MARK}route'; cat /proc/net/route",
         f"echo '{_MARK}fib_trie'; cat /proc/net/fib_trie",
         f"echo '{_MARK}tcp'; cat /proc/net/tcp 2>/dev/null",
         f"echo '{_MARK}tcp6'; cat /proc/net/tcp6 2>/dev/null",
+        # RDMA: the device behind each interface (what NCCL_IB_HCA names) and whether verbs devices exist
+        # (/dev/infiniband/uverbsN; the container cannot see the host's /dev, but sysfs shows the classes)
+        f"echo '{_MARK}rdma'; for d in {sys_root}/class/net/*/device/infiniband/*; do [ -e \"$d\" ] || continue; "
+        f"i=${{d#{sys_root}/class/net/}}; echo \"link ${{i%%/*}} ${{d##*/}}\"; done; "
+        f"for v in {sys_root}/class/infiniband_verbs/uverbs*; do [ -e \"$v\" ] && echo \"verbs ${{v##*/}}\"; done; "
+        "echo scanned",
     ]
     if repo_dir:
         base = f"{HUB_MOUNT}/{repo_dir}"
@@ -118,9 +124,23 @@ class HubView:
 
 
 @dataclass(frozen=True)
+class RdmaView:
+    """What the probe saw of the node's RDMA devices (sysfs)."""
+
+    links: dict[str, tuple[str, ...]]  # interface -> RDMA devices behind it (e.g. enp1s0f0np0 -> rocep1s0f0)
+    verbs: tuple[str, ...]  # uverbs devices: present iff /dev/infiniband/uverbsN exists on the node
+
+    def device_for(self, interface: str) -> str | None:
+        """The one RDMA device behind interface (None: none, or more than one to choose from)."""
+        found = self.links.get(interface, ())
+        return found[0] if len(found) == 1 else None
+
+
+@dataclass(frozen=True)
 class ProbeReport:
     net: NodeNet
     hub: HubView | None
+    rdma: RdmaView | None = None
 
 
 class ProbeUnreadable(MetralError):
@@ -253,7 +273,22 @@ def parse_probe(text: str) -> ProbeReport:
         raise ProbeUnreadable(f"the probe printed no network tables ({tail})")
     net = node_net(sections["route"], sections["fib_trie"], sections.get("tcp", ""), sections.get("tcp6", ""))
     hub = _hub(sections["hf"]) if "hf" in sections else None
-    return ProbeReport(net, hub)
+    return ProbeReport(net, hub, _rdma(sections["rdma"]) if "rdma" in sections else None)
+
+
+def _rdma(text: str) -> RdmaView | None:
+    links: dict[str, list[str]] = {}
+    verbs: list[str] = []
+    scanned = False
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["link"] and len(words) == 3:
+            links.setdefault(words[1], []).append(words[2])
+        elif words[:1] == ["verbs"] and len(words) == 2:
+            verbs.append(words[1])
+        elif words == ["scanned"]:
+            scanned = True
+    return RdmaView({k: tuple(v) for k, v in links.items()}, tuple(verbs)) if scanned else None
 
 
 # --- choosing the RoCE interface -------------------------------------------------------------------

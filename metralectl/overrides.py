@@ -10,16 +10,20 @@ from metralectl.recipe import Recipe, RecipeOrigin
 from metralectl.yamlsrc import Document, KeyPath, overlay
 
 _SECTIONS = ("serve", "resources", "env", "checkpoint", "validated")
-_TOP_LEVEL = ("hardware", "image", "description", "engine")
+_TOP_LEVEL = ("hardware", "image", "image-tag", "description", "engine")
+_ALIASES = {"image.tag": "image-tag"}  # `--set image.tag=dev` reads as the recipe key `image-tag`
 
 
 def parse_set(text: str, catalog: Catalog, engine: str) -> tuple[KeyPath, Any]:
-    """`max-seq-len=4096` (a serve flag), `resources.port=9000`, `env.NAME=V`, `hardware=hopper`."""
+    """`max-seq-len=4096` (a serve flag), `resources.port=9000`, `env.NAME=V`, `hardware=hopper`, `image-tag=dev`."""
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
         raise UsageError(f"--set {text!r} is not KEY=VALUE", "e.g. --set max-seq-len=4096 or --set resources.port=9000")
     value = parse_set_value(raw)
+    key = _ALIASES.get(key, key)
+    if key == "image-tag" and value is not None and not isinstance(value, str):
+        value = str(value)  # a version-like tag (`--set image-tag=3.0`) is a name, not a number
     parts = key.split(".", 1)
     if parts[0] in _SECTIONS and len(parts) == 2:
         return (parts[0], parts[1]), value

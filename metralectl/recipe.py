@@ -92,6 +92,7 @@ class Recipe:
     engine_revision: str = ""  # the engine revision (release or commit) it targets and is checked against
     source: str | None = None  # "engine" (re-expressed from the engine's own recipe) | "book" | None
     provenance: Provenance | None = None
+    image_tag: str | None = None  # `image-tag:`: run the image under this tag instead of its ref's
 
     @property
     def multi_rank(self) -> bool:

@@ -56,12 +56,24 @@ class ContainerSpec:
     port: int = 0  # where the engine listens (host network: no publishing)
     bind: str = "127.0.0.1"
     rank: int = 0
+    # a multi-rank launch's profile (the hardware class's multi-node.container); empty for a single node
+    devices: tuple[str, ...] = ()
+    cap_add: tuple[str, ...] = ()
+    ulimits: tuple[tuple[str, int, int], ...] = ()  # (name, soft, hard)
+    shm_size: str | None = None
 
     def spec_hash(self) -> str:
-        """Identity of what would run (labels excluded, so the hash can be one of them)."""
+        """Identity of what would run (labels excluded, so the hash can be one of them). The multi-rank profile
+        counts only when set, so a single-node spec hashes as it always did."""
         body = asdict(self)
         body.pop("labels")
+        for key in _PROFILE_FIELDS:
+            if not body[key]:
+                body.pop(key)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+_PROFILE_FIELDS = ("devices", "cap_add", "ulimits", "shm_size")
 
 
 def hf_mounts() -> tuple[Mount, ...]:
@@ -117,31 +129,39 @@ def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, maste
     return argv
 
 
-def nccl_env(recipe: Recipe, hardware: HardwareClass | None, roce_interface: str | None) -> dict[str, str]:
-    """The hardware class's NCCL settings for a multi-rank launch (identical on every rank)."""
-    if not recipe.multi_rank or hardware is None:
+def nccl_env(recipe: Recipe, hardware: HardwareClass | None, roce_interface: str | None, *, rdma: bool = True,
+             rdma_device: str | None = None) -> dict[str, str]:
+    """The hardware class's NCCL settings for a multi-rank launch; the interface and the RDMA device only as
+    detected (or given), never guessed: NCCL_IB_HCA is left out when no device is known (NCCL then picks)."""
+    profile = hardware.rank_profile if hardware is not None else None
+    if not recipe.multi_rank or profile is None:
         return {}
-    table = (hardware.multi_node or {}).get("nccl-env") or {}
-    iface = roce_interface or "<roce-ifname>"
-    return {str(k): str(v).replace("{roce_interface}", iface) for k, v in table.items()}
+    env = dict(profile.nccl_env)
+    if not rdma:
+        env.update(profile.no_rdma_env)
+    env["NCCL_SOCKET_IFNAME"] = roce_interface or "<roce-ifname>"
+    if rdma and rdma_device:
+        env["NCCL_IB_HCA"] = rdma_device
+    return dict(sorted(env.items()))
 
 
 def spec_for(catalog: Catalog, recipe: Recipe, **options: Any) -> ContainerSpec:
     """render() with the recipe's contract, image and hardware class looked up in the catalog."""
-    return render(recipe, catalog.engines[recipe.engine], catalog.images[recipe.image],
+    return render(recipe, catalog.engines[recipe.engine], catalog.image_for(recipe),
                   hardware=catalog.hardware.get(recipe.hardware), **options)
 
 
 def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: int = 0,
            master_addr: str | None = None, extra_env: dict[str, str] | None = None,
            gpus_override: str | int | None = "recipe", hardware: HardwareClass | None = None,
-           roce_interface: str | None = None) -> ContainerSpec:
+           roce_interface: str | None = None, rdma: bool = True, rdma_device: str | None = None) -> ContainerSpec:
     gpus: str | int | None = recipe.resources.gpus
     if gpus == "none":
         gpus = None
     if gpus_override != "recipe":
         gpus = gpus_override
-    env = nccl_env(recipe, hardware, roce_interface)
+    env = nccl_env(recipe, hardware, roce_interface, rdma=rdma, rdma_device=rdma_device)
+    profile = hardware.rank_profile if hardware is not None and recipe.multi_rank else None
     env.update(recipe.env)
     env.update(extra_env or {})
     spec = ContainerSpec(
@@ -154,6 +174,10 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
         port=recipe.resources.ranks[rank].port,
         bind=recipe.resources.bind,
         rank=rank,
+        devices=profile.extras(rdma).devices if profile else (),
+        cap_add=profile.extras(rdma).cap_add if profile else (),
+        ulimits=profile.extras(rdma).ulimits if profile else (),
+        shm_size=profile.shm_size if profile else None,
     )
     labels = {
         LABEL_MANAGED: "true",
@@ -186,6 +210,11 @@ def docker_run_command(spec: ContainerSpec, *, width: int = 88) -> str:
         runtime += ["--gpus", q(str(spec.gpus))]
     runtime.append(q(f"--ipc={spec.ipc_mode}"))
     lines.append(" ".join(runtime))
+    profile = [f"--device {q(d)}" for d in spec.devices] + [f"--cap-add {q(c)}" for c in spec.cap_add]
+    profile += [f"--ulimit {q(f'{n}={soft}:{hard}')}" for n, soft, hard in spec.ulimits]
+    profile += [f"--shm-size {q(spec.shm_size)}"] if spec.shm_size else []
+    if profile:
+        lines.append(" ".join(profile))
     for mount in spec.mounts:
         suffix = ":ro" if mount.read_only else ""
         lines.append("-v " + _shell_path(mount.source) + q(f":{mount.target}{suffix}"))

@@ -21,6 +21,12 @@ from metralectl.render import LABEL_MANAGED, LABEL_OWNER, LABEL_PREFIX, Containe
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 LABEL_PROBE = f"{LABEL_PREFIX}.probe"
+RDMA_HINT = ("an EP=2 rank gets the node's RDMA devices (/dev/infiniband) for NCCL over RoCE: load the ConnectX "
+             "RDMA drivers on that node (`sudo modprobe mlx5_ib ib_uverbs rdma_ucm`; `ls /dev/infiniband` then lists "
+             "uverbs0 and rdma_cm), or run with `--no-rdma` (NCCL over TCP sockets on the RoCE interface, slower)")
+MEMLOCK_HINT = ("an EP=2 rank gets `--ulimit memlock=-1:-1` for RDMA memory registration, and this daemon lacks "
+                "CAP_SYS_RESOURCE to raise it (rootless Docker, or Docker inside a container): run the node's "
+                "dockerd as root on the host, or run with `--no-rdma` (no memory registration, no memlock)")
 CONNECT_TIMEOUT_S = 3.0
 
 
@@ -409,7 +415,8 @@ class DockerRuntime:
             device_requests = [DeviceRequest(count=spec.gpus, capabilities=[["gpu"]])]
         binds = {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts}
         host_config = self.api.create_host_config(network_mode=spec.network_mode, ipc_mode=spec.ipc_mode, binds=binds,
-                                                  device_requests=device_requests, init=False)
+                                                  device_requests=device_requests, init=False,
+                                                  **profile_kwargs(spec))
         labels = {**spec.labels, **(extra_labels or {})}
         try:
             created = self._call(self.api.create_container, image=spec.image, command=list(spec.command),
@@ -617,6 +624,12 @@ class DockerRuntime:
         text = str(getattr(exc, "explanation", None) or exc)
         if isinstance(exc, docker.errors.ImageNotFound):
             return RuntimeFailure(f"image not found: {text}", "pull it first (`metralectl pull RECIPE`)")
+        if "error gathering device information while adding custom device" in text:
+            return RuntimeFailure(f"this node lacks a device the launch passes to the engine ({text})",
+                                  RDMA_HINT if "/dev/infiniband" in text else "check the device path on that node")
+        if "error setting rlimit type 8" in text:  # RLIMIT_MEMLOCK, refused by the kernel
+            return RuntimeFailure(f"the Docker daemon may not give the container an unlimited locked-memory limit "
+                                  f"({text})", MEMLOCK_HINT)
         if "could not select device driver" in text:
             return RuntimeFailure(f"the daemon cannot give containers a GPU: {text}",
                                   "install the NVIDIA container toolkit, then `sudo nvidia-ctk runtime configure "
@@ -629,6 +642,23 @@ class DockerRuntime:
 
     def close(self) -> None:
         self.api.close()
+
+
+def profile_kwargs(spec: ContainerSpec) -> dict[str, Any]:
+    """A multi-rank spec's devices, capabilities, ulimits and /dev/shm size as create_host_config takes them
+    (exactly what `run --print` shows as --device/--cap-add/--ulimit/--shm-size); nothing for a single node."""
+    from docker.types import Ulimit
+
+    kwargs: dict[str, Any] = {}
+    if spec.devices:
+        kwargs["devices"] = [f"{d}:{d}:rwm" for d in spec.devices]
+    if spec.cap_add:
+        kwargs["cap_add"] = list(spec.cap_add)
+    if spec.ulimits:
+        kwargs["ulimits"] = [Ulimit(name=n, soft=soft, hard=hard) for n, soft, hard in spec.ulimits]
+    if spec.shm_size:
+        kwargs["shm_size"] = spec.shm_size
+    return kwargs
 
 
 def _split_ref(ref: str) -> tuple[str, str | None]:

@@ -70,6 +70,13 @@ def list_recipes(
         print(render_table(["RECIPE", "MODEL", "QUANT", "HW", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS", "SOURCE"],
                            table_rows, right=(5, 6)))
         note(f"fit judged on: {target.hardware or 'each recipe’s own class'} ({target.how})")
+        built: dict[str, tuple[str, list[str]]] = {}
+        for r in rows:
+            if not r.image_pullable:
+                built.setdefault(r.image, (r.image_availability, []))[1].append(r.name)
+        for ref, (how, names) in built.items():
+            note(f"{', '.join(names)}: image {ref} is not pulled: {how.split(' (')[0]} (`metralectl show "
+                 f"{names[0]}` says how to build it)")
     if catalog.refused:
         raise typer.Exit(1)
 

@@ -17,7 +17,8 @@ def print_ready_multi(launched: Any, as_json: bool) -> None:
 
 
 def run_multi(recipe: Any, catalog: Any, options: Any, *, worker: str, head: str | None, roce_interface: str | None,
-               master_addr: str | None, first_request_timeout: float, detach: bool, as_json: bool) -> None:
+               master_addr: str | None, first_request_timeout: float, detach: bool, as_json: bool,
+               rdma: bool = True, rdma_device: str | None = None) -> None:
     """`run RECIPE --worker NODE`: both ranks of a multi-rank recipe, each on its node's Docker daemon."""
     from metralectl.cli.staging_cmds import _Renderer
     from metralectl.lifecycle.multinode import MultiOptions, launch_multi
@@ -28,7 +29,7 @@ def run_multi(recipe: Any, catalog: Any, options: Any, *, worker: str, head: str
     head_rt = DockerRuntime(endpoint_for(head, "head")) if head else _runtime()
     worker_rt = DockerRuntime(endpoint_for(worker, "worker"))
     multi = MultiOptions(roce_interface=roce_interface, master_addr=master_addr,
-                         first_request_timeout_s=first_request_timeout)
+                         first_request_timeout_s=first_request_timeout, rdma=rdma, rdma_device=rdma_device)
     with lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
         if not head:
             from metralectl.lifecycle.swap import repair_if_needed

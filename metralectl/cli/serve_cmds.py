@@ -139,7 +139,7 @@ def run(
     detach: bool = typer.Option(False, "--detach", "-d", help="Show boot phases only (not the engine log) until ready."),
     replace: bool = typer.Option(False, "--replace", help="Stop the model metralectl is serving first."),
     keep_failed: bool = typer.Option(False, "--keep-failed", help="Keep a container that failed to start (for inspection)."),
-    stall_timeout: float = typer.Option(300.0, "--stall-timeout", help="Fail when the log shows no progress this long (s)."),
+    stall_timeout: float = typer.Option(300.0, "--stall-timeout", help="Fail when the engine shows no progress this long: no new log line and no change in its /health answer (s)."),
     boot_timeout: float = typer.Option(None, "--boot-timeout", help="Fail when not ready after this long (s; default: the hardware class's, 900 on GB10)."),
     no_weights_check: bool = typer.Option(False, "--no-weights-check", help="Start even if the weights are not in the cache (the engine downloads them)."),
     no_pull: bool = typer.Option(False, "--no-pull", help="Refuse instead of pulling a missing image or downloading missing weights."),
@@ -149,6 +149,8 @@ def run(
     worker: str = typer.Option(None, "--worker", metavar="CONTEXT|URL", help="Multi-rank: the worker node's Docker endpoint (a `docker context` name, ssh://user@host, tcp://host:2376)."),
     head: str = typer.Option(None, "--head", metavar="CONTEXT|URL", help="Multi-rank: the head node's Docker endpoint (default: this machine's, as `docker` would pick it)."),
     first_request_timeout: float = typer.Option(120.0, "--first-request-timeout", help="Multi-rank: seconds the real 1-token request to the head may take before the worker counts as absent."),
+    no_rdma: bool = typer.Option(False, "--no-rdma", help="Multi-rank: no RDMA devices (/dev/infiniband); NCCL over TCP sockets on the RoCE interface (slower)."),
+    rdma_device: str = typer.Option(None, "--rdma-device", metavar="DEV", help="Multi-rank: NCCL_IB_HCA on every rank (with --print; or instead of the RDMA device detected behind the RoCE interface)."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout (the spec with --print, the endpoint otherwise)."),
     direct: bool = typer.Option(False, "--direct", help=DIRECT_HELP),
 ) -> None:
@@ -173,13 +175,17 @@ def run(
 
         if not 0 <= rank < recipe.resources.world_size:
             raise MetralError(f"{recipe.name} has {recipe.resources.world_size} rank(s); --rank {rank} does not exist")
-        spec = spec_for(catalog, recipe, rank=rank, master_addr=master_addr, roce_interface=roce_interface)
+        spec = spec_for(catalog, recipe, rank=rank, master_addr=master_addr, roce_interface=roce_interface,
+                        rdma=not no_rdma, rdma_device=rdma_device)
         if as_json:
             print(json.dumps(asdict(spec), indent=2))
             return
         if recipe.multi_rank and not (master_addr and roce_interface):
             note(f"rank {rank} of {recipe.resources.world_size}: pass --master-addr (the head's RoCE IP) and "
                  "--roce-interface (the ConnectX port with an IPv4 address, same on both nodes)")
+        if recipe.multi_rank and not (rdma_device or no_rdma):
+            note("NCCL_IB_HCA is left out (NCCL then uses any RDMA device); --rdma-device DEV sets it (the device "
+                 "behind the RoCE port: `ls /sys/class/net/IF/device/infiniband/`)")
         print(docker_run_command(spec))
         return
     from metralectl.lifecycle.launch import LaunchOptions, launch
@@ -193,12 +199,13 @@ def run(
 
         multirank_cmds.run_multi(recipe, catalog, options, worker=worker, head=head, roce_interface=roce_interface,
                                  master_addr=master_addr, first_request_timeout=first_request_timeout, detach=detach,
-                                 as_json=as_json)
+                                 as_json=as_json, rdma=not no_rdma, rdma_device=rdma_device)
         return
     if recipe.multi_rank and head:
         raise typer.BadParameter("a multi-rank launch needs --worker (the worker node's Docker endpoint)")
-    if worker or head:
-        raise typer.BadParameter(f"{recipe.name} is a single-node recipe; --worker/--head are for multi-rank recipes")
+    if worker or head or no_rdma or rdma_device:
+        raise typer.BadParameter(f"{recipe.name} is a single-node recipe; --worker/--head/--no-rdma/--rdma-device are "
+                                 "for multi-rank recipes")
     agent = _agent(direct)
     if agent is not None:
         body = {"recipe": recipe_name, "sets": list(set_ or []),
@@ -364,7 +371,7 @@ def swap(
     recipe_name: str = typer.Argument(..., metavar="RECIPE", help="The recipe to serve instead."),
     set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a setting (checked)."),
     drain_timeout: float = typer.Option(60.0, "--drain-timeout", help="Max seconds to wait for in-flight requests."),
-    stall_timeout: float = typer.Option(300.0, "--stall-timeout", help="Fail when the new engine's log shows no progress this long (s)."),
+    stall_timeout: float = typer.Option(300.0, "--stall-timeout", help="Fail when the new engine shows no progress this long: no new log line and no change in its /health answer (s)."),
     boot_timeout: float = typer.Option(None, "--boot-timeout", help="Fail when the new engine is not ready after this long (s)."),
     no_weights_check: bool = typer.Option(False, "--no-weights-check", help="Do not require the new weights in the cache."),
     no_pull: bool = typer.Option(False, "--no-pull", help="Refuse instead of staging a missing image or weights."),

@@ -25,7 +25,7 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
 
     model = catalog.model_of(recipe)
     hw = catalog.hardware[recipe.hardware]
-    image = catalog.images[recipe.image]
+    image = catalog.image_for(recipe)
     v = recipe.validated
     lines = [f"{recipe.name} — {printable(recipe.description)}", ""]
     lines += ["Provenance"] + _provenance(catalog, recipe)
@@ -46,6 +46,10 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     lines.append(f"  hardware      {hw.display_name} ({hw.arch}, {hw.cpu_arch}, "
                  f"{'unified memory' if hw.unified_memory else 'GPU memory'}); boot timeout {hw.boot_timeout_s:g} s")
     lines.append(f"  image         {image.ref} ({image.platform}; CUDA ≥ {image.min_cuda or '?'}, driver ≥ {image.min_driver or '?'})")
+    lines.append(f"  obtained      {image.availability()}")
+    tags = ", ".join(image.tags) + (" or a commit / version tag" if image.tag_pattern else "")
+    if len(image.tags) > 1 or image.tag_pattern:
+        lines.append(f"  tags          {tags}; pick one with `image-tag: TAG` or `--set image-tag=TAG`")
     lines += ["", "Serve settings"]
     for key, value in recipe.serve.items():
         lines.append(f"  {key:<28}{'true' if value is True else value}")
@@ -101,8 +105,11 @@ def _provenance(catalog: Catalog, recipe: Recipe) -> list[str]:
 def as_json(catalog: Catalog, recipe: Recipe) -> dict[str, Any]:
     est = _estimate(catalog, recipe)
     specs = [spec_for(catalog, recipe, rank=rank) for rank in range(recipe.resources.world_size)]
+    image = catalog.image_for(recipe)
     return {
         "recipe": asdict(recipe),
+        "image": {"id": image.id, "ref": image.ref, "pullable": image.pullable, "certified": image.certified,
+                  "availability": image.availability(), "tags": dict(image.tags), "tag_pattern": image.tag_pattern},
         "memory": {**asdict(est), "total_gb": est.total_gb, "fits": est.fits},
         "commands": [docker_run_command(s) for s in specs],
         "container_specs": [asdict(s) for s in specs],

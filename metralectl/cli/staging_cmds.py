@@ -125,6 +125,7 @@ def pull(
     weights_only: bool = typer.Option(False, "--weights-only", help="Only download and verify the checkpoint."),
     image_only: bool = typer.Option(False, "--image-only", help="Only pull the engine image."),
     update: bool = typer.Option(False, "--update", help="Pull images again even when present (e.g. a moved :latest)."),
+    set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a setting of every recipe named (e.g. image-tag=dev)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
 ) -> None:
     """Stage recipes: pull the engine image and download + verify the checkpoint into the HF cache."""
@@ -134,7 +135,9 @@ def pull(
     if weights_only and image_only:
         raise UsageError("--weights-only and --image-only exclude each other")
     catalog = _catalog()
-    recipes = [catalog.recipe(name) for name in dict.fromkeys(recipe_names)]
+    from metralectl.overrides import apply_sets
+
+    recipes = [apply_sets(catalog, catalog.recipe(name), set_ or []) for name in dict.fromkeys(recipe_names)]
     arch = machine.cpu_arch()
     summary: dict[str, dict[str, Any]] = {r.name: {"recipe": r.name, "image": None, "weights": None} for r in recipes}
     with _Renderer() as view:
@@ -149,10 +152,11 @@ def pull(
             pulled: dict[str, Any] = {}
             try:
                 for r in recipes:
-                    if r.image not in pulled:
-                        pulled[r.image] = images.pull(catalog.images[r.image], runtime, arch, view.layer, update=update)
-                        view.say(_image_line(pulled[r.image]))
-                    summary[r.name]["image"] = {**pulled[r.image].status.as_json(), "action": pulled[r.image].action}
+                    info = catalog.image_for(r)
+                    if info.ref not in pulled:
+                        pulled[info.ref] = images.pull(info, runtime, arch, view.layer, update=update)
+                        view.say(_image_line(pulled[info.ref]))
+                    summary[r.name]["image"] = {**pulled[info.ref].status.as_json(), "action": pulled[info.ref].action}
             finally:
                 runtime.close()
         if not image_only:
@@ -203,7 +207,7 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
         def local(row: Any) -> str:
             if row.present is None:
                 return "?"
-            return "yes" if row.present else ("no (build)" if row.info.build else "no")
+            return "yes" if row.present else ("no (build it)" if row.info.build else "no")
 
         here = images.machine_platform(arch)
 
@@ -211,11 +215,22 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
             other = images.normalize_platform(row.info.platform) != here
             return row.info.platform + (" (other arch)" if other else "")
 
-        table = [[r.info.id, r.info.ref, platform(r),
+        def source(row: Any) -> str:
+            if row.info.build is not None:
+                return "build" + (" (not certified)" if row.info.certified is False else "")
+            return "pull"
+
+        table = [[r.info.id, r.info.ref, platform(r), source(r),
                   local(r), (r.revision or "-")[:12], (r.digest.split("@")[-1][:19] if r.digest else "-"),
                   ", ".join(r.recipes) or "-"] for r in rows]
-        print(render_table(["IMAGE", "REF", "PLATFORM", "LOCAL", "REVISION", "DIGEST", "RECIPES"], table))
+        print(render_table(["IMAGE", "REF", "PLATFORM", "SOURCE", "LOCAL", "REVISION", "DIGEST", "RECIPES"], table))
         note(f"this machine: {images.machine_platform(arch)} ({arch})")
+        for r in rows:
+            if r.info.build is not None:
+                note(f"{r.info.id}: {r.info.availability()}")
+            elif len(r.info.tags) > 1 or r.info.tag_pattern:
+                note(f"{r.info.id}: tags {', '.join(r.info.tags)}" + (" or a commit / version tag" if r.info.tag_pattern
+                     else "") + "; a recipe picks one with `image-tag: TAG` (or `--set image-tag=TAG`)")
         for r in rows:
             if r.problem and r.present:
                 note(style(f"{r.info.id}: {r.problem}", "33", sys.stderr))

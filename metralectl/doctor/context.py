@@ -288,6 +288,7 @@ class Context:
         endpoint: Callable[[], tuple[str, str]] = _default_endpoint,
         disk_usage: Callable[[Path], Any] = shutil.disk_usage,
         agent_view: Callable[[], dict[str, Any] | None] | None = None,
+        path_exists: Callable[[str], bool] = os.path.exists,
         proc_root: Path = Path("/proc"),
         scan_budget_s: float = 0.8,
         docker_budget_s: float = DOCKER_BUDGET_S,
@@ -309,6 +310,7 @@ class Context:
         self.endpoint = endpoint
         self.disk_usage = disk_usage
         self.agent_view = agent_view or _default_agent_view
+        self.path_exists = path_exists
         self.proc_root = proc_root
         self.scan_budget_s = scan_budget_s
         self.docker_budget_s = docker_budget_s

@@ -171,7 +171,7 @@ def _probe_image(ctx: Context) -> tuple[str | None, list[str]]:
     refs: list[str] = []
     recipe = ctx.recipe()
     if recipe is not None and recipe.image in catalog.images:
-        refs.append(catalog.images[recipe.image].ref)
+        refs.append(catalog.image_for(recipe).ref)
     hw_id, _ = ctx.target_hardware()
     hw = catalog.hardware.get(hw_id) if hw_id else None
     if hw is not None and hw.image in catalog.images:

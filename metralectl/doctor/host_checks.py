@@ -107,6 +107,34 @@ def check_port(ctx: Context) -> Finding:
                    **data)
 
 
+def check_rdma(ctx: Context) -> Finding:
+    """The RDMA devices an EP=2 rank gets on this class (multi-node.container.rdma-devices): present or not."""
+    from metralectl.runtime import RDMA_HINT
+
+    hw_id, how = ctx.target_hardware()
+    if hw_id is None:
+        return skipped(f"{how}, so no multi-node profile to check against")
+    hw = ctx.catalog().hardware.get(hw_id)
+    profile = hw.rank_profile if hw is not None else None
+    data: dict[str, object] = {"hardware": hw_id}
+    if profile is None or not profile.rdma.devices:
+        return skipped(f"hardware class {hw_id} has no multi-node (EP=2) launches", **data)
+    devices = list(profile.rdma.devices)
+    data["devices"] = devices
+    recipe = ctx.recipe()
+    if recipe is not None and not recipe.multi_rank:
+        return skipped(f"{recipe.name} is a single-node recipe; only EP=2 ranks get {', '.join(devices)}", **data)
+    missing = [d for d in devices if not ctx.path_exists(d)]
+    data["missing"] = missing
+    if not missing:
+        return ok(f"{', '.join(devices)} present (EP=2 ranks get it for NCCL over RoCE)", **data)
+    if recipe is not None:
+        return problem(f"no {', '.join(missing)}: {recipe.name} is an EP=2 recipe and each rank gets it",
+                       RDMA_HINT, **data)
+    return warn(f"no {', '.join(missing)}: single-node launches do not need it, but an EP=2 launch on this node "
+                "would be refused", RDMA_HINT, **data)
+
+
 def check_cpu_arch(ctx: Context) -> Finding:
     from metralectl.hardware import PLATFORM_OF_ARCH
 

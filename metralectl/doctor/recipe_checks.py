@@ -18,30 +18,36 @@ def _recipe(ctx: Context) -> Any:
 
 
 def check_image(ctx: Context) -> Finding:
-    from metralectl.hardware import PLATFORM_OF_ARCH
+    from metralectl.hardware import PLATFORM_OF_ARCH, build_command
 
     recipe = _recipe(ctx)
     catalog = ctx.catalog()
-    image = catalog.images[recipe.image]
+    image = catalog.image_for(recipe)
     data: dict[str, Any] = {"image": image.ref, "recipe": recipe.name}
     try:
         state = ctx.image_state(image.ref, image.revision_label)
     except Exception:  # noqa: BLE001 - the daemon check says why
         return skipped(f"cannot look for {image.ref}: no Docker daemon (see the daemon check)", **data)
-    get = f"docker pull {image.ref}" if not image.build else f"build it: {image.build} (`docker build ... -t {image.ref}`)"
     if not state.present:
-        return problem(f"{image.ref} is not present locally", f"metralectl pull {recipe.name}   (or: {get})", **data)
+        if image.build is not None:  # nothing to pull: say so, and how to build it
+            return problem(f"{image.ref} is not present locally, and it cannot be pulled: {image.availability()}",
+                           f"build it {build_command(image)}", **data)
+        return problem(f"{image.ref} is not present locally", f"metralectl pull {recipe.name}   (or: docker pull "
+                       f"{image.ref})", **data)
     data.update(image_id=state.image_id, revision=state.revision, platform=state.platform)
     want = PLATFORM_OF_ARCH.get(ctx.cpu_arch())
     if state.platform and want and state.platform != want:
         return problem(f"{image.ref} is present but built for {state.platform}; this machine is {want}",
-                       f"docker pull --platform {want} {image.ref}", **data)
+                       f"build it again {build_command(image)}" if image.build is not None
+                       else f"docker pull --platform {want} {image.ref}", **data)
     validated = recipe.validated.engine_revision
     revision = state.revision or "no revision label"
     if validated and state.revision and state.revision != validated:
         return warn(f"{image.ref} is present at revision {state.revision}; {recipe.name} was validated on {validated}",
-                    f"metralectl pull {recipe.name} fetches what it was validated on", **data)
-    return ok(f"{image.ref} is present ({revision}, {state.platform or 'platform ?'})", **data)
+                    (f"build it again from the engine at {validated} {build_command(image)}" if image.build is not None
+                     else f"metralectl pull {recipe.name} fetches what it was validated on"), **data)
+    built = f"; {image.availability().split(' (')[0]}" if image.build is not None else ""
+    return ok(f"{image.ref} is present ({revision}, {state.platform or 'platform ?'}{built})", **data)
 
 
 def check_weights(ctx: Context) -> Finding:

@@ -30,6 +30,7 @@ CHECKS: tuple[Check, ...] = (
     Check("hf.token", "Hugging Face token", hf.check_token, general=True),
     Check("path.metralectl", "metralectl on PATH", host.check_path, general=True),
     Check("net.port", "Engine port free", host.check_port),
+    Check("net.rdma", "RDMA devices for EP=2 launches", host.check_rdma),
     Check("agent", "metralectl agent running", host.check_agent, general=True),
 )
 

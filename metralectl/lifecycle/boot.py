@@ -1,4 +1,11 @@
-"""Reading an engine's boot from its log: phases, the readiness marker, and why a start failed. Pure."""
+"""Reading an engine's boot from its log: phases, its ready line, and why a start failed. Pure.
+
+The log is a hint, never the readiness signal (that is /health: lifecycle/readiness.py). A line is
+cleaned first (ANSI colour codes removed, other control characters escaped, so it is safe on a
+terminal), then its message is cut out of the tracing prefix the engine writes
+(`2026-08-26T05:35:05Z  INFO `, or `…443862Z  INFO spark::main_modules::serve: `); the contract's
+patterns (engine/metrale.yaml) are searched in that message.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,26 @@ from collections import deque
 from dataclasses import dataclass
 
 from metralectl.contract import EngineContract
+
+# CSI sequences (colours, cursor moves) and the two-byte ESC forms; what tracing writes on a TTY.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# tracing-subscriber fmt: RFC 3339 UTC time, the level right-aligned in 5 columns, an optional target
+# (a Rust module path, so it has `::` in it — `Error: …` is a message, not a target).
+_PREFIX = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})\s+"
+                     r"(?P<level>TRACE|DEBUG|INFO|WARN|ERROR)\s+(?:[A-Za-z_][\w]*(?:::[\w]+)+:\s)?")
+
+
+def clean_line(raw: str) -> str:
+    """The line without colour codes, with any other control character shown as \\xNN."""
+    text = _ANSI.sub("", raw).rstrip("\r\n")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def message_of(line: str) -> str:
+    """A clean line's message: the tracing prefix (time, level, module path) cut off when there is one."""
+    match = _PREFIX.match(line)
+    return line[match.end():] if match else line.strip()
 
 
 @dataclass(frozen=True)
@@ -22,10 +49,17 @@ REMEDIES = {
     "port-in-use": "free the port, or `--set resources.port=N`",
     "gpu-runtime-missing": "install the NVIDIA container toolkit: `sudo nvidia-ctk runtime configure --runtime=docker "
                            "&& sudo systemctl restart docker`",
-    "stalled": "the engine stopped making progress; check `metralectl logs` and free memory / disk",
-    "timeout": "the engine did not become ready within the hardware class's boot timeout",
+    "stalled": "the engine stopped making progress (no new log line and no change in its /health answer); check "
+               "`metralectl logs` and free memory / disk, or give a slow load more time with --stall-timeout",
+    "timeout": "the engine did not become ready within the boot timeout (the hardware class's, or --boot-timeout)",
     "exited": "see the log lines above",
-    "health": "the engine printed its marker but /health never answered 200",
+    "health": "the engine logged that it is ready, but /health never answered 200: check that --bind/--port are "
+              "what the recipe says (`metralectl run RECIPE --print`) and that nothing else holds the port",
+    "no-model": "the engine came up without a model (a modelless boot): metralectl passes the model as `serve "
+                "<hf-id>`, so the image's entrypoint or a --set dropped it; check `metralectl run RECIPE --print`",
+    "gpu-fault": "the engine latched a GPU fault: check `nvidia-smi` and the kernel log (`dmesg | grep -i xid`) "
+                 "and `metralectl doctor`; a GPU fault usually needs the GPU reset (or the machine rebooted) "
+                 "before the engine can start again",
     # multi-rank (EP=2) launches; the log signatures' remedies live in engine/metrale.yaml
     "nccl-stuck": "NCCL_SOCKET_IFNAME must name the same RoCE port on every rank and that link must be up: check "
                   "the interface metralectl chose on each node (shown above), the engine image's own environment, "
@@ -37,46 +71,46 @@ REMEDIES = {
 
 
 class BootLog:
-    """Feed log lines; learn the phase, whether the marker was seen, and any failure signature."""
+    """Feed log lines; learn the phase, whether our ready line was seen, and any failure signature."""
 
     def __init__(self, contract: EngineContract, bind: str, port: int, keep: int = 200) -> None:
         self.contract = contract
         self.bind = bind
         self.port = port
         self.phase = "starting"
-        self.marker_seen = False
+        self.ready_line_seen = False  # a hint only: /health decides
         self.failure: Diagnosis | None = None
         self.tail: deque[str] = deque(maxlen=keep)
-        self._marker = contract.readiness_marker.format(bind=bind, port=port)
         self._port_in_use = re.compile(r"(?i)address already in use|bind.*in use")
 
-    def feed(self, line: str) -> str | None:
-        """Record one line; return the new phase name when this line starts one."""
+    def feed(self, raw: str) -> str | None:
+        """Record one line (as the engine wrote it); return the new phase name when this line starts one."""
+        line = clean_line(raw)
         self.tail.append(line)
+        message = message_of(line)
         new_phase = None
         for pattern in self.contract.log_phases:
-            if pattern.pattern.search(line):
-                if pattern.key == "ready" and not self._is_our_marker(line):
-                    continue
-                new_phase = pattern.key
-                self.phase = pattern.key
-                break
-        if line.strip().startswith(self._marker) or (new_phase == "ready"):
-            self.marker_seen = True
+            match = pattern.pattern.search(message)
+            if match is None:
+                continue
+            port = match.groupdict().get("port")
+            if port is not None and port.isdigit() and int(port) != self.port:
+                continue  # another engine's (or rank's) line: not ours
+            new_phase = pattern.key
+            self.phase = pattern.key
+            break
+        if new_phase == "ready":
+            self.ready_line_seen = True
         if self.failure is None:
-            self.failure = self._failure(line)
+            self.failure = self._failure(message)
         return new_phase
 
-    def _is_our_marker(self, line: str) -> bool:
-        match = re.search(r"Listening on (\S+):(\d+)", line)
-        return match is not None and int(match.group(2)) == self.port
-
-    def _failure(self, line: str) -> Diagnosis | None:
+    def _failure(self, message: str) -> Diagnosis | None:
         for pattern in self.contract.log_failures:
-            if pattern.pattern.search(line):
-                return Diagnosis(pattern.key, line.strip(), pattern.remedy or REMEDIES.get(pattern.key, ""))
-        if self._port_in_use.search(line):
-            return Diagnosis("port-in-use", line.strip(), REMEDIES["port-in-use"])
+            if pattern.pattern.search(message):
+                return Diagnosis(pattern.key, message.strip(), pattern.remedy or REMEDIES.get(pattern.key, ""))
+        if self._port_in_use.search(message):
+            return Diagnosis("port-in-use", message.strip(), REMEDIES["port-in-use"])
         return None
 
 

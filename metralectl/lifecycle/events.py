@@ -42,7 +42,8 @@ class ContainerStarted(Event):
 
 @dataclass(frozen=True)
 class Phase(Event):
-    """An engine boot phase seen in its log (loading, capturing-graphs, ready)."""
+    """An engine boot phase (engine/metrale.yaml log-phases: kernel-select, loading, kv-sizing, ready, ...;
+    "ready" from /health when the engine prints no ready line)."""
 
     phase: str
     line: str

@@ -1,8 +1,9 @@
 """`run`: preflight, start the container, wait until the engine is really ready, or clean up.
 
-Ready means both: the log's `Listening on <bind>:<port>` marker AND `GET /health` = 200. A start
-that fails is classified in one line, its logs are kept, and its container removed (unless
-keep_failed). Ctrl-C at any point removes the half-started container.
+Ready means `GET /health` = 200, polled from the moment the container starts (lifecycle/readiness.py);
+the engine's log lines are hints for phases, progress and failure causes. A start that fails is
+classified in one line, its logs are kept, and its container removed (unless keep_failed). Ctrl-C at
+any point removes the half-started container.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from metralectl import hfcache, machine, store
 from metralectl.catalog import Catalog
 from metralectl.endpoint import EngineClient, base_url
 from metralectl.errors import MetralError
-from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit
+from metralectl.contract import Readiness
+from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
+from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis,
+                                            timeout_diagnosis, warnings_at_ready)
 from metralectl.recipe import Recipe
 from metralectl.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, spec_for
 from metralectl.runtime import ContainerInfo, DockerRuntime, RuntimeFailure
@@ -30,13 +34,18 @@ from metralectl.runtime import ContainerInfo, DockerRuntime, RuntimeFailure
 LABEL_ENDPOINT = "ai.metrale.metralectl.endpoint"
 LABEL_SETS = "ai.metrale.metralectl.sets"
 DRAIN_S = 5.0  # after the container is down: how long its last log lines may take to arrive
+POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer within this of the poll
+# A boot that logged a failure signature and still answered 200 must stay up this long before it counts as
+# ready: the engine's OOM watchdog reads every ~2 s and exits after 3 low readings, and field logs show its
+# first reading before the ready line and the exit 3 s after it (engine-facts §2).
+HOLD_S = 8.0
 
 
 @dataclass(frozen=True)
 class LaunchOptions:
     replace: bool = False
     keep_failed: bool = False
-    stall_timeout_s: float = 300.0  # no new log line for this long while booting = stalled
+    stall_timeout_s: float = 300.0  # no new log line and no change in the /health answer for this long = stalled
     boot_timeout_s: float | None = None  # default: the hardware class's (900 s on GB10)
     check_weights: bool = True
     pull: bool = True  # pull a missing image / download missing weights before starting (else refuse)
@@ -54,6 +63,7 @@ class Launched:
     ready_s: float
     phases: dict[str, float] = field(default_factory=dict)
     log_path: str = ""
+    ready_at: float = 0.0  # wall-clock time (epoch s) the first /health 200 arrived
 
 
 class LaunchFailed(MetralError):
@@ -81,7 +91,7 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, options: Lau
     """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
     from metralectl import images, weights
 
-    info = catalog.images[recipe.image]
+    info = catalog.image_for(recipe)
     arch = machine.cpu_arch()
     on_event(Step("image", info.ref))
     state = runtime.image_state(info.ref, info.revision_label)
@@ -178,16 +188,18 @@ def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spe
             raise LaunchFailed(Diagnosis(cause, exc.message, exc.hint or REMEDIES.get(cause, "")), [], str(log_path)) from None
         on_event(ContainerStarted(spec.name, container.id, run_id))
         log = BootLog(contract, spec.bind, spec.port)
-        phases = _wait_ready(runtime, container, log, log_path, url, boot_timeout, options.stall_timeout_s, started,
-                             on_event)
+        phases, ready_at = _wait_ready(runtime, container, log, log_path, url, boot_timeout, options.stall_timeout_s,
+                                       started, on_event, contract.readiness)
         with EngineClient(url) as client:
             model = client.served_model()
         elapsed = time.monotonic() - started
         on_event(Ready(url, model, elapsed))
         store.append_jsonl(store.state_dir() / "runs.jsonl", {"run_id": run_id, "recipe": recipe.name, "outcome": "ready",
                                                              "container": spec.name, "ready_s": round(elapsed, 3),
-                                                             "at": time.time(), "sets": list(options.sets)})
-        return Launched(run_id, recipe.name, spec.name, container.id, url, model, elapsed, phases, str(log_path))
+                                                             "ready_at": ready_at, "at": time.time(),
+                                                             "sets": list(options.sets)})
+        return Launched(run_id, recipe.name, spec.name, container.id, url, model, elapsed, phases, str(log_path),
+                        ready_at)
     except LaunchFailed as failure:
         kept = None
         if container is not None:
@@ -220,34 +232,56 @@ def _remove_quietly(runtime: DockerRuntime, container_id: str) -> None:
 
 
 def _wait_ready(runtime: DockerRuntime, container: ContainerInfo, log: BootLog, log_path: Path, url: str,
-                boot_timeout: float, stall_timeout: float, started: float, on_event: Listener) -> dict[str, float]:
+                boot_timeout: float, stall_timeout: float, started: float, on_event: Listener,
+                readiness: Readiness) -> tuple[dict[str, float], float]:
+    """Until GET /health = 200 (polled from the start), a faulted answer, the container's exit, a stall or the
+    boot timeout. Returns the phases and the wall-clock time the 200 arrived."""
     lines: queue.Queue[str | None] = queue.Queue()
     stop = threading.Event()
     follower = threading.Thread(target=_follow, args=(runtime, container.id, lines, stop), daemon=True)
     follower.start()
+    poller = HealthPoller(url, readiness)
+    poller.start()
     phases: dict[str, float] = {}
-    last_progress = time.monotonic()
+    clock = BootClock(started, boot_timeout, stall_timeout)
     next_state_check = 0.0
     log_ended = False
-    client: EngineClient | None = None
+    seen_changes = 0
+    hold_until: float | None = None
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         while True:
-            now = time.monotonic()
             try:
-                line = lines.get(timeout=0.1)
+                line = lines.get(timeout=POLL_WAIT_S)
             except queue.Empty:
                 line = ""
+            now = time.monotonic()
             if line is None:
                 log_ended = True
             elif line:
-                os.write(fd, (line + "\n").encode())
-                last_progress = now
-                on_event(LogLine(line))
-                phase = log.feed(line)
-                if phase is not None and phase not in phases:
-                    phases[phase] = now - started
-                    on_event(Phase(phase, line, now - started))
+                _take(line, fd, log, on_event, phases, now - started)
+                clock.progressed(now)
+            health = poller.state
+            if poller.changes != seen_changes:
+                seen_changes = poller.changes
+                clock.progressed(now)
+                if health.kind != "down":
+                    on_event(Step("health", f"GET {readiness.health_path}: {health.describe()}"))
+            if health.kind == "ready" and hold_until is None:
+                if "ready" not in phases:
+                    phases["ready"] = now - started
+                    on_event(Phase("ready", f"GET {readiness.health_path}: {health.describe()}", now - started))
+                if log.failure is None:
+                    return phases, poller.ready_at or time.time()
+                hold_until = now + HOLD_S  # e.g. a first OOM-watchdog reading: it may still exit seconds after ready
+                on_event(Step("holding", f"the engine logged `{log.failure.message}` while starting: checking it stays "
+                                         f"up for {HOLD_S:g} s"))
+            if hold_until is not None and now >= hold_until:
+                for warning in warnings_at_ready(log, HOLD_S):
+                    on_event(Warning_(warning))
+                return phases, poller.ready_at or time.time()
+            if health.kind == "faulted":
+                raise LaunchFailed(fault_diagnosis(health, url), list(log.tail)[-30:], str(log_path))
             if now >= next_state_check or log_ended:
                 next_state_check = now + 0.5
                 info = runtime.inspect(container.id)
@@ -256,25 +290,29 @@ def _wait_ready(runtime: DockerRuntime, container: ContainerInfo, log: BootLog, 
                     code = info.exit_code if info else None
                     raise LaunchFailed(diagnose_exit(code, bool(info and info.oom_killed), log), list(log.tail)[-30:],
                                        str(log_path))
-            if log.marker_seen:
-                client = client or EngineClient(url, timeout=1.0)
-                if client.health().ready:
-                    phases.setdefault("ready", now - started)
-                    return phases
-            if now - started > boot_timeout:
-                raise LaunchFailed(Diagnosis("timeout", f"not ready after {boot_timeout:g} s (phase: {log.phase})",
-                                             REMEDIES["timeout"]), list(log.tail)[-30:], str(log_path))
-            if now - last_progress > stall_timeout and not log.marker_seen:
-                raise LaunchFailed(Diagnosis("stalled", f"no progress for {stall_timeout:g} s (phase: {log.phase})",
-                                             REMEDIES["stalled"]), list(log.tail)[-30:], str(log_path))
-            if log.marker_seen and now - last_progress > stall_timeout:
-                raise LaunchFailed(Diagnosis("health", f"/health did not answer 200 within {stall_timeout:g} s of the "
-                                             "readiness marker", REMEDIES["health"]), list(log.tail)[-30:], str(log_path))
+            if hold_until is not None:
+                continue  # ready already; only an exit (checked above) can still fail the start
+            if clock.timed_out(now):
+                raise LaunchFailed(timeout_diagnosis(log, health, url, boot_timeout), list(log.tail)[-30:],
+                                   str(log_path))
+            if clock.stalled(now):
+                raise LaunchFailed(stall_diagnosis(log, health, url, stall_timeout), list(log.tail)[-30:],
+                                   str(log_path))
     finally:
         stop.set()
+        poller.stop()
         os.close(fd)
-        if client is not None:
-            client.close()
+
+
+def _take(line: str, fd: int, log: BootLog, on_event: Listener, phases: dict[str, float], elapsed: float) -> None:
+    """One engine log line: into the kept log, to the listener (cleaned), and read for its phase."""
+    phase = log.feed(line)
+    clean = log.tail[-1]
+    os.write(fd, (clean + "\n").encode())
+    on_event(LogLine(clean))
+    if phase is not None and phase not in phases:
+        phases[phase] = elapsed
+        on_event(Phase(phase, message_of(clean), elapsed))
 
 
 def _follow(runtime: DockerRuntime, container_id: str, lines: queue.Queue[str | None], stop: threading.Event) -> None:
@@ -302,6 +340,6 @@ def _drain(lines: queue.Queue[str | None], fd: int, log: BootLog, on_event: List
             continue
         if line is None:
             return
-        os.write(fd, (line + "\n").encode())
-        on_event(LogLine(line))
         log.feed(line)
+        os.write(fd, (log.tail[-1] + "\n").encode())
+        on_event(LogLine(log.tail[-1]))

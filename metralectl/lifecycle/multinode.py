@@ -13,8 +13,9 @@ engine's own image. The flow (docs/multinode.md):
 4. render both ranks from the one recipe and refuse unless they agree on the rank-symmetric flags
    and the NCCL environment;
 5. start the head, then the worker at once (each waits for the other at the rendezvous), follow
-   both logs, and call it ready only when the head printed its marker, /health is 200 AND a real
-   1-token request was answered (a head whose worker is gone stays healthy but hangs requests);
+   both logs, poll the head's /health from the start, and call it ready only when /health is 200
+   AND a real 1-token request was answered (a head whose worker is gone stays healthy but hangs
+   requests); log lines are hints for phases and failure causes;
 6. any rank failing (exit, rendezvous timeout, flags mismatch, stuck at "all ranks ready", hung
    request) tears both down and says which rank and why; Ctrl-C does too.
 """
@@ -33,17 +34,20 @@ from pathlib import Path
 
 from metralectl import hfcache, images, machine, netprobe, paths, store
 from metralectl.catalog import Catalog
-from metralectl.contract import EngineContract
 from metralectl.endpoint import EngineClient, Health, base_url
 from metralectl.errors import MetralError
 from metralectl.lifecycle import deployment
-from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit
+from metralectl.contract import EngineContract, Readiness
+from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
 from metralectl.lifecycle.deployment import Deployment, RankRecord, Runtimes
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
-from metralectl.lifecycle.launch import (DRAIN_S, LABEL_ENDPOINT, LABEL_SETS, LaunchFailed, LaunchOptions,
-                                         check_containers)
+from metralectl.lifecycle.launch import (DRAIN_S, HOLD_S, LABEL_ENDPOINT, LABEL_SETS, POLL_WAIT_S, LaunchFailed,
+                                         LaunchOptions, check_containers)
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
+from metralectl.lifecycle.rdma import check_rdma
+from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis, timeout_diagnosis,
+                                            warnings_at_ready)
 from metralectl.lifecycle.stop import StopResult, stop_containers
 from metralectl.recipe import Recipe
 from metralectl.render import LABEL_OWNER, LABEL_RUN_ID, ContainerSpec, owner, spec_for
@@ -59,6 +63,8 @@ class MultiOptions:
     master_addr: str | None = None
     first_request_timeout_s: float = 120.0  # the real 1-token request after /health is 200
     probe_timeout_s: float = 60.0
+    rdma: bool = True  # False (`--no-rdma`): no RDMA devices, NCCL over TCP sockets
+    rdma_device: str | None = None  # NCCL_IB_HCA on every rank, instead of the detected one
 
 
 @dataclass
@@ -134,7 +140,8 @@ def symmetry_problems(specs: Sequence[ContainerSpec], contract: EngineContract) 
             shown = ", ".join(f"rank {s.rank}: {_shown(v)}" for s, v in zip(specs, values))
             problems.append(f"--{name} differs between ranks ({shown}); the worker would crash with an SSM "
                             "intermediate-buffer error")
-    nccl = [{k: v for k, v in s.env.items() if k.startswith("NCCL_")} for s in specs]
+    # NCCL_IB_HCA names each node's own RDMA device (detected per node), so it may differ between ranks
+    nccl = [{k: v for k, v in s.env.items() if k.startswith("NCCL_") and k != "NCCL_IB_HCA"} for s in specs]
     for spec, env in zip(specs[1:], nccl[1:]):
         differ = sorted(k for k in set(env) | set(nccl[0]) if env.get(k) != nccl[0].get(k))
         if differ:
@@ -191,7 +198,7 @@ def connect_nodes(head: DockerRuntime, worker: DockerRuntime, on_event: Listener
 
 
 def _image_on(node: Node, recipe: Recipe, catalog: Catalog, options: LaunchOptions, on_event: Listener) -> None:
-    info = catalog.images[recipe.image]
+    info = catalog.image_for(recipe)
     try:
         state = node.runtime.image_state(info.ref, info.revision_label)
         if not state.present and options.pull:
@@ -210,7 +217,7 @@ def stage_nodes(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node], options
     checkpoint commit the head will serve (None when it cannot be known here)."""
     from metralectl.lifecycle.launch import stage
 
-    info = catalog.images[recipe.image]
+    info = catalog.image_for(recipe)
     commit: str | None = recipe.checkpoint.revision
     for node in nodes:
         if node.rank == 0 and node.endpoint.is_local and node.arch == machine.cpu_arch():
@@ -249,7 +256,7 @@ def _probe(node: Node, image: str, repo_dir: str, timeout_s: float) -> netprobe.
 def probe_nodes(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node], timeout_s: float,
                 on_event: Listener) -> dict[int, netprobe.ProbeReport | MetralError]:
     """Probe every node at once; each answer is a report or the error that kept it from running."""
-    image = catalog.images[recipe.image].ref
+    image = catalog.image_for(recipe).ref
     repo_dir = hfcache.repo_dir(recipe.checkpoint.repo).name
     on_event(Step("probe", f"network and HF cache of {len(nodes)} nodes (a short-lived {image} container on each, "
                            "host network)"))
@@ -372,15 +379,19 @@ def launch_multi(recipe: Recipe, catalog: Catalog, head: DockerRuntime, worker: 
     probes = probe_nodes(recipe, catalog, nodes, multi.probe_timeout_s, on_event)
     interface, master_addr, notes = choose_network(recipe, catalog, nodes, probes, multi, on_event)
     check_weights(recipe, nodes, commit, options, on_event)
+    hcas = check_rdma(nodes, hardware.rank_profile, interface, rdma=multi.rdma, given_device=multi.rdma_device,
+                      on_event=on_event)
     specs = [spec_for(catalog, recipe, rank=n.rank, master_addr=master_addr, roce_interface=interface,
-                      gpus_override=gpus_override) for n in nodes]
+                      gpus_override=gpus_override, rdma=multi.rdma, rdma_device=hcas[n.rank]) for n in nodes]
     problems = symmetry_problems(specs, catalog.engines[recipe.engine])
     if problems:
         raise MetralError(f"the two ranks of {recipe.name} do not agree: " + "; ".join(problems),
                           "head and worker are rendered from one recipe; remove per-rank overrides of these settings")
     on_event(Step("symmetry", "both ranks: " + ", ".join(
         f"--{k} {_shown(flag_value(specs[0].command, k))}" for k in catalog.engines[recipe.engine].rank_symmetric)
-        + f"; identical NCCL environment ({len([k for k in specs[0].env if k.startswith('NCCL_')])} variables)"))
+        + f"; identical NCCL environment ({len([k for k in specs[0].env if k.startswith('NCCL_')])} variables)"
+        + (f"; {', '.join(specs[0].devices + tuple('--cap-add ' + c for c in specs[0].cap_add))}"
+           if specs[0].devices or specs[0].cap_add else "")))
     replacing = []
     for node, spec in zip(nodes, specs):
         replacing += [(node, c) for c in check_containers(recipe, node.runtime, spec, options, where=f" on {node.label}")]
@@ -446,7 +457,7 @@ def start_and_wait_multi(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node]
             deployment.save(record)
         boots = {n.rank: BootLog(contract, s.bind, s.port) for n, s in zip(nodes, specs)}
         phases = _wait_ready(nodes, containers, boots, log_paths, url, boot_timeout, options.stall_timeout_s,
-                             multi.first_request_timeout_s, started, interface, on_event)
+                             multi.first_request_timeout_s, started, interface, on_event, contract.readiness)
         with EngineClient(url) as client:
             model = client.served_model()
         elapsed = time.monotonic() - started
@@ -548,17 +559,21 @@ def _paths_text(log_paths: dict[int, Path], first: int) -> str:
 
 def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boots: dict[int, BootLog],
                 log_paths: dict[int, Path], url: str, boot_timeout: float, stall_timeout: float,
-                request_timeout: float, started: float, interface: str, on_event: Listener) -> dict[str, float]:
+                request_timeout: float, started: float, interface: str, on_event: Listener,
+                readiness: Readiness) -> dict[str, float]:
     lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
     stop = threading.Event()
     for node in nodes:
         threading.Thread(target=_follow, args=(node.runtime, containers[node.rank].id, node.rank, lines, stop),
                          daemon=True).start()
+    poller = HealthPoller(url, readiness)  # only the head serves HTTP
+    poller.start()
     fds = {rank: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for rank, path in log_paths.items()}
     phases: dict[str, float] = {}
-    last_progress = time.monotonic()
+    clock = BootClock(started, boot_timeout, stall_timeout)
+    seen_changes = 0
+    hold_until: float | None = None
     next_check = 0.0
-    client: EngineClient | None = None
     request: _RequestCheck | None = None
     by_rank = {n.rank: n for n in nodes}
     ended: set[int] = set()  # ranks whose log followers have reached the end of the log
@@ -570,22 +585,31 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
 
     try:
         while True:
-            now = time.monotonic()
             try:
-                rank, line = lines.get(timeout=0.1)
+                rank, line = lines.get(timeout=POLL_WAIT_S)
             except queue.Empty:
                 rank, line = -1, ""
+            now = time.monotonic()
             if line is None:
                 ended.add(rank)
             if line:
-                os.write(fds[rank], (line + "\n").encode())
-                last_progress = now
-                on_event(LogLine(line, rank))
                 phase = boots[rank].feed(line)
+                clean = boots[rank].tail[-1]
+                os.write(fds[rank], (clean + "\n").encode())
+                clock.progressed(now)
+                on_event(LogLine(clean, rank))
                 key = (phase or "") if rank == 0 else f"rank{rank}:{phase}"
                 if phase is not None and key not in phases:
                     phases[key] = now - started
-                    on_event(Phase(phase, line, now - started, rank))
+                    on_event(Phase(phase, message_of(clean), now - started, rank))
+            health = poller.state
+            if poller.changes != seen_changes:
+                seen_changes = poller.changes
+                clock.progressed(now)
+                if health.kind != "down":
+                    on_event(Step("health", f"head: GET {readiness.health_path}: {health.describe()}"))
+            if health.kind == "faulted":
+                raise fail(0, fault_diagnosis(health, url))
             if now >= next_check or line is None:
                 next_check = now + 0.5
                 down = []
@@ -605,24 +629,33 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
                         diagnosis = Diagnosis("rank-exited", f"exited with code {info.exit_code if info else '?'} while "
                                               f"starting{waiting}", REMEDIES["rank-exited"])
                     raise fail(node.rank, diagnosis)
-            if request is None and boots[0].marker_seen:
-                client = client or EngineClient(url, timeout=1.0)
-                if client.health().ready:
-                    phases.setdefault("healthy", now - started)
-                    on_event(Step("request", f"a real request to the head ({url}, max_tokens 1, up to "
-                                             f"{request_timeout:g} s): the worker must take part"))
-                    request = _RequestCheck(url, request_timeout)
-                    request.start()
+            if request is None and health.kind == "ready":
+                phases.setdefault("healthy", now - started)
+                if not boots[0].ready_line_seen:  # a silent head: its readiness is its /health answer
+                    on_event(Phase("ready", f"GET {readiness.health_path}: {health.describe()}", now - started, 0))
+                on_event(Step("request", f"a real request to the head ({url}, max_tokens 1, up to "
+                                         f"{request_timeout:g} s): the worker must take part"))
+                request = _RequestCheck(url, request_timeout)
+                request.start()
             if request is not None and request.finished.is_set():
                 answer = request.result or Health(None, "", "no result")
-                if answer.status == 200:
+                if answer.status in (200, 401, 403) and hold_until is None:
+                    if answer.status != 200:
+                        on_event(Warning_(f"the head wants credentials (HTTP {answer.status}): a real request could "
+                                          "not be sent, so whether the worker takes part is unchecked"))
                     phases["ready"] = now - started
-                    return phases
-                if answer.status in (401, 403):
-                    on_event(Warning_(f"the head wants credentials (HTTP {answer.status}): a real request could not be "
-                                      "sent, so whether the worker takes part is unchecked"))
-                    phases["ready"] = now - started
-                    return phases
+                    flagged = [(r, b.failure) for r, b in sorted(boots.items()) if b.failure is not None]
+                    if not flagged:
+                        return phases
+                    hold_until = now + HOLD_S  # a rank that logged e.g. an OOM-watchdog reading may still exit
+                    who, signature = flagged[0]
+                    on_event(Step("holding", f"rank {who} logged `{signature.message}` while starting: checking "
+                                             f"both ranks stay up for {HOLD_S:g} s"))
+                if hold_until is not None:
+                    if now >= hold_until:
+                        _warn_at_ready(boots, on_event)
+                        return phases
+                    continue  # ready already; only a rank's exit (checked above) can still fail the start
                 if answer.status is None:
                     worker = nodes[-1]
                     raise fail(worker.rank, Diagnosis(
@@ -632,27 +665,27 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
                         REMEDIES["requests-hang"]))
                 raise fail(0, Diagnosis("request-failed", f"the head answered a 1-token request with HTTP "
                                         f"{answer.status}: {answer.body[:200]}", "see the head's log lines above"))
-            if now - started > boot_timeout:
-                raise fail(0, Diagnosis("timeout", f"not ready after {boot_timeout:g} s (head phase: {boots[0].phase})",
-                                        REMEDIES["timeout"]))
-            if request is None and now - last_progress > stall_timeout:
-                if boots[0].marker_seen:
-                    raise fail(0, Diagnosis("health", f"/health did not answer 200 within {stall_timeout:g} s of the "
-                                            "readiness marker", REMEDIES["health"]))
+            if clock.timed_out(now):
+                raise fail(0, timeout_diagnosis(boots[0], health, url, boot_timeout, label="head phase"))
+            if request is None and clock.stalled(now):
                 stuck = [r for r, b in boots.items() if b.phase == "rendezvous"]
-                if stuck:
+                if stuck and not boots[0].ready_line_seen and health.kind != "ready":
                     raise fail(0, Diagnosis(
                         "nccl-stuck", f"stuck at \"all ranks ready\" for {stall_timeout:g} s: NCCL never finished "
                         f"initialising over {interface} (the ranks disagree on the interface, or the link is down)",
                         REMEDIES["nccl-stuck"]))
-                raise fail(0, Diagnosis("stalled", f"no progress on any rank for {stall_timeout:g} s (head phase: "
-                                        f"{boots[0].phase})", REMEDIES["stalled"]))
+                raise fail(0, stall_diagnosis(boots[0], health, url, stall_timeout, where=" on any rank"))
     finally:
         stop.set()
+        poller.stop()
         for fd in fds.values():
             os.close(fd)
-        if client is not None:
-            client.close()
+
+
+def _warn_at_ready(boots: dict[int, BootLog], on_event: Listener) -> None:
+    for rank, boot in sorted(boots.items()):
+        for warning in warnings_at_ready(boot, HOLD_S):
+            on_event(Warning_(f"rank {rank}: {warning}"))
 
 
 def _follow(runtime: DockerRuntime, container_id: str, rank: int, lines: queue.Queue[tuple[int, str | None]],
@@ -686,9 +719,9 @@ def _drain(lines: queue.Queue[tuple[int, str | None]], fds: dict[int, int], boot
             continue
         if not line:
             continue
-        os.write(fds[rank], (line + "\n").encode())
-        on_event(LogLine(line, rank))
         boots[rank].feed(line)
+        os.write(fds[rank], (boots[rank].tail[-1] + "\n").encode())
+        on_event(LogLine(boots[rank].tail[-1], rank))
 
 
 # --- after the launch: stop ------------------------------------------------------------------------------

@@ -74,7 +74,13 @@ def _health(container: ContainerInfo) -> str:
         answer = client.health()
     if answer.status is None:
         return "no answer"
-    return "ok" if answer.ready else f"{answer.status}"
+    if answer.ready:
+        return "ok"
+    from metralectl.contract import Readiness
+    from metralectl.lifecycle.readiness import classify_health
+
+    state = classify_health(answer, Readiness())
+    return state.describe() if state.kind in ("loading", "faulted") else f"{answer.status}"
 
 
 def _row(runtime: DockerRuntime, container: ContainerInfo, answer: str, revisions: dict[str, str | None],

@@ -79,7 +79,7 @@ class CoreServices:
             notes.append(f"Docker not reachable, images unknown: {exc.message}")
         items = []
         for r in rows:
-            ref = catalog.images[catalog.recipes[r.name].image].ref
+            ref = catalog.image_for(catalog.recipes[r.name]).ref
             items.append(LibraryItem(r, ref, present.get(ref), r.name in serving))
         judged = f"fit judged on: {target.hardware or 'each recipe’s own class'} ({target.how})"
         return LibrarySnapshot(tuple(items), judged, tuple(notes))
@@ -183,7 +183,7 @@ class CoreServices:
 
         runtime = self._runtime()
         try:
-            image = images.pull(catalog.images[recipe.image], runtime, machine.cpu_arch(), emit)
+            image = images.pull(catalog.image_for(recipe), runtime, machine.cpu_arch(), emit)
         finally:
             runtime.close()
         got = weights.pull(recipe, emit)

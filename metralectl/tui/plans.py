@@ -29,7 +29,7 @@ def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_f
         try:
             running = [c for c in runtime.containers() if c.running]
             if recipe is not None:
-                info = catalog.images[recipe.image]
+                info = catalog.image_for(recipe)
                 image_present = runtime.image_state(info.ref, info.revision_label).present
         finally:
             runtime.close()
@@ -56,7 +56,7 @@ def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_f
         ), cancellable=False)
 
     assert recipe is not None
-    info = catalog.images[recipe.image]
+    info = catalog.image_for(recipe)
     cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
     image_line = {True: "present", False: "absent", None: f"unknown ({docker_note})"}[image_present]
 
@@ -90,8 +90,8 @@ def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_f
             hint = "press w to swap to this recipe (with rollback), or x to stop the served one first"
         steps = (f"check image {info.ref} ({image_line}), weights ({cache.status}), port {spec.bind}:{spec.port}",
                  f"start container {spec.name}",
-                 "follow the engine log: loading → capturing graphs → ready",
-                 (f"ready = the log's `Listening on {spec.bind}:{spec.port}` and GET /health = 200 "
+                 "follow the engine log for its boot phases (kernel target, weights, KV cache)",
+                 (f"ready = GET /health on {spec.bind}:{spec.port} answers 200, polled from the start "
                   f"(boot timeout {catalog.hardware[recipe.hardware].boot_timeout_s:g} s)"),
                  "on failure: say why, keep the log, remove the container")
         return Plan("run", recipe.name, f"Run {recipe.name}", steps, command, tuple(warnings), blocked, hint)

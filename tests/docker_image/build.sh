@@ -14,6 +14,8 @@
 # Platform: the Docker server's own (docker version --format '{{.Server.Os}}/{{.Server.Arch}}').
 #
 # Usage: build.sh [--force] [--python PATH] [--image NAME:TAG] [--quiet]
+#   --image   the tag to build (default: $METRALECTL_TEST_ENGINE_IMAGE, else metralectl-test/engine-double:latest;
+#             a worktree whose double differs from another's on the same daemon builds under its own tag)
 #   --python  interpreter recorded in the wrapper as its default (default: the base interpreter
 #             of `python3` on PATH, i.e. what mounts.py's interpreter_path() reports)
 # Idempotent: when the image exists with the same build key it does nothing (well under a second).
@@ -21,7 +23,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DOUBLE="$(cd "$HERE/../engine_double" && pwd)/metrale_double.py"
-IMAGE="metralectl-test/engine-double:latest"
+IMAGE="${METRALECTL_TEST_ENGINE_IMAGE:-metralectl-test/engine-double:latest}"
 PYTHON_PATH=""
 FORCE=0
 QUIET=0
@@ -33,7 +35,7 @@ while [ $# -gt 0 ]; do
     --quiet|-q) QUIET=1 ;;
     --python) PYTHON_PATH="$2"; shift ;;
     --image) IMAGE="$2"; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -51,7 +53,7 @@ if [ -z "$PYTHON_PATH" ]; then
 fi
 
 # Serialise concurrent builds (e.g. parallel test workers).
-LOCK="${TMPDIR:-/tmp}/metralectl-engine-double-build.lock"
+LOCK="${TMPDIR:-/tmp}/metralectl-engine-double-build-$(printf '%s' "$IMAGE" | sha256sum | cut -c1-12).lock"
 if command -v flock >/dev/null; then
   exec 9>"$LOCK"
   flock -w 120 9 || die "timed out waiting for $LOCK"

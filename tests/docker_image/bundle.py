@@ -3,7 +3,7 @@
 `metralectl run` starts containers exactly as a recipe renders them (no extra test mounts), so the
 image it runs must carry its own interpreter. `build_bundled()` layers a copy of this machine's
 Python (the interpreter, its stdlib, lib-dynload and the shared libraries they link, at the same
-absolute paths) onto `metralectl-test/engine-double:latest`; the `met` wrapper then finds it where
+absolute paths) onto `metralectl-test/engine-double:latest` (or $METRALECTL_TEST_ENGINE_IMAGE); the `met` wrapper then finds it where
 build.sh recorded it. `build_variant(tag, env)` adds ENV lines (e.g. DOUBLE_FAULT=exit-137) so a
 test picks a failure mode by image, as an operator would pick an image — nothing in metralectl
 knows about the double. Everything is built locally; nothing is pulled.
@@ -12,6 +12,7 @@ knows about the double. Everything is built locally; nothing is pulled.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import os
 import re
@@ -23,8 +24,23 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BASE_IMAGE = "metralectl-test/engine-double:latest"
-BUNDLED_IMAGE = "metralectl-test/engine-bundled:latest"
+BASE_IMAGE = os.environ.get("METRALECTL_TEST_ENGINE_IMAGE", "").strip() or "metralectl-test/engine-double:latest"
+
+
+def _bundled_repo(base: str) -> str:
+    """metralectl-test/engine-double:latest -> metralectl-test/engine-bundled (the names tests always used);
+    an overridden base keeps its own name apart: NAME -> NAME-bundled."""
+    repo = base.rsplit(":", 1)[0] if ":" in base.rsplit("/", 1)[-1] else base
+    return repo.replace("engine-double", "engine-bundled") if "engine-double" in repo else f"{repo}-bundled"
+
+
+BUNDLED_REPO = _bundled_repo(BASE_IMAGE)
+BUNDLED_IMAGE = f"{BUNDLED_REPO}:latest"
+
+
+def variant_tag(name: str) -> str:
+    """The tag of a failure-mode variant (`build_variant`), beside this bundle's own."""
+    return f"{BUNDLED_REPO}:{name}"
 _SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3",
               "pydoc_data", "unittest", "distutils", "config-3.11-x86_64-linux-gnu"}
 _LDD_PATH = re.compile(r"(/\S+)")
@@ -101,7 +117,7 @@ def _docker_build(tag: str, dockerfile: str, context_files: dict[str, bytes | Pa
 
 def build_bundled() -> str:
     """The base double image plus this machine's interpreter; rebuilt only when an input changed."""
-    subprocess.run(["bash", str(HERE / "build.sh"), "--quiet"], check=True)
+    subprocess.run(["bash", str(HERE / "build.sh"), "--quiet", "--image", BASE_IMAGE], check=True)
     files = closure()
     key = _digest(files) + (_label(BASE_IMAGE, "metralectl.test.build-key") or "")
     if _label(BUNDLED_IMAGE, "metralectl.test.bundle-key") == key:
@@ -118,7 +134,7 @@ def build_bundled() -> str:
 
 def build_variant(tag: str, env: dict[str, str]) -> str:
     """A bundled image with ENV baked in (a failure mode, a delay): instant, metadata only."""
-    lines = "".join(f"ENV {k}={v}\n" for k, v in sorted(env.items()))
+    lines = "".join(f"ENV {k}={json.dumps(v)}\n" for k, v in sorted(env.items()))  # quoted: values may hold spaces
     _docker_build(tag, f"FROM {BUNDLED_IMAGE}\n{lines}", {})
     return tag
 

@@ -1,6 +1,7 @@
 """What a container of the engine-double test image needs from the host to run.
 
-The image ``metralectl-test/engine-double:latest`` (built by ``build.sh`` beside this file) holds only
+The image ``metralectl-test/engine-double:latest`` (or $METRALECTL_TEST_ENGINE_IMAGE; built by ``build.sh``
+beside this file) holds only
 busybox, the test double and a ``met`` wrapper; it carries no Python. The interpreter comes from
 the host at run time, bind-mounted READ-ONLY at the same paths it has on the host:
 
@@ -31,7 +32,10 @@ import os
 import subprocess
 import sys
 
-IMAGE = "metralectl-test/engine-double:latest"
+DEFAULT_IMAGE = "metralectl-test/engine-double:latest"
+# METRALECTL_TEST_ENGINE_IMAGE: build and use the double's image under another tag (a worktree whose double
+# differs from another's, on one shared daemon); build.sh, bundle.py and the test fixtures all honour it.
+IMAGE = os.environ.get("METRALECTL_TEST_ENGINE_IMAGE", "").strip() or DEFAULT_IMAGE
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD_SCRIPT = os.path.join(HERE, "build.sh")
 START_DOCKERD = os.path.join(HERE, "start-dockerd.sh")
@@ -107,7 +111,7 @@ def docker_cli_args() -> list[str]:
 
 def build_image(force: bool = False, timeout: float = 300) -> str:
     """Run build.sh (fast when the image is up to date); return the image name."""
-    cmd = ["bash", BUILD_SCRIPT, "--python", interpreter_path()]
+    cmd = ["bash", BUILD_SCRIPT, "--python", interpreter_path(), "--image", IMAGE]
     if force:
         cmd.append("--force")
     subprocess.run(cmd, check=True, timeout=timeout)

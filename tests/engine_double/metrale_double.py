@@ -26,20 +26,40 @@ Command line
         "stuck at all ranks ready"; no worker in time is a "rendezvous timeout" (exit 1); a worker
         lost after the rendezvous makes the head's requests hang while /health stays 200.
 
-Start-up log (stdout, flushed line by line)
--------------------------------------------
-    loading MODEL
-    loaded N tensors in X.Xs
+Start-up log (stdout, flushed line by line), in one of four formats (DOUBLE_LOG_FORMAT)
+-------------------------------------------------------------------------------------
+tracing (the default: today's engine, MI serve_router.rs@ec63e7a and its field logs), every line
+    ``YYYY-MM-DDTHH:MM:SSZ  INFO <message>`` (ERROR/WARN for failures and the exposure warning):
+    Metrale Engine starting... (<version line>: rank R/W, model MODEL)
+    Port: PORT
+    Selected kernel target: (test-double, <model>, <kv dtype>) (0 modules) — quant compat: ...
+    Fast-loaded N weight tensors
+    KV cache: ... -> N max KV tokens (test double)
+    API reachable only from this machine (loopback). ...   (or WARN "Metrale Engine is listening on ...")
+    Server live and ready at 127.0.0.1:PORT running MODEL   (a 0.0.0.0 / :: bind prints 127.0.0.1)
+tracing-module: the same with microseconds and a module path, as older builds wrote it:
+    ``YYYY-MM-DDTHH:MM:SS.ffffffZ  INFO spark::main_modules::serve: <message>``
+book (the engine book's older engine):
+    loading MODEL / kernel target: ... / loaded N tensors in X.Xs
     captured graph for batch=1      (then batch=2, 4, ... up to --max-batch-size)
-    Listening on BIND:PORT          (the readiness marker: /health is 200 from this line on)
-    + "bind 127.0.0.1 is loopback-only ..."   when bound to loopback, or
-    + "WARNING: ... exposed to the LAN ..."   when bound to 0.0.0.0 / ::
-The HTTP socket is bound before loading starts; until the marker it answers 503
-``{"error":{"type":"model_not_loaded",...}}`` on /health and on the model routes.
+    Listening on BIND:PORT          (the book's readiness marker)
+    + "bind 127.0.0.1 is loopback-only ..." or "WARNING: ... exposed to the LAN ..."
+silent: no boot line at all (no progress, no ready line); failures still print their ERROR line.
+DOUBLE_LOG_ANSI=1 colours the tracing prefix as tracing does on a TTY (dim time, coloured level).
+
+When /health turns 200 (DOUBLE_HTTP_BIND): ``early`` (the default with book) binds the HTTP socket
+before loading; it answers 503 until ready. ``late`` (the default otherwise, like today's engine)
+binds only once the model is loaded: connection refused until then, 200 from the first answer. The
+double records the wall-clock moment it turns ready (GET /_double/state ``ready_at``), set just
+before any 200 can be answered, so tests can measure how soon metralectl saw it.
 
 HTTP API
 --------
-GET  /health (503 until ready, 200 after), /health/live (always 200), /v1/models (one model: id =
+GET  /health: today's bodies (200 {"status":"ready","model":M}, 503 {"status":"loading"}, 503
+     {"status":"faulted","reason":R} with DOUBLE_FAULT=gpu-fault), the book's with DOUBLE_LOG_FORMAT=book
+     (200 {"status":"ok","model":M}, 503 {"error":{"type":"model_not_loaded",...}});
+     /health/live (200; 503 faulted), /_double/state (the double's own facts: started_at, ready_at,
+     log_format, http_bind, faulted — no such route on the engine), /v1/models (one model: id =
      --model-name / --served-model-name or MODEL), /metrics (Prometheus text), /serve-config (argv and
      its sha256 digest, the double's own digest), /hardware ("test-double"), /memory, /forward
 POST /v1/chat/completions and /v1/completions (non-streaming and SSE ``stream: true``), /tokenize,
@@ -65,19 +85,30 @@ METRALE_RATE_LIMIT_BURST_TPM, METRALE_MAX_BODY_BYTES (enforced: 413 above it) an
 So the double's own knobs deliberately do NOT start with METRALE_:
 
   DOUBLE_FAULT         comma-separated failure modes (default: none):
-      exit-at-start    print "error: ..." and exit 1 before loading
+      exit-at-start    print "error: ..." ("Error: ..." in today's format) and exit 1 before loading
       exit-137         die by SIGKILL while loading (exit status 137 in a container; when the
                        double is PID 1 the kernel ignores a self-SIGKILL, so it exits 137 instead)
       never-ready      keep printing loading progress lines forever, never the marker
       stall            print the first loading lines, then go silent forever, never ready
       slow-ready       become ready only after DOUBLE_READY_DELAY seconds (default 3 here)
-      loaded-zero      print "loaded 0 tensors in 0.1s", then an error, exit 1 (empty HF cache)
-      oom              print "error: out of memory ..." during start-up, exit 1
+      loaded-zero      an empty HF cache: "loaded 0 tensors in 0.1s" and an error (book), or today's
+                       "Error: Snapshot '0000000' has no weight files (metadata-only)"; exit 1
+      oom              "error: out of memory ..." (book), or today's three "OOM watchdog: GPU free
+                       memory critically low ..." readings and "... Terminating ..."; exit 1
       ignore-sigterm   log and ignore SIGTERM (docker stop then has to SIGKILL: 137)
       swap-fail        an --auto-swap load fails and the previous model is restored
       rendezvous-timeout  multi-rank start fails with a rendezvous timeout at once, exit 1
       worker-drop  a worker closes its rendezvous link right after joining but keeps running: the
                    head is ready and /health 200, but every request hangs
+      gpu-fault    load, then latch a GPU fault instead of becoming ready: /health answers 503
+                   {"status":"faulted","reason":DOUBLE_FAULT_REASON} and the double keeps running
+      oom-after-ready  the engine's OOM watchdog as field logs show it: a first "OOM watchdog: GPU free
+                   memory critically low ... [1/3]" before the ready line, ready (/health 200), then
+                   [2/3] and [3/3] a second apart, "... Terminating ...", exit 1
+  DOUBLE_LOG_FORMAT    tracing (default) | tracing-module | book | silent  (see Start-up log)
+  DOUBLE_LOG_ANSI      1: colour codes in the tracing prefix
+  DOUBLE_HTTP_BIND     early | late: when the HTTP socket is bound (default: early with book, else late)
+  DOUBLE_FAULT_REASON  the reason a gpu-fault reports (default: an Xid 13 illegal memory access)
   DOUBLE_READY_DELAY   seconds from start to ready (default 0.5; 3 with slow-ready)
   DOUBLE_RENDEZVOUS_TIMEOUT  seconds a multi-rank start waits for its peers (default 60)
   DOUBLE_RANK_OVERRIDE what this rank reports at the rendezvous instead of its real values, e.g.
@@ -91,7 +122,8 @@ So the double's own knobs deliberately do NOT start with METRALE_:
   DOUBLE_SWAP_DELAY    seconds an --auto-swap load takes (default DOUBLE_READY_DELAY)
   DOUBLE_KNOWN_MODELS  comma-separated model ids that --auto-swap may swap to (default none)
 
-SIGTERM: prints "received SIGTERM, shutting down" and "shutdown complete", exits 0 promptly.
+SIGTERM: prints "received SIGTERM, shutting down" and "shutdown complete" ("Shutdown complete" in
+today's format), exits 0 promptly.
 Exit codes: 0 clean shutdown / --version, 1 start-up failure, 2 usage / environment refused.
 """
 
@@ -145,8 +177,9 @@ REQUIRES = (("prompt-lookup-decoding", "speculative"),)
 
 KNOWN_FAULTS = frozenset({
     "exit-at-start", "exit-137", "never-ready", "stall", "slow-ready", "loaded-zero", "oom",
-    "ignore-sigterm", "swap-fail", "rendezvous-timeout", "worker-drop",
+    "ignore-sigterm", "swap-fail", "rendezvous-timeout", "worker-drop", "gpu-fault", "oom-after-ready",
 })
+DEFAULT_FAULT_REASON = "CUDA error: an illegal memory access was encountered (Xid 13) on GPU 0"
 
 UNSUPPORTED_PREFIXES = (
     "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/audio", "/v1/images",
@@ -168,9 +201,41 @@ class StartupFailure(Exception):
     """A start-up failure: exit 1."""
 
 
-def log(msg: str) -> None:
+LOG_FORMATS = ("tracing", "tracing-module", "book", "silent")
+LOG = {"format": "tracing", "ansi": False}  # set from DOUBLE_LOG_FORMAT / DOUBLE_LOG_ANSI in main()
+TRACING_TARGET = "spark::main_modules::serve"  # what older tracing builds printed before the message
+LEVEL_COLOUR = {"TRACE": "35", "DEBUG": "34", "INFO": "32", "WARN": "33", "ERROR": "31"}
+
+
+def log(msg: str, level: str = "INFO") -> None:
+    """One log line in the chosen format: the book's bare text, or today's tracing-subscriber line."""
+    fmt = LOG["format"]
+    if fmt == "silent" and level != "ERROR":
+        return
+    if fmt in ("tracing", "tracing-module", "silent"):
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+        if fmt == "tracing-module":
+            stamp += f".{int(now % 1 * 1e6):06d}"
+        stamp += "Z"
+        lvl = f"{level:>5}"
+        if LOG["ansi"]:
+            stamp, lvl = f"\x1b[2m{stamp}\x1b[0m", f"\x1b[{LEVEL_COLOUR.get(level, '0')}m{lvl}\x1b[0m"
+        target = f"{TRACING_TARGET}: " if fmt == "tracing-module" else ""
+        msg = f"{stamp} {lvl} {target}{msg}"
     sys.stdout.write(msg + "\n")
     sys.stdout.flush()
+
+
+def say(book: str | None, today: str | None, level: str = "INFO") -> None:
+    """A line whose wording differs between the book's engine and today's (None: that engine prints none)."""
+    text = book if LOG["format"] == "book" else today
+    if text is not None:
+        log(text, level)
+
+
+def today_format() -> bool:
+    return LOG["format"] != "book"
 
 
 def env_float(name: str, default: float) -> float:
@@ -456,6 +521,12 @@ class Engine:
         self.swapping = False
         self.metrics = Metrics()
         self.started = time.time()
+        self.ready_at: float | None = None  # wall clock when /health turned 200 (set just before it does)
+        self.fault_reason: str | None = None  # the GPU fault latch: /health answers 503 faulted once set
+        bind_mode = os.environ.get("DOUBLE_HTTP_BIND", "").strip() or ("early" if LOG["format"] == "book" else "late")
+        if bind_mode not in ("early", "late"):
+            raise UsageError(f"error: invalid value {bind_mode!r} for DOUBLE_HTTP_BIND (early or late)")
+        self.http_bind = bind_mode
         self.ttft_s = env_float("DOUBLE_TTFT_MS", 20.0) / 1000.0
         self.itl_s = env_float("DOUBLE_ITL_MS", 5.0) / 1000.0
         self.output_tokens = env_int("DOUBLE_OUTPUT_TOKENS", 16)
@@ -634,6 +705,19 @@ class Handler(BaseHTTPRequestHandler):
         self._send_json(503, error_body("model_not_loaded", msg, "model_not_loaded"),
                         {"Retry-After": "1"})
 
+    def _health(self) -> None:
+        """Today's engine: 200 {"status":"ready","model"}, 503 {"status":"loading"}, 503 {"status":"faulted",
+        "reason"}; the book's: 200 {"status":"ok","model"}, 503 model_not_loaded."""
+        e = self.engine
+        if e.fault_reason is not None:
+            return self._send_json(503, {"status": "faulted", "reason": e.fault_reason})
+        ready = e.ready.is_set() and not e.swapping
+        if not today_format():
+            return self._send_json(200, {"status": "ok", "model": e.served_name}) if ready else self._not_loaded()
+        if ready:
+            return self._send_json(200, {"status": "ready", "model": e.served_name})
+        self._send_json(503, {"status": "loading"})
+
     def _read_json(self) -> dict | None:
         try:
             length = int(self.headers.get("Content-Length") or 0)
@@ -682,12 +766,18 @@ class Handler(BaseHTTPRequestHandler):
         e = self.engine
         path = self.path.split("?", 1)[0]
         if path == "/health/live":
-            self._send_json(200, {"status": "alive"})
-        elif path == "/health":
-            if e.ready.is_set() and not e.swapping:
-                self._send_json(200, {"status": "ok", "model": e.served_name})
+            if e.fault_reason is not None:
+                self._send_json(503, {"status": "faulted", "reason": e.fault_reason})
+            elif today_format():
+                self._send_text(200, "ok", "text/plain; charset=utf-8")
             else:
-                self._not_loaded()
+                self._send_json(200, {"status": "alive"})
+        elif path == "/health":
+            self._health()
+        elif path == "/_double/state":  # the TEST DOUBLE's own facts (no such route on the engine)
+            self._send_json(200, {"test_double": True, "started_at": e.started, "ready_at": e.ready_at,
+                                  "log_format": LOG["format"], "http_bind": e.http_bind,
+                                  "faulted": e.fault_reason is not None})
         elif path == "/metrics":
             self._send_text(200, e.metrics.render(e.served_name), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/v1/models":
@@ -1267,7 +1357,7 @@ class Signals:
 
 
 def die_by_sigkill() -> None:
-    log("fatal: killed during loading (DOUBLE_FAULT=exit-137)")
+    log("fatal: killed during loading (DOUBLE_FAULT=exit-137)", "ERROR")
     os.kill(os.getpid(), signal.SIGKILL)
     # As PID 1 of a container the kernel drops a SIGKILL sent from inside; exit as if killed.
     time.sleep(0.2)
@@ -1279,12 +1369,18 @@ def load_model(e: Engine, model: str) -> bool:
     f = e.faults
     t0 = time.monotonic()
     d = e.ready_delay
-    log(f"loading {model}")
+    quant = e.args.get("kv-cache-dtype", "fp8")
+    target = model.rsplit("/", 1)[-1].lower()
+    say(f"loading {model}", f"Port: {e.args.port}")
     if "exit-at-start" in f:
-        raise StartupFailure(f"error: failed to start: DOUBLE_FAULT=exit-at-start for {model}")
-    log(f"kernel target: test-double/{model.rsplit('/', 1)[-1].lower()}/{e.args.get('kv-cache-dtype', 'fp8')}")
+        raise StartupFailure(pick(f"error: failed to start: DOUBLE_FAULT=exit-at-start for {model}",
+                                  f"Error: failed to start: DOUBLE_FAULT=exit-at-start for {model}"))
+    say(f"kernel target: test-double/{target}/{quant}",
+        f"Selected kernel target: (test-double, {target}, {quant}) (0 modules) — quant compat: kernel={quant} "
+        f"model={quant} OK")
     if "stall" in f:
-        log(f"reading safetensors for {model} ...")
+        say(f"reading safetensors for {model} ...",
+            "Fast-load pre-flight: 0.00 GB on-disk, 1.3x = 0.00 GB peak, 0.00 GB free (test double)")
         while not e.stopping.wait(0.5):
             pass
         return False
@@ -1293,18 +1389,27 @@ def load_model(e: Engine, model: str) -> bool:
     if "exit-137" in f:
         die_by_sigkill()
     if "loaded-zero" in f:
-        log("loaded 0 tensors in 0.1s")
-        raise StartupFailure(f"error: no tensors loaded for {model}: the HF cache is empty or the path "
-                             "is wrong (check HF_HUB_CACHE / the cache mount)")
-    log(f"loaded {e.tensors} tensors in {time.monotonic() - t0:.1f}s")
+        say("loaded 0 tensors in 0.1s", None)
+        raise StartupFailure(pick(f"error: no tensors loaded for {model}: the HF cache is empty or the path is wrong "
+                                  "(check HF_HUB_CACHE / the cache mount)",
+                                  "Error: Snapshot '0000000' has no weight files (metadata-only)"))
+    say(f"loaded {e.tensors} tensors in {time.monotonic() - t0:.1f}s", f"Fast-loaded {e.tensors} weight tensors")
     if "oom" in f:
+        if today_format():
+            for n in (1, 2, 3):
+                log(f"OOM watchdog: GPU free memory critically low: 1500 MB (threshold: 2048 MB) [{n}/3]", "ERROR")
+            raise StartupFailure("OOM watchdog: 3 consecutive readings below threshold. Terminating to prevent "
+                                 "system freeze.")
         raise StartupFailure("error: out of memory while allocating the KV cache pool; lower "
                              "--gpu-memory-utilization (0.85) or --max-seq-len")
     batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= max(e.args.max_batch_size, 1)]
     for b in batches:
         if e.sleep(d * 0.5 / len(batches)):
             return False
-        log(f"captured graph for batch={b}")
+        say(f"captured graph for batch={b}", None)  # today's engine prints no such line
+    tokens = e.args.max_seq_len * max(e.args.max_batch_size, 1)
+    say(None, f"KV cache: 0.0 GB total x 90% util = 0.0 GB budget; 0.0 GB pre-KV + 0.0 GB reserve -> 0.0 GB for "
+              f"KV -> {tokens} max KV tokens (test double)")
     if "never-ready" in f:
         n = 0
         while not e.sleep(0.5):
@@ -1315,7 +1420,27 @@ def load_model(e: Engine, model: str) -> bool:
         remaining = d - (time.monotonic() - t0)
         if remaining > 0 and e.sleep(remaining):
             return False
+    if "oom-after-ready" in f:
+        log(watchdog_reading(1), "ERROR")  # field logs: the first reading precedes the ready line
     return True
+
+
+def watchdog_reading(n: int) -> str:
+    return f"OOM watchdog: GPU free memory critically low: 1350 MB (threshold: 2048 MB) [{n}/3]"
+
+
+def die_of_the_watchdog(e: Engine) -> bool:
+    """After the ready line: two more low readings a second apart, then the engine's own exit. False if stopped."""
+    for n in (2, 3):
+        if e.sleep(1.0):
+            return False
+        log(watchdog_reading(n), "ERROR")
+    log("OOM watchdog: 3 consecutive readings below threshold. Terminating to prevent system freeze.", "ERROR")
+    return True
+
+
+def pick(book: str, today: str) -> str:
+    return book if LOG["format"] == "book" else today
 
 
 def run_serve(argv: list[str]) -> int:
@@ -1329,7 +1454,8 @@ def run_serve(argv: list[str]) -> int:
     sig = Signals(e)
     sig.install()
     rdv = Rendezvous(e)
-    log(f"{VERSION_LINE} starting: rank {args.rank}/{args.world_size}, model {args.model}")
+    say(f"{VERSION_LINE} starting: rank {args.rank}/{args.world_size}, model {args.model}",
+        f"Metrale Engine starting... ({VERSION_LINE}: rank {args.rank}/{args.world_size}, model {args.model})")
 
     if not rdv.is_head:
         # worker: no HTTP; join, load, then stay silent until told to stop
@@ -1343,36 +1469,79 @@ def run_serve(argv: list[str]) -> int:
         finally:
             rdv.close()
 
-    server = bind_server(e)
+    # The book's engine bound its HTTP port before loading (503 until ready); today's binds after the
+    # model is loaded (connection refused until then), so /health is 200 from its first answer.
+    server = bind_server(e) if e.http_bind == "early" else None
     try:
         rdv.listen()
     except StartupFailure:
-        server.server_close()
+        if server is not None:
+            server.server_close()
         raise
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                              name="http", daemon=True)
-    thread.start()
+    if server is not None:
+        serve_in_background(server)
     try:
         if not load_model(e, args.model) or not rdv.join():
             rdv.close()
             return shutdown(e, server)
+        if "gpu-fault" in faults:
+            e.fault_reason = os.environ.get("DOUBLE_FAULT_REASON", "").strip() or DEFAULT_FAULT_REASON
+            log(f"GPU fault latched: {e.fault_reason}; /health answers 503 faulted", "ERROR")
+        else:
+            say(None, exposure_line(args.bind, args.port), "WARN" if args.bind in ("0.0.0.0", "::", "[::]") else "INFO")
+            e.ready_at = time.time()  # before /health can answer 200 (the server may not even be bound yet)
+            e.ready.set()
+        if server is None:
+            server = bind_server(e)
+            serve_in_background(server)
     except StartupFailure:
+        rdv.close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        raise
+    if e.fault_reason is None:
+        say(f"Listening on {format_addr(args.bind, args.port)}",
+            None if LOG["format"] == "silent" else ready_line(args.bind, args.port, e.served_name))
+        if LOG["format"] == "book":
+            if args.bind in ("127.0.0.1", "localhost", "::1"):
+                log(f"bind {args.bind} is loopback-only: other machines cannot reach this server "
+                    "(pass --bind 0.0.0.0 to accept LAN clients)")
+            elif args.bind in ("0.0.0.0", "::", "[::]"):
+                log(f"WARNING: bound to {args.bind}: the API is exposed to every machine on the LAN; "
+                    "use --require-auth or a firewall")
+    if "oom-after-ready" in faults and die_of_the_watchdog(e):
         rdv.close()
         server.shutdown()
         server.server_close()
-        raise
-    e.ready.set()  # ready first, so whoever sees the marker gets 200
-    log(f"Listening on {format_addr(args.bind, args.port)}")
-    if args.bind in ("127.0.0.1", "localhost", "::1"):
-        log(f"bind {args.bind} is loopback-only: other machines cannot reach this server "
-            "(pass --bind 0.0.0.0 to accept LAN clients)")
-    elif args.bind in ("0.0.0.0", "::", "[::]"):
-        log(f"WARNING: bound to {args.bind}: the API is exposed to every machine on the LAN; "
-            "use --require-auth or a firewall")
+        return 1
     while not e.stopping.wait(0.5):
         pass
     rdv.close()
     return shutdown(e, server)
+
+
+def serve_in_background(server: ThreadingHTTPServer) -> None:
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="http", daemon=True).start()
+
+
+def ready_line(bind: str, port: int, model: str) -> str:
+    """Today's ready line: a wildcard bind is printed as 127.0.0.1, an IPv6 literal bracketed."""
+    host = bind.strip("[]")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"Server live and ready at {format_addr(host, port)} running {model}"
+
+
+def exposure_line(bind: str, port: int) -> str | None:
+    host = bind.strip("[]")
+    if host in ("0.0.0.0", "::"):
+        return (f"Metrale Engine is listening on {format_addr(host, port)} — reachable from any host "
+                "on the network. If this machine is on a shared LAN or has a public IP, pass --bind 127.0.0.1 (or "
+                "set --require-auth and a real firewall) before accepting traffic.")
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return ("API reachable only from this machine (loopback). To expose on the LAN pass --bind 0.0.0.0; "
+                "combine with --require-auth and --auth-tokens-file for non-trusted networks.")
+    return None
 
 
 def format_addr(host: str, port: int) -> str:
@@ -1399,13 +1568,19 @@ def shutdown(e: Engine, server: ThreadingHTTPServer | None) -> int:
     if server is not None:
         server.shutdown()
         server.server_close()
-    log("shutdown complete")
+    say("shutdown complete", "Shutdown complete")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        fmt = os.environ.get("DOUBLE_LOG_FORMAT", "").strip() or "tracing"
+        if fmt not in LOG_FORMATS:
+            LOG["format"] = "book"
+            raise UsageError(f"error: invalid value {fmt!r} for DOUBLE_LOG_FORMAT ({', '.join(LOG_FORMATS)})")
+        LOG["format"] = fmt
+        LOG["ansi"] = os.environ.get("DOUBLE_LOG_ANSI", "").strip() in ("1", "true", "yes")
         if not argv or argv[0] in ("-h", "--help", "help"):
             log(f"{VERSION_LINE}\nUsage: met serve <MODEL> [OPTIONS] | met --version")
             return 0 if argv else 2
@@ -1416,10 +1591,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_serve(argv)
         raise UsageError(f"error: unrecognized subcommand '{argv[0]}' (the test double knows: serve, --version)")
     except UsageError as exc:
-        log(str(exc))
+        log(str(exc), "ERROR")
         return 2
     except StartupFailure as exc:
-        log(str(exc))
+        log(str(exc), "ERROR")
         return 1
 
 

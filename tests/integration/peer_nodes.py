@@ -48,7 +48,7 @@ class EngineDouble:
         deadline = time.monotonic() + 20
         assert self.proc.stdout is not None
         seen = b""
-        while b"Listening on" not in seen:
+        while b"Server live and ready at" not in seen:  # the double speaks today's engine by default
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise RuntimeError(f"the engine double did not start: {seen.decode(errors='replace')}")
             ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)

@@ -3,7 +3,8 @@ run in real containers with host networking. Needs a Docker daemon: CI starts on
 tests/docker_image/start-dockerd.sh; without one every test here is skipped with the reason.
 
 Every container is named ``mdt-<run>-<n>``, labelled ``metralectl-test=engine-double`` and removed by
-a finalizer."""
+a finalizer. These run the double in the book's format (DOUBLE_LOG_FORMAT=book) unless a test asks for
+today's (the double's default: tracing lines, late HTTP bind, today's /health bodies)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def start(client, image):
         c = client.containers.run(
             mounts.IMAGE, command, detach=True, name=f"mdt-{RUN_ID}-{next(counter)}",
             network_mode="host", labels=LABEL, volumes=mounts.docker_volumes(),
-            environment={**mounts.container_env(), "DOUBLE_READY_DELAY": "0.3", **(env or {})})
+            environment={**mounts.container_env(), "DOUBLE_READY_DELAY": "0.3", "DOUBLE_LOG_FORMAT": "book",
+                         **(env or {})})
         made.append(c)
         return Run(c, port)
 
@@ -208,6 +210,18 @@ def test_serve_health_stream_metrics_stop(start):
     assert time.monotonic() - t0 < 3
     assert r.exit_code() == 0
     assert "shutdown complete" in r.logs()
+
+
+def test_todays_format_in_a_container(start):
+    """The default format in a container (no TTY, so no colour): tracing lines, late bind, today's bodies."""
+    r = start("m", "--bind", "0.0.0.0", env={"DOUBLE_LOG_FORMAT": "tracing"})
+    assert r.wait_log(f"Server live and ready at 127.0.0.1:{r.port} running m"), r.logs()
+    assert "\x1b" not in r.logs() and "Listening on" not in r.logs()
+    assert all(line[:4].isdigit() and line[19:26] in ("Z  INFO", "Z  WARN") for line in r.logs().splitlines())
+    answer = httpx.get(r.url + "/health")
+    assert answer.status_code == 200 and answer.json() == {"status": "ready", "model": "m"}
+    state = httpx.get(r.url + "/_double/state").json()
+    assert state["http_bind"] == "late" and state["ready_at"] <= time.time()
 
 
 def test_bind_all_interfaces(start):

@@ -135,7 +135,7 @@ def test_logs_follow_returns_when_the_container_exits(box: Box) -> None:
     killed_at = time.monotonic()
     out, _ = follower.communicate(timeout=15)
     assert time.monotonic() - killed_at < 2.0
-    assert "Listening on" in out
+    assert "Server live and ready at" in out
 
 
 def test_stop_kills_an_engine_that_ignores_sigterm(box: Box) -> None:

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,13 +28,16 @@ from tests.integration.conftest import Box, free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
-BUNDLED = "metralectl-test/engine-bundled:latest"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docker_image"))
+import bundle  # noqa: E402 - the test image's own helper, beside build.sh
+
+BUNDLED = bundle.BUNDLED_IMAGE
 EP_REPO = "Sehyo/Qwen3.5-122B-A10B-NVFP4"
 # image id in the user config -> (tag, ENV baked in on BOTH nodes)
 EP_IMAGES = {
-    "ep": ("metralectl-test/engine-bundled:ep2", {"DOUBLE_RENDEZVOUS_TIMEOUT": "30"}),
-    "ep-rdv": ("metralectl-test/engine-bundled:ep2-rdv", {"DOUBLE_RENDEZVOUS_TIMEOUT": "4"}),
-    "ep-slow": ("metralectl-test/engine-bundled:ep2-slow", {"DOUBLE_READY_DELAY": "30"}),
+    "ep": (bundle.variant_tag("ep2"), {"DOUBLE_RENDEZVOUS_TIMEOUT": "30"}),
+    "ep-rdv": (bundle.variant_tag("ep2-rdv"), {"DOUBLE_RENDEZVOUS_TIMEOUT": "4"}),
+    "ep-slow": (bundle.variant_tag("ep2-slow"), {"DOUBLE_READY_DELAY": "30"}),
 }
 
 
@@ -50,11 +54,6 @@ def node2(engine_images: dict[str, str]) -> Iterator[n2.Node2]:
     missing = n2.missing_tools()
     if missing:
         _refuse(f"two-node tests need {', '.join(missing)} (Debian: iproute2, docker.io)")
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docker_image"))
-    import bundle
-
     for tag, env in EP_IMAGES.values():
         bundle.build_variant(tag, env)
     node = n2.Node2()
@@ -78,8 +77,11 @@ class Ep:
     worker_port: int
     master_port: int
 
-    def run(self, *args: str, timeout: float = 120, worker: str = n2.URL) -> subprocess.CompletedProcess[str]:
-        return self.box.cli("run", self.name, "--worker", worker, *args, timeout=timeout)
+    def run(self, *args: str, timeout: float = 120, worker: str = n2.URL, rdma: bool = False
+            ) -> subprocess.CompletedProcess[str]:
+        """`run --worker`; --no-rdma unless asked: these two "nodes" (one machine) have no /dev/infiniband."""
+        return self.box.cli("run", self.name, "--worker", worker, *args, *([] if rdma else ["--no-rdma"]),
+                            timeout=timeout)
 
     def gone_everywhere(self) -> bool:
         return self.box.containers() == [] and self.node.containers(f"metralectl-{self.box.prefix}") == []
@@ -157,6 +159,13 @@ def test_ep2_launch_both_ranks_detection_request_ps_logs_stop(ep, tmp_path: Path
         assert cmd[cmd.index("--master-port") + 1] == str(e.master_port)
         assert "NCCL_SOCKET_IFNAME=enp1s0f1np1" in info["Config"]["Env"]
         assert info["State"]["Running"] and info["HostConfig"]["NetworkMode"] == "host"
+        # the class's EP=2 profile, as the daemon got it (--no-rdma: NCCL over sockets, so no /dev/infiniband and
+        # none of what RDMA memory registration needs: IPC_LOCK, memlock; the 32 GB /dev/shm stays)
+        host_config = info["HostConfig"]
+        assert host_config["ShmSize"] == 32 * 1024 ** 3 and host_config["IpcMode"] == "host"
+        assert not host_config.get("Devices") and not host_config.get("CapAdd") and not host_config.get("Ulimits")
+        assert "NCCL_IB_DISABLE=1" in info["Config"]["Env"] and "NCCL_PROTO=Simple" in info["Config"]["Env"]
+        assert not any(v.startswith("NCCL_IB_HCA=") for v in info["Config"]["Env"])
     assert worker["Config"]["Labels"]["ai.metrale.metralectl.rank"] == "1"
     # the head serves; a real request goes through (the worker is joined)
     reply = httpx.post(f"http://127.0.0.1:{e.port}/v1/chat/completions",
@@ -172,7 +181,7 @@ def test_ep2_launch_both_ranks_detection_request_ps_logs_stop(ep, tmp_path: Path
     # logs of either rank
     worker_log = e.box.cli("logs", e.name, "--rank", "1", check=True).stdout
     assert "(worker): ready" in worker_log and "all ranks ready" in worker_log and "lost" not in worker_log
-    assert "Listening on" in e.box.cli("logs", e.name, check=True).stdout
+    assert "Server live and ready at" in e.box.cli("logs", e.name, check=True).stdout
     assert e.record().exists() and json.loads(e.record().read_text())["state"] == "ready"
     # hot swap away from a multi-rank deployment is refused (the engine's rule), nothing touched
     refused = e.box.cli("swap", e.box.recipe("single"))
@@ -187,6 +196,16 @@ def test_ep2_launch_both_ranks_detection_request_ps_logs_stop(ep, tmp_path: Path
 
 
 # --- refused before anything starts ------------------------------------------------------------------------
+def test_ep2_without_rdma_devices_is_refused_before_starting(ep) -> None:
+    """Neither "node" has /dev/infiniband: the RDMA launch (the default) is refused with the fix, not by Docker."""
+    e = ep("nordma")
+    out = e.run(rdma=True)
+    assert out.returncode == 1, out.stderr
+    assert "rank 0 (head) on this machine has no /dev/infiniband" in out.stderr
+    assert "modprobe" in out.stderr and "--no-rdma" in out.stderr and "Traceback" not in out.stderr
+    assert e.gone_everywhere() and not e.record().exists()
+
+
 def test_ep2_flags_mismatch_in_the_recipe_is_refused_by_the_checker(ep) -> None:
     e = ep("ckmis", worker_serve="num-drafts: 2")
     out = e.run()
@@ -250,7 +269,9 @@ def test_ep2_worker_that_dies_at_start_tears_down_both(ep) -> None:
     out = e.run()
     _failed(out, "rank-exited")
     assert "rank 1 (worker) on tcp://10.77.0.2:2375" in out.stderr and "exited with code 1" in out.stderr
-    assert "r1│ error: failed to start" in out.stderr  # the worker's last words are shown
+    # the worker's last words are shown (today's engine: `<time> ERROR Error: failed to start ...`)
+    assert any(line.strip().startswith("r1│") and "ERROR Error: failed to start" in line
+               for line in out.stderr.splitlines()), out.stderr
     assert time.monotonic() - started < 60
     assert e.gone_everywhere() and not e.record().exists()
     kept = out.stderr.split("logs kept in ")[1].split(" (rank 1)")[0]
@@ -302,7 +323,7 @@ def test_ep2_healthy_head_with_a_silent_worker_is_caught_by_a_real_request(ep) -
 
 def test_ep2_ctrl_c_tears_down_both(ep) -> None:
     e = ep("ctrlc", image="ep-slow")
-    proc = e.box.popen("run", e.name, "--worker", n2.URL)
+    proc = e.box.popen("run", e.name, "--worker", n2.URL, "--no-rdma")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (e.box.containers() and e.node.containers(f"metralectl-{e.box.prefix}")):
         time.sleep(0.2)

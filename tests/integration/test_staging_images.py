@@ -219,5 +219,5 @@ def test_present_image_passes_preflight_and_absent_one_names_pull(client, runtim
     images.image_preflight(info(ref), runtime, ARCH, "some-recipe")
     with pytest.raises(images.ImageError, match="run `metralectl pull some-recipe`"):
         images.image_preflight(info(f"metralectl-test/absent-{RUN}:latest"), runtime, ARCH, "some-recipe")
-    with pytest.raises(images.ImageError, match="built locally, not pulled"):
+    with pytest.raises(images.ImageError, match="cannot be pulled: it is built from source"):
         images.pull(info(f"metralectl-test/absent-{RUN}:latest", build="docker build ..."), runtime, ARCH)

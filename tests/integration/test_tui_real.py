@@ -57,13 +57,13 @@ def test_launch_watch_ready_and_stop(tui_box: Box) -> None:
             await until(pilot, lambda: progress.outcome is not None, timeout=90, what="ready")
             assert progress.outcome.status == "done", progress.outcome
             phases = [line.text.split()[0] for line in progress.model.lines]
-            assert {"loading", "capturing-graphs", "ready"} <= set(phases)
+            assert {"kernel-select", "loading", "kv-sizing", "ready"} <= set(phases)  # today's engine's phases
             await pilot.press("enter")
             card = app.query_one(ServingCard)
             await until(pilot, lambda: card.report is not None and any(
                 s.recipe == name and s.health == "ok" for s in card.report.serving), timeout=30, what="serving, healthy")
             log = app.query_one(LogTail)
-            await until(pilot, lambda: any("Listening on" in line for line in log.lines), timeout=30, what="log")
+            await until(pilot, lambda: any("Server live and ready at" in line for line in log.lines), timeout=30, what="log")
             await pilot.press("x")
             await until(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", timeout=30)
             await pilot.press("y")

@@ -1,6 +1,10 @@
 """Quick checks of the engine TEST DOUBLE (tests/engine_double/metrale_double.py), run directly as a
 subprocess on loopback: no Docker. The Docker-image behaviour is in
-tests/integration/test_engine_double.py."""
+tests/integration/test_engine_double.py.
+
+These run the double in the book's format (DOUBLE_LOG_FORMAT=book: `Listening on`, HTTP bound early,
+the book's /health bodies); today's formats (the double's default) are checked in
+test_engine_double_today.py."""
 
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ def free_port() -> int:
 
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("METRALE_", "DOUBLE_"))}
-    env.update({"DOUBLE_READY_DELAY": "0.2", "DOUBLE_TTFT_MS": "5", "DOUBLE_ITL_MS": "1"})
+    env.update({"DOUBLE_READY_DELAY": "0.2", "DOUBLE_TTFT_MS": "5", "DOUBLE_ITL_MS": "1", "DOUBLE_LOG_FORMAT": "book"})
     env.update(extra)
     return env
 

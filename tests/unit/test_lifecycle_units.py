@@ -18,20 +18,20 @@ def _log(port: int = 8888) -> BootLog:
     return BootLog(catalog().engines["metrale"], "127.0.0.1", port)
 
 
-def test_phases_in_order_and_marker() -> None:
+def test_book_phases_in_order_and_ready_line() -> None:
     log = _log()
     assert log.feed("loading Sehyo/Qwen3.5-35B-A3B-NVFP4") is None
     assert log.feed("loaded 125000 tensors in 34s") == "loading"
     assert log.feed("captured graph for batch=1") == "capturing-graphs"
-    assert not log.marker_seen
+    assert not log.ready_line_seen
     assert log.feed("Listening on 127.0.0.1:8888") == "ready"
-    assert log.marker_seen and log.failure is None
+    assert log.ready_line_seen and log.failure is None
 
 
-def test_marker_for_another_port_is_not_ours() -> None:
+def test_book_ready_line_for_another_port_is_not_ours() -> None:
     log = _log(9000)
-    log.feed("Listening on 127.0.0.1:8888")
-    assert not log.marker_seen
+    assert log.feed("Listening on 127.0.0.1:8888") is None
+    assert not log.ready_line_seen and log.phase == "starting"
 
 
 @pytest.mark.parametrize("line,cause", [

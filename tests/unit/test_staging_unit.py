@@ -261,7 +261,7 @@ def test_image_pull_over_a_fake_runtime() -> None:
     assert result.status.revision == "r1" and result.status.digest == "metrale/img@sha256:2"
     assert images.pull(image("linux/arm64"), rt, "aarch64").action == "present" and len(rt.pulls) == 1
     assert images.pull(image("linux/arm64"), rt, "aarch64", update=True).action == "pulled"
-    with pytest.raises(images.ImageError, match="built locally, not pulled"):
+    with pytest.raises(images.ImageError, match="cannot be pulled: it is built from source"):
         images.pull(image("linux/amd64", build="docker build ..."), FakeRuntime(False), "x86_64")
     wrong = FakeRuntime(present=False)
     with pytest.raises(images.ImageError, match="built for linux/amd64"):
