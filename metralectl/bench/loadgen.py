@@ -99,21 +99,25 @@ class _State:
         self.all_measured_done = asyncio.Event()
         self.records: list[tuple[int, str, int | None, RawResponse, Planned]] = []
         self.failures_in_a_row = 0
-        self.aborted: str | None = None
+        self.stopped: str | None = None  # the breaker tripped: nothing more is sent
+        self.aborted: str | None = None  # ... and it tripped while warming up or measuring: the stage failed
         self.last_failure: str | None = None
 
-    def note_end(self, raw: RawResponse) -> None:
+    def note_end(self, raw: RawResponse, phase: str) -> None:
         """Feed the failure breaker with a finished request (transport-level outcome only; the stream's
-        events are judged after the load)."""
+        events are judged after the load). Tripped during the drain, it only stops the unmeasured filler:
+        what was measured stands on its own."""
         failed = raw.error is not None or (raw.status is not None and raw.status != 200)
         if not failed:
             self.failures_in_a_row = 0
             return
         self.failures_in_a_row += 1
         self.last_failure = raw.error or f"HTTP {raw.status}"
-        if self.aborted is None and self.failures_in_a_row >= self.spec.breaker:
-            self.aborted = (f"stopped sending after {self.failures_in_a_row} failed requests in a row "
+        if self.stopped is None and self.failures_in_a_row >= self.spec.breaker:
+            self.stopped = (f"stopped sending after {self.failures_in_a_row} failed requests in a row "
                             f"(last: {self.last_failure[:120]})")
+            if phase != "drain":
+                self.aborted = self.stopped
             if self.t_end is None:
                 self.t_end = -1  # the window closes; in-flight measured requests still end on their own
 
@@ -174,7 +178,7 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
     in_flight: set[asyncio.Task[Any]] = set()
 
     async def one(index: int, t_sched: int | None) -> bool:
-        if state.aborted is not None:
+        if state.stopped is not None:
             return False
         now = perf_ns()
         phase = state.phase_for_send(now)
@@ -194,7 +198,7 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
                 state.pending_measured -= 1
                 if state.t_end is not None and state.pending_measured == 0:
                     state.all_measured_done.set()
-        state.note_end(raw)
+        state.note_end(raw, phase)
         return True
 
     async def stream_loop(first: int) -> None:
@@ -274,7 +278,8 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
     wall = max((t_stop - t0) / 1e9, 1e-9)
     health = {"loop_lag_ms": summarize(lag), "cpu_s": round(cpu_s, 4), "cpu_frac": round(cpu_s / wall, 4),
               "wall_s": round(wall, 4), "dispatch_slip_ms": summarize(slips) if spec.open_loop else None,
-              "queued_arrivals": queued, "workers": 1}
+              "queued_arrivals": queued, "workers": 1,
+              "filler_stopped": state.stopped if state.stopped and not state.aborted else None}
     raws = [raw for *_, raw, _ in state.records] if keep_raw else []
     return WorkerOutcome(results, window, health, t0, cancelled, raws, t0_unix_ns, state.aborted, drain_timed_out)
 
@@ -315,7 +320,7 @@ async def _drain(spec: LoadSpec, state: _State, on_progress: Progress | None) ->
 async def _wait_window(spec: LoadSpec, state: _State) -> None:
     """Until the measured window closed (by time or by count)."""
     while True:
-        if state.aborted is not None:
+        if state.stopped is not None:
             return
         if spec.duration_s is not None and state.t_measure is not None:
             end = state.t_measure + int(spec.duration_s * 1e9)
@@ -325,7 +330,7 @@ async def _wait_window(spec: LoadSpec, state: _State) -> None:
                 return
             await asyncio.sleep(min((end - now) / 1e9, 0.05))
             continue
-        if state.t_end is not None or state.aborted is not None:
+        if state.t_end is not None or state.stopped is not None:
             return
         await asyncio.sleep(0.005)
 

@@ -91,7 +91,8 @@ def judge(record: dict[str, Any], params: dict[str, Any], *, interrupted: bool) 
 
 class ServedModelWatch:
     """Notices the served model changing under a run: the `model` its responses name, what /v1/models
-    lists, and, when metralectl serves the target, which container does."""
+    lists, and, when metralectl serves the target, its lifecycle state (a run, swap or stop in progress
+    holds the lifecycle lock) and which container serves."""
 
     def __init__(self, control: Control, target: Target, managed: dict[str, Any] | None, url: str) -> None:
         self.control = control
@@ -117,6 +118,12 @@ class ServedModelWatch:
         if not named:
             self.measured = listed or self.listed
         if self.managed:
+            from metralectl import store
+
+            holder = store.lock_holder()
+            if holder and not holder.startswith(store.UNIT_HOLDER):  # a unit is this very run, on a peer's behalf
+                return (f"the served model changed: metralectl is changing what is served ({clean(holder, 120)}) "
+                        f"{where}")
             now = managed_container(self.url)
             if now is not None and (now.get("container"), now.get("spec_hash")) != (
                     self.managed.get("container"), self.managed.get("spec_hash")):

@@ -354,9 +354,11 @@ class RawTransport:
         return conn
 
     async def open(self, prewarm: int) -> None:
-        """Connect `prewarm` connections now, so no request of the measured window pays for a handshake."""
-        conns = await asyncio.gather(*(self._connect() for _ in range(min(prewarm, self.pool))))
-        self._idle.extend(conns)
+        """Connect `prewarm` connections now, so no request of the measured window pays for a handshake. A
+        server that refuses them (down, restarting) is not an error here: each request then says so."""
+        conns = await asyncio.gather(*(self._connect() for _ in range(min(prewarm, self.pool))),
+                                     return_exceptions=True)
+        self._idle.extend(c for c in conns if isinstance(c, _Framer))
 
     async def stream(self, body: bytes, timeout_s: float, raw: RawResponse | None = None) -> RawResponse:
         raw = raw if raw is not None else RawResponse(perf_ns())

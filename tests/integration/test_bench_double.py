@@ -37,3 +37,35 @@ def test_bench_decode_against_the_served_double(box: Box) -> None:
     record = json.loads(started.stdout)
     assert record["self_started"]["recipe"] == name and record["target"]["recipe"] == name
     assert box.containers() == []  # torn down
+
+
+def test_a_swap_in_the_middle_of_a_sweep_invalidates_it(box: Box) -> None:
+    """Seen by a user: a swap during a concurrency sweep gave '✔ 27/1121 ok', verdict none, exit 0, and a record
+    naming the old model for every stage. Now the run fails, says the model changed, and stops measuring."""
+    import time
+    from pathlib import Path
+
+    first = box.recipe("sweep-a")
+    second = box.recipe("sweep-b", extra="serve:\n  model-name: the-other-model\n")
+    box.weights_complete()
+    box.cli("run", first, check=True)
+    try:
+        sweep = box.popen("bench", "run", "concurrency-sweep", "-p", "concurrencies=2,2,2", "-p", "duration_s=8",
+                          "-p", "warmup_s=0.5", "-p", "isls=16", "-p", "osl=16", "-p", "client_bound=warn",
+                          "--format", "json")
+        runs = Path(box.env["METRALE_HOME"]) / "runs" / "concurrency-sweep"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(runs.glob("*/run.json")):
+            time.sleep(0.1)
+        time.sleep(2.0)  # the swap's outage and its new model land inside the sweep's three 8 s rungs
+        swapped = box.cli("swap", second, "--direct", timeout=180)
+        assert swapped.returncode == 0, swapped.stderr
+        out, err = sweep.communicate(timeout=180)
+    finally:
+        box.cli("stop", "--all")
+    assert sweep.returncode == 1, err + "\nSWAP:\n" + swapped.stdout + swapped.stderr
+    record = json.loads(out)
+    assert record["status"] == "invalid" and "the served model changed" in record["error"], record["error"]
+    changed_at = len(record["stages"])
+    assert changed_at < 3 and f"at stage {changed_at}" in record["error"]  # nothing measured after the change
+    assert "invalid: the served model changed" in err and "benchmark invalid" in err
