@@ -133,7 +133,8 @@ def analyse(raw: RawResponse, *, index: int, worker: int, phase: str, t_sched: i
             res.tpot_ms = (times[-1] - times[0]) / decode_tokens / NS_PER_MS
             res.decode_tok_s = 1000.0 / res.tpot_ms
     if raw.reads:
-        errs = late_stamp_errors(parsed.events, {t: (oldest, late) for t, oldest, late in raw.reads}, raw.t_send)
+        errs = late_stamp_errors(parsed.events, {t: (oldest, late) for t, oldest, late in raw.reads}, raw.t_send,
+                                 raw.t_headers)
         res.late_stamps = sum(1 for e in errs if e > 0)
         res.stamp_err_ms = [round(e / NS_PER_MS, 4) for e in errs if e > 0]
         res.ttft_err_ms = errs[0] / NS_PER_MS if errs else None
@@ -171,7 +172,8 @@ def _transport_kind(raw: RawResponse) -> str:
     return KIND_TRUNCATED
 
 
-def late_stamp_errors(events: list[TokenEvent], reads: dict[int, tuple[int, int]], t_send: int) -> list[float]:
+def late_stamp_errors(events: list[TokenEvent], reads: dict[int, tuple[int, int]], t_send: int,
+                      t_headers: int | None = None) -> list[float]:
     """Estimated stamp error (ns) of every token event, from kernel-stamped reads ({stamp: (oldest, late)}).
 
     A read is stamped with the arrival of its newest bytes, so when one read completes several token
@@ -180,7 +182,8 @@ def late_stamp_errors(events: list[TokenEvent], reads: dict[int, tuple[int, int]
     behind, when the read's oldest bytes arrived (a peek before the read; -1 when it did not peek):
     - oldest bytes well before the newest: separate arrivals. The first event came with the oldest
       bytes; the ones between are taken to be one of the stream's short gaps apart (the 10th percentile
-      of its gaps between distinct stamps), never before the oldest bytes.
+      of its gaps between distinct stamps), never before the oldest bytes. Not so for the read that also
+      held the response's headers (`t_headers`): its oldest bytes may be those, so it counts as below.
     - both together and the read prompt (within PROMPT_READ_NS): the server wrote them together.
     - both together (or not peeked) but the read late: either a burst read late, or segments the
       kernel merged while they waited (it keeps the newest stamp). When the stream shows the server
@@ -211,7 +214,7 @@ def late_stamp_errors(events: list[TokenEvent], reads: dict[int, tuple[int, int]
     for i, j in groups:
         t = events[i].t
         oldest, late = reads.get(t, (-1, 0))
-        spread = t - oldest if oldest >= 0 else 0
+        spread = t - oldest if oldest >= 0 and t != t_headers else 0
         if j > i and spread > SAME_ARRIVAL_NS:
             step = usual if usual is not None else spread / (j - i)
             out[i] = float(spread)

@@ -195,7 +195,7 @@ def test_this_box_is_a_node_too(tmp_path: Path) -> None:
         units += [PlannedUnit(f"tool-{i}", "tool-call", {"repeats": "2"}, expected_s=5 - i, group=f"t{i}") for i in range(3)]
         lines = {"local": ThermalLines(80, 70), remote.name: ThermalLines(80, 70)}
         record = Campaign("loc", units, [local, remote], "local", lines, tmp_path / "campaign").run()
-        assert {u["state"] for u in record["units"]} == {"accepted"}
+        assert {u["state"] for u in record["units"]} == {"accepted"}, [(u["unit"]["id"], u.get("reason"), u.get("error")) for u in record["units"]]
         decode = next(u for u in record["units"] if u["unit"]["id"] == "decode")
         assert decode["node"] == "local"
         verdict = signing.verify_file(Path(decode["record_dir"]) / "run.json", known_keys(fleet.here),
