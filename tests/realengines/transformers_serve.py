@@ -3,14 +3,17 @@
 Standard library only (no pytest, no httpx), so the same code serves the tests, and the H200 kit
 through its command line:
 
-    python3 tests/realengines/transformers_serve.py up --pidfile F [--preset h200 --device cuda:0] --json
+    python3 tests/realengines/transformers_serve.py up --pidfile F --workdir D [--preset h200 --device cuda:0]
     python3 tests/realengines/transformers_serve.py down --pidfile F
+
+(`up` prints one JSON line: url, model, model_dir, pid, log, versions; the server keeps running.)
 
 The model is built once per machine (build_tiny_llama.py, cached under cache_root()) with the
 interpreter that serves it: METRALECTL_TFSERVE_PYTHON names one (a venv with another transformers,
 say), else the current one. The server gets its own HF_HOME in which the model sits in the hub cache
-layout under MODEL_ID, the way a user's downloaded model does, so /v1/models lists it (that route
-lists the hub cache, not what is served). layout="dir" serves the directory path instead.
+layout under a repo id (MODEL_IDS), the way a user's downloaded model does: then /v1/models lists it
+in every version (up to 5.17 that route lists the hub cache, not what is served). layout="dir"
+serves the directory path instead.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 BUILDER = HERE / "build_tiny_llama.py"
 MODEL_ID = "metralectl-test/tiny-llama"
+MODEL_IDS = {"tiny": MODEL_ID, "h200": "metralectl-test/random-llama-0.8b"}  # the served name, per preset
 SNAPSHOT = "0" * 40
 EOS_TOKEN_ID = 2  # build_tiny_llama.EOS
 _PROBE = ("import json, tokenizers, torch, transformers, fastapi, uvicorn, openai; "
@@ -204,7 +208,7 @@ def _wait_ready(srv: TfServe, timeout: float) -> None:
 
 
 def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: str = "hub",
-          model_id: str = MODEL_ID, device: str = "cpu", extra_args: Sequence[str] = (),
+          model_id: str | None = None, device: str = "cpu", extra_args: Sequence[str] = (),
           python: str | None = None, workdir: Path | None = None, ready_timeout: float = 300,
           threads: int | None = 1, port: int | None = None, attempts: int = 3) -> TfServe:
     """Build (once) and serve the model; returns when a request has completed. Call .stop() after."""
@@ -217,8 +221,8 @@ def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: 
     home = workdir / "hf"
     shutil.rmtree(home, ignore_errors=True)
     if layout == "hub":
-        _hub_home(home, model_dir, model_id)
-        served = model_id
+        served = model_id or MODEL_IDS.get(preset, f"metralectl-test/llama-{preset}")
+        _hub_home(home, model_dir, served)
     elif layout == "dir":
         (home / "hub").mkdir(parents=True)  # /v1/models scans it and answers 500 when it is missing
         served = str(model_dir)
