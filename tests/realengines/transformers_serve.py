@@ -174,6 +174,13 @@ def _stop_group(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) 
         proc.wait(10)
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the parent dies (PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
 def _post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, bytes]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"content-type": "application/json"})
@@ -210,8 +217,13 @@ def _wait_ready(srv: TfServe, timeout: float) -> None:
 def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: str = "hub",
           model_id: str | None = None, device: str = "cpu", extra_args: Sequence[str] = (),
           python: str | None = None, workdir: Path | None = None, ready_timeout: float = 300,
-          threads: int | None = 1, port: int | None = None, attempts: int = 3) -> TfServe:
-    """Build (once) and serve the model; returns when a request has completed. Call .stop() after."""
+          threads: int | None = 1, port: int | None = None, attempts: int = 3,
+          pidfile: Path | None = None, die_with_parent: bool = True) -> TfServe:
+    """Build (once) and serve the model; returns when a request has completed. Call .stop() after.
+
+    die_with_parent: the server gets SIGTERM when this process dies, so a killed test run leaves no
+    server behind (off for the `up` command, whose server outlives it). pidfile: written as soon as
+    the server process exists, so whoever reads it can stop a server that never became ready."""
     python = python or engine_python()
     versions = engine_versions(python)
     model_dir = ensure_model(python, preset, eos, seed)
@@ -244,14 +256,19 @@ def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: 
                *extra_args]
         with open(log_path, "wb") as sink:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env,
-                                    cwd=workdir, start_new_session=True)
+                                    cwd=workdir, start_new_session=True,
+                                    preexec_fn=_die_with_parent if die_with_parent else None)
+        if pidfile is not None:
+            pidfile.write_text(f"{proc.pid}\n")
         srv = TfServe(f"http://127.0.0.1:{chosen}", served, model_dir, log_path, versions, proc, workdir,
                       keep_workdir=keep, command=cmd)
         try:
             _wait_ready(srv, ready_timeout)
             return srv
-        except RuntimeError as exc:
+        except BaseException as exc:
             srv.stop()
+            if not isinstance(exc, RuntimeError):  # interrupted (SIGTERM, Ctrl-C): nothing left running
+                raise
             log = srv.log_text()
             if port is None and attempt + 1 < attempts and "address already in use" in log.lower():
                 continue  # another process took the port between our probe and the server's bind
@@ -272,6 +289,14 @@ def transformers_serve(**kwargs: Any) -> Iterator[TfServe]:
         srv.stop()
         if not srv.keep_workdir:
             shutil.rmtree(srv.workdir, ignore_errors=True)
+
+
+def _recorded_alive(pidfile: Path) -> bool:
+    try:
+        os.killpg(int(pidfile.read_text().split()[0]), 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
 
 
 def _cli(argv: list[str] | None = None) -> int:
@@ -299,13 +324,20 @@ def _cli(argv: list[str] | None = None) -> int:
         _stop_group(pid, None, 20)
         args.pidfile.unlink(missing_ok=True)
         return 0
+    if _recorded_alive(args.pidfile):
+        print(f"transformers_serve up: {args.pidfile} names a server that is still running; "
+              f"`down --pidfile {args.pidfile}` first", file=sys.stderr)
+        return 1
+    # `timeout` and the like send SIGTERM: unwind, so start() stops a server that is not ready yet
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         srv = start(preset=args.preset, eos=args.eos, device=args.device, port=args.port, workdir=args.workdir,
-                    threads=args.threads, ready_timeout=args.ready_timeout, extra_args=args.extra)
+                    threads=args.threads, ready_timeout=args.ready_timeout, extra_args=args.extra,
+                    pidfile=args.pidfile, die_with_parent=False)
     except (EngineUnavailable, RuntimeError) as exc:
+        args.pidfile.unlink(missing_ok=True)
         print(f"transformers_serve up: {exc}", file=sys.stderr)
         return 1
-    args.pidfile.write_text(f"{srv.proc.pid}\n")
     print(json.dumps({"url": srv.url, "model": srv.model, "model_dir": str(srv.model_dir), "pid": srv.proc.pid,
                       "log": str(srv.log_path), "versions": srv.versions}))
     return 0
