@@ -139,7 +139,11 @@ else
   CONC=(1 4 16) ISL=128 OSL=128 REPEATS=10 SWEEP_S=20 LONG_OSL=600
 fi
 CONC_CSV=$(IFS=,; echo "${CONC[*]}")
-MCTL=("$VENV/bin/metralectl")
+# metralectl from this tree, not from the carried wheel (which may predate the last change to the
+# client): the wheel brought its dependencies; PYTHONPATH makes the tree's package win.
+MCTL=(env "PYTHONPATH=$PWD" "$VENV/bin/python" -m metralectl)
+"${MCTL[@]}" --version >"$RES/metralectl-version.txt" 2>&1
+env "PYTHONPATH=$PWD" "$VENV/bin/python" -c 'import metralectl; print(metralectl.__file__)' >>"$RES/metralectl-version.txt" 2>&1
 export METRALE_HOME="$RES/metrale" METRALECTL_CONFIG_DIR="$RES/config" METRALECTL_CACHE_DIR="$RES/cache"
 export METRALECTL_LOCK_DIR="$RES" NO_COLOR=1
 
@@ -161,9 +165,10 @@ run_metralectl_benches() {
 run_aiperf() {
   local c n
   for c in "${CONC[@]}"; do
-    n=$(( c * (QUICK == 1 ? 2 : 2) )); [ "$n" -lt 8 ] && n=8
+    n=$((c * 2)); [ "$n" -lt 8 ] && n=8
+    w=$c; [ "$w" -gt 4 ] && w=4  # warmup: a few requests (plain mode serves them one at a time)
     step "aiperf-c$c" 200 "$VENV/bin/aiperf" profile -m "$MODEL" --url "$URL" --endpoint-type chat --streaming \
-      --concurrency "$c" --request-count "$n" --warmup-request-count "$c" --isl "$ISL" --isl-stddev 0 \
+      --concurrency "$c" --request-count "$n" --warmup-request-count "$w" --isl "$ISL" --isl-stddev 0 \
       --osl "$OSL" --osl-stddev 0 --random-seed 0 --use-legacy-max-tokens --use-server-token-count \
       --tokenizer "$MODEL_DIR" --ui-type none --artifact-dir "$RES/aiperf/c$c"
   done
