@@ -175,10 +175,11 @@ def _stop_group(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) 
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: ask Linux for SIGTERM when the parent dies (PR_SET_PDEATHSIG)."""
+    """In the child before exec: ask Linux for SIGKILL when the parent dies (PR_SET_PDEATHSIG).
+    SIGKILL, not SIGTERM: uvicorn's graceful shutdown waits for open streams without a limit."""
     import ctypes
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def _post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, bytes]:
@@ -221,7 +222,7 @@ def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: 
           pidfile: Path | None = None, die_with_parent: bool = True) -> TfServe:
     """Build (once) and serve the model; returns when a request has completed. Call .stop() after.
 
-    die_with_parent: the server gets SIGTERM when this process dies, so a killed test run leaves no
+    die_with_parent: the server is killed when this process dies, so a killed test run leaves no
     server behind (off for the `up` command, whose server outlives it). pidfile: written as soon as
     the server process exists, so whoever reads it can stop a server that never became ready."""
     python = python or engine_python()
