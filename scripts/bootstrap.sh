@@ -34,6 +34,12 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# tests/realengines/requirements.txt: the real-engine tests' packages (Hugging Face `transformers serve`
+# on CPU: torch, transformers, fastapi, uvicorn, openai). Test-only, never metralectl's dependencies;
+# resolved together with ours so neither side downgrades the other. METRALECTL_SKIP_REALENGINES=1
+# leaves them out (those tests then skip, except under CI where they fail).
+realengines=(-r tests/realengines/requirements.txt)
+[ "${METRALECTL_SKIP_REALENGINES:-}" = 1 ] && realengines=()
+python3 -m pip install -q --disable-pip-version-check -e '.[test]' "${realengines[@]}"
 command -v pyenv >/dev/null && pyenv rehash || true   # expose the new `metralectl` through pyenv's shims
 echo "bootstrap: done ($(python3 -m metralectl --version))" >&2

@@ -183,7 +183,14 @@ def test_random_weights_stop_early_on_some_prompts_unless_eos_is_suppressed(
                 if not legacy(tfserve):
                     assert s.chunks[-1]["usage"]["completion_tokens"] < 64
                 break
-    assert stopped is not None, "no prompt of 40 stopped early: the EOS path went untested"
+        assert stopped is not None, "no prompt of 40 stopped early: the EOS path went untested"
+        if not legacy(tfserve):
+            # transformers' own field (a JSON string replacing the model's generation config) is its
+            # min_tokens: the same prompt now runs to max_tokens
+            forced = post_stream(c, "/v1/chat/completions",
+                                 {**stopped, "generation_config": json.dumps({"min_new_tokens": 64})})
+            assert forced.chunks[-1]["choices"][0]["finish_reason"] == "length"
+            assert forced.chunks[-1]["usage"]["completion_tokens"] == 64
     srv = tfserve_factory(eos="suppressed")
     with httpx.Client(base_url=srv.url, timeout=120) as c:
         s = post_stream(c, "/v1/chat/completions", {**stopped, "model": srv.model})

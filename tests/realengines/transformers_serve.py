@@ -3,14 +3,17 @@
 Standard library only (no pytest, no httpx), so the same code serves the tests, and the H200 kit
 through its command line:
 
-    python3 tests/realengines/transformers_serve.py up --pidfile F [--preset h200 --device cuda:0] --json
+    python3 tests/realengines/transformers_serve.py up --pidfile F --workdir D [--preset h200 --device cuda:0]
     python3 tests/realengines/transformers_serve.py down --pidfile F
+
+(`up` prints one JSON line: url, model, model_dir, pid, log, versions; the server keeps running.)
 
 The model is built once per machine (build_tiny_llama.py, cached under cache_root()) with the
 interpreter that serves it: METRALECTL_TFSERVE_PYTHON names one (a venv with another transformers,
 say), else the current one. The server gets its own HF_HOME in which the model sits in the hub cache
-layout under MODEL_ID, the way a user's downloaded model does, so /v1/models lists it (that route
-lists the hub cache, not what is served). layout="dir" serves the directory path instead.
+layout under a repo id (MODEL_IDS), the way a user's downloaded model does: then /v1/models lists it
+in every version (up to 5.17 that route lists the hub cache, not what is served). layout="dir"
+serves the directory path instead.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 BUILDER = HERE / "build_tiny_llama.py"
 MODEL_ID = "metralectl-test/tiny-llama"
+MODEL_IDS = {"tiny": MODEL_ID, "h200": "metralectl-test/random-llama-0.8b"}  # the served name, per preset
 SNAPSHOT = "0" * 40
 EOS_TOKEN_ID = 2  # build_tiny_llama.EOS
 _PROBE = ("import json, tokenizers, torch, transformers, fastapi, uvicorn, openai; "
@@ -170,6 +174,14 @@ def _stop_group(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) 
         proc.wait(10)
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGKILL when the parent dies (PR_SET_PDEATHSIG).
+    SIGKILL, not SIGTERM: uvicorn's graceful shutdown waits for open streams without a limit."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
 def _post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, bytes]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"content-type": "application/json"})
@@ -204,10 +216,15 @@ def _wait_ready(srv: TfServe, timeout: float) -> None:
 
 
 def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: str = "hub",
-          model_id: str = MODEL_ID, device: str = "cpu", extra_args: Sequence[str] = (),
+          model_id: str | None = None, device: str = "cpu", extra_args: Sequence[str] = (),
           python: str | None = None, workdir: Path | None = None, ready_timeout: float = 300,
-          threads: int | None = 1, port: int | None = None, attempts: int = 3) -> TfServe:
-    """Build (once) and serve the model; returns when a request has completed. Call .stop() after."""
+          threads: int | None = 1, port: int | None = None, attempts: int = 3,
+          pidfile: Path | None = None, die_with_parent: bool = True) -> TfServe:
+    """Build (once) and serve the model; returns when a request has completed. Call .stop() after.
+
+    die_with_parent: the server is killed when this process dies, so a killed test run leaves no
+    server behind (off for the `up` command, whose server outlives it). pidfile: written as soon as
+    the server process exists, so whoever reads it can stop a server that never became ready."""
     python = python or engine_python()
     versions = engine_versions(python)
     model_dir = ensure_model(python, preset, eos, seed)
@@ -217,8 +234,8 @@ def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: 
     home = workdir / "hf"
     shutil.rmtree(home, ignore_errors=True)
     if layout == "hub":
-        _hub_home(home, model_dir, model_id)
-        served = model_id
+        served = model_id or MODEL_IDS.get(preset, f"metralectl-test/llama-{preset}")
+        _hub_home(home, model_dir, served)
     elif layout == "dir":
         (home / "hub").mkdir(parents=True)  # /v1/models scans it and answers 500 when it is missing
         served = str(model_dir)
@@ -240,14 +257,19 @@ def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: 
                *extra_args]
         with open(log_path, "wb") as sink:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env,
-                                    cwd=workdir, start_new_session=True)
+                                    cwd=workdir, start_new_session=True,
+                                    preexec_fn=_die_with_parent if die_with_parent else None)
+        if pidfile is not None:
+            pidfile.write_text(f"{proc.pid}\n")
         srv = TfServe(f"http://127.0.0.1:{chosen}", served, model_dir, log_path, versions, proc, workdir,
                       keep_workdir=keep, command=cmd)
         try:
             _wait_ready(srv, ready_timeout)
             return srv
-        except RuntimeError as exc:
+        except BaseException as exc:
             srv.stop()
+            if not isinstance(exc, RuntimeError):  # interrupted (SIGTERM, Ctrl-C): nothing left running
+                raise
             log = srv.log_text()
             if port is None and attempt + 1 < attempts and "address already in use" in log.lower():
                 continue  # another process took the port between our probe and the server's bind
@@ -268,6 +290,14 @@ def transformers_serve(**kwargs: Any) -> Iterator[TfServe]:
         srv.stop()
         if not srv.keep_workdir:
             shutil.rmtree(srv.workdir, ignore_errors=True)
+
+
+def _recorded_alive(pidfile: Path) -> bool:
+    try:
+        os.killpg(int(pidfile.read_text().split()[0]), 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
 
 
 def _cli(argv: list[str] | None = None) -> int:
@@ -295,13 +325,20 @@ def _cli(argv: list[str] | None = None) -> int:
         _stop_group(pid, None, 20)
         args.pidfile.unlink(missing_ok=True)
         return 0
+    if _recorded_alive(args.pidfile):
+        print(f"transformers_serve up: {args.pidfile} names a server that is still running; "
+              f"`down --pidfile {args.pidfile}` first", file=sys.stderr)
+        return 1
+    # `timeout` and the like send SIGTERM: unwind, so start() stops a server that is not ready yet
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         srv = start(preset=args.preset, eos=args.eos, device=args.device, port=args.port, workdir=args.workdir,
-                    threads=args.threads, ready_timeout=args.ready_timeout, extra_args=args.extra)
+                    threads=args.threads, ready_timeout=args.ready_timeout, extra_args=args.extra,
+                    pidfile=args.pidfile, die_with_parent=False)
     except (EngineUnavailable, RuntimeError) as exc:
+        args.pidfile.unlink(missing_ok=True)
         print(f"transformers_serve up: {exc}", file=sys.stderr)
         return 1
-    args.pidfile.write_text(f"{srv.proc.pid}\n")
     print(json.dumps({"url": srv.url, "model": srv.model, "model_dir": str(srv.model_dir), "pid": srv.proc.pid,
                       "log": str(srv.log_path), "versions": srv.versions}))
     return 0
