@@ -4,7 +4,7 @@
 
 An exit status of 0 from a benchmark command is not evidence: metralectl recorded "0/2 ok" with
 exit 0 against transformers serve. So this reads the per-request records themselves:
-  metralectl: RESULTS_DIR/metrale/runs/SUITE/RUN/requests.jsonl (measured phases; warmup left out)
+  metralectl: RESULTS_DIR/metrale/runs/SUITE/RUN/requests.jsonl (the measured phase; warm-up and drain left out)
   AIPerf:     RESULTS_DIR/aiperf/*/profile_export_aiperf.json (request_count, error_summary)
 prints one line per run (and a JSON summary to RESULTS_DIR/check.json), and exits 1 when a run has
 no measured request or any failed one. Standard library only: it runs with the device's python3.
@@ -27,7 +27,7 @@ def _p50(values: list[float]) -> float | None:
 
 def check_metralectl(run_dir: Path) -> dict[str, Any]:
     rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines() if line.strip()]
-    measured = [r for r in rows if r.get("phase") != "warmup"]
+    measured = [r for r in rows if r.get("phase") == "measure"]  # warm-up and drain filler are unmeasured
     ok = [r for r in measured if r.get("ok")]
     errors = Counter(str(r.get("error"))[:160] for r in measured if not r.get("ok"))
     return {

@@ -167,10 +167,17 @@ run_aiperf() {
   for c in "${CONC[@]}"; do
     n=$((c * 2)); [ "$n" -lt 8 ] && n=8
     w=$c; [ "$w" -gt 4 ] && w=4  # warmup: a few requests (plain mode serves them one at a time)
+    # NVML's energy counter sampled beside it: J per output token over AIPerf's measured window
+    "$VENV/bin/python" benchmarks/h200/energy_window.py sample "$RES/aiperf-c$c.energy.jsonl" \
+      2>"$RES/aiperf-c$c.energy.err" &
+    local sampler=$!
     step "aiperf-c$c" 200 "$VENV/bin/aiperf" profile -m "$MODEL" --url "$URL" --endpoint-type chat --streaming \
       --concurrency "$c" --request-count "$n" --warmup-request-count "$w" --isl "$ISL" --isl-stddev 0 \
       --osl "$OSL" --osl-stddev 0 --random-seed 0 --use-legacy-max-tokens --use-server-token-count \
       --tokenizer "$MODEL_DIR" --ui-type none --artifact-dir "$RES/aiperf/c$c"
+    kill -TERM "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+    "$VENV/bin/python" benchmarks/h200/energy_window.py judge "$RES/aiperf-c$c.energy.jsonl" "$RES/aiperf/c$c" \
+      >"$RES/aiperf-c$c.energy.json" 2>&1 || true
   done
 }
 
