@@ -95,7 +95,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   fi
 fi
 PIPI=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS")
-step install-serve 180 "${PIPI[@]}" -r benchmarks/h200/serve-requirements.txt || exit 1
+# accelerate: the H200 has one (1.15) over its own numpy; only a machine without it gets the carried wheel,
+# without dependencies (a resolve would look for numpy among the carried wheels, where it is not)
+grep -v '^accelerate' benchmarks/h200/serve-requirements.txt >"$WORK/serve-requirements.txt"
+step install-serve 180 "${PIPI[@]}" -r "$WORK/serve-requirements.txt" || exit 1
+if ! "$VENV/bin/python" -c "import accelerate" 2>/dev/null; then
+  step install-accelerate 60 "${PIPI[@]}" --no-deps accelerate || exit 1
+fi
 ours=("$WHEELS"/metralectl-*.whl)
 step install-metralectl 180 "${PIPI[@]}" "${ours[0]}" || exit 1
 if [ "$DO_AIPERF" = 1 ]; then
