@@ -90,9 +90,12 @@ trap finish EXIT
 # --- 1. a venv over the system's torch + transformers, with the carried wheels installed offline ---
 if [ ! -x "$VENV/bin/python" ]; then
   step venv 120 "$PYTHON" -m venv --system-site-packages "$VENV" || exit 1
-  if [ -n "${TFSERVE_SYSTEM_SITE:-}" ]; then
-    "$VENV/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/tfserve-system-site.pth', 'w').write(sys.argv[1] + '\n')" "$TFSERVE_SYSTEM_SITE"
-  fi
+fi
+# The device's python3 is itself a venv (/opt/torch/.venv): a venv made from it sees the base
+# interpreter's packages, not its parent's, so the parent's site-packages goes in by a .pth file.
+PARENT_SITE="${TFSERVE_SYSTEM_SITE:-$("$PYTHON" -c 'import site, sys; print(site.getsitepackages()[0] if sys.prefix != sys.base_prefix else "")')}"
+if [ -n "$PARENT_SITE" ]; then
+  "$VENV/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/tfserve-system-site.pth', 'w').write(sys.argv[1] + '\n')" "$PARENT_SITE"
 fi
 PIPI=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS")
 # accelerate: the H200 has one (1.15) over its own numpy; only a machine without it gets the carried wheel,
