@@ -147,6 +147,9 @@ if [ "$QUICK" = 1 ]; then
 else
   CONC=(1 4 16) ISL=128 OSL=128 REPEATS=10 SWEEP_S=20 LONG_OSL=600
 fi
+# CONC_LIST=16 (say) narrows the rungs; ONLY_SWEEP=1 leaves out decode and long-decode; AIPERF_EXTRA adds a second
+# AIPerf run per rung with those arguments (e.g. "--extra-inputs temperature:0", to send what metralectl sends)
+[ -n "${CONC_LIST:-}" ] && read -r -a CONC <<<"${CONC_LIST//,/ }"
 CONC_CSV=$(IFS=,; echo "${CONC[*]}")
 # metralectl from this tree, not from the carried wheel (which may predate the last change to the
 # client): the wheel brought its dependencies; PYTHONPATH makes the tree's package win.
@@ -159,10 +162,12 @@ export METRALECTL_LOCK_DIR="$RES" NO_COLOR=1
 # --- 3. metralectl's benchmarks ------------------------------------------------------------------
 # >>> HOOK: the lead's metralectl bench commands. Keep --url "$URL" and --format json; rungs above.
 run_metralectl_benches() {
+  if [ "${ONLY_SWEEP:-0}" != 1 ]; then
   step mctl-decode 150 "${MCTL[@]}" bench run decode --url "$URL" -p "repeats=$REPEATS" \
     -p "max_tokens=$OSL" --format json
   step mctl-long-decode 150 "${MCTL[@]}" bench run long-decode --url "$URL" -p "osl=$LONG_OSL" \
     -p "repeats=$(( QUICK == 1 ? 2 : 3 ))" --format json
+  fi
   step mctl-concurrency-sweep 200 "${MCTL[@]}" bench run concurrency-sweep --url "$URL" \
     -p "concurrencies=$CONC_CSV" -p "isls=$ISL" -p "osl=$OSL" -p "duration_s=$SWEEP_S" --format json
 }
@@ -187,6 +192,13 @@ run_aiperf() {
     kill -TERM "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
     "$VENV/bin/python" benchmarks/h200/energy_window.py judge "$RES/aiperf-c$c.energy.jsonl" "$RES/aiperf/c$c" \
       >"$RES/aiperf-c$c.energy.json" 2>&1 || true
+    if [ -n "${AIPERF_EXTRA:-}" ]; then
+      # shellcheck disable=SC2086  # AIPERF_EXTRA is a list of arguments
+      step "aiperf-c$c-x" 200 "$VENV/bin/aiperf" profile -m "$MODEL" --url "$URL" --endpoint-type chat --streaming \
+        --concurrency "$c" --request-count "$n" --warmup-request-count "$w" --isl "$ISL" --isl-stddev 0 \
+        --osl "$OSL" --osl-stddev 0 --random-seed 0 --use-legacy-max-tokens --use-server-token-count \
+        --tokenizer "$MODEL_DIR" --ui-type none --artifact-dir "$RES/aiperf/c$c-x" $AIPERF_EXTRA
+    fi
   done
 }
 

@@ -187,9 +187,10 @@ def late_stamp_errors(events: list[TokenEvent], reads: dict[int, tuple[int, int]
     - both together and the read prompt (within PROMPT_READ_NS): the server wrote them together.
     - both together (or not peeked) but the read late: either a burst read late, or segments the
       kernel merged while they waited (it keeps the newest stamp). When the stream shows the server
-      writing bursts (a prompt read of several events), it is taken for a burst; otherwise the read's
-      lateness stands for the first gap, and a short gap for each one after (never before the previous
-      stamp).
+      writing bursts (a prompt read of several events), or the read was late by less than one of the
+      stream's short gaps (segments a gap apart could only have merged if the client had stopped
+      reading for longer), it is taken for a burst; otherwise the read's lateness stands for the first
+      gap, and a short gap for each one after (never before the previous stamp).
     Checked against the truth server under CPU hogs and a packet capture of `transformers serve`."""
     out = [0.0] * len(events)
     stamps = sorted({e.t for e in events})
@@ -223,8 +224,9 @@ def late_stamp_errors(events: list[TokenEvent], reads: dict[int, tuple[int, int]
         elif j > i and late > PROMPT_READ_NS and not bursty:
             span = max(t - prev, 0)
             step = usual if usual is not None else span / (j - i + 1)
-            for k in range(i, j):
-                out[k] = float(min((j - k) * step, span, late + (j - k - 1) * step))
+            if late > step:  # late by more than a gap: merged segments are likely; less, a burst is
+                for k in range(i, j):
+                    out[k] = float(min((j - k) * step, span, late + (j - k - 1) * step))
         prev = t
     return out
 

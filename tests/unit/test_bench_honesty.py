@@ -262,6 +262,10 @@ def test_late_stamp_errors() -> None:
     # oldest and newest bytes together, read at once: the server wrote them together, no error
     together = late_stamp_errors(events, {**alone, 40 * ms: (40 * ms, prompt)}, 0)
     assert together == [0.0] * 5
-    # together but read 6 ms late (a burst read late, or segments the kernel merged): the lateness counts
-    merged = late_stamp_errors(events, {**alone, 40 * ms: (40 * ms, 6 * ms)}, 0)
-    assert merged == [0.0, 0.0, 6.0 * ms, 0.0, 0.0]
+    # together but read 15 ms late, more than the stream's 10 ms gap: segments the kernel merged while the
+    # client did not read; the earlier event is charged one gap
+    merged = late_stamp_errors(events, {**alone, 40 * ms: (40 * ms, 15 * ms)}, 0)
+    assert merged == [0.0, 0.0, 10.0 * ms, 0.0, 0.0]
+    # together and read 6 ms late, less than a gap: a burst the server wrote at once, read late
+    burst = late_stamp_errors(events, {**alone, 40 * ms: (40 * ms, 6 * ms)}, 0)
+    assert burst == [0.0] * 5
