@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from metralectl.errors import MetralError
-from metralectl.terminal_text import printable
+from metralectl.safetext import clean
 
 ASSETS = ("index.json", "recipes.tar.gz", "serve-options.json")
 LIMITS = {"index.json": 64 << 20, "recipes.tar.gz": 64 << 20, "serve-options.json": 16 << 20}
@@ -69,7 +69,7 @@ def parse_sidecar(text: bytes, asset: str) -> str:
         raise ReleaseError(f"{asset}.sha256 is not one sha256sum line (`<64 hex>  {asset}`)",
                            "the release's sidecar is malformed; it is refused rather than trusted")
     if match.group(2) != asset:
-        raise ReleaseError(f"{asset}.sha256 names {printable(match.group(2))!r}, not {asset}")
+        raise ReleaseError(f"{asset}.sha256 names {clean(match.group(2))!r}, not {asset}")
     return match.group(1)
 
 
@@ -116,7 +116,7 @@ def check_assets(index: ReleaseIndex, digests: dict[str, str]) -> None:
     """index.json's `assets` must name the archives we verified, and no signature we cannot check."""
     signed = sorted(n for n in index.assets if n.endswith(SIGNATURE_SUFFIXES))
     if signed:
-        raise ReleaseError(f"the release is signed ({', '.join(printable(n) for n in signed)}); metralectl cannot verify "
+        raise ReleaseError(f"the release is signed ({', '.join(clean(n) for n in signed)}); metralectl cannot verify "
                            "that signature, so it refuses the release rather than ignore the signature")
     for name in ("recipes.tar.gz", "serve-options.json"):
         stated = index.assets.get(name)
@@ -143,17 +143,17 @@ def read_recipes(archive: bytes, index: ReleaseIndex) -> dict[str, bytes]:
                 if count > MAX_MEMBERS:
                     raise ReleaseError(f"recipes.tar.gz holds more than {MAX_MEMBERS} entries")
                 if name.startswith("/") or ".." in Path(name).parts:
-                    raise ReleaseError(f"recipes.tar.gz holds a path outside the archive: {printable(member.name)!r}")
+                    raise ReleaseError(f"recipes.tar.gz holds a path outside the archive: {clean(member.name)!r}")
                 if member.isdir():
                     continue
                 if not member.isreg():
-                    raise ReleaseError(f"recipes.tar.gz holds {printable(member.name)!r}, which is not a plain file "
+                    raise ReleaseError(f"recipes.tar.gz holds {clean(member.name)!r}, which is not a plain file "
                                        "(links and devices are refused)")
                 entry = wanted.get(name)
                 if entry is None:
                     continue
                 if member.size > MAX_MEMBER:
-                    raise ReleaseError(f"{printable(member.name)} is {member.size} bytes; a recipe is at most {MAX_MEMBER}")
+                    raise ReleaseError(f"{clean(member.name)} is {member.size} bytes; a recipe is at most {MAX_MEMBER}")
                 total += member.size
                 if total > MAX_UNPACKED:
                     raise ReleaseError(f"recipes.tar.gz unpacks to more than {MAX_UNPACKED >> 20} MB of recipes")

@@ -11,8 +11,8 @@ import unicodedata
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def clean(text: str, limit: int = 500) -> str:
-    """`text` with every control, format and separator character escaped, at most `limit` characters."""
+def clean(text: str, limit: int | None = None) -> str:
+    """`text` with every control, format and separator character escaped; at most `limit` characters."""
     out = []
     for ch in text:
         if ch in _NAMED:
@@ -23,4 +23,4 @@ def clean(text: str, limit: int = 500) -> str:
         else:
             out.append(ch)
     result = "".join(out)
-    return result if len(result) <= limit else result[: max(limit - 1, 0)] + "…"
+    return result if limit is None or len(result) <= limit else result[: max(limit - 1, 0)] + "…"

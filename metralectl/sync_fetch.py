@@ -17,7 +17,7 @@ from pathlib import Path
 
 from metralectl import paths
 from metralectl.release_archive import ReleaseError
-from metralectl.terminal_text import printable
+from metralectl.safetext import clean
 
 DEFAULT_SOURCE = "https://github.com/Metrale/metrale-inference/releases/download/b34/"  # the pinned release
 ENV_SOURCE = "METRALECTL_RECIPES_URL"
@@ -48,9 +48,9 @@ class Source:
         parsed = urllib.parse.urlparse(location)
         self.is_url = parsed.scheme in ("http", "https")
         if parsed.scheme and not self.is_url and len(parsed.scheme) > 1:
-            raise ReleaseError(f"cannot sync from {printable(location)!r}: only http(s) URLs and directories are read")
+            raise ReleaseError(f"cannot sync from {clean(location)!r}: only http(s) URLs and directories are read")
         if not self.is_url and not Path(location).expanduser().is_dir():
-            raise ReleaseError(f"{printable(location)} is not a directory holding a release's assets",
+            raise ReleaseError(f"{clean(location)} is not a directory holding a release's assets",
                                "give --from a directory with index.json, recipes.tar.gz, serve-options.json "
                                "and their .sha256 files, or an http(s) URL")
 
@@ -65,7 +65,7 @@ class Source:
                 raise ReleaseError(f"{name} is {size} bytes, more than the {limit >> 10} KB this asset may be")
             return path.read_bytes()
         except FileNotFoundError:
-            raise ReleaseError(f"{name} is missing from {printable(self.location)}") from None
+            raise ReleaseError(f"{name} is missing from {clean(self.location)}") from None
         except OSError as exc:
             raise ReleaseError(f"cannot read {path}: {exc.strerror or exc}") from None
 
@@ -89,11 +89,11 @@ class Source:
                     if progress is not None:
                         progress(name, len(data), expected)
         except urllib.error.HTTPError as exc:
-            raise ReleaseError(f"{printable(url)} answered HTTP {exc.code}",
+            raise ReleaseError(f"{clean(url)} answered HTTP {exc.code}",
                                "is this the download base of an engine release?") from None
         except (urllib.error.URLError, HTTPException, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", None) or exc
-            raise ReleaseError(f"fetching {printable(url)} failed: {printable(str(reason))}",
+            raise ReleaseError(f"fetching {clean(url)} failed: {clean(str(reason))}",
                                "nothing was installed; the previous synced recipes stay") from None
         if expected is not None and len(data) != expected:
             raise ReleaseError(f"{name}: the server closed the connection after {len(data)} of {expected} bytes",

@@ -64,12 +64,12 @@ def sync(
 
     from metralectl import recipe_sync, sync_fetch
     from metralectl.catalog import load_catalog
-    from metralectl.terminal_text import printable
+    from metralectl.safetext import clean
 
     where = "--from"
     if source is None:
         source, where = sync_fetch.default_source()
-    note(f"syncing engine recipes from {printable(source)} ({where})")
+    note(f"syncing engine recipes from {clean(source)} ({where})")
     last: dict[str, float] = {}
 
     def progress(asset: str, done: int, total: int | None) -> None:
@@ -89,10 +89,10 @@ def sync(
               f"checked against revision {report.revision}")
         for change in report.changes:
             if change.status != "unchanged":
-                print(f"  {change.status:<9} {change.name:<40} {printable(change.id)}")
+                print(f"  {change.status:<9} {change.name:<40} {clean(change.id)}")
     for change in report.refused:
         for problem in change.problems:  # text from the release: escaped line by line
-            note(style("\n".join(printable(line) for line in problem.render().splitlines()), "31", sys.stderr))
+            note(style("\n".join(clean(line) for line in problem.render().splitlines()), "31", sys.stderr))
     counts = ", ".join(f"{report.count(s)} {s}" for s in ("added", "changed", "removed", "unchanged", "refused"))
     note(f"synced set installed ({counts}): {report.installed}")
     if report.refused:

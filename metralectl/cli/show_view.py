@@ -9,7 +9,7 @@ from metralectl.catalog import Catalog
 from metralectl.fit import MemoryEstimate, Part, estimate
 from metralectl.recipe import Recipe
 from metralectl.render import docker_run_command, spec_for
-from metralectl.terminal_text import printable
+from metralectl.safetext import clean
 
 
 def _estimate(catalog: Catalog, recipe: Recipe) -> MemoryEstimate:
@@ -27,7 +27,7 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     hw = catalog.hardware[recipe.hardware]
     image = catalog.image_for(recipe)
     v = recipe.validated
-    lines = [f"{recipe.name} — {printable(recipe.description)}", ""]
+    lines = [f"{recipe.name} — {clean(recipe.description)}", ""]
     lines += ["Provenance"] + _provenance(catalog, recipe)
     lines.append(f"  validated     {v.decode_tok_s if v.decode_tok_s is not None else '-'} tok/s decode on "
                  f"{v.hardware or '?'}; engine revision {v.engine_revision or 'not recorded'}; date {v.date or 'not recorded'}")
@@ -88,11 +88,11 @@ def _provenance(catalog: Catalog, recipe: Recipe) -> list[str]:
         lines.append("  source        the engine book (the engine has no recipe for this)")
     prov = recipe.provenance
     if prov is not None:
-        lines.append(f"  engine recipe {printable(prov.repo)} {printable(prov.path)} @ {prov.commit[:7]}")
+        lines.append(f"  engine recipe {clean(prov.repo)} {clean(prov.path)} @ {prov.commit[:7]}")
         lines.append(f"                sha256 {prov.sha256}, taken {prov.taken or 'date not recorded'}"
-                     + (f", release {printable(prov.release)}" if prov.release else ""))
+                     + (f", release {clean(prov.release)}" if prov.release else ""))
         for key, upstream, ours, why in prov.deviations:
-            lines.append(f"  deviates      {printable(key)}: {printable(upstream)} -> {printable(ours)} ({printable(why)})")
+            lines.append(f"  deviates      {clean(key)}: {clean(upstream)} -> {clean(ours)} ({clean(why)})")
     revision = catalog.engines[recipe.engine].revision(recipe.engine_revision)
     if revision is not None:
         rule = ("every settable flag pinned" if revision.policy.required == "all"
