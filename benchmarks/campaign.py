@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 
 def planning(instances: int, seed: int = 7) -> dict[str, float]:
-    from metralectl.bench.campaign_plan import NodeFacts, PlannedUnit, simulate
+    from metralectl.campaign.plan import NodeFacts, PlannedUnit, simulate
 
     rng = random.Random(seed)
     ours, naive = [], []
@@ -59,7 +59,7 @@ def remote_overhead(rounds: int) -> dict[str, object]:
     os.environ.update({"METRALECTL_CONFIG_DIR": str(root / "here"), "METRALE_HOME": str(root / "home"),
                        "METRALECTL_CACHE_DIR": str(root / "cache"), "METRALECTL_LOCK_DIR": str(root),
                        "HF_HOME": str(root / "hf"), "NO_COLOR": "1"})
-    from metralectl import identity
+    from metralectl.seams import identity
     from metralectl.peers.admission import Facts, GpuFact
     from metralectl.peers.remote_units import NodeRef, RemoteNode
     from metralectl.peers.store import known_keys

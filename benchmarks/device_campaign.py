@@ -26,9 +26,9 @@ os.environ.update({"METRALECTL_CONFIG_DIR": str(root / "here"), "METRALE_HOME": 
                    "METRALECTL_CACHE_DIR": str(root / "cache"), "HF_HOME": str(root / "hf"), "NO_COLOR": "1",
                    "METRALECTL_LOCK_DIR": str(root)})
 
-from metralectl import identity  # noqa: E402
-from metralectl.bench.campaign import Campaign, CampaignOptions  # noqa: E402
-from metralectl.bench.campaign_plan import PlannedUnit  # noqa: E402
+from metralectl.seams import identity  # noqa: E402
+from metralectl.campaign.runner import Campaign, CampaignOptions  # noqa: E402
+from metralectl.campaign.plan import PlannedUnit  # noqa: E402
 from metralectl.peers import ops  # noqa: E402
 from metralectl.peers.admission import Facts, probe_thermal  # noqa: E402
 from metralectl.peers.config import BenchConfig, save_bench_config  # noqa: E402

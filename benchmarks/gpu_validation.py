@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import itertools
 
-from metralectl.gpu import NvmlProbe
-from metralectl.gpudata import GpuSystem, parse_meminfo
+from metralectl.seams.gpu import NvmlProbe
+from metralectl.core.gpudata import GpuSystem, parse_meminfo
 from metralectl.telemetry.energy import EnergyReport, energy_report, relative_difference, trapezoid
 from metralectl.telemetry.sampler import Sample, Sampler, percentile
 from metralectl.telemetry.thermal import thermal_status

@@ -57,7 +57,7 @@ def setup(home: Path, image: str) -> None:
 
 def raw_ready(runtime, spec) -> float:  # noqa: ANN001 - benchmark script
     """The engine's own readiness: SDK create+start, then /health polled every 2 ms."""
-    from metralectl.endpoint import base_url
+    from metralectl.seams.endpoint import base_url
 
     url = base_url(spec.bind, spec.port)
     started = time.perf_counter()
@@ -79,12 +79,12 @@ def main() -> None:
     image = bundle.build_bundled()
     with tempfile.TemporaryDirectory() as tmp:
         setup(Path(tmp), image)
-        from metralectl.catalog import load_catalog
+        from metralectl.core.catalog import load_catalog
         from metralectl.lifecycle.launch import LaunchOptions, launch
         from metralectl.lifecycle.stop import stop_containers
         from metralectl.lifecycle.swap import swap
-        from metralectl.render import render
-        from metralectl.runtime import DockerRuntime
+        from metralectl.core.render import render
+        from metralectl.seams.docker_runtime import DockerRuntime
 
         catalog = load_catalog()
         runtime = DockerRuntime()

@@ -21,8 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from metralectl.gpu import NvmlProbe
-from metralectl.gpudata import EnergyReading, GpuSample, GpuSystem, PowerReading
+from metralectl.seams.gpu import NvmlProbe
+from metralectl.core.gpudata import EnergyReading, GpuSample, GpuSystem, PowerReading
 from metralectl.telemetry.sampler import Sampler, SamplerStats
 
 CPU_TARGET_PCT = 1.0

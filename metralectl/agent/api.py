@@ -35,7 +35,7 @@ from metralectl.agent import security
 from metralectl.agent.jobs import JobRunner
 from metralectl.agent.ops import Operations, error_json, static_dir
 from metralectl.errors import MetralError, UsageError
-from metralectl.httpserve import BodyTooLarge, Handler, Server
+from metralectl.seams.httpserve import BodyTooLarge, Handler, Server
 
 if TYPE_CHECKING:
     from metralectl.peers.units import UnitQueue
@@ -272,7 +272,7 @@ class ApiHandler(Handler):
         self._start(kind, req.recipe, work)
 
     def _start(self, kind: str, target: str | None, work: Callable[[Callable[[Any], None]], Any]) -> None:
-        from metralectl.store import Busy
+        from metralectl.seams.store import Busy
 
         try:
             job = self.server.jobs.start(kind, target, work)

@@ -153,7 +153,7 @@ Work = Callable[[Callable[[Any], None]], Any]  # work(on_event) -> a JSON-ready 
 class JobRunner:
     def __init__(self, lock: Callable[[str], Any] | None = None, *, grace_s: float = GRACE_S) -> None:
         if lock is None:
-            from metralectl.store import lifecycle_lock
+            from metralectl.seams.store import lifecycle_lock
 
             lock = lifecycle_lock
         self._lock_factory = lock

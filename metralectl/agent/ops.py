@@ -98,8 +98,8 @@ class TelemetryFeed:
         return {"available": True, "sample": sample.to_dict() if sample else None}
 
     def _open(self) -> None:
-        from metralectl.gpu import NvmlProbe
-        from metralectl.gpudata import GpuUnavailable
+        from metralectl.seams.gpu import NvmlProbe
+        from metralectl.core.gpudata import GpuUnavailable
         from metralectl.telemetry.sampler import Sampler
 
         probe = NvmlProbe()
@@ -126,7 +126,7 @@ class LifecycleOps:
         return answer if answer is not None else {"can_run": None, "summary": "checking…", "problems": [], "checks": []}
 
     def _runtime(self, timeout: float = 10.0) -> Any:
-        from metralectl.runtime import DockerRuntime
+        from metralectl.seams.docker_runtime import DockerRuntime
 
         return DockerRuntime(timeout=timeout)
 
@@ -143,8 +143,8 @@ class LifecycleOps:
             return {"serving": [], **error_json(exc)}
 
     def recipes(self) -> dict[str, Any]:
-        from metralectl import library
-        from metralectl.catalog import load_catalog
+        from metralectl.app import library
+        from metralectl.core.catalog import load_catalog
 
         catalog = load_catalog()
         target = library.choose_target(catalog, None)
@@ -158,8 +158,8 @@ class LifecycleOps:
         return bench_history()
 
     def check(self, recipe: str, sets: Sequence[str]) -> None:
-        from metralectl.catalog import load_catalog
-        from metralectl.overrides import apply_sets
+        from metralectl.core.catalog import load_catalog
+        from metralectl.core.overrides import apply_sets
 
         catalog = load_catalog()
         apply_sets(catalog, catalog.recipe(recipe), list(sets))
@@ -167,10 +167,10 @@ class LifecycleOps:
     # The changes: the same calls, in the same order, as `metralectl run/swap/stop` (cli/serve_cmds.py).
     def run(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (),
             options: Mapping[str, Any] | None = None) -> Any:
-        from metralectl.catalog import load_catalog
+        from metralectl.core.catalog import load_catalog
         from metralectl.lifecycle.launch import LaunchOptions, launch
         from metralectl.lifecycle.swap import repair_if_needed
-        from metralectl.overrides import apply_sets
+        from metralectl.core.overrides import apply_sets
 
         catalog = load_catalog()
         chosen = apply_sets(catalog, catalog.recipe(recipe), list(sets))
@@ -184,11 +184,11 @@ class LifecycleOps:
 
     def swap(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (), drain_timeout_s: float = 60.0,
              options: Mapping[str, Any] | None = None) -> Any:
-        from metralectl.catalog import load_catalog
+        from metralectl.core.catalog import load_catalog
         from metralectl.lifecycle.launch import LaunchOptions
         from metralectl.lifecycle.memory import NvmlMemoryWatch
         from metralectl.lifecycle.swap import repair_if_needed, swap
-        from metralectl.overrides import apply_sets
+        from metralectl.core.overrides import apply_sets
 
         catalog = load_catalog()
         chosen = apply_sets(catalog, catalog.recipe(recipe), list(sets))
@@ -204,7 +204,7 @@ class LifecycleOps:
     def stop(self, recipe: str | None, on_event: Emit, *, all_: bool = False, timeout_s: float = 30.0) -> Any:
         from metralectl.lifecycle.memory import NvmlMemoryWatch
         from metralectl.lifecycle.stop import select, stop_containers
-        from metralectl.render import LABEL_RANK, LABEL_RECIPE
+        from metralectl.core.render import LABEL_RANK, LABEL_RECIPE
 
         runtime = self._runtime(LIFECYCLE_TIMEOUT_S)
         try:

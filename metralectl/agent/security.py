@@ -19,56 +19,19 @@ box). Defences, checked in this order on every request:
 from __future__ import annotations
 
 import hmac
-import os
-import secrets
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 
-from metralectl import paths
-from metralectl.errors import MetralError
 from metralectl.peers.protocol import Headers
+from metralectl.seams.agent_files import DEFAULT_API_PORT, agent_dir, load_or_create_token, token_path  # noqa: F401  (re-exported)
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 CHANGING_METHODS = frozenset({"POST"})
-DEFAULT_API_PORT = 8897
 
 
 @dataclass(frozen=True)
 class Denied:
     status: int
     reason: str
-
-
-def agent_dir(base: Path | None = None) -> Path:
-    return (base if base is not None else paths.config_dir()) / "agent"
-
-
-def token_path(base: Path | None = None) -> Path:
-    return agent_dir(base) / "token"
-
-
-def load_or_create_token(base: Path | None = None) -> str:
-    """The API token (43 url-safe characters), created 0600 on first use; a looser file is refused."""
-    from metralectl.identity import create_exclusive
-
-    path = token_path(base)
-    if not os.path.lexists(path):
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        create_exclusive(path, (secrets.token_urlsafe(32) + "\n").encode(), 0o600)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        st = os.fstat(fd)
-        mode = stat.S_IMODE(st.st_mode)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or mode & 0o077:
-            raise MetralError(f"refusing the agent token {paths.display(path)}: mode {mode:04o} or owner is unsafe",
-                              f"chmod 600 {paths.display(path)} (or delete it: a new token is made)")
-        token = os.read(fd, 256).decode("ascii", errors="replace").strip()
-    finally:
-        os.close(fd)
-    if len(token) < 32:
-        raise MetralError(f"the agent token in {paths.display(path)} is too short", "delete it: a new token is made")
-    return token
 
 
 def allowed_hosts(port: int) -> frozenset[str]:

@@ -28,32 +28,10 @@ from metralectl import paths
 from metralectl.agent import security
 from metralectl.agent.capability import DEFAULT_INTERVAL_S, CapabilityMonitor, doctor_capability
 from metralectl.peers import PEER_PORT
+from metralectl.seams.agent_files import read_state, state_path  # noqa: F401  (re-exported)
 
 log = logging.getLogger("metralectl.agent")
 REGROUP_MARK = "METRALECTL_AGENT_REGROUPED"  # set on the re-executed agent: never loop through sg twice
-
-
-def state_path(base: Path | None = None) -> Path:
-    return security.agent_dir(base) / "agent.json"
-
-
-def read_state(base: Path | None = None) -> dict[str, Any] | None:
-    """Where a running agent listens, or None when none is recorded (or its process is gone)."""
-    from metralectl.store import read_json
-
-    state = read_json(state_path(base))
-    if not isinstance(state, dict):
-        return None
-    pid = state.get("pid")
-    if not isinstance(pid, int):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return state
 
 
 def page_url(base: Path | None = None, port: int | None = None) -> str:
@@ -86,7 +64,7 @@ class Agent:
     def __init__(self, options: AgentOptions, *, base: Path | None = None,
                  check: Callable[[], dict[str, Any]] = doctor_capability, ops: Any = None, facts: Any = None,
                  home: Path | None = None, lock_path: Path | None = None) -> None:
-        from metralectl import identity
+        from metralectl.seams import identity
         from metralectl.agent.api import LocalApiServer
         from metralectl.agent.ops import LifecycleOps
 
@@ -128,7 +106,7 @@ class Agent:
         self.api.start("agent-api")
         if self.peer_server is not None:
             self.peer_server.start("agent-peers")
-        from metralectl.store import write_json
+        from metralectl.seams.store import write_json
 
         write_json(state_path(self.base), {"pid": os.getpid(), "api_port": self.api.port,
                                            "peer_port": self.peer_server.port if self.peer_server else None,

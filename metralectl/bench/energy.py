@@ -19,7 +19,7 @@ class StageEnergy:
         self.park_c, self.resume_c = park_c, resume_c
         try:
             if probe is None:
-                from metralectl.gpu import NvmlProbe
+                from metralectl.seams.gpu import NvmlProbe
 
                 probe = NvmlProbe()
             opened = probe.open()

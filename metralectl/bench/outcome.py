@@ -118,8 +118,7 @@ class ServedModelWatch:
         if not named:
             self.measured = listed or self.listed
         if self.managed:
-            from metralectl import store
-
+            from metralectl.seams import store
             holder = store.lock_holder()
             if holder and not holder.startswith(store.UNIT_HOLDER):  # a unit is this very run, on a peer's behalf
                 return (f"the served model changed: metralectl is changing what is served ({clean(holder, 120)}) "

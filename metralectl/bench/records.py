@@ -16,7 +16,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from metralectl import paths, store
+from metralectl import paths
+
+from metralectl.seams import store
 from metralectl.errors import NotFound
 
 SCHEMA = 1

@@ -161,7 +161,6 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
 def _dialect(req: RunRequest, target: Target, model: str, record: dict[str, Any], on_event: Listener) -> Dialect:
     """What the requests may carry (bench/dialect.py), said once and recorded."""
     from metralectl.bench import dialect as D
-
     choice = req.params["dialect"]
     chosen: Dialect | None = {"full": D.FULL, "plain": D.PLAIN}.get(choice)
     if chosen is None and choice == "auto":
@@ -189,13 +188,12 @@ def _dialect(req: RunRequest, target: Target, model: str, record: dict[str, Any]
 def _engine_dialect(req: RunRequest) -> Dialect | None:
     """The engine data's dialect, when metralectl serves the target and its engine declares every field."""
     from metralectl.bench import dialect as D
-
     if not req.managed or req.recipe is None:
         return None
     try:
-        from metralectl.cli.catalog_cmds import _catalog
+        from metralectl.core.catalog import load_catalog
 
-        contract = _catalog().engines.get(req.recipe.engine)
+        contract = load_catalog().engines.get(req.recipe.engine)
     except MetralError:
         return None
     return D.from_engine(contract.name, contract.request_dialect) if contract is not None else None

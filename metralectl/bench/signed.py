@@ -33,8 +33,7 @@ def names_for(directory: Path, record: dict[str, Any]) -> dict[str, str]:
 
 def sign_run(directory: Path, record: dict[str, Any]) -> str | None:
     """Sign the run's record (creating this box's identity on first use); the reason when it could not."""
-    from metralectl import identity, signing
-
+    from metralectl.seams import identity, signing
     try:
         key = identity.load_or_create()
         signing.sign_file(directory / RECORD, PAYLOAD_TYPE, names_for(directory, record), key)
@@ -43,14 +42,16 @@ def sign_run(directory: Path, record: dict[str, Any]) -> str | None:
     return None
 
 
-def verify_run(directory: Path) -> Any:
-    """The verdict on a run directory: the envelope, and that the timings it names are the ones on disk."""
+def verify_run(directory: Path, known_keys: dict[str, bytes]) -> Any:
+    """The verdict on a run directory: the envelope, and that the timings it names are the ones on disk.
+
+    `known_keys` are the trusted signers (this node's and its peers', from `peers.store.known_keys()`):
+    passed in because the peer registry sits above the benchmark layer."""
     import json
 
-    from metralectl import signing
-    from metralectl.peers.store import known_keys
+    from metralectl.seams import signing
 
-    verdict = signing.verify_file(directory / RECORD, known_keys())
+    verdict = signing.verify_file(directory / RECORD, known_keys)
     if not verdict.ok:
         return verdict
     record = json.loads((directory / RECORD).read_text())

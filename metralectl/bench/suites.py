@@ -13,7 +13,7 @@ from metralectl.bench.results import RequestResult
 from metralectl.bench.stats import percentile, summarize
 from metralectl.bench.transport import TRANSPORTS
 from metralectl.errors import NotFound
-from metralectl.schema import did_you_mean
+from metralectl.core.schema import did_you_mean
 
 FRANCE = "What is the capital of France?"
 WEATHER_TOOL: list[dict[str, Any]] = [{"type": "function", "function": {

@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from metralectl.endpoint import EngineClient
+from metralectl.seams.endpoint import EngineClient
 from metralectl.errors import MetralError
 
 
@@ -82,8 +82,8 @@ def managed_container(url: str | None) -> dict[str, Any] | None:
     None when Docker is not reachable or nothing matches: benchmarks do not need Docker."""
     try:
         from metralectl.lifecycle.launch import LABEL_ENDPOINT
-        from metralectl.render import LABEL_RECIPE, LABEL_SPEC_HASH
-        from metralectl.runtime import DockerRuntime
+        from metralectl.core.render import LABEL_RECIPE, LABEL_SPEC_HASH
+        from metralectl.seams.docker_runtime import DockerRuntime
 
         runtime = DockerRuntime(timeout=5.0)
         running = [c for c in runtime.containers(mine=False) if c.running and c.labels.get(LABEL_ENDPOINT)]

@@ -24,8 +24,8 @@ def id_(
     fix_permissions: bool = typer.Option(False, "--fix-permissions", help="chmod the private key to 0600 (and its dir to 0700)."),
 ) -> None:
     """This box's identity: its Ed25519 fingerprint (created on first use)."""
-    from metralectl import identity, paths
-
+    from metralectl.seams import identity
+    from metralectl import paths
     if fix_permissions and os.path.lexists(identity.key_path()):
         changed = identity.repair_permissions()
         note(f"repaired: {changed}" if changed else "permissions were already right")
@@ -48,7 +48,7 @@ def verify(
     """Check a signed record against this box's key and its paired peers' keys (exit 1 if it fails)."""
     from metralectl.errors import MetralError, UsageError
     from metralectl.peers.store import known_keys
-    from metralectl.signing import verify_file
+    from metralectl.seams.signing import verify_file
 
     wanted = {}
     for item in expect or []:

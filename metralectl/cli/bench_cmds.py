@@ -38,7 +38,7 @@ def list_(suite: str = typer.Argument(None, metavar="[SUITE]", help="Show this s
           fmt: str = typer.Option("text", "--format", help="text or json.")) -> None:
     """The suites, or one suite's parameter schema."""
     from metralectl.bench.suites import SUITES, get_suite
-    from metralectl.cli.table import render_table
+    from metralectl.present.table import render_table
 
     _check_format(fmt)
     if suite is None:
@@ -206,7 +206,7 @@ def _recipe(name: str | None, *, explicit: bool) -> Any:
 
 
 def _emit(record: dict[str, Any], fmt: str) -> None:
-    from metralectl.cli.bench_view import render_run
+    from metralectl.present.bench_view import render_run
 
     if fmt == "json":
         _dump(record)
@@ -241,7 +241,7 @@ def history(
 ) -> None:
     """Recorded runs, newest first (a run whose process died shows as interrupted)."""
     from metralectl.bench import records
-    from metralectl.cli.bench_view import history_table, render_run
+    from metralectl.present.bench_view import history_table, render_run
 
     _check_format(fmt)
     if run_id:
@@ -267,7 +267,7 @@ def show(run_id: str = typer.Argument(..., metavar="RUN"),
          requests: bool = typer.Option(False, "--requests", help="With --format json: include per-request timings.")) -> None:
     """One run: target, stages, headline, gates."""
     from metralectl.bench import records
-    from metralectl.cli.bench_view import render_run
+    from metralectl.present.bench_view import render_run
 
     _check_format(fmt)
     directory = records.find(run_id)
@@ -287,10 +287,11 @@ def verify(run_id: str = typer.Argument(..., metavar="RUN|FILE", help="A run id 
     from pathlib import Path
 
     from metralectl.bench import records, signed
-
     path = Path(run_id)
     directory = path.parent if path.is_file() else records.find(run_id)
-    verdict = signed.verify_run(directory)
+    from metralectl.peers.store import known_keys
+
+    verdict = signed.verify_run(directory, known_keys())
     if as_json:
         print(json.dumps({"run": str(directory), "ok": verdict.ok, "signer": verdict.signer, "reason": verdict.reason,
                           "names": verdict.names}, indent=2))
@@ -309,7 +310,7 @@ def compare(a: str = typer.Argument(..., metavar="RUN_A"), b: str = typer.Argume
             fmt: str = typer.Option("text", "--format", help="text or json.")) -> None:
     """Two runs side by side with deltas (B relative to A)."""
     from metralectl.bench import records
-    from metralectl.cli.bench_view import compare_rows, render_compare
+    from metralectl.present.bench_view import compare_rows, render_compare
 
     _check_format(fmt)
     ra, rb = records.load(records.find(a)) or {}, records.load(records.find(b)) or {}
@@ -340,6 +341,5 @@ def export(csv_: bool = typer.Option(False, "--csv", help="CSV on stdout (the on
 
 def register(root: typer.Typer) -> None:
     from metralectl.cli import campaign_cmd
-
     campaign_cmd.register(app)
     root.add_typer(app, name="bench")

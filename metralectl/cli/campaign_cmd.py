@@ -37,10 +37,11 @@ def campaign(
 ) -> None:
     """Run benchmark units over admitted peer nodes (and, with --local, this box): longest first, speed
     class on one reference node, hot nodes parked, every record verified before it counts."""
-    from metralectl import identity, paths
-    from metralectl.bench import campaign_file
-    from metralectl.bench.campaign import Campaign, CampaignOptions, exit_code
-    from metralectl.bench.campaign_plan import choose_reference, simulate
+    from metralectl.seams import identity
+    from metralectl import paths
+    from metralectl.campaign import file as campaign_file
+    from metralectl.campaign.runner import Campaign, CampaignOptions, exit_code
+    from metralectl.campaign.plan import choose_reference, simulate
 
     spec = campaign_file.load(plan_file, list(unit or []), list(node or []), reference, recipe)
     if not spec.nodes and not local:
@@ -126,7 +127,7 @@ class _Fleet:
             handle = self._handle(a.address, local_workdir)
             temp = _temp(handle)
             self.admitted.append((handle, adm.hardware_class))
-            from metralectl.bench.campaign_plan import NodeFacts
+            from metralectl.campaign.plan import NodeFacts
 
             self.facts.append(NodeFacts(a.address, adm.facts.get("memory_available_gb"), temp))
             self.out.event("fleet", node=a.address, admitted=True, fingerprint=adm.fingerprint, gpu=adm.gpu,
@@ -155,7 +156,7 @@ class _Fleet:
 
 
 def _thermal_lines() -> dict[str, Any]:
-    from metralectl.catalog import load_catalog
+    from metralectl.core.catalog import load_catalog
     from metralectl.telemetry.view import thermal_lines_from
 
     return thermal_lines_from(load_catalog().hardware)
@@ -205,7 +206,7 @@ class _Out:
             for unit_id in plan["unassigned"]:
                 print(f"unassigned: {unit_id} (no admitted node may run it)")
             return
-        from metralectl.cli.table import render_table
+        from metralectl.present.table import render_table
 
         rows = []
         for u in record["units"]:

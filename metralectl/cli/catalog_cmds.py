@@ -13,7 +13,7 @@ from metralectl.errors import NotFound
 
 
 def _catalog() -> Any:
-    from metralectl.catalog import load_catalog
+    from metralectl.core.catalog import load_catalog
 
     catalog = load_catalog()
     for refused in catalog.refused:
@@ -27,7 +27,7 @@ def _catalog() -> Any:
 
 def _check_hardware(catalog: Any, hardware: str | None) -> None:
     if hardware and hardware not in catalog.hardware:
-        from metralectl.schema import did_you_mean
+        from metralectl.core.schema import did_you_mean
 
         guess = did_you_mean(hardware, catalog.hardware)
         raise NotFound(f"unknown hardware class {hardware!r}",
@@ -49,8 +49,7 @@ def list_recipes(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per recipe)."),
 ) -> None:
     """List the recipes: model, quant, hardware, MTP, validated tok/s, memory, fit, cached weights."""
-    from metralectl import library
-
+    from metralectl.app import library
     catalog = _catalog()
     _check_hardware(catalog, hardware)
     target = library.choose_target(catalog, hardware)
@@ -65,7 +64,7 @@ def list_recipes(
             f"{r.memory_gb:.1f}" if r.memory_gb is not None else "?",
             _yes_no(r.fits), r.weights, r.source if not r.overrides else f"{r.source} (overrides {_overridden(r)})",
         ] for r in rows]
-        from metralectl.cli.table import render_table
+        from metralectl.present.table import render_table
 
         print(render_table(["RECIPE", "MODEL", "QUANT", "HW", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS", "SOURCE"],
                            table_rows, right=(5, 6)))
@@ -87,8 +86,8 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show a recipe: settings, provenance, memory estimate, and the command it renders."""
-    from metralectl.cli import show_view
-    from metralectl.overrides import apply_sets
+    from metralectl.present import show_view
+    from metralectl.core.overrides import apply_sets
 
     catalog = _catalog()
     recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])

@@ -62,7 +62,7 @@ def doctor(
 
     Exits 1 if any check found a problem (warnings do not count), so it is safe in scripts.
     """
-    from metralectl.catalog import load_catalog
+    from metralectl.core.catalog import load_catalog
     from metralectl.doctor import Context, diagnose
     from metralectl.doctor.model import exit_code
 

@@ -15,7 +15,6 @@ import typer
 
 from metralectl import __version__
 from metralectl.cli import state
-
 app = typer.Typer(
     name="metralectl",
     help="The operator's cockpit for DGX Spark (GB10), Hopper and B200 boxes running the Metrale engine.",

@@ -22,8 +22,8 @@ def run_multi(recipe: Any, catalog: Any, options: Any, *, worker: str, head: str
     """`run RECIPE --worker NODE`: both ranks of a multi-rank recipe, each on its node's Docker daemon."""
     from metralectl.cli.staging_cmds import _Renderer
     from metralectl.lifecycle.multinode import MultiOptions, launch_multi
-    from metralectl.runtime import DockerRuntime, endpoint_for
-    from metralectl.store import lifecycle_lock
+    from metralectl.seams.docker_runtime import DockerRuntime, endpoint_for
+    from metralectl.seams.store import lifecycle_lock
 
     _sigterm_as_interrupt()
     head_rt = DockerRuntime(endpoint_for(head, "head")) if head else _runtime()

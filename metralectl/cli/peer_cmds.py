@@ -19,8 +19,7 @@ peer_app = typer.Typer(help="Other metralectl nodes this box trusts by key (pair
 
 
 def _me() -> Any:
-    from metralectl import identity
-
+    from metralectl.seams import identity
     return identity.load_or_create()
 
 
@@ -35,7 +34,7 @@ def pair(
 ) -> None:
     """Trust a node's key on first use (after seeing its fingerprint); a changed key is refused loudly."""
     from metralectl.errors import MetralError
-    from metralectl.identity import parse_fingerprint
+    from metralectl.seams.identity import parse_fingerprint
     from metralectl.peers.ops import pair as do_pair
 
     wanted = parse_fingerprint(expect) if expect else None
@@ -75,7 +74,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
         print(json.dumps({"peers": [p.to_json() for p in book.peers],
                           "pending": [p.__dict__ for p in book.pending]}, indent=2))
         return
-    from metralectl.cli.table import render_table
+    from metralectl.present.table import render_table
 
     if book.peers:
         print(render_table(["FINGERPRINT", "NAME", "ADDRESS", "GRANTS", "FIRST SEEN", "VIA"],
@@ -91,7 +90,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 @peer_app.command("revoke")
 def revoke(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT")) -> None:
     """Forget a peer: its requests and its signed records are no longer accepted."""
-    from metralectl.identity import parse_fingerprint
+    from metralectl.seams.identity import parse_fingerprint
     from metralectl.peers.store import PeerStore
 
     peer = PeerStore().revoke(parse_fingerprint(fingerprint))
@@ -101,7 +100,7 @@ def revoke(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT")) -> Non
 @peer_app.command("grant-bench")
 def grant_bench(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT", help="The peer's fingerprint (its `metralectl id`).")) -> None:
     """Let that peer run benchmarks on this box (bench.yaml must have bench enabled)."""
-    from metralectl.identity import parse_fingerprint
+    from metralectl.seams.identity import parse_fingerprint
     from metralectl.peers.config import load_bench_config
     from metralectl.peers.store import PeerStore
 
@@ -176,7 +175,7 @@ def units(limit: int = typer.Option(20, "--limit", min=1, help="Most recent N.")
     if not found:
         note("no peer has run a benchmark unit here")
         return
-    from metralectl.cli.table import render_table
+    from metralectl.present.table import render_table
 
     rows = [[u["key"], u["spec"].get("suite", "?"), str(u.get("requester", "?"))[:9], u.get("state", "?"),
              u.get("verdict") or "-", time.strftime("%Y-%m-%d %H:%M", time.localtime(float(u.get("submitted") or 0))),
@@ -190,7 +189,7 @@ def units(limit: int = typer.Option(20, "--limit", min=1, help="Most recent N.")
 def _cancel_unit(key: str, as_json: bool) -> None:
     """Units run inside the agent (it owns the queue): the cancel goes to it, never to files on disk."""
     from metralectl import paths
-    from metralectl.agent.client import running_agent
+    from metralectl.app.agent_client import running_agent
     from metralectl.errors import MetralError
     from metralectl.peers.units import read_units
 

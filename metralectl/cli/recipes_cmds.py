@@ -21,7 +21,7 @@ def check(
     """Check recipes; exit 1 if any is refused. Problems name file:line:column, key, why and the fix."""
     import sys
 
-    from metralectl.catalog import check_files, load_catalog
+    from metralectl.core.catalog import check_files, load_catalog
 
     catalog = load_catalog()
     results: list[tuple[str, bool, list[Problem]]] = []
@@ -62,8 +62,10 @@ def sync(
     """
     import sys
 
-    from metralectl import recipe_sync, sync_fetch
-    from metralectl.catalog import load_catalog
+    from metralectl.app import recipe_sync
+
+    from metralectl.seams import sync_fetch
+    from metralectl.core.catalog import load_catalog
     from metralectl.safetext import clean
 
     where = "--from"

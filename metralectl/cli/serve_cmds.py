@@ -29,7 +29,7 @@ def _sigterm_as_interrupt() -> None:
 
 
 def _runtime() -> Any:
-    from metralectl.runtime import DockerRuntime
+    from metralectl.seams.docker_runtime import DockerRuntime
 
     return DockerRuntime()
 
@@ -41,7 +41,7 @@ def _agent(direct: bool) -> Any:
     """The running agent's client (it owns run/swap/stop on this box), or None: work directly."""
     if direct:
         return None
-    from metralectl.agent.client import running_agent
+    from metralectl.app.agent_client import running_agent
 
     return running_agent()
 
@@ -50,7 +50,7 @@ def _via_agent(agent: Any, kind: str, body: dict[str, Any], *, follow_log: bool,
     """The change as the agent's job, its events rendered as the direct path renders them: (True, its result);
     (False, None) when the recorded agent turned out to be gone (then work directly). Ctrl-C/SIGTERM cancel
     the job and follow its cleanup; a second one leaves at once (the agent still cleans up)."""
-    from metralectl.agent.client import AgentGone, outcome
+    from metralectl.app.agent_client import AgentGone, outcome
 
     _sigterm_as_interrupt()
     try:
@@ -164,14 +164,14 @@ def run(
     """
     from metralectl.cli.catalog_cmds import _catalog
     from metralectl.errors import MetralError
-    from metralectl.overrides import apply_sets
+    from metralectl.core.overrides import apply_sets
 
     catalog = _catalog()
     recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])
     for key, old, new in recipe.deviations:
         note(style(f"deviation from the validated recipe: {key}: {old} -> {new}", "33", sys.stderr))
     if print_only:
-        from metralectl.render import docker_run_command, spec_for
+        from metralectl.core.render import docker_run_command, spec_for
 
         if not 0 <= rank < recipe.resources.world_size:
             raise MetralError(f"{recipe.name} has {recipe.resources.world_size} rank(s); --rank {rank} does not exist")
@@ -189,14 +189,13 @@ def run(
         print(docker_run_command(spec))
         return
     from metralectl.lifecycle.launch import LaunchOptions, launch
-    from metralectl.store import lifecycle_lock
+    from metralectl.seams.store import lifecycle_lock
 
     options = LaunchOptions(replace=replace, keep_failed=keep_failed, stall_timeout_s=stall_timeout,
                             boot_timeout_s=boot_timeout,
                             check_weights=not no_weights_check, pull=not no_pull, sets=tuple(set_ or ()))
     if recipe.multi_rank and worker:
         from metralectl.cli import multirank_cmds
-
         multirank_cmds.run_multi(recipe, catalog, options, worker=worker, head=head, roce_interface=roce_interface,
                                  master_addr=master_addr, first_request_timeout=first_request_timeout, detach=detach,
                                  as_json=as_json, rdma=not no_rdma, rdma_device=rdma_device)
@@ -213,7 +212,7 @@ def run(
                             "boot_timeout_s": boot_timeout, "check_weights": not no_weights_check, "pull": not no_pull}}
         routed, result = _via_agent(agent, "run", body, follow_log=not detach)
         if routed:
-            from metralectl.agent.client import rebuild
+            from metralectl.app.agent_client import rebuild
             from metralectl.lifecycle.launch import Launched
 
             _print_ready(rebuild(Launched, result), as_json)
@@ -241,7 +240,7 @@ def ps(
     if repair:
         from metralectl.cli.catalog_cmds import _catalog
         from metralectl.lifecycle.swap import repair_if_needed
-        from metralectl.store import lifecycle_lock
+        from metralectl.seams.store import lifecycle_lock
 
         with lifecycle_lock("repair"):
             repair_if_needed(runtime, _catalog(), on_event=_Progress(False))
@@ -249,7 +248,7 @@ def ps(
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
         return
-    from metralectl.cli.table import render_table
+    from metralectl.present.table import render_table
 
     rows = [[s.recipe, s.name, s.owner, s.state, s.health, s.uptime, s.endpoint, (s.image_revision or "-")[:24]]
             for s in report.serving]
@@ -316,14 +315,14 @@ def stop(
     from metralectl.lifecycle import deployment
     from metralectl.lifecycle.memory import NvmlMemoryWatch
     from metralectl.lifecycle.stop import StopResult, select, stop_containers
-    from metralectl.store import lifecycle_lock
+    from metralectl.seams.store import lifecycle_lock
 
     agent = _agent(direct)
     if agent is not None and not deployment.load_all():  # multi-rank deployments: every rank, directly
         routed, result = _via_agent(agent, "stop", {"recipe": recipe_name, "all": all_, "timeout_s": timeout},
                                     follow_log=False, bars=False)
         if routed:
-            from metralectl.agent.client import rebuild
+            from metralectl.app.agent_client import rebuild
 
             stopped = [rebuild(StopResult, r) for r in (result or {}).get("stopped") or []]
             if not stopped:
@@ -337,7 +336,6 @@ def stop(
     runtime = _runtime()
     with lifecycle_lock("stop"):
         from metralectl.cli import multirank_cmds
-
         ranked, covered = multirank_cmds.stop_deployments(runtime, recipe_name, all_, timeout)
         chosen = [] if (covered and not all_) else select(runtime, recipe_name, all_)
         if not chosen and not ranked:
@@ -383,8 +381,8 @@ def swap(
     from metralectl.lifecycle.launch import LaunchOptions
     from metralectl.lifecycle.memory import NvmlMemoryWatch
     from metralectl.lifecycle.swap import repair_if_needed, swap as do_swap
-    from metralectl.overrides import apply_sets
-    from metralectl.store import lifecycle_lock
+    from metralectl.core.overrides import apply_sets
+    from metralectl.seams.store import lifecycle_lock
 
     catalog = _catalog()
     recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])  # refused here, before anything is released
@@ -395,7 +393,7 @@ def swap(
                             "check_weights": not no_weights_check, "pull": not no_pull}}
         routed, result = _via_agent(agent, "swap", body, follow_log=False)
         if routed:
-            from metralectl.agent.client import rebuild
+            from metralectl.app.agent_client import rebuild
             from metralectl.lifecycle.swap import SwapResult
 
             _print_swap(rebuild(SwapResult, result), as_json)

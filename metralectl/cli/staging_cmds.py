@@ -56,7 +56,7 @@ class _Renderer:
             note(text)
 
     def weights(self, e: Any) -> None:
-        from metralectl.progress import human_bytes, human_duration
+        from metralectl.core.progress import human_bytes, human_duration
 
         if e.phase in ("note", "resolve"):
             self.say(f"{e.repo}: {e.message}")
@@ -78,7 +78,7 @@ class _Renderer:
                              eta=eta, files=files, description=f"{e.repo} {label}")
 
     def layer(self, e: Any) -> None:
-        from metralectl.progress import human_bytes
+        from metralectl.core.progress import human_bytes
 
         if e.layer is None:
             self.say(f"{e.ref}: {e.status}")
@@ -111,7 +111,7 @@ def _image_line(result: Any) -> str:
 
 
 def _weights_line(result: Any) -> str:
-    from metralectl.progress import human_bytes
+    from metralectl.core.progress import human_bytes
 
     how = ("already complete" if result.already_complete
            else f"{human_bytes(result.downloaded_bytes)} downloaded")
@@ -129,20 +129,21 @@ def pull(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
 ) -> None:
     """Stage recipes: pull the engine image and download + verify the checkpoint into the HF cache."""
-    from metralectl import images, machine, weights
+    from metralectl.core import images
+    from metralectl.seams import machine, weights
     from metralectl.cli.catalog_cmds import _catalog
 
     if weights_only and image_only:
         raise UsageError("--weights-only and --image-only exclude each other")
     catalog = _catalog()
-    from metralectl.overrides import apply_sets
+    from metralectl.core.overrides import apply_sets
 
     recipes = [apply_sets(catalog, catalog.recipe(name), set_ or []) for name in dict.fromkeys(recipe_names)]
     arch = machine.cpu_arch()
     summary: dict[str, dict[str, Any]] = {r.name: {"recipe": r.name, "image": None, "weights": None} for r in recipes}
     with _Renderer() as view:
         if not weights_only:
-            from metralectl.runtime import DockerRuntime, DockerUnavailable
+            from metralectl.seams.docker_runtime import DockerRuntime, DockerUnavailable
 
             try:
                 runtime = DockerRuntime()
@@ -181,7 +182,8 @@ def pull(
 
 def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """The engine images metralectl knows: which are local, their revision, platform, and the recipes using them."""
-    from metralectl import images, machine
+    from metralectl.core import images
+    from metralectl.seams import machine
     from metralectl.cli.catalog_cmds import _catalog
     from metralectl.errors import MetralError
 
@@ -190,7 +192,7 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
     runtime: Any = None
     docker_error: MetralError | None = None
     try:
-        from metralectl.runtime import DockerRuntime
+        from metralectl.seams.docker_runtime import DockerRuntime
 
         runtime = DockerRuntime()
     except MetralError as exc:
@@ -202,7 +204,7 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
                                      "error": docker_error.message if docker_error else None},
                           "images": [r.as_json() for r in rows]}, indent=2))
     else:
-        from metralectl.cli.table import render_table
+        from metralectl.present.table import render_table
 
         def local(row: Any) -> str:
             if row.present is None:

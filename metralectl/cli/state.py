@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
-from typing import TextIO
 
 from metralectl.errors import MetralError, RecipeInvalid
+from metralectl.present.style import color_enabled, style  # noqa: F401  (re-exported)
 
 DEBUG = False
-
-
-def color_enabled(stream: TextIO) -> bool:
-    if os.environ.get("NO_COLOR"):
-        return False
-    if os.environ.get("FORCE_COLOR"):
-        return True
-    return hasattr(stream, "isatty") and stream.isatty() and os.environ.get("TERM") != "dumb"
-
-
-def style(text: str, code: str, stream: TextIO = sys.stdout) -> str:
-    return f"\033[{code}m{text}\033[0m" if color_enabled(stream) else text
 
 
 def note(message: str) -> None:

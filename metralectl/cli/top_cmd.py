@@ -100,14 +100,14 @@ def _recorder(path: Path | None) -> Any:
 
 def _session(interval: float, urls: list[str]) -> Any:
     from metralectl.errors import MetralError
-    from metralectl.gpu import NvmlProbe
-    from metralectl.gpudata import DEFAULT_GPU_CLASSES, DEFAULT_UNIFIED_CLASSES
+    from metralectl.seams.gpu import NvmlProbe
+    from metralectl.core.gpudata import DEFAULT_GPU_CLASSES, DEFAULT_UNIFIED_CLASSES
     from metralectl.telemetry.view import thermal_lines_from
     from metralectl.telemetry.watch import TopSession, discover_engines, fixed_targets
 
     classes, unified, lines, notes = DEFAULT_GPU_CLASSES, DEFAULT_UNIFIED_CLASSES, {}, []
     try:
-        from metralectl.catalog import load_catalog
+        from metralectl.core.catalog import load_catalog
 
         catalog = load_catalog()
         # the catalog's gpu-names first (they are the product's data), the built-in patterns after
@@ -176,7 +176,7 @@ def render(view: TopView, *, recording: Path | None = None, live: bool = False) 
     from rich.table import Table
     from rich.text import Text
 
-    from metralectl.gpudata import GpuSystem
+    from metralectl.core.gpudata import GpuSystem
 
     parts: list[Any] = [Text(_header(view), style="bold")]
     if isinstance(view.gpu, GpuSystem):
@@ -222,7 +222,7 @@ def render(view: TopView, *, recording: Path | None = None, live: bool = False) 
 
 
 def _header(view: TopView) -> str:
-    from metralectl.gpudata import GpuSystem
+    from metralectl.core.gpudata import GpuSystem
 
     stamp = time.strftime("%H:%M:%S", time.localtime(view.wall))
     bits = [f"metralectl top  {stamp}"]

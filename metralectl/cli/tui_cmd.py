@@ -23,7 +23,6 @@ def launch(hardware: str | None = None) -> None:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("the dashboard needs a terminal (stdin and stdout)", "the other commands work without one")
     from metralectl import tui as dashboard
-
     code = dashboard.run(hardware=hardware)
     if code:
         raise typer.Exit(code)

@@ -120,7 +120,7 @@ class GpuProbeLike(Protocol):
 
 @dataclass(frozen=True)
 class GpuFacts:
-    system: Any  # GpuSystem | GpuUnavailable (metralectl.gpudata)
+    system: Any  # GpuSystem | GpuUnavailable (metralectl.core.gpudata)
     samples: tuple[Any, ...] = ()  # GpuSample per GPU, taken right after opening
 
 
@@ -161,37 +161,37 @@ class Fact(Generic[T]):
 
 
 def _default_runtime() -> Any:
-    from metralectl.runtime import DockerRuntime
+    from metralectl.seams.docker_runtime import DockerRuntime
 
     return DockerRuntime()
 
 
 def _default_probe(gpu_classes: tuple[tuple[str, str], ...], unified: frozenset[str]) -> GpuProbeLike:
-    from metralectl.gpu import NvmlProbe
+    from metralectl.seams.gpu import NvmlProbe
 
     return NvmlProbe(gpu_classes=gpu_classes, unified_classes=unified)
 
 
 def _default_catalog() -> Any:
-    from metralectl.catalog import load_catalog
+    from metralectl.core.catalog import load_catalog
 
     return load_catalog()
 
 
 def _default_container_pids(runtime: Any, container_id: str) -> set[int]:
-    from metralectl.runtime import container_pids
+    from metralectl.seams.docker_runtime import container_pids
 
     return container_pids(runtime, container_id)
 
 
 def _default_cpu_arch() -> str:
-    from metralectl.machine import cpu_arch
+    from metralectl.seams.machine import cpu_arch
 
     return cpu_arch()
 
 
 def _default_proc_gpu_names() -> list[str]:
-    from metralectl.machine import gpu_names
+    from metralectl.seams.machine import gpu_names
 
     return gpu_names()
 
@@ -202,7 +202,7 @@ def _default_endpoint() -> tuple[str, str]:
     if host:
         return host, "DOCKER_HOST"
     try:
-        from metralectl.runtime import resolve_endpoint
+        from metralectl.seams.docker_runtime import resolve_endpoint
 
         endpoint = resolve_endpoint()
         return endpoint.url, endpoint.source
@@ -251,7 +251,7 @@ def _default_agent_view() -> dict[str, Any] | None:
     import json
     import urllib.request
 
-    from metralectl.agent.service import read_state
+    from metralectl.seams.agent_files import read_state
 
     state = read_state()
     if state is None:
@@ -390,7 +390,7 @@ class Context:
 
     def gpus(self) -> GpuFacts:
         def compute() -> GpuFacts:
-            from metralectl.gpudata import DEFAULT_GPU_CLASSES, DEFAULT_UNIFIED_CLASSES
+            from metralectl.core.gpudata import DEFAULT_GPU_CLASSES, DEFAULT_UNIFIED_CLASSES
 
             classes: tuple[tuple[str, str], ...] = DEFAULT_GPU_CLASSES
             unified: frozenset[str] = DEFAULT_UNIFIED_CLASSES
@@ -425,7 +425,7 @@ class Context:
             return first.hw_class, first.name, "NVML"
         names = self.proc_gpu_names()
         if names:
-            from metralectl.machine import classify
+            from metralectl.seams.machine import classify
 
             try:
                 hw = classify(names, self.catalog().hardware.values())

@@ -70,7 +70,7 @@ def _permission_remedy(ctx: Context) -> tuple[str, str]:
 
 
 def check_daemon(ctx: Context) -> Finding:
-    from metralectl.runtime import DockerUnavailable
+    from metralectl.seams.docker_runtime import DockerUnavailable
 
     try:
         runtime = ctx.runtime()
@@ -193,7 +193,7 @@ def check_gpu_request(ctx: Context) -> Finding:
     if ref is None:
         return skipped(f"no engine image present locally (looked for {', '.join(looked)}); the test runs "
                        "`IMAGE --version` with --gpus all, which needs one", looked=looked)
-    from metralectl.render import ContainerSpec
+    from metralectl.core.render import ContainerSpec
 
     done = ctx.must_finish()
     name = f"metralectl-doctor-gpu-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -228,7 +228,7 @@ def _remove(runtime: Any, name: str) -> str | None:
 
 
 def _run_probe(runtime: Any, spec: Any, ref: str, data: dict[str, Any]) -> Finding:
-    from metralectl.runtime import RuntimeFailure
+    from metralectl.seams.docker_runtime import RuntimeFailure
 
     try:
         started = runtime.create_and_start(spec)

@@ -1,4 +1,4 @@
-"""The GPUs through NVML (metralectl.gpu): driver and CUDA, model -> hardware class, memory, and GPU memory
+"""The GPUs through NVML (metralectl.seams.gpu): driver and CUDA, model -> hardware class, memory, and GPU memory
 already held by other processes (leaked state from an earlier container)."""
 
 from __future__ import annotations

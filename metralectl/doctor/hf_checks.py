@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from metralectl import hfcache, paths
+from metralectl.seams import hfcache
+
+from metralectl import paths
 from metralectl.doctor.context import Context
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 
@@ -187,7 +189,7 @@ def _disk_candidates(ctx: Context) -> tuple[list[Any], str]:
 
 
 def _need(ctx: Context, recipe: Any) -> tuple[float | None, str]:
-    from metralectl.fit import weights_part
+    from metralectl.core.fit import weights_part
 
     state = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
     if state.status in ("complete", "present"):

@@ -109,7 +109,7 @@ def check_port(ctx: Context) -> Finding:
 
 def check_rdma(ctx: Context) -> Finding:
     """The RDMA devices an EP=2 rank gets on this class (multi-node.container.rdma-devices): present or not."""
-    from metralectl.runtime import RDMA_HINT
+    from metralectl.seams.docker_runtime import RDMA_HINT
 
     hw_id, how = ctx.target_hardware()
     if hw_id is None:
@@ -136,7 +136,7 @@ def check_rdma(ctx: Context) -> Finding:
 
 
 def check_cpu_arch(ctx: Context) -> Finding:
-    from metralectl.hardware import PLATFORM_OF_ARCH
+    from metralectl.core.hardware import PLATFORM_OF_ARCH
 
     cpu = ctx.cpu_arch()
     hw_id, how = ctx.target_hardware()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from metralectl import hfcache
+from metralectl.seams import hfcache
 from metralectl.doctor.context import Context
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 
@@ -18,7 +18,7 @@ def _recipe(ctx: Context) -> Any:
 
 
 def check_image(ctx: Context) -> Finding:
-    from metralectl.hardware import PLATFORM_OF_ARCH, build_command
+    from metralectl.core.hardware import PLATFORM_OF_ARCH, build_command
 
     recipe = _recipe(ctx)
     catalog = ctx.catalog()
@@ -69,7 +69,7 @@ def check_weights(ctx: Context) -> Finding:
 
 
 def check_fit(ctx: Context) -> Finding:
-    from metralectl.fit import estimate
+    from metralectl.core.fit import estimate
 
     recipe = _recipe(ctx)
     catalog = ctx.catalog()

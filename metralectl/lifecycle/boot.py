@@ -13,7 +13,7 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
-from metralectl.contract import EngineContract
+from metralectl.core.contract import EngineContract
 
 # CSI sequences (colours, cursor moves) and the two-byte ESC forms; what tracing writes on a TTY.
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")

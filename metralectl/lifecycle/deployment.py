@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from metralectl import store
+from metralectl.seams import store
 from metralectl.errors import MetralError
-from metralectl.runtime import DockerRuntime, Endpoint, endpoint_for
+from metralectl.seams.docker_runtime import DockerRuntime, Endpoint, endpoint_for
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 

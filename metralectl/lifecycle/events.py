@@ -106,11 +106,11 @@ def _progress(kind: str, body: Any) -> Any:
 
     cls: type[Any]
     if kind == "image":  # images and weights are light at import (their seams are imported inside functions)
-        from metralectl.images import LayerProgress
+        from metralectl.core.images import LayerProgress
 
         cls = LayerProgress
     elif kind == "weights":
-        from metralectl.weights import PullEvent
+        from metralectl.seams.weights import PullEvent
 
         cls = PullEvent
     else:

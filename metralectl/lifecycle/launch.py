@@ -17,21 +17,21 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metralectl import hfcache, machine, store
-from metralectl.catalog import Catalog
-from metralectl.endpoint import EngineClient, base_url
+from metralectl.seams import hfcache, machine, store
+from metralectl.core.catalog import Catalog
+from metralectl.seams.endpoint import EngineClient, base_url
 from metralectl.errors import MetralError
-from metralectl.contract import Readiness
+from metralectl.core.contract import Readiness
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
 from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis,
                                             timeout_diagnosis, warnings_at_ready)
-from metralectl.recipe import Recipe
-from metralectl.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, spec_for
-from metralectl.runtime import ContainerInfo, DockerRuntime, RuntimeFailure
+from metralectl.core.recipe import Recipe
+from metralectl.core.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, spec_for
+from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, RuntimeFailure
 
-LABEL_ENDPOINT = "ai.metrale.metralectl.endpoint"
+LABEL_ENDPOINT = "ai.metrale.metralectl.seams.endpoint"
 LABEL_SETS = "ai.metrale.metralectl.sets"
 DRAIN_S = 5.0  # after the container is down: how long its last log lines may take to arrive
 POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer within this of the poll
@@ -89,8 +89,8 @@ def port_free(bind: str, port: int) -> bool:
 
 def stage(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, options: LaunchOptions, on_event: Listener) -> None:
     """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
-    from metralectl import images, weights
-
+    from metralectl.core import images
+    from metralectl.seams import weights
     info = catalog.image_for(recipe)
     arch = machine.cpu_arch()
     on_event(Step("image", info.ref))

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from metralectl.runtime import ContainerInfo, DockerRuntime, container_pids
+from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, container_pids
 
 WAIT_S = 20.0
 
@@ -45,8 +45,8 @@ class NvmlMemoryWatch:
         self._pids[container.id] = container_pids(self.runtime, container.id)
 
     def after(self, container: ContainerInfo) -> str:
-        from metralectl.gpu import NvmlProbe
-        from metralectl.gpudata import GpuUnavailable
+        from metralectl.seams.gpu import NvmlProbe
+        from metralectl.core.gpudata import GpuUnavailable
 
         pids = self._pids.pop(container.id, set())
         probe = self._probe_factory() if self._probe_factory else NvmlProbe()

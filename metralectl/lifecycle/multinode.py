@@ -32,12 +32,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from metralectl import hfcache, images, machine, netprobe, paths, store
-from metralectl.catalog import Catalog
-from metralectl.endpoint import EngineClient, Health, base_url
+from metralectl.seams import hfcache, machine, netprobe, store
+
+from metralectl.core import images
+
+from metralectl import paths
+from metralectl.core.catalog import Catalog
+from metralectl.seams.endpoint import EngineClient, Health, base_url
 from metralectl.errors import MetralError
 from metralectl.lifecycle import deployment
-from metralectl.contract import EngineContract, Readiness
+from metralectl.core.contract import EngineContract, Readiness
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
 from metralectl.lifecycle.deployment import Deployment, RankRecord, Runtimes
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
@@ -49,9 +53,9 @@ from metralectl.lifecycle.rdma import check_rdma
 from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis, timeout_diagnosis,
                                             warnings_at_ready)
 from metralectl.lifecycle.stop import StopResult, stop_containers
-from metralectl.recipe import Recipe
-from metralectl.render import LABEL_OWNER, LABEL_RUN_ID, ContainerSpec, owner, spec_for
-from metralectl.runtime import ContainerInfo, DockerRuntime, Endpoint, RuntimeFailure
+from metralectl.core.recipe import Recipe
+from metralectl.core.render import LABEL_OWNER, LABEL_RUN_ID, ContainerSpec, owner, spec_for
+from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, Endpoint, RuntimeFailure
 
 ARCH_NAMES = {"arm64": "aarch64", "aarch64": "aarch64", "amd64": "x86_64", "x86_64": "x86_64"}
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from metralectl.errors import MetralError
-from metralectl.hardware import RankProfile
+from metralectl.core.hardware import RankProfile
 from metralectl.lifecycle.events import Listener, Step, Warning_
-from metralectl.netprobe import ProbeReport
-from metralectl.runtime import RDMA_HINT, Endpoint
+from metralectl.seams.netprobe import ProbeReport
+from metralectl.seams.docker_runtime import RDMA_HINT, Endpoint
 
 
 class RdmaNode(Protocol):

@@ -17,8 +17,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from metralectl.contract import Readiness
-from metralectl.endpoint import EngineClient, Health
+from metralectl.core.contract import Readiness
+from metralectl.seams.endpoint import EngineClient, Health
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, clean_line
 
 HEALTH_POLL_S = 0.05  # well below the 0.3 s within which a ready engine must be seen ready

@@ -8,11 +8,11 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from metralectl import store
-from metralectl.endpoint import EngineClient
+from metralectl.seams import store
+from metralectl.seams.endpoint import EngineClient
 from metralectl.lifecycle.launch import LABEL_ENDPOINT
-from metralectl.render import LABEL_RECIPE, LABEL_RUN_ID
-from metralectl.runtime import ContainerInfo, DockerRuntime
+from metralectl.core.render import LABEL_RECIPE, LABEL_RUN_ID
+from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def _health(container: ContainerInfo) -> str:
         return "no answer"
     if answer.ready:
         return "ok"
-    from metralectl.contract import Readiness
+    from metralectl.core.contract import Readiness
     from metralectl.lifecycle.readiness import classify_health
 
     state = classify_health(answer, Readiness())

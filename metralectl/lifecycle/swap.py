@@ -14,18 +14,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from metralectl import store
-from metralectl.catalog import Catalog
-from metralectl.endpoint import EngineClient, requests_active
+from metralectl.seams import store
+from metralectl.core.catalog import Catalog
+from metralectl.seams.endpoint import EngineClient, requests_active
 from metralectl.errors import MetralError
 from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
 from metralectl.lifecycle.launch import LABEL_ENDPOINT, LABEL_SETS, LaunchFailed, LaunchOptions, preflight, start_and_wait
 from metralectl.lifecycle.memory import MemoryWatch
 from metralectl.lifecycle.stop import stop_containers
-from metralectl.overrides import apply_sets
-from metralectl.recipe import Recipe
-from metralectl.render import LABEL_RANK, LABEL_RECIPE, spec_for
-from metralectl.runtime import ContainerInfo, DockerRuntime
+from metralectl.core.overrides import apply_sets
+from metralectl.core.recipe import Recipe
+from metralectl.core.render import LABEL_RANK, LABEL_RECIPE, spec_for
+from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime
 
 
 @dataclass(frozen=True)

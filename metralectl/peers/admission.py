@@ -67,8 +67,8 @@ class Admission:
 
 def probe_gpu() -> GpuFact:
     """The real GPU fact: the first GPU NVML can name, with its hardware class."""
-    from metralectl.gpu import NvmlProbe
-    from metralectl.gpudata import GpuUnavailable
+    from metralectl.seams.gpu import NvmlProbe
+    from metralectl.core.gpudata import GpuUnavailable
 
     probe = NvmlProbe()
     try:
@@ -91,8 +91,8 @@ def probe_gpu() -> GpuFact:
 def probe_thermal() -> dict[str, Any]:
     """The node's hottest GPU and the driver's clock reasons, for a campaign's thermal parking.
     {"temp_c": None, "reason": ...} when no GPU can be read (such a node is never parked)."""
-    from metralectl.gpu import NvmlProbe
-    from metralectl.gpudata import GpuUnavailable
+    from metralectl.seams.gpu import NvmlProbe
+    from metralectl.core.gpudata import GpuUnavailable
 
     probe = NvmlProbe()
     try:
@@ -136,7 +136,7 @@ def free_disk(path: Path) -> int | None:
 
 def lifecycle_busy() -> str | None:
     """What holds the lifecycle lock, unless it is a peer's benchmark unit (the queue check counts those)."""
-    from metralectl.store import UNIT_HOLDER, lock_holder
+    from metralectl.seams.store import UNIT_HOLDER, lock_holder
 
     holder = lock_holder()
     return None if holder is None or holder.startswith(UNIT_HOLDER) else holder

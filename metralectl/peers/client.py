@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from metralectl.errors import MetralError
-from metralectl.identity import Identity, fingerprint_of, public_key_from_b64
+from metralectl.seams.identity import Identity, fingerprint_of, public_key_from_b64
 from metralectl.peers.address import PeerAddress
 from metralectl.peers.protocol import H_KEY, new_nonce, sign_request, verify_response
 from metralectl.peers.store import key_changed

@@ -115,7 +115,7 @@ def load_bench_config(base: Path | None = None) -> BenchConfig:
 def save_bench_config(config: BenchConfig, base: Path | None = None) -> Path:
     import yaml
 
-    from metralectl.store import write_atomic
+    from metralectl.seams.store import write_atomic
 
     path = bench_path(base)
     header = "# metralectl bench.yaml: may peers granted `bench` run benchmark units on this node?\n"

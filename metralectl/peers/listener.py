@@ -26,8 +26,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from metralectl import __version__
-from metralectl.httpserve import BodyTooLarge, Handler, Server, json_bytes
-from metralectl.identity import Identity, fingerprint_of, public_key_from_b64
+from metralectl.seams.httpserve import BodyTooLarge, Handler, Server, json_bytes
+from metralectl.seams.identity import Identity, fingerprint_of, public_key_from_b64
 from metralectl.peers import PEER_PORT
 from metralectl.peers.address import PeerAddress
 from metralectl.peers.admission import Admission, Facts, judge
@@ -44,7 +44,7 @@ from metralectl.peers.protocol import (
 )
 from metralectl.peers.store import PeerStore
 from metralectl.peers.units import Executor, UnitQueue
-from metralectl.store import lifecycle_lock
+from metralectl.seams.store import lifecycle_lock
 
 log = logging.getLogger("metralectl.peers")
 PROTOCOL = 1

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from metralectl.errors import MetralError
-from metralectl.identity import Identity
+from metralectl.seams.identity import Identity
 from metralectl.peers.admission import Admission, Facts, judge
 from metralectl.peers.config import bench_path, load_bench_config
 from metralectl.peers.remote_units import UnitRefused, accept_record

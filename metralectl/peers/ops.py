@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from metralectl.errors import MetralError
-from metralectl.identity import Identity
+from metralectl.seams.identity import Identity
 from metralectl.peers import PEER_PORT
 from metralectl.peers.address import PeerAddress, parse_address
 from metralectl.peers.admission import Admission

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from metralectl.identity import Identity, b64, unb64, verify_signature
-from metralectl.signing import pae
+from metralectl.seams.identity import Identity, b64, unb64, verify_signature
+from metralectl.seams.signing import pae
 
 REQUEST_DOMAIN = "metralectl-peer-request/1"
 RESPONSE_DOMAIN = "metralectl-peer-response/1"
@@ -117,7 +117,7 @@ class NonceStore:
     def _compact(self) -> None:
         if self.path is None:
             return
-        from metralectl.store import write_atomic
+        from metralectl.seams.store import write_atomic
 
         write_atomic(self.path, "".join(f"{n} {e}\n" for n, e in self._seen.items()))
         self._lines = len(self._seen)

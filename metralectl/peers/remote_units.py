@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from metralectl.errors import MetralError
-from metralectl.identity import Identity
+from metralectl.seams.identity import Identity
 from metralectl.peers.address import PeerAddress, parse_address
 from metralectl.peers.client import (TIMEOUT_S, Answer, PeerProtocolError, PeerUnreachable, StreamBroken,
                                      open_stream, signed_call)
@@ -229,8 +229,7 @@ def fetch_record(me: Identity, node: NodeRef, key: str, dest: Path, *, known: Ma
 def accept_record(where: str, signer: str, requester: str, key: str, payload: bytes, envelope: Any, requests: bytes,
                   dest: Path, *, known: Mapping[str, bytes], suite: str | None = None) -> Fetched:
     """The checks a unit's record must pass before it counts (see the module doc); then it is kept under dest/."""
-    from metralectl import signing, store
-
+    from metralectl.seams import signing, store
     def reject(why: str) -> RecordRejected:
         return RecordRejected(f"{where}: the record of unit {key} is not accepted: {why}",
                               "it was not kept; the unit counts as failed on that node")

@@ -23,7 +23,7 @@ from typing import Any
 
 from metralectl import paths
 from metralectl.errors import MetralError, NotFound
-from metralectl.identity import fingerprint_of, public_key_from_b64
+from metralectl.seams.identity import fingerprint_of, public_key_from_b64
 
 GRANTS = ("bench",)
 MAX_PENDING = 32
@@ -114,7 +114,7 @@ class PeerStore:
     @contextmanager
     def edit(self) -> Iterator[PeerBook]:
         """Read, let the caller change the book, write it back atomically (one writer at a time)."""
-        from metralectl.store import write_json
+        from metralectl.seams.store import write_json
 
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -201,8 +201,7 @@ def known_keys(base: Path | None = None, *, include_self: bool = True) -> dict[s
     """Keys a signed record may be signed by: this box's own and its known peers'."""
     keys = PeerStore(base).known_keys()
     if include_self:
-        from metralectl import identity
-
+        from metralectl.seams import identity
         try:
             me = identity.load(base)
         except identity.IdentityError:

@@ -122,5 +122,4 @@ class SubprocessExecutor:
 
 def _load_record(directory: Path) -> dict[str, Any] | None:
     from metralectl.bench import records
-
     return records.load(directory)

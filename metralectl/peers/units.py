@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ContextManager, Protocol
 
-from metralectl import store
+from metralectl.seams import store
 from metralectl.errors import MetralError
 from metralectl.peers.unit_spec import KEY_RE, UnitSpec
 

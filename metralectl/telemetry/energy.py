@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from metralectl.gpudata import EnergyReading, PowerReading
+from metralectl.core.gpudata import EnergyReading, PowerReading
 
 Method = Literal["counter", "instant-integral", "average-integral"]
 Scope = Literal["gpu", "gpu-only"]

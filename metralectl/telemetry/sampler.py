@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from metralectl.errors import MetralError
-from metralectl.gpu import GpuProbe
-from metralectl.gpudata import EnergyReading, GpuSample, PowerReading
+from metralectl.seams.gpu import GpuProbe
+from metralectl.core.gpudata import EnergyReading, GpuSample, PowerReading
 from metralectl.telemetry.energy import MIN_INSTANT_HZ, Scope, WindowAccumulator, WindowData
 
 Callback = Callable[["Sample"], None]

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from metralectl.gpudata import is_throttled
+from metralectl.core.gpudata import is_throttled
 
 ThermalState = Literal["ok", "parked", "unknown"]
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from metralectl.gpudata import GpuInfo, GpuSample, GpuSystem, GpuUnavailable, MemoryState
+from metralectl.core.gpudata import GpuInfo, GpuSample, GpuSystem, GpuUnavailable, MemoryState
 from metralectl.telemetry.energy import Method, Scope, Trapezoid
 from metralectl.telemetry.engine_metrics import EngineRates, EngineSnapshot, engine_rates
 from metralectl.telemetry.sampler import Sample, SamplerStats

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from metralectl.errors import MetralError
-from metralectl.gpu import GpuProbe
-from metralectl.gpudata import GpuSystem, GpuUnavailable
+from metralectl.seams.gpu import GpuProbe
+from metralectl.core.gpudata import GpuSystem, GpuUnavailable
 from metralectl.telemetry.engine_metrics import parse_metrics
 from metralectl.telemetry.sampler import Sample, Sampler
 from metralectl.telemetry.thermal import ThermalLines
@@ -46,11 +46,11 @@ def discover_engines(
     """The engines metralectl serves on this box (any owner's), from the daemon's labelled containers:
     (targets, None), or ([], why none) — no Docker is a note, not an error."""
     from metralectl.lifecycle.launch import LABEL_ENDPOINT
-    from metralectl.render import LABEL_RECIPE
+    from metralectl.core.render import LABEL_RECIPE
 
     try:
         if runtime_factory is None:
-            from metralectl.runtime import DockerRuntime
+            from metralectl.seams.docker_runtime import DockerRuntime
 
             runtime_factory = DockerRuntime
         runtime = runtime_factory()
@@ -190,7 +190,7 @@ class EnginePoller:
 
 
 def _http_client(url: str, timeout_s: float) -> MetricsClient:
-    from metralectl.endpoint import EngineClient
+    from metralectl.seams.endpoint import EngineClient
 
     return EngineClient(url, timeout=timeout_s)
 
@@ -276,7 +276,7 @@ class Recorder:
         drop_torn_tail(path)
 
     def write(self, record: dict[str, Any]) -> None:
-        from metralectl.store import append_jsonl
+        from metralectl.seams.store import append_jsonl
 
         append_jsonl(self.path, record)
         self.records += 1

@@ -27,7 +27,6 @@ NOT_READY = ("running benchmarks from the dashboard needs metralectl.bench's run
 
 def runs_dir() -> Path:
     from metralectl import paths
-
     return paths.metrale_home() / "runs"
 
 

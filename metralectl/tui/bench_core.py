@@ -29,7 +29,7 @@ def _text(value: Any) -> str:
 
 def headline(record: dict[str, Any]) -> str:
     """The one number of a run, chosen as `bench history` chooses it."""
-    from metralectl.cli.bench_view import fmt
+    from metralectl.present.bench_view import fmt
 
     values = (record.get("summary") or {}).get("headline") or {}
     key = next((k for k in HEADLINE_KEYS if k in values), None)
@@ -109,7 +109,7 @@ class CoreBench:
         recipe = None
         if found and found.get("recipe"):
             try:
-                from metralectl.catalog import load_catalog
+                from metralectl.core.catalog import load_catalog
 
                 recipe = load_catalog().recipe(str(found["recipe"]))
             except MetralError:
@@ -134,12 +134,11 @@ class CoreBench:
 
     def history(self, limit: int = 200) -> list[RunSummary]:
         from metralectl.bench import records
-
         return [summary_of(r) for r in records.list_runs()[:limit]]
 
     def detail(self, run: RunSummary) -> RunDetail:
         from metralectl.bench import records
-        from metralectl.cli.bench_view import fmt
+        from metralectl.present.bench_view import fmt
 
         record = records.repair(records.find(run.run_id)) or {}
         if not record:

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from metralectl.tui.services import Action, LibraryItem, LibrarySnapshot, Listener, Outcome, Plan
 
 if TYPE_CHECKING:
-    from metralectl.catalog import Catalog
+    from metralectl.core.catalog import Catalog
     from metralectl.doctor.model import CheckResult
     from metralectl.lifecycle.status import StatusReport
-    from metralectl.runtime import DockerRuntime
+    from metralectl.seams.docker_runtime import DockerRuntime
     from metralectl.tui.cancel import CancelToken
     from metralectl.tui.services import BenchService, TelemetryFeed
 
@@ -42,22 +42,22 @@ class CoreServices:
     def catalog(self, reload: bool = False) -> Catalog:
         with self._catalog_lock:
             if self._catalog is None or reload:
-                from metralectl.catalog import load_catalog
+                from metralectl.core.catalog import load_catalog
 
                 self._catalog = load_catalog()
             return self._catalog
 
     @staticmethod
     def _runtime() -> DockerRuntime:
-        from metralectl.runtime import DockerRuntime
+        from metralectl.seams.docker_runtime import DockerRuntime
 
         return DockerRuntime()
 
     # -- library --------------------------------------------------------------------------------
     def library(self) -> LibrarySnapshot:
-        from metralectl import library
+        from metralectl.app import library
         from metralectl.errors import MetralError
-        from metralectl.render import LABEL_RECIPE
+        from metralectl.core.render import LABEL_RECIPE
 
         catalog = self.catalog(reload=True)
         target = library.choose_target(catalog, self._hardware)
@@ -85,7 +85,7 @@ class CoreServices:
         return LibrarySnapshot(tuple(items), judged, tuple(notes))
 
     def detail(self, name: str) -> str:
-        from metralectl.cli.show_view import as_text
+        from metralectl.present.show_view import as_text
 
         catalog = self.catalog()
         return as_text(catalog, catalog.recipe(name))
@@ -99,7 +99,7 @@ class CoreServices:
         return make_plan(action, recipe, catalog, self._runtime)
 
     def perform(self, action: Action, name: str | None, on_event: Listener, cancel: CancelToken) -> Outcome:
-        from metralectl.store import lifecycle_lock
+        from metralectl.seams.store import lifecycle_lock
 
         def emit(event: Any) -> None:
             cancel.check()
@@ -131,7 +131,7 @@ class CoreServices:
     @staticmethod
     def _via_agent(action: Action, name: str | None, on_event: Listener, cancel: CancelToken) -> Outcome | None:
         """run/swap/stop as a job of the running agent (it owns them on this box); None: no agent, work directly."""
-        from metralectl.agent.client import AgentGone, outcome, rebuild, running_agent
+        from metralectl.app.agent_client import AgentGone, outcome, rebuild, running_agent
         from metralectl.errors import MetralError
         from metralectl.lifecycle.events import Failed
         from metralectl.tui.cancel import Cancelled
@@ -178,8 +178,9 @@ class CoreServices:
         return _stop_outcome(name, stopped)
 
     def _pull(self, recipe: Any, catalog: Catalog, emit: Listener) -> Outcome:
-        from metralectl import images, machine, weights
-        from metralectl.progress import human_bytes
+        from metralectl.core import images
+        from metralectl.seams import machine, weights
+        from metralectl.core.progress import human_bytes
 
         runtime = self._runtime()
         try:
@@ -210,7 +211,7 @@ class CoreServices:
     def _stop(runtime: DockerRuntime, name: str | None, emit: Listener) -> Outcome:
         from metralectl.lifecycle.memory import NvmlMemoryWatch
         from metralectl.lifecycle.stop import select, stop_containers
-        from metralectl.render import LABEL_RECIPE
+        from metralectl.core.render import LABEL_RECIPE
 
         running = [c for c in runtime.containers() if c.running]
         mine = [c for c in running if c.labels.get(LABEL_RECIPE) == name]

@@ -13,13 +13,13 @@ from metralectl.errors import MetralError
 from metralectl.tui.services import Action, Plan
 
 if TYPE_CHECKING:
-    from metralectl.catalog import Catalog
-    from metralectl.recipe import Recipe
+    from metralectl.core.catalog import Catalog
+    from metralectl.core.recipe import Recipe
 
 
 def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_factory: Callable[[], Any]) -> Plan:
-    from metralectl import hfcache
-    from metralectl.render import LABEL_RECIPE, docker_run_command, spec_for
+    from metralectl.seams import hfcache
+    from metralectl.core.render import LABEL_RECIPE, docker_run_command, spec_for
 
     running: list[Any] = []
     image_present: bool | None = None

@@ -96,12 +96,12 @@ class ProgressModel:
 
 
 def _bytes(n: float | None) -> str:
-    from metralectl.progress import human_bytes
+    from metralectl.core.progress import human_bytes
 
     return human_bytes(n)
 
 
 def _duration(s: float | None) -> str:
-    from metralectl.progress import human_duration
+    from metralectl.core.progress import human_duration
 
     return human_duration(s)

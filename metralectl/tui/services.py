@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from metralectl.doctor.model import CheckResult
-    from metralectl.library import LibraryRow
+    from metralectl.app.library import LibraryRow
     from metralectl.lifecycle.status import StatusReport
     from metralectl.telemetry.view import TopView
     from metralectl.tui.cancel import CancelToken

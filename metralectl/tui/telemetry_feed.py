@@ -19,7 +19,7 @@ class TopFeed:
         self._session: TopSession | None = None
 
     def start(self) -> None:
-        from metralectl.gpu import NvmlProbe
+        from metralectl.seams.gpu import NvmlProbe
         from metralectl.telemetry.view import thermal_lines_from
         from metralectl.telemetry.watch import TopSession, discover_engines
 

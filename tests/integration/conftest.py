@@ -106,8 +106,7 @@ class Box:
         """A verified snapshot in this box's HF cache, exactly as `metralectl pull` leaves one."""
         import hashlib
 
-        from metralectl import hfcache
-
+        from metralectl.seams import hfcache
         commit = "0" * 40
         base = self.home / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
         snap = base / "snapshots" / commit

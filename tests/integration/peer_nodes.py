@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from metralectl import identity
+from metralectl.seams import identity
 from metralectl.peers import ops
 from metralectl.peers.admission import Facts, GpuFact
 from metralectl.peers.config import BenchConfig, save_bench_config

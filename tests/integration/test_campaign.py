@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from metralectl import identity, signing
+from metralectl.seams import identity, signing
 from metralectl.peers.store import known_keys
 from tests.integration.peer_nodes import REPO, EngineDouble, PeerNode, Thermal, free_port, pair_and_grant
 
@@ -177,9 +177,9 @@ def test_this_box_is_a_node_too(tmp_path: Path) -> None:
     """`--local`: units run here exactly as on a peer (a `bench run` child signing with this box's key), and
     their records pass the same checks. (The CLI's own machine facts are real, and this machine has no GPU,
     so the handle is driven in-process with injected facts; the CLI's refusal is checked too.)"""
-    from metralectl import store
-    from metralectl.bench.campaign import Campaign
-    from metralectl.bench.campaign_plan import PlannedUnit
+    from metralectl.seams import store
+    from metralectl.campaign.runner import Campaign
+    from metralectl.campaign.plan import PlannedUnit
     from metralectl.peers.admission import Facts, GpuFact
     from metralectl.peers.config import BenchConfig, save_bench_config
     from metralectl.peers.local_node import LocalNode

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from metralectl.render import LABEL_RUN_ID
-from metralectl.runtime import MEMLOCK_HINT, RDMA_HINT, DockerRuntime, RuntimeFailure
+from metralectl.core.render import LABEL_RUN_ID
+from metralectl.seams.docker_runtime import MEMLOCK_HINT, RDMA_HINT, DockerRuntime, RuntimeFailure
 from tests.unit.recipe_helpers import catalog
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
 @pytest.fixture()
 def ep2_spec(engine_images: dict[str, str]):  # type: ignore[no-untyped-def]
-    from metralectl.render import spec_for
+    from metralectl.core.render import spec_for
 
     cat = catalog()
     catalog_spec = spec_for(cat, cat.recipes["qwen3.5-122b-a10b-ep2"], rank=1, master_addr="127.0.0.1",
@@ -48,7 +48,7 @@ def _daemon_may_raise_memlock() -> bool:
 
 
 def test_the_daemon_takes_the_no_rdma_profile_as_rendered(ep2_spec) -> None:  # type: ignore[no-untyped-def]
-    from metralectl.render import spec_for
+    from metralectl.core.render import spec_for
 
     cat = catalog()
     plain = spec_for(cat, cat.recipes["qwen3.5-122b-a10b-ep2"], rank=1, master_addr="127.0.0.1", roce_interface="lo",

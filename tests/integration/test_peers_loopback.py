@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from metralectl import identity
+from metralectl.seams import identity
 from metralectl.peers import ops
 from metralectl.peers.admission import Facts, GpuFact
 from metralectl.peers.config import BenchConfig, save_bench_config

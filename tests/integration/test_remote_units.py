@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from metralectl import identity, store
+from metralectl.seams import identity, store
 from metralectl.bench import signed
 from metralectl.peers import remote_units as ru
 from metralectl.peers.protocol import sign_request
@@ -85,8 +85,7 @@ def test_submit_follow_fetch_verify_and_idempotency(pair: tuple[Path, identity.I
     assert got.record["unit"]["requester"] == me.fingerprint and got.record["source"] == f"peer:{me.fingerprint}"
     assert got.record["stages"][0]["summary"]["ok"] == 3
     # the kept copy verifies later with the same keys (this box's view: the node is a known peer)
-    from metralectl import signing
-
+    from metralectl.seams import signing
     verdict = signing.verify_file(dest / "run.json", known_keys(here), expect={"unit": "certify-r1-node1-decode"})
     assert verdict.ok and verdict.signer == node.me.fingerprint
     # and the node's admission counts nothing queued once it is done

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from metralectl import hfcache, weights
-from metralectl.recipe import CheckpointRef
+from metralectl.seams import hfcache, weights
+from metralectl.core.recipe import CheckpointRef
 from tests.fakehub.server import FakeHub, demo_repo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -290,7 +290,7 @@ def test_disk_preflight_at_the_seam_counts_only_what_is_missing(hub: FakeHub) ->
 
 # --- what `list` and `run` see -------------------------------------------------------------------------
 def test_list_and_run_preflight_follow_the_cache(hub: FakeHub) -> None:
-    from metralectl.catalog import load_catalog
+    from metralectl.core.catalog import load_catalog
 
     recipe = load_catalog().recipe(FLAGSHIP)
     assert list_weights() == "absent"

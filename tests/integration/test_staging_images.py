@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from metralectl import images, machine
-from metralectl.hardware import ImageInfo
+from metralectl.core import images
+
+from metralectl.seams import machine
+from metralectl.core.hardware import ImageInfo
 
 pytestmark = pytest.mark.docker
 
@@ -121,7 +123,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def runtime(client):
-    from metralectl.runtime import DockerRuntime
+    from metralectl.seams.docker_runtime import DockerRuntime
 
     rt = DockerRuntime()
     yield rt
@@ -160,7 +162,7 @@ def test_pull_from_a_local_registry_with_layer_progress(pushed: str, runtime, cl
 
 
 def test_cli_pull_image_only_and_images_listing(pushed: str, client, tmp_path: Path) -> None:
-    from metralectl.catalog import load_catalog
+    from metralectl.core.catalog import load_catalog
 
     base = next(r for r in load_catalog(include_user=False).recipes.values()
                 if images.normalize_platform(load_catalog(include_user=False).images[r.image].platform) == HERE

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from metralectl.catalog import Catalog
+from metralectl.core.catalog import Catalog
 from metralectl.doctor.context import Context, Identity
-from metralectl.gpu import NvmlProbe
-from metralectl.runtime import ContainerInfo, DockerUnavailable, Endpoint, ImageState, RuntimeFailure
+from metralectl.seams.gpu import NvmlProbe
+from metralectl.seams.docker_runtime import ContainerInfo, DockerUnavailable, Endpoint, ImageState, RuntimeFailure
 from tests.unit import fake_pynvml as fk
 from tests.unit.recipe_helpers import catalog as shipped_catalog
 

@@ -1,6 +1,6 @@
 """A fake `pynvml` module for tests and benchmarks: real constants and the library's OWN exception
 classes (imported from the installed nvidia-ml-py, so `except pynvml.NVMLError_NotSupported` and
-isinstance checks in metralectl.gpu are genuine), fake devices behind the functions.
+isinstance checks in metralectl.seams.gpu are genuine), fake devices behind the functions.
 
 A device attribute may hold a value, a callable returning one (for changing counters), or an
 exception class to raise (e.g. pynvml.NVMLError_NotSupported).

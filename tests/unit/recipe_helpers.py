@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from metralectl.catalog import Catalog, check_files, load_catalog
+from metralectl.core.catalog import Catalog, check_files, load_catalog
 from metralectl.errors import Problem
-from metralectl.yamlsrc import load_text
+from metralectl.core.yamlsrc import load_text
 
 REPO = Path(__file__).resolve().parents[2]
 FLAGSHIP = REPO / "recipes" / "qwen3.5-35b-a3b.yaml"

@@ -217,7 +217,7 @@ def test_read_errors_are_answers(api: tuple[LocalApiServer, FakeOps]) -> None:
 # -- jobs under the lifecycle lock -----------------------------------------------------------------
 def test_post_starts_a_job_under_the_lock(api: tuple[LocalApiServer, FakeOps]) -> None:
     server, ops = api
-    from metralectl.store import lock_held
+    from metralectl.seams.store import lock_held
 
     ops.release.clear()
     r = _post(server, "/api/run", {"recipe": "qwen3.5-35b-a3b"})
@@ -240,7 +240,7 @@ def test_post_starts_a_job_under_the_lock(api: tuple[LocalApiServer, FakeOps]) -
 
 def test_busy_from_a_cli_holder(api: tuple[LocalApiServer, FakeOps]) -> None:
     server, ops = api
-    from metralectl.store import lifecycle_lock
+    from metralectl.seams.store import lifecycle_lock
 
     with lifecycle_lock("swap to x"):
         r = _post(server, "/api/stop")

@@ -19,11 +19,11 @@ import pytest
 
 from metralectl.agent import security
 from metralectl.agent.api import LocalApiServer
-from metralectl.agent.client import AgentClient, AgentGone, outcome, running_agent
+from metralectl.app.agent_client import AgentClient, AgentGone, outcome, running_agent
 from metralectl.agent.jobs import JobRunner
 from metralectl.errors import MetralError, UsageError
 from metralectl.lifecycle import events as ev
-from metralectl.store import Busy, lifecycle_lock
+from metralectl.seams.store import Busy, lifecycle_lock
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "r" * 43
@@ -334,7 +334,7 @@ def _dead_pid() -> int:
 
 def _record_agent(port: int, pid: int) -> None:
     from metralectl.agent.service import state_path
-    from metralectl.store import write_json
+    from metralectl.seams.store import write_json
 
     security.load_or_create_token()
     write_json(state_path(), {"pid": pid, "api_port": port, "peer_port": None, "fingerprint": "x",
@@ -381,8 +381,8 @@ def test_a_wrong_token_is_a_clear_error(agent: tuple[LocalApiServer, RoutingOps,
 
 # -- the event JSON ------------------------------------------------------------------------------------------
 def test_every_event_survives_json() -> None:
-    from metralectl.images import LayerProgress
-    from metralectl.weights import PullEvent
+    from metralectl.core.images import LayerProgress
+    from metralectl.seams.weights import PullEvent
 
     samples: list[ev.Event] = [
         ev.Step("image", "ref"), ev.Warning_("careful"), ev.ContainerStarted("n", "id", "run"),

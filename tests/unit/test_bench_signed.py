@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from metralectl.bench import signed
-
+from metralectl.peers.store import known_keys
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -26,7 +26,7 @@ def _run(tmp_path: Path) -> Path:
 
 
 def test_signed_record_verifies_and_names_what_it_covers(tmp_path: Path) -> None:
-    verdict = signed.verify_run(_run(tmp_path))
+    verdict = signed.verify_run(_run(tmp_path), known_keys())
     assert verdict.ok, verdict.reason
     assert verdict.names["recipe"] == "qwen3.5-35b-a3b" and verdict.names["image_revision"] == "deadbeef"
 
@@ -35,13 +35,13 @@ def test_a_changed_byte_in_the_record_fails(tmp_path: Path) -> None:
     directory = _run(tmp_path)
     record = directory / "run.json"
     record.write_text(record.read_text().replace("131.0", "141.0"))
-    assert not signed.verify_run(directory).ok
+    assert not signed.verify_run(directory, known_keys()).ok
 
 
 def test_changed_timings_fail(tmp_path: Path) -> None:
     directory = _run(tmp_path)
     (directory / "requests.jsonl").write_text('{"ttft_ms": 12.0}\n')
-    verdict = signed.verify_run(directory)
+    verdict = signed.verify_run(directory, known_keys())
     assert not verdict.ok and "timings changed" in verdict.reason
 
 

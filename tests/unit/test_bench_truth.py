@@ -136,7 +136,6 @@ def _guard_vs_truth(concurrency: int, hogs: int) -> tuple[bool, float, dict[str,
     import sys
 
     from metralectl.bench import gates as G
-
     with truth_server("--record", "--ttft-ms", "25", "--itl-ms", "10", "--reasoning", "3", "--tail-ms", "15") as url:
         allowed = os.sched_getaffinity(0)
         cpu = min(allowed)

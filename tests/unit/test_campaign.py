@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from metralectl.bench import campaign_file
-from metralectl.bench.campaign import Campaign, CampaignOptions, exit_code
-from metralectl.bench.campaign_plan import NodeFacts, PlannedUnit, choose_reference, estimate_s, pick, simulate
+from metralectl.campaign import file as campaign_file
+from metralectl.campaign.runner import Campaign, CampaignOptions, exit_code
+from metralectl.campaign.plan import NodeFacts, PlannedUnit, choose_reference, estimate_s, pick, simulate
 from metralectl.errors import MetralError
 from metralectl.peers.remote_units import RecordRejected, UnitRefused
 from metralectl.telemetry.thermal import ThermalLines

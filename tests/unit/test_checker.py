@@ -10,7 +10,7 @@ from tests.unit.recipe_helpers import REPO, catalog, check, errors, flagship_dat
 
 
 def test_every_shipped_recipe_passes() -> None:
-    from metralectl.catalog import check_files
+    from metralectl.core.catalog import check_files
 
     files = sorted((REPO / "recipes").glob("*.yaml"))
     assert len(files) >= 15
@@ -112,8 +112,8 @@ def test_utilization_of_one_is_allowed(tmp_path: Path) -> None:
 def test_boolean_false_is_allowed_and_rendered_as_absent(tmp_path: Path) -> None:
     """The engine's policy since 2026-10-05 (schema.rs@2735884): a presence-only flag is pinned `true` or
     `false`, and `false` renders as the flag's absence."""
-    from metralectl.catalog import check_files
-    from metralectl.render import serve_argv
+    from metralectl.core.catalog import check_files
+    from metralectl.core.render import serve_argv
 
     data = flagship_data()
     assert data["serve"]["enable-prefix-caching"] is True and data["serve"]["exact-verify"] is False
@@ -379,7 +379,7 @@ def test_problem_render_names_file_line_column_key_and_hint(tmp_path: Path) -> N
 
 def test_a_recipe_built_on_a_book_variant_inherits_the_whole_chain(tmp_path: Path) -> None:
     """hopper extends the certified flagship; a recipe (or --set) built on hopper gets every pinned setting."""
-    from metralectl.overrides import apply_sets
+    from metralectl.core.overrides import apply_sets
 
     cat = catalog()
     hopper = apply_sets(cat, cat.recipes["qwen3.5-35b-a3b-hopper"], ["max-seq-len=4096"])

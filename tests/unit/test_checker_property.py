@@ -9,7 +9,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metralectl.catalog import check_files
+from metralectl.core.catalog import check_files
 from tests.unit.recipe_helpers import catalog, flagship_data
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=True),

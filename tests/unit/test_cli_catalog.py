@@ -171,7 +171,6 @@ def test_ctrl_c_says_interrupted_and_exits_130(monkeypatch: pytest.MonkeyPatch, 
     import typer
 
     from metralectl.cli import main as cli_main
-
     class Interrupted:
         def main(self, **kw: object) -> None:
             try:

@@ -32,8 +32,8 @@ def popen(*args: str) -> subprocess.Popen[str]:
 
 
 def nvml_present() -> bool:
-    from metralectl.gpu import NvmlProbe
-    from metralectl.gpudata import GpuSystem
+    from metralectl.seams.gpu import NvmlProbe
+    from metralectl.core.gpudata import GpuSystem
 
     probe = NvmlProbe()
     try:

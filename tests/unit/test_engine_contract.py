@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from metralectl import serve_options
-from metralectl.contract import EngineContract, parse_contract
-from metralectl.yamlsrc import load_file
+from metralectl.core import serve_options
+from metralectl.core.contract import EngineContract, parse_contract
+from metralectl.core.yamlsrc import load_file
 from tests.unit.recipe_helpers import REPO
 
 ENGINE = REPO / "engine"

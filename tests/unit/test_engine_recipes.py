@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from metralectl.recipe import Recipe
-from metralectl.recipe_import import ImportContext, UpstreamFile, convert
-from metralectl.yamlsrc import load_file
+from metralectl.core.recipe import Recipe
+from metralectl.core.recipe_import import ImportContext, UpstreamFile, convert
+from metralectl.core.yamlsrc import load_file
 from tests.unit.recipe_helpers import REPO, catalog
 
 FIXTURES = REPO / "tests" / "unit" / "data" / "engine-recipes"

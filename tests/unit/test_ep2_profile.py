@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from metralectl.errors import MetralError
-from metralectl.hardware import parse_hardware
+from metralectl.core.hardware import parse_hardware
 from metralectl.lifecycle import rdma
-from metralectl.netprobe import ProbeReport, RdmaView, parse_probe, probe_script
-from metralectl.render import docker_run_command, render, spec_for
-from metralectl.runtime import Endpoint, profile_kwargs
-from metralectl.yamlsrc import Document
+from metralectl.seams.netprobe import ProbeReport, RdmaView, parse_probe, probe_script
+from metralectl.core.render import docker_run_command, render, spec_for
+from metralectl.seams.docker_runtime import Endpoint, profile_kwargs
+from metralectl.core.yamlsrc import Document
 from tests.unit.recipe_helpers import REPO, catalog
 
 GOLDEN = REPO / "tests" / "golden" / "ep2-rank1-docker-run.txt"
@@ -36,7 +36,7 @@ def home_hf(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HOME", raising=False)
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HOME", "/home/operator")
-    monkeypatch.setattr("metralectl.render.owner", lambda: "operator")
+    monkeypatch.setattr("metralectl.core.render.owner", lambda: "operator")
 
 
 def _ep2(rank: int = 1, **options):  # type: ignore[no-untyped-def]
@@ -94,7 +94,7 @@ def test_the_sdk_gets_what_the_command_shows() -> None:
 
 
 def test_create_and_start_passes_the_profile() -> None:
-    from metralectl.runtime import DockerRuntime
+    from metralectl.seams.docker_runtime import DockerRuntime
 
     seen: dict = {}
 
@@ -131,8 +131,7 @@ def test_the_daemons_profile_errors_are_translated(text: str, hint: str) -> None
     """The daemon's own words (both seen from Docker 20.10 on this test box) become the node's fix."""
     import docker.errors
 
-    from metralectl import runtime as rt
-
+    from metralectl.seams import docker_runtime as rt
     runtime = rt.DockerRuntime.__new__(rt.DockerRuntime)
     response = type("R", (), {"status_code": 500, "reason": "Server Error", "url": "x"})()
     failure = runtime._translate(docker.errors.APIError("500", response=response, explanation=text))
@@ -199,7 +198,7 @@ class FakeNode:
 
 
 def _report(verbs: tuple[str, ...], links: dict[str, tuple[str, ...]]) -> ProbeReport:
-    from metralectl.netprobe import NodeNet
+    from metralectl.seams.netprobe import NodeNet
 
     return ProbeReport(NodeNet(), None, RdmaView(links, verbs))
 

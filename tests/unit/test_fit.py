@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from metralectl.fit import estimate, high_precision_layers, kv_element_bytes
-from metralectl.overrides import apply_sets
+from metralectl.core.fit import estimate, high_precision_layers, kv_element_bytes
+from metralectl.core.overrides import apply_sets
 from tests.unit.recipe_helpers import catalog
 
 

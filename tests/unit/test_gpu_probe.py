@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from metralectl.gpu import GpuLost, NvmlProbe
-from metralectl.gpudata import (
+from metralectl.seams.gpu import GpuLost, NvmlProbe
+from metralectl.core.gpudata import (
     GpuSystem,
     GpuUnavailable,
     ProcessMemory,
@@ -195,7 +195,7 @@ def test_multi_gpu_keyed_by_uuid() -> None:
 
 
 def test_import_does_not_load_pynvml() -> None:
-    code = ("import sys, metralectl.gpu, metralectl.telemetry.sampler, metralectl.telemetry.energy, "
+    code = ("import sys, metralectl.seams.gpu, metralectl.telemetry.sampler, metralectl.telemetry.energy, "
             "metralectl.telemetry.engine_metrics, metralectl.telemetry.thermal; "
             "print('pynvml' in sys.modules, 'prometheus_client' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

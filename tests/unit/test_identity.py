@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metralectl import identity
-from metralectl.identity import ALPHABET, InvalidFingerprint, fingerprint_of, parse_fingerprint
+from metralectl.seams import identity
+from metralectl.seams.identity import ALPHABET, InvalidFingerprint, fingerprint_of, parse_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 

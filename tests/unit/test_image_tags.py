@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from metralectl import images
-from metralectl.catalog import check_files
+from metralectl.core import images
+from metralectl.core.catalog import check_files
 from metralectl.errors import RecipeInvalid
-from metralectl.overrides import apply_sets
-from metralectl.render import docker_run_command, spec_for
+from metralectl.core.overrides import apply_sets
+from metralectl.core.render import docker_run_command, spec_for
 from tests.unit.recipe_helpers import REPO, catalog, flagship_data, write
 
 GB10 = "metrale-inference-gb10"

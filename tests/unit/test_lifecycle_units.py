@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from metralectl import store
+from metralectl.seams import store
 from metralectl.lifecycle.boot import BootLog, diagnose_exit
 from metralectl.lifecycle.launch import port_free
 from tests.unit.recipe_helpers import catalog

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from metralectl.gpu import NvmlProbe
+from metralectl.seams.gpu import NvmlProbe
 from metralectl.lifecycle.memory import NvmlMemoryWatch
-from metralectl.runtime import ContainerInfo
+from metralectl.seams.docker_runtime import ContainerInfo
 from tests.unit import fake_pynvml as fk
 
 CONTAINER = ContainerInfo("c1", "metralectl-x", "img", "running", None, False, None, None, {})

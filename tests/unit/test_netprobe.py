@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from metralectl import netprobe
-from metralectl.netprobe import IfAddr, NodeNet, NodeView, RoceRefused, choose_roce
+from metralectl.seams import netprobe
+from metralectl.seams.netprobe import IfAddr, NodeNet, NodeView, RoceRefused, choose_roce
 
 DATA = Path(__file__).parent / "data"
 ROCE = ("enp1s0f0np0", "enp1s0f1np1")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from metralectl import store
+from metralectl.seams import store
 from metralectl.peers.unit_spec import UnitSpec, UnitSpecError
 from metralectl.peers.units import ExecOutcome, QueueFull, Unit, UnitConflict, UnitNotFound, UnitQueue, read_units
 

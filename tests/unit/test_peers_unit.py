@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from metralectl import identity
+from metralectl.seams import identity
 from metralectl.peers import PEER_PORT
 from metralectl.peers.address import BadAddress, PeerAddress, parse_address
 from metralectl.peers.admission import Facts, GpuFact, judge
@@ -238,7 +238,7 @@ def test_every_refusal_has_its_reason() -> None:
 
 
 def test_busy_uses_the_lifecycle_lock() -> None:
-    from metralectl.store import lifecycle_lock
+    from metralectl.seams.store import lifecycle_lock
 
     facts = Facts(gpu=GOOD.gpu, memory=GOOD.memory, disk=GOOD.disk)  # the real busy()
     config = BenchConfig(enabled=True)
@@ -253,7 +253,7 @@ def test_busy_uses_the_lifecycle_lock() -> None:
 
 
 def test_a_unit_holding_the_lock_tells_a_local_swap_how_to_stop_it() -> None:
-    from metralectl.store import Busy, lifecycle_lock, lock_holder
+    from metralectl.seams.store import Busy, lifecycle_lock, lock_holder
 
     assert lock_holder() is None
     with lifecycle_lock("bench unit certify-1 for peer ABCD"):
@@ -267,7 +267,7 @@ def test_a_unit_holding_the_lock_tells_a_local_swap_how_to_stop_it() -> None:
 
 
 def test_an_interrupted_swap_is_reported_while_a_peers_unit_holds_the_lock() -> None:
-    from metralectl import store
+    from metralectl.seams import store
     from metralectl.lifecycle.swap import describe_journal, journal_path
 
     store.write_json(journal_path(), {"old": {"recipe": "a"}, "new": {"recipe": "b"}, "phase": "booting", "pid": 1})

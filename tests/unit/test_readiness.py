@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from metralectl.contract import Readiness, parse_contract
-from metralectl.endpoint import Health
+from metralectl.core.contract import Readiness, parse_contract
+from metralectl.seams.endpoint import Health
 from metralectl.lifecycle import launch
 from metralectl.lifecycle.boot import BootLog, clean_line, diagnose_exit, message_of
 from metralectl.lifecycle.events import Event, Phase, Step, Warning_
 from metralectl.lifecycle.readiness import HEALTH_POLL_S, HealthPoller, classify_health
-from metralectl.runtime import ContainerInfo
-from metralectl.yamlsrc import Document
+from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.core.yamlsrc import Document
 from tests.unit.recipe_helpers import catalog
 
 PREFIX = "2026-08-26T05:35:05Z  INFO "

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from metralectl import recipe_sync, synced_set
-from metralectl.catalog import load_catalog
-from metralectl.release_archive import ReleaseError
-from metralectl.sync_fetch import Source, default_source
+from metralectl.app import recipe_sync
+
+from metralectl.core import synced_set
+from metralectl.core.catalog import load_catalog
+from metralectl.core.release_archive import ReleaseError
+from metralectl.seams.sync_fetch import Source, default_source
 from tests.unit.recipe_helpers import REPO
 from tests.unit.release_fixture import B34_DUMP, fixture_recipes, reseal, reseal_index, sha, tar_gz, write_release
 

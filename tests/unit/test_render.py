@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from metralectl.render import docker_run_command, render
+from metralectl.core.render import docker_run_command, render
 from tests.unit.recipe_helpers import REPO, catalog
 
 GOLDEN = REPO / "tests" / "golden" / "flagship-docker-run.txt"
@@ -24,7 +24,7 @@ CERTIFIED = [("--max-seq-len", "8192"), ("--max-batch-size", "2"), ("--max-num-s
 def home_hf(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HOME", raising=False)
     monkeypatch.setenv("HOME", "/home/operator")  # the golden must not depend on who runs the tests
-    monkeypatch.setattr("metralectl.render.owner", lambda: "operator")
+    monkeypatch.setattr("metralectl.core.render.owner", lambda: "operator")
 
 
 def _flagship_spec():
@@ -63,7 +63,7 @@ def test_spec_is_data(home_hf: None) -> None:
     assert spec.network_mode == "host" and spec.ipc_mode == "host" and spec.gpus == "all"
     assert spec.command[:2] == ("serve", "Sehyo/Qwen3.5-35B-A3B-NVFP4")
     assert spec.labels["ai.metrale.metralectl.managed"] == "true"
-    assert spec.labels["ai.metrale.metralectl.recipe"] == "qwen3.5-35b-a3b"
+    assert spec.labels["ai.metrale.metralectl.core.recipe"] == "qwen3.5-35b-a3b"
     assert spec.labels["ai.metrale.metralectl.spec-hash"] == spec.spec_hash()
     assert [m.target for m in spec.mounts] == ["/root/.cache/huggingface"]
 
@@ -77,7 +77,7 @@ def test_hf_hub_cache_is_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 
 
 def test_auto_compact_off_is_the_flags_absence() -> None:
-    from metralectl.overrides import apply_sets
+    from metralectl.core.overrides import apply_sets
 
     command = _flagship_spec().command
     assert command[command.index("--auto-compact") + 1] == "0"  # the engine's recipe pins 0
@@ -108,7 +108,7 @@ def test_multi_rank_renders_rank_and_rendezvous() -> None:
 
 
 def test_gpus_none_makes_no_device_request() -> None:
-    from metralectl.overrides import apply_sets
+    from metralectl.core.overrides import apply_sets
 
     cat = catalog()
     recipe = apply_sets(cat, cat.recipes["qwen3.5-35b-a3b"], ["resources.gpus=none"])
@@ -118,7 +118,7 @@ def test_gpus_none_makes_no_device_request() -> None:
 
 
 def test_multi_rank_carries_the_classes_nccl_environment_on_every_rank() -> None:
-    from metralectl.render import spec_for
+    from metralectl.core.render import spec_for
 
     cat = catalog()
     recipe = cat.recipes["qwen3.5-122b-a10b-ep2"]
@@ -131,7 +131,7 @@ def test_multi_rank_carries_the_classes_nccl_environment_on_every_rank() -> None
 
 def test_gpu_device_request_reaches_the_daemon_api() -> None:
     """create_and_start turns spec.gpus into a Docker device request (unit-tested: no GPU here)."""
-    from metralectl.runtime import DockerRuntime
+    from metralectl.seams.docker_runtime import DockerRuntime
 
     calls: dict = {}
 
@@ -161,7 +161,7 @@ def test_gpu_device_request_reaches_the_daemon_api() -> None:
 
 def test_ctrl_c_inside_create_removes_the_container_the_daemon_made() -> None:
     """An interrupt can land after the daemon created the container but before its id came back."""
-    from metralectl.runtime import DockerRuntime
+    from metralectl.seams.docker_runtime import DockerRuntime
 
     removed: list[str] = []
     spec = _flagship_spec()

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metralectl import identity, signing
-from metralectl.signing import pae, sign, verify, verify_file
+from metralectl.seams import identity, signing
+from metralectl.seams.signing import pae, sign, verify, verify_file
 
 _KEYS: dict[str, identity.Identity] = {}
 

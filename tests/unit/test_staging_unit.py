@@ -14,10 +14,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from metralectl import hfcache, images, transfer, weights_errors
-from metralectl.hardware import ImageInfo
-from metralectl.hfcache import Listing, RepoFile
-from metralectl.progress import Meter, human_bytes, human_duration
+from metralectl.seams import hfcache, transfer, weights_errors
+
+from metralectl.core import images
+from metralectl.core.hardware import ImageInfo
+from metralectl.seams.hfcache import Listing, RepoFile
+from metralectl.core.progress import Meter, human_bytes, human_duration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO = "org/model"
@@ -202,8 +204,7 @@ def test_hub_errors_become_remedies() -> None:
 
 
 def test_weights_preflight_names_the_pull_command() -> None:
-    from metralectl import weights
-
+    from metralectl.seams import weights
     recipe = SimpleNamespace(name="my-recipe", checkpoint=SimpleNamespace(repo=REPO, revision=None))
     with pytest.raises(weights.WeightsError, match="weights incomplete: org/model is absent .*`metralectl pull my-recipe`"):
         weights.weights_preflight(recipe)
@@ -270,7 +271,7 @@ def test_image_pull_over_a_fake_runtime() -> None:
 
 
 def test_image_statuses_without_docker_list_recipes() -> None:
-    from metralectl.catalog import load_catalog
+    from metralectl.core.catalog import load_catalog
 
     rows = {r.info.id: r for r in images.statuses(load_catalog(), None, "aarch64")}
     gb10 = rows["metrale-inference-gb10"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metralectl.gpudata import EnergyReading, PowerReading
+from metralectl.core.gpudata import EnergyReading, PowerReading
 from metralectl.telemetry.energy import (
     WindowAccumulator,
     counter_delta_j,

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from metralectl.errors import MetralError
-from metralectl.gpu import GpuLost, NvmlProbe
-from metralectl.gpudata import GpuSystem
+from metralectl.seams.gpu import GpuLost, NvmlProbe
+from metralectl.core.gpudata import GpuSystem
 from metralectl.telemetry.energy import energy_report
 from metralectl.telemetry.sampler import Sampler, percentile
 from tests.unit import fake_pynvml as fk

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from metralectl.gpu import NvmlProbe
-from metralectl.gpudata import GpuSystem, GpuUnavailable
+from metralectl.seams.gpu import NvmlProbe
+from metralectl.core.gpudata import GpuSystem, GpuUnavailable
 from metralectl.telemetry.engine_metrics import parse_metrics
 from metralectl.telemetry.sampler import Sample
 from metralectl.telemetry.thermal import ThermalLines
@@ -240,7 +240,7 @@ def test_finite_and_thermal_lines_from_catalog_shapes() -> None:
 
 
 def test_shipped_catalog_lines() -> None:
-    from metralectl.catalog import load_catalog
+    from metralectl.core.catalog import load_catalog
 
     lines = thermal_lines_from(load_catalog().hardware)
     assert lines["gb10"] == ThermalLines(80.0, 70.0)
@@ -249,7 +249,7 @@ def test_shipped_catalog_lines() -> None:
 
 def test_gpu_processes_name_our_container(tmp_path) -> None:  # noqa: ANN001
     """Per-process GPU memory, with the metralectl container a PID runs in (from /proc/PID/cgroup)."""
-    from metralectl.gpu import NvmlProbe
+    from metralectl.seams.gpu import NvmlProbe
     from metralectl.telemetry import watch
     from metralectl.telemetry.view import gpu_row
     from tests.unit import fake_pynvml as fk

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from metralectl.errors import MetralError
-from metralectl.gpu import NvmlProbe
+from metralectl.seams.gpu import NvmlProbe
 from metralectl.lifecycle.launch import LABEL_ENDPOINT
-from metralectl.render import LABEL_RECIPE
-from metralectl.runtime import ContainerInfo, DockerUnavailable
+from metralectl.core.render import LABEL_RECIPE
+from metralectl.seams.docker_runtime import ContainerInfo, DockerUnavailable
 from metralectl.telemetry.thermal import ThermalLines
 from metralectl.telemetry.view import EngineTarget
 from metralectl.telemetry.watch import (

@@ -199,7 +199,7 @@ class ServingView(Vertical):
         if view is None:
             return
         notes = Text()
-        from metralectl.gpudata import GpuUnavailable
+        from metralectl.core.gpudata import GpuUnavailable
 
         if isinstance(view.gpu, GpuUnavailable):
             notes.append(f"no GPU: {view.gpu.reason}\n", style="yellow")

@@ -15,8 +15,8 @@ from typing import Any
 
 from metralectl.doctor.model import CheckResult
 from metralectl.errors import MetralError
-from metralectl.gpudata import GpuSystem, GpuUnavailable, MemoryState
-from metralectl.library import LibraryRow
+from metralectl.core.gpudata import GpuSystem, GpuUnavailable, MemoryState
+from metralectl.app.library import LibraryRow
 from metralectl.lifecycle import events as ev
 from metralectl.lifecycle.status import Serving, StatusReport
 from metralectl.telemetry.engine_metrics import EngineSnapshot
@@ -248,7 +248,7 @@ class FakeServices:
                 self.served = [s for s in self.served if s != name]
                 return Outcome("stop", name, "done", f"stopped metralectl-{name}")
             if action == "pull":
-                from metralectl.weights import PullEvent
+                from metralectl.seams.weights import PullEvent
 
                 for done in (0, 50, 100):
                     on_event(PullEvent(f"Org/{name}", "download", done, 100, 10.0, 1.0, 0, 2))

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from metralectl.catalog import load_catalog
+from metralectl.core.catalog import load_catalog
 from metralectl.errors import MetralError
-from metralectl.render import LABEL_MANAGED, LABEL_RECIPE
-from metralectl.runtime import ContainerInfo, ImageState
+from metralectl.core.render import LABEL_MANAGED, LABEL_RECIPE
+from metralectl.seams.docker_runtime import ContainerInfo, ImageState
 from metralectl.tui.plans import make_plan
 
 

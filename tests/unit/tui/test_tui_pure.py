@@ -38,8 +38,8 @@ def test_filter_words_keywords_fields_and_negation() -> None:
 
 
 def test_progress_model_steps_phases_and_bars() -> None:
-    from metralectl.images import LayerProgress
-    from metralectl.weights import PullEvent
+    from metralectl.core.images import LayerProgress
+    from metralectl.seams.weights import PullEvent
 
     m = ProgressModel()
     assert m.apply(ev.Step("image", "img:latest"))

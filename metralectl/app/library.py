@@ -1,0 +1,104 @@
+"""The recipe library as rows: what `list`, the TUI's Library view and the agent all show."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from metralectl.seams import hfcache, machine
+from metralectl.core.catalog import Catalog
+from metralectl.core.fit import MemoryEstimate, estimate
+from metralectl.core.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Target:
+    """The hardware class recipes are judged against, and how it was chosen."""
+
+    hardware: str | None
+    how: str  # "--hardware", "detected <gpu name>", or "none detected"
+    gpu_name: str | None = None
+
+
+@dataclass(frozen=True)
+class LibraryRow:
+    name: str
+    model: str
+    repo: str
+    quant: str
+    hardware: str
+    mtp: bool
+    validated_tok_s: float | None
+    memory_gb: float | None
+    budget_gb: float | None
+    fits: bool | None  # on the target; None = unknown
+    fits_reason: str
+    weights: str  # complete | present | partial | absent
+    source: str  # shipped | shipped (book) | synced bNN | user
+    source_path: str
+    overrides: str | None
+    tags: tuple[str, ...]
+    description: str
+    image: str = ""  # the image ref the recipe runs
+    image_availability: str = ""  # pulled, or built from source (and whether the engine certifies it)
+    image_pullable: bool = True
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def choose_target(catalog: Catalog, hardware: str | None) -> Target:
+    if hardware:
+        return Target(hardware, "--hardware")
+    names = machine.gpu_names()
+    found = machine.classify(names, catalog.hardware.values())
+    if found:
+        return Target(found, f"detected {names[0]}", names[0])
+    return Target(None, f"none detected ({', '.join(names) or 'no NVIDIA GPU'})")
+
+
+def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
+    model = catalog.model_of(recipe)
+    judged_on = target.hardware or recipe.hardware
+    est: MemoryEstimate = estimate(recipe, model, catalog.hardware[recipe.hardware],
+                                   target.gpu_name if target.hardware == recipe.hardware else None)
+    if target.hardware and target.hardware != recipe.hardware:
+        fits, reason = False, f"built for {recipe.hardware}, this is {target.hardware}"
+    elif est.fits is None:
+        fits, reason = None, "memory estimate unknown"
+    else:
+        fits = est.fits
+        reason = (f"{est.total_gb:.1f} of {est.budget.gb:.1f} GB" if est.total_gb is not None and est.budget.gb else "")
+        if target.hardware is None:
+            reason += f" (on {judged_on})"
+    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    image = catalog.image_for(recipe)
+    return LibraryRow(
+        name=recipe.name, model=model.display_name, repo=recipe.checkpoint.repo, quant=recipe.checkpoint.quant,
+        hardware=recipe.hardware, mtp=recipe.mtp, validated_tok_s=recipe.validated.decode_tok_s,
+        memory_gb=est.total_gb, budget_gb=est.budget.gb, fits=fits, fits_reason=reason, weights=cache.status,
+        source=_source(recipe), source_path=recipe.origin.path, overrides=recipe.origin.overrides,
+        tags=recipe.tags, description=recipe.description, image=image.ref, image_availability=image.availability(),
+        image_pullable=image.pullable,
+    )
+
+
+def _source(recipe: Recipe) -> str:
+    """shipped | shipped (book) | synced bNN | user"""
+    origin = recipe.origin
+    if origin.kind == "synced":
+        return f"synced {origin.release}"
+    if origin.kind == "shipped" and recipe.source == "book":
+        return "shipped (book)"
+    return origin.kind
+
+
+def rows(catalog: Catalog, target: Target, *, hardware: str | None = None, tags: list[str] | None = None) -> list[LibraryRow]:
+    out = []
+    for recipe in sorted(catalog.recipes.values(), key=lambda r: r.name):
+        if hardware and recipe.hardware != hardware:
+            continue
+        if tags and not all(t in recipe.tags for t in tags):
+            continue
+        out.append(row(catalog, recipe, target))
+    return out

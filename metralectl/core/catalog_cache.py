@@ -1,0 +1,74 @@
+"""On-disk cache of the checked catalog, so `list` does not re-parse every YAML file each time.
+
+Keyed by the path, size and mtime of every data file (shipped and user) plus the metralectl and
+Python versions; written atomically; any unreadable or stale entry is simply rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from metralectl import __version__, paths
+_DIRS = ("engine", "kernels", "images", "recipes")
+
+
+def _stats(directory: Path, out: list[str]) -> None:
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        out.append(f"{directory}:absent")
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=True):
+            _stats(Path(entry.path), out)
+        elif entry.name.endswith((".yaml", ".yml", ".json")):  # .json: pinned and synced serve-options
+            st = entry.stat()
+            out.append(f"{entry.path}:{st.st_size}:{st.st_mtime_ns}")
+
+
+def fingerprint(root: Path, user_dir: Path | None) -> str:
+    parts = [__version__, sys.version, str(root), str(user_dir)]
+    for name in _DIRS:
+        _stats(root / name, parts)
+    if user_dir is not None:
+        _stats(user_dir, parts)
+        _stats(user_dir.parent / "images", parts)
+        synced = user_dir.parent / "synced" / "current"
+        try:
+            parts.append(f"synced->{os.readlink(synced)}")  # a sync swaps this link: a new set, a new key
+        except OSError:
+            parts.append("synced:absent")
+        _stats(synced, parts)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _path(key: str) -> Path:
+    return paths.cache_dir() / f"catalog-{key[:32]}.pickle"
+
+
+def read(key: str) -> Any:
+    try:
+        with open(_path(key), "rb") as handle:
+            return pickle.load(handle)
+    except Exception:  # noqa: BLE001 - a missing, torn or foreign cache file only means "rebuild"
+        return None
+
+
+def write(key: str, value: Any) -> None:
+    target = _path(key)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for old in target.parent.glob("catalog-*.pickle"):
+            old.unlink(missing_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".catalog-")
+        with os.fdopen(fd, "wb") as handle:
+            pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, target)
+    except OSError:
+        pass  # a read-only or full cache dir costs speed, never correctness

@@ -1,0 +1,135 @@
+"""Memory estimate of a recipe: weights + KV pool + reserve, against memory x utilization. Pure.
+
+Every figure says where it came from; a figure the data does not give is None ("unknown"),
+never a guess.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from metralectl.core.hardware import HardwareClass, ModelInfo
+from metralectl.core.recipe import Recipe
+
+GB = 1e9
+KV_BLOCK_TOKENS = 16
+# Bytes per KV element (SPEC §3). turboN stores N bits per element, so turbo2 is 2/8.
+KV_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5, "turbo2": 0.25, "turbo3": 3 / 8, "turbo4": 0.5, "turbo8": 1.0}
+# Bits per weight of a checkpoint, scales included: NVFP4 = 4-bit values + one FP8 scale per 16.
+WEIGHT_BITS = {"nvfp4": 4.5, "mxfp4": 4.25, "fp8": 8.0, "bf16": 16.0}
+
+
+@dataclass(frozen=True)
+class Part:
+    label: str
+    gb: float | None
+    basis: str  # how it was computed, or why it is unknown
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: Part
+    kv_pool: Part
+    reserve: Part
+    budget: Part  # memory x utilization of the target
+    hardware: str
+
+    @property
+    def total_gb(self) -> float | None:
+        parts = (self.weights.gb, self.kv_pool.gb, self.reserve.gb)
+        return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
+
+    @property
+    def fits(self) -> bool | None:
+        total, budget = self.total_gb, self.budget.gb
+        if total is None or budget is None:
+            return None
+        return total <= budget
+
+    @property
+    def headroom_gb(self) -> float | None:
+        total, budget = self.total_gb, self.budget.gb
+        return None if total is None or budget is None else budget - total
+
+
+def kv_element_bytes(dtype: str) -> tuple[float, float] | None:
+    """(K bytes, V bytes) per element for a KV dtype, incl. asymmetric `<k>k_<v>v` pairings."""
+    if dtype in KV_BYTES:
+        return KV_BYTES[dtype], KV_BYTES[dtype]
+    if dtype.endswith("v") and "k_" in dtype:
+        k, v = dtype[:-1].split("k_", 1)
+        if k in KV_BYTES and v in KV_BYTES:
+            return KV_BYTES[k], KV_BYTES[v]
+    return None
+
+
+def high_precision_layers(setting: int | str, dtype: str, attention_layers: int) -> int:
+    """How many attention layers keep BF16 KV (the engine's --kv-high-precision-layers rule)."""
+    if setting in ("max", "all"):
+        return attention_layers
+    n = 2 if setting == "auto" else int(setting)
+    if n == 0 and (dtype.startswith("turbo") or "k_" in dtype):
+        # 0 defers to the per-dtype automatic value for turbo and asymmetric dtypes.
+        if dtype in ("turbo2", "bf16k_turbo3v"):
+            return min(attention_layers, max(4, math.ceil(4 * attention_layers / 5)))
+        return min(attention_layers, max(2, math.ceil(attention_layers / 3)))
+    return min(attention_layers, 2 * n)  # the first N and the last N
+
+
+def weights_part(model: ModelInfo, repo: str, quant: str) -> Part:
+    ckpt = model.checkpoint(repo)
+    if ckpt and ckpt.size_gb:
+        return Part("weights", ckpt.size_gb, "checkpoint size")
+    if model.params_b and quant in WEIGHT_BITS:
+        bits = WEIGHT_BITS[quant]
+        return Part("weights", model.params_b * bits / 8, f"≈ {model.params_b:g}B params × {bits:g} bits ({quant})")
+    return Part("weights", None, "unknown: checkpoint size and parameter count not in the data")
+
+
+def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
+    serve = recipe.serve
+    dtype = str(serve.get("kv-cache-dtype", ""))
+    seq, batch = serve.get("max-seq-len"), serve.get("max-batch-size")
+    layers, heads, dim = model.attention_layers, model.kv_heads, model.head_dim
+    sizes = kv_element_bytes(dtype)
+    missing = [n for n, v in (("attention layers", layers), ("KV heads", heads), ("head dim", dim)) if not v]
+    if missing:
+        return Part("KV pool", None, f"unknown: {', '.join(missing)} of {model.display_name} not in the data")
+    if batch == "auto":
+        return Part("KV pool", None, "unknown: max-batch-size auto (the engine sizes the batch at boot)")
+    if sizes is None or not isinstance(seq, int) or not isinstance(batch, int):
+        return Part("KV pool", None, f"unknown: KV dtype {dtype!r} has no known element size")
+    assert layers and heads and dim
+    tokens = math.ceil(seq / KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS * batch
+    hp = high_precision_layers(serve.get("kv-high-precision-layers", 0), dtype, layers)
+    per_layer = heads * dim
+    total = tokens * per_layer * (hp * 2 * KV_BYTES["bf16"] + (layers - hp) * (sizes[0] + sizes[1]))
+    hp_note = f", {hp} layers at bf16" if hp else ""
+    basis = (f"{seq} seq × {batch} batch × {layers} attn layers × {heads} kv-heads × {dim} head-dim × 2 (K,V) "
+             f"× {dtype}{hp_note}")
+    return Part("KV pool", total / GB, basis)
+
+
+def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name: str | None = None) -> MemoryEstimate:
+    reserve_mb = recipe.serve.get("oom-guard-mb", 0)
+    memory = hardware.memory_gb(gpu_name)
+    util = recipe.resources.memory_utilization
+    if memory is None:
+        budget = Part("budget", None, f"unknown: memory of {hardware.display_name} not in the data")
+    else:
+        kind = "unified" if hardware.unified_memory else "GPU"
+        budget = Part("budget", memory * util, f"{memory:g} GB {kind} × {util:g} utilization")
+    ranks = recipe.resources.world_size
+    weights = weights_part(model, recipe.checkpoint.repo, recipe.checkpoint.quant)
+    if ranks > 1 and weights.gb is not None:
+        # EP splits the experts across ranks; the rest is replicated. Without the expert share in the
+        # data, the even split is the optimistic bound and is labelled as such.
+        weights = Part("weights", weights.gb / ranks, f"{weights.basis}, ÷ {ranks} ranks (≈, experts split)")
+    return MemoryEstimate(
+        weights=weights,
+        kv_pool=kv_part(model, recipe),
+        reserve=Part("reserve", reserve_mb * 1e6 / GB, f"oom-guard-mb {reserve_mb}"),
+        budget=budget,
+        hardware=hardware.id,
+    )

@@ -1,0 +1,79 @@
+"""`--set KEY=VALUE`: overrides that go through the same checker and are shown as deviations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from metralectl.core.catalog import Catalog, parse_set_value
+from metralectl.errors import RecipeInvalid, UsageError
+from metralectl.core.recipe import Recipe, RecipeOrigin
+from metralectl.core.yamlsrc import Document, KeyPath, overlay
+
+_SECTIONS = ("serve", "resources", "env", "checkpoint", "validated")
+_TOP_LEVEL = ("hardware", "image", "image-tag", "description", "engine")
+_ALIASES = {"image.tag": "image-tag"}  # `--set image.tag=dev` reads as the recipe key `image-tag`
+
+
+def parse_set(text: str, catalog: Catalog, engine: str) -> tuple[KeyPath, Any]:
+    """`max-seq-len=4096` (a serve flag), `resources.port=9000`, `env.NAME=V`, `hardware=hopper`, `image-tag=dev`."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UsageError(f"--set {text!r} is not KEY=VALUE", "e.g. --set max-seq-len=4096 or --set resources.port=9000")
+    value = parse_set_value(raw)
+    key = _ALIASES.get(key, key)
+    if key == "image-tag" and value is not None and not isinstance(value, str):
+        value = str(value)  # a version-like tag (`--set image-tag=3.0`) is a name, not a number
+    parts = key.split(".", 1)
+    if parts[0] in _SECTIONS and len(parts) == 2:
+        return (parts[0], parts[1]), value
+    if len(parts) == 1 and key in _TOP_LEVEL:
+        return (key,), value
+    bare = key.removeprefix("--")
+    contract = catalog.engines.get(engine)
+    if len(parts) == 1 and contract is not None and contract.flag(bare) is not None:
+        spec = contract.flag(bare)
+        assert spec is not None
+        if spec.recipe == "resources" and spec.resource:
+            return ("resources", spec.resource), value
+        return ("serve", bare), value
+    raise UsageError(f"--set {key}: not a serve flag or a recipe key",
+                     "use a serve flag (max-seq-len=4096) or SECTION.KEY (resources.port=9000, env.NAME=VALUE)")
+
+
+def _get(data: Any, path: KeyPath) -> Any:
+    for part in path:
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def apply_sets(catalog: Catalog, recipe: Recipe, sets: list[str]) -> Recipe:
+    """The recipe with the overrides applied and re-checked; raises RecipeInvalid naming the --set."""
+    if not sets:
+        return recipe
+    base = catalog.documents[recipe.name]
+    top = Document("--set", {})
+    changes: list[tuple[KeyPath, Any]] = []
+    for text in sets:
+        path, value = parse_set(text, catalog, recipe.engine)
+        node = top.data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+        top.origins[path] = f"--set {text}"
+        top.marks[path] = (0, 0)
+        changes.append((path, value))
+    merged = overlay(base, top)
+    for path in top.origins:  # a problem about an overridden key names the --set, not the file
+        merged.origins[path] = top.origins[path]
+        merged.marks[path] = (0, 0)
+    checked, problems = catalog.check_document(merged, RecipeOrigin("set", recipe.origin.path,
+                                                                    recipe.origin.overrides, recipe.origin.extends))
+    if checked is None:
+        raise RecipeInvalid(problems)
+    base_data = base.data
+    deviations = tuple((".".join(map(str, path)), _get(base_data, path), value) for path, value in changes
+                       if _get(base_data, path) != value)
+    return Recipe(**{**checked.__dict__, "origin": recipe.origin, "deviations": deviations})

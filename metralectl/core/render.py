@@ -1,0 +1,254 @@
+"""Recipe -> ContainerSpec (command as data), and ContainerSpec -> a copy-pasteable `docker run`.
+
+`run --print` prints the spec as a shell command; `run` hands the same spec to the runtime seam;
+tests assert on it. Nothing here touches Docker.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from metralectl import paths
+from metralectl.core.contract import EngineContract
+from metralectl.core.hardware import HardwareClass, ImageInfo
+from metralectl.core.recipe import Recipe
+
+if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
+
+LABEL_PREFIX = "ai.metrale.metralectl"
+LABEL_MANAGED = f"{LABEL_PREFIX}.managed"
+LABEL_RECIPE = f"{LABEL_PREFIX}.recipe"
+LABEL_SPEC_HASH = f"{LABEL_PREFIX}.spec-hash"
+LABEL_OWNER = f"{LABEL_PREFIX}.owner"
+LABEL_RUN_ID = f"{LABEL_PREFIX}.run-id"
+LABEL_RANK = f"{LABEL_PREFIX}.rank"
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything `docker run` needs, as a value."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    gpus: str | int | None = "all"  # "all", a count, or None for no device request
+    network_mode: str = "host"
+    ipc_mode: str = "host"
+    port: int = 0  # where the engine listens (host network: no publishing)
+    bind: str = "127.0.0.1"
+    rank: int = 0
+    # a multi-rank launch's profile (the hardware class's multi-node.container); empty for a single node
+    devices: tuple[str, ...] = ()
+    cap_add: tuple[str, ...] = ()
+    ulimits: tuple[tuple[str, int, int], ...] = ()  # (name, soft, hard)
+    shm_size: str | None = None
+
+    def spec_hash(self) -> str:
+        """Identity of what would run (labels excluded, so the hash can be one of them). The multi-rank profile
+        counts only when set, so a single-node spec hashes as it always did."""
+        body = asdict(self)
+        body.pop("labels")
+        for key in _PROFILE_FIELDS:
+            if not body[key]:
+                body.pop(key)
+        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+_PROFILE_FIELDS = ("devices", "cap_add", "ulimits", "shm_size")
+
+
+def hf_mounts() -> tuple[Mount, ...]:
+    """The HF cache where the engine inside looks for it (HF_HOME, or HF_HUB_CACHE when set apart)."""
+    mounts = [Mount(str(paths.hf_home()), CONTAINER_HF_HOME)]
+    hub = paths.hf_hub_cache()
+    if "HF_HUB_CACHE" in os.environ and hub != paths.hf_home() / "hub":
+        mounts.append(Mount(str(hub), f"{CONTAINER_HF_HOME}/hub"))
+    return tuple(mounts)
+
+
+def container_name(recipe: Recipe, rank: int = 0) -> str:
+    suffix = f"-r{rank}" if recipe.multi_rank else ""
+    return f"metralectl-{recipe.name}{suffix}"
+
+
+def owner() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        return str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+
+
+def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, master_addr: str | None = None) -> list[str]:
+    """`serve <hf-id>` and every flag, explicit: no engine default is inherited silently."""
+    rank_info = recipe.resources.ranks[rank]
+    argv = [*contract.serve_command, recipe.checkpoint.repo]
+    resource_values = {
+        "port": rank_info.port,
+        "bind": recipe.resources.bind,
+        "memory-utilization": recipe.resources.memory_utilization,
+        "master-port": recipe.resources.master_port,
+        "tp-size": recipe.resources.tp_size,
+        "ep-size": recipe.resources.ep_size,
+    }
+    serve = rank_info.serve
+    revision = contract.revision(recipe.engine_revision)
+    specs = revision.specs if revision is not None else contract.flags
+    # Every policy that pins tp/ep sizes wants them on the command line even at 1 (nothing inherited).
+    pinned = revision is not None and revision.policy.required == "all"
+    for spec in specs.values():
+        if spec.recipe == "resources" and spec.resource in resource_values:
+            value = resource_values[spec.resource]
+            single_only = ("master-port",) if pinned else ("master-port", "tp-size", "ep-size")
+            if value is None or (not recipe.multi_rank and spec.resource in single_only):
+                continue
+            argv += spec.render_value(value)
+            if spec.name == "gpu-memory-utilization" and recipe.multi_rank:
+                argv += ["--rank", str(rank), "--world-size", str(recipe.resources.world_size),
+                         "--master-addr", master_addr or "<head-ip>"]
+        elif spec.name in serve:
+            argv += spec.render_value(serve[spec.name])
+    return argv
+
+
+def nccl_env(recipe: Recipe, hardware: HardwareClass | None, roce_interface: str | None, *, rdma: bool = True,
+             rdma_device: str | None = None) -> dict[str, str]:
+    """The hardware class's NCCL settings for a multi-rank launch; the interface and the RDMA device only as
+    detected (or given), never guessed: NCCL_IB_HCA is left out when no device is known (NCCL then picks)."""
+    profile = hardware.rank_profile if hardware is not None else None
+    if not recipe.multi_rank or profile is None:
+        return {}
+    env = dict(profile.nccl_env)
+    if not rdma:
+        env.update(profile.no_rdma_env)
+    env["NCCL_SOCKET_IFNAME"] = roce_interface or "<roce-ifname>"
+    if rdma and rdma_device:
+        env["NCCL_IB_HCA"] = rdma_device
+    return dict(sorted(env.items()))
+
+
+def spec_for(catalog: Catalog, recipe: Recipe, **options: Any) -> ContainerSpec:
+    """render() with the recipe's contract, image and hardware class looked up in the catalog."""
+    return render(recipe, catalog.engines[recipe.engine], catalog.image_for(recipe),
+                  hardware=catalog.hardware.get(recipe.hardware), **options)
+
+
+def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: int = 0,
+           master_addr: str | None = None, extra_env: dict[str, str] | None = None,
+           gpus_override: str | int | None = "recipe", hardware: HardwareClass | None = None,
+           roce_interface: str | None = None, rdma: bool = True, rdma_device: str | None = None) -> ContainerSpec:
+    gpus: str | int | None = recipe.resources.gpus
+    if gpus == "none":
+        gpus = None
+    if gpus_override != "recipe":
+        gpus = gpus_override
+    env = nccl_env(recipe, hardware, roce_interface, rdma=rdma, rdma_device=rdma_device)
+    profile = hardware.rank_profile if hardware is not None and recipe.multi_rank else None
+    env.update(recipe.env)
+    env.update(extra_env or {})
+    spec = ContainerSpec(
+        name=container_name(recipe, rank),
+        image=image.ref,
+        command=tuple(serve_argv(recipe, contract, rank=rank, master_addr=master_addr)),
+        env=env,
+        mounts=hf_mounts(),
+        gpus=gpus,
+        port=recipe.resources.ranks[rank].port,
+        bind=recipe.resources.bind,
+        rank=rank,
+        devices=profile.extras(rdma).devices if profile else (),
+        cap_add=profile.extras(rdma).cap_add if profile else (),
+        ulimits=profile.extras(rdma).ulimits if profile else (),
+        shm_size=profile.shm_size if profile else None,
+    )
+    labels = {
+        LABEL_MANAGED: "true",
+        LABEL_RECIPE: recipe.name,
+        LABEL_SPEC_HASH: spec.spec_hash(),
+        LABEL_OWNER: owner(),
+    }
+    if recipe.multi_rank:
+        labels[LABEL_RANK] = str(rank)
+    return ContainerSpec(**{**asdict(spec), "labels": labels, "mounts": spec.mounts})
+
+
+def _shell_path(path: str) -> str:
+    """Shell text for a host path: ~/... stays readable and still expands when pasted."""
+    home = str(Path.home())
+    if path.startswith(home + os.sep):
+        rest = path[len(home):]
+        if shlex.quote(rest) == rest:
+            return "~" + rest
+        return '"$HOME"' + shlex.quote(rest)
+    return shlex.quote(path)
+
+
+def docker_run_command(spec: ContainerSpec, *, width: int = 88) -> str:
+    """The exact `docker run` for spec, shell-quoted, wrapped with backslashes between options."""
+    q = shlex.quote
+    lines = [f"docker run -d --name {q(spec.name)}"]
+    runtime = ["--network", q(spec.network_mode)]
+    if spec.gpus is not None:
+        runtime += ["--gpus", q(str(spec.gpus))]
+    runtime.append(q(f"--ipc={spec.ipc_mode}"))
+    lines.append(" ".join(runtime))
+    profile = [f"--device {q(d)}" for d in spec.devices] + [f"--cap-add {q(c)}" for c in spec.cap_add]
+    profile += [f"--ulimit {q(f'{n}={soft}:{hard}')}" for n, soft, hard in spec.ulimits]
+    profile += [f"--shm-size {q(spec.shm_size)}"] if spec.shm_size else []
+    if profile:
+        lines.append(" ".join(profile))
+    for mount in spec.mounts:
+        suffix = ":ro" if mount.read_only else ""
+        lines.append("-v " + _shell_path(mount.source) + q(f":{mount.target}{suffix}"))
+    lines += _wrap([["--label", q(f"{k}={v}")] for k, v in spec.labels.items()], width)
+    lines += _wrap([["-e", q(f"{k}={v}")] for k, v in spec.env.items()], width)
+    lines.append(q(spec.image))
+    groups = _flag_groups(list(spec.command))
+    lines.append(" ".join(q(word) for word in groups[0]))
+    lines += _wrap([[q(word) for word in group] for group in groups[1:]], width)
+    return " \\\n  ".join(lines)
+
+
+def _wrap(groups: list[list[str]], width: int) -> list[str]:
+    lines: list[str] = []
+    current = ""
+    for group in groups:
+        text = " ".join(group)
+        if current and len(current) + 1 + len(text) > width:
+            lines.append(current)
+            current = text
+        else:
+            current = f"{current} {text}" if current else text
+    if current:
+        lines.append(current)
+    return lines
+
+
+def _flag_groups(command: list[str]) -> list[list[str]]:
+    """Keep each flag with its value, and `serve <model>` together, so wrapping never splits them."""
+    groups: list[list[str]] = []
+    for word in command:
+        opens_flag = word.startswith("--")
+        if groups and not opens_flag and (not groups[-1][0].startswith("--") or len(groups[-1]) == 1):
+            groups[-1].append(word)
+        else:
+            groups.append([word])
+    return groups

@@ -1,0 +1,105 @@
+"""The synced recipe set on disk, and loading it into the catalog.
+
+Layout under <config>/synced/:
+    current -> sets/<release>-<index sha256 prefix>-<nonce>   (a symlink, swapped atomically)
+    sets/<...>/release.json          where it came from, what was verified, each recipe's provenance
+    sets/<...>/serve-options.json    that release's own flag surface (its recipes are checked against it)
+    sets/<...>/recipes/<name>.yaml   our recipe documents, converted by recipe_import
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from metralectl import paths
+
+from metralectl.core import serve_options
+from metralectl.core.engine_revisions import Revision, synced_revision
+from metralectl.errors import Problem
+
+if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
+    from metralectl.core.contract import EngineContract
+
+FORMAT = 1
+
+
+def synced_dir() -> Path:
+    return paths.user_data_dir("synced")
+
+
+def current(root: Path | None = None) -> Path | None:
+    link = (root or synced_dir()) / "current"
+    return link if (link / "release.json").is_file() else None
+
+
+def read_meta(set_dir: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads((set_dir / "release.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+def revision_for(contract: EngineContract, label: str, commit: str, options: serve_options.ServeOptions,
+                 source: str) -> Revision:
+    """The shipped revision when the release's dump is one we pin; else one built from its own dump,
+    with the policy of a shipped revision at the same commit if there is one."""
+    for rev in contract.revisions.values():
+        if rev.sha256 == options.sha256 and ((rev.serve_options and not rev.synced) or rev.release == label):
+            return rev  # a pinned dump, or this release already loaded from the installed set
+    rev_id = label if label not in contract.revisions else f"{label}-{options.sha256[:8]}"
+    rev = synced_revision(contract, rev_id, commit, label, options, source)
+    same_commit = next((r for r in contract.revisions.values() if r.commit == commit and not r.synced), None)
+    if same_commit is not None:
+        from dataclasses import replace
+
+        rev = replace(rev, policy=same_commit.policy)
+    return rev
+
+
+def load_into(catalog: Catalog, root: Path | None = None) -> None:
+    """Add the current synced set to the catalog: its revision, then its recipes (a refused one is reported
+    and left out, like a user recipe)."""
+    from metralectl.core.catalog import Refused, _load, _yaml_files
+    from metralectl.core.recipe import RecipeOrigin
+    from metralectl.core.yamlsrc import YamlSyntax
+
+    set_dir = current(root)
+    if set_dir is None:
+        return
+    meta = read_meta(set_dir)
+    contract = catalog.engines.get("metrale")
+    if meta is None or contract is None:
+        catalog.refused.append(Refused(str(set_dir / "release.json"), [Problem(
+            str(set_dir / "release.json"), 0, 0, "", "the synced set's release.json is unreadable",
+            "run `metralectl recipes sync` again")]))
+        return
+    try:
+        options = serve_options.load(set_dir / "serve-options.json")
+    except serve_options.ServeOptionsError as exc:
+        catalog.refused.append(Refused(str(set_dir / "serve-options.json"), [Problem(
+            str(set_dir / "serve-options.json"), 0, 0, "", str(exc), "run `metralectl recipes sync` again")]))
+        return
+    revision = revision_for(contract, str(meta["release"]), str(meta["commit"]), options, str(meta["source"]))
+    contract.revisions.setdefault(revision.id, revision)
+    for name, spec in revision.specs.items():
+        contract.flags.setdefault(name, spec)
+    for path in _yaml_files(set_dir / "recipes"):
+        try:
+            doc = _load(path)
+        except YamlSyntax as exc:
+            catalog.refused.append(Refused(str(path), [exc.problem]))
+            continue
+        name = str(doc.data.get("name")) if isinstance(doc.data, dict) else ""
+        shipped = catalog.recipes.get(name)
+        origin = RecipeOrigin("synced", str(path), overrides=shipped.origin.path if shipped else None,
+                              release=str(meta["release"]))
+        recipe, problems = catalog.check_document(doc, origin)
+        if recipe is None:
+            catalog.refused.append(Refused(str(path), problems))
+            continue
+        catalog.recipes[recipe.name] = recipe
+        catalog.documents[recipe.name] = doc

@@ -1,0 +1,115 @@
+"""How `show` presents a recipe (text and JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from metralectl.core.catalog import Catalog
+from metralectl.core.fit import MemoryEstimate, Part, estimate
+from metralectl.core.recipe import Recipe
+from metralectl.core.render import docker_run_command, spec_for
+from metralectl.safetext import clean
+
+
+def _estimate(catalog: Catalog, recipe: Recipe) -> MemoryEstimate:
+    return estimate(recipe, catalog.model_of(recipe), catalog.hardware[recipe.hardware])
+
+
+def _gb(part: Part) -> str:
+    return f"{part.gb:7.2f} GB" if part.gb is not None else "      ? GB"
+
+
+def as_text(catalog: Catalog, recipe: Recipe) -> str:
+    from metralectl.seams import hfcache
+    model = catalog.model_of(recipe)
+    hw = catalog.hardware[recipe.hardware]
+    image = catalog.image_for(recipe)
+    v = recipe.validated
+    lines = [f"{recipe.name} — {clean(recipe.description)}", ""]
+    lines += ["Provenance"] + _provenance(catalog, recipe)
+    lines.append(f"  validated     {v.decode_tok_s if v.decode_tok_s is not None else '-'} tok/s decode on "
+                 f"{v.hardware or '?'}; engine revision {v.engine_revision or 'not recorded'}; date {v.date or 'not recorded'}")
+    if v.source:
+        lines.append(f"  source        {v.source}")
+    for key, old, new in recipe.deviations:
+        lines.append(f"  DEVIATION     {key}: {old} -> {new} (not what was validated)")
+    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    lines += ["", "Checkpoint"]
+    lines.append(f"  repo          {recipe.checkpoint.repo} @ {recipe.checkpoint.revision or 'unpinned'}")
+    lines.append(f"  quant         {recipe.checkpoint.quant} (kernel target {model.target_for(recipe.checkpoint.quant)})")
+    lines.append(f"  model         {model.display_name} ({model.model_type or 'model_type unknown'}); "
+                 f"MTP {'yes' if model.mtp_supported else 'no' if model.mtp_supported is False else 'unknown'}")
+    lines.append(f"  local cache   {cache.status}: {cache.detail}")
+    lines += ["", "Hardware and image"]
+    lines.append(f"  hardware      {hw.display_name} ({hw.arch}, {hw.cpu_arch}, "
+                 f"{'unified memory' if hw.unified_memory else 'GPU memory'}); boot timeout {hw.boot_timeout_s:g} s")
+    lines.append(f"  image         {image.ref} ({image.platform}; CUDA ≥ {image.min_cuda or '?'}, driver ≥ {image.min_driver or '?'})")
+    lines.append(f"  obtained      {image.availability()}")
+    tags = ", ".join(image.tags) + (" or a commit / version tag" if image.tag_pattern else "")
+    if len(image.tags) > 1 or image.tag_pattern:
+        lines.append(f"  tags          {tags}; pick one with `image-tag: TAG` or `--set image-tag=TAG`")
+    lines += ["", "Serve settings"]
+    for key, value in recipe.serve.items():
+        lines.append(f"  {key:<28}{'true' if value is True else value}")
+    r = recipe.resources
+    lines += ["", "Resources"]
+    lines.append(f"  port {r.port}, bind {r.bind}, memory-utilization {r.memory_utilization:g}, gpus {r.gpus}, "
+                 f"ranks {r.world_size}" + (f" (tp {r.tp_size} × ep {r.ep_size}, master-port {r.master_port})" if recipe.multi_rank else ""))
+    if recipe.env:
+        lines += ["", "Environment"] + [f"  {k}={val}" for k, val in recipe.env.items()]
+    est = _estimate(catalog, recipe)
+    lines += ["", f"Memory estimate (on {hw.id})"]
+    for part in (est.weights, est.kv_pool, est.reserve):
+        lines.append(f"  {part.label:<10}{_gb(part)}   {part.basis}")
+    total = f"{est.total_gb:7.2f} GB" if est.total_gb is not None else "      ? GB"
+    lines.append(f"  {'total':<10}{total}")
+    lines.append(f"  {'budget':<10}{_gb(est.budget)}   {est.budget.basis}")
+    verdict = {True: f"fits ({est.headroom_gb:.1f} GB headroom)" if est.headroom_gb is not None else "fits",
+               False: f"does NOT fit (short by {-(est.headroom_gb or 0):.1f} GB)", None: "unknown"}[est.fits]
+    lines.append(f"  verdict   {verdict}")
+    for rank in range(recipe.resources.world_size):
+        spec = spec_for(catalog, recipe, rank=rank)
+        title = "Command" if not recipe.multi_rank else f"Command (rank {rank}, {recipe.resources.ranks[rank].role})"
+        lines += ["", title, docker_run_command(spec)]
+    return "\n".join(lines)
+
+
+def _provenance(catalog: Catalog, recipe: Recipe) -> list[str]:
+    origin = recipe.origin
+    kind = f"synced from engine release {origin.release}" if origin.kind == "synced" else origin.kind
+    lines = [f"  file          {origin.path} ({kind})"]
+    if origin.overrides:
+        lines.append(f"  overrides     {origin.overrides}")
+    if origin.extends:
+        lines.append(f"  extends       {origin.extends}")
+    if recipe.source == "book":
+        lines.append("  source        the engine book (the engine has no recipe for this)")
+    prov = recipe.provenance
+    if prov is not None:
+        lines.append(f"  engine recipe {clean(prov.repo)} {clean(prov.path)} @ {prov.commit[:7]}")
+        lines.append(f"                sha256 {prov.sha256}, taken {prov.taken or 'date not recorded'}"
+                     + (f", release {clean(prov.release)}" if prov.release else ""))
+        for key, upstream, ours, why in prov.deviations:
+            lines.append(f"  deviates      {clean(key)}: {clean(upstream)} -> {clean(ours)} ({clean(why)})")
+    revision = catalog.engines[recipe.engine].revision(recipe.engine_revision)
+    if revision is not None:
+        rule = ("every settable flag pinned" if revision.policy.required == "all"
+                else "every flag with an engine default pinned")
+        false = "`false` allowed" if revision.policy.false_allowed else "`false` refused"
+        lines.append(f"  targets       engine revision {revision.label} (commit {revision.commit[:12]}; {rule}, {false})")
+    return lines
+
+
+def as_json(catalog: Catalog, recipe: Recipe) -> dict[str, Any]:
+    est = _estimate(catalog, recipe)
+    specs = [spec_for(catalog, recipe, rank=rank) for rank in range(recipe.resources.world_size)]
+    image = catalog.image_for(recipe)
+    return {
+        "recipe": asdict(recipe),
+        "image": {"id": image.id, "ref": image.ref, "pullable": image.pullable, "certified": image.certified,
+                  "availability": image.availability(), "tags": dict(image.tags), "tag_pattern": image.tag_pattern},
+        "memory": {**asdict(est), "total_gb": est.total_gb, "fits": est.fits},
+        "commands": [docker_run_command(s) for s in specs],
+        "container_specs": [asdict(s) for s in specs],
+    }

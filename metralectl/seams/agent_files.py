@@ -1,0 +1,71 @@
+"""The agent's files in the config dir: its API token and the record of where a running agent listens.
+
+Read by the CLI, the dashboard and `doctor` (which must not import the agent itself), written by the agent.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Any
+
+from metralectl import paths
+from metralectl.errors import MetralError
+
+DEFAULT_API_PORT = 8897
+
+
+def agent_dir(base: Path | None = None) -> Path:
+    return (base if base is not None else paths.config_dir()) / "agent"
+
+
+def token_path(base: Path | None = None) -> Path:
+    return agent_dir(base) / "token"
+
+
+def load_or_create_token(base: Path | None = None) -> str:
+    """The API token (43 url-safe characters), created 0600 on first use; a looser file is refused."""
+    from metralectl.seams.identity import create_exclusive
+
+    path = token_path(base)
+    if not os.path.lexists(path):
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        create_exclusive(path, (secrets.token_urlsafe(32) + "\n").encode(), 0o600)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or mode & 0o077:
+            raise MetralError(f"refusing the agent token {paths.display(path)}: mode {mode:04o} or owner is unsafe",
+                              f"chmod 600 {paths.display(path)} (or delete it: a new token is made)")
+        token = os.read(fd, 256).decode("ascii", errors="replace").strip()
+    finally:
+        os.close(fd)
+    if len(token) < 32:
+        raise MetralError(f"the agent token in {paths.display(path)} is too short", "delete it: a new token is made")
+    return token
+
+
+def state_path(base: Path | None = None) -> Path:
+    return agent_dir(base) / "agent.json"
+
+
+def read_state(base: Path | None = None) -> dict[str, Any] | None:
+    """Where a running agent listens, or None when none is recorded (or its process is gone)."""
+    from metralectl.seams.store import read_json
+
+    state = read_json(state_path(base))
+    if not isinstance(state, dict):
+        return None
+    pid = state.get("pid")
+    if not isinstance(pid, int):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return state

@@ -1,0 +1,48 @@
+"""What this machine is, cheaply (no NVML): CPU architecture and the GPU names the driver lists.
+
+`list` runs this on every call, so it reads a few /proc files and nothing else; doctor and
+telemetry use NVML for the full picture.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable
+from pathlib import Path
+
+from metralectl.core.hardware import HardwareClass
+
+_DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
+
+
+def cpu_arch() -> str:
+    machine = platform.machine().lower()
+    return {"arm64": "aarch64", "amd64": "x86_64"}.get(machine, machine)
+
+
+def gpu_names(root: Path = _DRIVER_GPUS) -> list[str]:
+    """GPU model names from the NVIDIA driver's /proc entries (empty without a driver)."""
+    names = []
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            text = (entry / "information").read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Model:"):
+                names.append(line.split(":", 1)[1].strip())
+    return names
+
+
+def classify(names: Iterable[str], classes: Iterable[HardwareClass]) -> str | None:
+    """The hardware class whose gpu-names match a GPU of this machine."""
+    classes = list(classes)
+    for name in names:
+        for hw in classes:
+            if any(pattern.lower() in name.lower() for pattern in hw.gpu_names):
+                return hw.id
+    return None
