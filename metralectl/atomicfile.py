@@ -36,7 +36,8 @@ def write_atomic(path: Path, data: bytes | str, *, mode: int | None = None) -> N
     tmp = directory / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     created = False
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666 if mode is None else 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o666 if mode is None else 0o600)
         created = True
         try:
             if mode is not None:

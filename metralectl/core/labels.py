@@ -10,7 +10,7 @@ from __future__ import annotations
 LABEL_PREFIX = "ai.metrale.metralectl"
 
 # On every container `run` / `swap` starts (core.render.spec_for sets the first five).
-LABEL_MANAGED = f"{LABEL_PREFIX}.managed"  # "true": a metralectl engine (probes and doctor's containers lack it)
+LABEL_MANAGED = f"{LABEL_PREFIX}.managed"  # "true": an engine (helper containers lack it)
 LABEL_RECIPE = f"{LABEL_PREFIX}.recipe"  # the recipe's name
 LABEL_SPEC_HASH = f"{LABEL_PREFIX}.spec-hash"  # identity of what runs (image, flags, env, mounts)
 LABEL_OWNER = f"{LABEL_PREFIX}.owner"  # the user who started it; others' containers are never touched

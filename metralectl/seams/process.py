@@ -53,7 +53,8 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 @contextmanager
-def _handling(signals: tuple[signal.Signals, ...], handler: Callable[[int, FrameType | None], None]) -> Iterator[bool]:
+def _handling(signals: tuple[signal.Signals, ...],
+              handler: Callable[[int, FrameType | None], None]) -> Iterator[bool]:
     """Install handler for signals, restore the previous handlers afterwards. Python delivers signals
     to the main thread only and refuses signal.signal() elsewhere: off it this does nothing, and
     yields False so a caller can tell."""
