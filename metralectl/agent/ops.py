@@ -7,7 +7,6 @@ Reads answer quickly with values (an unreachable Docker is an answer: {"error", 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +14,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from metralectl import paths
 from metralectl.errors import MetralError
 
 Emit = Callable[[Any], None]
@@ -53,23 +51,22 @@ def error_json(exc: MetralError) -> dict[str, Any]:
 
 
 def bench_history(limit: int = 50) -> dict[str, Any]:
-    """Benchmark runs recorded under METRALE_HOME/runs/<benchmark-id>/, newest first (read-only, best effort)."""
-    root = paths.metrale_home() / "runs"
+    """Benchmark runs recorded under METRALE_HOME/runs/<suite>/, newest first, through the one record reader
+    (bench.records: an old record's true status, a dead run shown as interrupted; read-only)."""
+    from metralectl.bench import records
+
+    root = records.runs_root()
     runs: list[dict[str, Any]] = []
-    if root.is_dir():
-        files = sorted((p for p in root.glob("*/**/*.json") if p.is_file() and not p.name.endswith(".sig")),
-                       key=lambda p: p.stat().st_mtime, reverse=True)
-        for path in files[:limit]:
-            entry: dict[str, Any] = {"benchmark": path.relative_to(root).parts[0], "file": str(path.relative_to(root)),
-                                     "mtime": path.stat().st_mtime,
-                                     "signed": path.with_name(path.name + ".sig").exists()}
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                data = None
-            if isinstance(data, dict):
-                entry["summary"] = {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}
-            runs.append(entry)
+    for record in records.list_runs()[:limit]:
+        path = Path(str(record["_dir"])) / "run.json"
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue  # removed since it was listed
+        runs.append({"benchmark": path.parent.parent.name, "file": str(path.relative_to(root)), "mtime": mtime,
+                     "signed": path.with_name(path.name + ".sig").exists(),
+                     "summary": {k: v for k, v in record.items()
+                                 if not k.startswith("_") and (isinstance(v, (str, int, float, bool)) or v is None)}})
     return {"root": str(root), "runs": runs}
 
 

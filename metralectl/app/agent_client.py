@@ -56,18 +56,6 @@ def running_agent(base: Path | None = None) -> AgentClient | None:
     return AgentClient(port, token, pid if isinstance(pid, int) else None)
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False  # another user's process took the pid: not our agent
-    return True
-
-
 class AgentClient:
     def __init__(self, port: int, token: str, pid: int | None = None) -> None:
         self.port = port
@@ -105,7 +93,9 @@ class AgentClient:
         return answer.status, value
 
     def _unreachable(self, exc: BaseException) -> MetralError:
-        if not _pid_alive(self.pid):
+        from metralectl.seams.process import pid_is_ours
+
+        if not pid_is_ours(self.pid):  # another user's process took the pid: not our agent
             return AgentGone(f"the agent (pid {self.pid}) is gone")
         why = type(exc).__name__ if not str(exc) else str(exc)
         return MetralError(f"the agent (pid {self.pid}, {self.url}) does not answer: {why}",

@@ -19,6 +19,7 @@ from typing import Any
 from metralectl import paths
 
 from metralectl.seams import store
+from metralectl.seams.process import pid_alive
 from metralectl.errors import NotFound
 
 SCHEMA = 1
@@ -56,16 +57,6 @@ def append_requests(directory: Path, lines: list[dict[str, Any]]) -> None:
         store.append_jsonl(directory / REQUESTS, line)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def effective_status(record: dict[str, Any]) -> str:
     """The status to show for a record, also one written before the no-green-over-errors rules: a
     'completed' run whose stages counted failed requests beyond its allowance (or no success at all), or
@@ -93,7 +84,7 @@ def load(directory: Path) -> dict[str, Any] | None:
         record["status_recorded"], record["status"] = record.get("status"), shown
     if record.get("status") == "running" and record.get("host") == socket.gethostname():
         pid = record.get("pid")
-        if isinstance(pid, int) and not _pid_alive(pid):
+        if isinstance(pid, int) and not pid_alive(pid):  # another user's process counts: never rewrite a live run
             record["status"] = "interrupted"
             record["error"] = record.get("error") or f"the benchmark process (pid {pid}) ended without finishing"
     record["_dir"] = str(directory)

@@ -59,3 +59,17 @@ def verify_run(directory: Path, known_keys: dict[str, bytes]) -> Any:
     if verdict.names.get("requests_sha256") != expected["requests_sha256"]:
         return signing.Verification(False, verdict.signer, "the per-request timings changed after signing")
     return verdict
+
+
+def read_signed(directory: Path) -> tuple[bytes, Any, bytes]:
+    """(the record's exact bytes, its detached envelope, the per-request timings' bytes or b"") of a signed
+    run, as a node hands it to a peer. Raises OSError or ValueError when a part cannot be read."""
+    import json
+
+    from metralectl.bench.records import REQUESTS
+    from metralectl.seams import signing
+
+    payload = (directory / RECORD).read_bytes()
+    envelope = json.loads(signing.sidecar(directory / RECORD).read_text())
+    timings = directory / REQUESTS
+    return payload, envelope, timings.read_bytes() if timings.exists() else b""

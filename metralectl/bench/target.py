@@ -81,8 +81,7 @@ def managed_container(url: str | None) -> dict[str, Any] | None:
     """The metralectl container serving `url` (or the only one serving, when url is None), from its labels.
     None when Docker is not reachable or nothing matches: benchmarks do not need Docker."""
     try:
-        from metralectl.lifecycle.launch import LABEL_ENDPOINT
-        from metralectl.core.render import LABEL_RECIPE, LABEL_SPEC_HASH
+        from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_SPEC_HASH
         from metralectl.seams.docker_runtime import DockerRuntime
 
         runtime = DockerRuntime(timeout=5.0)

@@ -8,7 +8,6 @@ Exit codes: 0 ran and gates passed (or none applied); 1 failed, cancelled or cli
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from typing import Any
 
@@ -98,13 +97,6 @@ class _Progress:
             note(style(f"▸ {event.message}", "2", err))
 
 
-def _sigterm_as_interrupt() -> None:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 @app.command("run")
 def run(
     suite: str = typer.Argument(..., metavar="SUITE", help="Which suite (`metralectl bench list`)."),
@@ -140,22 +132,24 @@ def run(
         headers[name.strip()] = value.strip()
     unit_label = _unit_label(unit)
     progress: Any = _Progress() if events_fd is None else _EventsPipe(events_fd, _Progress())
-    _sigterm_as_interrupt()
-    if self_start:
-        from metralectl.cli.bench_selfstart import served
+    from metralectl.seams.process import sigterm_as_interrupt
 
-        with served(self_start, progress) as (endpoint, managed, rec):
-            request = RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, managed,
-                                 {"recipe": self_start, "url": endpoint}, headers, unit=unit_label)
-            record = run_suite(request, progress)
-    else:
-        from metralectl.bench.target import managed_container
+    with sigterm_as_interrupt():  # a SIGTERM ends the run as Ctrl-C does: recorded as interrupted
+        if self_start:
+            from metralectl.cli.bench_selfstart import served
 
-        found = managed_container(url)
-        endpoint = url or (found or {}).get("url") or DEFAULT_URL
-        rec = _recipe(recipe or (found or {}).get("recipe"), explicit=recipe is not None)
-        record = run_suite(RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, found,
-                                      headers=headers, unit=unit_label), progress)
+            with served(self_start, progress) as (endpoint, managed, rec):
+                request = RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, managed,
+                                     {"recipe": self_start, "url": endpoint}, headers, unit=unit_label)
+                record = run_suite(request, progress)
+        else:
+            from metralectl.bench.target import managed_container
+
+            found = managed_container(url)
+            endpoint = url or (found or {}).get("url") or DEFAULT_URL
+            rec = _recipe(recipe or (found or {}).get("recipe"), explicit=recipe is not None)
+            record = run_suite(RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, found,
+                                          headers=headers, unit=unit_label), progress)
     _emit(record, fmt)
 
 

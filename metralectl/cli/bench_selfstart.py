@@ -16,7 +16,7 @@ def served(recipe_name: str, progress: Any) -> Iterator[tuple[str, dict[str, Any
     from metralectl.cli.serve_cmds import _Progress as LifecycleProgress
     from metralectl.lifecycle.launch import LaunchOptions, launch
     from metralectl.lifecycle.stop import stop_containers
-    from metralectl.core.render import LABEL_SPEC_HASH
+    from metralectl.core.labels import LABEL_SPEC_HASH
     from metralectl.seams.docker_runtime import DockerRuntime
     from metralectl.seams.store import lifecycle_lock
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from metralectl.cli.serve_cmds import _Progress, _runtime, _sigterm_as_interrupt, print_ready
+from metralectl.cli.serve_cmds import _Progress, _runtime, print_ready
 
 
 def print_ready_multi(launched: Any, as_json: bool) -> None:
@@ -23,14 +23,15 @@ def run_multi(recipe: Any, catalog: Any, options: Any, *, worker: str, head: str
     from metralectl.cli.staging_cmds import _Renderer
     from metralectl.lifecycle.multinode import MultiOptions, launch_multi
     from metralectl.seams.docker_runtime import DockerRuntime, endpoint_for
+    from metralectl.seams.process import sigterm_as_interrupt
     from metralectl.seams.store import lifecycle_lock
 
-    _sigterm_as_interrupt()
     head_rt = DockerRuntime(endpoint_for(head, "head")) if head else _runtime()
     worker_rt = DockerRuntime(endpoint_for(worker, "worker"))
     multi = MultiOptions(roce_interface=roce_interface, master_addr=master_addr,
                          first_request_timeout_s=first_request_timeout, rdma=rdma, rdma_device=rdma_device)
-    with lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
+    # SIGTERM takes the Ctrl-C path (the same cleanup as an interrupted start)
+    with sigterm_as_interrupt(), lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
         if not head:
             from metralectl.lifecycle.swap import repair_if_needed
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import signal
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -20,12 +19,10 @@ from metralectl.cli.state import note, style
 
 
 def _sigterm_as_interrupt() -> None:
-    """A SIGTERM (service manager, `kill`) cleans up like Ctrl-C does."""
+    """A SIGTERM (service manager, `kill`) cleans up like Ctrl-C does (until this command's process exits)."""
+    from metralectl.seams.process import sigterm_as_interrupt_until_exit
 
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
+    sigterm_as_interrupt_until_exit()
 
 
 def _runtime() -> Any:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from metralectl.seams.ports import bind_error
+
 T = TypeVar("T")
 
 DOCKER_BUDGET_S = 2.2  # the daemon must have answered by then: "unreachable" is reported within 3 s
@@ -231,21 +233,6 @@ def listening_process(port: int) -> dict[str, Any]:
     return {}
 
 
-def bind_test(host: str, port: int) -> OSError | None:
-    """Can a server listen on host:port right now? None if yes, else the error bind() gave."""
-    import socket
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "taken"
-        try:
-            sock.bind((host, port))
-            sock.listen(1)
-        except OSError as exc:
-            return exc
-    return None
-
-
 def _default_agent_view() -> dict[str, Any] | None:
     """The running agent's own answer: None when no agent runs; {"pid", "port", "status"|"error"} otherwise."""
     import json
@@ -283,7 +270,7 @@ class Context:
         which: Callable[..., str | None] = shutil.which,
         cpu_arch: Callable[[], str] = _default_cpu_arch,
         proc_gpu_names: Callable[[], list[str]] = _default_proc_gpu_names,
-        port_probe: Callable[[str, int], OSError | None] = bind_test,
+        port_probe: Callable[[str, int], OSError | None] = bind_error,
         port_holder: Callable[[int], dict[str, Any]] = listening_process,
         endpoint: Callable[[], tuple[str, str]] = _default_endpoint,
         disk_usage: Callable[[Path], Any] = shutil.disk_usage,

@@ -11,12 +11,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from metralectl.core.labels import LABEL_DOCTOR
 from metralectl.doctor.context import Context, Unanswered
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 
 TOOLKIT_REMEDY = ("install the NVIDIA container toolkit, then `sudo nvidia-ctk runtime configure --runtime=docker "
                   "&& sudo systemctl restart docker`")
-LABEL_DOCTOR = "ai.metrale.metralectl.doctor"
 GPU_PROBE_WAIT_S = 2.0
 
 

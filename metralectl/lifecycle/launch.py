@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import threading
 import time
 import uuid
@@ -20,6 +19,7 @@ from pathlib import Path
 from metralectl.seams import hfcache, machine, store
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, base_url
+from metralectl.seams.ports import port_free
 from metralectl.errors import MetralError
 from metralectl.core.contract import Readiness
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
@@ -28,11 +28,10 @@ from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, Log
 from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis,
                                             timeout_diagnosis, warnings_at_ready)
 from metralectl.core.recipe import Recipe
-from metralectl.core.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, spec_for
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, LABEL_SETS
+from metralectl.core.render import ContainerSpec, owner, spec_for
 from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, RuntimeFailure
 
-LABEL_ENDPOINT = "ai.metrale.metralectl.endpoint"
-LABEL_SETS = "ai.metrale.metralectl.sets"
 DRAIN_S = 5.0  # after the container is down: how long its last log lines may take to arrive
 POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer within this of the poll
 # A boot that logged a failure signature and still answered 200 must stay up this long before it counts as
@@ -73,18 +72,6 @@ class LaunchFailed(MetralError):
         self.diagnosis = diagnosis
         self.last_lines = last_lines
         self.log_path = log_path
-
-
-def port_free(bind: str, port: int) -> bool:
-    """Whether bind:port can be listened on (with host networking Docker cannot tell us)."""
-    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are not "in use"
-        try:
-            probe.bind((bind, port))
-        except OSError:
-            return False
-    return True
 
 
 def stage(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, options: LaunchOptions, on_event: Listener) -> None:

@@ -46,7 +46,7 @@ from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exi
 from metralectl.lifecycle.deployment import Deployment, RankRecord, Runtimes
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
-from metralectl.lifecycle.launch import (DRAIN_S, HOLD_S, LABEL_ENDPOINT, LABEL_SETS, POLL_WAIT_S, LaunchFailed,
+from metralectl.lifecycle.launch import (DRAIN_S, HOLD_S, POLL_WAIT_S, LaunchFailed,
                                          LaunchOptions, check_containers)
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
 from metralectl.lifecycle.rdma import check_rdma
@@ -54,7 +54,8 @@ from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagn
                                             warnings_at_ready)
 from metralectl.lifecycle.stop import StopResult, stop_containers
 from metralectl.core.recipe import Recipe
-from metralectl.core.render import LABEL_OWNER, LABEL_RUN_ID, ContainerSpec, owner, spec_for
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_OWNER, LABEL_RUN_ID, LABEL_SETS
+from metralectl.core.render import ContainerSpec, owner, spec_for
 from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, Endpoint, RuntimeFailure
 
 ARCH_NAMES = {"arm64": "aarch64", "aarch64": "aarch64", "amd64": "x86_64", "x86_64": "x86_64"}

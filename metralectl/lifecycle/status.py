@@ -10,8 +10,7 @@ from typing import Any
 
 from metralectl.seams import store
 from metralectl.seams.endpoint import EngineClient
-from metralectl.lifecycle.launch import LABEL_ENDPOINT
-from metralectl.core.render import LABEL_RECIPE, LABEL_RUN_ID
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_RUN_ID
 from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from metralectl.errors import MetralError
 from metralectl.lifecycle.events import Listener, Step, ignore
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
-from metralectl.core.render import LABEL_RECIPE
+from metralectl.core.labels import LABEL_RECIPE
 from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime
 
 

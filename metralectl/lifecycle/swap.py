@@ -19,12 +19,13 @@ from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, requests_active
 from metralectl.errors import MetralError
 from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
-from metralectl.lifecycle.launch import LABEL_ENDPOINT, LABEL_SETS, LaunchFailed, LaunchOptions, preflight, start_and_wait
+from metralectl.lifecycle.launch import LaunchFailed, LaunchOptions, preflight, start_and_wait
 from metralectl.lifecycle.memory import MemoryWatch
 from metralectl.lifecycle.stop import stop_containers
 from metralectl.core.overrides import apply_sets
 from metralectl.core.recipe import Recipe
-from metralectl.core.render import LABEL_RANK, LABEL_RECIPE, spec_for
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RANK, LABEL_RECIPE, LABEL_SETS
+from metralectl.core.render import spec_for
 from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime
 
 

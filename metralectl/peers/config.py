@@ -119,5 +119,5 @@ def save_bench_config(config: BenchConfig, base: Path | None = None) -> Path:
 
     path = bench_path(base)
     header = "# metralectl bench.yaml: may peers granted `bench` run benchmark units on this node?\n"
-    write_atomic(path, header + yaml.safe_dump(config.to_yaml_dict(), sort_keys=False))
+    write_atomic(path, header + yaml.safe_dump(config.to_yaml_dict(), sort_keys=False), mode=0o600)
     return path

@@ -119,7 +119,7 @@ class NonceStore:
             return
         from metralectl.seams.store import write_atomic
 
-        write_atomic(self.path, "".join(f"{n} {e}\n" for n, e in self._seen.items()))
+        write_atomic(self.path, "".join(f"{n} {e}\n" for n, e in self._seen.items()), mode=0o600)
         self._lines = len(self._seen)
 
     def _purge(self, now: float) -> None:

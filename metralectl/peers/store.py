@@ -123,7 +123,7 @@ class PeerStore:
             book = self._read()
             yield book
             write_json(self.path, {"version": 1, "peers": [p.to_json() for p in book.peers],
-                                   "pending": [asdict(p) for p in book.pending]})
+                                   "pending": [asdict(p) for p in book.pending]}, mode=0o600)
         finally:
             os.close(fd)  # closing releases the lock
 

@@ -18,10 +18,10 @@ from types import TracebackType
 from typing import Any
 
 from metralectl.errors import MetralError
-from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, LABEL_PREFIX, ContainerSpec, owner
+from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, LABEL_PROBE
+from metralectl.core.render import ContainerSpec, owner
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
-LABEL_PROBE = f"{LABEL_PREFIX}.probe"
 RDMA_HINT = ("an EP=2 rank gets the node's RDMA devices (/dev/infiniband) for NCCL over RoCE: load the ConnectX "
              "RDMA drivers on that node (`sudo modprobe mlx5_ib ib_uverbs rdma_ucm`; `ls /dev/infiniband` then lists "
              "uverbs0 and rdma_cm), or run with `--no-rdma` (NCCL over TCP sockets on the RoCE interface, slower)")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from metralectl import paths
+from metralectl.atomicfile import write_atomic
 from metralectl.core.progress import human_bytes
 
 VERIFIED_MANIFEST = ".metralectl-verified.json"
@@ -119,13 +120,8 @@ def read_json(path: Path) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write next to the target, fsync, then rename: a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """`data` as JSON, written atomically (metralectl.atomicfile): a reader sees the old file or the whole new one."""
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 def read_manifest(snapshot: Path) -> Listing | None:

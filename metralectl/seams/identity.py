@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metralectl import paths
+from metralectl.atomicfile import fsync_dir
 from metralectl.errors import MetralError, UsageError
 
 if TYPE_CHECKING:
@@ -258,11 +259,7 @@ def create_exclusive(path: Path, data: bytes, mode: int) -> bool:
             return False
     finally:
         tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(path.parent)
     return True
 
 

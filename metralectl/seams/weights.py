@@ -18,6 +18,7 @@ from typing import Any
 from metralectl.seams import hfcache
 
 from metralectl import paths
+from metralectl.atomicfile import write_atomic
 from metralectl.seams.hfcache import Listing, RepoFile
 from metralectl.core.progress import Meter, human_bytes
 from metralectl.seams.transfer import Account, parallel, verify_files
@@ -372,8 +373,4 @@ def _write_ref(base: Path, revision: str | None, commit: str) -> None:
     """An unpinned recipe follows `main`: point refs/main at the commit just verified (not before)."""
     if revision:
         return
-    ref = base / "refs" / "main"
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(f".main.{os.getpid()}.tmp")
-    tmp.write_text(commit)
-    os.replace(tmp, ref)
+    write_atomic(base / "refs" / "main", commit)

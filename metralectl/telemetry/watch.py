@@ -45,8 +45,7 @@ def discover_engines(
 ) -> tuple[list[EngineTarget], str | None]:
     """The engines metralectl serves on this box (any owner's), from the daemon's labelled containers:
     (targets, None), or ([], why none) — no Docker is a note, not an error."""
-    from metralectl.lifecycle.launch import LABEL_ENDPOINT
-    from metralectl.core.render import LABEL_RECIPE
+    from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE
 
     try:
         if runtime_factory is None:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_factory: Callable[[], Any]) -> Plan:
     from metralectl.seams import hfcache
-    from metralectl.core.render import LABEL_RECIPE, docker_run_command, spec_for
+    from metralectl.core.labels import LABEL_RECIPE
+    from metralectl.core.render import docker_run_command, spec_for
 
     running: list[Any] = []
     image_present: bool | None = None

@@ -32,6 +32,7 @@ def test_run_ready_curl_ps_stop(box: Box) -> None:
     inspect = json.loads(subprocess.run(["docker", "inspect", serving["name"]], capture_output=True, text=True).stdout)[0]
     labels = inspect["Config"]["Labels"]
     assert labels["ai.metrale.metralectl.recipe"] == name and labels["ai.metrale.metralectl.run-id"]
+    assert f"{labels['ai.metrale.metralectl.endpoint']}/v1" == url  # what ps, swap, bench and top read back
     assert inspect["HostConfig"]["NetworkMode"] == "host" and inspect["HostConfig"]["IpcMode"] == "host"
     assert any(m["Destination"] == "/root/.cache/huggingface" for m in inspect["Mounts"])
     stopped = box.cli("stop", name, check=True)

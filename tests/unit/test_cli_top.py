@@ -120,7 +120,9 @@ def test_json_stream_and_record_survive_a_kill(tmp_path: Path) -> None:
 def test_sigterm_ends_a_recording_cleanly(tmp_path: Path) -> None:
     record = tmp_path / "top.jsonl"
     proc = popen("top", "--record", str(record), "--interval", "0.1")  # no terminal: records headless
-    time.sleep(2.0)
+    deadline = time.monotonic() + 60
+    while not (record.exists() and record.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the first record is written inside the SIGTERM handling: now it is installed
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=10)
     assert proc.returncode == 0, stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -511,17 +512,11 @@ def test_port_from_the_recipe(tmp_path: Path) -> None:
     assert r.data["source"] == "recipe qwen3.5-35b-a3b" and r.data["port"] == 8888
 
 
-def test_port_real_bind(tmp_path: Path) -> None:
-    import socket
+def test_port_check_probes_with_the_one_bind_probe(tmp_path: Path) -> None:
+    from metralectl.doctor.context import Context
+    from metralectl.seams.ports import bind_error
 
-    from metralectl.doctor.context import bind_test
-
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen(1)
-        port = held.getsockname()[1]
-        assert bind_test("127.0.0.1", port) is not None
-    assert bind_test("127.0.0.1", port) is None
+    assert inspect.signature(Context).parameters["port_probe"].default is bind_error
 
 
 def test_agent_running_and_its_own_view(tmp_path: Path) -> None:
