@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from metralectl.cli.state import note, style
+from metralectl.errors import ExitCode
 
 peer_app = typer.Typer(help="Other metralectl nodes this box trusts by key (pairing, grants).",
                        no_args_is_help=True, add_completion=False, rich_markup_mode=None)
@@ -235,7 +236,7 @@ def nodes(
         for a in answers:
             _render(a)
     if not all(a.admitted for a in answers):
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 def _render(answer: Any) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from metralectl.seams import hfcache, machine, store
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, base_url
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.core.contract import Readiness
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
@@ -29,7 +29,7 @@ from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagn
                                             timeout_diagnosis, warnings_at_ready)
 from metralectl.core.recipe import Recipe
 from metralectl.core.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, spec_for
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, RuntimeFailure
+from metralectl.seams.docker_runtime import GPU_CAUSES, ContainerInfo, DockerRuntime, RuntimeFailure
 
 LABEL_ENDPOINT = "ai.metrale.metralectl.seams.endpoint"
 LABEL_SETS = "ai.metrale.metralectl.sets"
@@ -67,6 +67,10 @@ class Launched:
 
 
 class LaunchFailed(MetralError):
+    """The engine did not become ready; its diagnosis names the cause and the remedy."""
+
+    exit_code = ExitCode.FAILED
+
     def __init__(self, diagnosis: Diagnosis, last_lines: list[str], log_path: str, kept: str | None = None) -> None:
         where = f"; logs kept in {log_path}" + (f"; container {kept} kept" if kept else "")
         super().__init__(f"start failed ({diagnosis.cause}): {diagnosis.message}{where}", diagnosis.remedy)
@@ -184,7 +188,7 @@ def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spe
         try:
             container = runtime.create_and_start(spec, labels)
         except RuntimeFailure as exc:
-            cause = "gpu-runtime-missing" if "GPU" in exc.message else "start-refused"
+            cause = "gpu-runtime-missing" if exc.cause in GPU_CAUSES else "start-refused"
             raise LaunchFailed(Diagnosis(cause, exc.message, exc.hint or REMEDIES.get(cause, "")), [], str(log_path)) from None
         on_event(ContainerStarted(spec.name, container.id, run_id))
         log = BootLog(contract, spec.bind, spec.port)

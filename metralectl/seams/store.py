@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from metralectl import paths
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 
 
 class Busy(MetralError):
     """Another launch or swap holds the machine's lifecycle lock."""
 
-    exit_code = 75  # EX_TEMPFAIL: try again later
+    exit_code = ExitCode.BUSY
 
 
 def state_dir() -> Path:
