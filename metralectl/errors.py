@@ -10,10 +10,11 @@ generated from this table (`scripts/exit-codes.py generate`) and the other docs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import IntEnum, unique
 from typing import Any
 
 
+@unique
 class ExitCode(IntEnum):
     """How metralectl ended. Three bands: 0-3 it ran and this is the outcome (0/1/2 are the book's
     benchmark meaning, kept for every command); 64-78 it could not do its work, numbered as BSD

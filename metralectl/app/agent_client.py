@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from metralectl.errors import ExitCode, MetralError
+from metralectl.errors import ExitCode, MetralError, NotFound
 
 DIRECT_ENV = "METRALECTL_DIRECT"
 ACTIVE_STATES = ("starting", "running")
@@ -177,6 +177,9 @@ class AgentClient:
     def cancel_unit(self, key: str) -> dict[str, Any]:
         """Stop a peer's benchmark unit on this box (POST /api/units/KEY/cancel): the unit as it stands."""
         status, value = self._request("POST", f"/api/units/{key}/cancel", {})
+        if status == 404 and isinstance(value, dict):  # a unit that is not there: named wrongly, as a usage error
+            raise NotFound(str(value.get("error") or f"no unit {key} on this node"),
+                           value.get("hint") if isinstance(value.get("hint"), str) else None)
         if status != 200 or not isinstance(value, dict):
             raise self._refused(status, value, f"cancelling unit {key}")
         return value
