@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from metralectl.errors import ExitCode
 
 from tests.bench_truth.helpers import REPO, truth_server

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from metralectl.errors import ExitCode
 
 from tests.unit.recipe_helpers import REPO, flagship_data, write

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from metralectl.errors import ExitCode
 
 from tests.unit.recipe_helpers import REPO
