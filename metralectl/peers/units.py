@@ -108,7 +108,8 @@ class Unit:
         spec = UnitSpec(**{**raw["spec"], "gates": tuple(raw["spec"].get("gates") or ())})
         return cls(spec, str(raw["requester"]), str(raw["state"]), float(raw["submitted"]), raw.get("started"),
                    raw.get("finished"), raw.get("run_dir"), raw.get("run_id"), raw.get("record_status"),
-                   raw.get("verdict"), raw.get("exit_code"), raw.get("error"), bool(raw.get("cancel_requested")))
+                   raw.get("verdict"), None if raw.get("exit_code") is None else ExitCode.of(raw["exit_code"]),
+                   raw.get("error"), bool(raw.get("cancel_requested")))
 
 
 def read_units(home: Path) -> list[dict[str, Any]]:
