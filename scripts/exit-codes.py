@@ -48,10 +48,12 @@ WORDS: dict[ExitCode, tuple[str, ...]] = {
 NOT_OURS = ("container", "engine", "oom", "rank ", "double", "watchdog", "kernel", "script", "the probe")
 
 # "a usage error (2)", "busy (exit 1)": a name of the table with a number beside it must be that code.
-NAMED = re.compile(r"\b(usage error|busy|degraded|interrupted|internal error)\b[^.()\n]{0,24}\((?:exit |code )?(\d+)\b")
+NAMED = re.compile(r"\b(usage error|busy|degraded|interrupted|internal error)\b[^.()\n]{0,24}"
+                   r"\((?:exit |code )?(\d+)\b")
 NAME_OF = {"usage error": ExitCode.USAGE, "busy": ExitCode.BUSY, "degraded": ExitCode.DEGRADED,
            "interrupted": ExitCode.INTERRUPTED, "internal error": ExitCode.SOFTWARE}
-MENTION = re.compile(r"\b(?:exit|exits|exited|exiting)(?: with)?(?: (?:code|status))?:?\s+\(?(\d+)\b(?!\s*(?:/|·))", re.I)
+MENTION = re.compile(r"\b(?:exit|exits|exited|exiting)(?: with)?(?: (?:code|status))?:?\s+\(?(\d+)\b"
+                     r"(?!\s*(?:/|·))", re.I)
 LIST_LINE = re.compile(r"exit codes?\b(?:\*\*)?:?(?:\*\*)?", re.I)
 
 
@@ -196,7 +198,8 @@ def prose_problems(path: Path, text: str) -> list[str]:
             if 400 <= int(m.group(2)) < 600:  # an HTTP status beside the word ("`busy` (503)"), not an exit
                 continue
             if int(m.group(2)) != NAME_OF[m.group(1).lower()]:
-                problems.append(f"{where}: {m.group(0)!r}: {m.group(1)} is {NAME_OF[m.group(1).lower()].value} in the table")
+                named = NAME_OF[m.group(1).lower()]
+                problems.append(f"{where}: {m.group(0)!r}: {m.group(1)} is {named.value} in the table")
         for m in MENTION.finditer(line):
             code = int(m.group(1))
             said = sentence(lines, number - 1, m.start(), m.end())

@@ -220,7 +220,8 @@ class JobRunner:
                 else:
                     job._finish("failed", error=exc.message, hint=exc.hint, exit_code=exc.exit_code)
             except BaseException as exc:  # noqa: BLE001 - a job thread must record, never vanish
-                job._finish("failed", error=f"internal error: {type(exc).__name__}: {exc}", exit_code=ExitCode.SOFTWARE)
+                job._finish("failed", error=f"internal error: {type(exc).__name__}: {exc}",
+                            exit_code=ExitCode.SOFTWARE)
             finally:
                 got.set()
 

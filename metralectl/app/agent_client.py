@@ -177,7 +177,7 @@ class AgentClient:
     def cancel_unit(self, key: str) -> dict[str, Any]:
         """Stop a peer's benchmark unit on this box (POST /api/units/KEY/cancel): the unit as it stands."""
         status, value = self._request("POST", f"/api/units/{key}/cancel", {})
-        if status == 404 and isinstance(value, dict):  # a unit that is not there: named wrongly, as a usage error
+        if status == 404 and isinstance(value, dict):  # no such unit there: a name given wrongly (usage)
             raise NotFound(str(value.get("error") or f"no unit {key} on this node"),
                            value.get("hint") if isinstance(value.get("hint"), str) else None)
         if status != 200 or not isinstance(value, dict):

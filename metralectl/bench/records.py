@@ -107,7 +107,8 @@ def repair(directory: Path) -> dict[str, Any] | None:
         on_disk = store.read_json(directory / "run.json")
         if isinstance(on_disk, dict) and on_disk.get("status") == "running":
             # killed without a chance to say so (SIGKILL, a crash): the run failed, it was not a Ctrl-C
-            on_disk.update({"status": "interrupted", "error": record.get("error"), "exit_code": ExitCode.FAILED})
+            on_disk.update({"status": "interrupted", "error": record.get("error"),
+                            "exit_code": ExitCode.FAILED})
             save(directory, on_disk)
     return record
 

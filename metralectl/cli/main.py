@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         state.report_error(exc)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
-        if exc.exit_code == ExitCode.INTERRUPTED and isinstance(exc.__cause__, KeyboardInterrupt):  # Typer's Ctrl-C
+        if exc.exit_code == ExitCode.INTERRUPTED and isinstance(exc.__cause__, KeyboardInterrupt):  # Typer's ^C
             print("metralectl: interrupted", file=sys.stderr)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         print("metralectl: interrupted", file=sys.stderr)
         sys.exit(ExitCode.INTERRUPTED)
     except click.ClickException as exc:
-        exc.show()  # click's own errors are about the command line (unknown option, bad value, unreadable file)
+        exc.show()  # click's own errors are about the command line (unknown option, bad value, no such file)
         sys.exit(ExitCode.USAGE)
     except BrokenPipeError:
         # `metralectl list | head`: the reader left; not an error worth a traceback.

@@ -72,7 +72,8 @@ class SubprocessExecutor:
             t.join(5.0)
         record = _load_record(run_dir[0]) if run_dir else None
         error = why
-        if error is None and proc.returncode not in (ExitCode.OK, ExitCode.GATE) and not (record and record.get("error")):
+        ran = proc.returncode in (ExitCode.OK, ExitCode.GATE)  # the run completed (a gate may have said no)
+        if error is None and not ran and not (record and record.get("error")):
             error = tail[-1].removeprefix("metralectl: ") if tail else f"exit code {proc.returncode}"
         return ExecOutcome(run_dir[0] if run_dir else None, ExitCode.of(proc.returncode), error, record)
 

@@ -108,7 +108,8 @@ class Unit:
         spec = UnitSpec(**{**raw["spec"], "gates": tuple(raw["spec"].get("gates") or ())})
         return cls(spec, str(raw["requester"]), str(raw["state"]), float(raw["submitted"]), raw.get("started"),
                    raw.get("finished"), raw.get("run_dir"), raw.get("run_id"), raw.get("record_status"),
-                   raw.get("verdict"), None if raw.get("exit_code") is None else ExitCode.of(raw["exit_code"]),
+                   raw.get("verdict"),
+                   None if raw.get("exit_code") is None else ExitCode.of(raw["exit_code"]),
                    raw.get("error"), bool(raw.get("cancel_requested")))
 
 
@@ -307,7 +308,8 @@ class UnitQueue:
                         outcome = self.executor.run(unit, functools.partial(self._relay, unit), cancel)
                     except Exception as exc:  # noqa: BLE001 - a unit that breaks is a failed unit, never a dead worker
                         log.exception("unit %s broke", unit.key)
-                        outcome = ExecOutcome(None, ExitCode.SOFTWARE, f"internal error: {type(exc).__name__}: {exc}")
+                        outcome = ExecOutcome(None, ExitCode.SOFTWARE,
+                                              f"internal error: {type(exc).__name__}: {exc}")
             self._conclude(unit, outcome)
             with self._cond:
                 self._cancel.pop(unit.key, None)

@@ -68,9 +68,9 @@ class RuntimeFailure(MetralError):
         self.cause = cause
 
 
-GPU_CAUSES = frozenset({RuntimeCause.GPU_RUNTIME_MISSING, RuntimeCause.GPU_HOOK_FAILED})  # refused for its GPUs
-GPU_RUNTIME_HINT = ("install the NVIDIA container toolkit, then `sudo nvidia-ctk runtime configure --runtime=docker "
-                    "&& sudo systemctl restart docker`")
+GPU_CAUSES = frozenset({RuntimeCause.GPU_RUNTIME_MISSING, RuntimeCause.GPU_HOOK_FAILED})  # refused its GPUs
+GPU_RUNTIME_HINT = ("install the NVIDIA container toolkit, then `sudo nvidia-ctk runtime configure "
+                    "--runtime=docker && sudo systemctl restart docker`")
 
 
 def refusal_cause(status: int | None, text: str) -> RuntimeCause:
@@ -481,7 +481,8 @@ class DockerRuntime:
             self.remove(container_id, force=True)
             raise
         if info is None:
-            raise RuntimeFailure(RuntimeCause.VANISHED, f"container {spec.name} vanished right after it started")
+            raise RuntimeFailure(RuntimeCause.VANISHED,
+                                 f"container {spec.name} vanished right after it started")
         return info
 
     def remove_if_labelled(self, name: str, labels: dict[str, str]) -> bool:
@@ -679,13 +680,13 @@ class DockerRuntime:
             return RuntimeFailure(cause, f"this node lacks a device the launch passes to the engine ({text})",
                                   RDMA_HINT if "/dev/infiniband" in text else "check the device path on that node")
         if cause is RuntimeCause.MEMLOCK_REFUSED:
-            return RuntimeFailure(cause, f"the Docker daemon may not give the container an unlimited locked-memory "
-                                  f"limit ({text})", MEMLOCK_HINT)
+            return RuntimeFailure(cause, "the Docker daemon may not give the container an unlimited "
+                                  f"locked-memory limit ({text})", MEMLOCK_HINT)
         if cause is RuntimeCause.GPU_RUNTIME_MISSING:
             return RuntimeFailure(cause, f"the daemon cannot give containers a GPU: {text}", GPU_RUNTIME_HINT)
         if cause is RuntimeCause.GPU_HOOK_FAILED:
-            return RuntimeFailure(cause, f"Docker refused: {text}", "check the NVIDIA driver (`nvidia-smi`) and the "
-                                  "container toolkit (`nvidia-container-cli info`) on that node")
+            return RuntimeFailure(cause, f"Docker refused: {text}", "check the NVIDIA driver (`nvidia-smi`) and "
+                                  "the container toolkit (`nvidia-container-cli info`) on that node")
         if cause is RuntimeCause.CONFLICT:
             return RuntimeFailure(cause, f"conflict: {text}")
         return RuntimeFailure(cause, f"Docker refused: {text}")
