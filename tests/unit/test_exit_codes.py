@@ -219,13 +219,15 @@ def test_busy_ends_with_75_and_names_the_holder() -> None:
 
 def test_a_gate_that_says_no_ends_with_2_and_a_passing_one_with_0() -> None:
     with truth_server("--ttft-ms", "5", "--itl-ms", "1") as url:
-        base = ("bench", "run", "decode", "--url", url, "-p", "repeats=1", "-p", "max_tokens=5", "--format", "json")
+        # client_bound=warn: on a busy 2-core box the honesty guard may call the client late, and that
+        # run's own code (1, failed) is not what this test is about
+        base = ("bench", "run", "decode", "--url", url, "-p", "repeats=1", "-p", "max_tokens=5",
+                "-p", "client_bound=warn", "--format", "json")
         gated = cli(*base, "--gate", "decode_tok_s_p50>=100000000", timeout=120)
         passed = cli(*base, "--gate", "decode_tok_s_p50>=0.001", timeout=120)
     assert gated.returncode == ExitCode.GATE, gated.stderr
     assert json.loads(gated.stdout)["exit_code"] == ExitCode.GATE  # the record says the same code
-    if json.loads(passed.stdout)["status"] == "completed":  # a busy box may make the run client-bound (1)
-        assert passed.returncode == ExitCode.OK, passed.stderr
+    assert passed.returncode == ExitCode.OK, passed.stderr
 
 
 @pytest.mark.parametrize("status,verdict,expected", [
