@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError, NotFound
 
 DIRECT_ENV = "METRALECTL_DIRECT"
 ACTIVE_STATES = ("starting", "running")
@@ -29,6 +29,8 @@ START_TIMEOUT_S = 10.0  # the agent answers a start at once (the lock is taken w
 
 class AgentGone(MetralError):
     """The recorded agent's process is gone: work directly."""
+
+    exit_code = ExitCode.UNAVAILABLE
 
 
 def direct_forced() -> bool:
@@ -114,8 +116,7 @@ class AgentClient:
             problems = [p for p in answer.get("problems") or [] if isinstance(p, str)]
             if problems:
                 message = "\n".join([*problems, f"metralectl: refused: {message}"])
-            code = answer.get("exit_code")
-            return MetralError(message, hint, exit_code=code if isinstance(code, int) and code > 0 else 1)
+            return MetralError(message, hint, exit_code=_failure_code(answer.get("exit_code")))
         if status == 401:
             return MetralError(f"the agent refused {what}: {message}",
                                "its token file changed since it started? restart the agent, or add --direct")
@@ -166,6 +167,9 @@ class AgentClient:
     def cancel_unit(self, key: str) -> dict[str, Any]:
         """Stop a peer's benchmark unit on this box (POST /api/units/KEY/cancel): the unit as it stands."""
         status, value = self._request("POST", f"/api/units/{key}/cancel", {})
+        if status == 404 and isinstance(value, dict):  # no such unit there: a name given wrongly (usage)
+            raise NotFound(str(value.get("error") or f"no unit {key} on this node"),
+                           value.get("hint") if isinstance(value.get("hint"), str) else None)
         if status != 200 or not isinstance(value, dict):
             raise self._refused(status, value, f"cancelling unit {key}")
         return value
@@ -238,13 +242,19 @@ def outcome(job: dict[str, Any], interrupted: bool) -> Any:
         return job.get("result")
     message = str(job.get("error") or f"the {job.get('kind')} ended {state}")
     hint = job.get("hint") if isinstance(job.get("hint"), str) else None
-    code = job.get("exit_code")
+    code = _failure_code(job.get("exit_code"))
     if state == "cancelled":  # not from here: the page, another client, or the agent stopping
         raise MetralError(f"the agent's {job.get('kind')} job was {message}", "`metralectl ps` shows what is serving",
-                          exit_code=130)
-    if code == Busy.exit_code:
+                          exit_code=ExitCode.INTERRUPTED)
+    if code is Busy.exit_code:
         raise Busy(message, hint)
-    raise MetralError(message, hint, exit_code=code if isinstance(code, int) and code > 0 else 1)
+    raise MetralError(message, hint, exit_code=code)
+
+
+def _failure_code(value: Any) -> ExitCode:
+    """The agent's code for a failure, through the one table; never OK (it failed) and never unknown."""
+    code = ExitCode.of(value)
+    return ExitCode.FAILED if code is ExitCode.OK else code
 
 
 def rebuild(cls: Any, data: Any) -> Any:

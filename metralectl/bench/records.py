@@ -20,7 +20,7 @@ from metralectl import paths
 
 from metralectl.seams import store
 from metralectl.seams.process import pid_alive
-from metralectl.errors import NotFound
+from metralectl.errors import ExitCode, NotFound
 
 SCHEMA = 1
 KIND = "metralectl-bench-run"
@@ -97,7 +97,9 @@ def repair(directory: Path) -> dict[str, Any] | None:
     if record is not None and record.get("status") == "interrupted":
         on_disk = store.read_json(directory / "run.json")
         if isinstance(on_disk, dict) and on_disk.get("status") == "running":
-            on_disk.update({"status": "interrupted", "error": record.get("error"), "exit_code": 1})
+            # killed without a chance to say so (SIGKILL, a crash): the run failed, it was not a Ctrl-C
+            on_disk.update({"status": "interrupted", "error": record.get("error"),
+                            "exit_code": ExitCode.FAILED})
             save(directory, on_disk)
     return record
 

@@ -19,7 +19,7 @@ from metralectl.bench.results import RequestResult, aggregate
 from metralectl.bench.shard import auto_workers, run_load
 from metralectl.bench.suites import WEATHER_TOOL, Stage, get_suite
 from metralectl.bench.target import Control, Target, describe
-from metralectl.errors import MetralError, UsageError
+from metralectl.errors import ExitCode, MetralError, UsageError
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,9 @@ class RunRequest:
 
 
 class RunInterrupted(MetralError):
-    exit_code = 1
+    """Ctrl-C or SIGTERM ended the run; its record is kept as `interrupted` with what was measured."""
+
+    exit_code = ExitCode.INTERRUPTED
 
 
 CHAT_PATH = "/v1/chat/completions"
@@ -126,7 +128,7 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
         except Exception as exc:
             # the run itself broke: say so in its record (status failed, exit 1) before the CLI reports it
             record.pop("_partial", None)
-            record.update({"status": "failed", "finished_at": _now(), "exit_code": 1,
+            record.update({"status": "failed", "finished_at": _now(), "exit_code": ExitCode.FAILED,
                            "error": exc.message if isinstance(exc, MetralError) else f"{type(exc).__name__}: {exc}"})
             records.save(directory, record)
             raise

@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from metralectl.cli.state import note, style
+from metralectl.errors import ExitCode
 
 app = typer.Typer(name="bench", help="Benchmark the served endpoint; keep and compare the results.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode=None)
@@ -207,8 +208,8 @@ def _emit(record: dict[str, Any], fmt: str) -> None:
     else:
         print(render_run(record))
     _say_failure(record)
-    code = int(record.get("exit_code") or 0)
-    if code:
+    code = ExitCode.of(record.get("exit_code") or ExitCode.OK)
+    if code is not ExitCode.OK:
         raise typer.Exit(code)
 
 
@@ -296,7 +297,7 @@ def verify(run_id: str = typer.Argument(..., metavar="RUN|FILE", help="A run id 
     else:
         note(style(f"NOT VERIFIED: {verdict.reason}", "31", sys.stderr))
     if not verdict.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 @app.command("compare")

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from metralectl.cli.state import note, style
-from metralectl.errors import NotFound
+from metralectl.errors import ExitCode, NotFound
 
 
 def _catalog() -> Any:
@@ -76,8 +76,8 @@ def list_recipes(
         for ref, (how, names) in built.items():
             note(f"{', '.join(names)}: image {ref} is not pulled: {how.split(' (')[0]} (`metralectl show "
                  f"{names[0]}` says how to build it)")
-    if catalog.refused:
-        raise typer.Exit(1)
+    if catalog.refused:  # a user recipe failed the checker: shown above, left out of the list
+        raise typer.Exit(ExitCode.DATA)
 
 
 def show(

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from metralectl.cli.state import note, style
-from metralectl.errors import Problem
+from metralectl.errors import ExitCode, Problem
 
 app = typer.Typer(help="Check and inspect recipe files.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -44,7 +44,7 @@ def check(
             print(f"{'ok     ' if ok else 'REFUSED'}  {path}")
         note(f"{len(results) - len(refused)} ok, {len(refused)} refused")
     if refused:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.DATA)
 
 
 @app.command("sync")
@@ -97,5 +97,5 @@ def sync(
             note(style("\n".join(clean(line) for line in problem.render().splitlines()), "31", sys.stderr))
     counts = ", ".join(f"{report.count(s)} {s}" for s in ("added", "changed", "removed", "unchanged", "refused"))
     note(f"synced set installed ({counts}): {report.installed}")
-    if report.refused:
-        raise typer.Exit(1)
+    if report.refused:  # installed without the recipes that failed the checker
+        raise typer.Exit(ExitCode.DATA)

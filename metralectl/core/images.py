@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.core.hardware import PLATFORM_OF_ARCH, ImageInfo, build_command
 
 _ARCH_ALIASES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
@@ -23,6 +23,8 @@ class ImageRuntime(Protocol):
 
 class ImageError(MetralError):
     """An image is missing, cannot be pulled, or is for another platform."""
+
+    exit_code = ExitCode.FAILED
 
 
 @dataclass(frozen=True)

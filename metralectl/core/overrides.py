@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from metralectl.core.catalog import Catalog, parse_set_value
-from metralectl.errors import RecipeInvalid, UsageError
+from metralectl.errors import ExitCode, RecipeInvalid, UsageError
 from metralectl.core.recipe import Recipe, RecipeOrigin
 from metralectl.core.yamlsrc import Document, KeyPath, overlay
 
@@ -71,8 +71,8 @@ def apply_sets(catalog: Catalog, recipe: Recipe, sets: list[str]) -> Recipe:
         merged.marks[path] = (0, 0)
     checked, problems = catalog.check_document(merged, RecipeOrigin("set", recipe.origin.path,
                                                                     recipe.origin.overrides, recipe.origin.extends))
-    if checked is None:
-        raise RecipeInvalid(problems)
+    if checked is None:  # the recipe itself passed: what the --set made of it is a usage error
+        raise RecipeInvalid(problems, exit_code=ExitCode.USAGE)
     base_data = base.data
     deviations = tuple((".".join(map(str, path)), _get(base_data, path), value) for path, value in changes
                        if _get(base_data, path) != value)

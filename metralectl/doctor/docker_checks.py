@@ -228,13 +228,13 @@ def _remove(runtime: Any, name: str) -> str | None:
 
 
 def _run_probe(runtime: Any, spec: Any, ref: str, data: dict[str, Any]) -> Finding:
-    from metralectl.seams.docker_runtime import RuntimeFailure
+    from metralectl.seams.docker_runtime import GPU_CAUSES, RuntimeFailure
 
     try:
         started = runtime.create_and_start(spec)
     except RuntimeFailure as exc:
         text = exc.message
-        if "could not select device driver" in text or "nvidia-container-cli" in text or "GPU" in text:
+        if exc.cause in GPU_CAUSES:
             return problem(f"a container asking for GPUs (`{ref} --version`, --gpus all) was refused: {text}",
                            exc.hint or TOOLKIT_REMEDY, **data)
         return warn(f"could not start a test container from {ref}: {text}", exc.hint, **data)

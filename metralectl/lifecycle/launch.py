@@ -20,7 +20,7 @@ from metralectl.seams import hfcache, machine, store
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, base_url
 from metralectl.seams.ports import port_free
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.core.contract import Readiness
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
@@ -30,7 +30,7 @@ from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagn
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, LABEL_SETS
 from metralectl.core.render import ContainerSpec, owner, spec_for
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, RuntimeFailure
+from metralectl.seams.docker_runtime import GPU_CAUSES, ContainerInfo, DockerRuntime, RuntimeFailure
 
 DRAIN_S = 5.0  # after the container is down: how long its last log lines may take to arrive
 POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer within this of the poll
@@ -66,6 +66,10 @@ class Launched:
 
 
 class LaunchFailed(MetralError):
+    """The engine did not become ready; its diagnosis names the cause and the remedy."""
+
+    exit_code = ExitCode.FAILED
+
     def __init__(self, diagnosis: Diagnosis, last_lines: list[str], log_path: str, kept: str | None = None) -> None:
         where = f"; logs kept in {log_path}" + (f"; container {kept} kept" if kept else "")
         super().__init__(f"start failed ({diagnosis.cause}): {diagnosis.message}{where}", diagnosis.remedy)
@@ -171,7 +175,7 @@ def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spe
         try:
             container = runtime.create_and_start(spec, labels)
         except RuntimeFailure as exc:
-            cause = "gpu-runtime-missing" if "GPU" in exc.message else "start-refused"
+            cause = "gpu-runtime-missing" if exc.cause in GPU_CAUSES else "start-refused"
             raise LaunchFailed(Diagnosis(cause, exc.message, exc.hint or REMEDIES.get(cause, "")), [], str(log_path)) from None
         on_event(ContainerStarted(spec.name, container.id, run_id))
         log = BootLog(contract, spec.bind, spec.port)

@@ -56,7 +56,8 @@ from metralectl.lifecycle.stop import StopResult, stop_containers
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_OWNER, LABEL_RUN_ID, LABEL_SETS
 from metralectl.core.render import ContainerSpec, owner, spec_for
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, Endpoint, RuntimeFailure
+from metralectl.seams.docker_runtime import (GPU_CAUSES, ContainerInfo, DockerRuntime, Endpoint, RuntimeCause,
+                                             RuntimeFailure)
 
 ARCH_NAMES = {"arm64": "aarch64", "aarch64": "aarch64", "amd64": "x86_64", "x86_64": "x86_64"}
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -250,7 +251,7 @@ def _probe(node: Node, image: str, repo_dir: str, timeout_s: float) -> netprobe.
     try:
         code, output = node.runtime.run_probe(image, script, read_only={hub: netprobe.HUB_MOUNT}, timeout_s=timeout_s)
     except RuntimeFailure as exc:
-        if "does not exist" not in exc.message:
+        if exc.cause is not RuntimeCause.MOUNT_SOURCE_MISSING:
             raise
         code, output = node.runtime.run_probe(image, script, timeout_s=timeout_s)  # no HF cache there at all
     if code is None:
@@ -453,7 +454,7 @@ def start_and_wait_multi(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node]
             try:
                 containers[node.rank] = node.runtime.create_and_start(spec, labels)
             except RuntimeFailure as exc:
-                cause = "gpu-runtime-missing" if "GPU" in exc.message else "start-refused"
+                cause = "gpu-runtime-missing" if exc.cause in GPU_CAUSES else "start-refused"
                 raise LaunchFailed(Diagnosis(cause, f"{node.label}: {exc.message}", exc.hint or REMEDIES.get(cause, "")),
                                    [], str(log_paths[node.rank])) from None
             on_event(ContainerStarted(spec.name, containers[node.rank].id, run_id))

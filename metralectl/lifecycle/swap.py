@@ -17,7 +17,7 @@ from typing import Any
 from metralectl.seams import store
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, requests_active
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
 from metralectl.lifecycle.launch import LaunchFailed, LaunchOptions, preflight, start_and_wait
 from metralectl.lifecycle.memory import MemoryWatch
@@ -44,11 +44,13 @@ class SwapResult:
 class SwapRolledBack(MetralError):
     """The new model did not become ready; the previous one serves again."""
 
+    exit_code = ExitCode.FAILED
+
 
 class SwapDegraded(MetralError):
     """Neither model serves; the journal stays so `ps --repair` can restore."""
 
-    exit_code = 3
+    exit_code = ExitCode.DEGRADED
 
 
 def journal_path() -> Path:

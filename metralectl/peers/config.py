@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from metralectl import paths
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 
 DEFAULT_MEMORY_GB = 16.0
 DEFAULT_DISK_GB = 50.0
@@ -26,6 +26,8 @@ _FLOOR_KEYS = ("memory_gb", "disk_gb")
 
 class BenchConfigError(MetralError):
     """bench.yaml does not say what it must."""
+
+    exit_code = ExitCode.DATA
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.core.gpudata import (
     DEFAULT_GPU_CLASSES,
     DEFAULT_UNIFIED_CLASSES,
@@ -56,6 +56,8 @@ _UNAVAILABLE_HINTS = {
 
 class GpuLost(MetralError):
     """The GPU or its driver went away while we were reading it (GPU lost, driver unloaded, reset)."""
+
+    exit_code = ExitCode.FAILED
 
 
 class GpuProbe(Protocol):

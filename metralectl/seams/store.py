@@ -13,13 +13,13 @@ from typing import Any
 
 from metralectl import paths
 from metralectl.atomicfile import write_atomic as write_atomic  # the one atomic write; callers use store's name
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 
 
 class Busy(MetralError):
     """Another launch or swap holds the machine's lifecycle lock."""
 
-    exit_code = 75  # EX_TEMPFAIL: try again later
+    exit_code = ExitCode.BUSY
 
 
 def state_dir() -> Path:

@@ -11,6 +11,8 @@ import time
 import httpx
 import pytest
 
+from metralectl.errors import ExitCode
+
 from tests.integration.conftest import Box
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
@@ -165,6 +167,6 @@ def test_docker_not_running_is_a_distinct_message_without_hanging(box: Box, tmp_
     started = time.monotonic()
     out = box.cli("ps", timeout=20)
     assert time.monotonic() - started < 5
-    assert out.returncode == 3 and f"nothing listens at DOCKER_HOST=unix://{tmp_path}" in out.stderr
+    assert out.returncode == ExitCode.UNAVAILABLE and f"nothing listens at DOCKER_HOST=unix://{tmp_path}" in out.stderr
     assert "unset DOCKER_HOST" in out.stderr
     assert "Traceback" not in out.stderr

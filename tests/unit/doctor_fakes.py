@@ -12,7 +12,8 @@ from typing import Any
 from metralectl.core.catalog import Catalog
 from metralectl.doctor.context import Context, Identity
 from metralectl.seams.gpu import NvmlProbe
-from metralectl.seams.docker_runtime import ContainerInfo, DockerUnavailable, Endpoint, ImageState, RuntimeFailure
+from metralectl.seams.docker_runtime import (ContainerInfo, DockerUnavailable, Endpoint, ImageState, RuntimeFailure,
+                                             refusal_cause)
 from tests.unit import fake_pynvml as fk
 from tests.unit.recipe_helpers import catalog as shipped_catalog
 
@@ -67,7 +68,9 @@ class FakeRuntime:
     def create_and_start(self, spec: Any, extra_labels: Any = None) -> ContainerInfo:
         self.created.append(spec)
         if self.start_error:
-            raise RuntimeFailure(self.start_error, "install the NVIDIA container toolkit")
+            # classified as the seam classifies the daemon's words: doctor reads only the cause
+            raise RuntimeFailure(refusal_cause(500, self.start_error), self.start_error,
+                                 "install the NVIDIA container toolkit")
         return container(spec.name, cid="c" * 64, labels=dict(spec.labels))
 
     def wait_exit(self, name_or_id: str, timeout_s: float) -> int | None:

@@ -21,7 +21,7 @@ from metralectl.agent import security
 from metralectl.agent.api import LocalApiServer
 from metralectl.app.agent_client import AgentClient, AgentGone, outcome, running_agent
 from metralectl.agent.jobs import JobRunner
-from metralectl.errors import MetralError, UsageError
+from metralectl.errors import ExitCode, MetralError, UsageError
 from metralectl.lifecycle import events as ev
 from metralectl.seams.store import Busy, lifecycle_lock
 
@@ -178,7 +178,7 @@ def test_bad_bodies_are_refused_naming_the_key(agent: tuple[LocalApiServer, Rout
     server, ops, client = agent
     with pytest.raises(MetralError) as refused:
         client.start(kind, body)
-    assert named in refused.value.message and refused.value.exit_code == 2
+    assert named in refused.value.message and refused.value.exit_code == ExitCode.USAGE
     assert server.jobs.list() == [] and not [c for c in ops.calls if c[0] != "check"]
 
 
@@ -480,7 +480,7 @@ def test_cli_busy_refusal_and_direct(recorded: tuple[LocalApiServer, RoutingOps]
     assert busy.returncode == 75 and "busy: swap to x" in busy.stderr
     ops.check_error = UsageError("--set nope: not a serve flag", "use a serve flag")
     refused = _cli("run", RECIPE)  # what the agent refuses (here: its checker), the CLI refuses the same way
-    assert refused.returncode == 2 and "metralectl: --set nope: not a serve flag" in refused.stderr
+    assert refused.returncode == ExitCode.USAGE and "metralectl: --set nope: not a serve flag" in refused.stderr
     assert "hint: use a serve flag" in refused.stderr
     direct = _cli("run", RECIPE, "--direct", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert "via the agent" not in direct.stderr and direct.returncode != 0  # it went to (a missing) Docker itself

@@ -23,6 +23,7 @@ from metralectl.bench.results import late_stamp_errors
 from metralectl.bench.runner import Event, RunRequest, run
 from metralectl.bench.sse import TokenEvent
 from metralectl.bench.suites import get_suite
+from metralectl.errors import ExitCode
 from tests.bench_truth.helpers import REPO
 from tests.bench_truth.quirky_server import quirky_server
 
@@ -237,12 +238,13 @@ def test_ctrl_c_writes_every_in_flight_request_as_interrupted() -> None:
         time.sleep(1.0)  # the stalled request is in flight now
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-    assert proc.returncode in (1, 130), err
+    assert proc.returncode == ExitCode.INTERRUPTED, err  # Ctrl-C's own code, not the run-failed 1
     [run_dir] = list(home.glob("runs/concurrency-sweep/*"))
     lines = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()]
     interrupted = [x for x in lines if x["error_kind"] == "interrupted"]
     assert interrupted and all(x["phase"] == "measure" for x in interrupted)
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    on_disk = json.loads((run_dir / "run.json").read_text())
+    assert on_disk["status"] == "interrupted" and on_disk["exit_code"] == ExitCode.INTERRUPTED
 
 
 # -- the client-bound guard's estimate ------------------------------------------------------------------

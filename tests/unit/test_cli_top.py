@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from metralectl.errors import ExitCode
+
 from tests.unit.recipe_helpers import REPO
 from tests.unit.test_engine_double_local import MARKER, Double, clean_env
 
@@ -99,7 +101,7 @@ def test_unreachable_engine_is_one_clear_line() -> None:
 
 def test_live_view_needs_a_terminal() -> None:
     out = cli("top")
-    assert out.returncode == 2 and "needs a terminal" in out.stderr and "--once --json" in out.stderr
+    assert out.returncode == ExitCode.USAGE and "needs a terminal" in out.stderr and "--once --json" in out.stderr
     assert out.stdout == ""
 
 

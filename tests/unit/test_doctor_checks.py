@@ -208,6 +208,14 @@ def test_gpu_request_refused_by_the_daemon(tmp_path: Path) -> None:
     assert rt.created[0].name in rt.removed
 
 
+def test_a_refusal_that_is_not_about_gpus_is_only_a_warning(tmp_path: Path) -> None:
+    """The GPU check tells a GPU refusal from any other by the failure's cause, not by its words."""
+    rt = df.FakeRuntime(images={df.HOPPER_IMAGE: df.image()},
+                        start_error="Conflict. The container name is already in use by container GPU-box")
+    r = one(df.make_ctx(tmp_path, runtime=rt), "docker.gpu-request")
+    assert r.status == "warn" and "could not start a test container" in r.detail
+
+
 def test_gpu_request_no_compatible_gpu(tmp_path: Path) -> None:
     rt = df.FakeRuntime(images={df.HOPPER_IMAGE: df.image()}, exit_code=1, output=("error: no compatible GPU",))
     r = one(df.make_ctx(tmp_path, runtime=rt), "docker.gpu-request")
