@@ -73,7 +73,7 @@ class Imported:
         return self.recipe is not None and not any(p.severity == "error" for p in self.problems)
 
     def text(self, header: str = "") -> str:
-        body = yaml.safe_dump(self.data, sort_keys=False, allow_unicode=True, width=110)
+        body: str = yaml.safe_dump(self.data, sort_keys=False, allow_unicode=True, width=110)
         return header + body
 
 
@@ -204,7 +204,7 @@ def _image(conv: _Conversion, top: dict[str, Any]) -> Any:
 def _quant(conv: _Conversion, top: dict[str, Any]) -> str | None:
     metadata: dict[str, Any] = top["metadata"] if isinstance(top.get("metadata"), dict) else {}
     for key in ("quantization", "model_dtype"):
-        words = re.findall(r"[a-z0-9]+", str(metadata.get(key) or "").lower())
+        words: list[str] = re.findall(r"[a-z0-9]+", str(metadata.get(key) or "").lower())
         if words and words[0] in QUANTS:
             return words[0]
     conv.error(("metadata",), "the recipe states no checkpoint quantization metralectl knows "

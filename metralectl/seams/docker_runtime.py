@@ -509,7 +509,7 @@ class DockerRuntime:
         import docker.errors
 
         try:
-            raw = self.api.logs(name_or_id, stdout=True, stderr=True, tail=lines)
+            raw: bytes = self.api.logs(name_or_id, stdout=True, stderr=True, tail=lines)
         except docker.errors.NotFound:
             return []
         except docker.errors.DockerException as exc:
