@@ -51,7 +51,7 @@ class Dialect:
             changes["continuous_usage"] = False  # it rides inside stream_options
         return replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["refused"] = list(self.refused)
         return out

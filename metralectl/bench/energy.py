@@ -23,7 +23,7 @@ class StageEnergy:
 
                 probe = NvmlProbe()
             opened = probe.open()
-            self.system = opened.to_dict()
+            self.system = opened.to_json()
             if not self.system.get("available"):
                 self.reason = str(self.system.get("reason") or "no GPU")
                 return
@@ -57,7 +57,7 @@ class StageEnergy:
             data = self.sampler.close_window(window).result(5.0)
         except MetralError as exc:
             return f"unavailable: {exc.message}"
-        report = energy_report(data, output_tokens=output_tokens).to_dict()
+        report = energy_report(data, output_tokens=output_tokens).to_json()
         return {"j_per_output_token": report["j_per_token"], "method": report["method"], "scope": report["scope"],
                 **report}
 

@@ -110,7 +110,7 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
         run_id = records.new_run_id()
         record: dict[str, Any] = {
             "started_at": _now(), "finished_at": None, "source": req.source, "metralectl_version": __version__,
-            "params": p, "target": target.to_dict(), "self_started": req.self_started, "stages": [],
+            "params": p, "target": target.to_json(), "self_started": req.self_started, "stages": [],
             "gates": [], "verdict": "none", "summary": {}, "client": {}, "error": None, "exit_code": None,
             "telemetry": {}, "prompt_sizing": {}, "model_sent": model, "dialect": None, "errors": []}
         if req.unit:
@@ -141,7 +141,7 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
     record["errors"] = outcome.error_summary(record["stages"])
     status, error = outcome.judge(record, p, interrupted=interrupted)
     verdicts = G.evaluate(_gates(req, target, record, on_event), (record["summary"] or {}).get("headline") or {})
-    record["gates"] = [v.to_dict() for v in verdicts]
+    record["gates"] = [v.to_json() for v in verdicts]
     record["verdict"] = G.overall(verdicts)
     record["status"] = status
     record["error"] = error
@@ -170,7 +170,7 @@ def _dialect(req: RunRequest, target: Target, model: str, record: dict[str, Any]
         chosen = D.probe(req.url, CHAT_PATH, model, req.headers, timeout_s=min(req.params["timeout_s"], 120.0),
                          transport=req.params["transport"])
     forced = chosen.forces_length(req.params["ignore_eos"])
-    record["dialect"] = {**chosen.to_dict(), "output_length_forced": forced}
+    record["dialect"] = {**chosen.to_json(), "output_length_forced": forced}
     if chosen.refused:
         on_event(Event("warning", f"the server refused {', '.join(chosen.refused)} ({chosen.refusal}): not sending "
                                   "them in this run", {"refused": list(chosen.refused)}))

@@ -56,7 +56,7 @@ def list_recipes(
     rows = library.rows(catalog, target, hardware=hardware if only_hardware else None, tags=tag or None)
     if as_json:
         print(json.dumps({"target": {"hardware": target.hardware, "how": target.how},
-                          "recipes": [r.as_json() for r in rows]}, indent=2))
+                          "recipes": [r.to_json() for r in rows]}, indent=2))
     else:
         table_rows = [[
             r.name, r.model, r.quant, r.hardware, "yes" if r.mtp else "-",
@@ -92,7 +92,7 @@ def show(
     catalog = _catalog()
     recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])
     if as_json:
-        print(json.dumps(show_view.as_json(catalog, recipe), indent=2, default=str))
+        print(json.dumps(show_view.to_json(catalog, recipe), indent=2, default=str))
     else:
         print(show_view.as_text(catalog, recipe))
 

@@ -45,7 +45,7 @@ class ImageStatus:
     recipes: tuple[str, ...]
     problem: str | None  # why it cannot run here (platform), or None
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"id": self.info.id, "ref": self.info.ref, "platform": self.info.platform,
                 "hardware": list(self.info.hardware), "built_locally": self.info.build is not None,
                 "build": self.info.build, "build_command": build_command(self.info) if self.info.build else None,

@@ -58,7 +58,7 @@ class Listing:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"schema": MANIFEST_SCHEMA, "repo": self.repo, "commit": self.commit,
                 "files": [asdict(f) for f in self.files]}
 

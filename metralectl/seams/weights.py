@@ -53,7 +53,7 @@ class PullResult:
     checked_hub: bool = True
     notes: tuple[str, ...] = field(default=())
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"repo": self.repo, "revision": self.revision, "commit": self.commit, "status": "complete",
                 "snapshot": str(self.snapshot), "files": self.files, "total_bytes": self.total_bytes,
                 "downloaded_bytes": self.downloaded_bytes, "already_complete": self.already_complete,
@@ -257,7 +257,7 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
             emit(PullEvent(ck.repo, "note", message=f"removed {count} unfinished download{plural} "
                                                     f"({human_bytes(freed)}) left by an interrupted run"))
         snapshot.mkdir(parents=True, exist_ok=True)
-        hfcache.write_json_atomic(snapshot / hfcache.EXPECTED_LISTING, listing.as_json())
+        hfcache.write_json_atomic(snapshot / hfcache.EXPECTED_LISTING, listing.to_json())
         # Small files first: an access problem shows before any large transfer starts.
         todo = sorted(hfcache.missing(base, listing.commit, listing), key=lambda f: f.size)
         _preflight_disk(ck.repo, hub, todo, free_space)
@@ -362,7 +362,7 @@ def _write_manifest(snapshot: Path, listing: Listing, revision: str | None) -> N
         from huggingface_hub import __version__ as hf_version
     except ImportError:
         hf_version = "?"
-    data = {**listing.as_json(), "revision": revision, "verified_by": f"metralectl {__version__}",
+    data = {**listing.to_json(), "revision": revision, "verified_by": f"metralectl {__version__}",
             "huggingface_hub": hf_version,
             "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     hfcache.write_json_atomic(snapshot / hfcache.VERIFIED_MANIFEST, data)
