@@ -8,6 +8,7 @@ summary nor the timings behind it can change without the signature failing.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ PAYLOAD_TYPE = "application/vnd.metralectl.bench-record+json"
 RECORD = "run.json"
 
 
-def names_for(directory: Path, record: dict[str, Any]) -> dict[str, str]:
+def names_for(directory: Path, record: Mapping[str, Any]) -> dict[str, str]:
     target = record.get("target") or {}
     requests = directory / str(record.get("requests_file") or "requests.jsonl")
     digest = hashlib.sha256(requests.read_bytes()).hexdigest() if requests.exists() else "none"
@@ -31,7 +32,7 @@ def names_for(directory: Path, record: dict[str, Any]) -> dict[str, str]:
     return names
 
 
-def sign_run(directory: Path, record: dict[str, Any]) -> str | None:
+def sign_run(directory: Path, record: Mapping[str, Any]) -> str | None:
     """Sign the run's record (creating this box's identity on first use); the reason when it could not."""
     from metralectl.seams import identity, signing
     try:

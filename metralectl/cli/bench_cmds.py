@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import typer
@@ -147,7 +148,7 @@ def run(
         with served(self_start, progress) as (endpoint, managed, rec):
             request = RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, managed,
                                  {"recipe": self_start, "url": endpoint}, headers, unit=unit_label)
-            record = run_suite(request, progress)
+            record = run_suite(request, progress).record
     else:
         from metralectl.bench.target import managed_container
 
@@ -155,7 +156,7 @@ def run(
         endpoint = url or (found or {}).get("url") or DEFAULT_URL
         rec = _recipe(recipe or (found or {}).get("recipe"), explicit=recipe is not None)
         record = run_suite(RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, found,
-                                      headers=headers, unit=unit_label), progress)
+                                      headers=headers, unit=unit_label), progress).record
     _emit(record, fmt)
 
 
@@ -205,7 +206,7 @@ def _recipe(name: str | None, *, explicit: bool) -> Any:
         return None  # a served recipe this catalog no longer has: no recipe gate
 
 
-def _emit(record: dict[str, Any], fmt: str) -> None:
+def _emit(record: Mapping[str, Any], fmt: str) -> None:
     from metralectl.present.bench_view import render_run
 
     if fmt == "json":
@@ -218,7 +219,7 @@ def _emit(record: dict[str, Any], fmt: str) -> None:
         raise typer.Exit(code)
 
 
-def _say_failure(record: dict[str, Any]) -> None:
+def _say_failure(record: Mapping[str, Any]) -> None:
     """A run that did not complete says so on stderr: its status, why, and its failed requests by kind."""
     from metralectl.bench.outcome import FAILED_STATUSES
     from metralectl.safetext import clean
