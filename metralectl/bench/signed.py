@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import MetralError
+
+if TYPE_CHECKING:
+    from metralectl.seams.signing import Verification
 
 PAYLOAD_TYPE = "application/vnd.metralectl.bench-record+json"
 RECORD = "run.json"
@@ -43,7 +46,7 @@ def sign_run(directory: Path, record: Mapping[str, Any]) -> str | None:
     return None
 
 
-def verify_run(directory: Path, known_keys: dict[str, bytes]) -> Any:
+def verify_run(directory: Path, known_keys: dict[str, bytes]) -> Verification:
     """The verdict on a run directory: the envelope, and that the timings it names are the ones on disk.
 
     `known_keys` are the trusted signers (this node's and its peers', from `peers.store.known_keys()`):

@@ -11,11 +11,14 @@ import json
 import signal
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from metralectl.cli.state import note, style
+
+if TYPE_CHECKING:
+    from metralectl.core.recipe import Recipe
 
 app = typer.Typer(name="bench", help="Benchmark the served endpoint; keep and compare the results.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode=None)
@@ -192,7 +195,7 @@ class _EventsPipe:
         self._also(event)
 
 
-def _recipe(name: str | None, *, explicit: bool) -> Any:
+def _recipe(name: str | None, *, explicit: bool) -> Recipe | None:
     if not name:
         return None
     from metralectl.cli.catalog_cmds import _catalog

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from metralectl.cli.state import note, style
 from metralectl.errors import NotFound
 
+if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
 
-def _catalog() -> Any:
+
+def _catalog() -> Catalog:
     from metralectl.core.catalog import load_catalog
 
     catalog = load_catalog()

@@ -52,7 +52,8 @@ def write_json(path: Path, value: Any) -> None:
     write_atomic(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> object:
+    """The file's JSON value (callers check its shape), or None when it is missing or not JSON."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TextIO
 
 from metralectl.seams import hfcache
 
@@ -64,9 +64,20 @@ OnEvent = Callable[[PullEvent], None]
 FreeSpace = Callable[[Path], int]
 
 
-def _checkpoint(target: Any) -> Any:
-    """A Recipe or a CheckpointRef (anything with .repo and .revision)."""
-    return getattr(target, "checkpoint", target)
+class Checkpoint(Protocol):
+    """What a pull needs of a checkpoint (core.recipe.CheckpointRef has it)."""
+
+    @property
+    def repo(self) -> str: ...
+
+    @property
+    def revision(self) -> str | None: ...
+
+
+def _checkpoint(target: Any) -> Checkpoint:
+    """A Recipe's checkpoint, or the target itself (a CheckpointRef: anything with .repo and .revision)."""
+    checkpoint: Checkpoint = getattr(target, "checkpoint", target)
+    return checkpoint
 
 
 def state(target: Any, hub: Path | None = None) -> hfcache.CacheState:
@@ -150,7 +161,7 @@ def check_ownership(repo: str, hub: Path) -> None:
                            f"{found.fix}   then pull again")
 
 
-def _pull_lock(repo: str, hub: Path) -> Any:
+def _pull_lock(repo: str, hub: Path) -> TextIO:
     """One metralectl pull per repository at a time (a second would race the first's verification)."""
     import fcntl
 

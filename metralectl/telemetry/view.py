@@ -331,14 +331,18 @@ class TopView:
         return finite(out)
 
 
-def finite(value: Any) -> Any:
+def finite(doc: dict[str, Any]) -> dict[str, Any]:
     """NaN/±inf → None, recursively: the output must stay strict JSON (json.dumps(allow_nan=False))."""
+    return {k: _finite(v) for k, v in doc.items()}
+
+
+def _finite(value: object) -> object:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
+        return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
+        return [_finite(v) for v in value]
     return value
 
 
