@@ -92,7 +92,7 @@ class TelemetryFeed:
         if self._sampler.error is not None:
             return {"available": False, "reason": f"sampling stopped: {self._sampler.error}"}
         sample = self._sampler.latest(timeout=1.0)
-        return {"available": True, "sample": sample.to_dict() if sample else None}
+        return {"available": True, "sample": sample.to_json() if sample else None}
 
     def _open(self) -> None:
         from metralectl.seams.gpu import NvmlProbe
@@ -102,7 +102,7 @@ class TelemetryFeed:
         probe = NvmlProbe()
         system = probe.open()
         if isinstance(system, GpuUnavailable):
-            self._unavailable = system.to_dict()
+            self._unavailable = system.to_json()
             return
         self._sampler = Sampler(probe, hz=2.0, power_hz=None, energy_hz=None).start()
 
@@ -133,7 +133,7 @@ class LifecycleOps:
         try:
             runtime = self._runtime()
             try:
-                return status.collect(runtime).as_json()
+                return status.collect(runtime).to_json()
             finally:
                 runtime.close()
         except MetralError as exc:
@@ -146,7 +146,7 @@ class LifecycleOps:
         catalog = load_catalog()
         target = library.choose_target(catalog, None)
         return {"target": {"hardware": target.hardware, "how": target.how},
-                "recipes": [r.as_json() for r in library.rows(catalog, target)]}
+                "recipes": [r.to_json() for r in library.rows(catalog, target)]}
 
     def telemetry(self) -> dict[str, Any]:
         return self._telemetry.latest()

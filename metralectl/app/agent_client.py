@@ -14,16 +14,20 @@ import http.client
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from metralectl.errors import ExitCode, MetralError, NotFound
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 DIRECT_ENV = "METRALECTL_DIRECT"
 ACTIVE_STATES = ("starting", "running")
 FOLLOW_WAIT_S = 20.0  # one long-poll; Ctrl-C interrupts it at once (the signal ends the read)
 REQUEST_TIMEOUT_S = 15.0
+ResultT = TypeVar("ResultT", bound="DataclassInstance")  # a lifecycle result, rebuilt from the agent's JSON
 START_TIMEOUT_S = 10.0  # the agent answers a start at once (the lock is taken without waiting)
 
 
@@ -230,16 +234,17 @@ class AgentClient:
             pass  # cancelling already: a listener that raises at every event (the dashboard's) is not a second one
 
 
-def outcome(job: dict[str, Any], interrupted: bool) -> Any:
-    """The ended job's result; its error raised as the direct path would raise it; KeyboardInterrupt when
-    it was cancelled from here."""
+def outcome(job: dict[str, Any], interrupted: bool) -> dict[str, Any] | None:
+    """The ended job's result (its JSON object; None when it has none); its error raised as the direct path
+    would raise it; KeyboardInterrupt when it was cancelled from here."""
     from metralectl.seams.store import Busy
 
     state = job.get("state")
     if interrupted and state != "done":
         raise KeyboardInterrupt
     if state == "done":
-        return job.get("result")
+        result = job.get("result")
+        return result if isinstance(result, dict) else None
     message = str(job.get("error") or f"the {job.get('kind')} ended {state}")
     hint = job.get("hint") if isinstance(job.get("hint"), str) else None
     code = _failure_code(job.get("exit_code"))
@@ -257,7 +262,7 @@ def _failure_code(value: Any) -> ExitCode:
     return ExitCode.FAILED if code is ExitCode.OK else code
 
 
-def rebuild(cls: Any, data: Any) -> Any:
+def rebuild(cls: type[ResultT], data: Mapping[str, Any] | None) -> ResultT:
     """A lifecycle result dataclass (Launched, SwapResult, StopResult) from the agent's JSON; keys this
     version does not know are ignored."""
     from dataclasses import fields

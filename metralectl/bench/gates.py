@@ -38,7 +38,7 @@ class Verdict:
     passed: bool | None  # None: no data for the metric -> no verdict
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self.gate), "value": self.value, "passed": self.passed, "note": self.note}
 
 

@@ -43,7 +43,7 @@ class Target:
     container: str | None = None
     serve_flags: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from metralectl.cli.state import note, style
 from metralectl.errors import ExitCode
+
+if TYPE_CHECKING:
+    from metralectl.core.recipe import Recipe
 
 app = typer.Typer(name="bench", help="Benchmark the served endpoint; keep and compare the results.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode=None)
@@ -142,7 +146,7 @@ def run(
             with served(self_start, progress) as (endpoint, managed, rec):
                 request = RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, managed,
                                      {"recipe": self_start, "url": endpoint}, headers, unit=unit_label)
-                record = run_suite(request, progress)
+                record = run_suite(request, progress).record
         else:
             from metralectl.bench.target import managed_container
 
@@ -150,7 +154,7 @@ def run(
             endpoint = url or (found or {}).get("url") or DEFAULT_URL
             rec = _recipe(recipe or (found or {}).get("recipe"), explicit=recipe is not None)
             record = run_suite(RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, found,
-                                          headers=headers, unit=unit_label), progress)
+                                          headers=headers, unit=unit_label), progress).record
     _emit(record, fmt)
 
 
@@ -186,7 +190,7 @@ class _EventsPipe:
         self._also(event)
 
 
-def _recipe(name: str | None, *, explicit: bool) -> Any:
+def _recipe(name: str | None, *, explicit: bool) -> Recipe | None:
     if not name:
         return None
     from metralectl.cli.catalog_cmds import _catalog
@@ -200,7 +204,7 @@ def _recipe(name: str | None, *, explicit: bool) -> Any:
         return None  # a served recipe this catalog no longer has: no recipe gate
 
 
-def _emit(record: dict[str, Any], fmt: str) -> None:
+def _emit(record: Mapping[str, Any], fmt: str) -> None:
     from metralectl.present.bench_view import render_run
 
     if fmt == "json":
@@ -213,7 +217,7 @@ def _emit(record: dict[str, Any], fmt: str) -> None:
         raise typer.Exit(code)
 
 
-def _say_failure(record: dict[str, Any]) -> None:
+def _say_failure(record: Mapping[str, Any]) -> None:
     """A run that did not complete says so on stderr: its status, why, and its failed requests by kind."""
     from metralectl.bench.outcome import FAILED_STATUSES
     from metralectl.safetext import clean

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from metralectl.cli.state import note, style
 from metralectl.errors import ExitCode, NotFound
 
+if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
 
-def _catalog() -> Any:
+
+def _catalog() -> Catalog:
     from metralectl.core.catalog import load_catalog
 
     catalog = load_catalog()
@@ -56,7 +59,7 @@ def list_recipes(
     rows = library.rows(catalog, target, hardware=hardware if only_hardware else None, tags=tag or None)
     if as_json:
         print(json.dumps({"target": {"hardware": target.hardware, "how": target.how},
-                          "recipes": [r.as_json() for r in rows]}, indent=2))
+                          "recipes": [r.to_json() for r in rows]}, indent=2))
     else:
         table_rows = [[
             r.name, r.model, r.quant, r.hardware, "yes" if r.mtp else "-",
@@ -92,7 +95,7 @@ def show(
     catalog = _catalog()
     recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])
     if as_json:
-        print(json.dumps(show_view.as_json(catalog, recipe), indent=2, default=str))
+        print(json.dumps(show_view.to_json(catalog, recipe), indent=2, default=str))
     else:
         print(show_view.as_text(catalog, recipe))
 

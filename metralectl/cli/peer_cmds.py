@@ -8,18 +8,21 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from metralectl.cli.state import note, style
 from metralectl.errors import ExitCode
 
+if TYPE_CHECKING:
+    from metralectl.seams.identity import Identity
+
 peer_app = typer.Typer(help="Other metralectl nodes this box trusts by key (pairing, grants).",
                        no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
-def _me() -> Any:
+def _me() -> Identity:
     from metralectl.seams import identity
     return identity.load_or_create()
 

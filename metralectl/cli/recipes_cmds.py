@@ -85,7 +85,7 @@ def sync(
     catalog = load_catalog(use_cache=False)
     report = recipe_sync.sync(catalog, sync_fetch.Source(source), progress=progress)
     if as_json:
-        print(json.dumps(report.as_json(), indent=2))
+        print(json.dumps(report.to_json(), indent=2))
     else:
         print(f"engine release {report.release} (commit {report.commit[:12]}, engine {report.engine_version or '?'}), "
               f"checked against revision {report.revision}")

@@ -243,7 +243,7 @@ def ps(
             repair_if_needed(runtime, _catalog(), on_event=_Progress(False))
     report = status.collect(runtime)
     if as_json:
-        print(json.dumps(report.as_json(), indent=2))
+        print(json.dumps(report.to_json(), indent=2))
         return
     from metralectl.present.table import render_table
 

@@ -157,7 +157,7 @@ def pull(
                     if info.ref not in pulled:
                         pulled[info.ref] = images.pull(info, runtime, arch, view.layer, update=update)
                         view.say(_image_line(pulled[info.ref]))
-                    summary[r.name]["image"] = {**pulled[info.ref].status.as_json(), "action": pulled[info.ref].action}
+                    summary[r.name]["image"] = {**pulled[info.ref].status.to_json(), "action": pulled[info.ref].action}
             finally:
                 runtime.close()
         if not image_only:
@@ -167,7 +167,7 @@ def pull(
                 if key not in fetched:
                     fetched[key] = weights.pull(r, view.weights)
                     view.say(_weights_line(fetched[key]))
-                summary[r.name]["weights"] = fetched[key].as_json()
+                summary[r.name]["weights"] = fetched[key].to_json()
     if as_json:
         print(json.dumps({"recipes": list(summary.values())}, indent=2))
         return
@@ -202,7 +202,7 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
         print(json.dumps({"machine": {"arch": arch, "platform": images.machine_platform(arch)},
                           "docker": {"reachable": runtime is not None,
                                      "error": docker_error.message if docker_error else None},
-                          "images": [r.as_json() for r in rows]}, indent=2))
+                          "images": [r.to_json() for r in rows]}, indent=2))
     else:
         from metralectl.present.table import render_table
 

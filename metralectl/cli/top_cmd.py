@@ -60,9 +60,9 @@ def top(
                 session.start(poll_thread=False)
                 view = _once(session, interval)
                 if recorder is not None:
-                    recorder.write(view.to_dict())
+                    recorder.write(view.to_json())
                 if as_json:
-                    print(json.dumps(view.to_dict(), indent=2, allow_nan=False))
+                    print(json.dumps(view.to_json(), indent=2, allow_nan=False))
                 else:
                     from rich.console import Console
 
@@ -145,7 +145,7 @@ def _live(session: Any, terminal: Any, recorder: Any, interval: float, record: P
             view = session.view()
             display.update(render(view, recording=record, live=True), refresh=True)
             if recorder is not None and time.monotonic() >= next_record:
-                recorder.write(view.to_dict())
+                recorder.write(view.to_json())
                 next_record += interval
 
 
@@ -157,7 +157,7 @@ def _stream(session: Any, recorder: Any, interval: float, as_json: bool, record:
     while True:
         time.sleep(max(0.0, next_t - time.monotonic()))
         next_t += interval
-        data = session.view().to_dict()
+        data = session.view().to_json()
         if recorder is not None:
             recorder.write(data)
         if as_json:

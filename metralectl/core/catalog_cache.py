@@ -52,7 +52,7 @@ def _path(key: str) -> Path:
     return paths.cache_dir() / f"catalog-{key[:32]}.pickle"
 
 
-def read(key: str) -> Any:
+def read(key: str) -> object:  # whatever was pickled: the caller checks it is a catalog
     try:
         with open(_path(key), "rb") as handle:
             return pickle.load(handle)

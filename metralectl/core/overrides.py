@@ -41,7 +41,7 @@ def parse_set(text: str, catalog: Catalog, engine: str) -> tuple[KeyPath, Any]:
                      "use a serve flag (max-seq-len=4096) or SECTION.KEY (resources.port=9000, env.NAME=VALUE)")
 
 
-def _get(data: Any, path: KeyPath) -> Any:
+def _get(data: object, path: KeyPath) -> object:
     for part in path:
         if not isinstance(data, dict) or part not in data:
             return None

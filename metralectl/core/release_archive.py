@@ -187,5 +187,5 @@ def release_label(index: ReleaseIndex, source: str) -> str:
     return found[-1] if found else index.commit[:7]
 
 
-def as_json(index: ReleaseIndex) -> dict[str, Any]:
+def to_json(index: ReleaseIndex) -> dict[str, Any]:
     return {"commit": index.commit, "engine_version": index.engine_version, "assets": index.assets}

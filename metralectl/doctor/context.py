@@ -18,7 +18,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
+    from metralectl.core.gpudata import GpuSample, GpuSystem, GpuUnavailable
+    from metralectl.core.recipe import Recipe
+    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker_runtime import ImageState
 
 from metralectl.seams.ports import bind_error
 
@@ -113,9 +120,9 @@ def _int(text: str | None) -> int | None:
 
 
 class GpuProbeLike(Protocol):
-    def open(self) -> Any: ...
+    def open(self) -> GpuSystem | GpuUnavailable: ...
 
-    def sample(self) -> Any: ...
+    def sample(self) -> tuple[GpuSample, ...]: ...
 
     def close(self) -> None: ...
 
@@ -162,7 +169,7 @@ class Fact(Generic[T]):
         return self._value  # type: ignore[return-value]
 
 
-def _default_runtime() -> Any:
+def _default_runtime() -> ContainerRuntime:
     from metralectl.seams.docker_runtime import DockerRuntime
 
     return DockerRuntime()
@@ -174,7 +181,7 @@ def _default_probe(gpu_classes: tuple[tuple[str, str], ...], unified: frozenset[
     return NvmlProbe(gpu_classes=gpu_classes, unified_classes=unified)
 
 
-def _default_catalog() -> Any:
+def _default_catalog() -> Catalog:
     from metralectl.core.catalog import load_catalog
 
     return load_catalog()
@@ -263,9 +270,9 @@ class Context:
         recipe: str | None = None,
         environ: Mapping[str, str] | None = None,
         identity: Identity | None = None,
-        runtime_factory: Callable[[], Any] = _default_runtime,
+        runtime_factory: Callable[[], ContainerRuntime] = _default_runtime,
         gpu_probe_factory: Callable[[tuple[tuple[str, str], ...], frozenset[str]], GpuProbeLike] = _default_probe,
-        catalog_loader: Callable[[], Any] = _default_catalog,
+        catalog_loader: Callable[[], Catalog] = _default_catalog,
         container_pids: Callable[[Any, str], set[int]] = _default_container_pids,
         which: Callable[..., str | None] = shutil.which,
         cpu_arch: Callable[[], str] = _default_cpu_arch,
@@ -341,13 +348,13 @@ class Context:
             self._identity = current_identity(self.environ)
         return self._identity
 
-    def catalog(self) -> Any:
+    def catalog(self) -> Catalog:
         return self._fact("catalog", self.catalog_loader, self.fact_budget_s)
 
-    def recipe(self) -> Any | None:
+    def recipe(self) -> Recipe | None:
         return self.catalog().recipe(self.recipe_name) if self.recipe_name else None
 
-    def runtime(self) -> Any:
+    def runtime(self) -> ContainerRuntime:
         """A connected runtime, or the DockerUnavailable / ImportError / Unanswered that says why not."""
         return self._fact("docker", self.runtime_factory, self.docker_budget_s)
 
@@ -370,7 +377,7 @@ class Context:
 
         return self._fact("containers", compute, self.fact_budget_s)
 
-    def image_state(self, ref: str, label: str = "org.opencontainers.image.revision") -> Any:
+    def image_state(self, ref: str, label: str = "org.opencontainers.image.revision") -> ImageState:
         runtime = self.runtime()
         with self.runtime_lock:
             return runtime.image_state(ref, label)

@@ -9,11 +9,14 @@ import stat
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metralectl.core.labels import LABEL_DOCTOR
 from metralectl.doctor.context import Context, Unanswered
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
+
+if TYPE_CHECKING:
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 TOOLKIT_REMEDY = ("install the NVIDIA container toolkit, then `sudo nvidia-ctk runtime configure --runtime=docker "
                   "&& sudo systemctl restart docker`")
@@ -106,7 +109,7 @@ def check_daemon(ctx: Context) -> Finding:
               endpoint_source=endpoint.source, **_socket_facts(endpoint.url))
 
 
-def _docker_or_skip(ctx: Context) -> Any:
+def _docker_or_skip(ctx: Context) -> ContainerRuntime | None:
     try:
         return ctx.runtime()
     except Exception:  # noqa: BLE001 - docker.daemon says why

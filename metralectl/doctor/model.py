@@ -28,7 +28,7 @@ class CheckResult:
     remedy: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "title": self.title, "status": self.status, "detail": self.detail,
                 "remedy": self.remedy, "data": self.data}
 

@@ -68,7 +68,7 @@ class Deployment:
     def with_state(self, state: str) -> Deployment:
         return replace(self, state=state)
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
@@ -95,7 +95,7 @@ def path_for(recipe: str) -> Path:
 
 
 def save(deployment: Deployment) -> None:
-    store.write_json(path_for(deployment.recipe), deployment.as_json())
+    store.write_json(path_for(deployment.recipe), deployment.to_json())
 
 
 def load_all() -> list[Deployment]:

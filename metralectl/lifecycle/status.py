@@ -38,7 +38,7 @@ class StatusReport:
     last_swap: str | None = None
     notes: list[str] = field(default_factory=list)  # multi-rank: a rank down, a node unreachable
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"serving": [asdict(s) for s in self.serving], "degraded": self.degraded, "last_swap": self.last_swap,
                 "notes": list(self.notes)}
 

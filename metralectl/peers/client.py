@@ -106,7 +106,7 @@ def open_stream(addr: PeerAddress, path: str, headers: dict[str, str], *, read_t
                            f"{addr}: {type(exc).__name__}") from None
 
 
-def _decode(addr: PeerAddress, body: bytes) -> Any:
+def _decode(addr: PeerAddress, body: bytes) -> object:  # JSON: callers check its shape
     try:
         return json.loads(body)
     except ValueError:

@@ -153,6 +153,8 @@ class UnitQueue:
         for path in self.root.glob("*/unit.json"):
             raw = store.read_json(path)
             try:
+                if not isinstance(raw, dict):
+                    raise TypeError("not a JSON object")
                 unit = Unit.from_json(raw)
             except (KeyError, TypeError, ValueError):
                 log.warning("ignoring an unreadable unit record %s", path)

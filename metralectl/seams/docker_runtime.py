@@ -11,16 +11,22 @@ import grp
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from metralectl.errors import ExitCode, MetralError
 from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, LABEL_PROBE
 from metralectl.core.render import ContainerSpec, owner
+
+if TYPE_CHECKING:  # the SDK is imported lazily at run time (cold start); these are for the checker only
+    from docker import APIClient
+    from docker.tls import TLSConfig
+
+T = TypeVar("T")
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 RDMA_HINT = ("an EP=2 rank gets the node's RDMA devices (/dev/infiniband) for NCCL over RoCE: load the ConnectX "
@@ -95,7 +101,7 @@ def refusal_cause(status: int | None, text: str) -> RuntimeCause:
 class Endpoint:
     url: str  # unix:///..., tcp://..., ssh://...
     source: str  # "DOCKER_HOST", "context <name>", "default", "--worker", ...
-    tls: Any = None
+    tls: TLSConfig | None = None
     spec: str = ""  # what the operator named (a context or a URL); "" for the current endpoint
 
     @property
@@ -238,7 +244,7 @@ def _read_context(name: str) -> tuple[str | None, Any]:
     return str(host), tls
 
 
-def _tls_from_env() -> Any:
+def _tls_from_env() -> TLSConfig | None:
     if not os.environ.get("DOCKER_TLS_VERIFY"):
         return None
     from docker.tls import TLSConfig
@@ -351,7 +357,7 @@ def _remote_error(endpoint: Endpoint, where: str, text: str, kinds: set[type]) -
     return DockerUnavailable("unreachable", f"cannot talk to the Docker daemon at {where}: {text[:300]}", check)
 
 
-def _api_client(endpoint: Endpoint, timeout: float | None) -> Any:
+def _api_client(endpoint: Endpoint, timeout: float | None) -> APIClient:
     """docker-py's low-level client for an endpoint; ssh:// goes through the system `ssh` (like the CLI)."""
     import docker
 
@@ -556,7 +562,7 @@ class DockerRuntime:
         import docker.errors
 
         try:
-            raw = self.api.logs(name_or_id, stdout=True, stderr=True, tail=lines)
+            raw: bytes = self.api.logs(name_or_id, stdout=True, stderr=True, tail=lines)
         except docker.errors.NotFound:
             return []
         except docker.errors.DockerException as exc:
@@ -655,7 +661,7 @@ class DockerRuntime:
         return identity, str(info.get("Name") or "?"), str(info.get("Architecture") or "")
 
     # --- helpers --------------------------------------------------------------------------------
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         import docker.errors
         import requests
 

@@ -39,7 +39,8 @@ def write_json(path: Path, value: Any, *, mode: int | None = None) -> None:
     write_atomic(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n", mode=mode)
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> object:
+    """The file's JSON value (callers check its shape), or None when it is missing or not JSON."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

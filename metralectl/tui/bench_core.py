@@ -91,12 +91,15 @@ class CoreBench:
 
         request = RunRequest(suite, params, url, "tui", recipe=recipe, managed=found)
         try:
-            record = run_suite(request, relay)
+            done_run = run_suite(request, relay)
         except RunInterrupted:
             if cancel.cancelled:  # ours: report it as a cancel
                 raise Cancelled() from None
             raise
-        return summary_of(record)
+        from metralectl.bench import records
+
+        # read back as History reads it, so the new row and the History row are the same
+        return summary_of(records.load(done_run.directory) or dict(done_run.record))
 
     def history(self, limit: int = 200) -> list[RunSummary]:
         return read_history(limit)

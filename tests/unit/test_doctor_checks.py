@@ -24,7 +24,7 @@ BY_ID = {c.id: c for c in CHECKS + RECIPE_CHECKS}
 def run(ctx: Context, *ids: str) -> dict[str, CheckResult]:
     results = run_checks(ctx, [BY_ID[i] for i in ids])
     for r in results:
-        json.dumps(r.to_dict())  # every verdict is JSON-ready
+        json.dumps(r.to_json())  # every verdict is JSON-ready
     return {r.id: r for r in results}
 
 
@@ -466,7 +466,7 @@ def test_disk_vs_the_recipe(tmp_path: Path) -> None:
 
 def test_token_is_information(tmp_path: Path) -> None:
     r = one(df.make_ctx(tmp_path, environ={"HF_TOKEN": "hf_secret"}), "hf.token")
-    assert r.status == "ok" and "HF_TOKEN is set" in r.detail and "hf_secret" not in json.dumps(r.to_dict())
+    assert r.status == "ok" and "HF_TOKEN is set" in r.detail and "hf_secret" not in json.dumps(r.to_json())
     r = one(df.make_ctx(tmp_path, environ={}), "hf.token")
     assert r.status == "ok" and "hf auth login" in r.detail
 

@@ -65,7 +65,7 @@ def test_absent_and_started_but_empty() -> None:
 
 def test_manifest_makes_complete_and_damage_makes_partial() -> None:
     snap = make_snapshot(FILES)
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES).as_json())
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES).to_json())
     state = hfcache.cache_state(REPO)
     assert state.status == "complete" and state.files_total == 3 and state.bytes_present == 1010
     stale = hfcache.repo_dir(REPO) / "blobs" / "other.5678.incomplete"
@@ -78,13 +78,13 @@ def test_manifest_makes_complete_and_damage_makes_partial() -> None:
 
 def test_manifest_for_another_commit_is_ignored() -> None:
     snap = make_snapshot(FILES)
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES, "d" * 40).as_json())
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES, "d" * 40).to_json())
     assert hfcache.cache_state(REPO).status == "present"  # heuristics: config + safetensors, unverified
 
 
 def test_expected_listing_tells_partial_from_present() -> None:
     snap = make_snapshot({k: v for k, v in FILES.items() if k != "model.safetensors"})
-    hfcache.write_json_atomic(snap / hfcache.EXPECTED_LISTING, listing_of(FILES).as_json())
+    hfcache.write_json_atomic(snap / hfcache.EXPECTED_LISTING, listing_of(FILES).to_json())
     state = hfcache.cache_state(REPO)
     assert state.status == "partial" and state.detail.startswith("2 of 3 files")
     make_snapshot({"model.safetensors": FILES["model.safetensors"]})
@@ -209,7 +209,7 @@ def test_weights_preflight_names_the_pull_command() -> None:
     with pytest.raises(weights.WeightsError, match="weights incomplete: org/model is absent .*`metralectl pull my-recipe`"):
         weights.weights_preflight(recipe)
     snap = make_snapshot(FILES)
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES).as_json())
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES).to_json())
     weights.weights_preflight(recipe)
 
 

@@ -186,7 +186,7 @@ def test_session_over_a_fake_gpu_and_engine() -> None:
     assert g.thermal is not None and g.thermal.state == "ok"
     (e,) = view.engines
     assert e.target.url == "http://e" and e.tokens_per_s is not None and e.tokens_per_s > 0
-    data = view.to_dict()
+    data = view.to_json()
     json.dumps(data, allow_nan=False)
     assert data["sampler"]["hz"] == 20 and data["engine_note"] is None
 
@@ -199,7 +199,7 @@ def test_session_without_nvml_still_watches_the_engine() -> None:
     view = session.view()
     session.close()
     assert session.sampler is None and view.gpus == () and view.engine_note == NO_ENGINE
-    assert view.to_dict()["gpu"]["reason"].startswith("no GPU: no NVIDIA driver")
+    assert view.to_json()["gpu"]["reason"].startswith("no GPU: no NVIDIA driver")
     assert fake.calls == ["init"]  # no error storm: one attempt, no shutdown of a library that never started
 
 
@@ -214,7 +214,7 @@ def test_session_reports_a_gpu_lost_while_sampling() -> None:
         time.sleep(0.01)
     view = session.view()
     session.close()
-    assert view.gpus == () and "the GPU sampler stopped" in view.to_dict()["gpu"]["reason"]
+    assert view.gpus == () and "the GPU sampler stopped" in view.to_json()["gpu"]["reason"]
 
 
 def test_recorder_cuts_a_torn_tail_and_appends_lines(tmp_path: Path) -> None:
