@@ -32,7 +32,7 @@ from metralectl.core.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, Cont
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import ContainerInfo, RuntimeFailure
 
-LABEL_ENDPOINT = "ai.metrale.metralectl.seams.endpoint"
+LABEL_ENDPOINT = "ai.metrale.metralectl.endpoint"
 LABEL_SETS = "ai.metrale.metralectl.sets"
 DRAIN_S = 5.0  # after the container is down: how long its last log lines may take to arrive
 POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer within this of the poll
