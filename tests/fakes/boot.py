@@ -63,7 +63,7 @@ class Boot:
     interrupt_in_create: bool = False  # Ctrl-C lands after the daemon created it, before its id came back
 
 
-def engine_boot(model: str = "org/model", *, step_s: float = 0.05, **kw: Any) -> Boot:
+def engine_boot(model: str = "org/model", *, step_s: float = 0.2, **kw: Any) -> Boot:
     """Boots like the engine: log lines, the port bound (503 loading), weights loaded, then /health 200 ready."""
     return Boot((Log(PREFIX + "Metrale Engine starting..."), Listen(),
                  Log(PREFIX + "Fast-loaded 1234 weight tensors", after_s=step_s),
