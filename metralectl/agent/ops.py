@@ -12,9 +12,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from metralectl.errors import MetralError
+
+if TYPE_CHECKING:
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 Emit = Callable[[Any], None]
 LIFECYCLE_TIMEOUT_S = 30.0  # the Docker API timeout of a change, as the CLI's DockerRuntime()
@@ -122,20 +125,17 @@ class LifecycleOps:
         answer = self._capability()
         return answer if answer is not None else {"can_run": None, "summary": "checking…", "problems": [], "checks": []}
 
-    def _runtime(self, timeout: float = 10.0) -> Any:
-        from metralectl.seams.docker_runtime import DockerRuntime
+    def _runtime(self, timeout: float = 10.0) -> ContainerRuntime:
+        from metralectl.seams.docker_runtime import open_runtime
 
-        return DockerRuntime(timeout=timeout)
+        return open_runtime(timeout=timeout)
 
     def serving(self) -> dict[str, Any]:
         from metralectl.lifecycle import status
 
         try:
-            runtime = self._runtime()
-            try:
+            with self._runtime() as runtime:
                 return status.collect(runtime).to_json()
-            finally:
-                runtime.close()
         except MetralError as exc:
             return {"serving": [], **error_json(exc)}
 
@@ -172,12 +172,9 @@ class LifecycleOps:
         catalog = load_catalog()
         chosen = apply_sets(catalog, catalog.recipe(recipe), list(sets))
         launch_options = LaunchOptions(**dict(options or {}), sets=tuple(sets))
-        runtime = self._runtime(LIFECYCLE_TIMEOUT_S)
-        try:
+        with self._runtime(LIFECYCLE_TIMEOUT_S) as runtime:
             repair_if_needed(runtime, catalog, on_event=on_event)
             return asdict(launch(chosen, catalog, runtime, options=launch_options, on_event=on_event))
-        finally:
-            runtime.close()
 
     def swap(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (), drain_timeout_s: float = 60.0,
              options: Mapping[str, Any] | None = None) -> Any:
@@ -189,22 +186,18 @@ class LifecycleOps:
 
         catalog = load_catalog()
         chosen = apply_sets(catalog, catalog.recipe(recipe), list(sets))
-        runtime = self._runtime(LIFECYCLE_TIMEOUT_S)
-        try:
+        with self._runtime(LIFECYCLE_TIMEOUT_S) as runtime:
             repair_if_needed(runtime, catalog, on_event=on_event)
             return asdict(swap(chosen, list(sets), catalog, runtime, on_event=on_event,
                                options=LaunchOptions(**dict(options or {})), drain_timeout_s=drain_timeout_s,
                                memory=NvmlMemoryWatch(runtime)))
-        finally:
-            runtime.close()
 
     def stop(self, recipe: str | None, on_event: Emit, *, all_: bool = False, timeout_s: float = 30.0) -> Any:
         from metralectl.lifecycle.memory import NvmlMemoryWatch
         from metralectl.lifecycle.stop import select, stop_containers
         from metralectl.core.render import LABEL_RANK, LABEL_RECIPE
 
-        runtime = self._runtime(LIFECYCLE_TIMEOUT_S)
-        try:
+        with self._runtime(LIFECYCLE_TIMEOUT_S) as runtime:
             chosen = select(runtime, recipe, all_)  # the selection of `metralectl stop` on one node
             ranked = sorted({c.labels.get(LABEL_RECIPE, c.name) for c in chosen if LABEL_RANK in c.labels})
             if ranked:  # `metralectl stop` stops every rank on its node; one rank alone must not be stopped here
@@ -215,8 +208,6 @@ class LifecycleOps:
             results = stop_containers(runtime, chosen, timeout_s=timeout_s, on_event=on_event,
                                       memory=NvmlMemoryWatch(runtime))
             return {"stopped": [asdict(r) for r in results]}
-        finally:
-            runtime.close()
 
     def close(self) -> None:
         self._telemetry.close()

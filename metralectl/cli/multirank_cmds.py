@@ -22,16 +22,16 @@ def run_multi(recipe: Any, catalog: Any, options: Any, *, worker: str, head: str
     """`run RECIPE --worker NODE`: both ranks of a multi-rank recipe, each on its node's Docker daemon."""
     from metralectl.cli.staging_cmds import _Renderer
     from metralectl.lifecycle.multinode import MultiOptions, launch_multi
-    from metralectl.seams.docker_runtime import DockerRuntime, endpoint_for
+    from metralectl.seams.docker_runtime import endpoint_for, open_runtime
     from metralectl.seams.process import sigterm_as_interrupt
     from metralectl.seams.store import lifecycle_lock
 
-    head_rt = DockerRuntime(endpoint_for(head, "head")) if head else _runtime()
-    worker_rt = DockerRuntime(endpoint_for(worker, "worker"))
     multi = MultiOptions(roce_interface=roce_interface, master_addr=master_addr,
                          first_request_timeout_s=first_request_timeout, rdma=rdma, rdma_device=rdma_device)
     # SIGTERM takes the Ctrl-C path (the same cleanup as an interrupted start)
-    with sigterm_as_interrupt(), lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
+    with sigterm_as_interrupt(), (open_runtime(endpoint_for(head, "head")) if head else _runtime()) as head_rt, \
+            open_runtime(endpoint_for(worker, "worker")) as worker_rt, \
+            lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
         if not head:
             from metralectl.lifecycle.swap import repair_if_needed
 
@@ -60,8 +60,7 @@ def rank_logs(recipe_name: str | None, rank: int | None, follow: bool, tail: int
                               + (f" for {recipe_name}" if recipe_name else ""), "`metralectl ps` lists what runs")
         return False
     record = dep.rank(rank or 0)
-    runtimes = deployment.Runtimes()
-    try:
+    with deployment.Runtimes() as runtimes:
         runtime = runtimes.require(record)
         container = (runtime.inspect(record.container_id) if record.container_id else None) or runtime.inspect(record.container)
         if container is None:
@@ -73,8 +72,6 @@ def rank_logs(recipe_name: str | None, rank: int | None, follow: bool, tail: int
         else:
             for line in runtime.follow_logs(container.id, tail=tail):
                 print(line, flush=True)
-    finally:
-        runtimes.close()
     return True
 
 
@@ -93,14 +90,11 @@ def stop_deployments(runtime: Any, recipe_name: str | None, all_: bool, timeout:
         running = [c.name for c in runtime.containers() if c.running]
         ours = {r.container for d in found for r in d.ranks if r.endpoint == runtime.endpoint.url}
         chosen = found if len(found) == 1 and all(name in ours for name in running) else []
-    runtimes = deployment.Runtimes(runtime)
     results = []
     local_url = runtime.endpoint.url
-    try:
+    with deployment.Runtimes(runtime) as runtimes:
         for dep in chosen:
             results += [(dep, r) for r in stop_deployment(
                 dep, runtimes, timeout_s=timeout, on_event=_Progress(False),
                 memory_for=lambda rt: NvmlMemoryWatch(rt) if rt.endpoint.url == local_url else RemoteMemory())]
-    finally:
-        runtimes.close(keep=runtime)
     return results, {d.recipe for d in chosen}

@@ -11,11 +11,14 @@ import json
 import shlex
 import sys
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from metralectl.cli.state import note, style
+
+if TYPE_CHECKING:
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 
 def _sigterm_as_interrupt() -> None:
@@ -25,10 +28,10 @@ def _sigterm_as_interrupt() -> None:
     sigterm_as_interrupt_until_exit()
 
 
-def _runtime() -> Any:
-    from metralectl.seams.docker_runtime import DockerRuntime
+def _runtime() -> ContainerRuntime:
+    from metralectl.seams.docker_runtime import open_runtime
 
-    return DockerRuntime()
+    return open_runtime()
 
 
 DIRECT_HELP = "Work directly, not through the running agent (also: METRALECTL_DIRECT=1)."
@@ -215,10 +218,9 @@ def run(
             _print_ready(rebuild(Launched, result), as_json)
             return
     _sigterm_as_interrupt()
-    runtime = _runtime()
     from metralectl.cli.staging_cmds import _Renderer
 
-    with lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
+    with _runtime() as runtime, lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
         from metralectl.lifecycle.swap import repair_if_needed
 
         repair_if_needed(runtime, catalog, on_event=_Progress(False, view))
@@ -233,15 +235,15 @@ def ps(
     """What metralectl is serving: recipe, state, health, uptime, endpoint, image revision."""
     from metralectl.lifecycle import status
 
-    runtime = _runtime()
-    if repair:
-        from metralectl.cli.catalog_cmds import _catalog
-        from metralectl.lifecycle.swap import repair_if_needed
-        from metralectl.seams.store import lifecycle_lock
+    with _runtime() as runtime:
+        if repair:
+            from metralectl.cli.catalog_cmds import _catalog
+            from metralectl.lifecycle.swap import repair_if_needed
+            from metralectl.seams.store import lifecycle_lock
 
-        with lifecycle_lock("repair"):
-            repair_if_needed(runtime, _catalog(), on_event=_Progress(False))
-    report = status.collect(runtime)
+            with lifecycle_lock("repair"):
+                repair_if_needed(runtime, _catalog(), on_event=_Progress(False))
+        report = status.collect(runtime)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
         return
@@ -279,19 +281,19 @@ def logs(
 
     if (rank is not None or recipe_name is not None) and multirank_cmds.rank_logs(recipe_name, rank, follow, tail):
         return
-    runtime = _runtime()
-    chosen = select(runtime, recipe_name, all_=False)
-    if not chosen:
-        from metralectl.errors import MetralError
+    with _runtime() as runtime:
+        chosen = select(runtime, recipe_name, all_=False)
+        if not chosen:
+            from metralectl.errors import MetralError
 
-        raise MetralError("metralectl is not serving anything", "`metralectl run RECIPE`")
-    container = chosen[0]
-    if not follow:
-        for line in runtime.log_tail(container.id, tail):
-            print(line)
-        return
-    for line in runtime.follow_logs(container.id, tail=tail):
-        print(line, flush=True)
+            raise MetralError("metralectl is not serving anything", "`metralectl run RECIPE`")
+        container = chosen[0]
+        if not follow:
+            for line in runtime.log_tail(container.id, tail):
+                print(line)
+            return
+        for line in runtime.follow_logs(container.id, tail=tail):
+            print(line, flush=True)
 
 
 def _stopped_line(r: Any) -> str:
@@ -330,8 +332,7 @@ def stop(
                 for r in stopped:
                     print(_stopped_line(r))
             return
-    runtime = _runtime()
-    with lifecycle_lock("stop"):
+    with _runtime() as runtime, lifecycle_lock("stop"):
         from metralectl.cli import multirank_cmds
         ranked, covered = multirank_cmds.stop_deployments(runtime, recipe_name, all_, timeout)
         chosen = [] if (covered and not all_) else select(runtime, recipe_name, all_)
@@ -396,10 +397,9 @@ def swap(
             _print_swap(rebuild(SwapResult, result), as_json)
             return
     _sigterm_as_interrupt()
-    runtime = _runtime()
     from metralectl.cli.staging_cmds import _Renderer
 
-    with lifecycle_lock(f"swap to {recipe.name}"), _Renderer() as view:
+    with _runtime() as runtime, lifecycle_lock(f"swap to {recipe.name}"), _Renderer() as view:
         progress = _Progress(False, view)
         repair_if_needed(runtime, catalog, on_event=progress)
         result = do_swap(recipe, list(set_ or []), catalog, runtime, on_event=progress,

@@ -26,7 +26,8 @@ from metralectl.core.overrides import apply_sets
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RANK, LABEL_RECIPE, LABEL_SETS
 from metralectl.core.render import spec_for
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime
+from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker_runtime import ContainerInfo
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def _recipe_of(container: ContainerInfo, catalog: Catalog) -> tuple[Recipe, list
     return apply_sets(catalog, catalog.recipe(name), sets), sets
 
 
-def _the_served(runtime: DockerRuntime) -> ContainerInfo:
+def _the_served(runtime: ContainerRuntime) -> ContainerInfo:
     running = [c for c in runtime.containers() if c.running]
     if not running:
         raise MetralError("metralectl is not serving anything to swap", "`metralectl run RECIPE` starts one")
@@ -103,7 +104,7 @@ def drain(url: str, timeout_s: float, on_event: Listener) -> float:
     return time.monotonic() - started
 
 
-def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: DockerRuntime, *, on_event: Listener = ignore,
+def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerRuntime, *, on_event: Listener = ignore,
          options: LaunchOptions = LaunchOptions(), drain_timeout_s: float = 60.0,
          memory: MemoryWatch | None = None) -> SwapResult:
     """Call with the lifecycle lock held."""
@@ -156,7 +157,7 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: DockerRunt
     return result
 
 
-def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, runtime: DockerRuntime,
+def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, runtime: ContainerRuntime,
              body: dict[str, Any], phases: dict[str, float], down_from: float, failure: LaunchFailed,
              options: LaunchOptions, on_event: Listener) -> SwapResult:
     _journal("restoring", body)
@@ -213,7 +214,7 @@ def last_swap_summary() -> str | None:
             f"{last.get('downtime_s', 0):.1f} s ({split})")
 
 
-def repair_if_needed(runtime: DockerRuntime, catalog: Catalog, *, on_event: Listener = ignore) -> str | None:
+def repair_if_needed(runtime: ContainerRuntime, catalog: Catalog, *, on_event: Listener = ignore) -> str | None:
     """Finish or undo an interrupted swap. Call with the lifecycle lock held (so the journal is stale)."""
     journal = store.read_json(journal_path())
     if not isinstance(journal, dict):

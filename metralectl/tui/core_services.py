@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.doctor.model import CheckResult
     from metralectl.lifecycle.status import StatusReport
-    from metralectl.seams.docker_runtime import DockerRuntime
+    from metralectl.seams.container_runtime import ContainerRuntime
     from metralectl.tui.cancel import CancelToken
     from metralectl.tui.services import BenchService, TelemetryFeed
 
@@ -48,10 +48,10 @@ class CoreServices:
             return self._catalog
 
     @staticmethod
-    def _runtime() -> DockerRuntime:
-        from metralectl.seams.docker_runtime import DockerRuntime
+    def _runtime() -> ContainerRuntime:
+        from metralectl.seams.docker_runtime import open_runtime
 
-        return DockerRuntime()
+        return open_runtime()
 
     # -- library --------------------------------------------------------------------------------
     def library(self) -> LibrarySnapshot:
@@ -67,14 +67,11 @@ class CoreServices:
         present: dict[str, bool | None] = {}
         serving: set[str] = set()
         try:
-            runtime = self._runtime()
-            try:
+            with self._runtime() as runtime:
                 for image in {catalog.recipes[r.name].image for r in rows}:
                     info = catalog.images[image]
                     present[info.ref] = runtime.image_state(info.ref, info.revision_label).present
                 serving = {c.labels.get(LABEL_RECIPE, "") for c in runtime.containers() if c.running}
-            finally:
-                runtime.close()
         except MetralError as exc:
             notes.append(f"Docker not reachable, images unknown: {exc.message}")
         items = []
@@ -113,20 +110,16 @@ class CoreServices:
         routed = self._via_agent(action, name, on_event, cancel)
         if routed is not None:
             return routed
-        runtime = self._runtime()
-        try:
-            with lifecycle_lock(f"{action} {name or ''} {LOCK_NOTE}".replace("  ", " ")):
-                if action == "stop":
-                    return self._stop(runtime, name, emit)
-                from metralectl.lifecycle.swap import repair_if_needed
+        with self._runtime() as runtime, lifecycle_lock(f"{action} {name or ''} {LOCK_NOTE}".replace("  ", " ")):
+            if action == "stop":
+                return self._stop(runtime, name, emit)
+            from metralectl.lifecycle.swap import repair_if_needed
 
-                assert recipe is not None
-                repair_if_needed(runtime, catalog, on_event=emit)
-                if action == "run":
-                    return self._run(recipe, catalog, runtime, emit)
-                return self._swap(recipe, catalog, runtime, emit)
-        finally:
-            runtime.close()
+            assert recipe is not None
+            repair_if_needed(runtime, catalog, on_event=emit)
+            if action == "run":
+                return self._run(recipe, catalog, runtime, emit)
+            return self._swap(recipe, catalog, runtime, emit)
 
     @staticmethod
     def _via_agent(action: Action, name: str | None, on_event: Listener, cancel: CancelToken) -> Outcome | None:
@@ -182,24 +175,21 @@ class CoreServices:
         from metralectl.seams import machine, weights
         from metralectl.core.progress import human_bytes
 
-        runtime = self._runtime()
-        try:
+        with self._runtime() as runtime:
             image = images.pull(catalog.image_for(recipe), runtime, machine.cpu_arch(), emit)
-        finally:
-            runtime.close()
         got = weights.pull(recipe, emit)
         how = "already complete" if got.already_complete else f"{human_bytes(got.downloaded_bytes)} downloaded"
         return Outcome("pull", recipe.name, "done", f"{recipe.name}: image {image.action}; weights complete at "
                        f"{got.commit[:12]} ({how})", lines=tuple(got.notes))
 
     @staticmethod
-    def _run(recipe: Any, catalog: Catalog, runtime: DockerRuntime, emit: Listener) -> Outcome:
+    def _run(recipe: Any, catalog: Catalog, runtime: ContainerRuntime, emit: Listener) -> Outcome:
         from metralectl.lifecycle.launch import LaunchOptions, launch
 
         return _run_outcome(launch(recipe, catalog, runtime, options=LaunchOptions(), on_event=emit))
 
     @staticmethod
-    def _swap(recipe: Any, catalog: Catalog, runtime: DockerRuntime, emit: Listener) -> Outcome:
+    def _swap(recipe: Any, catalog: Catalog, runtime: ContainerRuntime, emit: Listener) -> Outcome:
         from metralectl.lifecycle.launch import LaunchOptions
         from metralectl.lifecycle.memory import NvmlMemoryWatch
         from metralectl.lifecycle.swap import swap
@@ -208,7 +198,7 @@ class CoreServices:
                                   memory=NvmlMemoryWatch(runtime)))
 
     @staticmethod
-    def _stop(runtime: DockerRuntime, name: str | None, emit: Listener) -> Outcome:
+    def _stop(runtime: ContainerRuntime, name: str | None, emit: Listener) -> Outcome:
         from metralectl.lifecycle.memory import NvmlMemoryWatch
         from metralectl.lifecycle.stop import select, stop_containers
         from metralectl.core.render import LABEL_RECIPE
@@ -224,18 +214,12 @@ class CoreServices:
     def status(self) -> StatusReport:
         from metralectl.lifecycle import status
 
-        runtime = self._runtime()
-        try:
+        with self._runtime() as runtime:
             return status.collect(runtime)
-        finally:
-            runtime.close()
 
     def follow_logs(self, container: str, stop: threading.Event) -> Iterator[str]:
-        runtime = self._runtime()
-        try:
+        with self._runtime() as runtime:
             yield from runtime.follow_logs(container, tail=200, stop=stop)
-        finally:
-            runtime.close()
 
     def telemetry(self) -> TelemetryFeed:
         from metralectl.tui.telemetry_feed import TopFeed

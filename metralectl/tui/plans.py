@@ -15,9 +15,10 @@ from metralectl.tui.services import Action, Plan
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.core.recipe import Recipe
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 
-def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_factory: Callable[[], Any]) -> Plan:
+def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_factory: Callable[[], ContainerRuntime]) -> Plan:
     from metralectl.seams import hfcache
     from metralectl.core.labels import LABEL_RECIPE
     from metralectl.core.render import docker_run_command, spec_for
@@ -26,14 +27,11 @@ def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_f
     image_present: bool | None = None
     docker_note: str | None = None
     try:
-        runtime = runtime_factory()
-        try:
+        with runtime_factory() as runtime:
             running = [c for c in runtime.containers() if c.running]
             if recipe is not None:
                 info = catalog.image_for(recipe)
                 image_present = runtime.image_state(info.ref, info.revision_label).present
-        finally:
-            runtime.close()
     except MetralError as exc:
         docker_note = exc.message
     served = [f"{c.labels.get(LABEL_RECIPE, '?')} ({c.name})" for c in running]

@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from metralectl.core.catalog import load_catalog
 from metralectl.errors import MetralError
-from metralectl.core.render import LABEL_MANAGED, LABEL_RECIPE
-from metralectl.seams.docker_runtime import ContainerInfo, ImageState
 from metralectl.tui.plans import make_plan
+from tests.fakes.runtime import FakeRuntime, image
 
 
-@dataclass
-class FakeRuntime:
-    running: list[str] = field(default_factory=list)
-    images: bool = True
-
-    def containers(self, **_: Any) -> list[ContainerInfo]:
-        return [ContainerInfo(f"id-{r}", f"metralectl-{r}", "img", "running", None, False, None, None,
-                              {LABEL_RECIPE: r, LABEL_MANAGED: "true"}) for r in self.running]
-
-    def image_state(self, ref: str, label: str = "") -> ImageState:
-        return ImageState(ref, self.images)
-
-    def close(self) -> None:
-        pass
+def docker(running: tuple[str, ...] = (), images: bool = True) -> FakeRuntime:
+    """A daemon holding every catalog image (or none), serving `running` (ours)."""
+    rt = FakeRuntime(images=[image(i.ref) for i in load_catalog().images.values()] if images else [])
+    for recipe in running:
+        rt.serving(recipe)
+    return rt
 
 
 def plan(action: str, recipe: str | None, runtime: FakeRuntime | None = None, broken: bool = False) -> Any:
@@ -34,7 +24,7 @@ def plan(action: str, recipe: str | None, runtime: FakeRuntime | None = None, br
     def factory() -> FakeRuntime:
         if broken:
             raise MetralError("Docker is not running")
-        return runtime or FakeRuntime()
+        return runtime or docker()
 
     return make_plan(action, catalog.recipe(recipe) if recipe else None, catalog, factory)  # type: ignore[arg-type]
 
@@ -46,13 +36,13 @@ def test_run_plan_shows_the_command_and_refuses_missing_weights() -> None:
 
 
 def test_run_plan_refuses_when_image_absent_or_docker_down() -> None:
-    assert "not present locally" in plan("run", "qwen3.5-35b-a3b", FakeRuntime(images=False)).blocked
+    assert "not present locally" in plan("run", "qwen3.5-35b-a3b", docker(images=False)).blocked
     assert plan("run", "qwen3.5-35b-a3b", broken=True).blocked == "Docker: Docker is not running"
 
 
 def test_swap_and_stop_plans_follow_what_is_served() -> None:
     assert "serving nothing" in plan("swap", "qwen3.5-27b").blocked
-    served = FakeRuntime(running=["qwen3.5-27b"])
+    served = docker(running=("qwen3.5-27b",))
     assert "already the served model" in plan("swap", "qwen3.5-27b", served).blocked
     stop = plan("stop", None, served)
     assert stop.recipe == "qwen3.5-27b" and not stop.blocked and not stop.cancellable
@@ -62,5 +52,5 @@ def test_swap_and_stop_plans_follow_what_is_served() -> None:
 
 
 def test_multi_rank_recipe_is_refused_with_the_print_hint() -> None:
-    p = plan("run", "qwen3.5-122b-a10b-ep2", FakeRuntime())
+    p = plan("run", "qwen3.5-122b-a10b-ep2", docker())
     assert p.blocked and "needs 2 ranks" in p.blocked and "--rank N" in (p.hint or "")
