@@ -20,6 +20,7 @@ from metralectl.errors import MetralError
 
 if TYPE_CHECKING:
     from metralectl.app.serving import Change, DirectServing
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 Emit = Callable[[Any], None]
 
@@ -121,20 +122,17 @@ class LifecycleOps:
         answer = self._capability()
         return answer if answer is not None else {"can_run": None, "summary": "checking…", "problems": [], "checks": []}
 
-    def _runtime(self, timeout: float = 10.0) -> Any:
-        from metralectl.seams.docker_runtime import DockerRuntime
+    def _runtime(self, timeout: float = 10.0) -> ContainerRuntime:
+        from metralectl.seams.docker_runtime import open_runtime
 
-        return DockerRuntime(timeout=timeout)
+        return open_runtime(timeout=timeout)
 
     def serving(self) -> dict[str, Any]:
         from metralectl.lifecycle import status
 
         try:
-            runtime = self._runtime()
-            try:
+            with self._runtime() as runtime:
                 return status.collect(runtime).as_json()
-            finally:
-                runtime.close()
         except MetralError as exc:
             return {"serving": [], **error_json(exc)}
 

@@ -96,22 +96,22 @@ def result_json(result: Any) -> Any:
 
 
 def docker_runtime() -> ContainerRuntime:
-    from metralectl.seams.docker_runtime import DockerRuntime
+    from metralectl.seams.docker_runtime import open_runtime
 
-    return DockerRuntime()
+    return open_runtime()
 
 
 def node_runtime(spec: str, role: str) -> ContainerRuntime:
     """Another node's Docker daemon, from what the operator named (a context, ssh://, tcp://)."""
-    from metralectl.seams.docker_runtime import DockerRuntime, endpoint_for
+    from metralectl.seams.docker_runtime import endpoint_for, open_runtime
 
-    return DockerRuntime(endpoint_for(spec, role))
+    return open_runtime(endpoint_for(spec, role))
 
 
 def memory_watch(runtime: ContainerRuntime) -> MemoryWatch:
     from metralectl.lifecycle.memory import NvmlMemoryWatch
 
-    return NvmlMemoryWatch(runtime)  # type: ignore[arg-type]
+    return NvmlMemoryWatch(runtime)
 
 
 def _load_catalog() -> Catalog:
@@ -176,8 +176,8 @@ class DirectServing:
         if change.multi is not None:
             return self._run_multi(change, change.multi, recipe, catalog, on_event)
         with self._locked(f"run {recipe.name}"), self.runtime() as runtime:
-            repair_if_needed(runtime, catalog, on_event=on_event)  # type: ignore[arg-type]
-            return launch(recipe, catalog, runtime, options=change.options, on_event=on_event)  # type: ignore[arg-type]
+            repair_if_needed(runtime, catalog, on_event=on_event)
+            return launch(recipe, catalog, runtime, options=change.options, on_event=on_event)
 
     def _run_multi(self, change: Change, multi: MultiRank, recipe: Recipe, catalog: Catalog,
                    on_event: Listener) -> LaunchedMulti:
@@ -193,8 +193,8 @@ class DirectServing:
                 (node_runtime(multi.head, "head") if multi.head else self.runtime()) as head, \
                 node_runtime(multi.worker, "worker") as worker:
             if not multi.head:  # an interrupted swap is this machine's to repair
-                repair_if_needed(head, catalog, on_event=on_event)  # type: ignore[arg-type]
-            return launch_multi(recipe, catalog, head, worker, options=change.options,  # type: ignore[arg-type]
+                repair_if_needed(head, catalog, on_event=on_event)
+            return launch_multi(recipe, catalog, head, worker, options=change.options,
                                 multi=options, on_event=on_event)
 
     def swap(self, change: Change, on_event: Listener) -> SwapResult:
@@ -204,8 +204,8 @@ class DirectServing:
         catalog = self.catalog()
         recipe = self.resolve(change, catalog)  # refused here, before anything is released
         with self._locked(f"swap to {recipe.name}"), self.runtime() as runtime:
-            repair_if_needed(runtime, catalog, on_event=on_event)  # type: ignore[arg-type]
-            return swap(recipe, list(change.sets), catalog, runtime, on_event=on_event,  # type: ignore[arg-type]
+            repair_if_needed(runtime, catalog, on_event=on_event)
+            return swap(recipe, list(change.sets), catalog, runtime, on_event=on_event,
                         options=change.options, drain_timeout_s=change.drain_timeout_s, memory=self._memory(runtime))
 
     def stop(self, change: Change, on_event: Listener) -> Stopped:
@@ -220,17 +220,14 @@ class DirectServing:
         with self._locked(f"stop {change.recipe or ''}".strip()), self.runtime() as runtime:
             deployments, chosen = select_stop(runtime, change)
             local_url = runtime.endpoint.url
-            runtimes = deployment.Runtimes(runtime)  # type: ignore[arg-type]
-            try:
+            with deployment.Runtimes(runtime) as runtimes:  # closes the other nodes' runtimes, not this one
                 for dep in deployments:
                     for r in stop_deployment(dep, runtimes, timeout_s=change.stop_timeout_s, on_event=on_event,
                                              memory_for=lambda rt: self._memory(rt) if rt.endpoint.url == local_url
                                              else RemoteMemory()):
                         ranks.append(RankStopped(dep.recipe, r.rank, r.role, r.endpoint, r.container, r.result,
                                                  r.error))
-            finally:
-                runtimes.close(keep=runtime)  # type: ignore[arg-type]
-            containers = stop_containers(runtime, chosen, timeout_s=change.stop_timeout_s,  # type: ignore[arg-type]
+            containers = stop_containers(runtime, chosen, timeout_s=change.stop_timeout_s,
                                          on_event=on_event, memory=self._memory(runtime)) if chosen else []
         stopped = Stopped(tuple(containers), tuple(ranks))
         if stopped.failures:
@@ -247,8 +244,8 @@ class DirectServing:
                 from metralectl.lifecycle.swap import repair_if_needed
 
                 with self._locked("repair"):
-                    repair_if_needed(runtime, self.catalog(), on_event=on_event)  # type: ignore[arg-type]
-            return status.collect(runtime)  # type: ignore[arg-type]
+                    repair_if_needed(runtime, self.catalog(), on_event=on_event)
+            return status.collect(runtime)
 
     def logs(self, recipe: str | None = None, *, rank: int | None = None, follow: bool = False, tail: int = 200,
              container: str | None = None, stop: threading.Event | None = None) -> Iterator[str]:
@@ -265,7 +262,7 @@ class DirectServing:
             if container is None:
                 from metralectl.lifecycle.stop import select
 
-                chosen = select(runtime, recipe, all_=False)  # type: ignore[arg-type]
+                chosen = select(runtime, recipe, all_=False)
                 if not chosen:
                     raise MetralError("metralectl is not serving anything", "`metralectl run RECIPE`")
                 container = chosen[0].id
@@ -298,5 +295,5 @@ def select_stop(runtime: ContainerRuntime, change: Change) -> tuple[list[Deploym
     if deployments and not change.all_:
         return deployments, []
     ranked = {r.container for d in deployments for r in d.ranks if r.endpoint == runtime.endpoint.url}
-    containers = [c for c in select(runtime, change.recipe, change.all_) if c.name not in ranked]  # type: ignore[arg-type]
+    containers = [c for c in select(runtime, change.recipe, change.all_) if c.name not in ranked]
     return deployments, containers

@@ -36,8 +36,7 @@ def rank_log(dep: Deployment, rank: int, *, follow: bool, tail: int,
     from metralectl.lifecycle import deployment
 
     record = dep.rank(rank)
-    runtimes = deployment.Runtimes()
-    try:
+    with deployment.Runtimes() as runtimes:
         runtime = runtimes.require(record)
         container = (runtime.inspect(record.container_id) if record.container_id else None) or runtime.inspect(record.container)
         if container is None:
@@ -47,5 +46,3 @@ def rank_log(dep: Deployment, rank: int, *, follow: bool, tail: int,
             yield from runtime.follow_logs(container.id, tail=tail, stop=stop)
         else:
             yield from runtime.log_tail(container.id, tail)
-    finally:
-        runtimes.close()

@@ -1,6 +1,6 @@
 """Engine images: what is local, what each recipe uses, whether it can run on this machine; pulls.
 
-Orchestration over the runtime seam (runtime.DockerRuntime, or any object with `image_state` and
+Orchestration over the runtime seam (seams.container_runtime.ContainerRuntime, or any object with `image_state` and
 `pull_image`): no docker import, no printing. Progress is handed to `on_event` per layer.
 """
 

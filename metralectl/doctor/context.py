@@ -18,7 +18,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 T = TypeVar("T")
 
@@ -144,6 +147,10 @@ class Fact(Generic[T]):
         self._error: BaseException | None = None
         threading.Thread(target=self._run, args=(compute,), name=f"doctor-fact-{name}", daemon=True).start()
 
+    def settled(self) -> T | None:
+        """The value, when it was computed without error by now; else None (still running, or failed)."""
+        return self._value if self._done.is_set() and self._error is None else None
+
     def _run(self, compute: Callable[[], T]) -> None:
         try:
             self._value = compute()
@@ -160,10 +167,10 @@ class Fact(Generic[T]):
         return self._value  # type: ignore[return-value]
 
 
-def _default_runtime() -> Any:
-    from metralectl.seams.docker_runtime import DockerRuntime
+def _default_runtime() -> ContainerRuntime:
+    from metralectl.seams.docker_runtime import open_runtime
 
-    return DockerRuntime()
+    return open_runtime()
 
 
 def _default_probe(gpu_classes: tuple[tuple[str, str], ...], unified: frozenset[str]) -> GpuProbeLike:
@@ -178,7 +185,7 @@ def _default_catalog() -> Any:
     return load_catalog()
 
 
-def _default_container_pids(runtime: Any, container_id: str) -> set[int]:
+def _default_container_pids(runtime: ContainerRuntime, container_id: str) -> set[int]:
     from metralectl.seams.docker_runtime import container_pids
 
     return container_pids(runtime, container_id)
@@ -276,10 +283,10 @@ class Context:
         recipe: str | None = None,
         environ: Mapping[str, str] | None = None,
         identity: Identity | None = None,
-        runtime_factory: Callable[[], Any] = _default_runtime,
+        runtime_factory: Callable[[], ContainerRuntime] = _default_runtime,
         gpu_probe_factory: Callable[[tuple[tuple[str, str], ...], frozenset[str]], GpuProbeLike] = _default_probe,
         catalog_loader: Callable[[], Any] = _default_catalog,
-        container_pids: Callable[[Any, str], set[int]] = _default_container_pids,
+        container_pids: Callable[[ContainerRuntime, str], set[int]] = _default_container_pids,
         which: Callable[..., str | None] = shutil.which,
         cpu_arch: Callable[[], str] = _default_cpu_arch,
         proc_gpu_names: Callable[[], list[str]] = _default_proc_gpu_names,
@@ -334,10 +341,16 @@ class Context:
         return event
 
     def close(self, grace_s: float = 10.0) -> None:
-        """Wait (bounded) for checks still cleaning up, e.g. removing a probe container."""
+        """Wait (bounded) for checks still cleaning up, e.g. removing a probe container; then close the shared
+        runtime (a connection the checks opened lazily; one still connecting is left to the process's exit)."""
         deadline = time.monotonic() + grace_s
         for event in list(self._cleanups):
             event.wait(max(0.0, deadline - time.monotonic()))
+        with self._facts_lock:
+            docker = self._facts.get("docker")
+        runtime = docker.settled() if docker is not None else None
+        if runtime is not None:
+            runtime.close()
 
     # -- facts ----------------------------------------------------------------------------------
     def _fact(self, name: str, compute: Callable[[], T], budget_s: float) -> T:
@@ -360,7 +373,7 @@ class Context:
     def recipe(self) -> Any | None:
         return self.catalog().recipe(self.recipe_name) if self.recipe_name else None
 
-    def runtime(self) -> Any:
+    def runtime(self) -> ContainerRuntime:
         """A connected runtime, or the DockerUnavailable / ImportError / Unanswered that says why not."""
         return self._fact("docker", self.runtime_factory, self.docker_budget_s)
 

@@ -30,9 +30,10 @@ from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagn
                                             timeout_diagnosis, warnings_at_ready)
 from metralectl.core.recipe import Recipe
 from metralectl.core.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, spec_for
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, RuntimeFailure
+from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker_runtime import ContainerInfo, RuntimeFailure
 
-LABEL_ENDPOINT = "ai.metrale.metralectl.seams.endpoint"
+LABEL_ENDPOINT = "ai.metrale.metralectl.endpoint"
 LABEL_SETS = "ai.metrale.metralectl.sets"
 DRAIN_S = 5.0  # after the container is down: how long its last log lines may take to arrive
 POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer within this of the poll
@@ -76,7 +77,7 @@ class LaunchFailed(MetralError):
         self.log_path = log_path
 
 
-def stage(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, options: LaunchOptions, on_event: Listener) -> None:
+def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: LaunchOptions, on_event: Listener) -> None:
     """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
     from metralectl.core import images
     from metralectl.seams import weights
@@ -100,7 +101,7 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, options: Lau
     weights.weights_preflight(recipe)
 
 
-def check_containers(recipe: Recipe, runtime: DockerRuntime, spec: ContainerSpec, options: LaunchOptions, *,
+def check_containers(recipe: Recipe, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions, *,
                      ignore_running: tuple[str, ...] = (), where: str = "") -> list[ContainerInfo]:
     """Refuse a foreign container holding spec's name, another user's model, or (without --replace) one of
     ours serving (lifecycle/preflight.py says which); return ours that are running (what --replace stops).
@@ -114,7 +115,7 @@ def check_containers(recipe: Recipe, runtime: DockerRuntime, spec: ContainerSpec
     return running
 
 
-def preflight(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spec: ContainerSpec, options: LaunchOptions,
+def preflight(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions,
               on_event: Listener, *, ignore_running: tuple[str, ...] = (), check_port: bool = True) -> None:
     """Everything that can refuse a launch before anything starts: first what is known now
     (lifecycle/preflight.py, the answer the dashboard's plan shows too), then staging (which pulls what
@@ -134,7 +135,7 @@ def preflight(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spec: Co
         raise refused.error
 
 
-def launch(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, *, options: LaunchOptions = LaunchOptions(),
+def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, options: LaunchOptions = LaunchOptions(),
            on_event: Listener = ignore, gpus_override: str | int | None = "recipe") -> Launched:
     spec = spec_for(catalog, recipe, gpus_override=gpus_override)
     preflight(recipe, catalog, runtime, spec, options, on_event)
@@ -151,7 +152,7 @@ def launch(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, *, options:
     return start_and_wait(recipe, catalog, runtime, spec, options, on_event)
 
 
-def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spec: ContainerSpec,
+def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec,
                    options: LaunchOptions, on_event: Listener) -> Launched:
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     url = base_url(spec.bind, spec.port)
@@ -206,14 +207,14 @@ def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spe
         raise
 
 
-def _remove_quietly(runtime: DockerRuntime, container_id: str) -> None:
+def _remove_quietly(runtime: ContainerRuntime, container_id: str) -> None:
     try:
         runtime.remove(container_id, force=True)
     except MetralError:
         pass
 
 
-def _wait_ready(runtime: DockerRuntime, container: ContainerInfo, log: BootLog, log_path: Path, url: str,
+def _wait_ready(runtime: ContainerRuntime, container: ContainerInfo, log: BootLog, log_path: Path, url: str,
                 boot_timeout: float, stall_timeout: float, started: float, on_event: Listener,
                 readiness: Readiness) -> tuple[dict[str, float], float]:
     """Until GET /health = 200 (polled from the start), a faulted answer, the container's exit, a stall or the
@@ -297,7 +298,7 @@ def _take(line: str, fd: int, log: BootLog, on_event: Listener, phases: dict[str
         on_event(Phase(phase, message_of(clean), elapsed))
 
 
-def _follow(runtime: DockerRuntime, container_id: str, lines: queue.Queue[str | None], stop: threading.Event) -> None:
+def _follow(runtime: ContainerRuntime, container_id: str, lines: queue.Queue[str | None], stop: threading.Event) -> None:
     try:
         for line in runtime.follow_logs(container_id, stop=stop):
             lines.put(line)

@@ -26,7 +26,8 @@ from metralectl.lifecycle.stop import stop_containers
 from metralectl.core.overrides import apply_sets
 from metralectl.core.recipe import Recipe
 from metralectl.core.render import LABEL_RECIPE, spec_for
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime
+from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker_runtime import ContainerInfo
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def _recipe_of(container: ContainerInfo, catalog: Catalog) -> tuple[Recipe, list
     return apply_sets(catalog, catalog.recipe(container.labels.get(LABEL_RECIPE, "")), sets), sets
 
 
-def swap_refused(new: Recipe, new_sets: list[str], runtime: DockerRuntime) -> tuple[Refusal | None, ContainerInfo | None]:
+def swap_refused(new: Recipe, new_sets: list[str],
+                 runtime: ContainerRuntime) -> tuple[Refusal | None, ContainerInfo | None]:
     """(why a swap to `new` cannot start, or None; the served container when there is exactly one)."""
     running = [c for c in runtime.containers() if c.running]
     served = running[0] if len(running) == 1 else None
@@ -102,7 +104,7 @@ def drain(url: str, timeout_s: float, on_event: Listener) -> float:
     return time.monotonic() - started
 
 
-def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: DockerRuntime, *, on_event: Listener = ignore,
+def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerRuntime, *, on_event: Listener = ignore,
          options: LaunchOptions = LaunchOptions(), drain_timeout_s: float = 60.0,
          memory: MemoryWatch | None = None) -> SwapResult:
     """Call with the lifecycle lock held."""
@@ -150,7 +152,7 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: DockerRunt
     return result
 
 
-def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, runtime: DockerRuntime,
+def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, runtime: ContainerRuntime,
              body: dict[str, Any], phases: dict[str, float], down_from: float, failure: LaunchFailed,
              options: LaunchOptions, on_event: Listener) -> SwapResult:
     _journal("restoring", body)
@@ -207,7 +209,7 @@ def last_swap_summary() -> str | None:
             f"{last.get('downtime_s', 0):.1f} s ({split})")
 
 
-def repair_if_needed(runtime: DockerRuntime, catalog: Catalog, *, on_event: Listener = ignore) -> str | None:
+def repair_if_needed(runtime: ContainerRuntime, catalog: Catalog, *, on_event: Listener = ignore) -> str | None:
     """Finish or undo an interrupted swap. Call with the lifecycle lock held (so the journal is stale)."""
     journal = store.read_json(journal_path())
     if not isinstance(journal, dict):

@@ -15,10 +15,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import MetralError
 from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, LABEL_PREFIX, ContainerSpec, owner
+
+if TYPE_CHECKING:
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 LABEL_PROBE = f"{LABEL_PREFIX}.probe"
@@ -570,6 +573,24 @@ class DockerRuntime:
             if not finished.is_set():
                 stream.close()
 
+    def container_pids(self, name_or_id: str) -> set[int]:
+        """Host PIDs of a running container's processes (empty when it is not running)."""
+        import docker.errors
+
+        try:
+            top = self.api.top(name_or_id, ps_args="-eo pid")
+        except docker.errors.DockerException:
+            return set()
+        titles = [t.upper() for t in top.get("Titles") or []]
+        column = titles.index("PID") if "PID" in titles else 0
+        out = set()
+        for row in top.get("Processes") or []:
+            try:
+                out.add(int(row[column]))
+            except (ValueError, IndexError):
+                continue
+        return out
+
     def run_probe(self, image: str, script: str, *, read_only: dict[str, str] | None = None,
                   timeout_s: float = 60.0) -> tuple[int | None, str]:
         """Run `sh -c script` in a short-lived container of `image` on the host network; (exit code, output).
@@ -679,20 +700,12 @@ def _split_ref(ref: str) -> tuple[str, str | None]:
     return ref, "latest"
 
 
-def container_pids(runtime: DockerRuntime, name_or_id: str) -> set[int]:
+def container_pids(runtime: ContainerRuntime, name_or_id: str) -> set[int]:
     """Host PIDs of a running container's processes (empty when it is not running)."""
-    import docker.errors
+    return runtime.container_pids(name_or_id)
 
-    try:
-        top = runtime.api.top(name_or_id, ps_args="-eo pid")
-    except docker.errors.DockerException:
-        return set()
-    titles = [t.upper() for t in top.get("Titles") or []]
-    column = titles.index("PID") if "PID" in titles else 0
-    out = set()
-    for row in top.get("Processes") or []:
-        try:
-            out.add(int(row[column]))
-        except (ValueError, IndexError):
-            continue
-    return out
+
+def open_runtime(endpoint: Endpoint | None = None, *, timeout: float = 30.0) -> ContainerRuntime:
+    """A connected runtime for `endpoint` (default: DOCKER_HOST / the current context / the default socket).
+    Use it as a context manager, so the connection is closed on every path: `with open_runtime() as rt:`."""
+    return DockerRuntime(endpoint, timeout=timeout)

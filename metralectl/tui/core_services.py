@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.doctor.model import CheckResult
     from metralectl.lifecycle.status import StatusReport
-    from metralectl.seams.docker_runtime import DockerRuntime
+    from metralectl.seams.container_runtime import ContainerRuntime
     from metralectl.tui.cancel import CancelToken
     from metralectl.tui.services import BenchService, TelemetryFeed
 
@@ -48,10 +48,10 @@ class CoreServices:
             return self._catalog
 
     @staticmethod
-    def _runtime() -> DockerRuntime:
-        from metralectl.seams.docker_runtime import DockerRuntime
+    def _runtime() -> ContainerRuntime:
+        from metralectl.seams.docker_runtime import open_runtime
 
-        return DockerRuntime()
+        return open_runtime()
 
     # -- library --------------------------------------------------------------------------------
     def library(self) -> LibrarySnapshot:
@@ -67,14 +67,11 @@ class CoreServices:
         present: dict[str, bool | None] = {}
         serving: set[str] = set()
         try:
-            runtime = self._runtime()
-            try:
+            with self._runtime() as runtime:
                 for image in {catalog.recipes[r.name].image for r in rows}:
                     info = catalog.images[image]
                     present[info.ref] = runtime.image_state(info.ref, info.revision_label).present
                 serving = {c.labels.get(LABEL_RECIPE, "") for c in runtime.containers() if c.running}
-            finally:
-                runtime.close()
         except MetralError as exc:
             notes.append(f"Docker not reachable, images unknown: {exc.message}")
         items = []
@@ -132,11 +129,8 @@ class CoreServices:
         from metralectl.seams import machine, weights
         from metralectl.core.progress import human_bytes
 
-        runtime = self._runtime()
-        try:
+        with self._runtime() as runtime:
             image = images.pull(catalog.image_for(recipe), runtime, machine.cpu_arch(), emit)
-        finally:
-            runtime.close()
         got = weights.pull(recipe, emit)
         how = "already complete" if got.already_complete else f"{human_bytes(got.downloaded_bytes)} downloaded"
         return Outcome("pull", recipe.name, "done", f"{recipe.name}: image {image.action}; weights complete at "

@@ -48,11 +48,8 @@ def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_f
     facts: Facts | None = None
     docker_note: str | None = None
     try:
-        runtime = runtime_factory()
-        try:
+        with runtime_factory() as runtime:
             facts = observe(recipe, catalog, runtime, spec, probe_port=action == "run")
-        finally:
-            runtime.close()
     except MetralError as exc:
         docker_note = exc.message
     if action == "pull":
@@ -139,16 +136,15 @@ def _stop_plan(recipe: Recipe | None, runtime_factory: Callable[[], Any]) -> Pla
         runtime = runtime_factory()
     except MetralError as exc:
         return Plan("stop", name, "Stop", (), blocked=f"Docker: {exc.message}")
-    try:
-        running = [c for c in runtime.containers() if c.running]
-        if name is not None and not any(c.labels.get(LABEL_RECIPE) == name for c in running):
-            name = None  # the selected recipe is not served: stop the one that is
-        deployments, containers = select_stop(runtime, dashboard_change("stop", name))
-    except MetralError as exc:  # several served and none selected, or Docker gone meanwhile
-        return Plan("stop", name, "Stop", (), blocked=exc.message,
-                    hint="select the recipe of the one to stop in the Library" if name is None else exc.hint)
-    finally:
-        runtime.close()
+    with runtime:
+        try:
+            running = [c for c in runtime.containers() if c.running]
+            if name is not None and not any(c.labels.get(LABEL_RECIPE) == name for c in running):
+                name = None  # the selected recipe is not served: stop the one that is
+            deployments, containers = select_stop(runtime, dashboard_change("stop", name))
+        except MetralError as exc:  # several served and none selected, or Docker gone meanwhile
+            return Plan("stop", name, "Stop", (), blocked=exc.message,
+                        hint="select the recipe of the one to stop in the Library" if name is None else exc.hint)
     if not deployments and not containers:
         return Plan("stop", name, "Stop", (), blocked="metralectl is serving nothing")
     steps: list[str] = []

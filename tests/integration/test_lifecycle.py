@@ -31,7 +31,7 @@ def test_run_ready_curl_ps_stop(box: Box) -> None:
     assert serving["health"] == "ok" and serving["state"] == "running" and serving["image_revision"].startswith("test-double-")
     inspect = json.loads(subprocess.run(["docker", "inspect", serving["name"]], capture_output=True, text=True).stdout)[0]
     labels = inspect["Config"]["Labels"]
-    assert labels["ai.metrale.metralectl.core.recipe"] == name and labels["ai.metrale.metralectl.run-id"]
+    assert labels["ai.metrale.metralectl.recipe"] == name and labels["ai.metrale.metralectl.run-id"]
     assert inspect["HostConfig"]["NetworkMode"] == "host" and inspect["HostConfig"]["IpcMode"] == "host"
     assert any(m["Destination"] == "/root/.cache/huggingface" for m in inspect["Mounts"])
     stopped = box.cli("stop", name, check=True)

@@ -117,7 +117,7 @@ def test_foreign_containers_are_never_touched(box: Box) -> None:
     subprocess.run(["docker", "run", "-d", "--network", "none", "--name", clash, "--entrypoint", "/bin/busybox", image, "sleep", "300"],
                    check=True, capture_output=True)
     other = ["--label", "ai.metrale.metralectl.managed=true", "--label", "ai.metrale.metralectl.owner=someone-else",
-             "--label", "ai.metrale.metralectl.core.recipe=x", "--entrypoint", "/bin/busybox", image, "sleep", "300"]
+             "--label", "ai.metrale.metralectl.recipe=x", "--entrypoint", "/bin/busybox", image, "sleep", "300"]
     subprocess.run(["docker", "create", "--network", "none", "--name", other_owner, *other], check=True, capture_output=True)
     try:
         mine = box.recipe("mine")

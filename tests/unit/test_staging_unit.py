@@ -20,6 +20,7 @@ from metralectl.core import images
 from metralectl.core.hardware import ImageInfo
 from metralectl.seams.hfcache import Listing, RepoFile
 from metralectl.core.progress import Meter, human_bytes, human_duration
+from tests.fakes.runtime import FakeRuntime, image as local_image
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO = "org/model"
@@ -238,23 +239,14 @@ def test_check_platform(arch: str, declared: str, local: str | None, refused: st
         assert refused in problem.message
 
 
-class FakeRuntime:
-    def __init__(self, present: bool, platform: str = "linux/arm64") -> None:
-        self.present, self.platform, self.pulls = present, platform, []
-
-    def image_state(self, ref: str, revision_label: str = "") -> SimpleNamespace:
-        return state(self.present, self.platform if self.present else None)
-
-    def pull_image(self, ref: str, on_progress=None, platform: str | None = None) -> None:
-        self.pulls.append((ref, platform))
-        on_progress("abc123", "Downloading", 10, 100)
-        on_progress("abc123", "Pull complete", None, None)
-        on_progress(None, "Digest: sha256:2", None, None)
-        self.present = True
+def registry(present: bool, platform: str = "linux/arm64") -> FakeRuntime:
+    """A daemon with metrale/img:latest here (or not) that can pull it from its registry."""
+    ref = "metrale/img:latest"
+    return FakeRuntime(images=[local_image(ref, platform)] if present else [], pullable=[local_image(ref, platform)])
 
 
 def test_image_pull_over_a_fake_runtime() -> None:
-    rt = FakeRuntime(present=False)
+    rt = registry(present=False)
     events: list[images.LayerProgress] = []
     result = images.pull(image("linux/arm64"), rt, "aarch64", events.append)
     assert result.action == "pulled" and rt.pulls == [("metrale/img:latest", "linux/arm64")]
@@ -263,8 +255,8 @@ def test_image_pull_over_a_fake_runtime() -> None:
     assert images.pull(image("linux/arm64"), rt, "aarch64").action == "present" and len(rt.pulls) == 1
     assert images.pull(image("linux/arm64"), rt, "aarch64", update=True).action == "pulled"
     with pytest.raises(images.ImageError, match="cannot be pulled: it is built from source"):
-        images.pull(image("linux/amd64", build="docker build ..."), FakeRuntime(False), "x86_64")
-    wrong = FakeRuntime(present=False)
+        images.pull(image("linux/amd64", build="docker build ..."), registry(False), "x86_64")
+    wrong = registry(present=False)
     with pytest.raises(images.ImageError, match="built for linux/amd64"):
         images.pull(image("linux/amd64"), wrong, "aarch64")
     assert wrong.pulls == []  # refused before pulling anything

@@ -3,16 +3,14 @@ preflight (lifecycle/preflight.py) and the stop's own selection (app/serving.sel
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from metralectl.core.catalog import load_catalog
 from metralectl.errors import MetralError
-from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, LABEL_RECIPE, owner
-from metralectl.seams.docker_runtime import ContainerInfo, Endpoint, ImageState
 from metralectl.tui.plans import make_plan
+from tests.fakes.runtime import FakeRuntime, image
 
 
 @pytest.fixture(autouse=True)
@@ -21,24 +19,12 @@ def gb10_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("metralectl.seams.machine.cpu_arch", lambda: "aarch64")
 
 
-@dataclass
-class FakeRuntime:
-    running: list[str] = field(default_factory=list)
-    images: bool = True
-    endpoint: Endpoint = field(default_factory=lambda: Endpoint("unix:///var/run/docker.sock", "default"))
-
-    def containers(self, **_: Any) -> list[ContainerInfo]:
-        return [ContainerInfo(f"id-{r}", f"metralectl-{r}", "img", "running", None, False, None, None,
-                              {LABEL_RECIPE: r, LABEL_MANAGED: "true", LABEL_OWNER: owner()}) for r in self.running]
-
-    def inspect(self, name: str) -> ContainerInfo | None:
-        return next((c for c in self.containers() if name in (c.name, c.id)), None)
-
-    def image_state(self, ref: str, label: str = "") -> ImageState:
-        return ImageState(ref, self.images, platform="linux/arm64" if self.images else None)
-
-    def close(self) -> None:
-        pass
+def docker(running: tuple[str, ...] = (), images: bool = True) -> FakeRuntime:
+    """A daemon holding every catalog image (or none), serving `running` (ours)."""
+    rt = FakeRuntime(images=[image(i.ref, i.platform) for i in load_catalog().images.values()] if images else [])
+    for recipe in running:
+        rt.serving(recipe)
+    return rt
 
 
 def plan(action: str, recipe: str | None, runtime: FakeRuntime | None = None, broken: bool = False) -> Any:
@@ -47,7 +33,7 @@ def plan(action: str, recipe: str | None, runtime: FakeRuntime | None = None, br
     def factory() -> FakeRuntime:
         if broken:
             raise MetralError("Docker is not running")
-        return runtime or FakeRuntime()
+        return runtime or docker()
 
     return make_plan(action, catalog.recipe(recipe) if recipe else None, catalog, factory)  # type: ignore[arg-type]
 
@@ -59,7 +45,7 @@ def test_run_plan_shows_the_command_and_refuses_missing_weights() -> None:
 
 
 def test_run_plan_refuses_when_image_absent_or_docker_down() -> None:
-    absent = plan("run", "qwen3.5-35b-a3b", FakeRuntime(images=False))
+    absent = plan("run", "qwen3.5-35b-a3b", docker(images=False))
     assert "is not here" in absent.blocked and absent.hint == "press p to pull it"
     assert plan("run", "qwen3.5-35b-a3b", broken=True).blocked == "Docker: Docker is not running"
 
@@ -67,7 +53,7 @@ def test_run_plan_refuses_when_image_absent_or_docker_down() -> None:
 def test_swap_and_stop_plans_follow_what_is_served() -> None:
     nothing = plan("swap", "qwen3.5-27b")
     assert "not serving anything to swap" in nothing.blocked and nothing.hint == "press r to run this recipe"
-    served = FakeRuntime(running=["qwen3.5-27b"])
+    served = docker(running=("qwen3.5-27b",))
     assert "already the served model" in plan("swap", "qwen3.5-27b", served).blocked
     stop = plan("stop", None, served)
     assert stop.recipe == "qwen3.5-27b" and not stop.blocked and not stop.cancellable
@@ -77,7 +63,7 @@ def test_swap_and_stop_plans_follow_what_is_served() -> None:
 
 
 def test_multi_rank_recipe_is_refused_with_the_print_hint() -> None:
-    p = plan("run", "qwen3.5-122b-a10b-ep2", FakeRuntime())
+    p = plan("run", "qwen3.5-122b-a10b-ep2", docker())
     assert p.blocked and "needs 2 ranks" in p.blocked and "--rank N" in (p.hint or "")
 
 
@@ -91,7 +77,7 @@ def test_a_plan_refuses_what_the_launch_refuses(monkeypatch: pytest.MonkeyPatch)
     from metralectl.lifecycle.preflight import launch_refusal, observe
 
     monkeypatch.setattr("metralectl.seams.hfcache.cache_state", lambda *a, **k: SimpleNamespace(status="complete"))
-    served = FakeRuntime(running=["qwen3.5-27b"])
+    served = docker(running=("qwen3.5-27b",))
     run = plan("run", "qwen3.5-35b-a3b", served)
     catalog = load_catalog()
     recipe = apply_sets(catalog, catalog.recipe("qwen3.5-35b-a3b"), [])
