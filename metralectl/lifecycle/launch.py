@@ -29,7 +29,7 @@ from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, Log
 from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis,
                                             timeout_diagnosis, warnings_at_ready)
 from metralectl.core.recipe import Recipe
-from metralectl.core.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, spec_for
+from metralectl.core.render import LABEL_RUN_ID, ContainerSpec, owner, spec_for
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import ContainerInfo, RuntimeFailure
 
