@@ -56,7 +56,7 @@ class Serving(Protocol):
              container: str | None = None, stop: threading.Event | None = None) -> Iterator[str]: ...
 
 
-
+# agent or direct: decided here, once (and what the agent takes: serving_routed.routable)
 def serving_for(*, direct: bool = False, say: Callable[[str], None] | None = None,
                 cancelled: Callable[[], bool] | None = None, **direct_options: Any) -> Serving:
     """The Serving a front end uses: the running agent's (routed) unless `direct`, METRALECTL_DIRECT=1, or no
