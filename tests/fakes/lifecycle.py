@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from metralectl.core.catalog import Catalog
 from metralectl.core.overrides import apply_sets
@@ -15,6 +16,7 @@ from metralectl.lifecycle.events import (ContainerStarted, Event, Failed, LogLin
 from metralectl.lifecycle.launch import port_free
 from tests.fakes.runtime import FakeRuntime, image
 
+E = TypeVar("E", bound=Event)
 GB10_IMAGE = "metrale/metrale-inference-gb10:latest"  # the image of the gb10 recipes used here (linux/arm64)
 
 
@@ -68,7 +70,7 @@ class Recorder:
                 out.append("warning")
         return out
 
-    def of(self, kind: type[Event]) -> list[Event]:
+    def of(self, kind: type[E]) -> list[E]:
         return [e for e in self.events if isinstance(e, kind)]
 
 

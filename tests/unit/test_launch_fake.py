@@ -154,7 +154,7 @@ def _is_step(name: str) -> Callable[[Event], bool]:
     return lambda e: isinstance(e, Step) and e.name == name
 
 
-HOLDING = Boot((Log(WATCHDOG), Listen(), Answer(200, {"status": "ready", "model": "m"}, after_s=0.05)), model="m")
+HOLDING = Boot((Log(WATCHDOG), Listen(), Answer(200, {"status": "ready", "model": "m"}, after_s=0.5)), model="m")
 PHASES: dict[str, tuple[Callable[[Event], bool], Boot]] = {
     "image check": (_is_step("image"), engine_boot()),
     "before create": (_is_step("starting"), engine_boot()),
