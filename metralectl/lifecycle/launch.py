@@ -23,12 +23,14 @@ from metralectl.seams.ports import port_free
 from metralectl.errors import ExitCode, MetralError
 from metralectl.core.contract import Readiness
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
+from metralectl.lifecycle.preflight import (containers_refusal, launch_refusal, multi_rank_refusal, observe,
+                                            port_refusal)
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
 from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis,
                                             timeout_diagnosis, warnings_at_ready)
 from metralectl.core.recipe import Recipe
-from metralectl.core.labels import LABEL_ENDPOINT, LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, LABEL_SETS
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID, LABEL_SETS
 from metralectl.core.render import ContainerSpec, owner, spec_for
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import GPU_CAUSES, ContainerInfo, RuntimeFailure
@@ -106,42 +108,35 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: 
 def check_containers(recipe: Recipe, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions, *,
                      ignore_running: tuple[str, ...] = (), where: str = "") -> list[ContainerInfo]:
     """Refuse a foreign container holding spec's name, another user's model, or (without --replace) one of
-    ours serving; return ours that are running (what --replace stops). `where` names the node."""
+    ours serving (lifecycle/preflight.py says which); return ours that are running (what --replace stops).
+    `where` names the node."""
     existing = runtime.inspect(spec.name)
-    if existing is not None and (not existing.managed or existing.labels.get(LABEL_OWNER) != owner()):
-        who = "is not metralectl's" if not existing.managed else f"belongs to {existing.labels.get(LABEL_OWNER)}"
-        raise MetralError(f"a container named {spec.name} already exists{where} and {who}; metralectl will not touch it",
-                          f"remove or rename it yourself (`docker rm {spec.name}`), or serve under another recipe name")
     others = [c for c in runtime.containers(mine=False) if c.running and c.owner != owner()]
-    if others:
-        names = ", ".join(f"{c.name} (owner {c.owner})" for c in others)
-        raise MetralError(f"another user's model is being served{where}: {names}; metralectl will not stop it",
-                          "ask its owner to stop it (`metralectl stop`) first")
     running = [c for c in runtime.containers() if c.running and c.name not in ignore_running]
-    if running and not options.replace:
-        names = ", ".join(f"{c.name} ({c.labels.get(LABEL_RECIPE, '?')})" for c in running)
-        hint = ("`run --replace` stops it first" if recipe.multi_rank else
-                f"`metralectl swap {recipe.name}` replaces it with rollback; `run --replace` stops it first")
-        raise MetralError(f"a model is already being served by metralectl{where}: {names}", hint)
+    refused = containers_refusal(recipe, spec, options, existing, others, running, where=where)
+    if refused is not None:
+        raise refused.error
     return running
 
 
 def preflight(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions,
               on_event: Listener, *, ignore_running: tuple[str, ...] = (), check_port: bool = True) -> None:
-    """Everything that can refuse a launch before anything starts."""
-    if recipe.multi_rank:
-        raise MetralError(f"{recipe.name} needs {recipe.resources.world_size} ranks on {recipe.resources.nodes} nodes; "
-                          "name the worker node's Docker endpoint",
-                          f"`metralectl run {recipe.name} --worker CONTEXT|ssh://user@host` (docs/multinode.md); "
-                          f"`metralectl run {recipe.name} --print --rank N` shows each rank's command")
+    """Everything that can refuse a launch before anything starts: first what is known now
+    (lifecycle/preflight.py, the answer the dashboard's plan shows too), then staging (which pulls what
+    is missing unless told not to), then the containers and the port again (staging can take minutes)."""
+    refused = multi_rank_refusal(recipe) or launch_refusal(recipe, spec, options,
+                                                           observe(recipe, catalog, runtime, spec),
+                                                           ignore_running=ignore_running)
+    if refused is not None:
+        raise refused.error
     stage(recipe, catalog, runtime, options, on_event)
     running = check_containers(recipe, runtime, spec, options, ignore_running=ignore_running)
     if not check_port:
         return
     on_event(Step("port", f"{spec.bind}:{spec.port}"))
-    if not running and not port_free(spec.bind, spec.port):
-        raise MetralError(f"port {spec.port} on {spec.bind} is already in use by another program",
-                          f"free it (`ss -ltnp 'sport = :{spec.port}'` shows who holds it) or `--set resources.port=N`")
+    refused = port_refusal(spec, None if running else port_free(spec.bind, spec.port), running)
+    if refused is not None:
+        raise refused.error
 
 
 def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, options: LaunchOptions = LaunchOptions(),

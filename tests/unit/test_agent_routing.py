@@ -64,10 +64,20 @@ class RoutingOps:
     def history(self) -> dict[str, Any]:
         return {"runs": []}
 
-    def check(self, recipe: str, sets: Any) -> None:
-        self.calls.append(("check", recipe, list(sets)))
+    def check(self, change: Any) -> None:
+        self.calls.append(("check", change.recipe, list(change.sets)))
         if self.check_error is not None:
             raise self.check_error
+
+    def apply(self, change: Any, on_event: Any) -> Any:
+        """The Change read from the job body (Change.from_json), as LifecycleOps gets it."""
+        body = change.to_json()
+        if change.kind == "run":
+            return self.run(change.recipe, on_event, sets=change.sets, options=body["options"])
+        if change.kind == "swap":
+            return self.swap(change.recipe, on_event, sets=change.sets, drain_timeout_s=change.drain_timeout_s,
+                             options=body["options"])
+        return self.stop(change.recipe, on_event, all_=change.all_, timeout_s=change.stop_timeout_s)
 
     def run(self, recipe: str, on_event: Any, *, sets: Any = (), options: Any = None) -> Any:
         self.calls.append(("run", recipe, list(sets), dict(options or {})))
@@ -141,6 +151,8 @@ def test_options_and_sets_reach_the_operations(agent: tuple[LocalApiServer, Rout
                                              "options": swap_opts}))
     _wait_done(client, client.start("stop", {"recipe": None, "all": True, "timeout_s": 2}))
     _wait_done(client, client.start("run", {"recipe": "page-body"}))  # the page sends just {recipe}
+    defaults = {"replace": False, "keep_failed": False, "stall_timeout_s": 300.0, "boot_timeout_s": None,
+                "check_weights": True, "pull": True}
     assert ops.calls == [
         ("check", RECIPE, ["max-seq-len=4096"]),
         ("run", RECIPE, ["max-seq-len=4096"], {**options, "stall_timeout_s": 12.0}),
@@ -148,7 +160,7 @@ def test_options_and_sets_reach_the_operations(agent: tuple[LocalApiServer, Rout
         ("swap", RECIPE, [], 7.0, {**swap_opts, "boot_timeout_s": 100.0}),
         ("stop", None, True, 2.0),
         ("check", "page-body", []),
-        ("run", "page-body", [], {}),
+        ("run", "page-body", [], defaults),  # what the body leaves out is the CLI's default
     ]
 
 
@@ -185,12 +197,13 @@ def test_bad_bodies_are_refused_naming_the_key(agent: tuple[LocalApiServer, Rout
 def test_a_bad_set_is_refused_with_the_checkers_message_before_a_job(
         agent: tuple[LocalApiServer, RoutingOps, AgentClient]) -> None:
     from metralectl.agent.ops import LifecycleOps
+    from metralectl.app.serving import Change
 
     server, ops, client = agent
     real = LifecycleOps(lambda: None)
     for sets in (["nonsense=1"], ["max-seq-len=banana"]):
         try:
-            real.check(RECIPE, sets)
+            real.check(Change.run(RECIPE, sets))
         except MetralError as exc:
             ops.check_error = exc
         else:
@@ -201,7 +214,7 @@ def test_a_bad_set_is_refused_with_the_checkers_message_before_a_job(
         assert refused.value.exit_code == ops.check_error.exit_code
     assert server.jobs.list() == []
     with pytest.raises(MetralError, match="no-such-recipe"):
-        real.check("no-such-recipe", [])
+        real.check(Change.run("no-such-recipe"))
 
 
 # -- the long-poll ---------------------------------------------------------------------------------------
