@@ -1,3 +1,3 @@
-from metralectl.cli.main import main
+from metralectl.cli.entry import main
 
 main()

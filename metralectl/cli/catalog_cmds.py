@@ -3,46 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
-from typing import TYPE_CHECKING, Any
 
 import typer
 
-from metralectl.cli.state import note, style
-from metralectl.errors import ExitCode, NotFound
-
-if TYPE_CHECKING:
-    from metralectl.core.catalog import Catalog
-
-
-def _catalog() -> Catalog:
-    from metralectl.core.catalog import load_catalog
-
-    catalog = load_catalog()
-    for refused in catalog.refused:
-        errors = [p for p in refused.problems if p.severity == "error"]
-        note(style(f"metralectl: your recipe {refused.path} was refused ({len(errors)} problem"
-                   f"{'s' if len(errors) != 1 else ''}); it is left out:", "33", sys.stderr))
-        for problem in errors[:5]:
-            note("  " + problem.render().replace("\n", "\n  "))
-    return catalog
-
-
-def _check_hardware(catalog: Any, hardware: str | None) -> None:
-    if hardware and hardware not in catalog.hardware:
-        from metralectl.core.schema import did_you_mean
-
-        guess = did_you_mean(hardware, catalog.hardware)
-        raise NotFound(f"unknown hardware class {hardware!r}",
-                       f"did you mean `{guess}`?" if guess else f"known: {', '.join(catalog.hardware)}")
-
-
-def _overridden(row: Any) -> str:
-    return "synced" if "/synced/" in str(row.overrides) else "shipped"
-
-
-def _yes_no(value: bool | None) -> str:
-    return "?" if value is None else ("yes" if value else "no")
+from metralectl.cli import catalog_list
+from metralectl.cli.catalog_list import _catalog  # noqa: F401  (other commands load the catalog from here)
 
 
 def list_recipes(
@@ -52,35 +17,9 @@ def list_recipes(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per recipe)."),
 ) -> None:
     """List the recipes: model, quant, hardware, MTP, validated tok/s, memory, fit, cached weights."""
-    from metralectl.app import library
-    catalog = _catalog()
-    _check_hardware(catalog, hardware)
-    target = library.choose_target(catalog, hardware)
-    rows = library.rows(catalog, target, hardware=hardware if only_hardware else None, tags=tag or None)
-    if as_json:
-        print(json.dumps({"target": {"hardware": target.hardware, "how": target.how},
-                          "recipes": [r.to_json() for r in rows]}, indent=2))
-    else:
-        table_rows = [[
-            r.name, r.model, r.quant, r.hardware, "yes" if r.mtp else "-",
-            f"{r.validated_tok_s:g}" if r.validated_tok_s is not None else "-",
-            f"{r.memory_gb:.1f}" if r.memory_gb is not None else "?",
-            _yes_no(r.fits), r.weights, r.source if not r.overrides else f"{r.source} (overrides {_overridden(r)})",
-        ] for r in rows]
-        from metralectl.present.table import render_table
-
-        print(render_table(["RECIPE", "MODEL", "QUANT", "HW", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS", "SOURCE"],
-                           table_rows, right=(5, 6)))
-        note(f"fit judged on: {target.hardware or 'each recipe’s own class'} ({target.how})")
-        built: dict[str, tuple[str, list[str]]] = {}
-        for r in rows:
-            if not r.image_pullable:
-                built.setdefault(r.image, (r.image_availability, []))[1].append(r.name)
-        for ref, (how, names) in built.items():
-            note(f"{', '.join(names)}: image {ref} is not pulled: {how.split(' (')[0]} (`metralectl show "
-                 f"{names[0]}` says how to build it)")
-    if catalog.refused:  # a user recipe failed the checker: shown above, left out of the list
-        raise typer.Exit(ExitCode.DATA)
+    code = catalog_list.list_recipes(hardware, tag, only_hardware, as_json)
+    if code is not None:
+        raise typer.Exit(code)
 
 
 def show(

@@ -196,30 +196,10 @@ def ps(
     repair: bool = typer.Option(False, "--repair", help="Repair an interrupted swap (restore a serving model)."),
 ) -> None:
     """What metralectl is serving: recipe, state, health, uptime, endpoint, image revision."""
-    report = _serving(True).ps(repair=repair, on_event=_Progress(False))
-    if as_json:
-        print(json.dumps(report.to_json(), indent=2))
-        return
-    from metralectl.present.table import render_table
+    from metralectl.cli import ps_report
 
-    rows = [[s.recipe, s.name, s.owner, s.state, s.health, s.uptime, s.endpoint, (s.image_revision or "-")[:24]]
-            for s in report.serving]
-    headers = ["RECIPE", "CONTAINER", "OWNER", "STATE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REVISION"]
-    if any(s.rank is not None for s in report.serving):  # a multi-rank deployment: say which rank runs where
-        headers[2:2] = ["RANK", "NODE"]
-        for row, s in zip(rows, report.serving):
-            row[2:2] = ["-" if s.rank is None else str(s.rank), s.node or "local"]
-    if rows:
-        print(render_table(headers, rows))
-    else:
-        note("nothing is being served by metralectl")
-    for line in report.notes:
-        note(style(f"! {line}", "33", sys.stderr))
-    if report.degraded:
-        note(style(f"DEGRADED: {report.degraded}", "31", sys.stderr))
-        note("    hint: `metralectl ps --repair` restores a serving model")
-    if report.last_swap:
-        note(f"last swap: {report.last_swap}")
+    report = _serving(True).ps(repair=repair, on_event=_Progress(False))
+    ps_report.show(report, as_json)
 
 
 def logs(

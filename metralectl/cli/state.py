@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
-from metralectl.errors import MetralError, RecipeInvalid
 from metralectl.present.style import color_enabled, style  # noqa: F401  (re-exported)
+
+TYPE_CHECKING = False  # cli/entry.py's fast answers import this module: no typing, no dataclasses
+if TYPE_CHECKING:
+    from typing import Callable, NoReturn
+
+    from metralectl.errors import MetralError
 
 DEBUG = False
 
@@ -16,6 +22,8 @@ def note(message: str) -> None:
 
 
 def report_error(exc: MetralError) -> None:
+    from metralectl.errors import RecipeInvalid
+
     err = sys.stderr
     if isinstance(exc, RecipeInvalid):
         errors = [p for p in exc.problems if p.severity == "error"]
@@ -26,3 +34,37 @@ def report_error(exc: MetralError) -> None:
     print(style(f"metralectl: {exc.message}", "31", err), file=err)
     if exc.hint:
         print(f"    hint: {exc.hint}", file=err)
+
+
+def guarded(body: Callable[[], int | None]) -> NoReturn:
+    """The one error boundary: run body and exit with its code (None: OK). MetralError -> its line, hint
+    and code; Ctrl-C -> INTERRUPTED; a reader that left the pipe -> OK; anything else -> one line and
+    SOFTWARE (a traceback only with --debug). The table is imported only on those paths."""
+    try:
+        code = body()
+    except KeyboardInterrupt:
+        from metralectl.errors import ExitCode
+
+        print("metralectl: interrupted", file=sys.stderr)
+        sys.exit(ExitCode.INTERRUPTED)
+    except BrokenPipeError:
+        from metralectl.errors import ExitCode
+
+        # `metralectl list | head`: the reader left; not an error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(ExitCode.OK)
+    except Exception as exc:
+        from metralectl.errors import ExitCode, MetralError
+
+        if isinstance(exc, MetralError):
+            report_error(exc)
+            sys.exit(exc.exit_code)
+        if DEBUG:
+            raise
+        import traceback
+
+        last = traceback.format_exc().strip().splitlines()[-1]
+        print(f"metralectl: internal error: {last}", file=sys.stderr)
+        print("    hint: run again with --debug for the traceback, and report it", file=sys.stderr)
+        sys.exit(ExitCode.SOFTWARE)
+    sys.exit(code)  # None exits 0

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from metralectl import paths
-from metralectl.core.checker import check_recipe
 from metralectl.core.contract import EngineContract, parse_contract
 from metralectl.errors import DataError, NotFound, Problem, RecipeInvalid
 from metralectl.core.hardware import HardwareClass, ImageInfo, ModelInfo, parse_hardware, parse_image, parse_model
@@ -72,6 +71,8 @@ class Catalog:
         merged, problems = self._resolve_extends(doc)
         if merged is None:
             return None, problems
+        from metralectl.core.checker import check_recipe  # only when checking: a cached catalog skips it
+
         recipe, found = check_recipe(merged, self, origin)
         return recipe, problems + found
 

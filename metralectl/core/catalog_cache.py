@@ -1,15 +1,17 @@
 """On-disk cache of the checked catalog, so `list` does not re-parse every YAML file each time.
 
 Keyed by the path, size and mtime of every data file (shipped and user) plus the metralectl and
-Python versions; written atomically; any unreadable or stale entry is simply rebuilt.
+Python versions; the whole key is stored with the catalog and compared on reading (the file name
+only spreads keys, so no hashlib: loading OpenSSL for it cost `list` more than the check); written
+atomically; any unreadable or stale entry is simply rebuilt.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +47,20 @@ def fingerprint(root: Path, user_dir: Path | None) -> str:
         except OSError:
             parts.append("synced:absent")
         _stats(synced, parts)
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return "\n".join(parts)
 
 
 def _path(key: str) -> Path:
-    return paths.cache_dir() / f"catalog-{key[:32]}.pickle"
+    return paths.cache_dir() / f"catalog-{zlib.crc32(key.encode()):08x}.pickle"
 
 
 def read(key: str) -> object:  # whatever was pickled: the caller checks it is a catalog
     try:
         with open(_path(key), "rb") as handle:
-            return pickle.load(handle)
+            stored_key, value = pickle.load(handle)
     except Exception:  # noqa: BLE001 - a missing, torn or foreign cache file only means "rebuild"
         return None
+    return value if stored_key == key else None
 
 
 def write(key: str, value: Any) -> None:
@@ -66,6 +69,6 @@ def write(key: str, value: Any) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         for old in target.parent.glob("catalog-*.pickle"):
             old.unlink(missing_ok=True)
-        write_atomic(target, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        write_atomic(target, pickle.dumps((key, value), protocol=pickle.HIGHEST_PROTOCOL))
     except OSError:
         pass  # a read-only or full cache dir costs speed, never correctness

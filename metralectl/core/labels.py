@@ -7,6 +7,9 @@ label gets a new name. tests/unit/test_labels.py checks that no other module spe
 
 from __future__ import annotations
 
+import getpass
+import os
+
 LABEL_PREFIX = "ai.metrale.metralectl"
 
 # On every container `run` / `swap` starts (core.render.spec_for sets the first five).
@@ -25,3 +28,11 @@ LABEL_DOCTOR = f"{LABEL_PREFIX}.doctor"  # doctor's GPU probe container
 
 ALL = (LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH, LABEL_OWNER, LABEL_RANK, LABEL_RUN_ID, LABEL_ENDPOINT,
        LABEL_SETS, LABEL_PROBE, LABEL_DOCTOR)
+
+
+def owner() -> str:
+    """The value of LABEL_OWNER for this process: the user's name (their uid where the passwd has no entry)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        return str(os.getuid()) if hasattr(os, "getuid") else "unknown"

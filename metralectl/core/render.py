@@ -6,7 +6,6 @@ tests assert on it. Nothing here touches Docker.
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import os
@@ -26,6 +25,7 @@ from metralectl.core.labels import LABEL_RANK as LABEL_RANK
 from metralectl.core.labels import LABEL_RECIPE as LABEL_RECIPE
 from metralectl.core.labels import LABEL_RUN_ID as LABEL_RUN_ID
 from metralectl.core.labels import LABEL_SPEC_HASH as LABEL_SPEC_HASH
+from metralectl.core.labels import owner as owner  # here for older callers; in labels so `ps` need not load render
 from metralectl.core.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -89,13 +89,6 @@ def hf_mounts() -> tuple[Mount, ...]:
 def container_name(recipe: Recipe, rank: int = 0) -> str:
     suffix = f"-r{rank}" if recipe.multi_rank else ""
     return f"metralectl-{recipe.name}{suffix}"
-
-
-def owner() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (some containers)
-        return str(os.getuid()) if hasattr(os, "getuid") else "unknown"
 
 
 def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, master_addr: str | None = None) -> list[str]:

@@ -7,7 +7,6 @@ the flags of our contract (engine/metrale.yaml), which is how drift is caught
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +58,8 @@ class ServeOptions:
 
 
 def sha256_file(path: Path) -> str:
+    import hashlib  # here, not at the top: `list` reads a cached catalog and never hashes (OpenSSL's load)
+
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
@@ -108,6 +109,8 @@ def parse(data: bytes, name: str = "serve-options.json") -> ServeOptions:
                                 str(raw.get("reader", ""))))
     if not flags:
         raise ServeOptionsError(f"{name} lists no flags")
+    import hashlib
+
     return ServeOptions(int(version), str(top.get("engine_version", "")), tuple(flags), tuple(levers),
                         hashlib.sha256(data).hexdigest())
 

@@ -10,31 +10,38 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import Problem
+
+if TYPE_CHECKING:
+    import yaml
 
 KeyPath = tuple[Any, ...]
 _MAX_NODES = 200_000  # alias bombs ("billion laughs") stop here instead of eating memory
 
-_BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+@lru_cache(maxsize=1)
+def _yaml() -> tuple[Any, Any]:
+    """(loader class, scalar constructor), built on first parse: a cached catalog needs no YAML (~12 ms)."""
+    import yaml
 
-class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
-    """Safe loader with YAML 1.2 booleans and no timestamp magic (dates stay strings)."""
+    base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+    class _Loader(base):  # type: ignore[misc, valid-type]
+        """Safe loader with YAML 1.2 booleans and no timestamp magic (dates stay strings)."""
 
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_SCALARS = yaml.constructor.SafeConstructor()
+    _Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers
+                if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    _Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+    )
+    return _Loader, yaml.constructor.SafeConstructor()
 
 
 @dataclass
@@ -116,8 +123,10 @@ def load_file(path: Path, display_name: str | None = None) -> Document:
 
 def load_text(text: str | bytes, name: str) -> Document:
     """Parse one YAML document; any syntax problem raises YamlSyntax with its position."""
+    import yaml
+
     try:
-        node = yaml.compose(text, Loader=_Loader)
+        node = yaml.compose(text, Loader=_yaml()[0])
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
@@ -142,6 +151,10 @@ def load_text(text: str | bytes, name: str) -> Document:
 
 class _Builder:
     def __init__(self, doc: Document) -> None:
+        import yaml
+
+        self.yaml = yaml  # imported by load_text already; kept here so the recursion does not re-import
+        self.scalars = _yaml()[1]
         self.doc = doc
         self.problems: list[Problem] = []
         self.count = 0
@@ -152,6 +165,7 @@ class _Builder:
         self.problems.append(Problem(self.doc.path, mark.line + 1, mark.column + 1, dotted(keypath), message, hint))
 
     def build(self, node: yaml.Node, keypath: KeyPath) -> Any:
+        pyyaml = self.yaml
         self.count += 1
         if self.count > _MAX_NODES:
             if not self.problems:
@@ -161,34 +175,36 @@ class _Builder:
         if id(node) in self.active:
             self._problem(node, keypath, "a recursive alias refers to itself")
             return None
-        if isinstance(node, yaml.ScalarNode):
+        if isinstance(node, pyyaml.ScalarNode):
             return self._scalar(node, keypath)
         self.active.add(id(node))
         try:
-            if isinstance(node, yaml.SequenceNode):
+            if isinstance(node, pyyaml.SequenceNode):
                 return [self.build(child, keypath + (i,)) for i, child in enumerate(node.value)]
             return self._mapping(node, keypath)
         finally:
             self.active.discard(id(node))
 
     def _scalar(self, node: yaml.ScalarNode, keypath: KeyPath) -> Any:
-        constructor = _SCALARS.yaml_constructors.get(node.tag)
+        pyyaml, scalars = self.yaml, self.scalars
+        constructor = scalars.yaml_constructors.get(node.tag)
         if constructor is None or node.tag in ("tag:yaml.org,2002:binary", "tag:yaml.org,2002:timestamp"):
             if node.tag.startswith("tag:yaml.org,2002:") and node.tag != "tag:yaml.org,2002:str":
                 self._problem(node, keypath, f"unsupported YAML tag {node.tag!r}", "write a plain value")
                 return None
             return str(node.value)
         try:
-            return constructor(_SCALARS, node)
-        except (ValueError, TypeError, yaml.YAMLError):
+            return constructor(scalars, node)
+        except (ValueError, TypeError, pyyaml.YAMLError):
             self._problem(node, keypath, f"cannot read {node.value!r} as {node.tag.rsplit(':', 1)[-1]}")
             return None
 
     def _mapping(self, node: yaml.MappingNode, keypath: KeyPath) -> dict[Any, Any]:
+        pyyaml = self.yaml
         out: dict[Any, Any] = {}
         seen: dict[Any, yaml.Node] = {}
         for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):
+            if not isinstance(key_node, pyyaml.ScalarNode):
                 self._problem(key_node, keypath, "a key must be a plain word, not a list or mapping")
                 continue
             key = self._scalar(key_node, keypath)

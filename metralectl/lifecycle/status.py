@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from metralectl.seams import store
-from metralectl.seams.endpoint import EngineClient
+from metralectl.seams.endpoint import health_once
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_RUN_ID
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import ContainerInfo
@@ -70,8 +70,7 @@ def _health(container: ContainerInfo) -> str:
     url = container.labels.get(LABEL_ENDPOINT)
     if not container.running or not url:
         return "-"
-    with EngineClient(url, timeout=1.0) as client:
-        answer = client.health()
+    answer = health_once(url, timeout=1.0)
     if answer.status is None:
         return "no answer"
     if answer.ready:
@@ -104,7 +103,7 @@ def collect(runtime: ContainerRuntime) -> StatusReport:
     revisions: dict[str, str | None] = {}
     serving = [_row(runtime, container, answer, revisions) for container, answer in zip(containers, health)]
     notes = _deployments(runtime, serving, revisions)
-    from metralectl.lifecycle.swap import describe_journal, last_swap_summary
+    from metralectl.lifecycle.swap_journal import describe_journal, last_swap_summary
 
     return StatusReport(serving, describe_journal(), last_swap_summary(), notes)
 

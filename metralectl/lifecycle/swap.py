@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from metralectl.seams import store
@@ -23,6 +22,8 @@ from metralectl.lifecycle.launch import LaunchFailed, LaunchOptions, preflight, 
 from metralectl.lifecycle.memory import MemoryWatch
 from metralectl.lifecycle.preflight import Refusal, swap_refusal
 from metralectl.lifecycle.stop import stop_containers
+from metralectl.lifecycle.swap_journal import (describe_journal, journal_path,  # noqa: F401  (re-exported)
+                                               last_swap_summary, swaps_path)
 from metralectl.core.overrides import apply_sets
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_SETS
@@ -53,14 +54,6 @@ class SwapDegraded(MetralError):
     """Neither model serves; the journal stays so `ps --repair` can restore."""
 
     exit_code = ExitCode.DEGRADED
-
-
-def journal_path() -> Path:
-    return store.state_dir() / "swap-journal.json"
-
-
-def swaps_path() -> Path:
-    return store.state_dir() / "swaps.jsonl"
 
 
 def _journal(phase: str, body: dict[str, Any]) -> None:
@@ -187,29 +180,6 @@ def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, ru
 def _finish(result: SwapResult) -> None:
     store.append_jsonl(swaps_path(), {**asdict(result), "at": time.time()})
     journal_path().unlink(missing_ok=True)
-
-
-def describe_journal() -> str | None:
-    """A line for `ps` when a swap was interrupted (its journal stayed, nobody holds the lock)."""
-    journal = store.read_json(journal_path())
-    if not isinstance(journal, dict):
-        return None
-    holder = store.lock_holder()
-    if holder is not None and not holder.startswith(store.UNIT_HOLDER):
-        return None  # a swap is running right now (a peer's unit holding the lock is no swap)
-    old, new = journal.get("old", {}), journal.get("new", {})
-    return (f"a swap from {old.get('recipe')} to {new.get('recipe')} was interrupted while {journal.get('phase')} "
-            f"(pid {journal.get('pid')})" + (f": {journal['why']}" if journal.get("why") else ""))
-
-
-def last_swap_summary() -> str | None:
-    records = store.read_jsonl(swaps_path())
-    if not records:
-        return None
-    last = records[-1]
-    split = ", ".join(f"{k} {v:.1f} s" for k, v in (last.get("phases") or {}).items())
-    return (f"{last.get('from_recipe')} → {last.get('to_recipe')}: {last.get('outcome')}, downtime "
-            f"{last.get('downtime_s', 0):.1f} s ({split})")
 
 
 def repair_if_needed(runtime: ContainerRuntime, catalog: Catalog, *, on_event: Listener = ignore) -> str | None:

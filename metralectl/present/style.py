@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TextIO
+
+TYPE_CHECKING = False  # imported on `--help`'s fast path (cli/state.py): typing is not free
+if TYPE_CHECKING:
+    from typing import TextIO
 
 
 def color_enabled(stream: TextIO) -> bool:

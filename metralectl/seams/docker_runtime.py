@@ -1,4 +1,5 @@
-"""The container runtime seam. The only module that imports `docker` (lazily).
+"""The container runtime seam. The only module that imports `docker` (lazily; docker_local.py reads a
+local daemon without it, for `ps`).
 
 Every docker-py exception is translated here into a MetralError an operator can act on; the
 four ways Docker is unusable (not installed, not running, permission denied, rootless socket not
@@ -15,16 +16,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from types import ModuleType, TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from metralectl.errors import ExitCode, MetralError
-from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, LABEL_PROBE
-from metralectl.core.render import ContainerSpec, owner
+from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, LABEL_PROBE, owner
 
 if TYPE_CHECKING:  # the SDK is imported lazily at run time (cold start); these are for the checker only
     from docker import APIClient
     from docker.tls import TLSConfig
+
+    from metralectl.core.render import ContainerSpec
 
 T = TypeVar("T")
 
@@ -170,15 +172,35 @@ def resolve_endpoint() -> Endpoint:
     host = os.environ.get("DOCKER_HOST")
     if host:
         return Endpoint(host, "DOCKER_HOST")
-    try:
-        from docker.context import ContextAPI
-
-        context = ContextAPI.get_current_context()
-        if context is not None and context.name != "default" and context.Host:
-            return Endpoint(context.Host, f"context {context.name}", context.TLSConfig)
-    except Exception:  # noqa: BLE001 - a broken CLI config must not hide the default socket
-        pass
+    name = _current_context_name()
+    if name != "default":
+        try:
+            context_host, tls = _read_context(name)
+        except Exception:  # noqa: BLE001 - a broken CLI config must not hide the default socket
+            context_host, tls = None, None
+        if context_host:
+            return Endpoint(context_host, f"context {name}", tls)
     return Endpoint(f"unix://{DEFAULT_SOCKET}", "default")
+
+
+def _current_context_name() -> str:
+    """The Docker CLI's current context as docker-py's ContextAPI reads it (the first config file that
+    exists: $DOCKER_CONFIG/config.json, ~/.docker/config.json, ~/.dockercfg; its currentContext), read
+    here so that finding the default socket does not import docker-py."""
+    import json
+
+    config_dir = os.environ.get("DOCKER_CONFIG")
+    home = os.path.expanduser("~")
+    candidates = ([os.path.join(config_dir, "config.json")] if config_dir else []) + [
+        os.path.join(home, ".docker", "config.json"), os.path.join(home, ".dockercfg")]
+    found = next((path for path in candidates if os.path.exists(path)), None)
+    if found is None:
+        return "default"
+    try:
+        with open(found) as handle:
+            return str(json.load(handle).get("currentContext", "default"))
+    except Exception:  # noqa: BLE001 - unreadable or not a mapping: docker-py falls back the same way
+        return "default"
 
 
 URL_SCHEMES = ("unix://", "tcp://", "ssh://", "npipe://", "http://", "https://")
@@ -361,11 +383,35 @@ def _remote_error(endpoint: Endpoint, where: str, text: str, kinds: set[type]) -
 
 
 def _api_client(endpoint: Endpoint, timeout: float | None) -> APIClient:
-    """docker-py's low-level client for an endpoint; ssh:// goes through the system `ssh` (like the CLI)."""
+    """docker-py's low-level client for an endpoint; ssh:// goes through the system `ssh` (like the CLI).
+    A local socket gets docker_local.LocalAPI, which answers `ps`'s reads without importing docker-py
+    and hands everything else to docker-py's client (hence typed as one)."""
+    if endpoint.url.startswith("unix:///"):
+        from metralectl.seams.docker_local import LocalAPI
+
+        return cast("APIClient", LocalAPI(endpoint.url, timeout, lambda: _docker_api_client(endpoint, timeout)))
+    return _docker_api_client(endpoint, timeout)
+
+
+def _docker_api_client(endpoint: Endpoint, timeout: float | None) -> APIClient:
     import docker
 
     return docker.APIClient(base_url=endpoint.url, timeout=timeout, tls=endpoint.tls or False, version="auto",
                             use_ssh_client=endpoint.url.startswith("ssh://"))
+
+
+def _docker_errors() -> ModuleType:
+    """docker.errors, imported only when an exception is being matched: an `except` clause evaluates its
+    class then, so the reads LocalAPI answers need no docker-py when all goes well."""
+    import importlib
+
+    return importlib.import_module("docker.errors")
+
+
+def _requests_errors() -> ModuleType:
+    import requests.exceptions
+
+    return requests.exceptions
 
 
 class DockerRuntime:
@@ -390,13 +436,11 @@ class DockerRuntime:
 
     # --- images ---------------------------------------------------------------------------------
     def image_state(self, ref: str, revision_label: str = "org.opencontainers.image.revision") -> ImageState:
-        import docker.errors
-
         try:
             data = self.api.inspect_image(ref)
-        except docker.errors.ImageNotFound:
+        except _docker_errors().ImageNotFound:
             return ImageState(ref, False)
-        except docker.errors.DockerException as exc:
+        except _docker_errors().DockerException as exc:
             raise self._translate(exc) from None
         labels = (data.get("Config") or {}).get("Labels") or {}
         arch = data.get("Architecture") or ""
@@ -441,13 +485,11 @@ class DockerRuntime:
         return out
 
     def inspect(self, name_or_id: str) -> ContainerInfo | None:
-        import docker.errors
-
         try:
             data = self.api.inspect_container(name_or_id)
-        except docker.errors.NotFound:
+        except _docker_errors().NotFound:
             return None
-        except docker.errors.DockerException as exc:
+        except _docker_errors().DockerException as exc:
             raise self._translate(exc) from None
         state = data.get("State") or {}
         config = data.get("Config") or {}
@@ -683,14 +725,11 @@ class DockerRuntime:
 
     # --- helpers --------------------------------------------------------------------------------
     def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        import docker.errors
-        import requests
-
         try:
             return fn(*args, **kwargs)
-        except docker.errors.DockerException as exc:
+        except _docker_errors().DockerException as exc:
             raise self._translate(exc) from None
-        except requests.exceptions.RequestException as exc:
+        except _requests_errors().RequestException as exc:
             raise classify_connect_error(self.endpoint, exc) from None
 
     def _translate(self, exc: Exception) -> MetralError:

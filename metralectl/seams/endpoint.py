@@ -28,6 +28,37 @@ def base_url(bind: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
+def health_once(url: str, timeout: float, path: str = "/health") -> Health:
+    """One GET of the engine's health, as EngineClient(url, timeout).health() answers it (status, first 500
+    characters of the body), for `ps`: a plain http:// URL goes through http.client, since importing httpx
+    costs `ps` more than all its other work. Anything else (https://) goes through EngineClient. When nothing
+    answers, `error` names the socket's error (httpx would name its own exception for it)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.rstrip("/") + path)
+    if parts.scheme != "http" or not parts.hostname:
+        with EngineClient(url, timeout=timeout) as client:
+            return client.health(path)
+    import http.client
+
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
+                     headers={"Accept": "*/*", "Connection": "close"})
+        reply = conn.getresponse()
+        body = reply.read()
+    except (OSError, http.client.HTTPException) as exc:
+        return Health(None, "", f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+    charset = reply.headers.get_content_charset() or "utf-8"  # httpx: the declared charset, else UTF-8
+    try:
+        text = body.decode(charset, "replace")
+    except LookupError:
+        text = body.decode("utf-8", "replace")
+    return Health(reply.status, text[:500])
+
+
 class EngineClient:
     """A small synchronous client for the engine's control endpoints (not the benchmark hot path)."""
 

@@ -6,16 +6,19 @@ telemetry use NVML for the full picture.
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from metralectl.core.hardware import HardwareClass
+if TYPE_CHECKING:
+    from metralectl.core.hardware import HardwareClass
 
 _DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
 def cpu_arch() -> str:
+    import platform
+
     machine = platform.machine().lower()
     return {"arm64": "aarch64", "amd64": "x86_64"}.get(machine, machine)
 

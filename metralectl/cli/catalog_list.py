@@ -1,0 +1,91 @@
+"""`list`'s body, and the catalog loading every command shares; no Typer here.
+
+cli/entry.py calls list_recipes directly for the plain forms of `list` (no Click, no Typer: most of
+the command's start); cli/catalog_cmds.py declares the same options for Typer and calls it too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from metralectl.cli.state import note, style
+
+if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
+    from metralectl.errors import ExitCode
+
+
+def _catalog() -> Catalog:
+    from metralectl.core.catalog import load_catalog
+
+    catalog = load_catalog()
+    for refused in catalog.refused:
+        errors = [p for p in refused.problems if p.severity == "error"]
+        note(style(f"metralectl: your recipe {refused.path} was refused ({len(errors)} problem"
+                   f"{'s' if len(errors) != 1 else ''}); it is left out:", "33", sys.stderr))
+        for problem in errors[:5]:
+            note("  " + problem.render().replace("\n", "\n  "))
+    return catalog
+
+
+def _check_hardware(catalog: Any, hardware: str | None) -> None:
+    if hardware and hardware not in catalog.hardware:
+        from metralectl.core.schema import did_you_mean
+        from metralectl.errors import NotFound
+
+        guess = did_you_mean(hardware, catalog.hardware)
+        raise NotFound(f"unknown hardware class {hardware!r}",
+                       f"did you mean `{guess}`?" if guess else f"known: {', '.join(catalog.hardware)}")
+
+
+def _overridden(row: dict[str, Any]) -> str:
+    return "synced" if "/synced/" in str(row["overrides"]) else "shipped"
+
+
+def _yes_no(value: bool | None) -> str:
+    return "?" if value is None else ("yes" if value else "no")
+
+
+def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: bool, as_json: bool) -> ExitCode | None:
+    """The `list` command; returns its exit code (None: OK; DATA when a user recipe was refused). The rows come from
+    app/library_cache.py when stored for this catalog and target, else from the catalog (and are stored)."""
+    from metralectl.app import library_cache
+
+    view, key = library_cache.read(hardware)
+    refused = False
+    if view is None:
+        catalog = _catalog()
+        _check_hardware(catalog, hardware)
+        view = library_cache.build(catalog, hardware, key)
+        refused = bool(catalog.refused)
+    target = view["target"]
+    rows = library_cache.select(view["rows"], hardware if only_hardware else None, tag or None)
+    if as_json:
+        print(json.dumps({"target": target, "recipes": rows}, indent=2))
+    else:
+        table_rows = [[
+            r["name"], r["model"], r["quant"], r["hardware"], "yes" if r["mtp"] else "-",
+            f"{r['validated_tok_s']:g}" if r["validated_tok_s"] is not None else "-",
+            f"{r['memory_gb']:.1f}" if r["memory_gb"] is not None else "?",
+            _yes_no(r["fits"]), r["weights"],
+            r["source"] if not r["overrides"] else f"{r['source']} (overrides {_overridden(r)})",
+        ] for r in rows]
+        from metralectl.present.table import render_table
+
+        print(render_table(["RECIPE", "MODEL", "QUANT", "HW", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS", "SOURCE"],
+                           table_rows, right=(5, 6)))
+        note(f"fit judged on: {target['hardware'] or 'each recipe’s own class'} ({target['how']})")
+        built: dict[str, tuple[str, list[str]]] = {}
+        for r in rows:
+            if not r["image_pullable"]:
+                built.setdefault(r["image"], (r["image_availability"], []))[1].append(r["name"])
+        for ref, (how, names) in built.items():
+            note(f"{', '.join(names)}: image {ref} is not pulled: {how.split(' (')[0]} (`metralectl show "
+                 f"{names[0]}` says how to build it)")
+    if refused:  # a user recipe failed the checker: shown above, left out of the list
+        from metralectl.errors import ExitCode
+
+        return ExitCode.DATA
+    return None

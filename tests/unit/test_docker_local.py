@@ -1,0 +1,255 @@
+"""docker_local.LocalAPI against docker-py's own APIClient, on the same fake daemon and on the real one.
+
+LocalAPI stands in for docker-py on a local socket so that `ps` need not import it; everything it
+returns or raises must be what docker-py returns or raises for the same answers of the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from metralectl.seams import docker_runtime
+from metralectl.seams.docker_local import LocalAPI
+from metralectl.seams.docker_runtime import DockerRuntime, DockerUnavailable, Endpoint, RuntimeFailure
+from tests.unit.recipe_helpers import REPO
+
+CONTAINER = {"Id": "abc123", "Name": "/metralectl-x", "State": {"Status": "running", "StartedAt": "0001-01-01T00:00:00Z"},
+             "Config": {"Image": "img:1", "Labels": {"ai.metrale.metralectl.managed": "true"}}}
+ANSWERS: dict[str, tuple[int, Any]] = {
+    "/version": (200, {"ApiVersion": "1.41", "Version": "20.10.99"}),
+    "/v1.41/version": (200, {"ApiVersion": "1.41", "Version": "20.10.99"}),
+    "/v1.41/_ping": (200, "OK"),
+    "/v1.41/info": (200, {"ID": "X", "Name": "box", "Architecture": "x86_64"}),
+    "/v1.41/containers/json": (200, [{"Id": "abc123"}]),
+    "/v1.41/containers/abc123/json": (200, CONTAINER),
+    "/v1.41/containers/gone/json": (404, {"message": "No such container: gone"}),
+    "/v1.41/images/img:1/json": (200, {"Id": "sha256:1", "Architecture": "amd64", "Config": {"Labels": {}}}),
+    "/v1.41/images/missing:2/json": (404, {"message": "No such image: missing:2"}),
+    "/v1.41/images/busy/json": (500, {"message": "the daemon is busy"}),
+}
+
+
+class FakeDaemon(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str) -> None:
+        self.seen: list[str] = []
+        self.open: list[socket.socket] = []
+        super().__init__(path, _Handler)
+
+    def die(self) -> None:
+        """The daemon goes away: no socket file, kept-alive connections cut."""
+        self.shutdown()
+        self.server_close()
+        os.unlink(self.server_address)  # type: ignore[arg-type]
+        for conn in self.open:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # kept-alive, as dockerd does
+    server: FakeDaemon
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.open.append(self.connection)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.server.seen.append(self.path)
+        status, body = ANSWERS.get(self.path.split("?")[0], (404, {"message": f"page not found: {self.path}"}))
+        text = body if isinstance(body, str) else json.dumps(body)
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8" if isinstance(body, str) else "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def address_string(self) -> str:
+        return "local"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[FakeDaemon]:
+    server = FakeDaemon(str(tmp_path / "docker.sock"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def both(path: str) -> tuple[Any, Any]:
+    import docker
+
+    return LocalAPI(f"unix://{path}", 5, lambda: None), docker.APIClient(base_url=f"unix://{path}", version="auto",
+                                                                          timeout=5)
+
+
+def outcome(call: Any) -> tuple[str, Any]:
+    try:
+        return "value", call()
+    except Exception as exc:  # noqa: BLE001 - the comparison is the point
+        return type(exc).__name__, (str(exc), getattr(exc, "explanation", None), getattr(exc, "status_code", None))
+
+
+def test_reads_answer_and_fail_as_docker_pys(daemon: FakeDaemon) -> None:
+    ours, theirs = both(daemon.server_address)  # type: ignore[arg-type]
+    filters = {"label": ["ai.metrale.metralectl.managed=true", "ai.metrale.metralectl.owner=me"]}
+    calls = [lambda api: api.ping(), lambda api: api.version(), lambda api: api.info(),
+             lambda api: api.containers(all=True, filters=filters), lambda api: api.containers(),
+             lambda api: api.inspect_container("abc123"), lambda api: api.inspect_container("gone"),
+             lambda api: api.inspect_image("img:1"), lambda api: api.inspect_image("missing:2"),
+             lambda api: api.inspect_image("busy")]
+    for call in calls:
+        daemon.seen.clear()
+        mine = outcome(lambda: call(ours))
+        asked_by_us = list(daemon.seen)
+        daemon.seen.clear()
+        assert mine == outcome(lambda: call(theirs))
+        assert asked_by_us[-1] == daemon.seen[-1]  # the same URL, query string included
+    assert outcome(lambda: ours.inspect_image("busy"))[0] == "APIError"
+    assert outcome(lambda: ours.inspect_container("gone"))[0] == "NotFound"
+    assert outcome(lambda: ours.inspect_image("missing:2"))[0] == "ImageNotFound"
+    ours.close()
+    theirs.close()
+
+
+def test_the_runtime_over_localapi(daemon: FakeDaemon) -> None:
+    runtime = DockerRuntime(Endpoint(f"unix://{daemon.server_address}", "DOCKER_HOST"))
+    assert isinstance(runtime.api, LocalAPI)
+    assert [c.name for c in runtime.containers(mine=False)] == ["metralectl-x"]
+    assert runtime.inspect("gone") is None
+    assert runtime.image_state("missing:2").present is False and runtime.image_state("img:1").present
+    with pytest.raises(RuntimeFailure, match="Docker refused: the daemon is busy"):
+        runtime.image_state("busy")
+    assert runtime.server_version() == "20.10.99"
+    runtime.close()
+
+
+def test_what_it_does_not_answer_goes_to_docker_py(daemon: FakeDaemon) -> None:
+    made: list[int] = []
+
+    class Real:
+        timeout: float | None = None
+
+        def images(self) -> list[str]:
+            return ["from docker-py"]
+
+    api = LocalAPI(f"unix://{daemon.server_address}", 7, lambda: made.append(1) or Real())
+    assert api.ping() and not made
+    assert api.images() == ["from docker-py"] and made == [1] and api._docker.timeout == 7
+    api.timeout = 9
+    assert api._docker.timeout == 9
+    api.images()
+    assert made == [1]
+
+
+def unreachable(endpoint: Endpoint, use_docker_py: bool) -> tuple[str, str, str]:
+    with pytest.MonkeyPatch.context() as patch:
+        if use_docker_py:
+            patch.setattr(docker_runtime, "_api_client", docker_runtime._docker_api_client)
+        try:
+            DockerRuntime(endpoint)
+        except DockerUnavailable as exc:
+            return exc.cause, exc.message, exc.hint or ""
+    raise AssertionError("connected")
+
+
+def test_an_unreachable_socket_is_classified_as_with_docker_py(tmp_path: Path) -> None:
+    missing = Endpoint(f"unix://{tmp_path}/none.sock", "DOCKER_HOST")
+    assert unreachable(missing, False) == unreachable(missing, True)
+    assert unreachable(missing, False)[0] == "not-running"
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deaf.bind(str(tmp_path / "deaf.sock"))  # bound, never listening: connections are refused
+    refused = Endpoint(f"unix://{tmp_path}/deaf.sock", "DOCKER_HOST")
+    assert unreachable(refused, False) == unreachable(refused, True)
+    assert unreachable(refused, False)[0] == "not-running"
+    deaf.close()
+
+
+@pytest.mark.parametrize("use_docker_py", [False, True])
+def test_a_daemon_lost_mid_way_is_classified_alike(tmp_path: Path, use_docker_py: bool) -> None:
+    daemon = FakeDaemon(str(tmp_path / "docker.sock"))
+    threading.Thread(target=daemon.serve_forever, daemon=True).start()
+    with pytest.MonkeyPatch.context() as patch:
+        if use_docker_py:
+            patch.setattr(docker_runtime, "_api_client", docker_runtime._docker_api_client)
+        runtime = DockerRuntime(Endpoint(f"unix://{daemon.server_address}", "DOCKER_HOST"))
+    daemon.die()
+    with pytest.raises(DockerUnavailable) as lost:
+        runtime.containers()
+    assert (lost.value.cause, lost.value.message) == (
+        "not-running", f"nothing listens at DOCKER_HOST=unix://{tmp_path}/docker.sock (no socket at {tmp_path}/docker.sock)")
+
+
+def test_the_current_context_as_docker_pys_context_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    from docker.context import ContextAPI
+
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = tmp_path / "dockercfg"
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    assert docker_runtime.resolve_endpoint().source == "default"  # no config file at all
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"currentContext": "node2"}))
+    meta = config / "contexts" / "meta" / hashlib.sha256(b"node2").hexdigest()
+    meta.mkdir(parents=True)
+    (meta / "meta.json").write_text(json.dumps({"Name": "node2", "Metadata": {},
+                                                "Endpoints": {"docker": {"Host": "ssh://op@node2"}}}))
+    ours = docker_runtime.resolve_endpoint()
+    theirs = ContextAPI.get_current_context()
+    assert (ours.url, ours.source) == (theirs.Host, f"context {theirs.name}") == ("ssh://op@node2", "context node2")
+    (config / "config.json").write_text("not json")
+    assert docker_runtime.resolve_endpoint().source == "default"
+
+
+def test_ps_imports_no_docker_py(daemon: FakeDaemon) -> None:
+    code = ("import sys\nfrom metralectl.cli.entry import main\n"
+            "try:\n    main(['ps'])\nexcept SystemExit as exc:\n    print('EXIT', exc.code or 0, file=sys.stderr)\n"
+            "print('LOADED=' + ','.join(m for m in ('docker', 'requests', 'paramiko', 'httpx', 'click', 'typer')"
+            " if m in sys.modules), file=sys.stderr)\n")
+    env = {**os.environ, "DOCKER_HOST": f"unix://{daemon.server_address}"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert "EXIT 0" in out.stderr and "LOADED=\n" in out.stderr, out.stderr
+    assert "metralectl-x" in out.stdout  # the fake daemon's container, read without docker-py
+
+
+@pytest.mark.parametrize("args", [["ps"], ["ps", "--json"], ["ps", "--json", "--repair"], ["ps", "--bogus"]])
+def test_ps_answers_as_the_typer_app(daemon: FakeDaemon, tmp_path: Path, args: list[str]) -> None:
+    """cli/entry.py's `ps` and the Typer app's, on the fake daemon and with no daemon: the same bytes and exit."""
+    full = "import sys\nfrom metralectl.cli.main import main\nmain(sys.argv[1:])\n"
+    for host in (f"unix://{daemon.server_address}", f"unix://{tmp_path}/nobody.sock"):
+        env = {**os.environ, "DOCKER_HOST": host}
+        typer_app = subprocess.run([sys.executable, "-c", full, *args], capture_output=True, text=True, cwd=REPO,
+                                   env=env, timeout=120)
+        entry = subprocess.run([sys.executable, "-m", "metralectl", *args], capture_output=True, text=True, cwd=REPO,
+                               env=env, timeout=120)
+        assert (entry.returncode, entry.stdout, entry.stderr) == (typer_app.returncode, typer_app.stdout,
+                                                                   typer_app.stderr), (host, args)
+    from metralectl.errors import ExitCode
+
+    if "--bogus" in args:
+        assert typer_app.returncode == ExitCode.USAGE and "No such option" in typer_app.stderr
+    else:
+        assert typer_app.returncode == ExitCode.UNAVAILABLE and "nothing listens at DOCKER_HOST" in typer_app.stderr
