@@ -101,4 +101,16 @@ def main(argv: list[str] | None = None) -> None:
     from metralectl.cli import state
 
     state.DEBUG = bool(os.environ.get("METRALECTL_DEBUG"))  # what the app's root callback sets without --debug
-    state.guarded(answer)
+    state.guarded(lambda: _as_click_ends(answer))
+
+
+def _as_click_ends(answer: Answer) -> int | None:
+    """A reader that leaves while the answer is written (`list --json | head -c 10`): Click ends its
+    commands then with exit 1 and nothing on stderr, so the fast answers do too."""
+    try:
+        return answer()
+    except BrokenPipeError:
+        from metralectl.errors import ExitCode
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush finds no pipe
+        return ExitCode.FAILED

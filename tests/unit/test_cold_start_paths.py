@@ -157,3 +157,18 @@ def test_list_from_the_store_loads_no_catalog_types() -> None:
                           "'metralectl.core.recipe', 'metralectl.core.hardware', 'metralectl.app.library')")
     out = run(code, ["list"])
     assert out.stderr.rsplit("LOADED=", 1)[1].strip() == ""
+
+
+def test_a_reader_that_left_ends_both_paths_alike() -> None:
+    """The reader leaves before a byte is written (`list --json` is bigger than a pipe's buffer when it
+    is; here the pipe is closed first): the fast answer ends as Click ends the Typer app's."""
+    big = ["list", "--json"]
+    ends = []
+    for argv in ([sys.executable, "-c", FULL, *big], [sys.executable, "-m", "metralectl", *big],
+                 [sys.executable, "-c", FULL, "--help"], [sys.executable, "-m", "metralectl", "--help"]):
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        ends.append((proc.wait(timeout=120), "Traceback" in err, "Exception ignored" in err))
+    assert ends[0] == ends[1] and ends[2] == ends[3], ends
