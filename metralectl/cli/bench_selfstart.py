@@ -1,5 +1,6 @@
-"""`bench run --self-start RECIPE`: serve the recipe through the lifecycle, hand over the endpoint, and
-tear it down afterwards — after a failure or Ctrl-C too."""
+"""`bench run --self-start RECIPE`: serve the recipe through the use-case layer (the same run and stop as
+`metralectl run` / `stop`: catalog, lock, repair, preflight), hand over the endpoint, and tear it down
+afterwards — after a failure or Ctrl-C too."""
 
 from __future__ import annotations
 
@@ -12,29 +13,24 @@ from metralectl.bench.runner import Event
 
 @contextmanager
 def served(recipe_name: str, progress: Any) -> Iterator[tuple[str, dict[str, Any], Any]]:
+    from metralectl.app.serving import Change, DirectServing
     from metralectl.cli.catalog_cmds import _catalog
     from metralectl.cli.serve_cmds import _Progress as LifecycleProgress
-    from metralectl.lifecycle.launch import LaunchOptions, launch
-    from metralectl.lifecycle.stop import stop_containers
     from metralectl.core.labels import LABEL_SPEC_HASH
-    from metralectl.seams.docker_runtime import open_runtime
-    from metralectl.seams.store import lifecycle_lock
+    from metralectl.lifecycle.launch import Launched
 
-    catalog = _catalog()
-    recipe = catalog.recipe(recipe_name)
-    with open_runtime() as runtime:
-        with lifecycle_lock(f"bench --self-start {recipe.name}"):
-            launched = launch(recipe, catalog, runtime, options=LaunchOptions(), on_event=LifecycleProgress(False))
-        info = runtime.inspect(launched.container_id)
-        try:
+    serving = DirectServing(catalog=_catalog, lock_note="(bench --self-start)")
+    recipe = serving.resolve(Change.run(recipe_name))
+    launched = serving.run(Change.run(recipe_name), LifecycleProgress(False))
+    assert isinstance(launched, Launched)  # --self-start takes single-node recipes (a multi-rank one is refused)
+    try:
+        with serving.runtime() as runtime:
+            info = runtime.inspect(launched.container_id)
             revision = runtime.image_state(info.image).revision if info else None
-            managed = {"recipe": recipe.name, "spec_hash": info.labels.get(LABEL_SPEC_HASH) if info else None,
-                       "image": info.image if info else None, "image_revision": revision,
-                       "container": launched.container, "url": launched.url}
-            yield launched.url, managed, recipe
-        finally:
-            progress(Event("note", f"stopping {launched.container} (self-started)"))
-            current = runtime.inspect(launched.container_id)
-            if current is not None:
-                with lifecycle_lock(f"bench teardown {recipe.name}"):
-                    stop_containers(runtime, [current], on_event=LifecycleProgress(False))
+        managed = {"recipe": recipe.name, "spec_hash": info.labels.get(LABEL_SPEC_HASH) if info else None,
+                   "image": info.image if info else None, "image_revision": revision,
+                   "container": launched.container, "url": launched.url}
+        yield launched.url, managed, recipe
+    finally:
+        progress(Event("note", f"stopping {launched.container} (self-started)"))
+        serving.stop(Change.stop(recipe.name), LifecycleProgress(False))
