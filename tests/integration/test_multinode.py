@@ -209,7 +209,7 @@ def test_ep2_without_rdma_devices_is_refused_before_starting(ep) -> None:
 def test_ep2_flags_mismatch_in_the_recipe_is_refused_by_the_checker(ep) -> None:
     e = ep("ckmis", worker_serve="num-drafts: 2")
     out = e.run()
-    assert out.returncode == 1 and "ranks differ in --num-drafts" in out.stderr
+    assert out.returncode == 65 and "ranks differ in --num-drafts" in out.stderr
     assert "SSM intermediate-buffer" in out.stderr
     assert e.gone_everywhere() and not e.record().exists()
 
