@@ -27,8 +27,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "build-llama-server.sh"
-pytestmark = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("ninja")),
-                                reason="cmake and ninja are needed (scripts/bootstrap.sh installs them)")
+needs_cmake = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("ninja")),
+                                 reason="cmake and ninja are needed (scripts/bootstrap.sh installs them)")
 
 FAKE_CMAKE = """cmake_minimum_required(VERSION 3.14)
 project(fake-llama NONE)
@@ -98,6 +98,7 @@ def _entries(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in base.iterdir() if not p.name.endswith(".lock")) if base.exists() else []
 
 
+@needs_cmake
 def test_builds_the_server_target_once_and_then_answers_from_the_cache(tmp_path: Path,
                                                                        index: tuple[str, Path]) -> None:
     env = _env(tmp_path, index[0])
@@ -139,6 +140,7 @@ def test_an_unreachable_index_says_so_without_a_traceback(tmp_path: Path) -> Non
     assert _entries(tmp_path) == []
 
 
+@needs_cmake
 def test_an_interrupted_build_leaves_no_entry(tmp_path: Path, index: tuple[str, Path]) -> None:
     env = _env(tmp_path, index[0], FAKE_BUILD_PAUSE="60")
     proc = subprocess.Popen(["bash", str(SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -158,3 +160,13 @@ def test_an_interrupted_build_leaves_no_entry(tmp_path: Path, index: tuple[str, 
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0, err
     assert _entries(tmp_path) == []  # neither an entry nor a half-built work directory
+
+
+def test_the_scripts_are_shellcheck_clean() -> None:
+    if not shutil.which("shellcheck"):
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is missing in CI (scripts/bootstrap.sh installs it)")
+        pytest.skip("shellcheck not installed")
+    out = subprocess.run(["shellcheck", "--severity=style", str(SCRIPT),
+                          str(REPO / "tests" / "real_llamacpp" / "image.sh")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
