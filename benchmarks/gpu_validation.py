@@ -216,7 +216,7 @@ def main() -> int:
 
         probe = NvmlProbe(nvml=fk.make_fake([fk.FakeDevice(energy_mj=fk.Counter(step_mj=6000), energy_delay_s=0.003)]))
     system = probe.open()
-    results["system"] = system.to_dict()
+    results["system"] = system.to_json()
     if not isinstance(system, GpuSystem):
         say(f"no GPU: {system.reason}")
         (OUT / "gpu_validation.json").write_text(json.dumps(results, indent=2))
@@ -232,7 +232,7 @@ def main() -> int:
     except OSError:
         host_total = None
     first = probe.sample()
-    results["first_sample"] = [s.to_dict() for s in first]
+    results["first_sample"] = [s.to_json() for s in first]
     results["host_mem_total"] = host_total
     say(f"host MemTotal {host_total}, NVML total {first[0].memory.total_bytes}")
 
@@ -311,7 +311,7 @@ def main() -> int:
             f"{','.join(r.flags) or '-'}  (10 Hz instant: {pct(row.get('instant_10hz_vs_counter'))})")
     results["energy"] = energy_rows
     steady_net = energy_report(windows["load_steady"], output_tokens=1_000_000, baseline_w=idle_w)
-    results["steady_with_baseline"] = steady_net.to_dict()
+    results["steady_with_baseline"] = steady_net.to_json()
     say(f"steady load: {steady_net.average_w or 0:.1f} W gross, idle baseline {idle_w or 0:.1f} W, "
         f"net {steady_net.net_joules or 0:.0f} J over {steady_net.duration_s:.1f} s")
 

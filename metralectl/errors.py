@@ -1,21 +1,95 @@
-"""One error hierarchy for the whole program.
+"""One error hierarchy and one exit-code table for the whole program.
 
 The core raises these; seams translate third-party exceptions into them where they are caught;
 the CLI boundary turns them into one line + a hint on stderr and an exit code (traceback only
-with --debug).
+with --debug). Every exit status metralectl ends with is an `ExitCode` member; docs/exit-codes.md is
+generated from this table (`scripts/exit-codes.py generate`) and the other docs are checked against it
+(tests/unit/test_exit_codes.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum, unique
+from typing import Any
+
+
+@unique
+class ExitCode(IntEnum):
+    """How metralectl ended. Three bands: 0-3 it ran and this is the outcome (0/1/2 are the book's
+    benchmark meaning, kept for every command); 64-78 it could not do its work, numbered as BSD
+    sysexits.h does; 130 the shell's 128 + SIGINT."""
+
+    OK = 0
+    FAILED = 1
+    GATE = 2
+    DEGRADED = 3
+    USAGE = 64
+    DATA = 65
+    UNAVAILABLE = 69
+    SOFTWARE = 70
+    BUSY = 75
+    INTERRUPTED = 130
+
+    @property
+    def meaning(self) -> str:
+        return EXIT_MEANINGS[self][0]
+
+    @property
+    def examples(self) -> str:
+        return EXIT_MEANINGS[self][1]
+
+    @classmethod
+    def of(cls, value: Any) -> ExitCode:
+        """An exit code another process sent (the agent's job, a peer's unit): a member of this table,
+        or FAILED for anything else (a negative number, a string, a code a newer version added)."""
+        if isinstance(value, int) and not isinstance(value, bool) and value in cls._value2member_map_:
+            return cls(value)
+        return cls.FAILED
+
+
+# member -> (meaning, when it happens). docs/exit-codes.md is generated from this.
+EXIT_MEANINGS: dict[ExitCode, tuple[str, str]] = {
+    ExitCode.OK: ("it ran and did what was asked",
+                  "served and ready; a benchmark ran, every request succeeded and no gate failed; "
+                  "doctor found no problem"),
+    ExitCode.FAILED: ("it ran, and the thing asked for failed or was refused",
+                      "a launch never became ready; a swap was rolled back (the previous model serves "
+                      "again); a benchmark with failed requests, or invalid or client-bound; doctor "
+                      "found a problem; a peer refused; a signature did not verify"),
+    ExitCode.GATE: ("it ran, and a gate said no",
+                    "a benchmark or campaign completed and a gate's verdict is fail "
+                    "(`--no-fail-on-verdict` turns this into 0)"),
+    ExitCode.DEGRADED: ("it ran, failed, and left nothing serving",
+                        "a swap whose rollback failed too: neither model serves; the swap journal stays "
+                        "for `metralectl ps --repair`"),
+    ExitCode.USAGE: ("bad command line (sysexits EX_USAGE)",
+                     "an unknown option or command, a missing argument, a malformed `--set`, an unknown "
+                     "recipe or `--param`, a command that needs a terminal run without one"),
+    ExitCode.DATA: ("a data file or record is invalid (sysexits EX_DATAERR)",
+                    "a user recipe, a campaign file or bench.yaml fails the checker; a shipped recipe, "
+                    "engine contract or kernels file is broken (a bug in this release)"),
+    ExitCode.UNAVAILABLE: ("a service it needs cannot be reached (sysexits EX_UNAVAILABLE)",
+                           "the Docker daemon is not running, not reachable or refuses this user; the "
+                           "agent or a peer does not answer"),
+    ExitCode.SOFTWARE: ("internal error: a bug in metralectl (sysexits EX_SOFTWARE)",
+                        "an unexpected exception (run again with `--debug` for the traceback, and "
+                        "report it)"),
+    ExitCode.BUSY: ("busy: try again later (sysexits EX_TEMPFAIL)",
+                    "another launch, swap or stop (or a peer's benchmark unit) holds this machine's "
+                    "lifecycle lock; a peer's unit queue is full"),
+    ExitCode.INTERRUPTED: ("interrupted: Ctrl-C or SIGTERM (128 + SIGINT), after cleaning up",
+                           "whatever was half-started was removed; a benchmark keeps its partial "
+                           "record as `interrupted`"),
+}
 
 
 class MetralError(Exception):
     """An error an operator can act on: what happened, and what to do about it."""
 
-    exit_code: int = 1
+    exit_code: ExitCode = ExitCode.FAILED  # every subclass says its own
 
-    def __init__(self, message: str, hint: str | None = None, *, exit_code: int | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, *, exit_code: ExitCode | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -29,11 +103,13 @@ class MetralError(Exception):
 class UsageError(MetralError):
     """Bad command-line input (unknown recipe, malformed --set, ...)."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class NotFound(UsageError):
     """A named thing (recipe, image, hardware class) does not exist."""
+
+    exit_code = ExitCode.USAGE
 
 
 @dataclass(frozen=True)
@@ -65,16 +141,19 @@ class Problem:
 class RecipeInvalid(MetralError):
     """A data file (recipe, engine contract, kernel or image description) failed the checker."""
 
-    def __init__(self, problems: list[Problem]) -> None:
+    exit_code = ExitCode.DATA
+
+    def __init__(self, problems: list[Problem], *, exit_code: ExitCode | None = None) -> None:
         errors = [p for p in problems if p.severity == "error"]
         first = errors[0] if errors else problems[0]
         count = len(errors)
         more = f" (and {count - 1} more)" if count > 1 else ""
-        super().__init__(f"{first.location()}: {first.key or 'document'}: {first.message}{more}", first.hint)
+        super().__init__(f"{first.location()}: {first.key or 'document'}: {first.message}{more}", first.hint,
+                         exit_code=exit_code)
         self.problems = problems
 
 
 class DataError(MetralError):
     """A shipped data directory is broken: a bug in this release, not the operator's fault."""
 
-    exit_code = 3
+    exit_code = ExitCode.DATA

@@ -11,6 +11,7 @@
     POST /api/run   {recipe, sets?, options?}                 start serving   -> 202 {job} | 400 | 409 busy
     POST /api/swap  {recipe, sets?, drain_timeout_s?, options?} replace it    -> 202 {job} | 400 | 409 busy
     POST /api/stop  {recipe?, all?, timeout_s?}               stop it         -> 202 {job} | 400 | 409 busy
+                    (each body is app/serving_change.Change.to_json(), its "kind" optional)
     POST /api/jobs/ID/cancel       cancel a job as Ctrl-C would   -> 202 {job} (200 when it had ended)
     POST /api/units/KEY/cancel     stop a peer's benchmark unit on this box -> 200 {unit} | 404
 
@@ -25,7 +26,6 @@ import math
 import mimetypes
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -34,6 +34,7 @@ from metralectl import __version__
 from metralectl.agent import security
 from metralectl.agent.jobs import JobRunner
 from metralectl.agent.ops import Operations, error_json, static_dir
+from metralectl.app.serving_change import Change, known_keys
 from metralectl.errors import MetralError, UsageError
 from metralectl.seams.httpserve import BodyTooLarge, Handler, Server
 
@@ -54,82 +55,12 @@ STOP_GRACE_S = 60.0  # how long stopping the agent waits for a cancelled job's c
 STATIC = {"/": "index.html", "/index.html": "index.html", "/app.js": "app.js", "/app.css": "app.css"}
 
 
-# -- the bodies of the changes (strict: a wrong type or an unknown key is refused, naming it) -------------
-LAUNCH_FLAGS = ("check_weights", "pull")
-RUN_OPTIONS = ("replace", "keep_failed", "stall_timeout_s", "boot_timeout_s", *LAUNCH_FLAGS)
-SWAP_OPTIONS = ("stall_timeout_s", "boot_timeout_s", *LAUNCH_FLAGS)
-BODY_KEYS = {"run": ("recipe", "sets", "options"), "swap": ("recipe", "sets", "drain_timeout_s", "options"),
-             "stop": ("recipe", "all", "timeout_s")}
-
-
-@dataclass(frozen=True)
-class ChangeRequest:
-    recipe: str | None
-    sets: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)  # LaunchOptions' field names
-    drain_timeout_s: float = 60.0
-    all_: bool = False
-    timeout_s: float = 30.0
-
-
-def _known(obj: dict[str, Any], valid: tuple[str, ...], where: str) -> None:
-    unknown = sorted(set(obj) - set(valid))
-    if unknown:
-        raise UsageError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} in {where}; "
-                         f"valid: {', '.join(valid)}")
-
-
-def _seconds(obj: dict[str, Any], key: str, where: str, default: float | None, *, nullable: bool = False) -> Any:
-    value = obj.get(key, default)
-    if value is None and nullable:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise UsageError(f"{where}{key} must be a number of seconds (>= 0){' or null' if nullable else ''}, "
-                         f"not {json.dumps(value)}")
-    return float(value)
-
-
-def _flag(obj: dict[str, Any], key: str, where: str, default: bool) -> bool:
-    value = obj.get(key, default)
-    if not isinstance(value, bool):
-        raise UsageError(f"{where}{key} must be true or false, not {json.dumps(value)}")
-    return value
-
-
-def parse_change(kind: str, body: dict[str, Any]) -> ChangeRequest:
-    """POST /api/run|swap|stop's body, checked; UsageError naming the offending key."""
-    _known(body, BODY_KEYS[kind], f"the {kind} body")
-    recipe = body.get("recipe")
-    if recipe is not None and (not isinstance(recipe, str) or not recipe):
-        raise UsageError(f"recipe must be a recipe name (a string), not {json.dumps(recipe)}")
-    if kind == "stop":
-        return ChangeRequest(recipe, all_=_flag(body, "all", "", False),
-                             timeout_s=_seconds(body, "timeout_s", "", 30.0))
-    if not recipe:
-        raise UsageError("which recipe? send {\"recipe\": NAME}")
-    sets = body.get("sets", [])
-    if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
-        raise UsageError(f"sets must be a list of \"KEY=VALUE\" strings, not {json.dumps(sets)}")
-    raw = body.get("options", {})
-    if not isinstance(raw, dict):
-        raise UsageError(f"options must be an object, not {json.dumps(raw)}")
-    _known(raw, RUN_OPTIONS if kind == "run" else SWAP_OPTIONS, f"the {kind} options")
-    options: dict[str, Any] = {}
-    for key in raw:
-        if key.endswith("_s"):
-            options[key] = _seconds(raw, key, "options.", None, nullable=key == "boot_timeout_s")
-        else:
-            options[key] = _flag(raw, key, "options.", False)
-    drain = _seconds(body, "drain_timeout_s", "", 60.0) if kind == "swap" else 60.0
-    return ChangeRequest(recipe, list(sets), options, drain_timeout_s=drain)
-
-
 def events_query(query: str) -> tuple[int, float]:
     """?after=N&wait=S of GET /api/jobs/ID/events: (N >= 0, S seconds, at most MAX_WAIT_S)."""
     from metralectl.agent.jobs import MAX_WAIT_S
 
     params = parse_qs(query, keep_blank_values=True)
-    _known(params, ("after", "wait"), "the events query")
+    known_keys(params, ("after", "wait"), "the events query")
     try:
         after = int(params.get("after", ["0"])[-1])
         wait_s = float(params.get("wait", ["0"])[-1])
@@ -252,24 +183,16 @@ class ApiHandler(Handler):
             self.send_json(404, {"error": f"no POST {route}"}, PAGE_HEADERS)
 
     def _change(self, kind: str, body: dict[str, Any]) -> None:
+        """The body is a Change (Change.to_json(), the route naming its kind): checked, then done as a job."""
         ops = self.server.ops
         try:
-            req = parse_change(kind, body)
+            change = Change.from_json(body, kind=kind)
             if kind != "stop":
-                ops.check(req.recipe or "", req.sets)  # a bad --set is refused here, before any job
+                ops.check(change)  # an unknown recipe or a bad --set is refused here, before any job
         except MetralError as exc:
             self.send_json(400, refusal_json(exc), PAGE_HEADERS)
             return
-
-        def work(emit: Callable[[Any], None]) -> Any:
-            if kind == "run":
-                return ops.run(req.recipe or "", emit, sets=req.sets, options=req.options)
-            if kind == "swap":
-                return ops.swap(req.recipe or "", emit, sets=req.sets, drain_timeout_s=req.drain_timeout_s,
-                                options=req.options)
-            return ops.stop(req.recipe, emit, all_=req.all_, timeout_s=req.timeout_s)
-
-        self._start(kind, req.recipe, work)
+        self._start(kind, change.recipe, lambda emit: ops.apply(change, emit))
 
     def _start(self, kind: str, target: str | None, work: Callable[[Callable[[Any], None]], Any]) -> None:
         from metralectl.seams.store import Busy

@@ -35,7 +35,7 @@ def doctor_capability(check_ids: Sequence[str] = CAPABILITY_CHECKS,
         results = run_checks(ctx, [c for c in CHECKS if c.id in check_ids])
     finally:
         ctx.close(grace_s=1.0)
-    checks = [r.to_dict() for r in results]
+    checks = [r.to_json() for r in results]
     problems = [c for c in checks if c["status"] == "problem"]
     now = time.time()
     return {"can_run": not problems, "checked_at": _iso(now), "checked_at_unix": now,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 
 MAX_EVENTS = 2000
 MAX_JOBS = 20
@@ -50,7 +50,7 @@ class Job:
     result: Any = None
     error: str | None = None
     hint: str | None = None
-    exit_code: int | None = None  # 0 done; the MetralError's code when failed; 130 cancelled
+    exit_code: ExitCode | None = None  # OK done; the MetralError's code when failed; INTERRUPTED cancelled
     cancel_requested: bool = False
     cancelled_by: str | None = None  # "a client" (POST .../cancel) | "the agent stopping"
     seq: int = 0  # the last event's number
@@ -140,7 +140,7 @@ class Job:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
 
     def _finish(self, state: str, *, result: Any = None, error: str | None = None, hint: str | None = None,
-                exit_code: int) -> None:
+                exit_code: ExitCode) -> None:
         with self._cond:
             self.state, self.result, self.error, self.hint, self.exit_code = state, result, error, hint, exit_code
             self.finished = time.time()
@@ -204,23 +204,24 @@ class JobRunner:
                         outcome.append(work(job.emit))
                     finally:
                         job._unbind()
-                job._finish("done", result=outcome[0], exit_code=0)
+                job._finish("done", result=outcome[0], exit_code=ExitCode.OK)
             except KeyboardInterrupt:
                 if outcome:  # the cancel landed after the work had returned: it is done
-                    job._finish("done", result=outcome[0], exit_code=0)
+                    job._finish("done", result=outcome[0], exit_code=ExitCode.OK)
                 else:
                     job._finish("cancelled", error=f"cancelled by {job.cancelled_by}; what it had started was "
-                                "cleaned up", exit_code=130)
+                                "cleaned up", exit_code=ExitCode.INTERRUPTED)
             except MetralError as exc:
                 if not got.is_set():
                     refused.append(exc)
                 if job._delivered:
                     job._finish("cancelled", error=f"cancelled by {job.cancelled_by} ({exc.message})", hint=exc.hint,
-                                exit_code=130)
+                                exit_code=ExitCode.INTERRUPTED)
                 else:
                     job._finish("failed", error=exc.message, hint=exc.hint, exit_code=exc.exit_code)
             except BaseException as exc:  # noqa: BLE001 - a job thread must record, never vanish
-                job._finish("failed", error=f"internal error: {type(exc).__name__}: {exc}", exit_code=70)
+                job._finish("failed", error=f"internal error: {type(exc).__name__}: {exc}",
+                            exit_code=ExitCode.SOFTWARE)
             finally:
                 got.set()
 

@@ -1,25 +1,26 @@
 """What the local API reads and does, behind one protocol: the real one drives the lifecycle over Docker.
 
 Reads answer quickly with values (an unreachable Docker is an answer: {"error", "hint"}). Changes
-(run, swap, stop) are called by JobRunner with the lifecycle lock already held, exactly as the CLI's
-`run`/`swap`/`stop` call the same lifecycle functions under the same lock.
+(run, swap, stop) arrive as a `Change` (app/serving_change.py, read from the POST body) and are done by
+app/serving.py's DirectServing — the same code the CLI and the dashboard run — called by JobRunner
+with the lifecycle lock already held.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from metralectl import paths
 from metralectl.errors import MetralError
 
+if TYPE_CHECKING:
+    from metralectl.app.serving import Change, DirectServing
+    from metralectl.seams.container_runtime import ContainerRuntime
+
 Emit = Callable[[Any], None]
-LIFECYCLE_TIMEOUT_S = 30.0  # the Docker API timeout of a change, as the CLI's DockerRuntime()
 
 
 class Operations(Protocol):
@@ -33,19 +34,11 @@ class Operations(Protocol):
 
     def history(self) -> dict[str, Any]: ...
 
-    def check(self, recipe: str, sets: Sequence[str]) -> None:
+    def check(self, change: Change) -> None:
         """Refuse (MetralError) an unknown recipe or a bad --set before any job starts."""
 
-    def run(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (),
-            options: Mapping[str, Any] | None = None) -> Any:
-        """Serve the recipe (options: LaunchOptions' fields); the result is asdict(Launched)."""
-
-    def swap(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (), drain_timeout_s: float = 60.0,
-             options: Mapping[str, Any] | None = None) -> Any:
-        """Replace the served model (options: LaunchOptions' staging/boot fields); asdict(SwapResult)."""
-
-    def stop(self, recipe: str | None, on_event: Emit, *, all_: bool = False, timeout_s: float = 30.0) -> Any:
-        """Stop as `metralectl stop` does on one node; {"stopped": [asdict(StopResult)...], "note"?}."""
+    def apply(self, change: Change, on_event: Emit) -> Any:
+        """Do the change (run, swap or stop; the lock is held); its result as JSON (serving.result_json)."""
 
 
 def error_json(exc: MetralError) -> dict[str, Any]:
@@ -53,23 +46,22 @@ def error_json(exc: MetralError) -> dict[str, Any]:
 
 
 def bench_history(limit: int = 50) -> dict[str, Any]:
-    """Benchmark runs recorded under METRALE_HOME/runs/<benchmark-id>/, newest first (read-only, best effort)."""
-    root = paths.metrale_home() / "runs"
+    """Benchmark runs recorded under METRALE_HOME/runs/<suite>/, newest first, through the one record reader
+    (bench.records: an old record's true status, a dead run shown as interrupted; read-only)."""
+    from metralectl.bench import records
+
+    root = records.runs_root()
     runs: list[dict[str, Any]] = []
-    if root.is_dir():
-        files = sorted((p for p in root.glob("*/**/*.json") if p.is_file() and not p.name.endswith(".sig")),
-                       key=lambda p: p.stat().st_mtime, reverse=True)
-        for path in files[:limit]:
-            entry: dict[str, Any] = {"benchmark": path.relative_to(root).parts[0], "file": str(path.relative_to(root)),
-                                     "mtime": path.stat().st_mtime,
-                                     "signed": path.with_name(path.name + ".sig").exists()}
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                data = None
-            if isinstance(data, dict):
-                entry["summary"] = {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}
-            runs.append(entry)
+    for record in records.list_runs()[:limit]:
+        path = Path(str(record["_dir"])) / "run.json"
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue  # removed since it was listed
+        runs.append({"benchmark": path.parent.parent.name, "file": str(path.relative_to(root)), "mtime": mtime,
+                     "signed": path.with_name(path.name + ".sig").exists(),
+                     "summary": {k: v for k, v in record.items()
+                                 if not k.startswith("_") and (isinstance(v, (str, int, float, bool)) or v is None)}})
     return {"root": str(root), "runs": runs}
 
 
@@ -95,7 +87,7 @@ class TelemetryFeed:
         if self._sampler.error is not None:
             return {"available": False, "reason": f"sampling stopped: {self._sampler.error}"}
         sample = self._sampler.latest(timeout=1.0)
-        return {"available": True, "sample": sample.to_dict() if sample else None}
+        return {"available": True, "sample": sample.to_json() if sample else None}
 
     def _open(self) -> None:
         from metralectl.seams.gpu import NvmlProbe
@@ -105,7 +97,7 @@ class TelemetryFeed:
         probe = NvmlProbe()
         system = probe.open()
         if isinstance(system, GpuUnavailable):
-            self._unavailable = system.to_dict()
+            self._unavailable = system.to_json()
             return
         self._sampler = Sampler(probe, hz=2.0, power_hz=None, energy_hz=None).start()
 
@@ -117,28 +109,27 @@ class TelemetryFeed:
 class LifecycleOps:
     """The real operations: doctor-based capability, the Docker runtime, the catalog, the lifecycle."""
 
-    def __init__(self, capability: Callable[[], dict[str, Any] | None], telemetry: TelemetryFeed | None = None) -> None:
+    def __init__(self, capability: Callable[[], dict[str, Any] | None], telemetry: TelemetryFeed | None = None,
+                 serving: DirectServing | None = None) -> None:
         self._capability = capability
         self._telemetry = telemetry or TelemetryFeed()
+        self._direct = serving  # built on first use (lock_held: JobRunner holds the lifecycle lock)
 
     def capability(self) -> dict[str, Any]:
         answer = self._capability()
         return answer if answer is not None else {"can_run": None, "summary": "checking…", "problems": [], "checks": []}
 
-    def _runtime(self, timeout: float = 10.0) -> Any:
-        from metralectl.seams.docker_runtime import DockerRuntime
+    def _runtime(self, timeout: float = 10.0) -> ContainerRuntime:
+        from metralectl.seams.docker_runtime import open_runtime
 
-        return DockerRuntime(timeout=timeout)
+        return open_runtime(timeout=timeout)
 
     def serving(self) -> dict[str, Any]:
         from metralectl.lifecycle import status
 
         try:
-            runtime = self._runtime()
-            try:
-                return status.collect(runtime).as_json()
-            finally:
-                runtime.close()
+            with self._runtime() as runtime:
+                return status.collect(runtime).to_json()
         except MetralError as exc:
             return {"serving": [], **error_json(exc)}
 
@@ -149,7 +140,7 @@ class LifecycleOps:
         catalog = load_catalog()
         target = library.choose_target(catalog, None)
         return {"target": {"hardware": target.hardware, "how": target.how},
-                "recipes": [r.as_json() for r in library.rows(catalog, target)]}
+                "recipes": [r.to_json() for r in library.rows(catalog, target)]}
 
     def telemetry(self) -> dict[str, Any]:
         return self._telemetry.latest()
@@ -157,69 +148,21 @@ class LifecycleOps:
     def history(self) -> dict[str, Any]:
         return bench_history()
 
-    def check(self, recipe: str, sets: Sequence[str]) -> None:
-        from metralectl.core.catalog import load_catalog
-        from metralectl.core.overrides import apply_sets
+    def _serving(self) -> DirectServing:
+        if self._direct is None:
+            from metralectl.app.serving import DirectServing
 
-        catalog = load_catalog()
-        apply_sets(catalog, catalog.recipe(recipe), list(sets))
+            self._direct = DirectServing(lock_held=True)  # JobRunner holds the lifecycle lock for the job
+        return self._direct
 
-    # The changes: the same calls, in the same order, as `metralectl run/swap/stop` (cli/serve_cmds.py).
-    def run(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (),
-            options: Mapping[str, Any] | None = None) -> Any:
-        from metralectl.core.catalog import load_catalog
-        from metralectl.lifecycle.launch import LaunchOptions, launch
-        from metralectl.lifecycle.swap import repair_if_needed
-        from metralectl.core.overrides import apply_sets
+    def check(self, change: Change) -> None:
+        if change.kind != "stop":
+            self._serving().resolve(change)
 
-        catalog = load_catalog()
-        chosen = apply_sets(catalog, catalog.recipe(recipe), list(sets))
-        launch_options = LaunchOptions(**dict(options or {}), sets=tuple(sets))
-        runtime = self._runtime(LIFECYCLE_TIMEOUT_S)
-        try:
-            repair_if_needed(runtime, catalog, on_event=on_event)
-            return asdict(launch(chosen, catalog, runtime, options=launch_options, on_event=on_event))
-        finally:
-            runtime.close()
+    def apply(self, change: Change, on_event: Emit) -> Any:
+        from metralectl.app.serving import result_json
 
-    def swap(self, recipe: str, on_event: Emit, *, sets: Sequence[str] = (), drain_timeout_s: float = 60.0,
-             options: Mapping[str, Any] | None = None) -> Any:
-        from metralectl.core.catalog import load_catalog
-        from metralectl.lifecycle.launch import LaunchOptions
-        from metralectl.lifecycle.memory import NvmlMemoryWatch
-        from metralectl.lifecycle.swap import repair_if_needed, swap
-        from metralectl.core.overrides import apply_sets
-
-        catalog = load_catalog()
-        chosen = apply_sets(catalog, catalog.recipe(recipe), list(sets))
-        runtime = self._runtime(LIFECYCLE_TIMEOUT_S)
-        try:
-            repair_if_needed(runtime, catalog, on_event=on_event)
-            return asdict(swap(chosen, list(sets), catalog, runtime, on_event=on_event,
-                               options=LaunchOptions(**dict(options or {})), drain_timeout_s=drain_timeout_s,
-                               memory=NvmlMemoryWatch(runtime)))
-        finally:
-            runtime.close()
-
-    def stop(self, recipe: str | None, on_event: Emit, *, all_: bool = False, timeout_s: float = 30.0) -> Any:
-        from metralectl.lifecycle.memory import NvmlMemoryWatch
-        from metralectl.lifecycle.stop import select, stop_containers
-        from metralectl.core.render import LABEL_RANK, LABEL_RECIPE
-
-        runtime = self._runtime(LIFECYCLE_TIMEOUT_S)
-        try:
-            chosen = select(runtime, recipe, all_)  # the selection of `metralectl stop` on one node
-            ranked = sorted({c.labels.get(LABEL_RECIPE, c.name) for c in chosen if LABEL_RANK in c.labels})
-            if ranked:  # `metralectl stop` stops every rank on its node; one rank alone must not be stopped here
-                raise MetralError(f"{', '.join(ranked)} is served by several ranks on several nodes; the agent stops "
-                                  "single-node models only", f"`metralectl stop {ranked[0]} --direct` stops every rank")
-            if not chosen:
-                return {"stopped": [], "note": "nothing to stop"}
-            results = stop_containers(runtime, chosen, timeout_s=timeout_s, on_event=on_event,
-                                      memory=NvmlMemoryWatch(runtime))
-            return {"stopped": [asdict(r) for r in results]}
-        finally:
-            runtime.close()
+        return result_json(self._serving().apply(change, on_event))
 
     def close(self) -> None:
         self._telemetry.close()

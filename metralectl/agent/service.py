@@ -15,7 +15,6 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from metralectl.agent import security
 from metralectl.agent.capability import DEFAULT_INTERVAL_S, CapabilityMonitor, doctor_capability
 from metralectl.peers import PEER_PORT
 from metralectl.seams.agent_files import read_state, state_path  # noqa: F401  (re-exported)
+from metralectl.seams.process import on_stop_signals
 
 log = logging.getLogger("metralectl.agent")
 REGROUP_MARK = "METRALECTL_AGENT_REGROUPED"  # set on the re-executed agent: never loop through sg twice
@@ -110,7 +110,8 @@ class Agent:
 
         write_json(state_path(self.base), {"pid": os.getpid(), "api_port": self.api.port,
                                            "peer_port": self.peer_server.port if self.peer_server else None,
-                                           "fingerprint": self.identity.fingerprint, "started": time.time()})
+                                           "fingerprint": self.identity.fingerprint, "started": time.time()},
+                   mode=0o600)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -133,18 +134,14 @@ class Agent:
 def run_agent(options: AgentOptions, *, base: Path | None = None, on_ready: Callable[[Agent], None] | None = None) -> None:
     agent = Agent(options, base=base)
 
-    def on_signal(signum: int, frame: Any) -> None:
-        agent.stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    agent.start()
-    if on_ready is not None:
-        on_ready(agent)
-    try:
-        agent.wait()
-    finally:
-        agent.stop()
+    with on_stop_signals(agent.stopping.set):  # SIGTERM or Ctrl-C: stop serving, then clean up
+        agent.start()
+        if on_ready is not None:
+            on_ready(agent)
+        try:
+            agent.wait()
+        finally:
+            agent.stop()
     if agent.regroup_wanted:
         command = shlex.join([sys.executable, "-m", "metralectl", *options.argv])
         os.environ[REGROUP_MARK] = "1"

@@ -14,21 +14,27 @@ import http.client
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError, NotFound
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 DIRECT_ENV = "METRALECTL_DIRECT"
 ACTIVE_STATES = ("starting", "running")
 FOLLOW_WAIT_S = 20.0  # one long-poll; Ctrl-C interrupts it at once (the signal ends the read)
 REQUEST_TIMEOUT_S = 15.0
+ResultT = TypeVar("ResultT", bound="DataclassInstance")  # a lifecycle result, rebuilt from the agent's JSON
 START_TIMEOUT_S = 10.0  # the agent answers a start at once (the lock is taken without waiting)
 
 
 class AgentGone(MetralError):
     """The recorded agent's process is gone: work directly."""
+
+    exit_code = ExitCode.UNAVAILABLE
 
 
 def direct_forced() -> bool:
@@ -54,18 +60,6 @@ def running_agent(base: Path | None = None) -> AgentClient | None:
     except (MetralError, OSError):
         return None
     return AgentClient(port, token, pid if isinstance(pid, int) else None)
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False  # another user's process took the pid: not our agent
-    return True
 
 
 class AgentClient:
@@ -105,7 +99,9 @@ class AgentClient:
         return answer.status, value
 
     def _unreachable(self, exc: BaseException) -> MetralError:
-        if not _pid_alive(self.pid):
+        from metralectl.seams.process import pid_is_ours
+
+        if not pid_is_ours(self.pid):  # another user's process took the pid: not our agent
             return AgentGone(f"the agent (pid {self.pid}) is gone")
         why = type(exc).__name__ if not str(exc) else str(exc)
         return MetralError(f"the agent (pid {self.pid}, {self.url}) does not answer: {why}",
@@ -124,8 +120,7 @@ class AgentClient:
             problems = [p for p in answer.get("problems") or [] if isinstance(p, str)]
             if problems:
                 message = "\n".join([*problems, f"metralectl: refused: {message}"])
-            code = answer.get("exit_code")
-            return MetralError(message, hint, exit_code=code if isinstance(code, int) and code > 0 else 1)
+            return MetralError(message, hint, exit_code=_failure_code(answer.get("exit_code")))
         if status == 401:
             return MetralError(f"the agent refused {what}: {message}",
                                "its token file changed since it started? restart the agent, or add --direct")
@@ -176,6 +171,9 @@ class AgentClient:
     def cancel_unit(self, key: str) -> dict[str, Any]:
         """Stop a peer's benchmark unit on this box (POST /api/units/KEY/cancel): the unit as it stands."""
         status, value = self._request("POST", f"/api/units/{key}/cancel", {})
+        if status == 404 and isinstance(value, dict):  # no such unit there: a name given wrongly (usage)
+            raise NotFound(str(value.get("error") or f"no unit {key} on this node"),
+                           value.get("hint") if isinstance(value.get("hint"), str) else None)
         if status != 200 or not isinstance(value, dict):
             raise self._refused(status, value, f"cancelling unit {key}")
         return value
@@ -236,28 +234,35 @@ class AgentClient:
             pass  # cancelling already: a listener that raises at every event (the dashboard's) is not a second one
 
 
-def outcome(job: dict[str, Any], interrupted: bool) -> Any:
-    """The ended job's result; its error raised as the direct path would raise it; KeyboardInterrupt when
-    it was cancelled from here."""
+def outcome(job: dict[str, Any], interrupted: bool) -> dict[str, Any] | None:
+    """The ended job's result (its JSON object; None when it has none); its error raised as the direct path
+    would raise it; KeyboardInterrupt when it was cancelled from here."""
     from metralectl.seams.store import Busy
 
     state = job.get("state")
     if interrupted and state != "done":
         raise KeyboardInterrupt
     if state == "done":
-        return job.get("result")
+        result = job.get("result")
+        return result if isinstance(result, dict) else None
     message = str(job.get("error") or f"the {job.get('kind')} ended {state}")
     hint = job.get("hint") if isinstance(job.get("hint"), str) else None
-    code = job.get("exit_code")
+    code = _failure_code(job.get("exit_code"))
     if state == "cancelled":  # not from here: the page, another client, or the agent stopping
         raise MetralError(f"the agent's {job.get('kind')} job was {message}", "`metralectl ps` shows what is serving",
-                          exit_code=130)
-    if code == Busy.exit_code:
+                          exit_code=ExitCode.INTERRUPTED)
+    if code is Busy.exit_code:
         raise Busy(message, hint)
-    raise MetralError(message, hint, exit_code=code if isinstance(code, int) and code > 0 else 1)
+    raise MetralError(message, hint, exit_code=code)
 
 
-def rebuild(cls: Any, data: Any) -> Any:
+def _failure_code(value: Any) -> ExitCode:
+    """The agent's code for a failure, through the one table; never OK (it failed) and never unknown."""
+    code = ExitCode.of(value)
+    return ExitCode.FAILED if code is ExitCode.OK else code
+
+
+def rebuild(cls: type[ResultT], data: Mapping[str, Any] | None) -> ResultT:
     """A lifecycle result dataclass (Launched, SwapResult, StopResult) from the agent's JSON; keys this
     version does not know are ignored."""
     from dataclasses import fields

@@ -43,7 +43,7 @@ class LibraryRow:
     image_availability: str = ""  # pulled, or built from source (and whether the engine certifies it)
     image_pullable: bool = True
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -40,7 +40,7 @@ class Change:
     status: str  # added | changed | removed | unchanged | refused
     problems: list[Problem] = field(default_factory=list)
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "id": self.id, "status": self.status,
                 "problems": [p.__dict__ for p in self.problems]}
 
@@ -62,10 +62,10 @@ class SyncReport:
     def refused(self) -> list[Change]:
         return [c for c in self.changes if c.status == "refused"]
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"release": self.release, "commit": self.commit, "engine_version": self.engine_version,
                 "source": self.source, "revision": self.revision, "installed": self.installed,
-                "changes": [c.as_json() for c in self.changes],
+                "changes": [c.to_json() for c in self.changes],
                 "counts": {s: self.count(s) for s in ("added", "changed", "removed", "unchanged", "refused")}}
 
 

@@ -16,9 +16,12 @@ import asyncio
 import json
 import re
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import MetralError
+
+if TYPE_CHECKING:
+    from metralectl.bench.transport import RawResponse, Transport
 
 # request field -> Dialect attribute (nested stream_options fields are named by their own key)
 FIELDS = {"ignore_eos": "ignore_eos", "min_tokens": "min_tokens", "stream_options": "stream_usage",
@@ -51,7 +54,7 @@ class Dialect:
             changes["continuous_usage"] = False  # it rides inside stream_options
         return replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["refused"] = list(self.refused)
         return out
@@ -134,7 +137,7 @@ def probe(url: str, path: str, model: str, headers: dict[str, str] | None = None
                       "--param dialect=plain sends only standard OpenAI fields")
 
 
-async def _one(transport: Any, body: bytes, timeout_s: float) -> Any:
+async def _one(transport: Transport, body: bytes, timeout_s: float) -> RawResponse:
     await transport.open(1)
     try:
         return await transport.stream(body, timeout_s)

@@ -6,9 +6,12 @@ sampled and records say "unavailable: <reason>" instead of a number.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import MetralError
+
+if TYPE_CHECKING:
+    from metralectl.telemetry.sampler import EnergyWindow
 
 
 class StageEnergy:
@@ -23,7 +26,7 @@ class StageEnergy:
 
                 probe = NvmlProbe()
             opened = probe.open()
-            self.system = opened.to_dict()
+            self.system = opened.to_json()
             if not self.system.get("available"):
                 self.reason = str(self.system.get("reason") or "no GPU")
                 return
@@ -37,7 +40,7 @@ class StageEnergy:
     def available(self) -> bool:
         return self.sampler is not None
 
-    def open(self) -> Any | None:
+    def open(self) -> EnergyWindow | None:
         if self.sampler is None:
             return None
         try:
@@ -48,7 +51,7 @@ class StageEnergy:
             self.reason = exc.message
             return None
 
-    def close(self, window: Any | None, output_tokens: int) -> dict[str, Any] | str:
+    def close(self, window: EnergyWindow | None, output_tokens: int) -> dict[str, Any] | str:
         if window is None or self.sampler is None:
             return f"unavailable: {self.reason or 'no GPU telemetry'}"
         from metralectl.telemetry.energy import energy_report
@@ -57,7 +60,7 @@ class StageEnergy:
             data = self.sampler.close_window(window).result(5.0)
         except MetralError as exc:
             return f"unavailable: {exc.message}"
-        report = energy_report(data, output_tokens=output_tokens).to_dict()
+        report = energy_report(data, output_tokens=output_tokens).to_json()
         return {"j_per_output_token": report["j_per_token"], "method": report["method"], "scope": report["scope"],
                 **report}
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from metralectl.errors import UsageError
+from metralectl.errors import ExitCode, UsageError
 
 OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le, ">": operator.gt,
                                                   "<": operator.lt, "==": operator.eq}
@@ -38,7 +38,7 @@ class Verdict:
     passed: bool | None  # None: no data for the metric -> no verdict
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self.gate), "value": self.value, "passed": self.passed, "note": self.note}
 
 
@@ -129,9 +129,12 @@ def client_bound_reasons(health: dict[str, Any], stamp_error: dict[str, Any] | N
     return reasons
 
 
-def exit_code(status: str, verdict: str, *, fail_on_verdict: bool = True) -> int:
+def exit_code(status: str, verdict: str, *, fail_on_verdict: bool = True) -> ExitCode:
+    """The book's benchmark meaning: 0 ran, 1 the run failed, 2 ran and a gate said no; 130 Ctrl-C."""
+    if status == "interrupted":
+        return ExitCode.INTERRUPTED
     if status != "completed":
-        return 1
+        return ExitCode.FAILED
     if verdict == "fail":
-        return 2 if fail_on_verdict else 0
-    return 0
+        return ExitCode.GATE if fail_on_verdict else ExitCode.OK
+    return ExitCode.OK

@@ -13,6 +13,7 @@ Every status but completed exits 1.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from metralectl.bench.records import effective_status  # noqa: F401  (re-exported: readers use outcome's)
@@ -23,7 +24,7 @@ from metralectl.safetext import clean
 FAILED_STATUSES = ("errors", "invalid", "client-bound", "interrupted", "failed")
 
 
-def stage_ok(stage: dict[str, Any], max_error_frac: float) -> bool:
+def stage_ok(stage: Mapping[str, Any], max_error_frac: float) -> bool:
     agg = stage.get("summary") or {}
     requests, ok = agg.get("requests") or 0, agg.get("ok") or 0
     if requests == 0 or ok == 0 or stage.get("aborted") or stage.get("invalid"):
@@ -38,7 +39,7 @@ def top_kinds(agg: dict[str, Any], top: int = 3) -> list[dict[str, Any]]:
     return [{"kind": k, "count": n, "example": examples.get(k, "")} for k, n in ordered]
 
 
-def error_summary(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def error_summary(stages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Every stage's failed requests by kind, most frequent first, with one example and the stages."""
     merged: dict[str, dict[str, Any]] = {}
     for stage in stages:
@@ -55,7 +56,7 @@ def describe_kinds(kinds: list[dict[str, Any]], top: int = 3) -> str:
     return ", ".join(f"{k['kind']} ×{k['count']}" for k in kinds[:top])
 
 
-def judge(record: dict[str, Any], params: dict[str, Any], *, interrupted: bool) -> tuple[str, str | None]:
+def judge(record: Mapping[str, Any], params: dict[str, Any], *, interrupted: bool) -> tuple[str, str | None]:
     """(status, error) of a finished run, from its stage records."""
     stages = record.get("stages") or []
     if interrupted:

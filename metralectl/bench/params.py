@@ -8,6 +8,9 @@ from typing import Any
 
 from metralectl.errors import UsageError
 
+# What a suite parameter holds once parsed: bool, int, float, a choice or free text, or a list of numbers.
+ParamValue = bool | int | float | str | list[int] | list[float]
+
 
 @dataclass(frozen=True)
 class Param:
@@ -30,7 +33,7 @@ class Param:
             bounds = f" [{lo}..{hi}]"
         return kind + bounds
 
-    def parse(self, text: str, suite: str) -> Any:
+    def parse(self, text: str, suite: str) -> ParamValue:
         def bad(why: str) -> UsageError:
             return UsageError(f"--param {self.name}={text}: {why} (suite {suite})",
                               f"{self.name}: {self.describe_type()} — {self.help}")

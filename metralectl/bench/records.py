@@ -13,13 +13,16 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from metralectl import paths
+from metralectl.bench.run_record import RunHeader
 
 from metralectl.seams import store
-from metralectl.errors import NotFound
+from metralectl.seams.process import pid_alive
+from metralectl.errors import ExitCode, NotFound
 
 SCHEMA = 1
 KIND = "metralectl-bench-run"
@@ -38,16 +41,21 @@ def run_dir(suite: str, run_id: str) -> Path:
     return runs_root() / suite / run_id
 
 
-def start(suite: str, run_id: str, record: dict[str, Any]) -> Path:
+def header(suite: str, run_id: str) -> RunHeader:
+    """The keys a record starts with: what it is, and which process on which host is running it."""
+    return {"schema": SCHEMA, "kind": KIND, "run_id": run_id, "suite": suite, "status": "running",
+            "pid": os.getpid(), "host": socket.gethostname(), "requests_file": REQUESTS}
+
+
+def start(suite: str, run_id: str, record: Mapping[str, Any]) -> Path:
+    """Create the run's directory and write its first run.json: the record under this run's header."""
     directory = run_dir(suite, run_id)
     directory.mkdir(parents=True, exist_ok=True)
-    record.update({"schema": SCHEMA, "kind": KIND, "run_id": run_id, "suite": suite, "status": "running",
-                   "pid": os.getpid(), "host": socket.gethostname(), "requests_file": REQUESTS})
-    store.write_json(directory / "run.json", record)
+    store.write_json(directory / "run.json", {**record, **header(suite, run_id)})
     return directory
 
 
-def save(directory: Path, record: dict[str, Any]) -> None:
+def save(directory: Path, record: Mapping[str, Any]) -> None:
     store.write_json(directory / "run.json", record)
 
 
@@ -56,17 +64,7 @@ def append_requests(directory: Path, lines: list[dict[str, Any]]) -> None:
         store.append_jsonl(directory / REQUESTS, line)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def effective_status(record: dict[str, Any]) -> str:
+def effective_status(record: Mapping[str, Any]) -> str:
     """The status to show for a record, also one written before the no-green-over-errors rules: a
     'completed' run whose stages counted failed requests beyond its allowance (or no success at all), or
     measured a changed model, is errors / invalid, never completed."""
@@ -93,7 +91,7 @@ def load(directory: Path) -> dict[str, Any] | None:
         record["status_recorded"], record["status"] = record.get("status"), shown
     if record.get("status") == "running" and record.get("host") == socket.gethostname():
         pid = record.get("pid")
-        if isinstance(pid, int) and not _pid_alive(pid):
+        if isinstance(pid, int) and not pid_alive(pid):  # another user's process counts: never rewrite a live run
             record["status"] = "interrupted"
             record["error"] = record.get("error") or f"the benchmark process (pid {pid}) ended without finishing"
     record["_dir"] = str(directory)
@@ -106,7 +104,9 @@ def repair(directory: Path) -> dict[str, Any] | None:
     if record is not None and record.get("status") == "interrupted":
         on_disk = store.read_json(directory / "run.json")
         if isinstance(on_disk, dict) and on_disk.get("status") == "running":
-            on_disk.update({"status": "interrupted", "error": record.get("error"), "exit_code": 1})
+            # killed without a chance to say so (SIGKILL, a crash): the run failed, it was not a Ctrl-C
+            on_disk.update({"status": "interrupted", "error": record.get("error"),
+                            "exit_code": ExitCode.FAILED})
             save(directory, on_disk)
     return record
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from metralectl import __version__
 from metralectl.bench import gates as G
@@ -16,20 +16,26 @@ from metralectl.bench.dialect import Dialect
 from metralectl.bench.energy import StageEnergy
 from metralectl.bench.prompts import RequestFactory, Shaped, shape_prompt
 from metralectl.bench.results import RequestResult, aggregate
+from metralectl.bench.run_record import RunOutcome, RunRecord, StageRecord
 from metralectl.bench.shard import auto_workers, run_load
 from metralectl.bench.suites import WEATHER_TOOL, Stage, get_suite
 from metralectl.bench.target import Control, Target, describe
-from metralectl.errors import MetralError, UsageError
+from metralectl.errors import ExitCode, MetralError, UsageError
+
+
+EventKind = Literal["note", "stage", "stage-done", "warning", "progress"]
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # "note" | "stage" | "stage-done" | "warning" | "progress"
+    kind: EventKind
     message: str
     data: dict[str, Any] = field(default_factory=dict)
 
 
 Listener = Callable[[Event], None]
+# What a suite's summary is computed from: each measured stage, its results and their aggregate.
+Measured = list[tuple[Stage, list[RequestResult], dict[str, Any]]]
 
 
 @dataclass
@@ -49,7 +55,9 @@ class RunRequest:
 
 
 class RunInterrupted(MetralError):
-    exit_code = 1
+    """Ctrl-C or SIGTERM ended the run; its record is kept as `interrupted` with what was measured."""
+
+    exit_code = ExitCode.INTERRUPTED
 
 
 CHAT_PATH = "/v1/chat/completions"
@@ -86,9 +94,9 @@ def _factory(stage: Stage, p: dict[str, Any], model: str, shaped: Shaped | None,
         tool_choice=stage.tool_choice)
 
 
-def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
-    """Run the suite; returns the final record (also on disk). Raises RunInterrupted on Ctrl-C/SIGTERM,
-    after writing the record as interrupted."""
+def run(req: RunRequest, on_event: Listener = lambda e: None) -> RunOutcome:
+    """Run the suite; returns the final record (also on disk) and its directory. Raises RunInterrupted on
+    Ctrl-C/SIGTERM, after writing the record as interrupted."""
     suite = get_suite(req.suite)
     p = req.params
     stages = suite.stages(p)
@@ -108,9 +116,10 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
                               f"on this node: `metralectl run {req.recipe.name}` (or swap to it) first")
         model = p["model"] or target.model or "default"
         run_id = records.new_run_id()
-        record: dict[str, Any] = {
+        record: RunRecord = {
+            **records.header(req.suite, run_id),
             "started_at": _now(), "finished_at": None, "source": req.source, "metralectl_version": __version__,
-            "params": p, "target": target.to_dict(), "self_started": req.self_started, "stages": [],
+            "params": p, "target": target.to_json(), "self_started": req.self_started, "stages": [],
             "gates": [], "verdict": "none", "summary": {}, "client": {}, "error": None, "exit_code": None,
             "telemetry": {}, "prompt_sizing": {}, "model_sent": model, "dialect": None, "errors": []}
         if req.unit:
@@ -118,30 +127,29 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
         directory = records.start(req.suite, run_id, record)
         on_event(Event("note", f"run {run_id} -> {directory}", {"run_id": run_id, "dir": str(directory)}))
         energy = StageEnergy(req.probe)
+        measured: Measured = []  # filled stage by stage: what an interrupted run still summarises
         try:
             dialect = _dialect(req, target, model, record, on_event)
-            done = _stages(req, stages, control, model, dialect, target, record, directory, energy, on_event)
+            finished = _stages(req, stages, control, model, dialect, target, record, directory, energy,
+                               measured, on_event)
         except KeyboardInterrupt:
-            done = None
+            finished = False
         except Exception as exc:
             # the run itself broke: say so in its record (status failed, exit 1) before the CLI reports it
-            record.pop("_partial", None)
-            record.update({"status": "failed", "finished_at": _now(), "exit_code": 1,
+            record.update({"status": "failed", "finished_at": _now(), "exit_code": ExitCode.FAILED,
                            "error": exc.message if isinstance(exc, MetralError) else f"{type(exc).__name__}: {exc}"})
             records.save(directory, record)
             raise
         finally:
             energy.stop()
-    runs = done if done is not None else record.pop("_partial", [])
-    record.pop("_partial", None)
-    record["summary"] = suite.summarize(p, runs) if runs else {}
-    interrupted = done is None or record.get("status") == "interrupted"
+    record["summary"] = suite.summarize(p, measured) if measured else {}
+    interrupted = not finished or record["status"] == "interrupted"
     bound = [s["name"] for s in record["stages"] if s.get("client_bound")]
     record["client"] = {"client_bound": bool(bound), "stages": bound}
     record["errors"] = outcome.error_summary(record["stages"])
     status, error = outcome.judge(record, p, interrupted=interrupted)
     verdicts = G.evaluate(_gates(req, target, record, on_event), (record["summary"] or {}).get("headline") or {})
-    record["gates"] = [v.to_dict() for v in verdicts]
+    record["gates"] = [v.to_json() for v in verdicts]
     record["verdict"] = G.overall(verdicts)
     record["status"] = status
     record["error"] = error
@@ -151,14 +159,13 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> dict[str, Any]:
     unsigned = signed.sign_run(directory, record)
     if unsigned:
         on_event(Event("note", unsigned, {}))
-    record["_dir"] = str(directory)
     if interrupted:
         raise RunInterrupted(f"benchmark interrupted; partial record kept: {run_id}",
                              f"metralectl bench show {run_id}")
-    return record
+    return RunOutcome(record, directory)
 
 
-def _dialect(req: RunRequest, target: Target, model: str, record: dict[str, Any], on_event: Listener) -> Dialect:
+def _dialect(req: RunRequest, target: Target, model: str, record: RunRecord, on_event: Listener) -> Dialect:
     """What the requests may carry (bench/dialect.py), said once and recorded."""
     from metralectl.bench import dialect as D
     choice = req.params["dialect"]
@@ -170,7 +177,7 @@ def _dialect(req: RunRequest, target: Target, model: str, record: dict[str, Any]
         chosen = D.probe(req.url, CHAT_PATH, model, req.headers, timeout_s=min(req.params["timeout_s"], 120.0),
                          transport=req.params["transport"])
     forced = chosen.forces_length(req.params["ignore_eos"])
-    record["dialect"] = {**chosen.to_dict(), "output_length_forced": forced}
+    record["dialect"] = {**chosen.to_json(), "output_length_forced": forced}
     if chosen.refused:
         on_event(Event("warning", f"the server refused {', '.join(chosen.refused)} ({chosen.refusal}): not sending "
                                   "them in this run", {"refused": list(chosen.refused)}))
@@ -199,7 +206,7 @@ def _engine_dialect(req: RunRequest) -> Dialect | None:
     return D.from_engine(contract.name, contract.request_dialect) if contract is not None else None
 
 
-def _gates(req: RunRequest, target: Target, record: dict[str, Any], on_event: Listener) -> list[G.Gate]:
+def _gates(req: RunRequest, target: Target, record: RunRecord, on_event: Listener) -> list[G.Gate]:
     gates = list(req.gates) + G.param_gates(req.suite, req.params)
     if req.suite == "decode" and req.recipe is not None:
         v = req.recipe.validated
@@ -214,12 +221,11 @@ def _gates(req: RunRequest, target: Target, record: dict[str, Any], on_event: Li
 
 
 def _stages(req: RunRequest, stages: list[Stage], control: Control, model: str, dialect: Dialect, target: Target,
-            record: dict[str, Any], directory: Path, energy: StageEnergy,
-            on_event: Listener) -> list[tuple[Stage, list[RequestResult], dict[str, Any]]] | None:
+            record: RunRecord, directory: Path, energy: StageEnergy, measured: Measured,
+            on_event: Listener) -> bool:
+    """Run the stages, appending each to `measured` and to the record; False when the run was cancelled."""
     p = req.params
     shaped_by_isl: dict[int, Shaped] = {}
-    runs: list[tuple[Stage, list[RequestResult], dict[str, Any]]] = []
-    record["_partial"] = runs
     nonce = int(time.time()) % 10000
     watch = outcome.ServedModelWatch(control, target, req.managed, req.url)
 
@@ -253,25 +259,26 @@ def _stages(req: RunRequest, stages: list[Stage], control: Control, model: str, 
         reasons = G.client_bound_reasons(result.health, agg.get("stamp_error_ms"), p["max_stamp_error_ms"],
                                          p["max_loop_lag_ms"])
         changed = watch.after_stage(k, stage.name, result.results)
-        stage_rec = {"name": stage.name, "labels": stage.labels, "load": asdict(stage.load), "workers": workers,
-                     "summary": agg, "client_health": result.health, "client_bound": reasons,
-                     "energy": energy.close(window, tokens), "cancelled": result.cancelled,
-                     "t0_unix_ns": result.t0_unix_ns, "model": watch.measured, "aborted": result.aborted,
-                     "drain_timed_out": result.drain_timed_out, "invalid": changed}
+        stage_rec: StageRecord = {
+            "name": stage.name, "labels": stage.labels, "load": asdict(stage.load), "workers": workers,
+            "summary": agg, "client_health": result.health, "client_bound": reasons,
+            "energy": energy.close(window, tokens), "cancelled": result.cancelled,
+            "t0_unix_ns": result.t0_unix_ns, "model": watch.measured, "aborted": result.aborted,
+            "drain_timed_out": result.drain_timed_out, "invalid": changed, "ok": False}  # ok: judged next
         stage_rec["ok"] = outcome.stage_ok(stage_rec, p["max_error_frac"])
         record["stages"].append(stage_rec)
         records.append_requests(directory, [{"stage": stage.name, **r.to_record(result.t0)} for r in result.results])
-        runs.append((stage, result.results, agg))
+        measured.append((stage, result.results, agg))
         record["telemetry"] = {"energy_available": energy.available, "thermal": energy.thermal(),
                                "reason": None if energy.available else f"unavailable: {energy.reason}"}
-        records.save(directory, {k2: v for k2, v in record.items() if k2 != "_partial"})
+        records.save(directory, record)
         on_event(Event("stage-done", stage.name, {"summary": agg, "client_bound": reasons, "ok": stage_rec["ok"],
                                                   "aborted": result.aborted, "invalid": changed,
                                                   "drain_timed_out": result.drain_timed_out,
                                                   "errors": outcome.top_kinds(agg)}))
         if result.cancelled:
             record["status"] = "interrupted"
-            return None
+            return False
         if changed:
             break  # every later stage would measure another model
-    return runs
+    return True

@@ -8,16 +8,20 @@ summary nor the timings behind it can change without the signature failing.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import MetralError
+
+if TYPE_CHECKING:
+    from metralectl.seams.signing import Verification
 
 PAYLOAD_TYPE = "application/vnd.metralectl.bench-record+json"
 RECORD = "run.json"
 
 
-def names_for(directory: Path, record: dict[str, Any]) -> dict[str, str]:
+def names_for(directory: Path, record: Mapping[str, Any]) -> dict[str, str]:
     target = record.get("target") or {}
     requests = directory / str(record.get("requests_file") or "requests.jsonl")
     digest = hashlib.sha256(requests.read_bytes()).hexdigest() if requests.exists() else "none"
@@ -31,7 +35,7 @@ def names_for(directory: Path, record: dict[str, Any]) -> dict[str, str]:
     return names
 
 
-def sign_run(directory: Path, record: dict[str, Any]) -> str | None:
+def sign_run(directory: Path, record: Mapping[str, Any]) -> str | None:
     """Sign the run's record (creating this box's identity on first use); the reason when it could not."""
     from metralectl.seams import identity, signing
     try:
@@ -42,7 +46,7 @@ def sign_run(directory: Path, record: dict[str, Any]) -> str | None:
     return None
 
 
-def verify_run(directory: Path, known_keys: dict[str, bytes]) -> Any:
+def verify_run(directory: Path, known_keys: dict[str, bytes]) -> Verification:
     """The verdict on a run directory: the envelope, and that the timings it names are the ones on disk.
 
     `known_keys` are the trusted signers (this node's and its peers', from `peers.store.known_keys()`):
@@ -59,3 +63,17 @@ def verify_run(directory: Path, known_keys: dict[str, bytes]) -> Any:
     if verdict.names.get("requests_sha256") != expected["requests_sha256"]:
         return signing.Verification(False, verdict.signer, "the per-request timings changed after signing")
     return verdict
+
+
+def read_signed(directory: Path) -> tuple[bytes, Any, bytes]:
+    """(the record's exact bytes, its detached envelope, the per-request timings' bytes or b"") of a signed
+    run, as a node hands it to a peer. Raises OSError or ValueError when a part cannot be read."""
+    import json
+
+    from metralectl.bench.records import REQUESTS
+    from metralectl.seams import signing
+
+    payload = (directory / RECORD).read_bytes()
+    envelope = json.loads(signing.sidecar(directory / RECORD).read_text())
+    timings = directory / REQUESTS
+    return payload, envelope, timings.read_bytes() if timings.exists() else b""

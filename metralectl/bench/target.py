@@ -7,10 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metralectl.seams.endpoint import EngineClient
 from metralectl.errors import MetralError
+
+if TYPE_CHECKING:
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 
 class Control(EngineClient):
@@ -43,7 +46,7 @@ class Target:
     container: str | None = None
     serve_flags: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -81,14 +84,20 @@ def managed_container(url: str | None) -> dict[str, Any] | None:
     """The metralectl container serving `url` (or the only one serving, when url is None), from its labels.
     None when Docker is not reachable or nothing matches: benchmarks do not need Docker."""
     try:
-        from metralectl.lifecycle.launch import LABEL_ENDPOINT
-        from metralectl.core.render import LABEL_RECIPE, LABEL_SPEC_HASH
-        from metralectl.seams.docker_runtime import DockerRuntime
+        from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_SPEC_HASH
+        from metralectl.seams.docker_runtime import open_runtime
 
-        runtime = DockerRuntime(timeout=5.0)
-        running = [c for c in runtime.containers(mine=False) if c.running and c.labels.get(LABEL_ENDPOINT)]
+        with open_runtime(timeout=5.0) as runtime:
+            return _managed_on(runtime, url)
     except (MetralError, ImportError, OSError):
         return None
+
+
+def _managed_on(runtime: ContainerRuntime, url: str | None) -> dict[str, Any] | None:
+    from metralectl.lifecycle.launch import LABEL_ENDPOINT
+    from metralectl.core.render import LABEL_RECIPE, LABEL_SPEC_HASH
+
+    running = [c for c in runtime.containers(mine=False) if c.running and c.labels.get(LABEL_ENDPOINT)]
     norm = (url or "").rstrip("/").removesuffix("/v1")
     chosen = [c for c in running if url is None or c.labels[LABEL_ENDPOINT].rstrip("/") == norm]
     if len(chosen) != 1:

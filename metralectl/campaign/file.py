@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from metralectl.campaign.plan import PlannedUnit, estimate_s, expand
-from metralectl.errors import MetralError, Problem, RecipeInvalid, UsageError
+from metralectl.errors import ExitCode, MetralError, Problem, RecipeInvalid, UsageError
 
 TOP_KEYS = ("name", "nodes", "reference", "recipe", "units")
 UNIT_KEYS = ("suite", "id", "params", "gates", "recipe", "shards", "expected_s")
@@ -36,7 +36,7 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,47}")
 class CampaignInvalid(RecipeInvalid):
     """The plan file (or a --unit) is not a campaign: every problem with its place."""
 
-    exit_code = 2
+    exit_code = ExitCode.DATA
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from metralectl.seams import store
 from metralectl.campaign.plan import PlannedUnit, pick
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.peers.remote_units import UnitRefused
 from metralectl.telemetry.thermal import ThermalLines, ThermalState, thermal_status
 
@@ -364,12 +364,13 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
             "exit_code": exit_code(record)}
 
 
-def exit_code(record: dict[str, Any]) -> int:
+def exit_code(record: dict[str, Any]) -> ExitCode:
     """0 every unit accepted and no gate failed; 2 a gate said no; 1 a unit failed or did not run;
     130 interrupted."""
     if record.get("aborted"):
-        return 130
+        return ExitCode.INTERRUPTED
     units = record.get("units") or []
+    gate_said_no = any(u.get("verdict") == "fail" for u in units)
     if any(u["state"] != "accepted" for u in units):
-        return 1 if not any(u.get("verdict") == "fail" for u in units) else 2
-    return 2 if any(u.get("verdict") == "fail" for u in units) else 0
+        return ExitCode.GATE if gate_said_no else ExitCode.FAILED
+    return ExitCode.GATE if gate_said_no else ExitCode.OK

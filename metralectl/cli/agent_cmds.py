@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from metralectl.cli.state import note, style
+from metralectl.errors import ExitCode
 
 agent_app = typer.Typer(help="The background agent: local API + control-plane page + peer listener.",
                         invoke_without_command=True, no_args_is_help=False, add_completion=False,
@@ -66,7 +67,7 @@ def verify(
             print(f"  {key}: {value}")
     if not verdict.ok:
         if as_json:
-            raise typer.Exit(1)
+            raise typer.Exit(ExitCode.FAILED)
         raise MetralError(f"{record}: {verdict.reason}",
                           "pair with the signer (`metralectl peer pair ADDR`) if it is a node you trust"
                           if verdict.reason.startswith("signed by") else None)

@@ -8,13 +8,17 @@ Exit codes: 0 ran and gates passed (or none applied); 1 failed, cancelled or cli
 from __future__ import annotations
 
 import json
-import signal
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from metralectl.cli.state import note, style
+from metralectl.errors import ExitCode
+
+if TYPE_CHECKING:
+    from metralectl.core.recipe import Recipe
 
 app = typer.Typer(name="bench", help="Benchmark the served endpoint; keep and compare the results.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode=None)
@@ -98,13 +102,6 @@ class _Progress:
             note(style(f"▸ {event.message}", "2", err))
 
 
-def _sigterm_as_interrupt() -> None:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 @app.command("run")
 def run(
     suite: str = typer.Argument(..., metavar="SUITE", help="Which suite (`metralectl bench list`)."),
@@ -140,22 +137,24 @@ def run(
         headers[name.strip()] = value.strip()
     unit_label = _unit_label(unit)
     progress: Any = _Progress() if events_fd is None else _EventsPipe(events_fd, _Progress())
-    _sigterm_as_interrupt()
-    if self_start:
-        from metralectl.cli.bench_selfstart import served
+    from metralectl.seams.process import sigterm_as_interrupt
 
-        with served(self_start, progress) as (endpoint, managed, rec):
-            request = RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, managed,
-                                 {"recipe": self_start, "url": endpoint}, headers, unit=unit_label)
-            record = run_suite(request, progress)
-    else:
-        from metralectl.bench.target import managed_container
+    with sigterm_as_interrupt():  # a SIGTERM ends the run as Ctrl-C does: recorded as interrupted
+        if self_start:
+            from metralectl.cli.bench_selfstart import served
 
-        found = managed_container(url)
-        endpoint = url or (found or {}).get("url") or DEFAULT_URL
-        rec = _recipe(recipe or (found or {}).get("recipe"), explicit=recipe is not None)
-        record = run_suite(RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, found,
-                                      headers=headers, unit=unit_label), progress)
+            with served(self_start, progress) as (endpoint, managed, rec):
+                request = RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, managed,
+                                     {"recipe": self_start, "url": endpoint}, headers, unit=unit_label)
+                record = run_suite(request, progress).record
+        else:
+            from metralectl.bench.target import managed_container
+
+            found = managed_container(url)
+            endpoint = url or (found or {}).get("url") or DEFAULT_URL
+            rec = _recipe(recipe or (found or {}).get("recipe"), explicit=recipe is not None)
+            record = run_suite(RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, found,
+                                          headers=headers, unit=unit_label), progress).record
     _emit(record, fmt)
 
 
@@ -191,7 +190,7 @@ class _EventsPipe:
         self._also(event)
 
 
-def _recipe(name: str | None, *, explicit: bool) -> Any:
+def _recipe(name: str | None, *, explicit: bool) -> Recipe | None:
     if not name:
         return None
     from metralectl.cli.catalog_cmds import _catalog
@@ -205,7 +204,7 @@ def _recipe(name: str | None, *, explicit: bool) -> Any:
         return None  # a served recipe this catalog no longer has: no recipe gate
 
 
-def _emit(record: dict[str, Any], fmt: str) -> None:
+def _emit(record: Mapping[str, Any], fmt: str) -> None:
     from metralectl.present.bench_view import render_run
 
     if fmt == "json":
@@ -213,12 +212,12 @@ def _emit(record: dict[str, Any], fmt: str) -> None:
     else:
         print(render_run(record))
     _say_failure(record)
-    code = int(record.get("exit_code") or 0)
-    if code:
+    code = ExitCode.of(record.get("exit_code") or ExitCode.OK)
+    if code is not ExitCode.OK:
         raise typer.Exit(code)
 
 
-def _say_failure(record: dict[str, Any]) -> None:
+def _say_failure(record: Mapping[str, Any]) -> None:
     """A run that did not complete says so on stderr: its status, why, and its failed requests by kind."""
     from metralectl.bench.outcome import FAILED_STATUSES
     from metralectl.safetext import clean
@@ -302,7 +301,7 @@ def verify(run_id: str = typer.Argument(..., metavar="RUN|FILE", help="A run id 
     else:
         note(style(f"NOT VERIFIED: {verdict.reason}", "31", sys.stderr))
     if not verdict.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 @app.command("compare")

@@ -135,6 +135,7 @@ class _Fleet:
                            free_memory_gb=adm.facts.get("memory_available_gb"))
 
     def _handle(self, address: str, local_workdir: Path | None) -> Any:
+        # Any: a campaign.runner.NodeHandle, or (a dry run) a stand-in that answers only .name and .thermal()
         from metralectl.peers.store import known_keys
 
         if address != "local":

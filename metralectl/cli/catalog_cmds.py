@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from metralectl.cli.state import note, style
-from metralectl.errors import NotFound
+from metralectl.errors import ExitCode, NotFound
+
+if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
 
 
-def _catalog() -> Any:
+def _catalog() -> Catalog:
     from metralectl.core.catalog import load_catalog
 
     catalog = load_catalog()
@@ -56,7 +59,7 @@ def list_recipes(
     rows = library.rows(catalog, target, hardware=hardware if only_hardware else None, tags=tag or None)
     if as_json:
         print(json.dumps({"target": {"hardware": target.hardware, "how": target.how},
-                          "recipes": [r.as_json() for r in rows]}, indent=2))
+                          "recipes": [r.to_json() for r in rows]}, indent=2))
     else:
         table_rows = [[
             r.name, r.model, r.quant, r.hardware, "yes" if r.mtp else "-",
@@ -76,8 +79,8 @@ def list_recipes(
         for ref, (how, names) in built.items():
             note(f"{', '.join(names)}: image {ref} is not pulled: {how.split(' (')[0]} (`metralectl show "
                  f"{names[0]}` says how to build it)")
-    if catalog.refused:
-        raise typer.Exit(1)
+    if catalog.refused:  # a user recipe failed the checker: shown above, left out of the list
+        raise typer.Exit(ExitCode.DATA)
 
 
 def show(
@@ -92,7 +95,7 @@ def show(
     catalog = _catalog()
     recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])
     if as_json:
-        print(json.dumps(show_view.as_json(catalog, recipe), indent=2, default=str))
+        print(json.dumps(show_view.to_json(catalog, recipe), indent=2, default=str))
     else:
         print(show_view.as_text(catalog, recipe))
 

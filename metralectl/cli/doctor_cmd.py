@@ -45,11 +45,11 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def as_json(results: list[CheckResult], elapsed_s: float, options: dict[str, Any]) -> dict[str, Any]:
+def to_json(results: list[CheckResult], elapsed_s: float, options: dict[str, Any]) -> dict[str, Any]:
     from metralectl.doctor.model import counts, exit_code
 
     return {"schema": 1, "ok": exit_code(results) == 0, "exit_code": exit_code(results), "counts": counts(results),
-            "elapsed_s": round(elapsed_s, 3), "options": options, "checks": [r.to_dict() for r in results]}
+            "elapsed_s": round(elapsed_s, 3), "options": options, "checks": [r.to_json() for r in results]}
 
 
 def doctor(
@@ -77,7 +77,7 @@ def doctor(
     elapsed = time.monotonic() - started
     try:
         if as_json_:
-            print(json.dumps(as_json(results, elapsed, {"recipe": recipe, "port": ctx.port_and_bind()[0]}), indent=2))
+            print(json.dumps(to_json(results, elapsed, {"recipe": recipe, "port": ctx.port_and_bind()[0]}), indent=2))
         else:
             print(render_text(results, elapsed, color=color_enabled(sys.stdout)))
         sys.stdout.flush()

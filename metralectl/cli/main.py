@@ -15,8 +15,36 @@ import typer
 
 from metralectl import __version__
 from metralectl.cli import state
+from metralectl.errors import ExitCode
+
+
+class _Group(typer.core.TyperGroup):
+    """The root group: click's own usage errors (unknown option or command, missing or malformed
+    argument) end with ExitCode.USAGE, not click's 2, which the table gives to a gate that said no.
+    Sub-commands and sub-groups are parsed inside this group's invoke, so their errors pass here too."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: object) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)  # type: ignore[arg-type]
+        except click.UsageError as exc:
+            exc.exit_code = ExitCode.USAGE  # type: ignore[misc]  # click reads it per instance
+            raise
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            exc.exit_code = ExitCode.USAGE  # type: ignore[misc]  # click reads it per instance
+            raise
+
+
+EPILOG = f"Exit codes: {', '.join(f'{c.value} {c.name.lower()}' for c in ExitCode)} (docs/exit-codes.md)."
+
 app = typer.Typer(
     name="metralectl",
+    cls=_Group,
+    epilog=EPILOG,
     help="The operator's cockpit for DGX Spark (GB10), Hopper and B200 boxes running the Metrale engine.",
     no_args_is_help=False,
     add_completion=False,
@@ -64,7 +92,8 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI: MetralError -> one line + hint on stderr and its exit code; Ctrl-C -> 130."""
+    """Run the CLI: every exit status is an ExitCode. MetralError -> one line + hint on stderr and its
+    code; a usage error -> USAGE; Ctrl-C -> INTERRUPTED; anything unexpected -> SOFTWARE."""
     from metralectl.errors import MetralError
 
     args = sys.argv[1:] if argv is None else argv
@@ -75,22 +104,22 @@ def main(argv: list[str] | None = None) -> None:
         state.report_error(exc)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
-        if exc.exit_code == 130 and isinstance(exc.__cause__, KeyboardInterrupt):  # Typer's form of Ctrl-C
+        if exc.exit_code == ExitCode.INTERRUPTED and isinstance(exc.__cause__, KeyboardInterrupt):  # Typer's ^C
             print("metralectl: interrupted", file=sys.stderr)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         print("metralectl: interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except KeyboardInterrupt:
         print("metralectl: interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        exc.show()  # click's own errors are about the command line (unknown option, bad value, no such file)
+        sys.exit(ExitCode.USAGE)
     except BrokenPipeError:
         # `metralectl list | head`: the reader left; not an error worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+        sys.exit(ExitCode.OK)
     except Exception:
         if state.DEBUG:
             raise
@@ -99,8 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         last = traceback.format_exc().strip().splitlines()[-1]
         print(f"metralectl: internal error: {last}", file=sys.stderr)
         print("    hint: run again with --debug for the traceback, and report it", file=sys.stderr)
-        sys.exit(70)
-    sys.exit(code if isinstance(code, int) else 0)
+        sys.exit(ExitCode.SOFTWARE)
+    sys.exit(ExitCode.of(code) if isinstance(code, int) else ExitCode.OK)
 
 
 if __name__ == "__main__":

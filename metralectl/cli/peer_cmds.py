@@ -8,17 +8,21 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from metralectl.cli.state import note, style
+from metralectl.errors import ExitCode
+
+if TYPE_CHECKING:
+    from metralectl.seams.identity import Identity
 
 peer_app = typer.Typer(help="Other metralectl nodes this box trusts by key (pairing, grants).",
                        no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
-def _me() -> Any:
+def _me() -> Identity:
     from metralectl.seams import identity
     return identity.load_or_create()
 
@@ -190,14 +194,14 @@ def _cancel_unit(key: str, as_json: bool) -> None:
     """Units run inside the agent (it owns the queue): the cancel goes to it, never to files on disk."""
     from metralectl import paths
     from metralectl.app.agent_client import running_agent
-    from metralectl.errors import MetralError
+    from metralectl.errors import MetralError, NotFound
     from metralectl.peers.units import read_units
 
     agent = running_agent()
     if agent is None:
         known = {u["key"]: u for u in read_units(paths.metrale_home())}
         if key not in known:
-            raise MetralError(f"no unit {key} on this box", "`metralectl peer units` lists them")
+            raise NotFound(f"no unit {key} on this box", "`metralectl peer units` lists them")
         raise MetralError(f"unit {key} is {known[key].get('state')}, and no agent runs here to stop anything",
                           "units only run inside the agent: with it stopped, nothing runs")
     unit = agent.cancel_unit(key)
@@ -235,7 +239,7 @@ def nodes(
         for a in answers:
             _render(a)
     if not all(a.admitted for a in answers):
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 def _render(answer: Any) -> None:

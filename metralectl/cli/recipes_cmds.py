@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from metralectl.cli.state import note, style
-from metralectl.errors import Problem
+from metralectl.errors import ExitCode, Problem
 
 app = typer.Typer(help="Check and inspect recipe files.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -44,7 +44,7 @@ def check(
             print(f"{'ok     ' if ok else 'REFUSED'}  {path}")
         note(f"{len(results) - len(refused)} ok, {len(refused)} refused")
     if refused:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.DATA)
 
 
 @app.command("sync")
@@ -85,7 +85,7 @@ def sync(
     catalog = load_catalog(use_cache=False)
     report = recipe_sync.sync(catalog, sync_fetch.Source(source), progress=progress)
     if as_json:
-        print(json.dumps(report.as_json(), indent=2))
+        print(json.dumps(report.to_json(), indent=2))
     else:
         print(f"engine release {report.release} (commit {report.commit[:12]}, engine {report.engine_version or '?'}), "
               f"checked against revision {report.revision}")
@@ -97,5 +97,5 @@ def sync(
             note(style("\n".join(clean(line) for line in problem.render().splitlines()), "31", sys.stderr))
     counts = ", ".join(f"{report.count(s)} {s}" for s in ("added", "changed", "removed", "unchanged", "refused"))
     note(f"synced set installed ({counts}): {report.installed}")
-    if report.refused:
-        raise typer.Exit(1)
+    if report.refused:  # installed without the recipes that failed the checker
+        raise typer.Exit(ExitCode.DATA)

@@ -1,15 +1,15 @@
-"""`run`, `ps`, `logs`, `stop`, `swap`: serving through the Docker SDK (imported lazily, inside commands).
+"""`run`, `ps`, `logs`, `stop`, `swap`: the flags become a `Change`, app/serving.py does it, this prints it.
 
-While `metralectl agent` runs it owns run/swap/stop on the box: a single-node `run`, `swap` and `stop` become
-its jobs (agent/client.py), rendered and printed exactly as the direct path does; `--direct` (or
-METRALECTL_DIRECT=1) works without it. `run --print`, multi-rank runs, `ps` and `logs` are always direct.
+While `metralectl agent` runs it owns run/swap/stop on the box: app/serving.py hands the change to it as a
+job and its events come back rendered exactly as the direct path renders them; `--direct` (or
+METRALECTL_DIRECT=1) works without it. `run --print`, multi-rank runs and stops, `ps` and `logs` are
+always direct (serving.routable says why).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import signal
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -20,54 +20,29 @@ from metralectl.cli.state import note, style
 
 
 def _sigterm_as_interrupt() -> None:
-    """A SIGTERM (service manager, `kill`) cleans up like Ctrl-C does."""
+    """A SIGTERM (service manager, `kill`) cleans up like Ctrl-C does (until this command's process exits)."""
+    from metralectl.seams.process import sigterm_as_interrupt_until_exit
 
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def _runtime() -> Any:
-    from metralectl.seams.docker_runtime import DockerRuntime
-
-    return DockerRuntime()
+    sigterm_as_interrupt_until_exit()
 
 
 DIRECT_HELP = "Work directly, not through the running agent (also: METRALECTL_DIRECT=1)."
 
 
-def _agent(direct: bool) -> Any:
-    """The running agent's client (it owns run/swap/stop on this box), or None: work directly."""
-    if direct:
-        return None
-    from metralectl.app.agent_client import running_agent
+def _serving(direct: bool, catalog: Any = None) -> Any:
+    """app/serving.py's Serving: through the running agent unless --direct (serving_for decides), with the
+    catalog this command already loaded (its notes about refused user recipes are printed once)."""
+    from metralectl.app.serving import serving_for
+    from metralectl.cli.catalog_cmds import _catalog
 
-    return running_agent()
+    loaded = [catalog] if catalog is not None else []
 
+    def once() -> Any:
+        if not loaded:
+            loaded.append(_catalog())
+        return loaded[0]
 
-def _via_agent(agent: Any, kind: str, body: dict[str, Any], *, follow_log: bool, bars: bool = True) -> tuple[bool, Any]:
-    """The change as the agent's job, its events rendered as the direct path renders them: (True, its result);
-    (False, None) when the recorded agent turned out to be gone (then work directly). Ctrl-C/SIGTERM cancel
-    the job and follow its cleanup; a second one leaves at once (the agent still cleans up)."""
-    from metralectl.app.agent_client import AgentGone, outcome
-
-    _sigterm_as_interrupt()
-    try:
-        job, early = agent.start_shielded(kind, body)
-    except AgentGone:
-        return False, None
-    note(agent.describe())
-    if bars:
-        from metralectl.cli.staging_cmds import _Renderer
-
-        with _Renderer() as view:
-            job, interrupted = agent.follow(job, _Progress(follow_log, view), interrupted=early)
-    else:
-        job, interrupted = agent.follow(job, _Progress(follow_log), interrupted=early)
-    if interrupted and job.get("state") == "done":
-        note(f"the {kind} had finished before the cancel reached the agent")
-    return True, outcome(job, interrupted)
+    return serving_for(direct=direct, say=note, catalog=once)
 
 
 class _Progress:
@@ -188,45 +163,32 @@ def run(
                  "behind the RoCE port: `ls /sys/class/net/IF/device/infiniband/`)")
         print(docker_run_command(spec))
         return
-    from metralectl.lifecycle.launch import LaunchOptions, launch
-    from metralectl.seams.store import lifecycle_lock
+    from metralectl.app.serving import Change, MultiRank
+    from metralectl.lifecycle.launch import LaunchOptions
 
     options = LaunchOptions(replace=replace, keep_failed=keep_failed, stall_timeout_s=stall_timeout,
-                            boot_timeout_s=boot_timeout,
-                            check_weights=not no_weights_check, pull=not no_pull, sets=tuple(set_ or ()))
+                            boot_timeout_s=boot_timeout, check_weights=not no_weights_check, pull=not no_pull)
+    multi = None
     if recipe.multi_rank and worker:
-        from metralectl.cli import multirank_cmds
-        multirank_cmds.run_multi(recipe, catalog, options, worker=worker, head=head, roce_interface=roce_interface,
-                                 master_addr=master_addr, first_request_timeout=first_request_timeout, detach=detach,
-                                 as_json=as_json, rdma=not no_rdma, rdma_device=rdma_device)
-        return
-    if recipe.multi_rank and head:
+        multi = MultiRank(worker, head, roce_interface, master_addr, first_request_timeout, not no_rdma, rdma_device)
+    elif recipe.multi_rank and head:
         raise typer.BadParameter("a multi-rank launch needs --worker (the worker node's Docker endpoint)")
-    if worker or head or no_rdma or rdma_device:
+    elif worker or head or no_rdma or rdma_device:
         raise typer.BadParameter(f"{recipe.name} is a single-node recipe; --worker/--head/--no-rdma/--rdma-device are "
                                  "for multi-rank recipes")
-    agent = _agent(direct)
-    if agent is not None:
-        body = {"recipe": recipe_name, "sets": list(set_ or []),
-                "options": {"replace": replace, "keep_failed": keep_failed, "stall_timeout_s": stall_timeout,
-                            "boot_timeout_s": boot_timeout, "check_weights": not no_weights_check, "pull": not no_pull}}
-        routed, result = _via_agent(agent, "run", body, follow_log=not detach)
-        if routed:
-            from metralectl.app.agent_client import rebuild
-            from metralectl.lifecycle.launch import Launched
-
-            _print_ready(rebuild(Launched, result), as_json)
-            return
+    change = Change.run(recipe_name, set_ or [], options, multi)
+    serving = _serving(direct, catalog)
     _sigterm_as_interrupt()
-    runtime = _runtime()
     from metralectl.cli.staging_cmds import _Renderer
 
-    with lifecycle_lock(f"run {recipe.name}"), _Renderer() as view:
-        from metralectl.lifecycle.swap import repair_if_needed
+    with _Renderer() as view:
+        launched = serving.run(change, _Progress(not detach, view))
+    if multi is not None:
+        from metralectl.cli.multirank_cmds import print_ready_multi
 
-        repair_if_needed(runtime, catalog, on_event=_Progress(False, view))
-        launched = launch(recipe, catalog, runtime, options=options, on_event=_Progress(not detach, view))
-    _print_ready(launched, as_json)
+        print_ready_multi(launched, as_json)
+    else:
+        _print_ready(launched, as_json)
 
 
 def ps(
@@ -234,19 +196,9 @@ def ps(
     repair: bool = typer.Option(False, "--repair", help="Repair an interrupted swap (restore a serving model)."),
 ) -> None:
     """What metralectl is serving: recipe, state, health, uptime, endpoint, image revision."""
-    from metralectl.lifecycle import status
-
-    runtime = _runtime()
-    if repair:
-        from metralectl.cli.catalog_cmds import _catalog
-        from metralectl.lifecycle.swap import repair_if_needed
-        from metralectl.seams.store import lifecycle_lock
-
-        with lifecycle_lock("repair"):
-            repair_if_needed(runtime, _catalog(), on_event=_Progress(False))
-    report = status.collect(runtime)
+    report = _serving(True).ps(repair=repair, on_event=_Progress(False))
     if as_json:
-        print(json.dumps(report.as_json(), indent=2))
+        print(json.dumps(report.to_json(), indent=2))
         return
     from metralectl.present.table import render_table
 
@@ -277,24 +229,8 @@ def logs(
     rank: int = typer.Option(None, "--rank", help="Multi-rank deployments: which rank's log (0 = the head, the default)."),
 ) -> None:
     """The engine's log (stdout). With -f, follows and returns when the container exits."""
-    from metralectl.cli import multirank_cmds
-    from metralectl.lifecycle.stop import select
-
-    if (rank is not None or recipe_name is not None) and multirank_cmds.rank_logs(recipe_name, rank, follow, tail):
-        return
-    runtime = _runtime()
-    chosen = select(runtime, recipe_name, all_=False)
-    if not chosen:
-        from metralectl.errors import MetralError
-
-        raise MetralError("metralectl is not serving anything", "`metralectl run RECIPE`")
-    container = chosen[0]
-    if not follow:
-        for line in runtime.log_tail(container.id, tail):
-            print(line)
-        return
-    for line in runtime.follow_logs(container.id, tail=tail):
-        print(line, flush=True)
+    for line in _serving(True).logs(recipe_name, rank=rank, follow=follow, tail=tail):
+        print(line, flush=follow)
 
 
 def _stopped_line(r: Any) -> str:
@@ -311,58 +247,36 @@ def stop(
     direct: bool = typer.Option(False, "--direct", help=DIRECT_HELP),
 ) -> None:
     """Stop gracefully (kill after --timeout), verify the container is gone and memory came back."""
-    from metralectl.errors import MetralError
-    from metralectl.lifecycle import deployment
-    from metralectl.lifecycle.memory import NvmlMemoryWatch
-    from metralectl.lifecycle.stop import StopResult, select, stop_containers
-    from metralectl.seams.store import lifecycle_lock
+    from metralectl.app.serving import Change, StopIncomplete
 
-    agent = _agent(direct)
-    if agent is not None and not deployment.load_all():  # multi-rank deployments: every rank, directly
-        routed, result = _via_agent(agent, "stop", {"recipe": recipe_name, "all": all_, "timeout_s": timeout},
-                                    follow_log=False, bars=False)
-        if routed:
-            from metralectl.app.agent_client import rebuild
+    _sigterm_as_interrupt()
+    try:
+        stopped = _serving(direct).stop(Change.stop(recipe_name, all_=all_, timeout_s=timeout), _Progress(False))
+    except StopIncomplete as exc:  # what was stopped is printed, then the failure
+        _print_stopped(exc.stopped, as_json)
+        raise
+    _print_stopped(stopped, as_json)
 
-            stopped = [rebuild(StopResult, r) for r in (result or {}).get("stopped") or []]
-            if not stopped:
-                note("nothing to stop")
-            elif as_json:
-                print(json.dumps([asdict(r) for r in stopped], indent=2))
-            else:
-                for r in stopped:
-                    print(_stopped_line(r))
-            return
-    runtime = _runtime()
-    with lifecycle_lock("stop"):
-        from metralectl.cli import multirank_cmds
-        ranked, covered = multirank_cmds.stop_deployments(runtime, recipe_name, all_, timeout)
-        chosen = [] if (covered and not all_) else select(runtime, recipe_name, all_)
-        if not chosen and not ranked:
-            note("nothing to stop")
-            return
-        results = stop_containers(runtime, chosen, timeout_s=timeout, on_event=_Progress(False),
-                                  memory=NvmlMemoryWatch(runtime)) if chosen else []
-    failed = [(dep, r) for dep, r in ranked if r.error]
+
+def _print_stopped(stopped: Any, as_json: bool) -> None:
+    if stopped.nothing:
+        note("nothing to stop")
+        return
     if as_json:
         out = [{"rank": r.rank, "role": r.role, "endpoint": r.endpoint, "container": r.container, "error": r.error,
-                **(asdict(r.result) if r.result else {})} for _, r in ranked]
-        print(json.dumps(out + [asdict(r) for r in results], indent=2))
-    else:
-        for dep, r in ranked:
-            where = f"rank {r.rank} ({r.role}) on {r.endpoint}"
-            if r.result is None:
-                print(f"{r.container} ({dep.recipe}, {where}): {'already gone' if r.error == '' else r.error}")
-                continue
-            how = "killed after the timeout" if r.result.killed else f"exited {r.result.exit_code}"
-            print(f"stopped {r.container} ({dep.recipe}, {where}): {how} in {r.result.stop_s:.1f} s; "
-                  f"removed: {'yes' if r.result.removed else 'no'}; memory: {r.result.memory}")
-        for r in results:
-            print(_stopped_line(r))
-    if failed:
-        raise MetralError("not every rank could be stopped: " + "; ".join(f"rank {r.rank} of {d.recipe}: {r.error}"
-                                                                       for d, r in failed),
-                          "the deployment stays recorded; `metralectl stop RECIPE` again once the node answers")
+                **(asdict(r.result) if r.result else {})} for r in stopped.ranks]
+        print(json.dumps(out + [asdict(r) for r in stopped.containers], indent=2))
+        return
+    for r in stopped.ranks:
+        where = f"rank {r.rank} ({r.role}) on {r.endpoint}"
+        if r.result is None:
+            print(f"{r.container} ({r.recipe}, {where}): {'already gone' if r.error == '' else r.error}")
+            continue
+        how = "killed after the timeout" if r.result.killed else f"exited {r.result.exit_code}"
+        print(f"stopped {r.container} ({r.recipe}, {where}): {how} in {r.result.stop_s:.1f} s; "
+              f"removed: {'yes' if r.result.removed else 'no'}; memory: {r.result.memory}")
+    for c in stopped.containers:
+        print(_stopped_line(c))
 
 
 def swap(
@@ -377,38 +291,19 @@ def swap(
     direct: bool = typer.Option(False, "--direct", help=DIRECT_HELP),
 ) -> None:
     """Replace the served model; if the new one does not become ready, restore the previous one."""
-    from metralectl.cli.catalog_cmds import _catalog
+    from metralectl.app.serving import Change
     from metralectl.lifecycle.launch import LaunchOptions
-    from metralectl.lifecycle.memory import NvmlMemoryWatch
-    from metralectl.lifecycle.swap import repair_if_needed, swap as do_swap
-    from metralectl.core.overrides import apply_sets
-    from metralectl.seams.store import lifecycle_lock
 
-    catalog = _catalog()
-    recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])  # refused here, before anything is released
-    agent = _agent(direct)
-    if agent is not None:
-        body = {"recipe": recipe_name, "sets": list(set_ or []), "drain_timeout_s": drain_timeout,
-                "options": {"stall_timeout_s": stall_timeout, "boot_timeout_s": boot_timeout,
-                            "check_weights": not no_weights_check, "pull": not no_pull}}
-        routed, result = _via_agent(agent, "swap", body, follow_log=False)
-        if routed:
-            from metralectl.app.agent_client import rebuild
-            from metralectl.lifecycle.swap import SwapResult
-
-            _print_swap(rebuild(SwapResult, result), as_json)
-            return
+    change = Change.swap(recipe_name, set_ or [], LaunchOptions(stall_timeout_s=stall_timeout, boot_timeout_s=boot_timeout,
+                                                                check_weights=not no_weights_check, pull=not no_pull),
+                         drain_timeout)
+    serving = _serving(direct)
+    serving.resolve(change)  # an unknown recipe or a bad --set is refused here, before anything is released
     _sigterm_as_interrupt()
-    runtime = _runtime()
     from metralectl.cli.staging_cmds import _Renderer
 
-    with lifecycle_lock(f"swap to {recipe.name}"), _Renderer() as view:
-        progress = _Progress(False, view)
-        repair_if_needed(runtime, catalog, on_event=progress)
-        result = do_swap(recipe, list(set_ or []), catalog, runtime, on_event=progress,
-                         options=LaunchOptions(stall_timeout_s=stall_timeout, boot_timeout_s=boot_timeout,
-                                               check_weights=not no_weights_check, pull=not no_pull),
-                         drain_timeout_s=drain_timeout, memory=NvmlMemoryWatch(runtime))
+    with _Renderer() as view:
+        result = serving.swap(change, _Progress(False, view))
     _print_swap(result, as_json)
 
 

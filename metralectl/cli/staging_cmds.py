@@ -9,12 +9,16 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from metralectl.cli.state import note, style
 from metralectl.errors import UsageError
+
+if TYPE_CHECKING:
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 
 class _Renderer:
@@ -143,23 +147,21 @@ def pull(
     summary: dict[str, dict[str, Any]] = {r.name: {"recipe": r.name, "image": None, "weights": None} for r in recipes}
     with _Renderer() as view:
         if not weights_only:
-            from metralectl.seams.docker_runtime import DockerRuntime, DockerUnavailable
+            from metralectl.seams.docker_runtime import DockerUnavailable, open_runtime
 
             try:
-                runtime = DockerRuntime()
+                runtime = open_runtime()
             except DockerUnavailable as exc:
                 exc.hint = f"{exc.hint}; weights alone: `metralectl pull --weights-only {' '.join(r.name for r in recipes)}`"
                 raise
             pulled: dict[str, Any] = {}
-            try:
+            with runtime:
                 for r in recipes:
                     info = catalog.image_for(r)
                     if info.ref not in pulled:
                         pulled[info.ref] = images.pull(info, runtime, arch, view.layer, update=update)
                         view.say(_image_line(pulled[info.ref]))
-                    summary[r.name]["image"] = {**pulled[info.ref].status.as_json(), "action": pulled[info.ref].action}
-            finally:
-                runtime.close()
+                    summary[r.name]["image"] = {**pulled[info.ref].status.to_json(), "action": pulled[info.ref].action}
         if not image_only:
             fetched: dict[tuple[str, str | None], Any] = {}
             for r in recipes:
@@ -167,7 +169,7 @@ def pull(
                 if key not in fetched:
                     fetched[key] = weights.pull(r, view.weights)
                     view.say(_weights_line(fetched[key]))
-                summary[r.name]["weights"] = fetched[key].as_json()
+                summary[r.name]["weights"] = fetched[key].to_json()
     if as_json:
         print(json.dumps({"recipes": list(summary.values())}, indent=2))
         return
@@ -189,20 +191,21 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
 
     catalog = _catalog()
     arch = machine.cpu_arch()
-    runtime: Any = None
+    runtime: ContainerRuntime | None = None
     docker_error: MetralError | None = None
     try:
-        from metralectl.seams.docker_runtime import DockerRuntime
+        from metralectl.seams.docker_runtime import open_runtime
 
-        runtime = DockerRuntime()
+        runtime = open_runtime()
     except MetralError as exc:
         docker_error = exc
-    rows = images.statuses(catalog, runtime, arch)
+    with runtime or nullcontext():
+        rows = images.statuses(catalog, runtime, arch)
     if as_json:
         print(json.dumps({"machine": {"arch": arch, "platform": images.machine_platform(arch)},
                           "docker": {"reachable": runtime is not None,
                                      "error": docker_error.message if docker_error else None},
-                          "images": [r.as_json() for r in rows]}, indent=2))
+                          "images": [r.to_json() for r in rows]}, indent=2))
     else:
         from metralectl.present.table import render_table
 
@@ -240,8 +243,6 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
         note(style(f"metralectl: Docker not reachable, local state unknown: {docker_error.message}", "33", sys.stderr))
         if docker_error.hint:
             note(f"    hint: {docker_error.hint}")
-    if runtime is not None:
-        runtime.close()
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -53,37 +52,39 @@ def top(
                          "or `--record FILE`")
     recorder = _recorder(record)
     session = _session(interval, url or [])
-    _sigterm_as_interrupt()
-    try:
-        if once:
-            session.start(poll_thread=False)
-            view = _once(session, interval)
-            if recorder is not None:
-                recorder.write(view.to_dict())
-            if as_json:
-                print(json.dumps(view.to_dict(), indent=2, allow_nan=False))
-            else:
-                from rich.console import Console
+    from metralectl.seams.process import sigterm_as_interrupt
 
-                wide = None if sys.stdout.isatty() else 240  # piped: no wrapping or cropping at 80 columns
-                Console(file=sys.stdout, highlight=False, width=wide).print(render(view, recording=record))
-            return
-        session.start()
-        if live and terminal is not None:
-            _live(session, terminal, recorder, interval, record)
-        else:
-            _stream(session, recorder, interval, as_json, record)
-    except KeyboardInterrupt:
-        if once:
-            raise  # a snapshot cut short is interrupted (130), not a result
-        # Ctrl-C (or SIGTERM) is how one leaves the live view or a recording: not an error
-    except BrokenPipeError:
-        # `top --json | head -3`: the reader left, which ends a stream normally
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    finally:
-        session.close()
-        if recorder is not None and not once:
-            note(f"recorded {recorder.records} record{'s' if recorder.records != 1 else ''} to {record}")
+    with sigterm_as_interrupt():  # SIGTERM leaves like Ctrl-C: the recording is closed and counted
+        try:
+            if once:
+                session.start(poll_thread=False)
+                view = _once(session, interval)
+                if recorder is not None:
+                    recorder.write(view.to_json())
+                if as_json:
+                    print(json.dumps(view.to_json(), indent=2, allow_nan=False))
+                else:
+                    from rich.console import Console
+
+                    wide = None if sys.stdout.isatty() else 240  # piped: no wrapping or cropping at 80 columns
+                    Console(file=sys.stdout, highlight=False, width=wide).print(render(view, recording=record))
+                return
+            session.start()
+            if live and terminal is not None:
+                _live(session, terminal, recorder, interval, record)
+            else:
+                _stream(session, recorder, interval, as_json, record)
+        except KeyboardInterrupt:
+            if once:
+                raise  # a snapshot cut short is interrupted (130), not a result
+            # Ctrl-C (or SIGTERM) is how one leaves the live view or a recording: not an error
+        except BrokenPipeError:
+            # `top --json | head -3`: the reader left, which ends a stream normally
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        finally:
+            session.close()
+            if recorder is not None and not once:
+                note(f"recorded {recorder.records} record{'s' if recorder.records != 1 else ''} to {record}")
 
 
 def _recorder(path: Path | None) -> Any:
@@ -144,7 +145,7 @@ def _live(session: Any, terminal: Any, recorder: Any, interval: float, record: P
             view = session.view()
             display.update(render(view, recording=record, live=True), refresh=True)
             if recorder is not None and time.monotonic() >= next_record:
-                recorder.write(view.to_dict())
+                recorder.write(view.to_json())
                 next_record += interval
 
 
@@ -156,18 +157,11 @@ def _stream(session: Any, recorder: Any, interval: float, as_json: bool, record:
     while True:
         time.sleep(max(0.0, next_t - time.monotonic()))
         next_t += interval
-        data = session.view().to_dict()
+        data = session.view().to_json()
         if recorder is not None:
             recorder.write(data)
         if as_json:
             print(json.dumps(data, allow_nan=False), flush=True)
-
-
-def _sigterm_as_interrupt() -> None:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 # -- rendering ------------------------------------------------------------------------------------

@@ -18,13 +18,13 @@ def tui(
 def launch(hardware: str | None = None) -> None:
     import sys
 
-    from metralectl.errors import UsageError
+    from metralectl.errors import ExitCode, UsageError
 
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("the dashboard needs a terminal (stdin and stdout)", "the other commands work without one")
     from metralectl import tui as dashboard
-    code = dashboard.run(hardware=hardware)
-    if code:
+    code = ExitCode.of(dashboard.run(hardware=hardware))
+    if code is not ExitCode.OK:
         raise typer.Exit(code)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from metralectl import paths
 from metralectl.core.checker import check_recipe
@@ -298,7 +297,7 @@ def check_files(catalog: Catalog, files: list[Path]) -> list[tuple[str, Recipe |
     return results
 
 
-def parse_set_value(text: str) -> Any:
+def parse_set_value(text: str) -> object:
     """A --set value read like a YAML scalar (so `true`, `8192`, `0.85`, `off` mean what they say)."""
     try:
         return load_text(text, "--set").data if text.strip() else ""

@@ -10,11 +10,11 @@ import hashlib
 import os
 import pickle
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from metralectl import __version__, paths
+from metralectl.atomicfile import write_atomic
 _DIRS = ("engine", "kernels", "images", "recipes")
 
 
@@ -52,7 +52,7 @@ def _path(key: str) -> Path:
     return paths.cache_dir() / f"catalog-{key[:32]}.pickle"
 
 
-def read(key: str) -> Any:
+def read(key: str) -> object:  # whatever was pickled: the caller checks it is a catalog
     try:
         with open(_path(key), "rb") as handle:
             return pickle.load(handle)
@@ -66,9 +66,6 @@ def write(key: str, value: Any) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         for old in target.parent.glob("catalog-*.pickle"):
             old.unlink(missing_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".catalog-")
-        with os.fdopen(fd, "wb") as handle:
-            pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, target)
+        write_atomic(target, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
     except OSError:
         pass  # a read-only or full cache dir costs speed, never correctness

@@ -75,7 +75,7 @@ def check_env(check: Checker, top: dict[str, Any], contract: EngineContract | No
     return out
 
 
-def _number(value: Any, kind: type) -> Any:
+def _number(value: object, kind: type[int] | type[float]) -> float | None:
     """An environment value is text: `1.0` and "1.0" mean the same number."""
     if isinstance(value, bool):
         return None

@@ -2,7 +2,7 @@
 
 Every reading is `None` when the driver cannot give it ("unknown"), never a made-up 0. Fields that
 mean nothing on a machine (PCIe link and fan on a unified-memory GB10) are *hidden*: absent from
-`to_dict()` output rather than null.
+`to_json()` output rather than null.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class GpuInfo:
     def hidden(self) -> frozenset[str]:
         return frozenset({"pcie_gen", "pcie_width", "fan_pct"}) if self.memory_kind == "unified" else frozenset()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         out = _plain(self)
         out["support"] = dict(self.support)
         return out
@@ -220,7 +220,7 @@ class GpuSample:
     def throttled(self) -> bool | None:
         return is_throttled(self.clock_reasons)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """JSON-ready; hidden fields left out, unknown ones null."""
         out = _plain(self, skip=self.hidden | {"hidden", "power"})
         out["power_w"] = self.power_w
@@ -235,9 +235,9 @@ class GpuSystem:
     cuda_driver_version: str | None  # "13.0"
     gpus: tuple[GpuInfo, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"available": True, "driver_version": self.driver_version,
-                "cuda_driver_version": self.cuda_driver_version, "gpus": [g.to_dict() for g in self.gpus]}
+                "cuda_driver_version": self.cuda_driver_version, "gpus": [g.to_json() for g in self.gpus]}
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ class GpuUnavailable:
     hint: str | None = None
     cause: str | None = None  # the NVML error's name, when there was one
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"available": False, "reason": self.reason, "hint": self.hint, "cause": self.cause}
 
 

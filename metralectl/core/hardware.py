@@ -194,8 +194,13 @@ def build_command(info: ImageInfo) -> str:
     return f"{build} (tag it {info.ref})"
 
 
-def _num(check: Checker, data: dict[str, Any], where: tuple, key: str, integer: bool = False) -> Any:
-    return check.number(data, where, key, required=False, nullable=True, minimum=0, integer=integer)
+def _num(check: Checker, data: dict[str, Any], where: tuple, key: str) -> float | None:
+    return check.number(data, where, key, required=False, nullable=True, minimum=0)
+
+
+def _whole(check: Checker, data: dict[str, Any], where: tuple, key: str) -> int | None:
+    value = check.number(data, where, key, required=False, nullable=True, minimum=0, integer=True)
+    return None if value is None else int(value)  # checked to be an int already
 
 
 def parse_hardware(doc: Document, parent: HardwareClass | None) -> tuple[HardwareClass | None, Checker]:
@@ -311,7 +316,7 @@ def parse_model(doc: Document, hardware: str) -> tuple[ModelInfo | None, Checker
             checkpoints.append(Checkpoint(repo, quant, _num(check, body, ("checkpoints", i), "size-gb")))
     targets = tuple(check.string_list(top, (), "targets", required=True))
     quant_targets = check.mapping(top.get("quant-targets") or {}, ("quant-targets",), "quant-targets")
-    ints = {k: _num(check, top, (), k, integer=True)
+    ints = {k: _whole(check, top, (), k)
             for k in ("hidden-size", "layers", "attention-layers", "kv-heads", "head-dim")}
     if not check.ok or model_id is None:
         return None, check

@@ -1,6 +1,6 @@
 """Engine images: what is local, what each recipe uses, whether it can run on this machine; pulls.
 
-Orchestration over the runtime seam (runtime.DockerRuntime, or any object with `image_state` and
+Orchestration over the runtime seam (seams.container_runtime.ContainerRuntime, or any object with `image_state` and
 `pull_image`): no docker import, no printing. Progress is handed to `on_event` per layer.
 """
 
@@ -10,19 +10,36 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.core.hardware import PLATFORM_OF_ARCH, ImageInfo, build_command
 
 _ARCH_ALIASES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
 
 
+class LocalImage(Protocol):
+    """What the daemon says of a tag here (seams.docker_runtime.ImageState has it)."""
+
+    @property
+    def present(self) -> bool: ...
+    @property
+    def image_id(self) -> str | None: ...
+    @property
+    def revision(self) -> str | None: ...
+    @property
+    def platform(self) -> str | None: ...  # os/arch
+    @property
+    def digests(self) -> tuple[str, ...]: ...
+
+
 class ImageRuntime(Protocol):
-    def image_state(self, ref: str, revision_label: str = ...) -> Any: ...
-    def pull_image(self, ref: str, on_progress: Any = None, platform: str | None = None) -> Any: ...
+    def image_state(self, ref: str, revision_label: str = ...) -> LocalImage: ...
+    def pull_image(self, ref: str, on_progress: Any = None, platform: str | None = None) -> object: ...
 
 
 class ImageError(MetralError):
     """An image is missing, cannot be pulled, or is for another platform."""
+
+    exit_code = ExitCode.FAILED
 
 
 @dataclass(frozen=True)
@@ -45,7 +62,7 @@ class ImageStatus:
     recipes: tuple[str, ...]
     problem: str | None  # why it cannot run here (platform), or None
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"id": self.info.id, "ref": self.info.ref, "platform": self.info.platform,
                 "hardware": list(self.info.hardware), "built_locally": self.info.build is not None,
                 "build": self.info.build, "build_command": build_command(self.info) if self.info.build else None,

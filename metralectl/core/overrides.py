@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from metralectl.core.catalog import Catalog, parse_set_value
-from metralectl.errors import RecipeInvalid, UsageError
+from metralectl.errors import ExitCode, RecipeInvalid, UsageError
 from metralectl.core.recipe import Recipe, RecipeOrigin
 from metralectl.core.yamlsrc import Document, KeyPath, overlay
 
@@ -41,7 +41,7 @@ def parse_set(text: str, catalog: Catalog, engine: str) -> tuple[KeyPath, Any]:
                      "use a serve flag (max-seq-len=4096) or SECTION.KEY (resources.port=9000, env.NAME=VALUE)")
 
 
-def _get(data: Any, path: KeyPath) -> Any:
+def _get(data: object, path: KeyPath) -> object:
     for part in path:
         if not isinstance(data, dict) or part not in data:
             return None
@@ -71,8 +71,8 @@ def apply_sets(catalog: Catalog, recipe: Recipe, sets: list[str]) -> Recipe:
         merged.marks[path] = (0, 0)
     checked, problems = catalog.check_document(merged, RecipeOrigin("set", recipe.origin.path,
                                                                     recipe.origin.overrides, recipe.origin.extends))
-    if checked is None:
-        raise RecipeInvalid(problems)
+    if checked is None:  # the recipe itself passed: what the --set made of it is a usage error
+        raise RecipeInvalid(problems, exit_code=ExitCode.USAGE)
     base_data = base.data
     deviations = tuple((".".join(map(str, path)), _get(base_data, path), value) for path, value in changes
                        if _get(base_data, path) != value)

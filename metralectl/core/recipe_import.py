@@ -25,7 +25,9 @@ from metralectl.core.yamlsrc import Document, KeyPath, YamlSyntax, load_text
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
+    from metralectl.core.contract import FlagSpec
     from metralectl.core.engine_revisions import Revision
+    from metralectl.core.hardware import ImageInfo
 
 # Keys the reference launcher refuses because they carry executable content, plus the isolation key
 # only its launch profile may set (Metrale/metralectl crates/metralectl-core/src/recipe/raw.rs@5e6c4dd,
@@ -73,7 +75,7 @@ class Imported:
         return self.recipe is not None and not any(p.severity == "error" for p in self.problems)
 
     def text(self, header: str = "") -> str:
-        body = yaml.safe_dump(self.data, sort_keys=False, allow_unicode=True, width=110)
+        body: str = yaml.safe_dump(self.data, sort_keys=False, allow_unicode=True, width=110)
         return header + body
 
 
@@ -183,7 +185,7 @@ def _document(conv: _Conversion, top: dict[str, Any], upstream: UpstreamFile, re
     return data
 
 
-def _image(conv: _Conversion, top: dict[str, Any]) -> Any:
+def _image(conv: _Conversion, top: dict[str, Any]) -> ImageInfo | None:
     container = top.get("container")
     if not isinstance(container, str) or not container.strip() or container.strip().startswith("-"):
         conv.error(("container",), f"container must be an image reference, not {type_name(container)}")
@@ -204,7 +206,7 @@ def _image(conv: _Conversion, top: dict[str, Any]) -> Any:
 def _quant(conv: _Conversion, top: dict[str, Any]) -> str | None:
     metadata: dict[str, Any] = top["metadata"] if isinstance(top.get("metadata"), dict) else {}
     for key in ("quantization", "model_dtype"):
-        words = re.findall(r"[a-z0-9]+", str(metadata.get(key) or "").lower())
+        words: list[str] = re.findall(r"[a-z0-9]+", str(metadata.get(key) or "").lower())
         if words and words[0] in QUANTS:
             return words[0]
     conv.error(("metadata",), "the recipe states no checkpoint quantization metralectl knows "
@@ -212,7 +214,7 @@ def _quant(conv: _Conversion, top: dict[str, Any]) -> str | None:
     return None
 
 
-def _coerce(spec: Any, value: Any) -> Any:
+def _coerce(spec: FlagSpec, value: object) -> object:
     """The engine passes every value as text; read numeric and boolean text as what it means."""
     if not isinstance(value, str):
         return value

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.safetext import clean
 
 ASSETS = ("index.json", "recipes.tar.gz", "serve-options.json")
@@ -34,6 +34,8 @@ _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 class ReleaseError(MetralError):
     """The release failed verification: nothing of it is installed."""
+
+    exit_code = ExitCode.DATA
 
 
 @dataclass(frozen=True)
@@ -185,5 +187,5 @@ def release_label(index: ReleaseIndex, source: str) -> str:
     return found[-1] if found else index.commit[:7]
 
 
-def as_json(index: ReleaseIndex) -> dict[str, Any]:
+def to_json(index: ReleaseIndex) -> dict[str, Any]:
     return {"commit": index.commit, "engine_version": index.engine_version, "assets": index.assets}

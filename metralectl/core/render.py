@@ -18,18 +18,19 @@ from typing import TYPE_CHECKING, Any
 from metralectl import paths
 from metralectl.core.contract import EngineContract
 from metralectl.core.hardware import HardwareClass, ImageInfo
+# The label table lives in core.labels; these names stay importable from here for older callers.
+from metralectl.core.labels import LABEL_MANAGED as LABEL_MANAGED
+from metralectl.core.labels import LABEL_OWNER as LABEL_OWNER
+from metralectl.core.labels import LABEL_PREFIX as LABEL_PREFIX
+from metralectl.core.labels import LABEL_RANK as LABEL_RANK
+from metralectl.core.labels import LABEL_RECIPE as LABEL_RECIPE
+from metralectl.core.labels import LABEL_RUN_ID as LABEL_RUN_ID
+from metralectl.core.labels import LABEL_SPEC_HASH as LABEL_SPEC_HASH
 from metralectl.core.recipe import Recipe
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
 
-LABEL_PREFIX = "ai.metrale.metralectl"
-LABEL_MANAGED = f"{LABEL_PREFIX}.managed"
-LABEL_RECIPE = f"{LABEL_PREFIX}.recipe"
-LABEL_SPEC_HASH = f"{LABEL_PREFIX}.spec-hash"
-LABEL_OWNER = f"{LABEL_PREFIX}.owner"
-LABEL_RUN_ID = f"{LABEL_PREFIX}.run-id"
-LABEL_RANK = f"{LABEL_PREFIX}.rank"
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 
 

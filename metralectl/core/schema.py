@@ -98,7 +98,8 @@ class Checker:
         if minimum is not None and value < minimum:
             self.error(keypath + (key,), f"must be at least {minimum}, not {value}")
             return None
-        return value
+        number: float = value  # an int or a float: checked above
+        return number
 
     def string_list(self, data: dict[str, Any], keypath: KeyPath, key: str, *, required: bool = False) -> list[str]:
         if key not in data:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSIONS = (2,)  # the shape of serve-options.json this reader understands
 LEVER_CLASSES = ("runtime", "dev", "tool", "build", "harness")
+FlagValue = bool | int | float | str | None  # a serve flag's value as our types read it (None: no default)
 
 
 class ServeOptionsError(ValueError):
@@ -138,7 +139,7 @@ def inferred_type(flag: DumpFlag) -> str:
     return "string"
 
 
-def typed_default(text: str | None, kind: str, words: tuple[str, ...] = ()) -> Any:
+def typed_default(text: str | None, kind: str, words: tuple[str, ...] = ()) -> FlagValue:
     """The dump's default text as a value of our type (None when clap has no default)."""
     if text is None:
         return None

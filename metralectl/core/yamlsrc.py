@@ -82,6 +82,7 @@ def overlay(base: Document, top: Document, drop: tuple[str, ...] = ()) -> Docume
     return merged
 
 
+# Any here and in _Builder: a YAML document's values, whose shape the schema readers check, not this module
 def _merge(base: Any, top: Any) -> Any:
     if isinstance(base, dict) and isinstance(top, dict):
         out = dict(base)

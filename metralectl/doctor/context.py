@@ -18,7 +18,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
+    from metralectl.core.gpudata import GpuSample, GpuSystem, GpuUnavailable
+    from metralectl.core.recipe import Recipe
+    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker_runtime import ImageState
+
+from metralectl.seams.ports import bind_error
 
 T = TypeVar("T")
 
@@ -111,9 +120,9 @@ def _int(text: str | None) -> int | None:
 
 
 class GpuProbeLike(Protocol):
-    def open(self) -> Any: ...
+    def open(self) -> GpuSystem | GpuUnavailable: ...
 
-    def sample(self) -> Any: ...
+    def sample(self) -> tuple[GpuSample, ...]: ...
 
     def close(self) -> None: ...
 
@@ -144,6 +153,10 @@ class Fact(Generic[T]):
         self._error: BaseException | None = None
         threading.Thread(target=self._run, args=(compute,), name=f"doctor-fact-{name}", daemon=True).start()
 
+    def settled(self) -> T | None:
+        """The value, when it was computed without error by now; else None (still running, or failed)."""
+        return self._value if self._done.is_set() and self._error is None else None
+
     def _run(self, compute: Callable[[], T]) -> None:
         try:
             self._value = compute()
@@ -160,10 +173,10 @@ class Fact(Generic[T]):
         return self._value  # type: ignore[return-value]
 
 
-def _default_runtime() -> Any:
-    from metralectl.seams.docker_runtime import DockerRuntime
+def _default_runtime() -> ContainerRuntime:
+    from metralectl.seams.docker_runtime import open_runtime
 
-    return DockerRuntime()
+    return open_runtime()
 
 
 def _default_probe(gpu_classes: tuple[tuple[str, str], ...], unified: frozenset[str]) -> GpuProbeLike:
@@ -172,13 +185,13 @@ def _default_probe(gpu_classes: tuple[tuple[str, str], ...], unified: frozenset[
     return NvmlProbe(gpu_classes=gpu_classes, unified_classes=unified)
 
 
-def _default_catalog() -> Any:
+def _default_catalog() -> Catalog:
     from metralectl.core.catalog import load_catalog
 
     return load_catalog()
 
 
-def _default_container_pids(runtime: Any, container_id: str) -> set[int]:
+def _default_container_pids(runtime: ContainerRuntime, container_id: str) -> set[int]:
     from metralectl.seams.docker_runtime import container_pids
 
     return container_pids(runtime, container_id)
@@ -231,21 +244,6 @@ def listening_process(port: int) -> dict[str, Any]:
     return {}
 
 
-def bind_test(host: str, port: int) -> OSError | None:
-    """Can a server listen on host:port right now? None if yes, else the error bind() gave."""
-    import socket
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "taken"
-        try:
-            sock.bind((host, port))
-            sock.listen(1)
-        except OSError as exc:
-            return exc
-    return None
-
-
 def _default_agent_view() -> dict[str, Any] | None:
     """The running agent's own answer: None when no agent runs; {"pid", "port", "status"|"error"} otherwise."""
     import json
@@ -276,14 +274,14 @@ class Context:
         recipe: str | None = None,
         environ: Mapping[str, str] | None = None,
         identity: Identity | None = None,
-        runtime_factory: Callable[[], Any] = _default_runtime,
+        runtime_factory: Callable[[], ContainerRuntime] = _default_runtime,
         gpu_probe_factory: Callable[[tuple[tuple[str, str], ...], frozenset[str]], GpuProbeLike] = _default_probe,
-        catalog_loader: Callable[[], Any] = _default_catalog,
-        container_pids: Callable[[Any, str], set[int]] = _default_container_pids,
+        catalog_loader: Callable[[], Catalog] = _default_catalog,
+        container_pids: Callable[[ContainerRuntime, str], set[int]] = _default_container_pids,
         which: Callable[..., str | None] = shutil.which,
         cpu_arch: Callable[[], str] = _default_cpu_arch,
         proc_gpu_names: Callable[[], list[str]] = _default_proc_gpu_names,
-        port_probe: Callable[[str, int], OSError | None] = bind_test,
+        port_probe: Callable[[str, int], OSError | None] = bind_error,
         port_holder: Callable[[int], dict[str, Any]] = listening_process,
         endpoint: Callable[[], tuple[str, str]] = _default_endpoint,
         disk_usage: Callable[[Path], Any] = shutil.disk_usage,
@@ -334,10 +332,16 @@ class Context:
         return event
 
     def close(self, grace_s: float = 10.0) -> None:
-        """Wait (bounded) for checks still cleaning up, e.g. removing a probe container."""
+        """Wait (bounded) for checks still cleaning up, e.g. removing a probe container; then close the shared
+        runtime (a connection the checks opened lazily; one still connecting is left to the process's exit)."""
         deadline = time.monotonic() + grace_s
         for event in list(self._cleanups):
             event.wait(max(0.0, deadline - time.monotonic()))
+        with self._facts_lock:
+            docker = self._facts.get("docker")
+        runtime = docker.settled() if docker is not None else None
+        if runtime is not None:
+            runtime.close()
 
     # -- facts ----------------------------------------------------------------------------------
     def _fact(self, name: str, compute: Callable[[], T], budget_s: float) -> T:
@@ -354,13 +358,13 @@ class Context:
             self._identity = current_identity(self.environ)
         return self._identity
 
-    def catalog(self) -> Any:
+    def catalog(self) -> Catalog:
         return self._fact("catalog", self.catalog_loader, self.fact_budget_s)
 
-    def recipe(self) -> Any | None:
+    def recipe(self) -> Recipe | None:
         return self.catalog().recipe(self.recipe_name) if self.recipe_name else None
 
-    def runtime(self) -> Any:
+    def runtime(self) -> ContainerRuntime:
         """A connected runtime, or the DockerUnavailable / ImportError / Unanswered that says why not."""
         return self._fact("docker", self.runtime_factory, self.docker_budget_s)
 
@@ -383,7 +387,7 @@ class Context:
 
         return self._fact("containers", compute, self.fact_budget_s)
 
-    def image_state(self, ref: str, label: str = "org.opencontainers.image.revision") -> Any:
+    def image_state(self, ref: str, label: str = "org.opencontainers.image.revision") -> ImageState:
         runtime = self.runtime()
         with self.runtime_lock:
             return runtime.image_state(ref, label)

@@ -9,14 +9,17 @@ import stat
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from metralectl.core.labels import LABEL_DOCTOR
 from metralectl.doctor.context import Context, Unanswered
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 
+if TYPE_CHECKING:
+    from metralectl.seams.container_runtime import ContainerRuntime
+
 TOOLKIT_REMEDY = ("install the NVIDIA container toolkit, then `sudo nvidia-ctk runtime configure --runtime=docker "
                   "&& sudo systemctl restart docker`")
-LABEL_DOCTOR = "ai.metrale.metralectl.doctor"
 GPU_PROBE_WAIT_S = 2.0
 
 
@@ -106,7 +109,7 @@ def check_daemon(ctx: Context) -> Finding:
               endpoint_source=endpoint.source, **_socket_facts(endpoint.url))
 
 
-def _docker_or_skip(ctx: Context) -> Any:
+def _docker_or_skip(ctx: Context) -> ContainerRuntime | None:
     try:
         return ctx.runtime()
     except Exception:  # noqa: BLE001 - docker.daemon says why
@@ -205,36 +208,35 @@ def check_gpu_request(ctx: Context) -> Finding:
         return warn(f"could not connect a second client to test GPU access: {exc}", **data)
     spec = ContainerSpec(name=name, image=ref, command=("--version",), labels={LABEL_DOCTOR: "gpu-probe"},
                          gpus="all", network_mode="none", ipc_mode="private")
-    try:
-        finding = _run_probe(runtime, spec, ref, data)
-    finally:
-        failed = _remove(runtime, name)
-        done.set()
+    with runtime:
+        try:
+            finding = _run_probe(runtime, spec, ref, data)
+        finally:
+            failed = _remove(runtime, name)
+            done.set()
     if failed:
         return replace(finding, detail=f"{finding.detail} (and the probe container {name} could not be removed: "
                        f"{failed}; `docker rm -f {name}`)")
     return finding
 
 
-def _remove(runtime: Any, name: str) -> str | None:
-    """Remove the probe container (gone already is fine) and close the client; the error text if that failed."""
+def _remove(runtime: ContainerRuntime, name: str) -> str | None:
+    """Remove the probe container (gone already is fine); the error text if that failed."""
     try:
         runtime.remove(name, force=True)
     except Exception as exc:  # noqa: BLE001 - reported in the finding, with the command to do it by hand
         return str(exc)
-    finally:
-        runtime.close()
     return None
 
 
 def _run_probe(runtime: Any, spec: Any, ref: str, data: dict[str, Any]) -> Finding:
-    from metralectl.seams.docker_runtime import RuntimeFailure
+    from metralectl.seams.docker_runtime import GPU_CAUSES, RuntimeFailure
 
     try:
         started = runtime.create_and_start(spec)
     except RuntimeFailure as exc:
         text = exc.message
-        if "could not select device driver" in text or "nvidia-container-cli" in text or "GPU" in text:
+        if exc.cause in GPU_CAUSES:
             return problem(f"a container asking for GPUs (`{ref} --version`, --gpus all) was refused: {text}",
                            exc.hint or TOOLKIT_REMEDY, **data)
         return warn(f"could not start a test container from {ref}: {text}", exc.hint, **data)

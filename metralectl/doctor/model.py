@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from metralectl.errors import ExitCode
+
 if TYPE_CHECKING:
     from metralectl.doctor.context import Context
 
@@ -26,7 +28,7 @@ class CheckResult:
     remedy: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "title": self.title, "status": self.status, "detail": self.detail,
                 "remedy": self.remedy, "data": self.data}
 
@@ -78,8 +80,8 @@ def has_problem(results: list[CheckResult]) -> bool:
     return any(r.status == "problem" for r in results)
 
 
-def exit_code(results: list[CheckResult]) -> int:
-    return 1 if has_problem(results) else 0
+def exit_code(results: list[CheckResult]) -> ExitCode:
+    return ExitCode.FAILED if has_problem(results) else ExitCode.OK
 
 
 def counts(results: list[CheckResult]) -> dict[str, int]:

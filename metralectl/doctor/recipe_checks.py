@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metralectl.seams import hfcache
 from metralectl.doctor.context import Context
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 
+if TYPE_CHECKING:
+    from metralectl.core.recipe import Recipe
+
 GB = 1e9
 
 
-def _recipe(ctx: Context) -> Any:
+def _recipe(ctx: Context) -> Recipe:
     recipe = ctx.recipe()
     assert recipe is not None, "recipe checks run only with --recipe"
     return recipe

@@ -17,7 +17,8 @@ from typing import Any
 
 from metralectl.seams import store
 from metralectl.errors import MetralError
-from metralectl.seams.docker_runtime import DockerRuntime, Endpoint, endpoint_for
+from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker_runtime import Endpoint, endpoint_for, open_runtime
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -68,7 +69,7 @@ class Deployment:
     def with_state(self, state: str) -> Deployment:
         return replace(self, state=state)
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
@@ -95,7 +96,7 @@ def path_for(recipe: str) -> Path:
 
 
 def save(deployment: Deployment) -> None:
-    store.write_json(path_for(deployment.recipe), deployment.as_json())
+    store.write_json(path_for(deployment.recipe), deployment.to_json())
 
 
 def load_all() -> list[Deployment]:
@@ -123,34 +124,43 @@ def forget(recipe: str, run_id: str | None = None) -> None:
 
 
 class Runtimes:
-    """One DockerRuntime per endpoint URL, opened on first use; errors are kept per endpoint."""
+    """One runtime per endpoint URL, opened on first use; errors are kept per endpoint. A context manager:
+    it closes the runtimes it opened itself, never the `local` one it was handed (its caller owns that)."""
 
-    def __init__(self, local: DockerRuntime | None = None) -> None:
-        self._open: dict[str, DockerRuntime] = {}
+    def __init__(self, local: ContainerRuntime | None = None) -> None:
+        self._open: dict[str, ContainerRuntime] = {}
+        self._borrowed = local
         self.errors: dict[str, MetralError] = {}
         if local is not None:
             self._open[local.endpoint.url] = local
 
-    def get(self, record: RankRecord) -> DockerRuntime | None:
+    def get(self, record: RankRecord) -> ContainerRuntime | None:
         if record.endpoint in self._open:
             return self._open[record.endpoint]
         if record.endpoint in self.errors:
             return None
         try:
-            runtime = DockerRuntime(record.endpoint_value())
+            runtime = open_runtime(record.endpoint_value())
         except MetralError as exc:
             self.errors[record.endpoint] = exc
             return None
         self._open[record.endpoint] = runtime
         return runtime
 
-    def require(self, record: RankRecord) -> DockerRuntime:
+    def require(self, record: RankRecord) -> ContainerRuntime:
         runtime = self.get(record)
         if runtime is None:
             raise self.errors[record.endpoint]
         return runtime
 
-    def close(self, keep: DockerRuntime | None = None) -> None:
+    def close(self) -> None:
         for runtime in self._open.values():
-            if runtime is not keep:
+            if runtime is not self._borrowed:
                 runtime.close()
+        self._open.clear()
+
+    def __enter__(self) -> Runtimes:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

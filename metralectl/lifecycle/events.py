@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from metralectl.core.images import LayerProgress
+    from metralectl.seams.weights import PullEvent
 
 
 @dataclass(frozen=True)
@@ -101,10 +105,10 @@ def to_json(event: Any) -> dict[str, Any]:
     return {"kind": kind, "text": str(event)}
 
 
-def _progress(kind: str, body: Any) -> Any:
+def _progress(kind: str, body: object) -> LayerProgress | PullEvent:
     from dataclasses import fields
 
-    cls: type[Any]
+    cls: type[LayerProgress] | type[PullEvent]
     if kind == "image":  # images and weights are light at import (their seams are imported inside functions)
         from metralectl.core.images import LayerProgress
 

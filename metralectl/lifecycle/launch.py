@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import threading
 import time
 import uuid
@@ -20,19 +19,22 @@ from pathlib import Path
 from metralectl.seams import hfcache, machine, store
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, base_url
-from metralectl.errors import MetralError
+from metralectl.seams.ports import port_free
+from metralectl.errors import ExitCode, MetralError
 from metralectl.core.contract import Readiness
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
+from metralectl.lifecycle.preflight import (containers_refusal, launch_refusal, multi_rank_refusal, observe,
+                                            port_refusal)
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
 from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis,
                                             timeout_diagnosis, warnings_at_ready)
 from metralectl.core.recipe import Recipe
-from metralectl.core.render import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID, ContainerSpec, owner, spec_for
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, RuntimeFailure
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID, LABEL_SETS
+from metralectl.core.render import ContainerSpec, owner, spec_for
+from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker_runtime import GPU_CAUSES, ContainerInfo, RuntimeFailure
 
-LABEL_ENDPOINT = "ai.metrale.metralectl.seams.endpoint"
-LABEL_SETS = "ai.metrale.metralectl.sets"
 DRAIN_S = 5.0  # after the container is down: how long its last log lines may take to arrive
 POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer within this of the poll
 # A boot that logged a failure signature and still answered 200 must stay up this long before it counts as
@@ -67,6 +69,10 @@ class Launched:
 
 
 class LaunchFailed(MetralError):
+    """The engine did not become ready; its diagnosis names the cause and the remedy."""
+
+    exit_code = ExitCode.FAILED
+
     def __init__(self, diagnosis: Diagnosis, last_lines: list[str], log_path: str, kept: str | None = None) -> None:
         where = f"; logs kept in {log_path}" + (f"; container {kept} kept" if kept else "")
         super().__init__(f"start failed ({diagnosis.cause}): {diagnosis.message}{where}", diagnosis.remedy)
@@ -75,19 +81,7 @@ class LaunchFailed(MetralError):
         self.log_path = log_path
 
 
-def port_free(bind: str, port: int) -> bool:
-    """Whether bind:port can be listened on (with host networking Docker cannot tell us)."""
-    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are not "in use"
-        try:
-            probe.bind((bind, port))
-        except OSError:
-            return False
-    return True
-
-
-def stage(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, options: LaunchOptions, on_event: Listener) -> None:
+def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: LaunchOptions, on_event: Listener) -> None:
     """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
     from metralectl.core import images
     from metralectl.seams import weights
@@ -111,48 +105,41 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, options: Lau
     weights.weights_preflight(recipe)
 
 
-def check_containers(recipe: Recipe, runtime: DockerRuntime, spec: ContainerSpec, options: LaunchOptions, *,
+def check_containers(recipe: Recipe, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions, *,
                      ignore_running: tuple[str, ...] = (), where: str = "") -> list[ContainerInfo]:
     """Refuse a foreign container holding spec's name, another user's model, or (without --replace) one of
-    ours serving; return ours that are running (what --replace stops). `where` names the node."""
+    ours serving (lifecycle/preflight.py says which); return ours that are running (what --replace stops).
+    `where` names the node."""
     existing = runtime.inspect(spec.name)
-    if existing is not None and (not existing.managed or existing.labels.get(LABEL_OWNER) != owner()):
-        who = "is not metralectl's" if not existing.managed else f"belongs to {existing.labels.get(LABEL_OWNER)}"
-        raise MetralError(f"a container named {spec.name} already exists{where} and {who}; metralectl will not touch it",
-                          f"remove or rename it yourself (`docker rm {spec.name}`), or serve under another recipe name")
     others = [c for c in runtime.containers(mine=False) if c.running and c.owner != owner()]
-    if others:
-        names = ", ".join(f"{c.name} (owner {c.owner})" for c in others)
-        raise MetralError(f"another user's model is being served{where}: {names}; metralectl will not stop it",
-                          "ask its owner to stop it (`metralectl stop`) first")
     running = [c for c in runtime.containers() if c.running and c.name not in ignore_running]
-    if running and not options.replace:
-        names = ", ".join(f"{c.name} ({c.labels.get(LABEL_RECIPE, '?')})" for c in running)
-        hint = ("`run --replace` stops it first" if recipe.multi_rank else
-                f"`metralectl swap {recipe.name}` replaces it with rollback; `run --replace` stops it first")
-        raise MetralError(f"a model is already being served by metralectl{where}: {names}", hint)
+    refused = containers_refusal(recipe, spec, options, existing, others, running, where=where)
+    if refused is not None:
+        raise refused.error
     return running
 
 
-def preflight(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spec: ContainerSpec, options: LaunchOptions,
+def preflight(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions,
               on_event: Listener, *, ignore_running: tuple[str, ...] = (), check_port: bool = True) -> None:
-    """Everything that can refuse a launch before anything starts."""
-    if recipe.multi_rank:
-        raise MetralError(f"{recipe.name} needs {recipe.resources.world_size} ranks on {recipe.resources.nodes} nodes; "
-                          "name the worker node's Docker endpoint",
-                          f"`metralectl run {recipe.name} --worker CONTEXT|ssh://user@host` (docs/multinode.md); "
-                          f"`metralectl run {recipe.name} --print --rank N` shows each rank's command")
+    """Everything that can refuse a launch before anything starts: first what is known now
+    (lifecycle/preflight.py, the answer the dashboard's plan shows too), then staging (which pulls what
+    is missing unless told not to), then the containers and the port again (staging can take minutes)."""
+    refused = multi_rank_refusal(recipe) or launch_refusal(recipe, spec, options,
+                                                           observe(recipe, catalog, runtime, spec),
+                                                           ignore_running=ignore_running)
+    if refused is not None:
+        raise refused.error
     stage(recipe, catalog, runtime, options, on_event)
     running = check_containers(recipe, runtime, spec, options, ignore_running=ignore_running)
     if not check_port:
         return
     on_event(Step("port", f"{spec.bind}:{spec.port}"))
-    if not running and not port_free(spec.bind, spec.port):
-        raise MetralError(f"port {spec.port} on {spec.bind} is already in use by another program",
-                          f"free it (`ss -ltnp 'sport = :{spec.port}'` shows who holds it) or `--set resources.port=N`")
+    refused = port_refusal(spec, None if running else port_free(spec.bind, spec.port), running)
+    if refused is not None:
+        raise refused.error
 
 
-def launch(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, *, options: LaunchOptions = LaunchOptions(),
+def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, options: LaunchOptions = LaunchOptions(),
            on_event: Listener = ignore, gpus_override: str | int | None = "recipe") -> Launched:
     spec = spec_for(catalog, recipe, gpus_override=gpus_override)
     preflight(recipe, catalog, runtime, spec, options, on_event)
@@ -169,7 +156,7 @@ def launch(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, *, options:
     return start_and_wait(recipe, catalog, runtime, spec, options, on_event)
 
 
-def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spec: ContainerSpec,
+def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec,
                    options: LaunchOptions, on_event: Listener) -> Launched:
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     url = base_url(spec.bind, spec.port)
@@ -184,7 +171,7 @@ def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spe
         try:
             container = runtime.create_and_start(spec, labels)
         except RuntimeFailure as exc:
-            cause = "gpu-runtime-missing" if "GPU" in exc.message else "start-refused"
+            cause = "gpu-runtime-missing" if exc.cause in GPU_CAUSES else "start-refused"
             raise LaunchFailed(Diagnosis(cause, exc.message, exc.hint or REMEDIES.get(cause, "")), [], str(log_path)) from None
         on_event(ContainerStarted(spec.name, container.id, run_id))
         log = BootLog(contract, spec.bind, spec.port)
@@ -224,14 +211,14 @@ def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: DockerRuntime, spe
         raise
 
 
-def _remove_quietly(runtime: DockerRuntime, container_id: str) -> None:
+def _remove_quietly(runtime: ContainerRuntime, container_id: str) -> None:
     try:
         runtime.remove(container_id, force=True)
     except MetralError:
         pass
 
 
-def _wait_ready(runtime: DockerRuntime, container: ContainerInfo, log: BootLog, log_path: Path, url: str,
+def _wait_ready(runtime: ContainerRuntime, container: ContainerInfo, log: BootLog, log_path: Path, url: str,
                 boot_timeout: float, stall_timeout: float, started: float, on_event: Listener,
                 readiness: Readiness) -> tuple[dict[str, float], float]:
     """Until GET /health = 200 (polled from the start), a faulted answer, the container's exit, a stall or the
@@ -315,7 +302,7 @@ def _take(line: str, fd: int, log: BootLog, on_event: Listener, phases: dict[str
         on_event(Phase(phase, message_of(clean), elapsed))
 
 
-def _follow(runtime: DockerRuntime, container_id: str, lines: queue.Queue[str | None], stop: threading.Event) -> None:
+def _follow(runtime: ContainerRuntime, container_id: str, lines: queue.Queue[str | None], stop: threading.Event) -> None:
     try:
         for line in runtime.follow_logs(container_id, stop=stop):
             lines.put(line)

@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, container_pids
+from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker_runtime import ContainerInfo, container_pids
 
 WAIT_S = 20.0
 
@@ -33,7 +34,7 @@ class NoMemoryWatch:
 class NvmlMemoryWatch:
     """Watches the stopped container's processes leave the GPU, through the NVML seam."""
 
-    def __init__(self, runtime: DockerRuntime, wait_s: float = WAIT_S, probe_factory: Callable[[], Any] | None = None,
+    def __init__(self, runtime: ContainerRuntime, wait_s: float = WAIT_S, probe_factory: Callable[[], Any] | None = None,
                  poll_s: float = 0.5) -> None:
         self.runtime = runtime
         self.wait_s = wait_s

@@ -1,7 +1,7 @@
 """Multi-rank (EP=2) launches across two nodes: one recipe, each rank on its node's Docker daemon.
 
 Each node is reached the way the Docker CLI reaches it (a context, ssh://, tcp:// with TLS) through
-the same DockerRuntime seam a single-node launch uses; nothing new runs on the nodes but the
+the same ContainerRuntime seam a single-node launch uses; nothing new runs on the nodes but the
 engine's own image. The flow (docs/multinode.md):
 
 1. connect to both daemons (distinct daemons, or refuse);
@@ -46,7 +46,7 @@ from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exi
 from metralectl.lifecycle.deployment import Deployment, RankRecord, Runtimes
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
-from metralectl.lifecycle.launch import (DRAIN_S, HOLD_S, LABEL_ENDPOINT, LABEL_SETS, POLL_WAIT_S, LaunchFailed,
+from metralectl.lifecycle.launch import (DRAIN_S, HOLD_S, POLL_WAIT_S, LaunchFailed,
                                          LaunchOptions, check_containers)
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
 from metralectl.lifecycle.rdma import check_rdma
@@ -54,8 +54,10 @@ from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagn
                                             warnings_at_ready)
 from metralectl.lifecycle.stop import StopResult, stop_containers
 from metralectl.core.recipe import Recipe
-from metralectl.core.render import LABEL_OWNER, LABEL_RUN_ID, ContainerSpec, owner, spec_for
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, Endpoint, RuntimeFailure
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_OWNER, LABEL_RUN_ID, LABEL_SETS
+from metralectl.core.render import ContainerSpec, owner, spec_for
+from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker_runtime import GPU_CAUSES, ContainerInfo, Endpoint, RuntimeCause, RuntimeFailure
 
 ARCH_NAMES = {"arm64": "aarch64", "aarch64": "aarch64", "amd64": "x86_64", "x86_64": "x86_64"}
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -75,7 +77,7 @@ class MultiOptions:
 class Node:
     rank: int
     role: str
-    runtime: DockerRuntime
+    runtime: ContainerRuntime
     daemon_id: str
     host: str  # the daemon's host name
     arch: str  # aarch64 | x86_64 | ...
@@ -187,7 +189,7 @@ def head_url(endpoint: Endpoint, bind: str, port: int) -> str:
 
 
 # --- nodes ------------------------------------------------------------------------------------------
-def connect_nodes(head: DockerRuntime, worker: DockerRuntime, on_event: Listener = ignore) -> list[Node]:
+def connect_nodes(head: ContainerRuntime, worker: ContainerRuntime, on_event: Listener = ignore) -> list[Node]:
     nodes = []
     for rank, (role, runtime) in enumerate((("head", head), ("worker", worker))):
         daemon_id, host, arch = runtime.daemon_identity()
@@ -249,7 +251,7 @@ def _probe(node: Node, image: str, repo_dir: str, timeout_s: float) -> netprobe.
     try:
         code, output = node.runtime.run_probe(image, script, read_only={hub: netprobe.HUB_MOUNT}, timeout_s=timeout_s)
     except RuntimeFailure as exc:
-        if "does not exist" not in exc.message:
+        if exc.cause is not RuntimeCause.MOUNT_SOURCE_MISSING:
             raise
         code, output = node.runtime.run_probe(image, script, timeout_s=timeout_s)  # no HF cache there at all
     if code is None:
@@ -365,7 +367,7 @@ def check_ports(nodes: Sequence[Node], specs: Sequence[ContainerSpec], master_ad
 
 
 # --- launch ------------------------------------------------------------------------------------------
-def launch_multi(recipe: Recipe, catalog: Catalog, head: DockerRuntime, worker: DockerRuntime, *,
+def launch_multi(recipe: Recipe, catalog: Catalog, head: ContainerRuntime, worker: ContainerRuntime, *,
                  options: LaunchOptions = LaunchOptions(), multi: MultiOptions = MultiOptions(),
                  on_event: Listener = ignore, gpus_override: str | int | None = "recipe") -> LaunchedMulti:
     hardware = catalog.hardware[recipe.hardware]
@@ -452,7 +454,7 @@ def start_and_wait_multi(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node]
             try:
                 containers[node.rank] = node.runtime.create_and_start(spec, labels)
             except RuntimeFailure as exc:
-                cause = "gpu-runtime-missing" if "GPU" in exc.message else "start-refused"
+                cause = "gpu-runtime-missing" if exc.cause in GPU_CAUSES else "start-refused"
                 raise LaunchFailed(Diagnosis(cause, f"{node.label}: {exc.message}", exc.hint or REMEDIES.get(cause, "")),
                                    [], str(log_paths[node.rank])) from None
             on_event(ContainerStarted(spec.name, containers[node.rank].id, run_id))
@@ -692,7 +694,7 @@ def _warn_at_ready(boots: dict[int, BootLog], on_event: Listener) -> None:
             on_event(Warning_(f"rank {rank}: {warning}"))
 
 
-def _follow(runtime: DockerRuntime, container_id: str, rank: int, lines: queue.Queue[tuple[int, str | None]],
+def _follow(runtime: ContainerRuntime, container_id: str, rank: int, lines: queue.Queue[tuple[int, str | None]],
             stop: threading.Event) -> None:
     try:
         for line in runtime.follow_logs(container_id, stop=stop):
@@ -750,7 +752,7 @@ class RankStop:
 
 
 def stop_deployment(dep: Deployment, runtimes: Runtimes, *, timeout_s: float = 30.0, on_event: Listener = ignore,
-                    memory_for: Callable[[DockerRuntime], MemoryWatch] | None = None) -> list[RankStop]:
+                    memory_for: Callable[[ContainerRuntime], MemoryWatch] | None = None) -> list[RankStop]:
     """Stop every rank, the head first (clients then get refused connections rather than hung requests);
     forget the deployment once no rank is left anywhere."""
     out = []
@@ -781,18 +783,15 @@ def stop_deployment(dep: Deployment, runtimes: Runtimes, *, timeout_s: float = 3
     return out
 
 
-def stop_deployments_on(runtime: DockerRuntime, on_event: Listener = ignore) -> None:
+def stop_deployments_on(runtime: ContainerRuntime, on_event: Listener = ignore) -> None:
     """Before a --replace on this daemon: stop, on every node, the recorded deployments that have a rank here."""
     found = [d for d in deployment.load_all() if any(r.endpoint == runtime.endpoint.url for r in d.ranks)]
     if not found:
         return
-    runtimes = Runtimes(runtime)
-    try:
+    with Runtimes(runtime) as runtimes:
         for dep in found:
             for stopped in stop_deployment(dep, runtimes, on_event=on_event):
                 if stopped.error:
                     on_event(Warning_(f"rank {stopped.rank} of {dep.recipe} on {stopped.endpoint}: {stopped.error}"))
                 elif stopped.result is not None:
                     on_event(Step("replaced", f"{stopped.container} (rank {stopped.rank} of {dep.recipe})"))
-    finally:
-        runtimes.close(keep=runtime)

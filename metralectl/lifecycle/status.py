@@ -10,9 +10,9 @@ from typing import Any
 
 from metralectl.seams import store
 from metralectl.seams.endpoint import EngineClient
-from metralectl.lifecycle.launch import LABEL_ENDPOINT
-from metralectl.core.render import LABEL_RECIPE, LABEL_RUN_ID
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_RUN_ID
+from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker_runtime import ContainerInfo
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class StatusReport:
     last_swap: str | None = None
     notes: list[str] = field(default_factory=list)  # multi-rank: a rank down, a node unreachable
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"serving": [asdict(s) for s in self.serving], "degraded": self.degraded, "last_swap": self.last_swap,
                 "notes": list(self.notes)}
 
@@ -83,7 +83,7 @@ def _health(container: ContainerInfo) -> str:
     return state.describe() if state.kind in ("loading", "faulted") else f"{answer.status}"
 
 
-def _row(runtime: DockerRuntime, container: ContainerInfo, answer: str, revisions: dict[str, str | None],
+def _row(runtime: ContainerRuntime, container: ContainerInfo, answer: str, revisions: dict[str, str | None],
          rank: int | None = None, node: str | None = None) -> Serving:
     key = f"{runtime.endpoint.url} {container.image}"
     if key not in revisions:
@@ -97,7 +97,7 @@ def _row(runtime: DockerRuntime, container: ContainerInfo, answer: str, revision
         image_revision=revisions[key], rank=rank, node=node)
 
 
-def collect(runtime: DockerRuntime) -> StatusReport:
+def collect(runtime: ContainerRuntime) -> StatusReport:
     containers = runtime.containers(mine=False)  # show every metralectl model on the box, each with its owner
     with ThreadPoolExecutor(max_workers=max(1, len(containers))) as pool:
         health = list(pool.map(_health, containers))
@@ -109,7 +109,7 @@ def collect(runtime: DockerRuntime) -> StatusReport:
     return StatusReport(serving, describe_journal(), last_swap_summary(), notes)
 
 
-def _deployments(local: DockerRuntime, serving: list[Serving], revisions: dict[str, str | None]) -> list[str]:
+def _deployments(local: ContainerRuntime, serving: list[Serving], revisions: dict[str, str | None]) -> list[str]:
     """Multi-rank deployments: mark the local rows with their rank, add the other nodes' ranks, say what is wrong.
 
     Runs only when `run --worker` recorded a deployment (state/deployments/); otherwise nothing changes.
@@ -119,9 +119,8 @@ def _deployments(local: DockerRuntime, serving: list[Serving], revisions: dict[s
     found = deployment.load_all()
     if not found:
         return []
-    runtimes = deployment.Runtimes(local)
     notes: list[str] = []
-    try:
+    with deployment.Runtimes(local) as runtimes:
         for dep in found:
             states: dict[int, str] = {}
             reachable = True
@@ -159,8 +158,6 @@ def _deployments(local: DockerRuntime, serving: list[Serving], revisions: dict[s
                 names = ", ".join(f"rank {r.rank} ({r.role}, {states.get(r.rank, 'unknown')})" for r in down)
                 notes.append(f"{dep.recipe}: {names} is not running: the head's requests hang or fail until every rank "
                              f"is back; `metralectl stop {dep.recipe}` then run it again")
-    finally:
-        runtimes.close(keep=local)
     return notes
 
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from metralectl.errors import MetralError
 from metralectl.lifecycle.events import Listener, Step, ignore
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
-from metralectl.core.render import LABEL_RECIPE
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime
+from metralectl.core.labels import LABEL_RECIPE
+from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker_runtime import ContainerInfo
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class StopResult:
     memory: str  # "returned" | "not checked: ..." | "still held: ..."
 
 
-def stop_containers(runtime: DockerRuntime, containers: list[ContainerInfo], *, timeout_s: float = 30.0,
+def stop_containers(runtime: ContainerRuntime, containers: list[ContainerInfo], *, timeout_s: float = 30.0,
                     on_event: Listener = ignore, memory: MemoryWatch | None = None) -> list[StopResult]:
     watch = memory or NoMemoryWatch()
     results = []
@@ -55,7 +56,7 @@ def stop_containers(runtime: DockerRuntime, containers: list[ContainerInfo], *, 
     return results
 
 
-def select(runtime: DockerRuntime, recipe: str | None, all_: bool) -> list[ContainerInfo]:
+def select(runtime: ContainerRuntime, recipe: str | None, all_: bool) -> list[ContainerInfo]:
     """Our containers to act on: one recipe's, or all of them; foreign containers never."""
     ours = runtime.containers()
     if all_:

@@ -17,15 +17,18 @@ from typing import Any
 from metralectl.seams import store
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, requests_active
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
-from metralectl.lifecycle.launch import LABEL_ENDPOINT, LABEL_SETS, LaunchFailed, LaunchOptions, preflight, start_and_wait
+from metralectl.lifecycle.launch import LaunchFailed, LaunchOptions, preflight, start_and_wait
 from metralectl.lifecycle.memory import MemoryWatch
+from metralectl.lifecycle.preflight import Refusal, swap_refusal
 from metralectl.lifecycle.stop import stop_containers
 from metralectl.core.overrides import apply_sets
 from metralectl.core.recipe import Recipe
-from metralectl.core.render import LABEL_RANK, LABEL_RECIPE, spec_for
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_SETS
+from metralectl.core.render import spec_for
+from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker_runtime import ContainerInfo
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,13 @@ class SwapResult:
 class SwapRolledBack(MetralError):
     """The new model did not become ready; the previous one serves again."""
 
+    exit_code = ExitCode.FAILED
+
 
 class SwapDegraded(MetralError):
     """Neither model serves; the journal stays so `ps --repair` can restore."""
 
-    exit_code = 3
+    exit_code = ExitCode.DEGRADED
 
 
 def journal_path() -> Path:
@@ -65,21 +70,23 @@ def _journal(phase: str, body: dict[str, Any]) -> None:
     store.write_json(journal_path(), body)
 
 
+def served_sets(container: ContainerInfo) -> list[str]:
+    """The --set overrides a running container was started with (its label)."""
+    return [s for s in container.labels.get(LABEL_SETS, "").split("\x1f") if s]
+
+
 def _recipe_of(container: ContainerInfo, catalog: Catalog) -> tuple[Recipe, list[str]]:
     """The exact recipe (with its --set overrides) a running container was started from."""
-    name = container.labels.get(LABEL_RECIPE, "")
-    sets = [s for s in container.labels.get(LABEL_SETS, "").split("\x1f") if s]
-    return apply_sets(catalog, catalog.recipe(name), sets), sets
+    sets = served_sets(container)
+    return apply_sets(catalog, catalog.recipe(container.labels.get(LABEL_RECIPE, "")), sets), sets
 
 
-def _the_served(runtime: DockerRuntime) -> ContainerInfo:
+def swap_refused(new: Recipe, new_sets: list[str],
+                 runtime: ContainerRuntime) -> tuple[Refusal | None, ContainerInfo | None]:
+    """(why a swap to `new` cannot start, or None; the served container when there is exactly one)."""
     running = [c for c in runtime.containers() if c.running]
-    if not running:
-        raise MetralError("metralectl is not serving anything to swap", "`metralectl run RECIPE` starts one")
-    if len(running) > 1:
-        raise MetralError("more than one metralectl container runs; swap needs exactly one",
-                          "`metralectl stop RECIPE` the extra one first")
-    return running[0]
+    served = running[0] if len(running) == 1 else None
+    return swap_refusal(new, new_sets, running, served_sets(served) if served else ()), served
 
 
 def drain(url: str, timeout_s: float, on_event: Listener) -> float:
@@ -100,18 +107,13 @@ def drain(url: str, timeout_s: float, on_event: Listener) -> float:
     return time.monotonic() - started
 
 
-def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: DockerRuntime, *, on_event: Listener = ignore,
+def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerRuntime, *, on_event: Listener = ignore,
          options: LaunchOptions = LaunchOptions(), drain_timeout_s: float = 60.0,
          memory: MemoryWatch | None = None) -> SwapResult:
     """Call with the lifecycle lock held."""
-    old_container = _the_served(runtime)
-    if new.multi_rank:
-        raise MetralError(f"{new.name} needs {new.resources.world_size} ranks; hot swap is single-node "
-                          "(the engine's rule)", "stop the current model and launch the multi-rank recipe directly")
-    if LABEL_RANK in old_container.labels:
-        served = old_container.labels.get(LABEL_RECIPE, old_container.name)
-        raise MetralError(f"{served} is served by several ranks on several nodes; hot swap is single-node (the engine's "
-                          "rule)", f"`metralectl stop {served}` (every rank), then `metralectl run {new.name}`")
+    refused, old_container = swap_refused(new, new_sets, runtime)  # the dashboard's plan asks the same
+    if refused is not None or old_container is None:
+        raise refused.error if refused is not None else MetralError("nothing to swap")
     old, old_sets = _recipe_of(old_container, catalog)
     port, bind = old.resources.ranks[0].port, old.resources.bind
     if (new.resources.port, new.resources.bind) != (port, bind):
@@ -153,7 +155,7 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: DockerRunt
     return result
 
 
-def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, runtime: DockerRuntime,
+def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, runtime: ContainerRuntime,
              body: dict[str, Any], phases: dict[str, float], down_from: float, failure: LaunchFailed,
              options: LaunchOptions, on_event: Listener) -> SwapResult:
     _journal("restoring", body)
@@ -210,7 +212,7 @@ def last_swap_summary() -> str | None:
             f"{last.get('downtime_s', 0):.1f} s ({split})")
 
 
-def repair_if_needed(runtime: DockerRuntime, catalog: Catalog, *, on_event: Listener = ignore) -> str | None:
+def repair_if_needed(runtime: ContainerRuntime, catalog: Catalog, *, on_event: Listener = ignore) -> str | None:
     """Finish or undo an interrupted swap. Call with the lifecycle lock held (so the journal is stale)."""
     journal = store.read_json(journal_path())
     if not isinstance(journal, dict):

@@ -6,7 +6,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from metralectl.errors import UsageError
+from metralectl.errors import ExitCode, UsageError
 from metralectl.peers import PEER_PORT
 
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
@@ -14,6 +14,8 @@ _LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 
 class BadAddress(UsageError):
     """An address that is not ip[:port], [v6]:port, a v6 address, or a host name[:port]."""
+
+    exit_code = ExitCode.USAGE
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.seams.identity import Identity, fingerprint_of, public_key_from_b64
 from metralectl.peers.address import PeerAddress
 from metralectl.peers.protocol import H_KEY, new_nonce, sign_request, verify_response
@@ -20,9 +20,13 @@ TIMEOUT_S = 5.0
 class PeerUnreachable(MetralError):
     """Nothing (or not a metralectl peer listener) answered at that address."""
 
+    exit_code = ExitCode.UNAVAILABLE
+
 
 class PeerProtocolError(MetralError):
     """The peer answered, but not in a way that can be trusted."""
+
+    exit_code = ExitCode.FAILED
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ def _send(addr: PeerAddress, method: str, path: str, body: bytes, headers: dict[
 class StreamBroken(PeerUnreachable):
     """A streamed answer broke off (reset, EOF mid-line is not this: silence past the read timeout is)."""
 
+    exit_code = ExitCode.UNAVAILABLE
+
 
 @dataclass
 class Stream:
@@ -100,7 +106,7 @@ def open_stream(addr: PeerAddress, path: str, headers: dict[str, str], *, read_t
                            f"{addr}: {type(exc).__name__}") from None
 
 
-def _decode(addr: PeerAddress, body: bytes) -> Any:
+def _decode(addr: PeerAddress, body: bytes) -> object:  # JSON: callers check its shape
     try:
         return json.loads(body)
     except ValueError:

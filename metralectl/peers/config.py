@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from metralectl import paths
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 
 DEFAULT_MEMORY_GB = 16.0
 DEFAULT_DISK_GB = 50.0
@@ -26,6 +26,8 @@ _FLOOR_KEYS = ("memory_gb", "disk_gb")
 
 class BenchConfigError(MetralError):
     """bench.yaml does not say what it must."""
+
+    exit_code = ExitCode.DATA
 
 
 @dataclass(frozen=True)
@@ -119,5 +121,5 @@ def save_bench_config(config: BenchConfig, base: Path | None = None) -> Path:
 
     path = bench_path(base)
     header = "# metralectl bench.yaml: may peers granted `bench` run benchmark units on this node?\n"
-    write_atomic(path, header + yaml.safe_dump(config.to_yaml_dict(), sort_keys=False))
+    write_atomic(path, header + yaml.safe_dump(config.to_yaml_dict(), sort_keys=False), mode=0o600)
     return path

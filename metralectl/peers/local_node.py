@@ -6,7 +6,6 @@ unit starts only while this box is admitted (not busy, nothing of a peer's queue
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -68,11 +67,10 @@ class LocalNode:
         unit = self.queue.get(key, self.fingerprint)
         if unit.state != "completed" or not unit.run_dir:
             raise UnitRefused(f"{self.name}: unit {key} has no completed record (it is {unit.state})", status=409)
-        directory = Path(unit.run_dir)
+        from metralectl.bench.signed import read_signed
+
         try:
-            payload = (directory / "run.json").read_bytes()
-            envelope = json.loads((directory / "run.json.sig").read_text())
-            requests = (directory / "requests.jsonl").read_bytes() if (directory / "requests.jsonl").exists() else b""
+            payload, envelope, requests = read_signed(Path(unit.run_dir))
         except (OSError, ValueError) as exc:
             raise MetralError(f"{self.name}: the record of unit {key} cannot be read: {exc}") from None
         return accept_record(self.name, self.fingerprint, self.fingerprint, key, payload, envelope, requests, dest,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.seams.identity import Identity
 from metralectl.peers import PEER_PORT
 from metralectl.peers.address import PeerAddress, parse_address
@@ -39,7 +39,7 @@ def pair(text: str, me: Identity, *, base: Path | None = None, confirm: Callable
     if at_address is not None and at_address.fingerprint != remote.fingerprint:
         raise key_changed(addr.netloc, at_address.fingerprint, remote.fingerprint)
     if book.by_fingerprint(remote.fingerprint) is None and not confirm(remote, addr.netloc):
-        raise MetralError(f"not paired with {addr}", None, exit_code=1)
+        raise MetralError(f"not paired with {addr}", None, exit_code=ExitCode.FAILED)
     peer, outcome = store.add_paired(remote.fingerprint, remote.public_b64, addr.netloc, remote.name)
     try:
         answer = hello(me, addr, remote.fingerprint, remote.public_key, name=name, peer_port=peer_port, timeout=timeout)

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from metralectl.seams.identity import Identity, b64, unb64, verify_signature
 from metralectl.seams.signing import pae
@@ -51,7 +51,7 @@ _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 class Headers(Protocol):
     """What is read from headers: a Mapping, http.server's message, httpx's Headers all fit."""
 
-    def get(self, name: str, /) -> Any: ...
+    def get(self, name: str, /) -> str | None: ...
 
 
 def new_nonce() -> str:
@@ -119,7 +119,7 @@ class NonceStore:
             return
         from metralectl.seams.store import write_atomic
 
-        write_atomic(self.path, "".join(f"{n} {e}\n" for n, e in self._seen.items()))
+        write_atomic(self.path, "".join(f"{n} {e}\n" for n, e in self._seen.items()), mode=0o600)
         self._lines = len(self._seen)
 
     def _purge(self, now: float) -> None:

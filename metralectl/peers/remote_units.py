@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.seams.identity import Identity
 from metralectl.peers.address import PeerAddress, parse_address
 from metralectl.peers.client import (TIMEOUT_S, Answer, PeerProtocolError, PeerUnreachable, StreamBroken,
@@ -34,6 +34,8 @@ READ_TIMEOUT_S = 10.0  # the node sends a heartbeat every 2 s: silence this long
 class UnitRefused(MetralError):
     """The node answered, and said no (with its reasons)."""
 
+    exit_code = ExitCode.FAILED
+
     def __init__(self, message: str, hint: str | None = None, *, status: int = 0,
                  reasons: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message, hint)
@@ -44,9 +46,13 @@ class UnitRefused(MetralError):
 class LinkLost(MetralError):
     """The event stream was lost more often than a follower tolerates."""
 
+    exit_code = ExitCode.UNAVAILABLE
+
 
 class RecordRejected(MetralError):
     """A fetched record failed a check; nothing of it was kept."""
+
+    exit_code = ExitCode.DATA
 
 
 @dataclass(frozen=True)

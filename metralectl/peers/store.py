@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from metralectl import paths
-from metralectl.errors import MetralError, NotFound
+from metralectl.errors import ExitCode, MetralError, NotFound
 from metralectl.seams.identity import fingerprint_of, public_key_from_b64
 
 GRANTS = ("bench",)
@@ -31,6 +31,8 @@ MAX_PENDING = 32
 
 class PeerKeyChanged(MetralError):
     """An address answered with a different key than the one paired: refused, loudly."""
+
+    exit_code = ExitCode.FAILED
 
 
 def now_iso() -> str:
@@ -123,7 +125,7 @@ class PeerStore:
             book = self._read()
             yield book
             write_json(self.path, {"version": 1, "peers": [p.to_json() for p in book.peers],
-                                   "pending": [asdict(p) for p in book.pending]})
+                                   "pending": [asdict(p) for p in book.pending]}, mode=0o600)
         finally:
             os.close(fd)  # closing releases the lock
 

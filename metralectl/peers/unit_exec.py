@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from metralectl.errors import ExitCode
 from metralectl.peers.units import Emit, ExecOutcome, Unit
 
 KILL_AFTER_S = 30.0  # SIGINT first (the record is written as interrupted), SIGKILL if it does not stop
@@ -71,9 +72,10 @@ class SubprocessExecutor:
             t.join(5.0)
         record = _load_record(run_dir[0]) if run_dir else None
         error = why
-        if error is None and proc.returncode not in (0, 2) and not (record and record.get("error")):
+        ran = proc.returncode in (ExitCode.OK, ExitCode.GATE)  # the run completed (a gate may have said no)
+        if error is None and not ran and not (record and record.get("error")):
             error = tail[-1].removeprefix("metralectl: ") if tail else f"exit code {proc.returncode}"
-        return ExecOutcome(run_dir[0] if run_dir else None, int(proc.returncode), error, record)
+        return ExecOutcome(run_dir[0] if run_dir else None, ExitCode.of(proc.returncode), error, record)
 
     @staticmethod
     def _wait(proc: subprocess.Popen[bytes], cancel: threading.Event, timeout_s: float) -> str | None:

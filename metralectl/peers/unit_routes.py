@@ -128,12 +128,10 @@ def _record(unit: Unit, answer: _Answer) -> None:
         answer(409, {"error": f"unit {unit.key} has no completed record (it is {unit.state}"
                               + (f": {unit.error})" if unit.error else ")"), "state": unit.state})
         return
-    directory = Path(unit.run_dir)
+    from metralectl.bench.signed import read_signed
+
     try:
-        record = (directory / "run.json").read_bytes()
-        envelope = json.loads((directory / "run.json.sig").read_text())
-        requests_file = directory / "requests.jsonl"
-        requests = requests_file.read_bytes() if requests_file.exists() else b""
+        record, envelope, requests = read_signed(Path(unit.run_dir))
     except (OSError, ValueError) as exc:
         answer(500, {"error": f"the record of unit {unit.key} cannot be read here: {exc}"})
         return

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 
 KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FIELDS = ("key", "suite", "params", "recipe", "gates", "timeout_s", "campaign")
@@ -31,6 +31,8 @@ MAX_TIMEOUT_S = 48 * 3600.0
 
 class UnitSpecError(MetralError):
     """A unit body the node refuses (400): names the field and what it must be."""
+
+    exit_code = ExitCode.DATA
 
 
 def param_text(value: Any, where: str) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, ContextManager, Protocol
 
 from metralectl.seams import store
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.peers.unit_spec import KEY_RE, UnitSpec
 
 log = logging.getLogger("metralectl.peers")
@@ -44,19 +44,25 @@ LOCK_POLL_S = 1.0
 class UnitConflict(MetralError):
     """The idempotency key is taken by a unit with another body (409)."""
 
+    exit_code = ExitCode.FAILED
+
 
 class QueueFull(MetralError):
     """Too many units waiting (503)."""
+
+    exit_code = ExitCode.BUSY
 
 
 class UnitNotFound(MetralError):
     """No such unit for this requester (404)."""
 
+    exit_code = ExitCode.USAGE
+
 
 @dataclass(frozen=True)
 class ExecOutcome:
     run_dir: Path | None  # where the bench run left its record (None: it never started one)
-    exit_code: int
+    exit_code: ExitCode  # the bench run's own exit (the process's code, read through the table)
     error: str | None = None  # the run's own error, or why it could not run
     record: dict[str, Any] | None = None
 
@@ -77,7 +83,7 @@ class Unit:
     run_id: str | None = None
     record_status: str | None = None  # the record's own status (completed, client-bound, interrupted, failed)
     verdict: str | None = None
-    exit_code: int | None = None
+    exit_code: ExitCode | None = None
     error: str | None = None
     cancel_requested: bool = False
     events: list[dict[str, Any]] = field(default_factory=list, repr=False)
@@ -102,7 +108,9 @@ class Unit:
         spec = UnitSpec(**{**raw["spec"], "gates": tuple(raw["spec"].get("gates") or ())})
         return cls(spec, str(raw["requester"]), str(raw["state"]), float(raw["submitted"]), raw.get("started"),
                    raw.get("finished"), raw.get("run_dir"), raw.get("run_id"), raw.get("record_status"),
-                   raw.get("verdict"), raw.get("exit_code"), raw.get("error"), bool(raw.get("cancel_requested")))
+                   raw.get("verdict"),
+                   None if raw.get("exit_code") is None else ExitCode.of(raw["exit_code"]),
+                   raw.get("error"), bool(raw.get("cancel_requested")))
 
 
 def read_units(home: Path) -> list[dict[str, Any]]:
@@ -145,6 +153,8 @@ class UnitQueue:
         for path in self.root.glob("*/unit.json"):
             raw = store.read_json(path)
             try:
+                if not isinstance(raw, dict):
+                    raise TypeError("not a JSON object")
                 unit = Unit.from_json(raw)
             except (KeyError, TypeError, ValueError):
                 log.warning("ignoring an unreadable unit record %s", path)
@@ -293,14 +303,15 @@ class UnitQueue:
             with contextlib.ExitStack() as held:
                 why_not = self._hold_lock(unit, cancel, held)
                 if why_not is not None:
-                    outcome = ExecOutcome(None, 1, why_not)
+                    outcome = ExecOutcome(None, ExitCode.FAILED, why_not)
                 else:
                     self._emit(unit, "started", f"running {unit.spec.suite}")
                     try:
                         outcome = self.executor.run(unit, functools.partial(self._relay, unit), cancel)
                     except Exception as exc:  # noqa: BLE001 - a unit that breaks is a failed unit, never a dead worker
                         log.exception("unit %s broke", unit.key)
-                        outcome = ExecOutcome(None, 1, f"internal error: {type(exc).__name__}: {exc}")
+                        outcome = ExecOutcome(None, ExitCode.SOFTWARE,
+                                              f"internal error: {type(exc).__name__}: {exc}")
             self._conclude(unit, outcome)
             with self._cond:
                 self._cancel.pop(unit.key, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from metralectl.present.table import render_table
@@ -19,11 +20,11 @@ def fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-def _p(agg: dict[str, Any], metric: str, q: str) -> Any:
+def _p(agg: dict[str, Any], metric: str, q: str) -> object:
     return (agg.get(metric) or {}).get(q)
 
 
-def stage_table(record: dict[str, Any]) -> str:
+def stage_table(record: Mapping[str, Any]) -> str:
     headers = ["STAGE", "OK/REQ", "OUT TOK/S", "STREAM TOK/S p50", "TTFT p50", "p95", "p99", "TPOT p50", "p95",
                "ITL p50", "p95", "E2E p50", "J/TOK", "CLIENT"]
     rows = []
@@ -40,7 +41,7 @@ def stage_table(record: dict[str, Any]) -> str:
     return render_table(headers, rows, right=tuple(range(1, 13)))
 
 
-def render_run(record: dict[str, Any]) -> str:
+def render_run(record: Mapping[str, Any]) -> str:
     from metralectl.bench.outcome import FAILED_STATUSES, effective_status
     from metralectl.safetext import clean
 
@@ -84,7 +85,7 @@ def render_run(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _dialect_lines(record: dict[str, Any]) -> list[str]:
+def _dialect_lines(record: Mapping[str, Any]) -> list[str]:
     """How the requests were shaped and counted, when that qualifies the numbers."""
     from metralectl.safetext import clean
 

@@ -101,7 +101,7 @@ def _provenance(catalog: Catalog, recipe: Recipe) -> list[str]:
     return lines
 
 
-def as_json(catalog: Catalog, recipe: Recipe) -> dict[str, Any]:
+def to_json(catalog: Catalog, recipe: Recipe) -> dict[str, Any]:
     est = _estimate(catalog, recipe)
     specs = [spec_for(catalog, recipe, rank=rank) for rank in range(recipe.resources.world_size)]
     image = catalog.image_for(recipe)

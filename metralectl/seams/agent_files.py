@@ -53,19 +53,15 @@ def state_path(base: Path | None = None) -> Path:
 
 
 def read_state(base: Path | None = None) -> dict[str, Any] | None:
-    """Where a running agent listens, or None when none is recorded (or its process is gone)."""
+    """Where a running agent listens, or None when none is recorded, or its process is gone or is now
+    another user's (a recycled pid: the CLI must not send that process our token)."""
+    from metralectl.seams.process import pid_is_ours
     from metralectl.seams.store import read_json
 
     state = read_json(state_path(base))
     if not isinstance(state, dict):
         return None
     pid = state.get("pid")
-    if not isinstance(pid, int):
+    if not isinstance(pid, int) or not pid_is_ours(pid):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
     return state

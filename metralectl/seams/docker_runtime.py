@@ -11,17 +11,27 @@ import grp
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from metralectl.errors import MetralError
-from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, LABEL_PREFIX, ContainerSpec, owner
+from metralectl.errors import ExitCode, MetralError
+from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, LABEL_PROBE
+from metralectl.core.render import ContainerSpec, owner
+
+if TYPE_CHECKING:  # the SDK is imported lazily at run time (cold start); these are for the checker only
+    from docker import APIClient
+    from docker.tls import TLSConfig
+
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
-LABEL_PROBE = f"{LABEL_PREFIX}.probe"
 RDMA_HINT = ("an EP=2 rank gets the node's RDMA devices (/dev/infiniband) for NCCL over RoCE: load the ConnectX "
              "RDMA drivers on that node (`sudo modprobe mlx5_ib ib_uverbs rdma_ucm`; `ls /dev/infiniband` then lists "
              "uverbs0 and rdma_cm), or run with `--no-rdma` (NCCL over TCP sockets on the RoCE interface, slower)")
@@ -34,22 +44,67 @@ CONNECT_TIMEOUT_S = 3.0
 class DockerUnavailable(MetralError):
     """Docker cannot be used; `cause` says which of the known reasons."""
 
-    exit_code = 3
+    exit_code = ExitCode.UNAVAILABLE
 
     def __init__(self, cause: str, message: str, hint: str) -> None:
         super().__init__(message, hint)
         self.cause = cause
 
 
+class RuntimeCause(str, Enum):
+    """Why the daemon refused: read here from docker-py's exception and the daemon's text, once, so that
+    callers test `failure.cause` and never the message."""
+
+    IMAGE_MISSING = "image-missing"  # the image is not on that daemon
+    PULL_FAILED = "pull-failed"  # the registry or the pull stream said no
+    DEVICE_MISSING = "device-missing"  # a --device path the launch passes is not on that node
+    MEMLOCK_REFUSED = "memlock-refused"  # the kernel refused an unlimited RLIMIT_MEMLOCK
+    GPU_RUNTIME_MISSING = "gpu-runtime-missing"  # the daemon has no NVIDIA runtime to give a container a GPU
+    GPU_HOOK_FAILED = "gpu-hook-failed"  # the NVIDIA runtime's hook failed (driver not loaded, CUDA too old)
+    MOUNT_SOURCE_MISSING = "mount-source-missing"  # a bind mount's source path does not exist there
+    CONFLICT = "conflict"  # 409: the name is taken, or the object is in use
+    VANISHED = "vanished"  # the container was gone right after it started
+    REFUSED = "refused"  # any other refusal (the daemon's text says why)
+
+
 class RuntimeFailure(MetralError):
-    """The daemon refused or failed an operation."""
+    """The daemon refused or failed an operation; `cause` says which of the known ways."""
+
+    exit_code = ExitCode.FAILED
+
+    def __init__(self, cause: RuntimeCause, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.cause = cause
+
+
+GPU_CAUSES = frozenset({RuntimeCause.GPU_RUNTIME_MISSING, RuntimeCause.GPU_HOOK_FAILED})  # refused its GPUs
+GPU_RUNTIME_HINT = ("install the NVIDIA container toolkit, then `sudo nvidia-ctk runtime configure "
+                    "--runtime=docker && sudo systemctl restart docker`")
+
+
+def refusal_cause(status: int | None, text: str) -> RuntimeCause:
+    """The cause of a daemon's refusal (an API error's status and text). The daemon's words are matched
+    here, in the seam, and nowhere else."""
+    if "error gathering device information while adding custom device" in text:
+        return RuntimeCause.DEVICE_MISSING
+    if "error setting rlimit type 8" in text:  # RLIMIT_MEMLOCK, refused by the kernel
+        return RuntimeCause.MEMLOCK_REFUSED
+    if "could not select device driver" in text:
+        return RuntimeCause.GPU_RUNTIME_MISSING
+    if "nvidia-container-cli" in text:
+        return RuntimeCause.GPU_HOOK_FAILED
+    if "bind source path does not exist" in text:
+        return RuntimeCause.MOUNT_SOURCE_MISSING
+    if status == 409:
+        return RuntimeCause.CONFLICT
+    return RuntimeCause.REFUSED
 
 
 @dataclass(frozen=True)
 class Endpoint:
     url: str  # unix:///..., tcp://..., ssh://...
     source: str  # "DOCKER_HOST", "context <name>", "default", "--worker", ...
-    tls: Any = None
+    tls: TLSConfig | None = None
     spec: str = ""  # what the operator named (a context or a URL); "" for the current endpoint
 
     @property
@@ -192,7 +247,7 @@ def _read_context(name: str) -> tuple[str | None, Any]:
     return str(host), tls
 
 
-def _tls_from_env() -> Any:
+def _tls_from_env() -> TLSConfig | None:
     if not os.environ.get("DOCKER_TLS_VERIFY"):
         return None
     from docker.tls import TLSConfig
@@ -305,7 +360,7 @@ def _remote_error(endpoint: Endpoint, where: str, text: str, kinds: set[type]) -
     return DockerUnavailable("unreachable", f"cannot talk to the Docker daemon at {where}: {text[:300]}", check)
 
 
-def _api_client(endpoint: Endpoint, timeout: float | None) -> Any:
+def _api_client(endpoint: Endpoint, timeout: float | None) -> APIClient:
     """docker-py's low-level client for an endpoint; ssh:// goes through the system `ssh` (like the CLI)."""
     import docker
 
@@ -359,7 +414,7 @@ class DockerRuntime:
         try:
             for event in self.api.pull(repository, tag=tag, stream=True, decode=True, platform=platform):
                 if "error" in event:
-                    raise RuntimeFailure(f"pulling {ref} failed: {event['error']}",
+                    raise RuntimeFailure(RuntimeCause.PULL_FAILED, f"pulling {ref} failed: {event['error']}",
                                          "check the image name, your network/registry login (`docker login`)")
                 if on_progress is not None:
                     detail = event.get("progressDetail") or {}
@@ -435,7 +490,8 @@ class DockerRuntime:
             self.remove(container_id, force=True)
             raise
         if info is None:
-            raise RuntimeFailure(f"container {spec.name} vanished right after it started")
+            raise RuntimeFailure(RuntimeCause.VANISHED,
+                                 f"container {spec.name} vanished right after it started")
         return info
 
     def remove_if_labelled(self, name: str, labels: dict[str, str]) -> bool:
@@ -509,7 +565,7 @@ class DockerRuntime:
         import docker.errors
 
         try:
-            raw = self.api.logs(name_or_id, stdout=True, stderr=True, tail=lines)
+            raw: bytes = self.api.logs(name_or_id, stdout=True, stderr=True, tail=lines)
         except docker.errors.NotFound:
             return []
         except docker.errors.DockerException as exc:
@@ -570,6 +626,24 @@ class DockerRuntime:
             if not finished.is_set():
                 stream.close()
 
+    def container_pids(self, name_or_id: str) -> set[int]:
+        """Host PIDs of a running container's processes (empty when it is not running)."""
+        import docker.errors
+
+        try:
+            top = self.api.top(name_or_id, ps_args="-eo pid")
+        except docker.errors.DockerException:
+            return set()
+        titles = [t.upper() for t in top.get("Titles") or []]
+        column = titles.index("PID") if "PID" in titles else 0
+        out = set()
+        for row in top.get("Processes") or []:
+            try:
+                out.add(int(row[column]))
+            except (ValueError, IndexError):
+                continue
+        return out
+
     def run_probe(self, image: str, script: str, *, read_only: dict[str, str] | None = None,
                   timeout_s: float = 60.0) -> tuple[int | None, str]:
         """Run `sh -c script` in a short-lived container of `image` on the host network; (exit code, output).
@@ -608,7 +682,7 @@ class DockerRuntime:
         return identity, str(info.get("Name") or "?"), str(info.get("Architecture") or "")
 
     # --- helpers --------------------------------------------------------------------------------
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         import docker.errors
         import requests
 
@@ -624,22 +698,25 @@ class DockerRuntime:
 
         text = str(getattr(exc, "explanation", None) or exc)
         if isinstance(exc, docker.errors.ImageNotFound):
-            return RuntimeFailure(f"image not found: {text}", "pull it first (`metralectl pull RECIPE`)")
-        if "error gathering device information while adding custom device" in text:
-            return RuntimeFailure(f"this node lacks a device the launch passes to the engine ({text})",
-                                  RDMA_HINT if "/dev/infiniband" in text else "check the device path on that node")
-        if "error setting rlimit type 8" in text:  # RLIMIT_MEMLOCK, refused by the kernel
-            return RuntimeFailure(f"the Docker daemon may not give the container an unlimited locked-memory limit "
-                                  f"({text})", MEMLOCK_HINT)
-        if "could not select device driver" in text:
-            return RuntimeFailure(f"the daemon cannot give containers a GPU: {text}",
-                                  "install the NVIDIA container toolkit, then `sudo nvidia-ctk runtime configure "
-                                  "--runtime=docker && sudo systemctl restart docker`")
-        if isinstance(exc, docker.errors.APIError) and exc.status_code == 409:
-            return RuntimeFailure(f"conflict: {text}")
+            return RuntimeFailure(RuntimeCause.IMAGE_MISSING, f"image not found: {text}",
+                                  "pull it first (`metralectl pull RECIPE`)")
         if not isinstance(exc, docker.errors.APIError):
             return classify_connect_error(self.endpoint, exc)
-        return RuntimeFailure(f"Docker refused: {text}")
+        cause = refusal_cause(exc.status_code, text)
+        if cause is RuntimeCause.DEVICE_MISSING:
+            return RuntimeFailure(cause, f"this node lacks a device the launch passes to the engine ({text})",
+                                  RDMA_HINT if "/dev/infiniband" in text else "check the device path on that node")
+        if cause is RuntimeCause.MEMLOCK_REFUSED:
+            return RuntimeFailure(cause, "the Docker daemon may not give the container an unlimited "
+                                  f"locked-memory limit ({text})", MEMLOCK_HINT)
+        if cause is RuntimeCause.GPU_RUNTIME_MISSING:
+            return RuntimeFailure(cause, f"the daemon cannot give containers a GPU: {text}", GPU_RUNTIME_HINT)
+        if cause is RuntimeCause.GPU_HOOK_FAILED:
+            return RuntimeFailure(cause, f"Docker refused: {text}", "check the NVIDIA driver (`nvidia-smi`) and "
+                                  "the container toolkit (`nvidia-container-cli info`) on that node")
+        if cause is RuntimeCause.CONFLICT:
+            return RuntimeFailure(cause, f"conflict: {text}")
+        return RuntimeFailure(cause, f"Docker refused: {text}")
 
     def close(self) -> None:
         self.api.close()
@@ -679,20 +756,12 @@ def _split_ref(ref: str) -> tuple[str, str | None]:
     return ref, "latest"
 
 
-def container_pids(runtime: DockerRuntime, name_or_id: str) -> set[int]:
+def container_pids(runtime: ContainerRuntime, name_or_id: str) -> set[int]:
     """Host PIDs of a running container's processes (empty when it is not running)."""
-    import docker.errors
+    return runtime.container_pids(name_or_id)
 
-    try:
-        top = runtime.api.top(name_or_id, ps_args="-eo pid")
-    except docker.errors.DockerException:
-        return set()
-    titles = [t.upper() for t in top.get("Titles") or []]
-    column = titles.index("PID") if "PID" in titles else 0
-    out = set()
-    for row in top.get("Processes") or []:
-        try:
-            out.add(int(row[column]))
-        except (ValueError, IndexError):
-            continue
-    return out
+
+def open_runtime(endpoint: Endpoint | None = None, *, timeout: float = 30.0) -> ContainerRuntime:
+    """A connected runtime for `endpoint` (default: DOCKER_HOST / the current context / the default socket).
+    Use it as a context manager, so the connection is closed on every path: `with open_runtime() as rt:`."""
+    return DockerRuntime(endpoint, timeout=timeout)

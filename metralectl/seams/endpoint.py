@@ -86,8 +86,9 @@ class EngineClient:
             return Health(None, "", f"{type(exc).__name__}: {exc}")
         return Health(response.status_code, response.text[:500])
 
-    def get_json(self, path: str) -> Any:
-        """The JSON a GET answers with 200, else None (not offered, not ready, not JSON)."""
+    def get_json(self, path: str) -> object:
+        """The JSON a GET answers with 200 (callers check its shape), else None (not offered, not ready,
+        not JSON)."""
         import httpx
 
         try:

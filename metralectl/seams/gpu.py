@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.core.gpudata import (
     DEFAULT_GPU_CLASSES,
     DEFAULT_UNIFIED_CLASSES,
@@ -56,6 +56,8 @@ _UNAVAILABLE_HINTS = {
 
 class GpuLost(MetralError):
     """The GPU or its driver went away while we were reading it (GPU lost, driver unloaded, reset)."""
+
+    exit_code = ExitCode.FAILED
 
 
 class GpuProbe(Protocol):
@@ -220,7 +222,7 @@ class NvmlProbe:
         """Clock *event* reasons (driver ≥ 535) where the driver has them, else the older throttle call."""
         nv, dev = self._nv, self._devices[0]
         for fn_name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
-            fn = getattr(nv, fn_name, None)
+            fn: Callable[[Any], int] | None = getattr(nv, fn_name, None)
             if fn is not None:
                 dev.support.pop("clock_reasons", None)  # the older call gets its own chance
                 self._call(dev, "clock_reasons", fn, dev.handle)
@@ -374,7 +376,7 @@ def _error_name(exc: BaseException) -> str:
 
 def _code_name(nv: Any, code: int) -> str:
     try:
-        name = nv.nvmlExceptionClass(code).__name__
+        name = str(nv.nvmlExceptionClass(code).__name__)
     except (ValueError, AttributeError):
         return f"code {code}"
     return name.removeprefix("NVMLError_")
@@ -382,9 +384,10 @@ def _code_name(nv: Any, code: int) -> str:
 
 def _field_value(v: Any) -> float | int | None:
     try:
-        return getattr(v.value, _VALUE_MEMBERS[int(v.valueType)])
+        value = getattr(v.value, _VALUE_MEMBERS[int(v.valueType)])
     except (IndexError, AttributeError, ValueError):
         return None
+    return value if isinstance(value, (int, float)) else None
 
 
 def _scale(value: float | None, factor: float) -> float | None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from metralectl import paths
+from metralectl.atomicfile import write_atomic
 from metralectl.core.progress import human_bytes
 
 VERIFIED_MANIFEST = ".metralectl-verified.json"
@@ -58,7 +59,7 @@ class Listing:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"schema": MANIFEST_SCHEMA, "repo": self.repo, "commit": self.commit,
                 "files": [asdict(f) for f in self.files]}
 
@@ -111,7 +112,8 @@ def _snapshot(base: Path, revision: str | None) -> Path | None:
     return max(dirs, key=lambda d: d.stat().st_mtime) if dirs else None
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> object:
+    """The file's JSON value (callers check its shape), or None when it is missing or not JSON."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -119,13 +121,8 @@ def read_json(path: Path) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write next to the target, fsync, then rename: a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """`data` as JSON, written atomically (metralectl.atomicfile): a reader sees the old file or the whole new one."""
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 def read_manifest(snapshot: Path) -> Listing | None:
@@ -140,6 +137,8 @@ def read_expected(snapshot: Path) -> Listing | None:
     if listing is not None and listing.commit == snapshot.name:
         return listing
     tree = read_json(snapshot.parent.parent / "trees" / f"{snapshot.name}.json")  # huggingface_hub >= 1.x
+    if not isinstance(tree, dict):
+        return None
     try:
         files = tuple(RepoFile(p, int(e["size"]), e.get("lfs_sha256"), e.get("blob_id"))
                       for p, e in tree["files"].items())

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metralectl import paths
-from metralectl.errors import MetralError, UsageError
+from metralectl.atomicfile import fsync_dir
+from metralectl.errors import ExitCode, MetralError, UsageError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -47,9 +48,13 @@ _POLY = 0b100101  # x^5 + x^2 + 1, primitive: GF(32) with α = x
 class IdentityError(MetralError):
     """The identity files are missing, unreadable, unsafe or corrupt."""
 
+    exit_code = ExitCode.FAILED
+
 
 class InvalidFingerprint(UsageError):
     """A typed fingerprint is malformed or its check symbol does not match (a typo)."""
+
+    exit_code = ExitCode.USAGE
 
 
 # -- fingerprints (pure) ------------------------------------------------------------------------
@@ -258,11 +263,7 @@ def create_exclusive(path: Path, data: bytes, mode: int) -> bool:
             return False
     finally:
         tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(path.parent)
     return True
 
 

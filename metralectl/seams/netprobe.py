@@ -25,7 +25,7 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 
 HUB_MOUNT = "/metralectl-hub"
 _MARK = "@@metralectl-probe "
@@ -145,6 +145,8 @@ class ProbeReport:
 
 class ProbeUnreadable(MetralError):
     """The probe's output is not what the script prints (an image without sh or /proc?)."""
+
+    exit_code = ExitCode.FAILED
 
 
 def _le_ipv4(hex_text: str) -> str:
@@ -311,6 +313,8 @@ class RoceChoice:
 
 class RoceRefused(MetralError):
     """The nodes' networks do not allow a RoCE launch as they are."""
+
+    exit_code = ExitCode.FAILED
 
 
 DETECT_HINT = ("or, if you know better, pass `--roce-interface IF --master-addr IP` (IF: the ConnectX port with an "

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.seams.identity import b64, fingerprint_of, unb64, verify_signature
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ MAX_ENVELOPE_BYTES = 64 * 1024 * 1024
 
 class SignatureInvalid(MetralError):
     """A signed record failed verification."""
+
+    exit_code = ExitCode.FAILED
 
 
 def _enc(data: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""State on disk: atomic writes, the one-lifecycle-at-a-time lock, run logs and records."""
+"""State on disk: atomic writes (metralectl.atomicfile), the one-lifecycle-at-a-time lock, run logs and records."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from metralectl import paths
-from metralectl.errors import MetralError
+from metralectl.atomicfile import write_atomic as write_atomic  # the one atomic write; callers use store's name
+from metralectl.errors import ExitCode, MetralError
 
 
 class Busy(MetralError):
     """Another launch or swap holds the machine's lifecycle lock."""
 
-    exit_code = 75  # EX_TEMPFAIL: try again later
+    exit_code = ExitCode.BUSY
 
 
 def state_dir() -> Path:
@@ -33,26 +34,13 @@ def logs_dir() -> Path:
     return path
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write via a temp file in the same directory, fsync, rename: readers see old or new, never torn."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data.encode() if isinstance(data, str) else data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_json(path: Path, value: Any, *, mode: int | None = None) -> None:
+    """`value` as indented JSON, written atomically (mode: as for write_atomic)."""
+    write_atomic(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n", mode=mode)
 
 
-def write_json(path: Path, value: Any) -> None:
-    write_atomic(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> object:
+    """The file's JSON value (callers check its shape), or None when it is missing or not JSON."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

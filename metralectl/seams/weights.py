@@ -13,11 +13,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TextIO
 
 from metralectl.seams import hfcache
 
 from metralectl import paths
+from metralectl.atomicfile import write_atomic
 from metralectl.seams.hfcache import Listing, RepoFile
 from metralectl.core.progress import Meter, human_bytes
 from metralectl.seams.transfer import Account, parallel, verify_files
@@ -53,7 +54,7 @@ class PullResult:
     checked_hub: bool = True
     notes: tuple[str, ...] = field(default=())
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"repo": self.repo, "revision": self.revision, "commit": self.commit, "status": "complete",
                 "snapshot": str(self.snapshot), "files": self.files, "total_bytes": self.total_bytes,
                 "downloaded_bytes": self.downloaded_bytes, "already_complete": self.already_complete,
@@ -64,9 +65,20 @@ OnEvent = Callable[[PullEvent], None]
 FreeSpace = Callable[[Path], int]
 
 
-def _checkpoint(target: Any) -> Any:
-    """A Recipe or a CheckpointRef (anything with .repo and .revision)."""
-    return getattr(target, "checkpoint", target)
+class Checkpoint(Protocol):
+    """What a pull needs of a checkpoint (core.recipe.CheckpointRef has it)."""
+
+    @property
+    def repo(self) -> str: ...
+
+    @property
+    def revision(self) -> str | None: ...
+
+
+def _checkpoint(target: Any) -> Checkpoint:
+    """A Recipe's checkpoint, or the target itself (a CheckpointRef: anything with .repo and .revision)."""
+    checkpoint: Checkpoint = getattr(target, "checkpoint", target)
+    return checkpoint
 
 
 def state(target: Any, hub: Path | None = None) -> hfcache.CacheState:
@@ -150,7 +162,7 @@ def check_ownership(repo: str, hub: Path) -> None:
                            f"{found.fix}   then pull again")
 
 
-def _pull_lock(repo: str, hub: Path) -> Any:
+def _pull_lock(repo: str, hub: Path) -> TextIO:
     """One metralectl pull per repository at a time (a second would race the first's verification)."""
     import fcntl
 
@@ -257,7 +269,7 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
             emit(PullEvent(ck.repo, "note", message=f"removed {count} unfinished download{plural} "
                                                     f"({human_bytes(freed)}) left by an interrupted run"))
         snapshot.mkdir(parents=True, exist_ok=True)
-        hfcache.write_json_atomic(snapshot / hfcache.EXPECTED_LISTING, listing.as_json())
+        hfcache.write_json_atomic(snapshot / hfcache.EXPECTED_LISTING, listing.to_json())
         # Small files first: an access problem shows before any large transfer starts.
         todo = sorted(hfcache.missing(base, listing.commit, listing), key=lambda f: f.size)
         _preflight_disk(ck.repo, hub, todo, free_space)
@@ -362,7 +374,7 @@ def _write_manifest(snapshot: Path, listing: Listing, revision: str | None) -> N
         from huggingface_hub import __version__ as hf_version
     except ImportError:
         hf_version = "?"
-    data = {**listing.as_json(), "revision": revision, "verified_by": f"metralectl {__version__}",
+    data = {**listing.to_json(), "revision": revision, "verified_by": f"metralectl {__version__}",
             "huggingface_hub": hf_version,
             "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     hfcache.write_json_atomic(snapshot / hfcache.VERIFIED_MANIFEST, data)
@@ -372,8 +384,4 @@ def _write_ref(base: Path, revision: str | None, commit: str) -> None:
     """An unpinned recipe follows `main`: point refs/main at the commit just verified (not before)."""
     if revision:
         return
-    ref = base / "refs" / "main"
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(f".main.{os.getpid()}.tmp")
-    tmp.write_text(commit)
-    os.replace(tmp, ref)
+    write_atomic(base / "refs" / "main", commit)

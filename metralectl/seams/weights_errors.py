@@ -8,11 +8,13 @@ huggingface_hub import in weights.py.
 from __future__ import annotations
 
 from metralectl import paths
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 
 
 class WeightsError(MetralError):
     """Weights are missing, unverifiable, or cannot be fetched."""
+
+    exit_code = ExitCode.FAILED
 
     network = False  # the Hub could not be reached (a verified local copy may still do)
 

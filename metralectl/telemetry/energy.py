@@ -191,7 +191,7 @@ class EnergyReport:
     flags: tuple[str, ...]
     per_gpu: tuple[GpuEnergy, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "per_gpu"}
         out["flags"] = list(self.flags)
         out["per_gpu"] = [g.__dict__.copy() for g in self.per_gpu]

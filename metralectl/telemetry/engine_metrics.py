@@ -107,7 +107,7 @@ class EngineSnapshot:
     def spec_acceptance_by_k(self) -> dict[str, float]:
         return spec_acceptance_by_k(self.spec_verify)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "requests_active": self.requests_active, "requests_total": self.requests_total,
             "prompt_tokens_total": self.prompt_tokens_total, "generation_tokens_total": self.generation_tokens_total,

@@ -43,9 +43,9 @@ class Sample:
     gpus: tuple[GpuSample, ...]
     energy: tuple[EnergyReading, ...] | None  # None: counters not read on this tick
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "t": self.t, "wall": self.wall, "lateness_s": self.lateness_s,
-                "read_s": self.read_s, "gpus": [g.to_dict() for g in self.gpus],
+                "read_s": self.read_s, "gpus": [g.to_json() for g in self.gpus],
                 "energy": None if self.energy is None else {e.uuid: e.energy_mj for e in self.energy}}
 
 

@@ -118,7 +118,7 @@ class GpuRow:
     def memory_label(self) -> str:
         return UNIFIED_LABEL if self.memory.kind == "unified" else "discrete: NVML device memory"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         m = self.memory
         return {
             "index": self.index, "uuid": self.uuid, "name": self.name, "hw_class": self.hw_class,
@@ -239,7 +239,7 @@ class EngineRow:
             return self.rates.spec_acceptance
         return self.snapshot.spec_acceptance if self.snapshot else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         s, r = self.snapshot, self.rates
         return {
             "url": self.target.url, "name": self.target.name, "recipe": self.target.recipe,
@@ -309,7 +309,7 @@ class TopView:
     def thermal(self) -> ThermalState:
         return node_thermal([g.thermal for g in self.gpus if g.thermal is not None])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         if isinstance(self.gpu, GpuSystem):
             gpu: dict[str, Any] = {"available": True, "driver_version": self.gpu.driver_version,
                                    "cuda_driver_version": self.gpu.cuda_driver_version}
@@ -319,9 +319,9 @@ class TopView:
         st = self.sampler
         out = {
             "schema": SCHEMA, "wall": self.wall, "t": self.t, "interval_s": self.interval_s,
-            "gpu": gpu, "gpus": [g.to_dict() for g in self.gpus],
+            "gpu": gpu, "gpus": [g.to_json() for g in self.gpus],
             "thermal": self.thermal if self.gpus else None,
-            "engines": [e.to_dict() for e in self.engines], "engine_note": self.engine_note,
+            "engines": [e.to_json() for e in self.engines], "engine_note": self.engine_note,
             "sampler": None if st is None else {
                 "hz": st.hz, "tick_hz": st.tick_hz, "energy_hz": st.energy_hz, "samples": st.samples,
                 "missed_ticks": st.missed_ticks, "cpu_pct": st.cpu_pct, "lateness_p99_s": st.lateness_p99_s,
@@ -331,14 +331,18 @@ class TopView:
         return finite(out)
 
 
-def finite(value: Any) -> Any:
+def finite(doc: dict[str, Any]) -> dict[str, Any]:
     """NaN/±inf → None, recursively: the output must stay strict JSON (json.dumps(allow_nan=False))."""
+    return {k: _finite(v) for k, v in doc.items()}
+
+
+def _finite(value: object) -> object:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
+        return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
+        return [_finite(v) for v in value]
     return value
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from metralectl.errors import MetralError
 from metralectl.seams.gpu import GpuProbe
@@ -29,6 +29,9 @@ from metralectl.telemetry.view import (
     TopView,
 )
 
+if TYPE_CHECKING:
+    from metralectl.seams.container_runtime import ContainerRuntime
+
 NO_ENGINE = ("no engine: metralectl is serving nothing here "
              "(`metralectl run RECIPE`, or --url for another engine)")
 Discovery = Callable[[], "tuple[list[EngineTarget], str | None]"]
@@ -41,23 +44,19 @@ class MetricsClient(Protocol):
 
 
 def discover_engines(
-    runtime_factory: Callable[[], Any] | None = None,
+    runtime_factory: Callable[[], ContainerRuntime] | None = None,
 ) -> tuple[list[EngineTarget], str | None]:
     """The engines metralectl serves on this box (any owner's), from the daemon's labelled containers:
     (targets, None), or ([], why none) — no Docker is a note, not an error."""
-    from metralectl.lifecycle.launch import LABEL_ENDPOINT
-    from metralectl.core.render import LABEL_RECIPE
+    from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE
 
     try:
         if runtime_factory is None:
-            from metralectl.seams.docker_runtime import DockerRuntime
+            from metralectl.seams.docker_runtime import open_runtime
 
-            runtime_factory = DockerRuntime
-        runtime = runtime_factory()
-        try:
+            runtime_factory = open_runtime
+        with runtime_factory() as runtime:
             containers = runtime.containers(mine=False, all_states=False)
-        finally:
-            runtime.close()
     except MetralError as exc:
         return [], f"no engine found: {exc.message}"
     targets = [EngineTarget(c.labels[LABEL_ENDPOINT], c.name, c.labels.get(LABEL_RECIPE), "container")

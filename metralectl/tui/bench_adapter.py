@@ -1,14 +1,14 @@
 """The Benchmarks view's window on metralectl.bench.
 
-Run records live under $METRALE_HOME/runs/<suite>/ (one directory or JSON file per run), written
-by `metralectl bench` and by the dashboard alike. `RecordsBench` reads them directly, so History
-works whatever state the bench package is in; running suites goes through `metralectl.bench` when
-its runner is importable (`make_bench` decides), otherwise the form says why it is unavailable.
+Run records live under $METRALE_HOME/runs/<suite>/<run-id>/run.json, written by `metralectl bench` and by
+the dashboard alike, and are read here through metralectl.bench.records (the one reader, which also shows
+an old record's true status and a dead run as interrupted). History and details work without the runner;
+running suites goes through `metralectl.bench` when its runner is importable (`make_bench` decides),
+otherwise the form says why it is unavailable.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,103 +20,86 @@ if TYPE_CHECKING:
     from metralectl.tui.cancel import CancelToken
     from metralectl.tui.services import BenchService
 
-RECORD_NAMES = ("record.json", "run.json", "result.json")
 NOT_READY = ("running benchmarks from the dashboard needs metralectl.bench's runner, which this build does not "
              "have yet; History below reads the run records")
+HEADLINE_KEYS = ("decode_tok_s_p50", "prefix_speedup", "well_formed_frac")
 
 
-def runs_dir() -> Path:
-    from metralectl import paths
-    return paths.metrale_home() / "runs"
+def headline(record: dict[str, Any]) -> str:
+    """The one number of a run, chosen as `bench history` chooses it."""
+    from metralectl.present.bench_view import fmt
+
+    values = (record.get("summary") or {}).get("headline") or {}
+    key = next((k for k in HEADLINE_KEYS if k in values), None)
+    if key is None:
+        key = next((k for k in values if k.endswith(("output_tok_s", "goodput_rps"))), None)
+    return f"{key}={fmt(values.get(key), 2)}" if key else "-"
 
 
-def _record_file(entry: Path) -> Path | None:
-    if entry.is_file() and entry.suffix == ".json":
-        return entry
-    if entry.is_dir():
-        for name in RECORD_NAMES:
-            if (entry / name).is_file():
-                return entry / name
-    return None
+def summary_of(record: dict[str, Any]) -> RunSummary:
+    """One History row from a record as metralectl.bench.records reads it."""
+    from datetime import datetime
 
+    started = record.get("started_at")
+    try:
+        when = datetime.fromisoformat(str(started)).timestamp() if started else None
+    except ValueError:
+        when = None
+    from metralectl.bench.outcome import FAILED_STATUSES, effective_status
 
-def _first(data: dict[str, Any], *keys: str) -> Any:
-    for key in keys:
-        cursor: Any = data
-        for part in key.split("."):
-            cursor = cursor.get(part) if isinstance(cursor, dict) else None
-        if cursor not in (None, ""):
-            return cursor
-    return None
-
-
-def summarize(data: dict[str, Any], suite_dir: str, path: Path) -> RunSummary:
-    started = _first(data, "started", "started_at", "at", "time.started")
-    if isinstance(started, str):
-        from datetime import datetime
-
-        try:
-            started = datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            started = None
-    headline = _first(data, "headline", "summary.headline")
-    if headline is None:
-        tok = _first(data, "summary.tok_s", "result.tok_s", "summary.output_tok_s")
-        headline = f"{tok:.1f} tok/s" if isinstance(tok, (int, float)) else "-"
-    return RunSummary(
-        run_id=str(_first(data, "run_id", "id") or path.parent.name if path.name in RECORD_NAMES else path.stem),
-        suite=str(_first(data, "suite", "benchmark", "benchmark_id") or suite_dir),
-        started=float(started) if isinstance(started, (int, float)) else None,
-        source=str(_first(data, "source") or "?"),
-        target=str(_first(data, "target.recipe", "target.model", "target.url", "target") or "-"),
-        outcome=str(_first(data, "verdict", "outcome", "status") or "?"),
-        headline=str(headline),
-        path=str(path),
-    )
+    target = record.get("target") or {}
+    status = effective_status(record)
+    verdict = record.get("verdict")
+    if status in FAILED_STATUSES:
+        outcome = f"failed ({status})"  # never shown as plain completed
+    else:
+        outcome = status if not verdict or verdict == "none" else f"{status}/{verdict}"
+    directory = record.get("_dir") or ""
+    return RunSummary(str(record.get("run_id")), str(record.get("suite")), when, str(record.get("source") or "?"),
+                      str(target.get("recipe") or target.get("model") or target.get("url") or "-"), outcome,
+                      headline(record), f"{directory}/run.json" if directory else "")
 
 
 def read_history(limit: int = 200) -> list[RunSummary]:
-    root = runs_dir()
-    found: list[RunSummary] = []
-    if not root.is_dir():
-        return found
-    for suite_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        for entry in suite_dir.iterdir():
-            record = _record_file(entry)
-            if record is None:
-                continue
-            try:
-                data = json.loads(record.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(data, dict):
-                found.append(summarize(data, suite_dir.name, record))
-    found.sort(key=lambda r: (r.started or 0.0, r.run_id), reverse=True)
-    return found[:limit]
+    """The recorded runs, newest first, through the one record reader (metralectl.bench.records)."""
+    from metralectl.bench import records
+
+    return [summary_of(r) for r in records.list_runs()[:limit]]
 
 
 def read_detail(run: RunSummary) -> RunDetail:
+    """A run's stages, headline numbers and gates (a dead run's record is rewritten as interrupted first)."""
+    from metralectl.bench import records
+    from metralectl.present.bench_view import fmt
+
+    directory = Path(run.path).parent if run.path else None
     try:
-        data = json.loads(Path(run.path).read_text())
-    except (OSError, ValueError) as exc:
-        raise MetralError(f"cannot read run record {run.path}: {exc}") from None
-    params = data.get("params") or data.get("parameters") or {}
-    table = data.get("results") or data.get("rungs") or data.get("rows") or []
-    columns: tuple[str, ...] = ()
-    rows: tuple[tuple[str, ...], ...] = ()
-    if isinstance(table, list) and table and isinstance(table[0], dict):
-        columns = tuple(dict.fromkeys(k for row in table for k in row if not isinstance(row[k], (dict, list))))
-        rows = tuple(tuple(_cell(row.get(c)) for c in columns) for row in table)
-    notes = tuple(str(n) for n in (data.get("notes") or ()))
-    return RunDetail(run, dict(params) if isinstance(params, dict) else {}, columns, rows, notes)
+        record = records.repair(directory if directory is not None else records.find(run.run_id))
+    except MetralError:
+        record = None
+    if not record:
+        raise MetralError(f"cannot read the record of run {run.run_id}"
+                          + (f" ({run.path})" if run.path else ""), "`metralectl bench history` lists runs")
+    columns = ("stage", "ok/req", "out tok/s", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "ITL p95 ms",
+               "E2E p50 ms", "client")
+    rows = []
+    for s in record.get("stages") or []:
+        a = s.get("summary") or {}
 
+        def q(metric: str, p: str, a: dict[str, Any] = a) -> Any:
+            return (a.get(metric) or {}).get(p)
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+        rows.append((s.get("name", "?"), f"{a.get('ok', 0)}/{a.get('requests', 0)}", fmt(a.get("output_tok_s")),
+                     fmt(q("ttft_ms", "p50")), fmt(q("ttft_ms", "p95")), fmt(q("tpot_ms", "p50"), 2),
+                     fmt(q("itl_ms", "p95"), 2), fmt(q("e2e_ms", "p50")),
+                     "BOUND" if s.get("client_bound") else "ok"))
+    notes = [f"{k} = {fmt(v, 2)}" for k, v in ((record.get("summary") or {}).get("headline") or {}).items()]
+    notes += [f"gate {g.get('metric')} {g.get('op')} {g.get('threshold')}: "
+              f"{ {True: 'PASS', False: 'FAIL', None: 'n/a'}[g.get('passed')] }" for g in record.get("gates") or []]
+    if record.get("error"):
+        notes.append(f"error: {record['error']}")
+    params = {k: v for k, v in (record.get("params") or {}).items()}
+    return RunDetail(summary_of(record), params, columns, tuple(rows), tuple(notes))
 
 
 class RecordsBench:

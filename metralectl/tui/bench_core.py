@@ -1,5 +1,6 @@
 """The Benchmarks view over metralectl.bench: the suites' schemas as forms, runs through the same
-runner as `metralectl bench run` (recorded with source "tui"), History from the same records."""
+runner as `metralectl bench run` (recorded with source "tui"), History from the same records
+(bench_adapter reads them)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import MetralError
-from metralectl.tui.bench_adapter import read_detail
+from metralectl.tui.bench_adapter import read_detail, read_history, summary_of
 from metralectl.tui.services import BenchProgress, ParamSpec, RunDetail, RunSummary, SuiteInfo
 
 if TYPE_CHECKING:
     from metralectl.tui.cancel import CancelToken
 
 KINDS = {"ints": "int-list", "floats": "float-list"}
-HEADLINE_KEYS = ("decode_tok_s_p50", "prefix_speedup", "well_formed_frac")
 DEFAULT_URL = "http://127.0.0.1:8888"
 
 
@@ -25,40 +25,6 @@ def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return "" if value is None else str(value)
-
-
-def headline(record: dict[str, Any]) -> str:
-    """The one number of a run, chosen as `bench history` chooses it."""
-    from metralectl.present.bench_view import fmt
-
-    values = (record.get("summary") or {}).get("headline") or {}
-    key = next((k for k in HEADLINE_KEYS if k in values), None)
-    if key is None:
-        key = next((k for k in values if k.endswith(("output_tok_s", "goodput_rps"))), None)
-    return f"{key}={fmt(values.get(key), 2)}" if key else "-"
-
-
-def summary_of(record: dict[str, Any]) -> RunSummary:
-    from datetime import datetime
-
-    started = record.get("started_at")
-    try:
-        when = datetime.fromisoformat(str(started)).timestamp() if started else None
-    except ValueError:
-        when = None
-    from metralectl.bench.outcome import FAILED_STATUSES, effective_status
-
-    target = record.get("target") or {}
-    status = effective_status(record)
-    verdict = record.get("verdict")
-    if status in FAILED_STATUSES:
-        outcome = f"failed ({status})"  # never shown as plain completed
-    else:
-        outcome = status if not verdict or verdict == "none" else f"{status}/{verdict}"
-    directory = record.get("_dir") or ""
-    return RunSummary(str(record.get("run_id")), str(record.get("suite")), when, str(record.get("source") or "?"),
-                      str(target.get("recipe") or target.get("model") or target.get("url") or "-"), outcome,
-                      headline(record), f"{directory}/run.json" if directory else "")
 
 
 def _why(exc: MetralError) -> str:
@@ -125,41 +91,18 @@ class CoreBench:
 
         request = RunRequest(suite, params, url, "tui", recipe=recipe, managed=found)
         try:
-            record = run_suite(request, relay)
+            done_run = run_suite(request, relay)
         except RunInterrupted:
             if cancel.cancelled:  # ours: report it as a cancel
                 raise Cancelled() from None
             raise
-        return summary_of(record)
+        from metralectl.bench import records
+
+        # read back as History reads it, so the new row and the History row are the same
+        return summary_of(records.load(done_run.directory) or dict(done_run.record))
 
     def history(self, limit: int = 200) -> list[RunSummary]:
-        from metralectl.bench import records
-        return [summary_of(r) for r in records.list_runs()[:limit]]
+        return read_history(limit)
 
     def detail(self, run: RunSummary) -> RunDetail:
-        from metralectl.bench import records
-        from metralectl.present.bench_view import fmt
-
-        record = records.repair(records.find(run.run_id)) or {}
-        if not record:
-            return read_detail(run)
-        columns = ("stage", "ok/req", "out tok/s", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "ITL p95 ms",
-                   "E2E p50 ms", "client")
-        rows = []
-        for s in record.get("stages") or []:
-            a = s.get("summary") or {}
-
-            def q(metric: str, p: str, a: dict[str, Any] = a) -> Any:
-                return (a.get(metric) or {}).get(p)
-
-            rows.append((s.get("name", "?"), f"{a.get('ok', 0)}/{a.get('requests', 0)}", fmt(a.get("output_tok_s")),
-                         fmt(q("ttft_ms", "p50")), fmt(q("ttft_ms", "p95")), fmt(q("tpot_ms", "p50"), 2),
-                         fmt(q("itl_ms", "p95"), 2), fmt(q("e2e_ms", "p50")),
-                         "BOUND" if s.get("client_bound") else "ok"))
-        notes = [f"{k} = {fmt(v, 2)}" for k, v in ((record.get("summary") or {}).get("headline") or {}).items()]
-        notes += [f"gate {g.get('metric')} {g.get('op')} {g.get('threshold')}: "
-                  f"{ {True: 'PASS', False: 'FAIL', None: 'n/a'}[g.get('passed')] }" for g in record.get("gates") or []]
-        if record.get("error"):
-            notes.append(f"error: {record['error']}")
-        params = {k: v for k, v in (record.get("params") or {}).items()}
-        return RunDetail(summary_of(record), params, columns, tuple(rows), tuple(notes))
+        return read_detail(run)

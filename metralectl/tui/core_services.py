@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.doctor.model import CheckResult
     from metralectl.lifecycle.status import StatusReport
-    from metralectl.seams.docker_runtime import DockerRuntime
+    from metralectl.seams.container_runtime import ContainerRuntime
     from metralectl.tui.cancel import CancelToken
     from metralectl.tui.services import BenchService, TelemetryFeed
 
@@ -48,10 +48,10 @@ class CoreServices:
             return self._catalog
 
     @staticmethod
-    def _runtime() -> DockerRuntime:
-        from metralectl.seams.docker_runtime import DockerRuntime
+    def _runtime() -> ContainerRuntime:
+        from metralectl.seams.docker_runtime import open_runtime
 
-        return DockerRuntime()
+        return open_runtime()
 
     # -- library --------------------------------------------------------------------------------
     def library(self) -> LibrarySnapshot:
@@ -67,14 +67,11 @@ class CoreServices:
         present: dict[str, bool | None] = {}
         serving: set[str] = set()
         try:
-            runtime = self._runtime()
-            try:
+            with self._runtime() as runtime:
                 for image in {catalog.recipes[r.name].image for r in rows}:
                     info = catalog.images[image]
                     present[info.ref] = runtime.image_state(info.ref, info.revision_label).present
                 serving = {c.labels.get(LABEL_RECIPE, "") for c in runtime.containers() if c.running}
-            finally:
-                runtime.close()
         except MetralError as exc:
             notes.append(f"Docker not reachable, images unknown: {exc.message}")
         items = []
@@ -99,143 +96,56 @@ class CoreServices:
         return make_plan(action, recipe, catalog, self._runtime)
 
     def perform(self, action: Action, name: str | None, on_event: Listener, cancel: CancelToken) -> Outcome:
-        from metralectl.seams.store import lifecycle_lock
+        """pull here; run/swap/stop through app/serving.py (the running agent's job when one runs), as the CLI."""
+        from metralectl.app.serving import serving_for
+        from metralectl.tui.cancel import Cancelled
+        from metralectl.tui.plans import dashboard_change
 
         def emit(event: Any) -> None:
             cancel.check()
             on_event(event)
 
-        catalog = self.catalog()
-        recipe = catalog.recipe(name) if name else None
         if action == "pull":
-            assert recipe is not None
-            return self._pull(recipe, catalog, emit)
-        routed = self._via_agent(action, name, on_event, cancel)
-        if routed is not None:
-            return routed
-        runtime = self._runtime()
+            catalog = self.catalog()
+            assert name is not None
+            return self._pull(catalog.recipe(name), catalog, emit)
+        change = dashboard_change(action, name)
+        serving = serving_for(catalog=self.catalog, runtime=self._runtime, lock_note=LOCK_NOTE,
+                              cancelled=lambda: cancel.cancelled)
         try:
-            with lifecycle_lock(f"{action} {name or ''} {LOCK_NOTE}".replace("  ", " ")):
-                if action == "stop":
-                    return self._stop(runtime, name, emit)
-                from metralectl.lifecycle.swap import repair_if_needed
-
-                assert recipe is not None
-                repair_if_needed(runtime, catalog, on_event=emit)
-                if action == "run":
-                    return self._run(recipe, catalog, runtime, emit)
-                return self._swap(recipe, catalog, runtime, emit)
-        finally:
-            runtime.close()
-
-    @staticmethod
-    def _via_agent(action: Action, name: str | None, on_event: Listener, cancel: CancelToken) -> Outcome | None:
-        """run/swap/stop as a job of the running agent (it owns them on this box); None: no agent, work directly."""
-        from metralectl.app.agent_client import AgentGone, outcome, rebuild, running_agent
-        from metralectl.errors import MetralError
-        from metralectl.lifecycle.events import Failed
-        from metralectl.tui.cancel import Cancelled
-
-        agent = running_agent()
-        if agent is None:
-            return None
-        if action == "stop":
-            from metralectl.lifecycle import deployment
-
-            if deployment.load_all():  # a multi-rank deployment: stopped directly, like `metralectl stop`
-                return None
-        try:
-            job = agent.start(action, {"recipe": name})
-        except AgentGone:
-            return None
-        failed: list[Failed] = []
-
-        def listen(event: Any) -> None:
-            if isinstance(event, Failed):
-                failed.append(event)
-            on_event(event)  # raises Cancelled once the operator cancelled: follow() then posts the cancel
-
-        job, interrupted = agent.follow(job, listen, cancelled=lambda: cancel.cancelled,
-                                        leave_on_second_interrupt=False)
-        if job.get("state") == "cancelled" and (interrupted or cancel.cancelled):
-            raise Cancelled()
-        try:
-            result = outcome(job, False)
-        except MetralError as exc:
-            exc.last_lines = list(failed[-1].last_lines) if failed else []  # type: ignore[attr-defined]
+            result = serving.apply(change, emit)
+        except KeyboardInterrupt:
+            if cancel.cancelled:
+                raise Cancelled() from None
             raise
         if action == "run":
-            from metralectl.lifecycle.launch import Launched
-
-            return _run_outcome(rebuild(Launched, result))
+            return _run_outcome(result)
         if action == "swap":
-            from metralectl.lifecycle.swap import SwapResult
-
-            return _swap_outcome(rebuild(SwapResult, result))
-        from metralectl.lifecycle.stop import StopResult
-
-        stopped = [rebuild(StopResult, r) for r in (result or {}).get("stopped") or []]
-        return _stop_outcome(name, stopped)
+            return _swap_outcome(result)
+        return _stop_outcome(name, result)
 
     def _pull(self, recipe: Any, catalog: Catalog, emit: Listener) -> Outcome:
         from metralectl.core import images
         from metralectl.seams import machine, weights
         from metralectl.core.progress import human_bytes
 
-        runtime = self._runtime()
-        try:
+        with self._runtime() as runtime:
             image = images.pull(catalog.image_for(recipe), runtime, machine.cpu_arch(), emit)
-        finally:
-            runtime.close()
         got = weights.pull(recipe, emit)
         how = "already complete" if got.already_complete else f"{human_bytes(got.downloaded_bytes)} downloaded"
         return Outcome("pull", recipe.name, "done", f"{recipe.name}: image {image.action}; weights complete at "
                        f"{got.commit[:12]} ({how})", lines=tuple(got.notes))
 
-    @staticmethod
-    def _run(recipe: Any, catalog: Catalog, runtime: DockerRuntime, emit: Listener) -> Outcome:
-        from metralectl.lifecycle.launch import LaunchOptions, launch
-
-        return _run_outcome(launch(recipe, catalog, runtime, options=LaunchOptions(), on_event=emit))
-
-    @staticmethod
-    def _swap(recipe: Any, catalog: Catalog, runtime: DockerRuntime, emit: Listener) -> Outcome:
-        from metralectl.lifecycle.launch import LaunchOptions
-        from metralectl.lifecycle.memory import NvmlMemoryWatch
-        from metralectl.lifecycle.swap import swap
-
-        return _swap_outcome(swap(recipe, [], catalog, runtime, on_event=emit, options=LaunchOptions(),
-                                  memory=NvmlMemoryWatch(runtime)))
-
-    @staticmethod
-    def _stop(runtime: DockerRuntime, name: str | None, emit: Listener) -> Outcome:
-        from metralectl.lifecycle.memory import NvmlMemoryWatch
-        from metralectl.lifecycle.stop import select, stop_containers
-        from metralectl.core.render import LABEL_RECIPE
-
-        running = [c for c in runtime.containers() if c.running]
-        mine = [c for c in running if c.labels.get(LABEL_RECIPE) == name]
-        chosen = mine or select(runtime, None, all_=False)
-        if not chosen:
-            return Outcome("stop", name, "done", "nothing to stop")
-        return _stop_outcome(name, stop_containers(runtime, chosen, on_event=emit, memory=NvmlMemoryWatch(runtime)))
-
     # -- serving --------------------------------------------------------------------------------
     def status(self) -> StatusReport:
-        from metralectl.lifecycle import status
+        from metralectl.app.serving import DirectServing
 
-        runtime = self._runtime()
-        try:
-            return status.collect(runtime)
-        finally:
-            runtime.close()
+        return DirectServing(runtime=self._runtime).ps()
 
     def follow_logs(self, container: str, stop: threading.Event) -> Iterator[str]:
-        runtime = self._runtime()
-        try:
-            yield from runtime.follow_logs(container, tail=200, stop=stop)
-        finally:
-            runtime.close()
+        from metralectl.app.serving import DirectServing
+
+        yield from DirectServing(runtime=self._runtime).logs(container=container, follow=True, tail=200, stop=stop)
 
     def telemetry(self) -> TelemetryFeed:
         from metralectl.tui.telemetry_feed import TopFeed
@@ -265,9 +175,10 @@ def _swap_outcome(result: Any) -> Outcome:
                    f"{result.downtime_s:.1f} s ({split})")
 
 
-def _stop_outcome(name: str | None, results: list[Any]) -> Outcome:
-    if not results:
+def _stop_outcome(name: str | None, stopped: Any) -> Outcome:
+    if stopped.nothing:
         return Outcome("stop", name, "done", "nothing to stop")
+    results = [r.result for r in stopped.ranks if r.result is not None] + list(stopped.containers)
     lines = tuple(f"stopped {r.name} ({r.recipe}): {'killed after the timeout' if r.killed else f'exited {r.exit_code}'}"
                   f" in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; memory: {r.memory}"
                   for r in results)

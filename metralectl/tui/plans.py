@@ -1,12 +1,14 @@
 """What an action will do, worked out before anything happens (for the confirmation modal).
 
-Refusals the lifecycle would raise anyway (multi-rank recipe, image missing, a model already
-served) are found here first, so the confirmation can say so and offer the right key instead.
+The refusals come from the launch's own preflight (lifecycle/preflight.py: the same facts, the same
+order, the dashboard's own launch options), and a stop's choice from app/serving.select_stop, so the
+confirmation says what the action would refuse or do, and offers the right key instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import MetralError
@@ -15,95 +17,106 @@ from metralectl.tui.services import Action, Plan
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.core.recipe import Recipe
+    from metralectl.lifecycle.preflight import Facts, Refusal
+
+HINTS = {"pull-image": "press p to pull it", "pull-weights": "press p to pull them", "run": "press r to run this recipe",
+         "swap": "press w to swap to this recipe (with rollback), or x to stop the served one first"}
+
+
+def dashboard_change(action: Action, name: str | None) -> Any:
+    """The Change an action of the dashboard makes: run/swap never pull (the plan offers `p` for that, so a
+    plan and its launch refuse alike), stop names what the plan chose (None: the one served)."""
+    from metralectl.app.serving import Change
+    from metralectl.lifecycle.launch import LaunchOptions
+
+    if action == "stop":
+        return Change.stop(name)
+    assert name is not None
+    if action == "run":
+        return Change.run(name, options=LaunchOptions(pull=False))
+    return Change.swap(name, options=LaunchOptions(pull=False))
 
 
 def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_factory: Callable[[], Any]) -> Plan:
-    from metralectl.seams import hfcache
-    from metralectl.core.render import LABEL_RECIPE, docker_run_command, spec_for
-
-    running: list[Any] = []
-    image_present: bool | None = None
-    docker_note: str | None = None
-    try:
-        runtime = runtime_factory()
-        try:
-            running = [c for c in runtime.containers() if c.running]
-            if recipe is not None:
-                info = catalog.image_for(recipe)
-                image_present = runtime.image_state(info.ref, info.revision_label).present
-        finally:
-            runtime.close()
-    except MetralError as exc:
-        docker_note = exc.message
-    served = [f"{c.labels.get(LABEL_RECIPE, '?')} ({c.name})" for c in running]
-
     if action == "stop":
-        mine = [c for c in running if recipe is not None and c.labels.get(LABEL_RECIPE) == recipe.name]
-        chosen = mine or running
-        if docker_note:
-            return Plan("stop", recipe.name if recipe else None, "Stop", (), blocked=f"Docker: {docker_note}")
-        if not chosen:
-            return Plan("stop", recipe.name if recipe else None, "Stop", (), blocked="metralectl is serving nothing")
-        if len(chosen) > 1:
-            return Plan("stop", None, "Stop", (), blocked=f"several models are served ({', '.join(served)})",
-                        hint="select the recipe of the one to stop in the Library")
-        c = chosen[0]
-        name = c.labels.get(LABEL_RECIPE, c.name)
-        return Plan("stop", name, f"Stop {name}", (
-            f"SIGTERM container {c.name}; SIGKILL after 30 s if it has not exited",
-            "verify the container is gone and removed",
-            "wait (≤ 20 s) until its processes no longer hold GPU memory",
-        ), cancellable=False)
-
+        return _stop_plan(recipe, runtime_factory)
     assert recipe is not None
-    info = catalog.image_for(recipe)
-    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
-    image_line = {True: "present", False: "absent", None: f"unknown ({docker_note})"}[image_present]
-
-    if action == "pull":
-        fetch = "" if image_present else (f" → build it locally: {info.build}" if info.build
-                                          else f" → docker pull --platform {info.platform}")
-        pull_steps = (f"image {info.ref}: {image_line}{fetch}",
-                      (f"weights {recipe.checkpoint.repo}@{recipe.checkpoint.revision or 'main'}: {cache.status} → "
-                       "download what is missing into the HF cache, then verify every file"))
-        return Plan("pull", recipe.name, f"Pull {recipe.name}", pull_steps)
+    from metralectl.core.render import spec_for
+    from metralectl.lifecycle.preflight import observe
 
     spec = spec_for(catalog, recipe)
-    command = docker_run_command(spec)
-    warnings = [f"deviation: {k}: {old} -> {new}" for k, old, new in recipe.deviations]
-    if cache.status == "present":
-        warnings.append("weights present but not verified (pull verifies them)")
-    blocked, hint = None, None
-    if docker_note:
-        blocked = f"Docker: {docker_note}"
-    elif recipe.multi_rank:
-        blocked = f"{recipe.name} needs {recipe.resources.world_size} ranks; the dashboard serves single-node recipes"
-        hint = f"`metralectl run {recipe.name} --print --rank N` shows each rank's command"
-    elif not image_present:
-        blocked, hint = f"image {info.ref} is not present locally", "press p to pull it"
-    elif cache.status in ("absent", "partial"):
-        blocked, hint = f"weights of {recipe.checkpoint.repo} are {cache.status} in the HF cache", "press p to pull them"
+    facts: Facts | None = None
+    docker_note: str | None = None
+    try:
+        with runtime_factory() as runtime:
+            facts = observe(recipe, catalog, runtime, spec, probe_port=action == "run")
+    except MetralError as exc:
+        docker_note = exc.message
+    if action == "pull":
+        return _pull_plan(recipe, catalog, facts, docker_note)
+    return _change_plan(action, recipe, catalog, spec, facts, docker_note)
 
+
+def _image_line(facts: Facts | None, docker_note: str | None) -> str:
+    if facts is None or facts.image is None:
+        return f"unknown ({docker_note})"
+    return "present" if facts.image.present else "absent"
+
+
+def _pull_plan(recipe: Recipe, catalog: Catalog, facts: Facts | None, docker_note: str | None) -> Plan:
+    from metralectl.seams import hfcache
+
+    info = catalog.image_for(recipe)
+    present = facts is not None and facts.image is not None and facts.image.present
+    fetch = "" if present else (f" → build it locally: {info.build}" if info.build
+                                else f" → docker pull --platform {info.platform}")
+    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    steps = (f"image {info.ref}: {_image_line(facts, docker_note)}{fetch}",
+             (f"weights {recipe.checkpoint.repo}@{recipe.checkpoint.revision or 'main'}: {cache.status} → "
+              "download what is missing into the HF cache, then verify every file"))
+    return Plan("pull", recipe.name, f"Pull {recipe.name}", steps)
+
+
+def _refusal(action: Action, recipe: Recipe, spec: Any, facts: Facts) -> Refusal | None:
+    """What the launch (run) or the swap would refuse, with the dashboard's options (app: dashboard_change)."""
+    from metralectl.lifecycle.preflight import launch_refusal, swap_refusal
+    from metralectl.lifecycle.swap import served_sets
+    options = dashboard_change(action, recipe.name).options
     if action == "run":
-        if blocked is None and running:
-            blocked = f"a model is already served: {', '.join(served)}"
-            hint = "press w to swap to this recipe (with rollback), or x to stop the served one first"
-        steps = (f"check image {info.ref} ({image_line}), weights ({cache.status}), port {spec.bind}:{spec.port}",
+        return launch_refusal(recipe, spec, options, facts)
+    served = facts.running[0] if len(facts.running) == 1 else None
+    return (swap_refusal(recipe, (), facts.running, served_sets(served) if served else ())
+            or launch_refusal(recipe, spec, replace(options, replace=True), facts,
+                              ignore_running=(served.name,) if served else ()))
+
+
+def _change_plan(action: Action, recipe: Recipe, catalog: Catalog, spec: Any, facts: Facts | None,
+                 docker_note: str | None) -> Plan:
+    from metralectl.core.render import LABEL_RECIPE, docker_run_command
+
+    info = catalog.image_for(recipe)
+    warnings = [f"deviation: {k}: {old} -> {new}" for k, old, new in recipe.deviations]
+    weights = facts.weights_status if facts is not None else "unknown"
+    if weights == "present":
+        warnings.append("weights present but not verified (pull verifies them)")
+    blocked: str | None = f"Docker: {docker_note}" if facts is None else None
+    hint: str | None = None
+    if facts is not None:
+        refused = _refusal(action, recipe, spec, facts)
+        if refused is not None:
+            blocked, hint = refused.error.message, HINTS.get(refused.fix or "", refused.error.hint)
+    running = facts.running if facts is not None else ()
+    served = [f"{c.labels.get(LABEL_RECIPE, '?')} ({c.name})" for c in running]
+    command = docker_run_command(spec)
+    image_line = _image_line(facts, docker_note)
+    if action == "run":
+        steps = (f"check image {info.ref} ({image_line}), weights ({weights}), port {spec.bind}:{spec.port}",
                  f"start container {spec.name}",
                  "follow the engine log for its boot phases (kernel target, weights, KV cache)",
                  (f"ready = GET /health on {spec.bind}:{spec.port} answers 200, polled from the start "
                   f"(boot timeout {catalog.hardware[recipe.hardware].boot_timeout_s:g} s)"),
                  "on failure: say why, keep the log, remove the container")
         return Plan("run", recipe.name, f"Run {recipe.name}", steps, command, tuple(warnings), blocked, hint)
-
-    # swap: what is served decides first (nothing to swap is the more useful news than missing weights)
-    if not docker_note:
-        if not running:
-            blocked, hint = "metralectl is serving nothing to swap", "press r to run this recipe"
-        elif len(running) > 1:
-            blocked, hint = f"more than one model is served ({', '.join(served)}); swap needs exactly one", None
-        elif running[0].labels.get(LABEL_RECIPE) == recipe.name:
-            blocked, hint = f"{recipe.name} is already the served model", None
     old = served[0] if served else "?"
     steps = (f"stage {recipe.name} (image, weights) while {old} keeps serving",
              "drain in-flight requests (≤ 60 s)",
@@ -111,3 +124,37 @@ def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_f
              f"start {recipe.name} on the same address and wait until ready",
              f"if it does not become ready: restore {old} (rollback)")
     return Plan("swap", recipe.name, f"Swap to {recipe.name}", steps, command, tuple(warnings), blocked, hint)
+
+
+def _stop_plan(recipe: Recipe | None, runtime_factory: Callable[[], Any]) -> Plan:
+    """The selected recipe's container when it runs, else the one served: chosen as `metralectl stop` chooses."""
+    from metralectl.app.serving import select_stop
+    from metralectl.core.render import LABEL_RECIPE
+
+    name = recipe.name if recipe else None
+    try:
+        runtime = runtime_factory()
+    except MetralError as exc:
+        return Plan("stop", name, "Stop", (), blocked=f"Docker: {exc.message}")
+    with runtime:
+        try:
+            running = [c for c in runtime.containers() if c.running]
+            if name is not None and not any(c.labels.get(LABEL_RECIPE) == name for c in running):
+                name = None  # the selected recipe is not served: stop the one that is
+            deployments, containers = select_stop(runtime, dashboard_change("stop", name))
+        except MetralError as exc:  # several served and none selected, or Docker gone meanwhile
+            return Plan("stop", name, "Stop", (), blocked=exc.message,
+                        hint="select the recipe of the one to stop in the Library" if name is None else exc.hint)
+    if not deployments and not containers:
+        return Plan("stop", name, "Stop", (), blocked="metralectl is serving nothing")
+    steps: list[str] = []
+    for dep in deployments:
+        steps.append(f"stop every rank of {dep.recipe}, the head first, each on its node "
+                     f"({', '.join(r.container for r in dep.ranks)})")
+    for c in containers:
+        steps.append(f"SIGTERM container {c.name}; SIGKILL after 30 s if it has not exited")
+    steps += ["verify the containers are gone and removed",
+              "wait (≤ 20 s) until their processes no longer hold GPU memory"]
+    names = sorted({d.recipe for d in deployments} | {c.labels.get(LABEL_RECIPE, c.name) for c in containers})
+    chosen = names[0] if len(names) == 1 else name
+    return Plan("stop", chosen, f"Stop {', '.join(names)}", tuple(steps), cancellable=False)

@@ -119,7 +119,7 @@ class Box:
             (snap / name).write_bytes(data)
             listing.append(hfcache.RepoFile(name, len(data), hashlib.sha256(data).hexdigest()))
         hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST,
-                                  hfcache.Listing(repo, commit, tuple(listing)).as_json())
+                                  hfcache.Listing(repo, commit, tuple(listing)).to_json())
 
     def cli(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
         out = subprocess.run([sys.executable, "-m", "metralectl", *args], capture_output=True, text=True,

@@ -11,6 +11,8 @@ import time
 import httpx
 import pytest
 
+from metralectl.errors import ExitCode
+
 from tests.integration.conftest import Box
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
@@ -31,7 +33,8 @@ def test_run_ready_curl_ps_stop(box: Box) -> None:
     assert serving["health"] == "ok" and serving["state"] == "running" and serving["image_revision"].startswith("test-double-")
     inspect = json.loads(subprocess.run(["docker", "inspect", serving["name"]], capture_output=True, text=True).stdout)[0]
     labels = inspect["Config"]["Labels"]
-    assert labels["ai.metrale.metralectl.core.recipe"] == name and labels["ai.metrale.metralectl.run-id"]
+    assert labels["ai.metrale.metralectl.recipe"] == name and labels["ai.metrale.metralectl.run-id"]
+    assert f"{labels['ai.metrale.metralectl.endpoint']}/v1" == url  # what ps, swap, bench and top read back
     assert inspect["HostConfig"]["NetworkMode"] == "host" and inspect["HostConfig"]["IpcMode"] == "host"
     assert any(m["Destination"] == "/root/.cache/huggingface" for m in inspect["Mounts"])
     stopped = box.cli("stop", name, check=True)
@@ -164,6 +167,6 @@ def test_docker_not_running_is_a_distinct_message_without_hanging(box: Box, tmp_
     started = time.monotonic()
     out = box.cli("ps", timeout=20)
     assert time.monotonic() - started < 5
-    assert out.returncode == 3 and f"nothing listens at DOCKER_HOST=unix://{tmp_path}" in out.stderr
+    assert out.returncode == ExitCode.UNAVAILABLE and f"nothing listens at DOCKER_HOST=unix://{tmp_path}" in out.stderr
     assert "unset DOCKER_HOST" in out.stderr
     assert "Traceback" not in out.stderr

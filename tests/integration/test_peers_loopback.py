@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from metralectl.errors import ExitCode
 from metralectl.seams import identity
 from metralectl.peers import ops
 from metralectl.peers.admission import Facts, GpuFact
@@ -242,7 +243,7 @@ def test_two_agent_processes_pair_grant_and_answer(tmp_path: Path) -> None:
         listed = json.loads(_cli(two, "peer", "list", "--json").stdout)
         assert listed["peers"] == [] and listed["pending"][0]["fingerprint"] == fp_one
         typo = _cli(two, "peer", "grant-bench", fp_one[:-1] + ("0" if fp_one[-1] != "0" else "1"))
-        assert typo.returncode == 2 and "check symbol" in typo.stderr
+        assert typo.returncode == ExitCode.USAGE and "check symbol" in typo.stderr
         granted = _cli(two, "peer", "grant-bench", fp_one)
         assert granted.returncode == 0 and "granted bench" in granted.stdout and "not enabled" in granted.stderr
         assert _cli(two, "peer", "bench-config", "--enable", "--memory-floor", "0", "--disk-floor", "0").returncode == 0

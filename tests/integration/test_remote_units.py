@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from metralectl.errors import ExitCode
 from metralectl.seams import identity, store
 from metralectl.bench import signed
 from metralectl.peers import remote_units as ru
@@ -294,7 +295,7 @@ def test_a_running_unit_holds_the_lifecycle_lock_and_the_nodes_operator_can_stop
     assert [u["state"] for u in json.loads(listed.stdout) if u["key"] == key] == ["cancelled"]
     unknown = subprocess.run([sys.executable, "-m", "metralectl", "peer", "units", "--cancel", "certify-nope"],
                              env=env, capture_output=True, text=True, timeout=60)
-    assert unknown.returncode == 1 and "no unit certify-nope on this node" in unknown.stderr
+    assert unknown.returncode == ExitCode.USAGE and "no unit certify-nope on this node" in unknown.stderr
     assert "Traceback" not in unknown.stderr
 
 

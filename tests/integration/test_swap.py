@@ -11,6 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from metralectl.errors import ExitCode
+
 from tests.integration.conftest import Box
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
@@ -62,7 +64,7 @@ def test_swap_refuses_before_releasing_anything(box: Box) -> None:
     refused = box.cli("swap", "qwen3.5-122b-a10b-ep2")
     assert refused.returncode == 1 and "hot swap is single-node" in refused.stderr
     invalid = box.cli("swap", old, "--set", "max-seq-len=lots")
-    assert invalid.returncode == 1 and "must be an integer" in invalid.stderr
+    assert invalid.returncode == ExitCode.USAGE and "must be an integer" in invalid.stderr  # the --set's fault
     missing_image = box.recipe("noimage")
     (box.config / "recipes" / f"{missing_image}.yaml").write_text(
         (box.config / "recipes" / f"{missing_image}.yaml").read_text().replace("image: double-ok",
@@ -117,7 +119,7 @@ def test_foreign_containers_are_never_touched(box: Box) -> None:
     subprocess.run(["docker", "run", "-d", "--network", "none", "--name", clash, "--entrypoint", "/bin/busybox", image, "sleep", "300"],
                    check=True, capture_output=True)
     other = ["--label", "ai.metrale.metralectl.managed=true", "--label", "ai.metrale.metralectl.owner=someone-else",
-             "--label", "ai.metrale.metralectl.core.recipe=x", "--entrypoint", "/bin/busybox", image, "sleep", "300"]
+             "--label", "ai.metrale.metralectl.recipe=x", "--entrypoint", "/bin/busybox", image, "sleep", "300"]
     subprocess.run(["docker", "create", "--network", "none", "--name", other_owner, *other], check=True, capture_output=True)
     try:
         mine = box.recipe("mine")

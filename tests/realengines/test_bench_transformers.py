@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from metralectl.errors import ExitCode
 from metralectl.bench import records
 from tests.realengines.transformers_serve import TfServe
 
@@ -70,7 +71,7 @@ def test_every_suite_counts_every_request_with_the_servers_own_token_counts(tfse
     assert all(r["done"] is False and r["end"] == "complete" for r in measured)  # no [DONE], body ended cleanly
     if suite == "tool-call":
         # a random-weight model calls no tool: the requests are fine, the gate says no
-        assert record["status"] == "completed" and record["verdict"] == "fail" and out.returncode == 2
+        assert record["status"] == "completed" and record["verdict"] == "fail" and out.returncode == ExitCode.GATE
     else:
         assert record["status"] == "completed" and out.returncode == 0, out.stderr
 

@@ -1,18 +1,22 @@
-"""Fakes at doctor's seams: a fake runtime (the DockerRuntime surface doctor uses), the fake pynvml under a
+"""Fakes at doctor's seams: the shared fake runtime set up as doctor's daemon, the fake pynvml under a
 real NvmlProbe, a fake /proc, and an all-ok Context builder that each test bends into its failure."""
 
 from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from metralectl.core.catalog import Catalog
 from metralectl.doctor.context import Context, Identity
 from metralectl.seams.gpu import NvmlProbe
-from metralectl.seams.docker_runtime import ContainerInfo, DockerUnavailable, Endpoint, ImageState, RuntimeFailure
+from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER
+from metralectl.core.render import owner
+from metralectl.seams.docker_runtime import ContainerInfo, DockerUnavailable, Endpoint, ImageState
+from tests.fakes.runtime import Boot, Exit, Log
+from tests.fakes.runtime import FakeRuntime as SharedFakeRuntime
 from tests.unit import fake_pynvml as fk
 from tests.unit.recipe_helpers import catalog as shipped_catalog
 
@@ -30,62 +34,31 @@ def identity(home: Path, **kw: Any) -> Identity:
     return Identity(**base)
 
 
-@dataclass
-class FakeRuntime:
-    """What doctor calls on a DockerRuntime, answering from fields."""
+class FakeRuntime(SharedFakeRuntime):
+    """The shared fake runtime (tests/fakes/runtime.py) set up as doctor's daemon: by default Docker 27.3.1 with
+    the nvidia runtime, where the GPU probe container (`IMAGE --version`) prints `output` and exits `exit_code`
+    (None: it never exits), or the daemon refuses to start it with `start_error`."""
 
-    endpoint: Endpoint = field(default_factory=lambda: Endpoint("unix:///var/run/docker.sock", "default"))
-    version: str = "27.3.1"
-    runtimes: tuple[str, ...] = ("nvidia", "runc")
-    cdi_dirs: tuple[str, ...] = ()
-    images: dict[str, ImageState] = field(default_factory=dict)
-    running: list[ContainerInfo] = field(default_factory=list)
-    pids: dict[str, set[int]] = field(default_factory=dict)  # container id -> host pids
-    start_error: str | None = None
-    exit_code: int | None = 0
-    output: tuple[str, ...] = ("met 1.0.0-beta-preview",)
-    created: list[Any] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    closed: int = 0
-
-    def server_version(self) -> str:
-        return self.version
-
-    def info(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ServerVersion": self.version, "Runtimes": {r: {"path": r} for r in self.runtimes},
-                               "DefaultRuntime": "runc"}
-        if self.cdi_dirs:
-            out["CDISpecDirs"] = list(self.cdi_dirs)
-        return out
-
-    def image_state(self, ref: str, revision_label: str = "") -> ImageState:
-        return self.images.get(ref, ImageState(ref, False))
-
-    def containers(self, *, managed_only: bool = True, all_states: bool = True) -> list[ContainerInfo]:
-        return list(self.running)
-
-    def create_and_start(self, spec: Any, extra_labels: Any = None) -> ContainerInfo:
-        self.created.append(spec)
-        if self.start_error:
-            raise RuntimeFailure(self.start_error, "install the NVIDIA container toolkit")
-        return container(spec.name, cid="c" * 64, labels=dict(spec.labels))
-
-    def wait_exit(self, name_or_id: str, timeout_s: float) -> int | None:
-        return self.exit_code
-
-    def log_tail(self, name_or_id: str, lines: int = 50) -> list[str]:
-        return list(self.output)
-
-    def remove(self, name_or_id: str, *, force: bool = False) -> None:
-        self.removed.append(name_or_id)
-
-    def close(self) -> None:
-        self.closed += 1
+    def __init__(self, *, endpoint: Endpoint | None = None, version: str = "27.3.1",
+                 runtimes: tuple[str, ...] = ("nvidia", "runc"), cdi_dirs: tuple[str, ...] = (),
+                 images: dict[str, ImageState] | None = None, running: list[ContainerInfo] | tuple[()] = (),
+                 pids: dict[str, set[int]] | None = None, start_error: str | None = None, exit_code: int | None = 0,
+                 output: tuple[str, ...] = ("met 1.0.0-beta-preview",)) -> None:
+        info: dict[str, Any] = {"ServerVersion": version, "Runtimes": {r: {"path": r} for r in runtimes},
+                                "DefaultRuntime": "runc"}
+        if cdi_dirs:
+            info["CDISpecDirs"] = list(cdi_dirs)
+        probe = Boot(tuple(Log(line) for line in output) + ((Exit(exit_code),) if exit_code is not None else ()),
+                     start_error=start_error)
+        super().__init__(images=images or {}, endpoint=endpoint, version=version, info=info, default_boot=probe)
+        for c in running:
+            self.seed(c, pids=(pids or {}).get(c.id, ()))
 
 
 def container(name: str, cid: str = "a" * 64, labels: dict[str, str] | None = None) -> ContainerInfo:
+    """One of this user's running metralectl containers (unless other labels are given)."""
     return ContainerInfo(cid, name, HOPPER_IMAGE, "running", None, False, None, None,
-                         labels if labels is not None else {"ai.metrale.metralectl.managed": "true"})
+                         labels if labels is not None else {LABEL_MANAGED: "true", LABEL_OWNER: owner()})
 
 
 def image(ref: str = HOPPER_IMAGE, platform: str = "linux/amd64", revision: str | None = "abc123") -> ImageState:
@@ -176,7 +149,7 @@ def make_ctx(tmp_path: Path, **kw: Any) -> Context:
         runtime_factory=lambda: runtime,
         gpu_probe_factory=probe_factory([fk.FakeDevice()], meminfo),
         catalog_loader=lambda: catalog,
-        container_pids=lambda rt, cid: set(rt.pids.get(cid, set())),
+        container_pids=lambda rt, cid: rt.container_pids(cid),
         which=fake_which({"docker": "/usr/bin/docker", "metralectl": os.path.join(bin_dir, "metralectl")}),
         cpu_arch=lambda: "x86_64",
         proc_gpu_names=lambda: [],

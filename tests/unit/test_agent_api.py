@@ -49,8 +49,11 @@ class FakeOps:
     def history(self) -> dict[str, Any]:
         raise MetralError("history store broken", "fix it")
 
-    def check(self, recipe: str, sets: Any) -> None:
+    def check(self, change: Any) -> None:
         pass
+
+    def apply(self, change: Any, on_event: Any) -> Any:  # the Change read from the body, as LifecycleOps gets it
+        return getattr(self, change.kind)(change.recipe, on_event)
 
     def run(self, recipe: str, on_event: Any, **kwargs: Any) -> Any:
         self.calls.append(("run", recipe))

@@ -21,7 +21,7 @@ from metralectl.agent import security
 from metralectl.agent.api import LocalApiServer
 from metralectl.app.agent_client import AgentClient, AgentGone, outcome, running_agent
 from metralectl.agent.jobs import JobRunner
-from metralectl.errors import MetralError, UsageError
+from metralectl.errors import ExitCode, MetralError, UsageError
 from metralectl.lifecycle import events as ev
 from metralectl.seams.store import Busy, lifecycle_lock
 
@@ -64,10 +64,20 @@ class RoutingOps:
     def history(self) -> dict[str, Any]:
         return {"runs": []}
 
-    def check(self, recipe: str, sets: Any) -> None:
-        self.calls.append(("check", recipe, list(sets)))
+    def check(self, change: Any) -> None:
+        self.calls.append(("check", change.recipe, list(change.sets)))
         if self.check_error is not None:
             raise self.check_error
+
+    def apply(self, change: Any, on_event: Any) -> Any:
+        """The Change read from the job body (Change.from_json), as LifecycleOps gets it."""
+        body = change.to_json()
+        if change.kind == "run":
+            return self.run(change.recipe, on_event, sets=change.sets, options=body["options"])
+        if change.kind == "swap":
+            return self.swap(change.recipe, on_event, sets=change.sets, drain_timeout_s=change.drain_timeout_s,
+                             options=body["options"])
+        return self.stop(change.recipe, on_event, all_=change.all_, timeout_s=change.stop_timeout_s)
 
     def run(self, recipe: str, on_event: Any, *, sets: Any = (), options: Any = None) -> Any:
         self.calls.append(("run", recipe, list(sets), dict(options or {})))
@@ -141,6 +151,8 @@ def test_options_and_sets_reach_the_operations(agent: tuple[LocalApiServer, Rout
                                              "options": swap_opts}))
     _wait_done(client, client.start("stop", {"recipe": None, "all": True, "timeout_s": 2}))
     _wait_done(client, client.start("run", {"recipe": "page-body"}))  # the page sends just {recipe}
+    defaults = {"replace": False, "keep_failed": False, "stall_timeout_s": 300.0, "boot_timeout_s": None,
+                "check_weights": True, "pull": True}
     assert ops.calls == [
         ("check", RECIPE, ["max-seq-len=4096"]),
         ("run", RECIPE, ["max-seq-len=4096"], {**options, "stall_timeout_s": 12.0}),
@@ -148,7 +160,7 @@ def test_options_and_sets_reach_the_operations(agent: tuple[LocalApiServer, Rout
         ("swap", RECIPE, [], 7.0, {**swap_opts, "boot_timeout_s": 100.0}),
         ("stop", None, True, 2.0),
         ("check", "page-body", []),
-        ("run", "page-body", [], {}),
+        ("run", "page-body", [], defaults),  # what the body leaves out is the CLI's default
     ]
 
 
@@ -178,19 +190,20 @@ def test_bad_bodies_are_refused_naming_the_key(agent: tuple[LocalApiServer, Rout
     server, ops, client = agent
     with pytest.raises(MetralError) as refused:
         client.start(kind, body)
-    assert named in refused.value.message and refused.value.exit_code == 2
+    assert named in refused.value.message and refused.value.exit_code == ExitCode.USAGE
     assert server.jobs.list() == [] and not [c for c in ops.calls if c[0] != "check"]
 
 
 def test_a_bad_set_is_refused_with_the_checkers_message_before_a_job(
         agent: tuple[LocalApiServer, RoutingOps, AgentClient]) -> None:
     from metralectl.agent.ops import LifecycleOps
+    from metralectl.app.serving import Change
 
     server, ops, client = agent
     real = LifecycleOps(lambda: None)
     for sets in (["nonsense=1"], ["max-seq-len=banana"]):
         try:
-            real.check(RECIPE, sets)
+            real.check(Change.run(RECIPE, sets))
         except MetralError as exc:
             ops.check_error = exc
         else:
@@ -201,7 +214,7 @@ def test_a_bad_set_is_refused_with_the_checkers_message_before_a_job(
         assert refused.value.exit_code == ops.check_error.exit_code
     assert server.jobs.list() == []
     with pytest.raises(MetralError, match="no-such-recipe"):
-        real.check("no-such-recipe", [])
+        real.check(Change.run("no-such-recipe"))
 
 
 # -- the long-poll ---------------------------------------------------------------------------------------
@@ -480,7 +493,7 @@ def test_cli_busy_refusal_and_direct(recorded: tuple[LocalApiServer, RoutingOps]
     assert busy.returncode == 75 and "busy: swap to x" in busy.stderr
     ops.check_error = UsageError("--set nope: not a serve flag", "use a serve flag")
     refused = _cli("run", RECIPE)  # what the agent refuses (here: its checker), the CLI refuses the same way
-    assert refused.returncode == 2 and "metralectl: --set nope: not a serve flag" in refused.stderr
+    assert refused.returncode == ExitCode.USAGE and "metralectl: --set nope: not a serve flag" in refused.stderr
     assert "hint: use a serve flag" in refused.stderr
     direct = _cli("run", RECIPE, "--direct", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert "via the agent" not in direct.stderr and direct.returncode != 0  # it went to (a missing) Docker itself

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from metralectl.errors import ExitCode
+
 from tests.bench_truth.helpers import REPO, truth_server
 
 HEAVY = ("docker", "textual", "httpx", "huggingface_hub", "pynvml", "aiohttp")
@@ -36,7 +38,7 @@ def test_bench_list_imports_nothing_heavy(argv: list[str]) -> None:
 
 def test_unknown_param_is_a_usage_error_listing_valid_keys() -> None:
     out = cli("bench", "run", "decode", "--param", "repeat=3", "--url", "http://127.0.0.1:9")
-    assert out.returncode == 2 and "unknown parameter 'repeat'" in out.stderr and "repeats" in out.stderr
+    assert out.returncode == ExitCode.USAGE and "unknown parameter 'repeat'" in out.stderr and "repeats" in out.stderr
     assert out.stdout == ""
 
 
@@ -57,7 +59,7 @@ def test_run_json_gates_and_history() -> None:
         assert all(len(x["token_us"]) == 20 for x in lines)
         gated = cli("bench", "run", "decode", "--url", url, "-p", "repeats=2", "-p", "max_tokens=10",
                     "--gate", "decode_tok_s_p50>=100000")
-        assert gated.returncode == 2 and "[FAIL]" in gated.stdout
+        assert gated.returncode == ExitCode.GATE and "[FAIL]" in gated.stdout
         lenient = cli("bench", "run", "decode", "--url", url, "-p", "repeats=2", "-p", "max_tokens=10",
                       "--gate", "decode_tok_s_p50>=100000", "--no-fail-on-verdict")
         assert lenient.returncode == 0
@@ -92,7 +94,7 @@ def test_kill_mid_run_leaves_a_valid_record_marked_interrupted(sig: signal.Signa
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
     if sig == signal.SIGTERM:
-        assert proc.returncode == 1 and "interrupted" in err, err
+        assert proc.returncode == ExitCode.INTERRUPTED and "interrupted" in err, err
     [run_dir] = list(home.glob("runs/concurrency-sweep/*"))
     record = json.loads((run_dir / "run.json").read_text())  # whole, parseable: never torn
     assert record["status"] in ("running", "interrupted")

@@ -16,7 +16,7 @@ from metralectl.bench.results import aggregate, analyse
 from metralectl.bench.sse import RawResponse, parse_stream, split_events
 from metralectl.bench.stats import largest_remainder, percentile, summarize
 from metralectl.bench.suites import SUITES, get_suite, repetition
-from metralectl.errors import NotFound, UsageError
+from metralectl.errors import ExitCode, NotFound, UsageError
 
 
 def test_percentile_matches_numpy_linear() -> None:
@@ -111,7 +111,7 @@ def test_unknown_param_lists_the_valid_ones() -> None:
         parse_params(suite.id, suite.schema, ["concurency=4"])
     msg = str(info.value)
     assert "unknown parameter 'concurency'" in msg and "concurrencies" in msg and "isls" in msg and "shard" in msg
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == ExitCode.USAGE
 
 
 def test_params_are_typed_ranged_and_complete() -> None:
@@ -142,10 +142,12 @@ def test_gates_and_exit_codes() -> None:
     assert G.evaluate([gate], {"decode_tok_s_p50": 131.0})[0].passed is True
     failed = G.evaluate([gate], {"decode_tok_s_p50": 100.0})
     assert G.overall(failed) == "fail"
-    assert G.exit_code("completed", "fail") == 2
+    assert G.exit_code("completed", "fail") == 2 == ExitCode.GATE
     assert G.exit_code("completed", "fail", fail_on_verdict=False) == 0
     assert G.exit_code("completed", "pass") == 0 and G.exit_code("completed", "none") == 0
-    assert G.exit_code("interrupted", "pass") == 1 and G.exit_code("client-bound", "none") == 1
+    assert G.exit_code("client-bound", "none") == 1 and G.exit_code("errors", "pass") == 1 and \
+        G.exit_code("invalid", "none") == 1
+    assert G.exit_code("interrupted", "pass") == 130 == ExitCode.INTERRUPTED  # Ctrl-C/SIGTERM has its own code
     assert G.evaluate([gate], {})[0].passed is None
     with pytest.raises(UsageError):
         G.parse_gate("tok_s ~ 3")

@@ -20,26 +20,35 @@ from metralectl.bench import dialect as D
 from metralectl.bench import records
 from metralectl.bench.params import parse_params
 from metralectl.bench.results import late_stamp_errors
+from metralectl.bench.run_record import RunRecord, StageRecord
 from metralectl.bench.runner import Event, RunRequest, run
 from metralectl.bench.sse import TokenEvent
 from metralectl.bench.suites import get_suite
+from metralectl.errors import ExitCode
 from tests.bench_truth.helpers import REPO
 from tests.bench_truth.quirky_server import quirky_server
 
 
-def bench(suite: str, url: str, *pairs: str) -> tuple[dict[str, Any], list[Event]]:
+def bench(suite: str, url: str, *pairs: str) -> tuple[RunRecord, list[Event]]:
     """Run a suite in this process. The server is a thread of this process too, so the client shares the
     GIL with it and is late to read now and then: the client-bound guard is not what these tests are about
     (it is tested against the truth server, in its own process), so it only warns here."""
     s = get_suite(suite)
     events: list[Event] = []
     params = parse_params(s.id, s.schema, ["client_bound=warn", *pairs])
-    record = run(RunRequest(s.id, params, url), events.append)
-    return record, events
+    done = run(RunRequest(s.id, params, url), events.append)
+    assert done.directory == records.run_dir(suite, done.record["run_id"])
+    on_disk = json.loads((done.directory / "run.json").read_text())
+    assert on_disk == json.loads(json.dumps(done.record, default=str))  # no runner state rides in the record
+    declared = RunRecord.__required_keys__ | RunRecord.__optional_keys__
+    assert RunRecord.__required_keys__ <= set(on_disk) <= declared, set(on_disk) ^ declared
+    for stage in on_disk["stages"]:
+        assert set(stage) == StageRecord.__required_keys__
+    return done.record, events
 
 
-def lines_of(record: dict[str, Any]) -> list[dict[str, Any]]:
-    return records.requests(Path(record["_dir"]))
+def lines_of(record: RunRecord) -> list[dict[str, Any]]:
+    return records.requests(records.run_dir(record["suite"], record["run_id"]))
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -237,12 +246,13 @@ def test_ctrl_c_writes_every_in_flight_request_as_interrupted() -> None:
         time.sleep(1.0)  # the stalled request is in flight now
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-    assert proc.returncode in (1, 130), err
+    assert proc.returncode == ExitCode.INTERRUPTED, err  # Ctrl-C's own code, not the run-failed 1
     [run_dir] = list(home.glob("runs/concurrency-sweep/*"))
     lines = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()]
     interrupted = [x for x in lines if x["error_kind"] == "interrupted"]
     assert interrupted and all(x["phase"] == "measure" for x in interrupted)
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    on_disk = json.loads((run_dir / "run.json").read_text())
+    assert on_disk["status"] == "interrupted" and on_disk["exit_code"] == ExitCode.INTERRUPTED
 
 
 # -- the client-bound guard's estimate ------------------------------------------------------------------

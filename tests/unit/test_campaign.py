@@ -14,7 +14,7 @@ import pytest
 from metralectl.campaign import file as campaign_file
 from metralectl.campaign.runner import Campaign, CampaignOptions, exit_code
 from metralectl.campaign.plan import NodeFacts, PlannedUnit, choose_reference, estimate_s, pick, simulate
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 from metralectl.peers.remote_units import RecordRejected, UnitRefused
 from metralectl.telemetry.thermal import ThermalLines
 
@@ -230,7 +230,7 @@ def test_plan_file_problems_name_the_line_and_key(tmp_path: Path) -> None:
     assert any("plan.yaml:3" in r and "units[0].suite" in r and "decode" in r for r in rendered), rendered
     assert any("plan.yaml:8" in r and "colour" in r for r in rendered), rendered
     assert any("cannot be sharded" in r for r in rendered), rendered
-    assert caught.value.exit_code == 2
+    assert caught.value.exit_code == ExitCode.DATA
 
 
 def test_plan_file_and_cli_units(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from metralectl.errors import ExitCode
+
 from tests.unit.recipe_helpers import REPO, flagship_data, write
 
 HEAVY = ("docker", "textual", "httpx", "huggingface_hub", "pynvml")
@@ -56,7 +58,7 @@ def test_list_filters() -> None:
 
 def test_unknown_hardware_is_a_clear_error() -> None:
     out = cli("list", "--hardware", "gb1O")
-    assert out.returncode == 2 and "unknown hardware class 'gb1O'" in out.stderr and "did you mean `gb10`" in out.stderr
+    assert out.returncode == ExitCode.USAGE and "unknown hardware class 'gb1O'" in out.stderr and "did you mean `gb10`" in out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""
 
 
@@ -75,7 +77,7 @@ def test_show_has_provenance_memory_breakdown_and_command() -> None:
 
 def test_unknown_recipe_suggests() -> None:
     out = cli("show", "qwen3.5-35b-a3")
-    assert out.returncode == 2 and "no recipe named 'qwen3.5-35b-a3'" in out.stderr and "did you mean" in out.stderr
+    assert out.returncode == ExitCode.USAGE and "no recipe named 'qwen3.5-35b-a3'" in out.stderr and "did you mean" in out.stderr
 
 
 def test_run_print_with_set_shows_deviation() -> None:
@@ -88,15 +90,15 @@ def test_run_print_with_set_shows_deviation() -> None:
 
 def test_run_print_set_goes_through_the_checker() -> None:
     out = cli("run", "qwen3.5-35b-a3b", "--print", "--set", "enable-prefix-caching=maybe")
-    assert out.returncode == 1 and out.stdout == ""
+    assert out.returncode == ExitCode.USAGE and out.stdout == ""  # the recipe is fine: the --set made it invalid
     assert "--set enable-prefix-caching=maybe" in out.stderr and "presence-only switch" in out.stderr
     off = cli("run", "qwen3.5-35b-a3b", "--print", "--set", "enable-prefix-caching=false")
     assert off.returncode == 0 and "--enable-prefix-caching" not in off.stdout  # `false` = the flag's absence
     assert "serve.enable-prefix-caching: True -> False" in off.stderr
     out = cli("run", "qwen3.5-35b-a3b", "--print", "--set", "max-seq-lenn=4096")
-    assert out.returncode == 2 and "not a serve flag" in out.stderr
+    assert out.returncode == ExitCode.USAGE and "not a serve flag" in out.stderr
     out = cli("run", "qwen3.5-35b-a3b", "--print", "--set", "resources.port=70000")
-    assert out.returncode == 1 and "between 1 and 65535" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == ExitCode.USAGE and "between 1 and 65535" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_run_print_json_spec() -> None:
@@ -112,7 +114,7 @@ def test_recipes_check_files(tmp_path: Path) -> None:
     ok = cli("recipes", "check", str(good))
     assert ok.returncode == 0 and "ok" in ok.stdout
     refused = cli("recipes", "check", str(good), str(bad))
-    assert refused.returncode == 1
+    assert refused.returncode == ExitCode.DATA
     assert f"{bad}:" in refused.stderr and "did you mean `speculative`" in refused.stderr
     assert "REFUSED" in refused.stdout and "Traceback" not in refused.stderr
     data = json.loads(cli("recipes", "check", "--json", str(bad)).stdout)
@@ -127,7 +129,7 @@ def test_recipes_check_all_shipped() -> None:
 
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     out = cli("recipes", "check", str(tmp_path / "nope.yaml"))
-    assert out.returncode == 1 and "cannot read the file" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == ExitCode.DATA and "cannot read the file" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_user_recipes_extend_and_override(isolated_env: Path) -> None:
@@ -153,16 +155,16 @@ def test_broken_user_recipe_is_reported_and_others_still_list(isolated_env: Path
     (user / "broken.yaml").write_text("extends: qwen3.5-35b-a3b\nname: broken\nserve:\n  max-seq-len: lots\n")
     env = {"METRALECTL_CONFIG_DIR": str(isolated_env / "config")}
     out = cli("list", env=env)
-    assert out.returncode == 1
+    assert out.returncode == ExitCode.DATA
     assert "qwen3.5-35b-a3b" in out.stdout
     assert f"{user / 'broken.yaml'}:4:3: error: serve.max-seq-len: --max-seq-len must be an integer" in out.stderr
     shown = cli("show", "broken", env=env)
-    assert shown.returncode == 1 and "must be an integer" in shown.stderr
+    assert shown.returncode == ExitCode.DATA and "must be an integer" in shown.stderr
 
 
 def test_debug_shows_traceback_only_when_asked(tmp_path: Path) -> None:
     out = cli("--debug", "show", "nope")
-    assert out.returncode == 2 and "Traceback" not in out.stderr  # a MetralError is not a crash
+    assert out.returncode == ExitCode.USAGE and "Traceback" not in out.stderr  # a MetralError is not a crash
 
 
 def test_ctrl_c_says_interrupted_and_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from metralectl.errors import ExitCode
+
 from tests.unit.recipe_helpers import REPO
 from tests.unit.test_engine_double_local import MARKER, Double, clean_env
 
@@ -99,7 +101,7 @@ def test_unreachable_engine_is_one_clear_line() -> None:
 
 def test_live_view_needs_a_terminal() -> None:
     out = cli("top")
-    assert out.returncode == 2 and "needs a terminal" in out.stderr and "--once --json" in out.stderr
+    assert out.returncode == ExitCode.USAGE and "needs a terminal" in out.stderr and "--once --json" in out.stderr
     assert out.stdout == ""
 
 
@@ -120,7 +122,9 @@ def test_json_stream_and_record_survive_a_kill(tmp_path: Path) -> None:
 def test_sigterm_ends_a_recording_cleanly(tmp_path: Path) -> None:
     record = tmp_path / "top.jsonl"
     proc = popen("top", "--record", str(record), "--interval", "0.1")  # no terminal: records headless
-    time.sleep(2.0)
+    deadline = time.monotonic() + 60
+    while not (record.exists() and record.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the first record is written inside the SIGTERM handling: now it is installed
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=10)
     assert proc.returncode == 0, stderr

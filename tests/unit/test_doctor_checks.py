@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -23,7 +24,7 @@ BY_ID = {c.id: c for c in CHECKS + RECIPE_CHECKS}
 def run(ctx: Context, *ids: str) -> dict[str, CheckResult]:
     results = run_checks(ctx, [BY_ID[i] for i in ids])
     for r in results:
-        json.dumps(r.to_dict())  # every verdict is JSON-ready
+        json.dumps(r.to_json())  # every verdict is JSON-ready
     return {r.id: r for r in results}
 
 
@@ -205,6 +206,14 @@ def test_gpu_request_refused_by_the_daemon(tmp_path: Path) -> None:
     r = one(ctx, "docker.gpu-request")
     assert r.status == "problem" and "could not select device driver" in r.detail
     assert rt.created[0].name in rt.removed
+
+
+def test_a_refusal_that_is_not_about_gpus_is_only_a_warning(tmp_path: Path) -> None:
+    """The GPU check tells a GPU refusal from any other by the failure's cause, not by its words."""
+    rt = df.FakeRuntime(images={df.HOPPER_IMAGE: df.image()},
+                        start_error="Conflict. The container name is already in use by container GPU-box")
+    r = one(df.make_ctx(tmp_path, runtime=rt), "docker.gpu-request")
+    assert r.status == "warn" and "could not start a test container" in r.detail
 
 
 def test_gpu_request_no_compatible_gpu(tmp_path: Path) -> None:
@@ -457,7 +466,7 @@ def test_disk_vs_the_recipe(tmp_path: Path) -> None:
 
 def test_token_is_information(tmp_path: Path) -> None:
     r = one(df.make_ctx(tmp_path, environ={"HF_TOKEN": "hf_secret"}), "hf.token")
-    assert r.status == "ok" and "HF_TOKEN is set" in r.detail and "hf_secret" not in json.dumps(r.to_dict())
+    assert r.status == "ok" and "HF_TOKEN is set" in r.detail and "hf_secret" not in json.dumps(r.to_json())
     r = one(df.make_ctx(tmp_path, environ={}), "hf.token")
     assert r.status == "ok" and "hf auth login" in r.detail
 
@@ -511,17 +520,11 @@ def test_port_from_the_recipe(tmp_path: Path) -> None:
     assert r.data["source"] == "recipe qwen3.5-35b-a3b" and r.data["port"] == 8888
 
 
-def test_port_real_bind(tmp_path: Path) -> None:
-    import socket
+def test_port_check_probes_with_the_one_bind_probe(tmp_path: Path) -> None:
+    from metralectl.doctor.context import Context
+    from metralectl.seams.ports import bind_error
 
-    from metralectl.doctor.context import bind_test
-
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen(1)
-        port = held.getsockname()[1]
-        assert bind_test("127.0.0.1", port) is not None
-    assert bind_test("127.0.0.1", port) is None
+    assert inspect.signature(Context).parameters["port_probe"].default is bind_error
 
 
 def test_agent_running_and_its_own_view(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from metralectl.doctor import CHECKS, CheckResult, exit_code, run_checks
 from metralectl.doctor.model import Check, Finding, counts, ok, problem, skipped, warn
+from metralectl.errors import ExitCode
 from tests.unit import doctor_fakes as df
 from tests.unit.recipe_helpers import REPO
 
@@ -135,7 +136,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 def test_unknown_recipe_is_a_usage_error() -> None:
     out = cli("doctor", "--recipe", "qwen3.5-35b-a3c")
-    assert out.returncode == 2 and "no recipe named 'qwen3.5-35b-a3c'" in out.stderr and out.stdout == ""
+    assert out.returncode == ExitCode.USAGE and "no recipe named 'qwen3.5-35b-a3c'" in out.stderr and out.stdout == ""
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["list"], ["doctor", "--help"]])

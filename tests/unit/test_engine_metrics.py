@@ -80,13 +80,13 @@ def test_snapshot_values() -> None:
     assert s.prefix_cache_hit_rate == pytest.approx(0.75)
     assert s.spec_acceptance == pytest.approx(1450 / 1850)
     assert s.spec_acceptance_by_k() == pytest.approx({"1": 0.85, "2": 600 / 850})
-    assert s.to_dict()["ttft_p50_s"] == pytest.approx(0.06)
+    assert s.to_json()["ttft_p50_s"] == pytest.approx(0.06)
 
 
 def test_without_type_lines_parses_the_same() -> None:
     bare = "\n".join(line for line in METRICS.splitlines() if not line.startswith("#")) + "\n"
     a, b = parse_metrics(METRICS), parse_metrics(bare)
-    assert a.to_dict() == b.to_dict()
+    assert a.to_json() == b.to_json()
 
 
 def test_missing_series_are_unknown() -> None:

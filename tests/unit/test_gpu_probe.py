@@ -64,7 +64,7 @@ def test_h200_like_device_reports_every_field(meminfo: Path) -> None:
     assert s.memory.kind == "discrete" and s.memory.total_bytes == 143771 * 1024**2
     assert s.processes == (ProcessMemory(4242, 80 * GiB, "compute"),)
     assert (s.pcie_gen, s.pcie_width, s.fan_pct) == (5, 16, None)  # fan: unknown, not 0
-    out = s.to_dict()
+    out = s.to_json()
     assert out["fan_pct"] is None and "pcie_gen" in out
     json.dumps(out)
     (e,) = probe.energy()
@@ -85,7 +85,7 @@ def test_gb10_unified_memory_from_meminfo(meminfo: Path) -> None:
     assert mem.available_bytes == 90000000 * 1024  # MemAvailable, not MemFree
     assert mem.used_bytes == (124999999 - 90000000) * 1024
     assert mem.gpu_resident_bytes == 41 * GiB  # pid 10 once, pid 11 unknown, pid 12
-    out = s.to_dict()
+    out = s.to_json()
     for hidden in ("pcie_gen", "pcie_width", "fan_pct"):
         assert hidden not in out
     assert out["memory"]["kind"] == "unified"

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("lifecycle",),
     ("seams",),
     ("core",),
-    ("errors", "paths", "safetext", "__init__"),
+    ("errors", "paths", "safetext", "atomicfile", "__init__"),
 ]
 
 # Cycles between modules that are deliberate; each says why (docs/ARCHITECTURE.md, "Cycles").

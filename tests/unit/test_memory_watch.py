@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 from metralectl.seams.gpu import NvmlProbe
 from metralectl.lifecycle.memory import NvmlMemoryWatch
 from metralectl.seams.docker_runtime import ContainerInfo
+from tests.fakes.runtime import FakeRuntime
 from tests.unit import fake_pynvml as fk
 
 CONTAINER = ContainerInfo("c1", "metralectl-x", "img", "running", None, False, None, None, {})
 
 
-class _Api:
-    def top(self, _: str, ps_args: str = "") -> dict[str, Any]:
-        return {"Titles": ["PID"], "Processes": [["4242"], ["4243"]]}
-
-
-class _Runtime:
-    api = _Api()
+def _runtime() -> FakeRuntime:
+    """The container runs as host PIDs 4242 and 4243."""
+    rt = FakeRuntime()
+    rt.seed(CONTAINER, pids=(4242, 4243))
+    return rt
 
 
 def _watch(device: fk.FakeDevice, wait_s: float = 0.3) -> NvmlMemoryWatch:
-    watch = NvmlMemoryWatch(_Runtime(), wait_s=wait_s, poll_s=0.01,  # type: ignore[arg-type]
+    watch = NvmlMemoryWatch(_runtime(), wait_s=wait_s, poll_s=0.01,
                             probe_factory=lambda: NvmlProbe(nvml=fk.make_fake([device])))
     watch.before(CONTAINER)
     return watch
@@ -42,7 +40,19 @@ def test_memory_still_held_is_reported_with_the_pids() -> None:
 
 
 def test_no_nvml_is_not_a_failure() -> None:
-    watch = NvmlMemoryWatch(_Runtime(), probe_factory=lambda: NvmlProbe(  # type: ignore[arg-type]
+    watch = NvmlMemoryWatch(_runtime(), probe_factory=lambda: NvmlProbe(
         nvml=fk.make_fake([], init_error=fk.LibraryNotFound)))
     watch.before(CONTAINER)
     assert watch.after(CONTAINER).startswith("not checked (")
+
+
+def test_the_docker_runtime_reads_the_pids_from_docker_top() -> None:
+    from metralectl.seams.docker_runtime import DockerRuntime
+
+    class Api:
+        def top(self, _: str, ps_args: str = "") -> dict[str, object]:
+            return {"Titles": ["UID", "PID"], "Processes": [["0", "4242"], ["0", "4243"], ["0", "?"]]}
+
+    runtime = DockerRuntime.__new__(DockerRuntime)  # no daemon: only the answer of `docker top` is read
+    runtime.api = Api()
+    assert runtime.container_pids("c1") == {4242, 4243}

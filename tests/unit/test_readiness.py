@@ -21,8 +21,9 @@ from metralectl.lifecycle import launch
 from metralectl.lifecycle.boot import BootLog, clean_line, diagnose_exit, message_of
 from metralectl.lifecycle.events import Event, Phase, Step, Warning_
 from metralectl.lifecycle.readiness import HEALTH_POLL_S, HealthPoller, classify_health
-from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.core.render import ContainerSpec
 from metralectl.core.yamlsrc import Document
+from tests.fakes.runtime import Action, Boot, Exit, FakeRuntime, Log, image
 from tests.unit.recipe_helpers import catalog
 
 PREFIX = "2026-08-26T05:35:05Z  INFO "
@@ -224,32 +225,22 @@ def test_poller_sees_refused_then_loading_then_ready(engine: HealthServer) -> No
 
 
 # --- the waiting loop, with a scripted container ------------------------------------------------------------
-class ScriptedRuntime:
-    """A container that prints `lines` (with pauses) and runs until `exit_code` is set."""
-
-    def __init__(self, lines: list[tuple[float, str]]) -> None:
-        self.lines = lines
-        self.exit_code: int | None = None
-
-    def follow_logs(self, container_id: str, *, stop: threading.Event | None = None) -> Iterator[str]:
-        for pause, line in self.lines:
-            if stop is not None and stop.wait(pause):
-                return
-            yield line
-        while self.exit_code is None and not (stop is not None and stop.wait(0.05)):
-            pass
-
-    def inspect(self, container_id: str) -> ContainerInfo:
-        status = "running" if self.exit_code is None else "exited"
-        return ContainerInfo(container_id, "c", "img", status, self.exit_code, False, None, None)
+def scripted(lines: list[tuple[float, str]], exit_at: float | None = None) -> FakeRuntime:
+    """A container (the shared fake's) that prints `lines` (with pauses) and runs until it exits 1 at `exit_at` s."""
+    actions: list[Action] = [Log(line, after_s=pause) for pause, line in lines]
+    if exit_at is not None:
+        actions.append(Exit(1, after_s=max(0.0, exit_at - sum(pause for pause, _ in lines))))
+    runtime = FakeRuntime(images=[image("img")])
+    runtime.script("c", Boot(tuple(actions)))
+    return runtime
 
 
-def _wait(runtime: ScriptedRuntime, url: str, tmp_path: Path, *, stall: float = 30.0, boot: float = 30.0,
+def _wait(runtime: FakeRuntime, url: str, tmp_path: Path, *, stall: float = 30.0, boot: float = 30.0,
           events: list[Event] | None = None) -> tuple[dict[str, float], float]:
-    container = runtime.inspect("c1")
+    container = runtime.create_and_start(ContainerSpec(name="c", image="img", command=()))
     log = BootLog(catalog().engines["metrale"], "127.0.0.1", int(url.rsplit(":", 1)[1]))
     sink = events if events is not None else []
-    return launch._wait_ready(runtime, container, log, tmp_path / "boot.log", url, boot, stall,  # type: ignore[arg-type]
+    return launch._wait_ready(runtime, container, log, tmp_path / "boot.log", url, boot, stall,
                               time.monotonic(), sink.append, READINESS)
 
 
@@ -257,7 +248,7 @@ def test_silent_engine_is_ready_on_health_alone(engine: HealthServer, tmp_path: 
     _later(0.3, engine.bind)
     _later(0.8, engine.turn_ready)
     events: list[Event] = []
-    phases, ready_at = _wait(ScriptedRuntime([]), engine.url, tmp_path, events=events)
+    phases, ready_at = _wait(scripted([]), engine.url, tmp_path, events=events)
     assert engine.ready_at is not None and engine.ready_at <= ready_at < engine.ready_at + 0.3
     assert "ready" in phases
     assert [e.phase for e in events if isinstance(e, Phase)] == ["ready"]
@@ -267,7 +258,7 @@ def test_silent_engine_is_ready_on_health_alone(engine: HealthServer, tmp_path: 
 def test_a_ready_line_without_health_200_is_not_ready(engine: HealthServer, tmp_path: Path) -> None:
     engine.bind()  # answers 503 loading throughout
     port = engine.port
-    runtime = ScriptedRuntime([(0.1, f"{PREFIX}Server live and ready at 127.0.0.1:{port} running m")])
+    runtime = scripted([(0.1, f"{PREFIX}Server live and ready at 127.0.0.1:{port} running m")])
     with pytest.raises(launch.LaunchFailed) as failed:
         _wait(runtime, engine.url, tmp_path, stall=0.8)
     assert failed.value.diagnosis.cause == "health" and "503 loading" in failed.value.diagnosis.message
@@ -278,7 +269,7 @@ def test_a_faulted_engine_fails_at_once_with_its_reason(engine: HealthServer, tm
     engine.bind()
     started = time.monotonic()
     with pytest.raises(launch.LaunchFailed) as failed:
-        _wait(ScriptedRuntime([]), engine.url, tmp_path, stall=60, boot=60)
+        _wait(scripted([]), engine.url, tmp_path, stall=60, boot=60)
     diagnosis = failed.value.diagnosis
     assert diagnosis.cause == "gpu-fault" and "Xid 79: GPU has fallen off the bus" in diagnosis.message
     assert "nvidia-smi" in diagnosis.remedy
@@ -291,7 +282,7 @@ def test_a_health_change_is_progress(engine: HealthServer, tmp_path: Path) -> No
     _later(0.6, engine.bind)
     started = time.monotonic()
     with pytest.raises(launch.LaunchFailed) as failed:
-        _wait(ScriptedRuntime([]), engine.url, tmp_path, stall=0.8)
+        _wait(scripted([]), engine.url, tmp_path, stall=0.8)
     assert time.monotonic() - started >= 1.4
     diagnosis = failed.value.diagnosis
     assert diagnosis.cause == "stalled" and "503 loading" in diagnosis.message and "no new log line" in diagnosis.message
@@ -301,7 +292,7 @@ def test_log_lines_are_progress_while_health_is_refused(engine: HealthServer, tm
     lines = [(0.3, f"{PREFIX}loading step {i}") for i in range(6)]  # 1.8 s of lines, each within the window
     started = time.monotonic()
     with pytest.raises(launch.LaunchFailed) as failed:
-        _wait(ScriptedRuntime(lines), engine.url, tmp_path, stall=0.8, boot=30)
+        _wait(scripted(lines), engine.url, tmp_path, stall=0.8, boot=30)
     assert time.monotonic() - started >= 1.8 + 0.8
     assert failed.value.diagnosis.cause == "stalled" and "not answering" in failed.value.diagnosis.message
 
@@ -310,15 +301,14 @@ def test_timeout_names_the_phase_and_the_health_answer(engine: HealthServer, tmp
     engine.bind()
     lines = [(0.2, f"{PREFIX}Fast-loaded 12 weight tensors")] + [(0.2, f"{PREFIX}warming up") for _ in range(20)]
     with pytest.raises(launch.LaunchFailed) as failed:
-        _wait(ScriptedRuntime(lines), engine.url, tmp_path, stall=30, boot=1.0)
+        _wait(scripted(lines), engine.url, tmp_path, stall=30, boot=1.0)
     diagnosis = failed.value.diagnosis
     assert diagnosis.cause == "timeout" and "phase: loading" in diagnosis.message and "503 loading" in diagnosis.message
 
 
 def test_an_exit_is_diagnosed_from_todays_error_line(engine: HealthServer, tmp_path: Path) -> None:
-    runtime = ScriptedRuntime([(0.1, "2026-08-26T05:35:05Z ERROR Error: Snapshot 'db821d7' has no weight files "
-                                     "(metadata-only)")])
-    _later(0.4, lambda: setattr(runtime, "exit_code", 1))
+    runtime = scripted([(0.1, "2026-08-26T05:35:05Z ERROR Error: Snapshot 'db821d7' has no weight files "
+                              "(metadata-only)")], exit_at=0.4)
     with pytest.raises(launch.LaunchFailed) as failed:
         _wait(runtime, engine.url, tmp_path)
     assert failed.value.diagnosis.cause == "empty-cache"
@@ -333,7 +323,7 @@ def test_a_watchdog_reading_before_ready_holds_then_warns(engine: HealthServer, 
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine can say ready and die of its OOM watchdog seconds later: ready only once it has stayed up."""
     monkeypatch.setattr(launch, "HOLD_S", 1.0)
-    runtime = ScriptedRuntime([(0.05, WATCHDOG.format(1))])
+    runtime = scripted([(0.05, WATCHDOG.format(1))])
     engine.bind()
     _later(0.4, engine.turn_ready)
     events: list[Event] = []
@@ -351,10 +341,9 @@ def test_an_engine_that_dies_while_held_is_a_failed_start(engine: HealthServer, 
     monkeypatch.setattr(launch, "HOLD_S", 30.0)
     lines = [(0.05, WATCHDOG.format(1)), (0.6, WATCHDOG.format(2)), (0.3, WATCHDOG.format(3)),
              (0.1, "2026-08-26T05:35:06Z ERROR OOM watchdog: 3 consecutive readings below threshold. Terminating.")]
-    runtime = ScriptedRuntime(lines)
+    runtime = scripted(lines, exit_at=1.4)
     engine.bind()
     _later(0.3, engine.turn_ready)
-    _later(1.4, lambda: setattr(runtime, "exit_code", 1))
     started = time.monotonic()
     with pytest.raises(launch.LaunchFailed) as failed:
         _wait(runtime, engine.url, tmp_path)
@@ -368,6 +357,6 @@ def test_a_modelless_boot_waiting_a_whole_window_says_so(engine: HealthServer, t
             "started from the Library")
     events: list[Event] = []
     with pytest.raises(launch.LaunchFailed) as failed:
-        _wait(ScriptedRuntime([(0.1, line)]), engine.url, tmp_path, stall=0.8, events=events)
+        _wait(scripted([(0.1, line)]), engine.url, tmp_path, stall=0.8, events=events)
     assert failed.value.diagnosis.cause == "no-model" and "run RECIPE --print" in failed.value.diagnosis.remedy
     assert [e.phase for e in events if isinstance(e, Phase)] == ["no-model"]

@@ -22,6 +22,7 @@ from metralectl.core import synced_set
 from metralectl.core.catalog import load_catalog
 from metralectl.core.release_archive import ReleaseError
 from metralectl.seams.sync_fetch import Source, default_source
+from metralectl.errors import ExitCode
 from tests.unit.recipe_helpers import REPO
 from tests.unit.release_fixture import B34_DUMP, fixture_recipes, reseal, reseal_index, sha, tar_gz, write_release
 
@@ -204,7 +205,7 @@ def test_executable_keys_and_bad_recipes_are_left_out_with_file_and_line(tmp_pat
     release = write_release(tmp_path / "b40", recipes)
     env = {"METRALECTL_CONFIG_DIR": str(isolated_env / "config")}
     out = _cli("recipes", "sync", "--from", str(release), env=env)
-    assert out.returncode == 1, out.stderr
+    assert out.returncode == ExitCode.DATA, out.stderr  # installed without the two it refused
     lines = flagship.decode().count("\n")
     assert f"b40:recipes/evil/post-commands.yaml:{lines + 1}:1: error: post_commands: `post_commands` carries " \
            "executable content" in out.stderr

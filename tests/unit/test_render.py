@@ -63,7 +63,7 @@ def test_spec_is_data(home_hf: None) -> None:
     assert spec.network_mode == "host" and spec.ipc_mode == "host" and spec.gpus == "all"
     assert spec.command[:2] == ("serve", "Sehyo/Qwen3.5-35B-A3B-NVFP4")
     assert spec.labels["ai.metrale.metralectl.managed"] == "true"
-    assert spec.labels["ai.metrale.metralectl.core.recipe"] == "qwen3.5-35b-a3b"
+    assert spec.labels["ai.metrale.metralectl.recipe"] == "qwen3.5-35b-a3b"
     assert spec.labels["ai.metrale.metralectl.spec-hash"] == spec.spec_hash()
     assert [m.target for m in spec.mounts] == ["/root/.cache/huggingface"]
 

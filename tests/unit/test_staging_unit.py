@@ -20,6 +20,7 @@ from metralectl.core import images
 from metralectl.core.hardware import ImageInfo
 from metralectl.seams.hfcache import Listing, RepoFile
 from metralectl.core.progress import Meter, human_bytes, human_duration
+from tests.fakes.runtime import FakeRuntime, image as local_image
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO = "org/model"
@@ -65,7 +66,7 @@ def test_absent_and_started_but_empty() -> None:
 
 def test_manifest_makes_complete_and_damage_makes_partial() -> None:
     snap = make_snapshot(FILES)
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES).as_json())
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES).to_json())
     state = hfcache.cache_state(REPO)
     assert state.status == "complete" and state.files_total == 3 and state.bytes_present == 1010
     stale = hfcache.repo_dir(REPO) / "blobs" / "other.5678.incomplete"
@@ -78,13 +79,13 @@ def test_manifest_makes_complete_and_damage_makes_partial() -> None:
 
 def test_manifest_for_another_commit_is_ignored() -> None:
     snap = make_snapshot(FILES)
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES, "d" * 40).as_json())
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES, "d" * 40).to_json())
     assert hfcache.cache_state(REPO).status == "present"  # heuristics: config + safetensors, unverified
 
 
 def test_expected_listing_tells_partial_from_present() -> None:
     snap = make_snapshot({k: v for k, v in FILES.items() if k != "model.safetensors"})
-    hfcache.write_json_atomic(snap / hfcache.EXPECTED_LISTING, listing_of(FILES).as_json())
+    hfcache.write_json_atomic(snap / hfcache.EXPECTED_LISTING, listing_of(FILES).to_json())
     state = hfcache.cache_state(REPO)
     assert state.status == "partial" and state.detail.startswith("2 of 3 files")
     make_snapshot({"model.safetensors": FILES["model.safetensors"]})
@@ -209,7 +210,7 @@ def test_weights_preflight_names_the_pull_command() -> None:
     with pytest.raises(weights.WeightsError, match="weights incomplete: org/model is absent .*`metralectl pull my-recipe`"):
         weights.weights_preflight(recipe)
     snap = make_snapshot(FILES)
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES).as_json())
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES).to_json())
     weights.weights_preflight(recipe)
 
 
@@ -238,23 +239,14 @@ def test_check_platform(arch: str, declared: str, local: str | None, refused: st
         assert refused in problem.message
 
 
-class FakeRuntime:
-    def __init__(self, present: bool, platform: str = "linux/arm64") -> None:
-        self.present, self.platform, self.pulls = present, platform, []
-
-    def image_state(self, ref: str, revision_label: str = "") -> SimpleNamespace:
-        return state(self.present, self.platform if self.present else None)
-
-    def pull_image(self, ref: str, on_progress=None, platform: str | None = None) -> None:
-        self.pulls.append((ref, platform))
-        on_progress("abc123", "Downloading", 10, 100)
-        on_progress("abc123", "Pull complete", None, None)
-        on_progress(None, "Digest: sha256:2", None, None)
-        self.present = True
+def registry(present: bool, platform: str = "linux/arm64") -> FakeRuntime:
+    """A daemon with metrale/img:latest here (or not) that can pull it from its registry."""
+    ref = "metrale/img:latest"
+    return FakeRuntime(images=[local_image(ref, platform)] if present else [], pullable=[local_image(ref, platform)])
 
 
 def test_image_pull_over_a_fake_runtime() -> None:
-    rt = FakeRuntime(present=False)
+    rt = registry(present=False)
     events: list[images.LayerProgress] = []
     result = images.pull(image("linux/arm64"), rt, "aarch64", events.append)
     assert result.action == "pulled" and rt.pulls == [("metrale/img:latest", "linux/arm64")]
@@ -263,8 +255,8 @@ def test_image_pull_over_a_fake_runtime() -> None:
     assert images.pull(image("linux/arm64"), rt, "aarch64").action == "present" and len(rt.pulls) == 1
     assert images.pull(image("linux/arm64"), rt, "aarch64", update=True).action == "pulled"
     with pytest.raises(images.ImageError, match="cannot be pulled: it is built from source"):
-        images.pull(image("linux/amd64", build="docker build ..."), FakeRuntime(False), "x86_64")
-    wrong = FakeRuntime(present=False)
+        images.pull(image("linux/amd64", build="docker build ..."), registry(False), "x86_64")
+    wrong = registry(present=False)
     with pytest.raises(images.ImageError, match="built for linux/amd64"):
         images.pull(image("linux/amd64"), wrong, "aarch64")
     assert wrong.pulls == []  # refused before pulling anything

@@ -48,7 +48,7 @@ def test_counter_window_report() -> None:
     g = r.per_gpu[0]
     assert g.instant_j == pytest.approx(3030.0)
     assert relative_difference(g.instant_j, g.counter_j) == pytest.approx(0.01)
-    assert r.to_dict()["per_gpu"][0]["uuid"] == "g"
+    assert r.to_json()["per_gpu"][0]["uuid"] == "g"
 
 
 def test_short_window_is_flagged() -> None:

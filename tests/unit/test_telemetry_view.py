@@ -84,7 +84,7 @@ def test_h200_like_row_with_counter_energy_rate() -> None:
     assert row.thermal is not None and row.thermal.state == "ok"
     assert row.clock_reasons == ("sw_power_cap",) and row.throttled is True
     assert row.memory.kind == "discrete" and row.processes == 1
-    data = strict_json(view.to_dict())
+    data = strict_json(view.to_json())
     assert isinstance(data, dict)
     g = data["gpus"][0]
     assert g["energy_rate_method"] == "counter" and g["energy_scope"] == "gpu"
@@ -107,7 +107,7 @@ def test_gb10_like_unified_memory_and_average_power_last_resort(tmp_path: Path) 
     assert row.power_source == "average"  # GB10: no instant power field
     assert row.energy.method == "average-integral" and row.energy.watts == pytest.approx(11.0)
     assert row.energy_scope == "gpu-only"
-    g = row.to_dict()
+    g = row.to_json()
     assert g["memory"]["kind"] == "unified" and "pcie_gen" not in g and "fan_pct" not in g
     assert g["temp_mem_c"] is None and g["mem_clock_mhz"] is None  # unknown, never a fake 0
 
@@ -176,7 +176,7 @@ def test_unknown_hardware_class_has_no_thermal_lines() -> None:
     rig = Rig([fk.FakeDevice(name="NVIDIA Future GPU")])
     rig.tick()
     view = TopModel(LINES).view(gpu=rig.system, samples=rig.samples, wall=0.0, interval_s=1.0)
-    assert view.gpus[0].thermal is None and view.to_dict()["gpus"][0]["thermal"] is None
+    assert view.gpus[0].thermal is None and view.to_json()["gpus"][0]["thermal"] is None
     assert view.thermal == "unknown"
 
 
@@ -186,7 +186,7 @@ def test_no_gpu_is_a_state_with_the_engine_part_still_there() -> None:
     obs = EngineObservation(EngineTarget("http://127.0.0.1:8888", "metralectl-x", "x", "container"),
                             (parse_metrics(METRICS, t=1.0),))
     view = TopModel(LINES).view(gpu=gone, samples=[], engines=[obs], wall=5.0, interval_s=1.0)
-    data = strict_json(view.to_dict())
+    data = strict_json(view.to_json())
     assert isinstance(data, dict)
     assert data["gpu"] == {"available": False, "reason": f"no GPU: {reason}",
                            "hint": "install the driver", "cause": "LibraryNotFound"}
@@ -207,7 +207,7 @@ def test_engine_rates_over_the_window() -> None:
     assert row.snapshot is not None and row.snapshot.requests_active == 5
     assert row.prefix_cache_hit_rate == pytest.approx(0.9)  # the window's, not the lifetime 0.75
     assert row.ttft_scope == "lifetime"  # no new TTFT observations in the window
-    d = row.to_dict()
+    d = row.to_json()
     assert d["window"]["span_s"] == 5.0 and d["window"]["generation_tokens_per_s"] == pytest.approx(100.0)
     assert d["lifetime"]["prefix_cache_hit_rate"] == pytest.approx(84 / 110)  # since the engine started
 
@@ -223,7 +223,7 @@ def test_engine_restart_in_the_window_rates_from_after_it() -> None:
 def test_unreachable_engine_is_one_line_not_numbers() -> None:
     row = engine_row(EngineObservation(EngineTarget("http://e"), (), "cannot read http://e/metrics: refused",
                                        "unreachable"))
-    d = row.to_dict()
+    d = row.to_json()
     assert d["state"] == "unreachable" and d["error"].startswith("cannot read")
     assert d["tokens_per_s"] is None and d["totals"] is None
 
@@ -265,7 +265,7 @@ def test_gpu_processes_name_our_container(tmp_path) -> None:  # noqa: ANN001
     probe.open()
     [sample] = probe.sample()
     row = gpu_row(sample, None, None, None, None, None, lambda pid: watch.our_container_of(pid, tmp_path))
-    by_pid = {p["pid"]: p for p in row.to_dict()["process_list"]}
+    by_pid = {p["pid"]: p for p in row.to_json()["process_list"]}
     assert by_pid[4242]["container"] == "metralectl-qwen3.5-35b-a3b" and by_pid[4242]["used_bytes"] == 30 * fk.GiB
     assert by_pid[999]["container"] is None
     watch._OURS.clear()

@@ -13,7 +13,7 @@ import pytest
 from metralectl.errors import MetralError
 from metralectl.seams.gpu import NvmlProbe
 from metralectl.lifecycle.launch import LABEL_ENDPOINT
-from metralectl.core.render import LABEL_RECIPE
+from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, LABEL_RECIPE, owner
 from metralectl.seams.docker_runtime import ContainerInfo, DockerUnavailable
 from metralectl.telemetry.thermal import ThermalLines
 from metralectl.telemetry.view import EngineTarget
@@ -26,6 +26,7 @@ from metralectl.telemetry.watch import (
     drop_torn_tail,
     fixed_targets,
 )
+from tests.fakes.runtime import FakeRuntime
 from tests.unit import fake_pynvml as fk
 from tests.unit.test_engine_metrics import METRICS, later
 
@@ -126,35 +127,32 @@ def test_poller_rediscovers_and_closes_gone_engines() -> None:
     assert poller.observations() == ([], NO_ENGINE)  # really stopped: say so
 
 
-def container(name: str, status: str, labels: dict[str, str]) -> ContainerInfo:
+def container(name: str, status: str, labels: dict[str, str], who: str | None = None) -> ContainerInfo:
+    labels = {LABEL_MANAGED: "true", LABEL_OWNER: who or owner(), **labels}
     return ContainerInfo(id=name, name=name, image="img", status=status, exit_code=None, oom_killed=False,
                          started_at=None, finished_at=None, labels=labels)
 
 
-class FakeRuntime:
-    def __init__(self, containers: list[ContainerInfo]) -> None:
-        self._containers = containers
-        self.asked: dict[str, Any] = {}
-        self.closed = False
-
-    def containers(self, **kw: Any) -> list[ContainerInfo]:
-        self.asked = kw
-        return self._containers
-
-    def close(self) -> None:
-        self.closed = True
+def runtime_with(containers: list[ContainerInfo]) -> FakeRuntime:
+    rt = FakeRuntime()
+    for c in containers:
+        rt.seed(c)
+    return rt
 
 
 def test_discovery_reads_the_endpoint_label_of_running_containers() -> None:
     labels = {LABEL_ENDPOINT: "http://127.0.0.1:8888", LABEL_RECIPE: "a"}
-    rt = FakeRuntime([container("metralectl-a", "running", labels),
-                      container("metralectl-b", "exited", {LABEL_ENDPOINT: "http://127.0.0.1:8889"}),
-                      container("metralectl-c", "running", {})])
+    rt = runtime_with([container("metralectl-a", "running", labels),
+                       container("metralectl-b", "exited", {LABEL_ENDPOINT: "http://127.0.0.1:8889"}),
+                       container("metralectl-c", "running", {}),
+                       container("metralectl-d", "running", {LABEL_ENDPOINT: "http://127.0.0.1:8890"}, "bob")])
     targets, note = discover_engines(lambda: rt)
-    assert targets == [EngineTarget("http://127.0.0.1:8888", "metralectl-a", "a", "container")]
+    assert targets == [EngineTarget("http://127.0.0.1:8888", "metralectl-a", "a", "container"),
+                       EngineTarget("http://127.0.0.1:8890", "metralectl-d", None, "container")]  # any owner's
     assert note is None
-    assert rt.asked == {"mine": False, "all_states": False} and rt.closed
-    assert discover_engines(lambda: FakeRuntime([])) == ([], NO_ENGINE)
+    assert rt.calls == [("containers", (), {"managed_only": True, "all_states": False, "mine": False})]
+    assert rt.closed == 1
+    assert discover_engines(lambda: FakeRuntime()) == ([], NO_ENGINE)
 
 
 def test_discovery_without_docker_is_a_note() -> None:
@@ -186,7 +184,7 @@ def test_session_over_a_fake_gpu_and_engine() -> None:
     assert g.thermal is not None and g.thermal.state == "ok"
     (e,) = view.engines
     assert e.target.url == "http://e" and e.tokens_per_s is not None and e.tokens_per_s > 0
-    data = view.to_dict()
+    data = view.to_json()
     json.dumps(data, allow_nan=False)
     assert data["sampler"]["hz"] == 20 and data["engine_note"] is None
 
@@ -199,7 +197,7 @@ def test_session_without_nvml_still_watches_the_engine() -> None:
     view = session.view()
     session.close()
     assert session.sampler is None and view.gpus == () and view.engine_note == NO_ENGINE
-    assert view.to_dict()["gpu"]["reason"].startswith("no GPU: no NVIDIA driver")
+    assert view.to_json()["gpu"]["reason"].startswith("no GPU: no NVIDIA driver")
     assert fake.calls == ["init"]  # no error storm: one attempt, no shutdown of a library that never started
 
 
@@ -214,7 +212,7 @@ def test_session_reports_a_gpu_lost_while_sampling() -> None:
         time.sleep(0.01)
     view = session.view()
     session.close()
-    assert view.gpus == () and "the GPU sampler stopped" in view.to_dict()["gpu"]["reason"]
+    assert view.gpus == () and "the GPU sampler stopped" in view.to_json()["gpu"]["reason"]
 
 
 def test_recorder_cuts_a_torn_tail_and_appends_lines(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from metralectl.tui.app import MetralectlApp
 from metralectl.tui.screens.progress import ProgressScreen
+from metralectl.errors import ExitCode
 from tests.unit.tui.conftest import until
 from tests.unit.tui.fakes import FakeServices
 
@@ -113,4 +114,4 @@ def test_no_arguments_on_a_terminal_opens_the_dashboard(monkeypatch: pytest.Monk
 def test_tui_without_a_terminal_is_a_usage_error() -> None:
     out = subprocess.run([sys.executable, "-m", "metralectl", "tui"], capture_output=True, text=True, cwd=REPO,
                          timeout=60, stdin=subprocess.DEVNULL, check=False)
-    assert out.returncode == 2 and "needs a terminal" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == ExitCode.USAGE and "needs a terminal" in out.stderr and "Traceback" not in out.stderr

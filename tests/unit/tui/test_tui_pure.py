@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from metralectl.errors import MetralError
 from metralectl.lifecycle import events as ev
 from metralectl.tui import library_filter
-from metralectl.tui.bench_adapter import read_detail, read_history
+from metralectl.tui.bench_adapter import read_detail
 from metralectl.tui.cancel import Cancelled, CancelToken
 from metralectl.tui.coalesce import Coalescer
 from metralectl.tui.progress_model import DONE, FAIL, ProgressModel
@@ -149,24 +149,42 @@ def test_compare_rows_puts_differences_first() -> None:
     assert params[0] == ("param osl", "64", "128") and params[-1] == ("param n", "1", "1")
 
 
-def test_history_reads_the_records_directory(isolated_env: Path) -> None:
-    runs = isolated_env / "metrale" / "runs"
-    (runs / "decode" / "20261129-1").mkdir(parents=True)
-    (runs / "decode" / "20261129-1" / "record.json").write_text(json.dumps({
-        "run_id": "20261129-1", "suite": "decode", "started": 1000.0, "source": "cli",
-        "target": {"recipe": "qwen3.5-35b-a3b"}, "verdict": "pass", "headline": "131 tok/s",
-        "params": {"max_tokens": 128}, "results": [{"concurrency": 1, "tok_s": 131.0}]}))
-    (runs / "sweep").mkdir()
-    (runs / "sweep" / "20261129-2.json").write_text(json.dumps({"id": "20261129-2", "started": 2000.0,
-                                                                  "source": "tui", "summary": {"tok_s": 820.5}}))
-    (runs / "sweep" / "broken.json").write_text("{not json")
-    history = read_history()
-    assert [(r.run_id, r.suite, r.source) for r in history] == [("20261129-2", "sweep", "tui"),
-                                                                 ("20261129-1", "decode", "cli")]
-    assert history[0].headline == "820.5 tok/s" and history[1].target == "qwen3.5-35b-a3b"
-    detail = read_detail(history[1])
-    assert detail.params == {"max_tokens": 128} and detail.columns == ("concurrency", "tok_s")
-    assert detail.rows == (("1", "131"),)
+def test_history_reads_the_records_through_the_one_reader(isolated_env: Path) -> None:
+    """Without the runner (RecordsBench) History reads bench.records' way: an old 'completed' record with
+    failed stages shows as failed, a run whose process died as interrupted, a torn run.json is skipped."""
+    import subprocess
+    import sys
+
+    from metralectl.bench import records
+    from metralectl.tui.bench_adapter import RecordsBench
+
+    good = records.start("decode", "20261129-100000-aaaaaa", {
+        "started_at": "2026-11-29T10:00:00+00:00", "source": "cli", "params": {"max_tokens": 128},
+        "target": {"recipe": "qwen3.5-35b-a3b"}})
+    records.save(good, {**(records.load(good) or {}), "status": "completed", "verdict": "pass",
+                        "summary": {"headline": {"decode_tok_s_p50": 131.0}},
+                        "stages": [{"name": "decode", "summary": {"ok": 4, "requests": 4, "output_tok_s": 131.0}}]})
+    old = records.start("decode", "20261129-110000-bbbbbb", {"started_at": "2026-11-29T11:00:00+00:00",
+                                                             "source": "cli", "target": {}})
+    records.save(old, {**(records.load(old) or {}), "status": "completed",
+                       "stages": [{"name": "decode", "summary": {"ok": 0, "requests": 5}}]})
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    died = records.start("sweep", "20261129-120000-cccccc", {"started_at": "2026-11-29T12:00:00+00:00",
+                                                              "source": "tui", "target": {}})
+    records.save(died, {**(records.load(died) or {}), "pid": dead.pid})  # still "running", its process gone
+    torn = isolated_env / "metrale" / "runs" / "sweep" / "20261129-130000-dddddd"
+    torn.mkdir(parents=True)
+    (torn / "run.json").write_text('{"run_id": "20261129-130000-dddddd", "sta')
+    history = RecordsBench().history()
+    assert [(r.run_id, r.outcome) for r in history] == [("20261129-120000-cccccc", "failed (interrupted)"),
+                                                         ("20261129-110000-bbbbbb", "failed (errors)"),
+                                                         ("20261129-100000-aaaaaa", "completed/pass")]
+    assert history[2].headline == "decode_tok_s_p50=131.00" and history[2].target == "qwen3.5-35b-a3b"
+    detail = RecordsBench().detail(history[2])
+    assert detail.params == {"max_tokens": 128} and detail.rows[0][:3] == ("decode", "4/4", "131.0")
+    with pytest.raises(MetralError, match="cannot read the record"):
+        read_detail(RunSummary("20261129-130000-dddddd", "sweep", None, "?", "-", "?", "-", str(torn / "run.json")))
 
 
 def test_core_bench_schema_checks_and_records(isolated_env: Path) -> None:

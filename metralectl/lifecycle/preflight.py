@@ -1,0 +1,167 @@
+"""What can refuse a launch or a swap, decided in one place from what was observed.
+
+`observe()` looks (the image, the weights cache, the containers, the port) and changes nothing;
+`launch_refusal()` and `swap_refusal()` are pure: the facts and the options in, the first refusal
+out. `launch.preflight()` and `swap.swap()` raise what they answer before staging anything; the
+dashboard's confirmation (tui/plans.py) shows the same answer before the operator says yes, so a plan
+never promises what the launch would refuse, nor refuses what it would do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from metralectl.seams.ports import port_free  # the one bind probe (doctor uses it too)
+from metralectl.core.labels import LABEL_OWNER, LABEL_RANK, LABEL_RECIPE
+from metralectl.core.render import ContainerSpec, owner
+from metralectl.errors import MetralError
+
+if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
+    from metralectl.core.recipe import Recipe
+    from metralectl.lifecycle.launch import LaunchOptions
+    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker_runtime import ContainerInfo, ImageState
+
+@dataclass(frozen=True)
+class Facts:
+    """What a launch's refusals depend on, observed once."""
+
+    image: ImageState | None  # None: not looked at (Docker unreachable)
+    image_error: MetralError | None  # what images.image_preflight says of the image as it is now
+    image_pullable: bool  # absent, and a pull would bring it (not built from source, the platform fits)
+    weights_status: str  # hfcache: complete | present | partial | absent
+    weights_error: MetralError | None  # what weights.weights_preflight says of the cache as it is now
+    same_name: ContainerInfo | None  # a container holding the name the recipe renders to
+    others: tuple[ContainerInfo, ...]  # another user's models that run
+    running: tuple[ContainerInfo, ...]  # ours that run
+    port_free: bool | None = None  # None: not probed
+
+
+@dataclass(frozen=True)
+class Refusal:
+    error: MetralError
+    fix: str | None = None  # "pull-image"/"pull-weights": staging would fix it; "swap": a model is served;
+    # "run": nothing is served to swap (run it instead)
+
+
+def observe(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec, *,
+            cpu_arch: str | None = None, probe_port: bool = False) -> Facts:
+    """Look at everything the refusals need; change nothing."""
+    from metralectl.core import images
+    from metralectl.seams import hfcache, machine, weights
+
+    info = catalog.image_for(recipe)
+    state = runtime.image_state(info.ref, info.revision_label)
+    arch = cpu_arch or machine.cpu_arch()
+    image_error: MetralError | None = images.check_platform(state, info, arch)
+    pullable = image_error is None and not state.present and info.build is None
+    if image_error is None:
+        try:
+            images.image_preflight(info, runtime, arch, recipe.name)
+        except MetralError as exc:
+            image_error = exc
+    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    weights_error: MetralError | None = None
+    if cache.status != "complete":
+        try:
+            weights.weights_preflight(recipe)
+        except MetralError as exc:
+            weights_error = exc
+    others = tuple(c for c in runtime.containers(mine=False) if c.running and c.owner != owner())
+    running = tuple(c for c in runtime.containers() if c.running)
+    free = port_free(spec.bind, spec.port) if probe_port and not running else None
+    return Facts(state, image_error, pullable, cache.status, weights_error, runtime.inspect(spec.name), others, running,
+                 free)
+
+
+def multi_rank_refusal(recipe: Recipe) -> Refusal | None:
+    if not recipe.multi_rank:
+        return None
+    return Refusal(MetralError(
+        f"{recipe.name} needs {recipe.resources.world_size} ranks on {recipe.resources.nodes} nodes; "
+        "name the worker node's Docker endpoint",
+        f"`metralectl run {recipe.name} --worker CONTEXT|ssh://user@host` (docs/multinode.md); "
+        f"`metralectl run {recipe.name} --print --rank N` shows each rank's command"))
+
+
+def staging_refusal(options: LaunchOptions, facts: Facts) -> Refusal | None:
+    """The image and the weights: what staging cannot fix, or may not (options.pull False)."""
+    if facts.image_error is not None and not (facts.image_pullable and options.pull):
+        return Refusal(facts.image_error, "pull-image" if facts.image_pullable else None)
+    if not options.check_weights or facts.weights_error is None or facts.weights_status == "present":
+        return None  # present but not verified: a warning at staging, not a refusal
+    downloadable = facts.weights_status in ("absent", "partial")
+    if downloadable and options.pull:
+        return None
+    return Refusal(facts.weights_error, "pull-weights" if downloadable else None)
+
+
+def containers_refusal(recipe: Recipe, spec: ContainerSpec, options: LaunchOptions, same_name: ContainerInfo | None,
+                       others: Sequence[ContainerInfo], running: Sequence[ContainerInfo], *,
+                       where: str = "") -> Refusal | None:
+    """A foreign container holding spec's name, another user's model, or (without --replace) one of ours serving.
+    `running`: ours that run, less those the caller replaces anyway. `where` names the node."""
+    if same_name is not None and (not same_name.managed or same_name.labels.get(LABEL_OWNER) != owner()):
+        who = "is not metralectl's" if not same_name.managed else f"belongs to {same_name.labels.get(LABEL_OWNER)}"
+        return Refusal(MetralError(
+            f"a container named {spec.name} already exists{where} and {who}; metralectl will not touch it",
+            f"remove or rename it yourself (`docker rm {spec.name}`), or serve under another recipe name"))
+    if others:
+        names = ", ".join(f"{c.name} (owner {c.owner})" for c in others)
+        return Refusal(MetralError(f"another user's model is being served{where}: {names}; metralectl will not stop it",
+                                   "ask its owner to stop it (`metralectl stop`) first"))
+    if running and not options.replace:
+        names = ", ".join(f"{c.name} ({c.labels.get(LABEL_RECIPE, '?')})" for c in running)
+        hint = ("`run --replace` stops it first" if recipe.multi_rank else
+                f"`metralectl swap {recipe.name}` replaces it with rollback; `run --replace` stops it first")
+        return Refusal(MetralError(f"a model is already being served by metralectl{where}: {names}", hint), "swap")
+    return None
+
+
+def port_refusal(spec: ContainerSpec, free: bool | None, running: Sequence[ContainerInfo]) -> Refusal | None:
+    """Only when none of ours runs: a --replace frees the port of the one it stops."""
+    if running or free is not False:
+        return None
+    return Refusal(MetralError(
+        f"port {spec.port} on {spec.bind} is already in use by another program",
+        f"free it (`ss -ltnp 'sport = :{spec.port}'` shows who holds it) or `--set resources.port=N`"))
+
+
+def launch_refusal(recipe: Recipe, spec: ContainerSpec, options: LaunchOptions, facts: Facts, *,
+                   ignore_running: tuple[str, ...] = ()) -> Refusal | None:
+    """The first reason this launch would be refused, in the order the launch meets them; None: it may go."""
+    running = [c for c in facts.running if c.name not in ignore_running]
+    return (multi_rank_refusal(recipe) or staging_refusal(options, facts)
+            or containers_refusal(recipe, spec, options, facts.same_name, facts.others, running)
+            or port_refusal(spec, facts.port_free, running))
+
+
+def swap_refusal(new: Recipe, new_sets: Sequence[str], running: Sequence[ContainerInfo],
+                 served_sets: Sequence[str] = ()) -> Refusal | None:
+    """Why a swap to `new` cannot start from what is served (ours that run; `served_sets`: the --set overrides
+    the served one was started with); None: there is exactly one model to replace, and it is another."""
+    if not running:
+        return Refusal(MetralError("metralectl is not serving anything to swap", "`metralectl run RECIPE` starts one"),
+                       "run")
+    if len(running) > 1:
+        names = ", ".join(f"{c.labels.get(LABEL_RECIPE, '?')} ({c.name})" for c in running)
+        return Refusal(MetralError(f"more than one metralectl container runs ({names}); swap needs exactly one",
+                                   "`metralectl stop RECIPE` the extra one first"))
+    if new.multi_rank:
+        return Refusal(MetralError(f"{new.name} needs {new.resources.world_size} ranks; hot swap is single-node "
+                                   "(the engine's rule)",
+                                   "stop the current model and launch the multi-rank recipe directly"))
+    old = running[0]
+    served = old.labels.get(LABEL_RECIPE, old.name)
+    if LABEL_RANK in old.labels:
+        return Refusal(MetralError(f"{served} is served by several ranks on several nodes; hot swap is single-node "
+                                   "(the engine's rule)",
+                                   f"`metralectl stop {served}` (every rank), then `metralectl run {new.name}`"))
+    if served == new.name and sorted(served_sets) == sorted(new_sets):
+        return Refusal(MetralError(f"{new.name} is already the served model, with these settings",
+                                   f"`--set KEY=VALUE` swaps to it with other settings; `metralectl stop` then "
+                                   f"`metralectl run {new.name}` restarts it"))
+    return None

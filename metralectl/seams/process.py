@@ -1,0 +1,94 @@
+"""This host's processes and signals: whether a recorded pid still runs, and SIGTERM handled like Ctrl-C.
+
+Two pid questions, because `kill(pid, 0)` answers three ways (runs and ours, runs but another user's,
+gone) and callers need different halves of it:
+
+  pid_alive(pid)    some process has that pid now (EPERM counts: it runs, we may not signal it).
+                    For "did the process that wrote this record die?": a record's writer under
+                    another account is still running.
+  pid_is_ours(pid)  a process of this user has that pid. For "is OUR agent (or helper) still
+                    there?": after a reboot or a long time the pid can belong to another user's
+                    process, and EPERM must then read as "not our agent" (never send it our token).
+
+Neither can tell a recycled pid of this same user from the original process; callers that care
+confirm with the process itself (the agent answers on its port).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from types import FrameType
+
+
+def _probe(pid: int) -> str:
+    """'ours', 'foreign' (exists, another user's) or 'gone'."""
+    if pid <= 0:
+        return "gone"  # 0 and negatives address process groups, never one recorded process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        return "foreign"
+    return "ours"
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether any process, of any user, has this pid now."""
+    return pid is not None and _probe(pid) != "gone"
+
+
+def pid_is_ours(pid: int | None) -> bool:
+    """Whether a process this user may signal has this pid now (another user's process is not ours)."""
+    return pid is not None and _probe(pid) == "ours"
+
+
+# -- signals ------------------------------------------------------------------------------------------
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _handling(signals: tuple[signal.Signals, ...],
+              handler: Callable[[int, FrameType | None], None]) -> Iterator[bool]:
+    """Install handler for signals, restore the previous handlers afterwards. Python delivers signals
+    to the main thread only and refuses signal.signal() elsewhere: off it this does nothing, and
+    yields False so a caller can tell."""
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    try:
+        for sig in signals:
+            signal.signal(sig, handler)
+        yield True
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)  # None: set outside Python
+
+
+def sigterm_as_interrupt() -> AbstractContextManager[bool]:
+    """For the duration, SIGTERM (a service manager, `kill`) raises KeyboardInterrupt as Ctrl-C does, so
+    the same cleanup runs; the previous handler is back afterwards."""
+    return _handling((signal.SIGTERM,), _raise_interrupt)
+
+
+def on_stop_signals(callback: Callable[[], None]) -> AbstractContextManager[bool]:
+    """For the duration, SIGTERM and SIGINT call callback() instead (a server's graceful stop: it
+    sets a flag its main loop watches); the previous handlers are back afterwards."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        callback()
+
+    return _handling((signal.SIGTERM, signal.SIGINT), handler)
+
+
+def sigterm_as_interrupt_until_exit() -> None:
+    """SIGTERM raises KeyboardInterrupt from now until the process exits: for a one-shot CLI command
+    whose body is not one `with` block. Prefer `with sigterm_as_interrupt():`."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
