@@ -250,8 +250,9 @@ class RawTransport:
         """One request. Sent on an idle kept-alive connection (when one is fit: `_take_idle`) and answered by
         nothing at all, it is sent once more on a fresh connection: the server closed the connection before
         taking the request (llama-server closes some right after a streamed response), so it was never
-        processed. urllib3 and Go's net/http retry exactly this case. A request that got any byte back, that
-        timed out, or that failed on a fresh connection is never sent again."""
+        processed (RFC 9112 §9.3.1; Go's net/http retries it for replayable requests, and a benchmark's
+        request changes nothing beyond the work it asks for). A request that got any byte back, that timed
+        out, or that failed on a fresh connection is never sent again."""
         raw = raw if raw is not None else RawResponse(perf_ns())
         data = self._head + str(len(body)).encode() + b"\r\n\r\n" + body
         async with self._slots:
