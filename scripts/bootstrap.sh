@@ -25,6 +25,11 @@ command -v fish >/dev/null || need+=(fish)
 # headless, driven by Selenium through Debian's own chromedriver: nothing is downloaded)
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
+# cmake + ninja-build + g++: llama.cpp's llama-server is built from source for the real-engine tests
+# (scripts/build-llama-server.sh; no registry serves its image here)
+command -v cmake >/dev/null || need+=(cmake)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v g++ >/dev/null || need+=(g++)
 if [ ${#need[@]} -gt 0 ]; then
   if as_root true 2>/dev/null; then
     as_root apt-get update -qq
@@ -35,7 +40,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # tests/realengines/requirements.txt: the real-engine tests' packages (Hugging Face `transformers serve`
-# on CPU: torch, transformers, fastapi, uvicorn, openai). Test-only, never metralectl's dependencies;
+# on CPU: torch, transformers, fastapi, uvicorn, openai; `gguf` for llama.cpp's test model). Test-only, never metralectl's dependencies;
 # resolved together with ours so neither side downgrades the other. METRALECTL_SKIP_REALENGINES=1
 # leaves them out (those tests then skip, except under CI where they fail).
 realengines=(-r tests/realengines/requirements.txt)

@@ -279,6 +279,8 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
     health = {"loop_lag_ms": summarize(lag), "cpu_s": round(cpu_s, 4), "cpu_frac": round(cpu_s / wall, 4),
               "wall_s": round(wall, 4), "dispatch_slip_ms": summarize(slips) if spec.open_loop else None,
               "queued_arrivals": queued, "workers": 1,
+              # raw transports: idle connections found closed, not reused
+              "idle_closed": getattr(tr, "idle_closed", None),
               "filler_stopped": state.stopped if state.stopped and not state.aborted else None}
     raws = [raw for *_, raw, _ in state.records] if keep_raw else []
     return WorkerOutcome(results, window, health, t0, cancelled, raws, t0_unix_ns, state.aborted, drain_timed_out)

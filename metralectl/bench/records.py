@@ -172,7 +172,7 @@ def export_requests_csv(lines: list[dict[str, Any]]) -> str:
     cols = ["stage", "index", "worker", "phase", "tag", "ok", "status", "error_kind", "error", "response_id", "model",
             "t_send_us", "t_sched_us", "ttft_ms", "ttft_content_ms", "tpot_ms", "e2e_ms", "decode_tok_s",
             "output_tokens", "asked_tokens", "reasoning_tokens", "prompt_tokens", "expected_prompt_tokens",
-            "count_method", "finish_reason", "done", "end", "events"]
+            "count_method", "finish_reason", "done", "end", "events", "retried", "retry_ms"]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(cols)

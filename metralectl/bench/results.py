@@ -70,6 +70,12 @@ class RequestResult:
     late_stamps: int = 0
     stamp_err_ms: list[float] | None = None
     ttft_err_ms: float | None = None
+    # sent again on a fresh connection after its kept-alive connection ended before any response byte
+    # (RawResponse.retried): every time above is from the second send; retry_ms is from the first send
+    # to the second (noticing the closed connection and connecting anew), retry_reason how the first ended
+    retried: bool = False
+    retry_ms: float | None = None
+    retry_reason: str | None = None
     token_ns: list[int] = field(default_factory=list, repr=False)  # absolute token arrival times
     first_n: int = 0
 
@@ -97,6 +103,9 @@ def analyse(raw: RawResponse, *, index: int, worker: int, phase: str, t_sched: i
             asked_tokens: int | None = None, counter: Counter | None = None) -> RequestResult:
     res = RequestResult(index, worker, phase, t_sched, raw.t_send, False, raw.status, raw.error, tag=tag,
                         expected_prompt_tokens=expected_prompt_tokens, asked_tokens=asked_tokens, end=raw.end)
+    if raw.retried:
+        res.retried, res.retry_reason = True, raw.retry_reason
+        res.retry_ms = None if raw.first_send is None else round((raw.t_send - raw.first_send) / NS_PER_MS, 3)
     if raw.status is not None and raw.status != 200:
         body = b"".join(p for _, p in raw.pieces)[:600].decode(errors="replace")
         res.error = f"HTTP {raw.status}: {_error_message(body)}"
@@ -297,6 +306,7 @@ def aggregate(results: list[RequestResult], window: tuple[int, int] | None) -> d
         methods[r.count_method] = methods.get(r.count_method, 0) + 1
     out["count_methods"] = methods
     out["done_marker_missing"] = sum(1 for r in ok if not r.done)
+    out["retried"] = sum(1 for r in measured if r.retried)
     out["short_outputs"] = sum(1 for r in ok if r.short)
     models: dict[str, int] = {}
     for r in measured:

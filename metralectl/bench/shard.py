@@ -180,6 +180,7 @@ def merge(outcomes: list[WorkerOutcome], *, cancelled: bool = False, errors: lis
         "wall_s": max((h["wall_s"] for h in per), default=None),
         "dispatch_slip_ms": _worst(per, "dispatch_slip_ms"),
         "queued_arrivals": sum(h.get("queued_arrivals", 0) for h in per),
+        "idle_closed": sum(h.get("idle_closed") or 0 for h in per),
         "per_worker": per,
         "worker_errors": errors or [],
     }

@@ -50,6 +50,18 @@ class RawResponse:
     # kernel-stamped reads only, per read: (its stamp: the arrival of its newest bytes, the arrival of its
     # oldest bytes or -1 when the read did not peek, ns from the stamp to the read)
     reads: list[tuple[int, int, int]] = field(default_factory=list)
+    # Sent a second time, on a fresh connection: the kept-alive connection it was first sent on ended
+    # before any byte of a response (the server never took the request). Everything above is then the
+    # second attempt's, t_send included; first_send is when the first attempt was sent.
+    retried: bool = False
+    first_send: int | None = None
+    retry_reason: str | None = None
+
+    def restart(self, reason: str) -> None:
+        """Forget the unanswered first attempt before it is sent again (see `retried`)."""
+        self.retried, self.first_send, self.retry_reason = True, self.t_send, reason
+        self.status = self.t_headers = self.error = self.t_done = self.end = None
+        self.pieces, self.reads = [], []
 
 
 @dataclass

@@ -4,7 +4,9 @@
 read is a recvmsg with SO_TIMESTAMPNS: the kernel's arrival time, which a busy event loop or a vCPU
 waking from idle cannot shift (_KConn). Elsewhere, and for https or `raw-nostamp`, an asyncio Protocol
 stamps perf_counter_ns in data_received (_Conn). Either way the bytes are de-chunked and kept with
-their stamp; no StreamReader, no per-read future, no line splitting.
+their stamp (framing.py); no StreamReader, no per-read future, no line splitting. An idle connection is
+checked before reuse, and a request that a reused connection answered with nothing is sent once more on
+a fresh one (RawTransport.stream; docs/bench.md, "Kept-alive connections the server closes").
 Measured (benchmarks/bench_client.py, docs/bench.md): within 0.5/2 ms (p50/p99) up to ~37k events/s
 in one process at 18.5 µs of CPU per event; raw-nostamp is 0.26 ms late at p50 even at one stream;
 httpx stops keeping up near 6k events/s, aiohttp keeps up but is milliseconds late (transport_alt).
@@ -22,8 +24,8 @@ from collections.abc import Mapping
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from metralectl.bench.sse import (END_CANCELLED, END_CLOSED, END_COMPLETE, END_CONNECT, END_LOST, END_TIMEOUT,
-                                  RawResponse)
+from metralectl.bench.framing import Framer as _Framer
+from metralectl.bench.sse import END_CANCELLED, END_CLOSED, END_CONNECT, END_LOST, END_TIMEOUT, RawResponse
 from metralectl.errors import UsageError
 
 TRANSPORTS = ("raw", "raw-nostamp", "httpx", "aiohttp")
@@ -57,139 +59,6 @@ def make_transport(name: str, url: str, path: str, pool: int, headers: Mapping[s
     raise UsageError(f"unknown transport {name!r}", f"one of: {', '.join(TRANSPORTS)}")
 
 
-class _Framer:
-    """HTTP/1.1 response framing, incrementally, only to know where a response ends (no parsing of the body)."""
-
-    def __init__(self) -> None:
-        self.raw: RawResponse | None = None
-        self.waiter: asyncio.Future[None] | None = None
-        self.alive = True
-        self._head = b""
-        self._mode = ""  # "" headers pending | "chunked" | "length" | "eof"
-        self._left = 0  # length mode: body bytes still due; chunked: bytes of the current chunk still due
-        self._buf = b""  # chunked: unconsumed framing bytes
-        self._keep = True
-
-    def begin(self, raw: RawResponse, waiter: asyncio.Future[None]) -> None:
-        self.raw, self.waiter = raw, waiter
-        self._head, self._mode, self._left, self._buf, self._keep = b"", "", 0, b"", True
-
-    def close_transport(self) -> None:
-        raise NotImplementedError
-
-    async def send(self, raw: RawResponse, data: bytes, waiter: asyncio.Future[None]) -> None:
-        raise NotImplementedError
-
-    def feed(self, t: int, data: bytes) -> None:
-        raw = self.raw
-        if raw is None:
-            return
-        if not self._mode:
-            self._head += data
-            end = self._head.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            data = self._head[end + 4:]
-            self._headers(self._head[:end], raw, t)
-            if self.raw is None:  # a bad head ended this response
-                return
-        if self._mode == "chunked":
-            self._chunked(t, data, raw)
-        elif self._mode == "length":
-            if data:
-                raw.pieces.append((t, data[: self._left]))
-                self._left -= len(data)
-            if self._left <= 0:
-                self._finish(None)
-        elif data:
-            raw.pieces.append((t, data))
-
-    def _headers(self, head: bytes, raw: RawResponse, t: int) -> None:
-        raw.t_headers = t
-        lines = head.split(b"\r\n")
-        try:
-            raw.status = int(lines[0].split(b" ", 2)[1])
-        except (IndexError, ValueError):
-            self._finish(f"bad HTTP status line: {lines[0][:80]!r}", fatal=True, end=END_LOST)
-            return
-        fields = {}
-        for line in lines[1:]:
-            k, _, v = line.partition(b":")
-            fields[k.strip().lower()] = v.strip().lower()
-        self._keep = fields.get(b"connection") != b"close"
-        if b"chunked" in fields.get(b"transfer-encoding", b""):
-            self._mode = "chunked"
-        elif b"content-length" in fields:
-            try:
-                self._mode, self._left = "length", int(fields[b"content-length"])
-            except ValueError:
-                self._finish(f"bad Content-Length: {fields[b'content-length'][:40]!r}", fatal=True, end=END_LOST)
-                return
-            if self._left == 0:
-                self._finish(None)
-        else:
-            self._mode, self._keep = "eof", False
-
-    def _chunked(self, t: int, data: bytes, raw: RawResponse) -> None:
-        buf = self._buf + data if self._buf else data
-        pos = 0
-        n = len(buf)
-        while pos < n:
-            if self._left > 0:
-                take = min(self._left, n - pos)
-                raw.pieces.append((t, buf[pos:pos + take]))
-                pos += take
-                self._left -= take
-                if self._left == 0:
-                    self._left = -2  # the CRLF after the chunk's data
-                continue
-            if self._left < 0:
-                skip = min(-self._left, n - pos)
-                pos += skip
-                self._left += skip
-                continue
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            try:
-                size = int(buf[pos:eol].split(b";", 1)[0], 16)
-            except ValueError:
-                self._finish(f"bad chunk size line: {buf[pos:eol][:40]!r}", fatal=True, end=END_LOST)
-                return
-            if size == 0:
-                rest = buf[eol + 2:]
-                if rest.startswith(b"\r\n") or b"\r\n\r\n" in rest:  # end (trailers, if any, are ignored)
-                    self._buf = b""
-                    self._finish(None)
-                    return
-                break
-            pos, self._left = eol + 2, size
-        self._buf = buf[pos:]
-
-    def _finish(self, error: str | None, *, fatal: bool = False, end: str = END_COMPLETE) -> None:
-        raw, waiter = self.raw, self.waiter
-        self.raw = self.waiter = None
-        if raw is not None:
-            raw.t_done = perf_ns()
-            raw.error = raw.error or error
-            raw.end = raw.end or end
-        if fatal or not self._keep:
-            self.alive = False
-            self.close_transport()
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def lost(self, exc: BaseException | None) -> None:
-        self.alive = False
-        if self.raw is not None:
-            if self._mode == "eof" and exc is None:
-                self._finish(None)  # EOF is this response's framing
-            elif exc is None:
-                self._finish(None, end=END_CLOSED)  # complete or truncated: its events decide
-            else:
-                self._finish(f"connection lost: {exc}", end=END_LOST)
-
-
 class _Conn(_Framer, asyncio.Protocol):
     """Portable connection: the stamp is taken when asyncio hands us the bytes."""
 
@@ -216,6 +85,12 @@ class _Conn(_Framer, asyncio.Protocol):
     def close_transport(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def fileno(self) -> int:
+        if self.transport is None or self.transport.is_closing():
+            return -1
+        sock = self.transport.get_extra_info("socket")
+        return -1 if sock is None else int(sock.fileno())
 
 
 class _Clock:
@@ -270,7 +145,10 @@ class _KConn(_Framer):
             self.lost(exc)
             return
         if sent < len(data):
-            await self.loop.sock_sendall(self.sock, data[sent:])
+            try:
+                await self.loop.sock_sendall(self.sock, data[sent:])
+            except OSError as exc:
+                self.lost(exc)
 
     def _readable(self) -> None:
         while True:
@@ -315,6 +193,9 @@ class _KConn(_Framer):
             self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
 
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
 
 class RawTransport:
     def __init__(self, url: str, path: str, pool: int, headers: Mapping[str, str] | None = None,
@@ -331,6 +212,7 @@ class RawTransport:
         self.pool = pool
         self._idle: list[_Framer] = []
         self._open = 0
+        self.idle_closed = 0  # idle connections found closed (or unfit) when a request wanted one
         self._slots = asyncio.Semaphore(pool)
         self.kernel_stamps = kernel_stamps and self.ssl is None and sys.platform == "linux"
         self._clock = _Clock() if self.kernel_stamps else None
@@ -350,7 +232,11 @@ class RawTransport:
                 self._open -= 1
                 raise
             return _KConn(sock, loop, self._clock)
-        _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=self.ssl)
+        try:
+            _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=self.ssl)
+        except OSError:
+            self._open -= 1
+            raise
         return conn
 
     async def open(self, prewarm: int) -> None:
@@ -361,36 +247,61 @@ class RawTransport:
         self._idle.extend(c for c in conns if isinstance(c, _Framer))
 
     async def stream(self, body: bytes, timeout_s: float, raw: RawResponse | None = None) -> RawResponse:
+        """One request. Sent on an idle kept-alive connection (when one is fit: `_take_idle`) and answered by
+        nothing at all, it is sent once more on a fresh connection: the server closed the connection before
+        taking the request (llama-server closes some right after a streamed response), so it was never
+        processed (RFC 9112 §9.3.1; Go's net/http retries it for replayable requests, and a benchmark's
+        request changes nothing beyond the work it asks for). A request that got any byte back, that timed
+        out, or that failed on a fresh connection is never sent again."""
         raw = raw if raw is not None else RawResponse(perf_ns())
+        data = self._head + str(len(body)).encode() + b"\r\n\r\n" + body
         async with self._slots:
-            conn = None
-            while self._idle and conn is None:
-                candidate = self._idle.pop()
-                if candidate.alive:
-                    conn = candidate
+            conn = self._take_idle()
+            reused = conn is not None
+            while True:
+                try:
+                    if conn is None:
+                        conn = await self._connect()
+                except OSError as exc:
+                    raw.error, raw.end = f"connect failed: {exc}", END_CONNECT
+                    raw.t_done = perf_ns()
+                    return raw
+                await self._exchange(conn, raw, data, timeout_s)
+                unanswered = not conn.answered and raw.end in (END_CLOSED, END_LOST)
+                if conn.alive:
+                    self._idle.append(conn)
                 else:
-                    self._open -= 1
-            try:
-                if conn is None:
-                    conn = await self._connect()
-            except OSError as exc:
-                raw.error, raw.end = f"connect failed: {exc}", END_CONNECT
-                raw.t_done = perf_ns()
-                return raw
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            try:
-                await conn.send(raw, self._head + str(len(body)).encode() + b"\r\n\r\n" + body, waiter)
-                await asyncio.wait_for(waiter, timeout_s)
-            except asyncio.TimeoutError:
-                conn._finish(f"timed out after {timeout_s:g} s", fatal=True, end=END_TIMEOUT)
-            except asyncio.CancelledError:
-                conn._finish("cancelled", fatal=True, end=END_CANCELLED)
-                raise
-            if conn.alive:
-                self._idle.append(conn)
-            else:
-                self._open -= 1
-        return raw
+                    self._retire(conn)
+                if not (reused and unanswered):
+                    return raw
+                raw.restart(raw.error or "the server closed the kept-alive connection before answering")
+                conn, reused = None, False
+
+    async def _exchange(self, conn: _Framer, raw: RawResponse, data: bytes, timeout_s: float) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            await conn.send(raw, data, waiter)
+            await asyncio.wait_for(waiter, timeout_s)
+        except asyncio.TimeoutError:
+            conn._finish(f"timed out after {timeout_s:g} s", fatal=True, end=END_TIMEOUT)
+        except asyncio.CancelledError:
+            conn._finish("cancelled", fatal=True, end=END_CANCELLED)
+            raise
+
+    def _take_idle(self) -> _Framer | None:
+        """The most recently used idle connection that is still open and has nothing to read."""
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.alive and not conn.dropped():
+                return conn
+            self.idle_closed += 1
+            self._retire(conn)
+        return None
+
+    def _retire(self, conn: _Framer) -> None:
+        conn.alive = False
+        conn.close_transport()
+        self._open -= 1
 
     async def close(self) -> None:
         for conn in self._idle:

@@ -86,6 +86,10 @@ class _Progress:
                 note(style(f"  ✘ {counts}", "31", err))
                 for kind in event.data.get("errors") or []:
                     note(style(f"    {kind['kind']} ×{kind['count']}: {clean(kind['example'], 160)}", "31", err))
+            if a.get("retried"):
+                note(style(f"  · {a['retried']} sent again on a fresh connection: the server closed a "
+                           "kept-alive connection before answering (timed from the second send; `retried` "
+                           "per request)", "2", err))
             for key, label in (("aborted", ""), ("invalid", "invalid: "), ("drain_timed_out", "")):
                 value = event.data.get(key)
                 if value:

@@ -107,6 +107,10 @@ def _dialect_lines(record: Mapping[str, Any]) -> list[str]:
         out.append("tokens    counted one per stream event (the server reported no usage): a lower bound")
     elif any(m.startswith("tokenizer") for m in methods):
         out.append("tokens    counted with the tokenizer given (the server reported no usage)")
+    retried = sum((s.get("summary") or {}).get("retried") or 0 for s in record.get("stages") or [])
+    if retried:
+        out.append(f"requests  {retried} sent again on a fresh connection: the server closed a kept-alive "
+                   "connection before answering them (timed from the second send)")
     missing = sum((s.get("summary") or {}).get("done_marker_missing") or 0 for s in record.get("stages") or [])
     if missing:
         out.append(f"streams   {missing} ended without data: [DONE] after their finish chunk (counted complete)")

@@ -13,6 +13,11 @@ Each habit is an option, taken from a server seen in the field:
   fail_every      every k-th completion request gets HTTP 500 (the others succeed)
   switch_after    after this many completion requests, /v1/models and the chunks name `model_b`
   events_per_write  token events written together in one write() (a server that batches)
+  close_after_stream  after a complete streamed response, wait this many seconds and close the kept-alive
+                  connection without `Connection: close` and without reading what came meanwhile
+                  (llama.cpp's llama-server, tests/real_llamacpp/README.md)
+  drop            these requests (1-based count) are read and then answered by a close, no byte sent
+  reset_request   this request gets its head and two token events, then a TCP reset (SO_LINGER 0)
 Stdlib only; runs in a thread of the test process on 127.0.0.1.
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -45,6 +51,9 @@ class Habits:
     fail_every: int | None = None
     switch_after: int | None = None
     events_per_write: int = 1
+    close_after_stream: float | None = None
+    drop: tuple[int, ...] = ()
+    reset_request: int | None = None
     itl_s: float = 0.002
     ttft_s: float = 0.005
     model: str = "quirky-a"
@@ -54,6 +63,7 @@ class Habits:
 @dataclass
 class Seen:
     completions: int = 0
+    connections: int = 0
     refused: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -65,6 +75,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.seen.lock:
+            self.server.seen.connections += 1
 
     def _json(self, status: int, obj: Any) -> None:
         data = json.dumps(obj).encode()
@@ -107,6 +122,10 @@ class _Handler(BaseHTTPRequestHandler):
         with seen.lock:
             seen.completions += 1
             number = seen.completions
+        if number in h.drop:
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         if h.fail_every and number % h.fail_every == 0:
             self._json(500, {"error": {"message": "internal error (every k-th request)"}})
             return
@@ -150,6 +169,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
+            if h.reset_request == number and i == 2:
+                if pending:
+                    write(pending)
+                time.sleep(0.3)  # the client has read what came: a reset discards what it has not
+                self.close_connection = True
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.connection.close()
+                return
             if h.error_event is not None and i == h.error_event:
                 write([*pending, {"error": {"message": "CUDA error: an illegal memory access", "code": 500}}])
                 self._end()
@@ -169,10 +196,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._end()
 
     def _end(self) -> None:
-        if self.server.habits.end == "chunked":
+        h = self.server.habits
+        if h.end == "chunked":
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         else:
+            self.close_connection = True
+        if h.close_after_stream is not None:
+            time.sleep(h.close_after_stream)
             self.close_connection = True
 
 

@@ -1,0 +1,213 @@
+"""Write a tiny random-weight Llama as a Q8_0 GGUF into a Hugging Face cache, offline and deterministically.
+
+TEST FIXTURE for the real llama.cpp `llama-server` (tests/integration/test_llamacpp_real.py). Standalone
+(stdlib + numpy + the `gguf` package, no metralectl):
+
+    python3 tests/real_llamacpp/build_tiny_gguf.py --hf-cache DIR [--json]
+
+lays the model out the way `huggingface_hub` leaves a download, so `llama-server -hf REPO:Q8_0 --offline`
+with HF_HUB_CACHE=DIR finds it as it would a user's cache:
+
+    DIR/models--metralectl-test--tiny-llama-gguf/
+        blobs/<sha256 of the file>
+        snapshots/<40-hex revision>/tiny-llama-gguf-Q8_0.gguf -> ../../blobs/<sha256>
+        refs/main                                  (the revision)
+
+(llama.cpp reads refs/ for a 40-hex commit, then every file under snapshots/<commit>/, and picks the
+.gguf whose name holds `Q8_0` followed by `.` or `-`.) It prints the repo id on stdout (a JSON summary
+with --json). Safe to run again: the same inputs give the same bytes and nothing is rewritten.
+
+The model: llama architecture, 2 layers, hidden 64, 4 heads, FFN 128, linear weights in Q8_0. The
+tokenizer is a GPT-2-style byte-level BPE ("gpt2" / pre-tokenizer "gpt-2"): the 256 byte symbols plus
+merges learned from tests/realengines/corpus.txt (ASCII prose), and ChatML control tokens with a ChatML
+chat template. The output rows of every token except printable-ASCII ones are zero and the others large,
+so greedy or low-temperature decoding only ever emits whole ASCII word pieces: never EOS (outputs run to
+max_tokens, like a benchmark wants) and never half a UTF-8 character (which a server holds back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE.parent / "realengines" / "corpus.txt"
+ORG, NAME = "metralectl-test", "tiny-llama-gguf"
+REPO_ID = f"{ORG}/{NAME}"
+QUANT = "Q8_0"
+FILENAME = f"{NAME}-{QUANT}.gguf"
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+HIDDEN, LAYERS, HEADS, FFN, CONTEXT, MERGES, SEED = 64, 2, 4, 128, 4096, 320, 1234
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
+    "{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# GPT-2's pre-tokenizer, narrowed to ASCII (the corpus is ASCII): contractions, words, numbers, punctuation, spaces
+PRETOKEN = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")
+
+
+def byte_symbols() -> list[str]:
+    """GPT-2's byte -> printable-character table, as a list indexed by byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return [table[b] for b in range(256)]
+
+
+def train_bpe(text: str, n_merges: int) -> tuple[list[str], list[str]]:
+    """Plain BPE over pre-tokenized words: the most frequent adjacent pair merges first, ties broken by the
+    pair's text so every run gives the same merges. Returns (new tokens in merge order, merges "a b")."""
+    sym = byte_symbols()
+    words = Counter(tuple(sym[b] for b in w.encode()) for w in PRETOKEN.findall(text))
+    tokens: list[str] = []
+    merges: list[str] = []
+    seen = set(sym)
+    for _ in range(n_merges):
+        pairs: Counter[tuple[str, str]] = Counter()
+        for word, count in words.items():
+            for a, b in zip(word, word[1:]):
+                pairs[(a, b)] += count
+        if not pairs:
+            break
+        (a, b), _count = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        merges.append(f"{a} {b}")
+        if a + b not in seen:
+            seen.add(a + b)
+            tokens.append(a + b)
+        merged: Counter[tuple[str, ...]] = Counter()
+        for word, count in words.items():
+            out: list[str] = []
+            i = 0
+            while i < len(word):
+                if i + 1 < len(word) and word[i] == a and word[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] += count
+        words = merged
+    return tokens, merges
+
+
+def build_gguf(path: Path) -> dict[str, Any]:
+    import gguf  # the test requirements install it; imported here so --help works without it
+
+    sym = byte_symbols()
+    learned, merges = train_bpe(CORPUS.read_text(encoding="utf-8"), MERGES)
+    tokens = sym + learned + SPECIAL
+    types = [gguf.TokenType.NORMAL] * (len(sym) + len(learned)) + [gguf.TokenType.CONTROL] * len(SPECIAL)
+    ids = {t: i for i, t in enumerate(tokens)}
+    unsym = {s: b for b, s in enumerate(sym)}
+    # tokens the model may emit: every byte of their text is printable ASCII (space included)
+    emit = np.array([t not in SPECIAL and all(0x20 <= unsym[c] < 0x7F for c in t) for t in tokens])
+
+    rng = np.random.default_rng(SEED)
+
+    def normal(*shape: int, std: float = 0.02) -> np.ndarray:
+        return rng.normal(0.0, std, size=shape).astype(np.float32)
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(NAME)
+    writer.add_context_length(CONTEXT)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(LAYERS)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(HEADS)
+    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(ids["<|endoftext|>"])
+    writer.add_eos_token_id(ids["<|im_end|>"])
+    writer.add_pad_token_id(ids["<|endoftext|>"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+    def quantized(name: str, data: np.ndarray) -> None:
+        writer.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
+
+    quantized("token_embd.weight", normal(len(tokens), HIDDEN, std=1.0))
+    for i in range(LAYERS):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            quantized(f"blk.{i}.{part}.weight", normal(HIDDEN, HIDDEN))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+        quantized(f"blk.{i}.ffn_gate.weight", normal(FFN, HIDDEN))
+        quantized(f"blk.{i}.ffn_up.weight", normal(FFN, HIDDEN))
+        quantized(f"blk.{i}.ffn_down.weight", normal(HIDDEN, FFN))
+    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    # logits of the allowed tokens spread over tens of units; the rest stay at exactly 0, far below the top
+    quantized("output.weight", normal(len(tokens), HIDDEN, std=1.0) * emit[:, None].astype(np.float32))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {"vocab": len(tokens), "merges": len(merges), "emittable": int(emit.sum())}
+
+
+def install(hf_cache: Path) -> dict[str, Any]:
+    """Build the GGUF and place it in hf_cache (HF hub layout); returns a summary."""
+    repo_dir = hf_cache / f"models--{ORG}--{NAME}"
+    repo_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=repo_dir) as tmp:
+        built = Path(tmp) / FILENAME
+        stats = build_gguf(built)
+        sha = hashlib.sha256(built.read_bytes()).hexdigest()
+        revision = hashlib.sha1(f"{REPO_ID}@{sha}".encode()).hexdigest()  # a commit-like 40-hex id
+        blob = repo_dir / "blobs" / sha
+        blob.parent.mkdir(exist_ok=True)
+        if not blob.exists():
+            os.replace(built, blob)  # same directory tree: an atomic rename
+    snapshot = repo_dir / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    link = snapshot / FILENAME
+    if not link.is_symlink():
+        link.symlink_to(Path("..") / ".." / "blobs" / sha)
+    (repo_dir / "refs").mkdir(exist_ok=True)
+    ref = repo_dir / "refs" / "main"
+    if not ref.exists() or ref.read_text().strip() != revision:
+        ref.write_text(revision)
+    return {"repo": REPO_ID, "quant": QUANT, "hf_arg": f"{REPO_ID}:{QUANT}", "file": str(link),
+            "revision": revision, "sha256": sha, "bytes": blob.stat().st_size, **stats}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hf-cache", required=True, type=Path, help="the HF hub cache directory (HF_HUB_CACHE)")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the repo id")
+    args = parser.parse_args(argv)
+    summary = install(args.hf_cache)
+    print(json.dumps(summary, indent=2) if args.json else summary["repo"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
