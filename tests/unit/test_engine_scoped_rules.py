@@ -4,6 +4,8 @@ keys and quant words to its own, and a llama.cpp recipe is judged by what llama.
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 from typing import Any
 
 from tests.unit.recipe_helpers import REPO, check, errors, flagship_data, one_error, read
@@ -98,3 +100,30 @@ def test_a_misspelt_llama_flag_gets_a_suggestion_and_the_help_command(tmp_path: 
     assert by_key["serve.flash-atn"].hint == "did you mean `flash-attn`?"
     assert by_key["serve.zzz-unknown"].hint == "see `llama-server --help` for the flag list"
     assert by_key["serve.flash-atn"].line is not None
+
+
+def test_the_fit_estimate_says_which_memory_meaning_it_used() -> None:
+    import dataclasses
+
+    from metralectl.core.fit import estimate
+    from tests.unit.recipe_helpers import catalog
+
+    cat = catalog()
+    llama = cat.recipe("qwen3.5-35b-a3b-llamacpp")
+    model, hw = cat.model_of(llama), cat.hardware["gb10"]
+    est = estimate(llama, model, hw, memory_meaning="none")
+    assert est.memory_meaning == "none" and est.budget.gb == hw.memory_gb(None)
+    assert "takes no memory fraction" in est.budget.basis
+    # 131072 ctx × 10 attention layers × 2 KV heads × 256 head dim × (2 + 2 bytes of f16)
+    assert est.kv_pool.gb == pytest.approx(131072 * 10 * 2 * 256 * 4 / 1e9)
+    q8 = dataclasses.replace(llama, checkpoint=dataclasses.replace(llama.checkpoint, quant="Q8_0"),
+                             serve={**llama.serve, "cache-type-k": "q8_0", "cache-type-v": "q8_0"})
+    est = estimate(q8, model, hw, memory_meaning="none")
+    assert est.weights.gb == pytest.approx(35 * 8.5 / 8) and est.fits is True
+    assert est.kv_pool.gb == pytest.approx(131072 * 10 * 2 * 256 * 2 * 34 / 32 / 1e9)
+    assert estimate(llama, model, hw).weights.gb is None  # UD-Q4_K_XL: a per-model mix, no single bit width
+    flagship = cat.recipe("qwen3.5-35b-a3b")
+    after = estimate(flagship, cat.model_of(flagship), hw, memory_meaning="fraction-of-free-after-weights")
+    assert after.budget.gb is not None and after.weights.gb is not None
+    util = flagship.resources.memory_utilization
+    assert after.budget.gb == pytest.approx(after.weights.gb + (hw.memory_gb(None) - after.weights.gb) * util)
