@@ -84,8 +84,7 @@ def swap_refused(new: Recipe, new_sets: list[str],
     return swap_refusal(new, new_sets, running, served_sets(served) if served else ()), served
 
 
-def drain(url: str, timeout_s: float, on_event: Listener,
-          active_series: tuple[str, ...] = ("metrale_requests_active",)) -> float:
+def drain(url: str, timeout_s: float, on_event: Listener, active_series: tuple[str, ...]) -> float:
     """Wait (bounded) until the engine has no request in flight (its requests-active series); returns the
     seconds waited."""
     started = time.monotonic()

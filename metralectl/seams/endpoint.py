@@ -175,7 +175,7 @@ class EngineClient:
         self.close()
 
 
-def requests_active(metrics_text: str, names: tuple[str, ...] = ("metrale_requests_active",)) -> float | None:
+def requests_active(metrics_text: str, names: tuple[str, ...]) -> float | None:
     """The requests in flight from Prometheus text: the first of the engine's series `names` present
     (its metrics mapping's requests-active; None when none is)."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -85,6 +85,11 @@ def test_llama_metrics_read_through_its_mapping(engines: dict[str, EngineContrac
     assert rates.spec_acceptance == pytest.approx(0.6)
 
 
+def test_the_built_in_fallback_is_metrale_yaml_s_mapping(engines: dict[str, EngineContract]) -> None:
+    from metralectl.telemetry.engine_metrics import METRALE_DEFAULT
+    assert METRALE_DEFAULT.series == engines["metrale"].metrics.series
+
+
 def test_metrale_text_still_reads_as_metrale(engines: dict[str, EngineContract]) -> None:
     text = "metrale_requests_active 3\nmetrale_generation_tokens_total 10\n"
     maps = [c.metrics for c in engines.values()]
@@ -97,7 +102,7 @@ def test_metrale_text_still_reads_as_metrale(engines: dict[str, EngineContract])
 def test_swap_drain_reads_the_engines_own_active_series(engines: dict[str, EngineContract]) -> None:
     names = engines["llama-cpp"].metrics.names("requests-active")
     assert requests_active(_llama_text(active=4), names) == 4
-    assert requests_active(_llama_text(active=4)) is None  # Metrale's name is not in llama.cpp's text
+    assert requests_active(_llama_text(active=4), engines["metrale"].metrics.names("requests-active")) is None
 
 
 def test_warm_up_marker_style_waits_for_its_line(engines: dict[str, EngineContract]) -> None:
