@@ -88,6 +88,8 @@ def drain(url: str, timeout_s: float, on_event: Listener, active_series: tuple[s
     """Wait (bounded) until the engine has no request in flight (its requests-active series); returns the
     seconds waited."""
     started = time.monotonic()
+    shown: float | None = None
+    on_event(Step("draining", f"waiting for requests in flight to finish (up to {timeout_s:g} s)"))
     with EngineClient(url, timeout=1.0) as client:
         while True:
             try:
@@ -96,6 +98,9 @@ def drain(url: str, timeout_s: float, on_event: Listener, active_series: tuple[s
                 active = None
             if not active:
                 break
+            if active != shown:  # the count as it falls, so a long drain is never shown as another step
+                shown = active
+                on_event(Step("draining", f"{active:g} request(s) in flight"))
             if time.monotonic() - started > timeout_s:
                 on_event(Warning_(f"{active:g} request(s) still in flight after {timeout_s:g} s; stopping anyway"))
                 break
