@@ -205,12 +205,16 @@ class DirectServing:
                                 multi=options, on_event=on_event)
 
     def swap(self, change: Change, on_event: Listener) -> SwapResult:
-        from metralectl.lifecycle.swap import repair_if_needed, swap
+        from metralectl.lifecycle.swap import repair_if_needed, swap, swap_after_interruption
 
         _expect(change, "swap")
         catalog = self.catalog()
         recipe = self.resolve(change, catalog)  # refused here, before anything is released
         with self._locked(f"swap to {recipe.name}"), self.runtime() as runtime:
+            resumed = swap_after_interruption(recipe, list(change.sets), catalog, runtime, on_event=on_event,
+                                              options=change.options)
+            if resumed is not None:
+                return resumed
             repair_if_needed(runtime, catalog, on_event=on_event)
             return swap(recipe, list(change.sets), catalog, runtime, on_event=on_event,
                         options=change.options, drain_timeout_s=change.drain_timeout_s, memory=self._memory(runtime))

@@ -133,13 +133,14 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerR
     preflight(new, catalog, runtime, spec, LaunchOptions(replace=True, check_weights=options.check_weights,
                                                          pull=options.pull), on_event,
               ignore_running=(old_container.name,), check_port=False)
-    body = {"old": {"recipe": old.name, "sets": old_sets, "container": old_container.name},
-            "new": {"recipe": new.name, "sets": new_sets, "container": spec.name}}
+    body: dict[str, Any] = {"old": {"recipe": old.name, "sets": old_sets, "container": old_container.name},
+                            "new": {"recipe": new.name, "sets": new_sets, "container": spec.name}}
     phases: dict[str, float] = {}
     _journal("draining", body)
     url = old_container.labels.get(LABEL_ENDPOINT, "")
     active_series = catalog.engines[old.engine].metrics.names("requests-active")
     phases["drain"] = drain(url, drain_timeout_s, on_event, active_series) if url and active_series else 0.0
+    body["stopped_at"] = time.time()  # wall clock: a repair in another process measures the downtime from it
     _journal("stopping-old", body)
     down_from = time.monotonic()
     stop_containers(runtime, [old_container], on_event=on_event, memory=memory)
@@ -215,9 +216,7 @@ def repair_if_needed(runtime: ContainerRuntime, catalog: Catalog, *, on_event: L
         return None
     old, new = journal.get("old", {}), journal.get("new", {})
     running = {c.labels.get(LABEL_RECIPE): c for c in runtime.containers() if c.running}
-    for stale in runtime.containers():
-        if not stale.running:
-            runtime.remove(stale.id, force=True)  # half-started leftovers of the interrupted swap
+    _remove_swap_leftovers(runtime, journal)
     if new.get("recipe") in running and _healthy(running[new["recipe"]]):
         outcome = f"the interrupted swap had finished: {new['recipe']} serves"
     elif old.get("recipe") in running:
@@ -238,12 +237,68 @@ def repair_if_needed(runtime: ContainerRuntime, catalog: Catalog, *, on_event: L
             raise SwapDegraded(f"DEGRADED: restoring {old.get('recipe')} failed: {failure.diagnosis.message}",
                                failure.diagnosis.remedy) from None
         outcome = f"restored {old.get('recipe')} after an interrupted swap"
+    stopped_at = journal.get("stopped_at")
+    downtime = round(time.time() - stopped_at, 3) if isinstance(stopped_at, (int, float)) and "restored" in outcome \
+        else None  # nothing went down (it had not released the old one), or when it did is not known
     store.append_jsonl(swaps_path(), {"from_recipe": old.get("recipe"), "to_recipe": new.get("recipe"),
                                       "outcome": "repaired", "message": outcome, "at": time.time(), "phases": {},
-                                      "downtime_s": 0.0})
+                                      "downtime_s": downtime})
     journal_path().unlink(missing_ok=True)
     on_event(Step("repaired", outcome))
     return outcome
+
+
+def _remove_swap_leftovers(runtime: ContainerRuntime, journal: dict[str, Any]) -> None:
+    """The stopped containers the interrupted swap itself left (its old and new); never another one, such as a
+    start kept with --keep-failed for its owner to read."""
+    names = {str(side.get("container")) for side in (journal.get("old") or {}, journal.get("new") or {})
+             if isinstance(side, dict) and side.get("container")}
+    for stale in runtime.containers():
+        if not stale.running and stale.name in names:
+            runtime.remove(stale.id, force=True)
+
+
+def swap_after_interruption(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerRuntime, *,
+                            on_event: Listener = ignore, options: LaunchOptions = LaunchOptions()) -> SwapResult | None:
+    """An interrupted swap left nothing serving, and the user now swaps to `new`: start it straight away, with
+    the journal's old model as the rollback (restoring the old one first would be a whole boot, only to stop
+    it again). None when the box is not in that state: the usual repair, then the usual swap, apply."""
+    journal = store.read_json(journal_path())
+    if not isinstance(journal, dict) or any(c.running for c in runtime.containers()):
+        return None
+    old_side = journal.get("old") or {}
+    try:
+        old = apply_sets(catalog, catalog.recipe(str(old_side.get("recipe"))), list(old_side.get("sets") or []))
+    except MetralError:
+        return None  # the old recipe is gone from the catalog: the repair says so
+    _remove_swap_leftovers(runtime, journal)
+    port, bind = old.resources.ranks[0].port, old.resources.bind
+    if (new.resources.port, new.resources.bind) != (port, bind):
+        new_sets = [*new_sets, f"resources.port={port}", f"resources.bind={bind}"]
+        new = apply_sets(catalog, catalog.recipe(new.name), new_sets)
+    spec = spec_for(catalog, new)
+    on_event(Step("repair", f"an interrupted swap left nothing serving: starting {new.name} now, "
+                            f"{old.name} stays the rollback"))
+    body = {"old": old_side, "new": {"recipe": new.name, "sets": new_sets, "container": spec.name},
+            "stopped_at": journal.get("stopped_at")}
+    _journal("starting-new", body)
+    stopped_at = journal.get("stopped_at")
+    down_from = time.monotonic() - (time.time() - stopped_at if isinstance(stopped_at, (int, float)) else 0.0)
+    phases: dict[str, float] = {}
+    boot_from = time.monotonic()
+    new_options = LaunchOptions(stall_timeout_s=options.stall_timeout_s, boot_timeout_s=options.boot_timeout_s,
+                                check_weights=options.check_weights, pull=options.pull, sets=tuple(new_sets))
+    try:
+        launched = start_and_wait(new, catalog, runtime, spec, new_options, on_event)
+    except LaunchFailed as failure:
+        phases["boot"] = time.monotonic() - boot_from
+        return _restore(old, list(old_side.get("sets") or []), new, catalog, runtime, body, phases, down_from,
+                        failure, options, on_event)
+    phases["boot"] = time.monotonic() - boot_from
+    result = SwapResult(old.name, new.name, "swapped", time.monotonic() - down_from, phases,
+                        f"{new.name} serves on {launched.url} (after an interrupted swap)", launched.url, launched.model)
+    _finish(result)
+    return result
 
 
 def _healthy(container: ContainerInfo) -> bool:

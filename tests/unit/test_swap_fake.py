@@ -4,6 +4,8 @@ loopback, and the swap keeps the served port. The real-daemon versions are in te
 
 from __future__ import annotations
 
+import time
+
 from typing import Any
 
 import pytest
@@ -166,3 +168,44 @@ def test_ctrl_c_during_a_plain_run_is_a_plain_interrupt() -> None:
         launch(recipe, catalog(), rt, options=LaunchOptions(check_weights=False, pull=False, sets=tuple(sets)),
                on_event=listener)
     assert rt.all() == []
+
+
+SILENT = Boot((Log(PREFIX + "Metrale Engine starting...", after_s=5.0),))  # interrupted before it binds a port
+
+
+def _interrupted_swap(new_boots: tuple[Boot, ...]) -> tuple[FakeRuntime, int]:
+    rt, port = _setup((engine_boot("old/model"), engine_boot("old/model")), new_boots)
+    with pytest.raises(SwapInterrupted):
+        _swap(rt, Recorder(interrupt_on=lambda e: type(e).__name__ == "ContainerStarted"))
+    return rt, port
+
+
+def test_the_swap_after_an_interrupted_one_starts_the_new_model_without_booting_the_old() -> None:
+    from metralectl.lifecycle.swap import swap_after_interruption
+
+    rt, port = _interrupted_swap((SILENT, engine_boot("new/model")))
+    creates_before = [c.name for c in rt.created if c.name == OLD_C]
+    assert len(creates_before) == 1  # the first run
+    listener = Recorder()
+    result = swap_after_interruption(catalog().recipe(NEW), [], catalog(), rt, on_event=listener, options=OPTIONS)
+    assert result is not None and result.outcome == "swapped" and _running(rt) == [(NEW_C, NEW)]
+    assert [c.name for c in rt.created if c.name == OLD_C] == creates_before  # the old model was not booted again
+    assert not journal_path().exists() and result.downtime_s > 0
+    assert f"127.0.0.1:{port}" in result.url  # on the served address
+
+
+def test_repair_keeps_a_kept_failed_container_and_records_the_real_downtime() -> None:
+    rt, port = _interrupted_swap((SILENT,))
+    rt.script("metralectl-qwen3.6-27b-fp8", CRASH)
+    kept_recipe, kept_sets = on_port(catalog(), "qwen3.6-27b-fp8", free_port())
+    with pytest.raises(Exception):
+        launch(kept_recipe, catalog(), rt, options=LaunchOptions(check_weights=False, pull=False, keep_failed=True,
+                                                                 sets=tuple(kept_sets)))
+    kept = [c.name for c in rt.all() if not c.running]
+    assert kept == ["metralectl-qwen3.6-27b-fp8"]
+    time.sleep(0.2)
+    outcome = repair_if_needed(rt, catalog())
+    assert outcome == f"restored {OLD} after an interrupted swap"
+    assert [c.name for c in rt.all() if not c.running] == kept  # the user's kept container is not the swap's
+    record = _last_swap()
+    assert record["outcome"] == "repaired" and record["downtime_s"] is not None and record["downtime_s"] >= 0.2
