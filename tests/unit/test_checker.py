@@ -358,7 +358,7 @@ def test_multi_rank_needs_distinct_ports_and_head_first(tmp_path: Path) -> None:
     ("", "the recipe is empty"),
     ("- a\n- b\n", "must be a mapping"),
     ("name: x\n", "missing the required key"),
-    ("\x00\x01", "not a readable YAML file"),
+    ("\x00\x01", "a NUL byte is not allowed"),
     ("a: &x [*x]\n", None),
 ])
 def test_degenerate_documents(tmp_path: Path, text: str, fragment: str | None) -> None:
