@@ -41,6 +41,7 @@ MEMLOCK_HINT = ("an EP=2 rank gets `--ulimit memlock=-1:-1` for RDMA memory regi
                 "CAP_SYS_RESOURCE to raise it (rootless Docker, or Docker inside a container): run the node's "
                 "dockerd as root on the host, or run with `--no-rdma` (no memory registration, no memlock)")
 CONNECT_TIMEOUT_S = 3.0
+CREATE_DRAIN_S = 60.0  # after Ctrl-C: how long to wait for the daemon's answer to a create it received
 
 
 class DockerUnavailable(MetralError):
@@ -516,14 +517,7 @@ class DockerRuntime:
                                                   device_requests=device_requests, init=False,
                                                   **profile_kwargs(spec))
         labels = {**spec.labels, **(extra_labels or {})}
-        try:
-            created = self._call(self.api.create_container, image=spec.image, command=list(spec.command),
-                                 name=spec.name, environment=dict(spec.env), labels=labels, host_config=host_config,
-                                 detach=True)
-        except BaseException:
-            # Ctrl-C can land after the daemon created the container but before we learnt its id.
-            self.remove_if_labelled(spec.name, labels)
-            raise
+        created = self._create_uninterruptibly(spec, labels, host_config)
         container_id = created["Id"]
         try:
             self._call(self.api.start, container_id)
@@ -535,6 +529,46 @@ class DockerRuntime:
             raise RuntimeFailure(RuntimeCause.VANISHED,
                                  f"container {spec.name} vanished right after it started")
         return info
+
+    def _create_uninterruptibly(self, spec: ContainerSpec, labels: dict[str, str], host_config: Any) -> dict[str, Any]:
+        """The create request, in a thread of its own: a Ctrl-C that lands while the daemon is still creating
+        waits for its answer (bounded), so the container it makes — however late — is removed, never left
+        `created`. Looking it up at once is not enough: a slow daemon creates it after the lookup."""
+        import threading
+
+        outcome: dict[str, Any] = {}
+        done = threading.Event()  # not Thread.join: a join that Ctrl-C interrupts can report a live thread dead
+
+        def create() -> None:
+            try:
+                outcome["created"] = self._call(self.api.create_container, image=spec.image,
+                                                command=list(spec.command), name=spec.name,
+                                                environment=dict(spec.env), labels=labels, host_config=host_config,
+                                                detach=True)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=create, name="docker-create", daemon=True).start()
+        try:
+            while not done.wait(0.1):
+                pass
+        except BaseException:
+            done.wait(CREATE_DRAIN_S)  # the daemon answers the create it received; then it can be removed
+            made = outcome.get("created")
+            try:
+                if made is not None:
+                    self.remove(made["Id"], force=True)
+                else:
+                    self.remove_if_labelled(spec.name, labels)
+            except MetralError:
+                pass  # the daemon went away meanwhile: the launch's own cleanup looks again by name and run id
+            raise
+        if "error" in outcome:
+            raise outcome["error"]
+        created: dict[str, Any] = outcome["created"]
+        return created
 
     def remove_if_labelled(self, name: str, labels: dict[str, str]) -> bool:
         """Remove the container called name only if it carries exactly these labels (this very launch's)."""

@@ -1,0 +1,42 @@
+"""Issue 19 item 8, made certain: Ctrl-C while the daemon is still creating the container leaves nothing.
+
+A proxy in front of the real daemon holds the create request for a few seconds (tests/docker_image/
+slow_proxy.py); `metralectl run` is interrupted while it waits, so any lookup it makes at once finds
+nothing — the daemon creates the container afterwards. metralectl must still remove it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.conftest import REPO, Box
+
+PROXY = REPO / "tests" / "docker_image" / "slow_proxy.py"
+
+
+def test_ctrl_c_during_a_slow_create_leaves_no_container(box: Box, tmp_path: Path) -> None:
+    name = box.recipe("slowcreate")
+    box.weights_complete()
+    sock = tmp_path / "slow-docker.sock"
+    proxy = subprocess.Popen([sys.executable, str(PROXY), "--listen", str(sock), "--delay", "3"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert proxy.stdout is not None and proxy.stdout.readline().strip() == "listening"
+        env = {**box.env, "DOCKER_HOST": f"unix://{sock}"}
+        run = subprocess.Popen([sys.executable, "-m", "metralectl", "run", name], env=env, cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proxy.stdout.readline().strip() == "create-seen"  # the create is in flight, held by the proxy
+        time.sleep(0.3)
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=90)
+        assert proxy.stdout.readline().strip() == "create-forwarded"  # the daemon got it after the Ctrl-C
+        assert run.returncode == 130, err
+        assert "Traceback" not in err
+        time.sleep(1.0)  # anything the daemon was still doing for that create is done by now
+        assert box.containers(all_=True) == [], box.containers(all_=True)
+    finally:
+        proxy.kill()
+        proxy.wait()
