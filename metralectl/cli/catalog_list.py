@@ -46,8 +46,8 @@ def _overridden(row: dict[str, Any]) -> str:
 
 HEADERS = ("RECIPE", "ENGINE", "MODEL", "QUANT", "HW", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS", "SOURCE")
 # What a narrow terminal leaves out first: the model is in the recipe's name, the source in `show`, MTP and the
-# memory behind FITS; RECIPE, ENGINE, QUANT, HW, TOK/S, FITS and WEIGHTS always stay (74 columns for the
-# shipped recipes with an engine name as long as `llama-cpp`).
+# memory behind FITS; RECIPE, ENGINE, QUANT, HW, TOK/S, FITS and WEIGHTS always stay (the shipped recipes then
+# fit 80 columns).
 OPTIONAL = ("MODEL", "SOURCE", "MTP", "MEM GB")
 
 

@@ -68,15 +68,21 @@ def test_list_names_every_recipes_engine_in_the_table_and_json() -> None:
     assert table[0].split()[:3] == ["RECIPE", "ENGINE", "MODEL"]
     assert {line.split()[0]: line.split()[1] for line in table[1:]} == {
         name: recipe.engine for name, recipe in catalog.recipes.items()}
+    assert {"metrale", "llama-cpp"} <= {r["engine"] for r in data["recipes"]}  # both engines' recipes ship
 
 
 def test_list_fits_an_80_column_terminal_and_says_what_it_left_out() -> None:
+    from metralectl.cli.catalog_list import HEADERS, OPTIONAL
+
     shown, err = on_terminal(["list"], 80)
     lines = [line for line in shown.splitlines() if line.strip()]
-    assert lines[0].split() == ["RECIPE", "ENGINE", "QUANT", "HW", "TOK/S", "MEM", "GB", "FITS", "WEIGHTS"]
     assert max(len(line) for line in lines) <= 80, max(lines, key=len)
     assert len(lines) == len(load_catalog().recipes) + 1
-    assert "MODEL, SOURCE, MTP left out to fit 80 columns; a wider terminal, or `--json`, shows them" in err
+    [said] = [line for line in err.splitlines() if "left out to fit 80 columns" in line]
+    left_out = said.split(" left out")[0].split(", ")
+    assert left_out == list(OPTIONAL[:len(left_out)]) and left_out[:2] == ["MODEL", "SOURCE"]  # in order, first ones
+    kept = [h for h in HEADERS if h not in left_out]
+    assert lines[0].split() == " ".join(kept).split() and kept[:2] == ["RECIPE", "ENGINE"]
     wide, err = on_terminal(["list"], 200)
     assert wide.splitlines()[0].split()[:3] == ["RECIPE", "ENGINE", "MODEL"] and "left out" not in err
     # a pipe gets every column whatever COLUMNS says: the program reading it decides
@@ -126,6 +132,16 @@ def test_show_names_the_engine_and_its_revision() -> None:
                               "commit": "2735884296e66f284942540c1c0ad8a49cffed92"}
     other = json.loads(cli("show", "gemma-4-31b", "--json").stdout)["engine"]
     assert other["name"] == "metrale" and other["revision"] != "2735884"  # each recipe's own revision
+    catalog = load_catalog()
+    [llama] = [r for r in catalog.recipes.values() if r.engine == "llama-cpp"][:1]
+    contract = catalog.engines["llama-cpp"]
+    revision = contract.revision(llama.engine_revision)
+    assert revision is not None
+    line = cli("show", llama.name).stdout.splitlines()[1]
+    assert line.startswith(f"  engine        {contract.display_name} (llama-cpp), revision {revision.label}"), line
+    assert json.loads(cli("show", llama.name, "--json").stdout)["engine"] == {
+        "name": "llama-cpp", "display_name": contract.display_name, "revision": revision.label,
+        "commit": revision.commit}
 
 
 # -- ps -------------------------------------------------------------------------------------------------------
