@@ -145,7 +145,11 @@ def check_cpu_arch(ctx: Context) -> Finding:
         return skipped(f"CPU {cpu}; {how}, so no image platform to compare with", **data)
     catalog = ctx.catalog()
     hw = catalog.hardware.get(hw_id)
-    image = catalog.images.get(hw.image) if hw is not None and hw.image else None
+    recipe = ctx.recipe()
+    if recipe is not None and recipe.image in catalog.images:
+        image = catalog.image_for(recipe)  # the recipe's own image (another engine's, a tag), not the class default
+    else:
+        image = catalog.images.get(hw.image) if hw is not None and hw.image else None
     if image is None:
         return skipped(f"CPU {cpu}; hardware class {hw_id} names no image", **data)
     want = PLATFORM_OF_ARCH.get(cpu, f"linux/{cpu}")

@@ -607,7 +607,7 @@ def _wait_ready(nodes: Sequence[Node], containers: dict[int, ContainerInfo], boo
                 key = (phase or "") if rank == 0 else f"rank{rank}:{phase}"
                 if phase is not None and key not in phases:
                     phases[key] = now - started
-                    on_event(Phase(phase, message_of(clean), now - started, rank))
+                    on_event(Phase(phase, message_of(clean, boots[rank].contract.log_prefix), now - started, rank))
             health = poller.state
             if poller.changes != seen_changes:
                 seen_changes = poller.changes

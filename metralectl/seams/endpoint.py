@@ -132,14 +132,32 @@ class EngineClient:
 
 
     def tokenize_messages(self, model: str, messages: list[dict[str, str]]) -> int | None:
-        """Prompt tokens of a chat as the engine counts them (`/tokenize`); None when it is not offered."""
+        """Prompt tokens of a chat as the engine counts them; None when it cannot say.
+
+        `/tokenize` with `messages` where the engine takes them (Metrale, vLLM). An engine that reads only
+        `content` there answers no tokens for a non-empty chat (llama.cpp): then its own chat template is
+        applied (`/apply-template`) and the prompt it gives is tokenized with special tokens parsed, which is
+        what its usage counts (25 = 25 on llama-server 11434.0.0)."""
+        count = self._token_count("/tokenize", {"model": model, "messages": messages})
+        if count or not any(m.get("content") for m in messages):
+            return count
+        template = self._post_json("/apply-template", {"messages": messages})
+        prompt = template.get("prompt") if isinstance(template, dict) else None
+        if not isinstance(prompt, str) or not prompt:
+            return None
+        return self._token_count("/tokenize", {"content": prompt, "add_special": True, "parse_special": True}) or None
+
+    def _post_json(self, path: str, body: dict[str, Any]) -> object:
         import httpx
 
         try:
-            response = self._http.post(self.url + "/tokenize", json={"model": model, "messages": messages})
-            data = response.json() if response.status_code == 200 else None
+            response = self._http.post(self.url + path, json=body)
+            return response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
+
+    def _token_count(self, path: str, body: dict[str, Any]) -> int | None:
+        data = self._post_json(path, body)
         if not isinstance(data, dict):
             return None
         count, tokens = data.get("count"), data.get("tokens")
@@ -157,11 +175,13 @@ class EngineClient:
         self.close()
 
 
-def requests_active(metrics_text: str) -> float | None:
-    """`metrale_requests_active` from Prometheus text (None when absent)."""
+def requests_active(metrics_text: str, names: tuple[str, ...]) -> float | None:
+    """The requests in flight from Prometheus text: the first of the engine's series `names` present
+    (its metrics mapping's requests-active; None when none is)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name == "metrale_requests_active":
-            return sum(s.value for s in family.samples)
+    found = {family.name: family for family in text_string_to_metric_families(metrics_text)}
+    for name in names:
+        if name in found:
+            return sum(s.value for s in found[name].samples)
     return None
