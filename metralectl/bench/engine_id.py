@@ -119,14 +119,18 @@ def from_recipe(engine: str, recipe: str, revision: str | None, container: str |
                      detected["version"] if detected["name"] == engine else None)
 
 
-def disagreement(identity: EngineIdentity, recipe_engine: str | None = None) -> str | None:
-    """Why the engine on record may not be the one measured: the server answers like another engine than the
-    recipe's (the one served, or the one the run is gated against); None when nothing disagrees."""
-    expected = recipe_engine or (identity["name"] if identity["source"] == "recipe" else None)
-    seen = identity["detected"]
-    if expected is None or seen is None or seen == expected:
+def disagreement(identity: EngineIdentity, gate_engine: str | None = None) -> str | None:
+    """Why the numbers may not be what they seem; None when nothing disagrees. The server answers like another
+    engine than the served recipe's; or the recipe the run is gated against (`--recipe`) is for another engine
+    than the one measured."""
+    name, seen = identity["name"], identity["detected"]
+    if identity["source"] == "recipe" and seen is not None and seen != name:
+        return f"the recipe's engine is {name}, but the server answers like {seen}"
+    if gate_engine is None or name is None or name == gate_engine:
         return None
-    return f"the recipe's engine is {expected}, but the server answers like {seen}"
+    if identity["source"] == "recipe":
+        return f"the recipe gated on is for {gate_engine}, but metralectl serves {name} there"
+    return f"the recipe's engine is {gate_engine}, but the server answers like {name}"
 
 
 def version(name: str, a: Answers) -> str | None:

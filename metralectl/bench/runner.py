@@ -24,6 +24,7 @@ from metralectl.errors import ExitCode, MetralError, UsageError
 
 if TYPE_CHECKING:
     from metralectl.core.contract import EngineContract
+    from metralectl.core.recipe import Recipe
 
 
 EventKind = Literal["note", "stage", "stage-done", "warning", "progress"]
@@ -215,6 +216,18 @@ def _contract(engine: str) -> EngineContract | None:
         return None
 
 
+def _catalog_recipe(name: str) -> Recipe | None:
+    """The catalog's recipe of this name (a served recipe the run is not gated on); None when there is none."""
+    if not name:
+        return None
+    try:
+        from metralectl.core.catalog import load_catalog
+
+        return load_catalog().recipes.get(name)
+    except MetralError:
+        return None
+
+
 def _name_engine(req: RunRequest, target: Target, on_event: Listener) -> None:
     """The engine on record (target.engine): the recipe's when metralectl serves the target from it (its container's
     labels say so), else what the server's answers showed (describe() put that there), else unknown."""
@@ -222,21 +235,22 @@ def _name_engine(req: RunRequest, target: Target, on_event: Listener) -> None:
     from metralectl.safetext import clean
 
     detected = target.engine or engine_id.detect(engine_id.Answers())
-    served = req.managed.get("recipe") if req.managed else None
+    served = str(req.managed.get("recipe") or "") if req.managed else ""
     recipe = req.recipe
-    if recipe is not None and served == recipe.name:
-        contract = _contract(recipe.engine)
-        revision = contract.revision(recipe.engine_revision) if contract is not None else None
-        target.engine = engine_id.from_recipe(recipe.engine, recipe.name,
-                                              revision.label if revision is not None else recipe.engine_revision or None,
-                                              (req.managed or {}).get("container"), detected)
-        gated_on = None
+    served_recipe = recipe if recipe is not None and served == recipe.name else _catalog_recipe(served)
+    if served_recipe is not None:
+        contract = _contract(served_recipe.engine)
+        revision = contract.revision(served_recipe.engine_revision) if contract is not None else None
+        target.engine = engine_id.from_recipe(
+            served_recipe.engine, served_recipe.name,
+            revision.label if revision is not None else served_recipe.engine_revision or None,
+            (req.managed or {}).get("container"), detected)
     else:
         if served:  # metralectl serves a recipe this catalog no longer has: its engine is not known from it
-            detected["evidence"] = (f"metralectl serves recipe {clean(str(served), 80)} there, not in this catalog; "
+            detected["evidence"] = (f"metralectl serves recipe {clean(served, 80)} there, not in this catalog; "
                                     f"{detected['evidence']}")
         target.engine = detected
-        gated_on = recipe.engine if recipe is not None else None
+    gated_on = recipe.engine if recipe is not None and recipe is not served_recipe else None
     why = engine_id.disagreement(target.engine, gated_on)
     if why:
         on_event(Event("warning", f"{why}: check that {req.url} is the server you meant", {"engine": dict(target.engine)}))

@@ -164,6 +164,14 @@ def test_the_recipe_wins_and_the_server_is_checked_against_it() -> None:
     assert engine_id.disagreement(differs) == "the recipe's engine is metrale, but the server answers like llama-cpp"
     silent = engine_id.from_recipe("metrale", "qwen", None, None, engine_id.detect(Answers()))
     assert engine_id.disagreement(silent) is None and "agrees" not in silent["evidence"]
+    # a run gated on one recipe (`--recipe`) while another engine is measured
+    assert engine_id.disagreement(agrees, "metrale") == (
+        "the recipe gated on is for metrale, but metralectl serves llama-cpp there")
+    detected = engine_id.detect(Answers(props=LLAMA_PROPS))
+    assert engine_id.disagreement(detected, "metrale") == (
+        "the recipe's engine is metrale, but the server answers like llama-cpp")
+    assert engine_id.disagreement(detected, "llama-cpp") is None and engine_id.disagreement(detected) is None
+    assert engine_id.disagreement(engine_id.detect(Answers()), "metrale") is None  # unknown contradicts nothing
 
 
 def test_readers_of_records_from_before_engines_were_named() -> None:
@@ -246,6 +254,18 @@ def test_a_gate_recipe_does_not_name_the_engine_of_a_server_metralectl_does_not_
     assert (record["target"]["engine"]["name"], record["target"]["engine"]["source"]) == ("llama-cpp", "detected")
     assert [w.split(":")[0] for w in engine_warnings(events)] == [
         "the recipe's engine is metrale, but the server answers like llama-cpp"]
+    # metralectl serves a catalog recipe the run is not gated on: the engine is still that recipe's
+    with llama_like() as url:
+        record, events = bench(url, managed={"recipe": "qwen3.5-35b-a3b-llamacpp", "container": "c"})
+    engine = record["target"]["engine"]
+    assert (engine["name"], engine["source"], engine["detected"]) == ("llama-cpp", "recipe", "llama-cpp")
+    assert engine["evidence"].startswith("recipe qwen3.5-35b-a3b-llamacpp, served by metralectl in container c; "
+                                         "the server agrees (") and not engine_warnings(events)
+    with llama_like() as url:
+        record, events = bench(url, recipe=flagship(), managed={"recipe": "qwen3.5-35b-a3b-llamacpp", "container": "c"})
+    assert (record["target"]["engine"]["name"], record["target"]["engine"]["source"]) == ("llama-cpp", "recipe")
+    assert [e.message.split(":")[0] for e in events if e.kind == "warning" and "gated on" in e.message] == [
+        "the recipe gated on is for metrale, but metralectl serves llama-cpp there"]
     # metralectl serves a recipe this catalog no longer has: detection, and the evidence says why
     with llama_like() as url:
         record, _ = bench(url, managed={"recipe": "gone-recipe", "container": "c"})
