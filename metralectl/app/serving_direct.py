@@ -269,9 +269,12 @@ class DirectServing:
             if container is None:
                 from metralectl.lifecycle.stop import select
 
-                chosen = select(runtime, recipe, all_=False)
+                chosen = select(runtime, recipe, all_=False, offer_all=False, missing_ok=True)
                 if not chosen:
-                    raise MetralError("metralectl is not serving anything", "`metralectl run RECIPE`")
+                    from metralectl.app.serving_logs import failed_start_log
+
+                    yield from failed_start_log(recipe, tail)
+                    return
                 container = chosen[0].id
             if follow:
                 yield from runtime.follow_logs(container, tail=tail, stop=stop)

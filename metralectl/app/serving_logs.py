@@ -1,8 +1,11 @@
-"""`logs` of a multi-rank deployment: one rank's container, on its node's Docker daemon (docs/multinode.md)."""
+"""`logs` beyond the served container: a multi-rank deployment's rank, on its node's Docker daemon
+(docs/multinode.md), and the kept log of a start that failed (its container is gone)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metralectl.errors import MetralError
@@ -46,3 +49,50 @@ def rank_log(dep: Deployment, rank: int, *, follow: bool, tail: int,
             yield from runtime.follow_logs(container.id, tail=tail, stop=stop)
         else:
             yield from runtime.log_tail(container.id, tail)
+
+
+@dataclass(frozen=True)
+class FailedStart:
+    run_id: str
+    recipe: str
+    cause: str
+    at: float
+    log: Path
+
+
+def last_failed_start(recipe: str | None = None) -> FailedStart | None:
+    """The newest failed start (of `recipe`, or of any) whose log metralectl kept (runs.jsonl + logs/)."""
+    from metralectl.seams import store
+
+    for entry in reversed(store.read_jsonl(store.state_dir() / "runs.jsonl")):
+        if not isinstance(entry, dict) or entry.get("outcome") != "failed":
+            continue
+        if recipe is not None and entry.get("recipe") != recipe:
+            continue
+        log = store.logs_dir() / f"{entry.get('run_id')}-{entry.get('recipe')}.log"
+        if log.is_file():
+            return FailedStart(str(entry["run_id"]), str(entry["recipe"]), str(entry.get("cause", "")),
+                               float(entry.get("at") or 0.0), log)
+    return None
+
+
+def failed_start_lines(found: FailedStart, tail: int) -> Iterator[str]:
+    lines = found.log.read_text(errors="replace").splitlines()
+    yield from lines[-tail:] if tail > 0 else lines
+
+
+def failed_start_log(recipe: str | None, tail: int) -> Iterator[str]:
+    """No container: the kept log of the last failed start (of `recipe`), announced on stderr as such."""
+    import sys
+    import time
+
+    found = last_failed_start(recipe)
+    if found is None:
+        if recipe is not None:
+            raise MetralError(f"no metralectl container serves {recipe!r}, and no failed start of it was kept",
+                              "`metralectl ps` lists what runs")
+        raise MetralError("metralectl is not serving anything", "`metralectl run RECIPE`")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(found.at))
+    print(f"metralectl: no container serves {found.recipe}; this is the log of its failed start at {when} "
+          f"(run {found.run_id}, {found.cause}), kept in {found.log}", file=sys.stderr)
+    yield from failed_start_lines(found, tail)

@@ -10,7 +10,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from metralectl.cli.state import note, style
+from metralectl.cli.state import SHOWN_PROBLEMS, note, style
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -27,6 +27,7 @@ def _catalog() -> Catalog:
                    f"{'s' if len(errors) != 1 else ''}); it is left out:", "33", sys.stderr))
         for problem in errors[:5]:
             note("  " + problem.render().replace("\n", "\n  "))
+            SHOWN_PROBLEMS.add(id(problem))
     return catalog
 
 

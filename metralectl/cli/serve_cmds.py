@@ -207,9 +207,17 @@ def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the container exits."),
     tail: int = typer.Option(200, "--tail", "-n", help="Lines of history to start with."),
     rank: int = typer.Option(None, "--rank", help="Multi-rank deployments: which rank's log (0 = the head, the default)."),
+    last_failed: bool = typer.Option(False, "--last-failed", help="The kept log of the last failed start (of RECIPE)."),
 ) -> None:
-    """The engine's log (stdout). With -f, follows and returns when the container exits."""
-    for line in _serving(True).logs(recipe_name, rank=rank, follow=follow, tail=tail):
+    """The engine's log (stdout). With -f, follows and returns when the container exits. With no container
+    (a start that failed and was cleaned up), the log metralectl kept of that start."""
+    if last_failed:
+        from metralectl.app.serving_logs import failed_start_log
+
+        lines = failed_start_log(recipe_name, tail)
+    else:
+        lines = _serving(True).logs(recipe_name, rank=rank, follow=follow, tail=tail)
+    for line in lines:
         print(line, flush=follow)
 
 

@@ -21,15 +21,20 @@ def note(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+SHOWN_PROBLEMS: set[int] = set()  # id() of problems already printed this run (a refused user recipe's, on load)
+
+
 def report_error(exc: MetralError) -> None:
     from metralectl.errors import RecipeInvalid
 
     err = sys.stderr
     if isinstance(exc, RecipeInvalid):
         errors = [p for p in exc.problems if p.severity == "error"]
-        for problem in errors:
+        unseen = [p for p in errors if id(p) not in SHOWN_PROBLEMS]
+        for problem in unseen:
             print(style(problem.render(), "31", err), file=err)
-        print(f"metralectl: refused: {len(errors)} problem{'s' if len(errors) != 1 else ''}", file=err)
+        above = " (shown above)" if len(unseen) < len(errors) else ""
+        print(f"metralectl: refused: {len(errors)} problem{'s' if len(errors) != 1 else ''}{above}", file=err)
         return
     print(style(f"metralectl: {exc.message}", "31", err), file=err)
     if exc.hint:

@@ -24,6 +24,7 @@ class Refused:
 
     path: str
     problems: list[Problem]
+    name: str = ""  # the recipe's `name:` when it has one (the file may be named otherwise)
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Catalog:
     def recipe(self, name: str) -> Recipe:
         if name in self.recipes:
             return self.recipes[name]
-        refused = next((r for r in self.refused if _stem(r.path) == name), None)
+        refused = next((r for r in self.refused if name in (r.name, _stem(r.path))), None)
         if refused is not None:
             raise RecipeInvalid(refused.problems)
         guess = did_you_mean(name, self.recipes)
@@ -200,13 +201,34 @@ def load_user_recipes(catalog: Catalog, directory: Path) -> None:
     user_names = {str(d.data.get("name")) for _, d in docs if isinstance(d.data, dict)}
     done: set[str] = set()
     while docs:
-        ready = [(p, d) for p, d in docs if _base_name(d) not in user_names - done or _base_name(d) == _name(d)]
-        if not ready:  # extends-cycle among user recipes: check them as they are, they will be refused
-            ready = docs[:1]
+        ready = [(p, d) for p, d in docs if _base_name(d) not in user_names - done]
+        if not ready:  # the rest extend each other in a cycle: refuse each, naming the cycle
+            for path, doc in docs:
+                catalog.refused.append(Refused(str(path), name=_name(doc), problems=[doc.problem(
+                    ("extends",), f"`extends:` forms a cycle: {_cycle_of(doc, docs)}",
+                    "one recipe of the cycle must stand on its own (or extend a shipped recipe)")]))
+                _shadow(catalog, _name(doc))
+            return
         for item in ready:
             docs.remove(item)
             _add_user_recipe(catalog, *item)
             done.add(_name(item[1]))
+
+
+def _cycle_of(doc: Document, docs: list[tuple[Path, Document]]) -> str:
+    by_name = {_name(d): d for _, d in docs}
+    chain, current = [_name(doc)], _base_name(doc)
+    while current is not None and current not in chain and current in by_name:
+        chain.append(current)
+        current = _base_name(by_name[current])
+    return " → ".join([*chain, current or "?"])
+
+
+def _shadow(catalog: Catalog, name: str) -> None:
+    """A refused user recipe named like a shipped one hides it: `run NAME` must not quietly run the
+    shipped recipe the user meant to replace (it says why the user's was refused instead)."""
+    catalog.recipes.pop(name, None)
+    catalog.documents.pop(name, None)
 
 
 def _name(doc: Document) -> str:
@@ -225,7 +247,8 @@ def _add_user_recipe(catalog: Catalog, path: Path, doc: Document) -> None:
     origin = RecipeOrigin("user", str(path), overrides=overrides, extends=_base_name(doc))
     recipe, problems = catalog.check_document(doc, origin)
     if recipe is None:
-        catalog.refused.append(Refused(str(path), problems))
+        catalog.refused.append(Refused(str(path), problems, name))
+        _shadow(catalog, name)
         return
     catalog.recipes[recipe.name] = recipe
     catalog.documents[recipe.name] = catalog._resolve_extends(doc)[0] or doc

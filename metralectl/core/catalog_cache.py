@@ -1,6 +1,6 @@
 """On-disk cache of the checked catalog, so `list` does not re-parse every YAML file each time.
 
-Keyed by the path, size and mtime of every data file (shipped and user) plus the metralectl and
+Keyed by the path, size, mtime, ctime and inode of every data file (shipped and user) plus the metralectl and
 Python versions; the whole key is stored with the catalog and compared on reading (the file name
 only spreads keys, so no hashlib: loading OpenSSL for it cost `list` more than the check); written
 atomically; any unreadable or stale entry is simply rebuilt.
@@ -29,9 +29,11 @@ def _stats(directory: Path, out: list[str]) -> None:
     for entry in entries:
         if entry.is_dir(follow_symlinks=True):
             _stats(Path(entry.path), out)
-        elif entry.name.endswith((".yaml", ".yml", ".json")):  # .json: pinned and synced serve-options
+        elif entry.name.endswith((".yaml", ".yml", ".json", ".txt")):  # .json/.txt: pinned option dumps
             st = entry.stat()
-            out.append(f"{entry.path}:{st.st_size}:{st.st_mtime_ns}")
+            # ctime too: an edit that keeps the size and restores the mtime (`touch -r`, `cp -p`, an editor
+            # that preserves it) still moves the ctime, which no user call can set back
+            out.append(f"{entry.path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
 
 
 def fingerprint(root: Path, user_dir: Path | None) -> str:

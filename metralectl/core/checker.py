@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from collections.abc import Collection
 from typing import Any, Protocol, TypeVar
 
 from metralectl.core.checker_sections import check_env, check_source, check_validated
@@ -248,11 +249,19 @@ def _serve(check: Checker, body: dict[str, Any], where: KeyPath, ctx: _Context, 
     if contract is None or revision is None:
         return {}
     values: dict[str, Any] = dict(base or {})
+    written: dict[str, str] = {}  # flag -> the key it was written as (a flag may have several spellings)
+    invalid: set[str] = set()  # written but refused: reported once, not also as "missing"
     for key, value in body.items():
         spec = contract.flag(str(key))
         if spec is None:
             _unknown_flag(check, where + (key,), str(key), contract)
             continue
+        if spec.name in written:
+            check.error(where + (key,), f"--{spec.name} is given twice, as `{written[spec.name]}` and as `{key}`",
+                        f"keep one of them (`{spec.name}` is its name)")
+            invalid.add(spec.name)
+            continue
+        written[spec.name] = str(key)
         if spec.name not in revision.specs:
             having = [r.label for r in contract.revisions.values() if spec.name in r.specs]
             check.error(where + (key,), f"--{spec.name} is not a flag of engine revision {revision.label}",
@@ -271,10 +280,11 @@ def _serve(check: Checker, body: dict[str, Any], where: KeyPath, ctx: _Context, 
         problem = spec.check_value(value, false_allowed=revision.policy.false_allowed)
         if problem:
             check.error(where + (key,), f"--{spec.name} {problem}", _value_hint(spec, revision))
+            invalid.add(spec.name)
             continue
         values[spec.name] = value
     if base is None:
-        _required(check, values, where, revision)
+        _required(check, values, where, revision, invalid)
     _relations(check, values, where, contract, ctx)
     return {name: values[name] for name in revision.specs if name in values}
 
@@ -309,9 +319,10 @@ def _is_set(values: dict[str, Any], name: str | None) -> bool:
     return name is not None and values.get(name) is not None and values.get(name) is not False
 
 
-def _add_hint(spec: FlagSpec) -> str:
+def _add_hint(spec: FlagSpec, false_allowed: bool = True) -> str:
+    """A line to add that the next check accepts (never `false` where the revision refuses it)."""
     if spec.type == "flag":
-        return f"add `{spec.name}: false` (off) or `{spec.name}: true`"
+        return f"add `{spec.name}: false` (off) or `{spec.name}: true`" if false_allowed else f"add `{spec.name}: true`"
     if spec.default is not None:
         return f"add `{spec.name}: {_yaml_word(spec.default)}` (the engine default) or the value you validated"
     return f"add `{spec.name}: ...` (the value the engine resolves it to for this model)"
@@ -321,19 +332,20 @@ def _yaml_word(value: Any) -> str:
     return "true" if value is True else "false" if value is False else str(value)
 
 
-def _required(check: Checker, values: dict[str, Any], where: KeyPath, revision: Revision) -> None:
+def _required(check: Checker, values: dict[str, Any], where: KeyPath, revision: Revision,
+              invalid: Collection[str] = ()) -> None:
     policy = revision.policy
     rule = {"all": "every settable flag pinned", "listed": f"{', '.join(policy.keys)} stated"}.get(
         policy.required, "every flag with an engine default pinned")
     for spec in revision.specs.values():
-        if spec.name in values:
+        if spec.name in values or spec.name in invalid:
             continue
         if policy.requires(spec):
             check.error(where, f"missing --{spec.name}: engine revision {revision.label} wants {rule} "
-                               "(nothing inherited silently)", _add_hint(spec))
+                               "(nothing inherited silently)", _add_hint(spec, policy.false_allowed))
         elif spec.trigger and _is_set(values, spec.trigger):
             check.error(where, f"missing --{spec.name}: it must be explicit when {spec.trigger} is set",
-                        _add_hint(spec))
+                        _add_hint(spec, policy.false_allowed))
 
 
 def _relations(check: Checker, values: dict[str, Any], where: KeyPath, contract: EngineContract,
@@ -421,6 +433,15 @@ def _resources(check: Checker, top: dict[str, Any], ctx: _Context, serve: dict[s
         if world != tp * ep and not (tp == ep == world):
             check.error(where + ("ranks",), f"{world} ranks do not fit tp-size {tp} x ep-size {ep}",
                         "world size must equal tp x ep, or tp == ep == world size (overlapping groups)")
+    if ranks is not None and master_port is not None and master_port in {r.port for r in ranks}:
+        check.error(where + ("master-port",), f"master-port {master_port} is also a rank's HTTP port",
+                    "the ranks' rendezvous needs a port of its own (e.g. 29500)")
+    nodes = sizes["nodes"]
+    if ranks is not None and nodes is not None:
+        world = len(ranks)
+        if nodes > world or world % int(nodes):
+            check.error(where + ("nodes",), f"{int(nodes)} nodes cannot hold {world} rank(s) evenly",
+                        f"write `nodes: {world}` (one rank per node)" if world > 1 else "write `nodes: 1`, or leave it out")
     if body.get("expose-acknowledged") not in (None, True):
         check.error(where + ("expose-acknowledged",), "a boolean key is written `true` or left out")
     if None in (port, bind, util, ranks) or gpus is None or not check.ok:
@@ -470,7 +491,7 @@ def _ranks(check: Checker, body: dict[str, Any], where: KeyPath, ctx: _Context, 
     if raw is None:
         check.error(where, "resources is missing the required key 'ranks'", "add `ranks: 1` for a single-node launch")
         return None
-    if raw == 1:
+    if raw == 1 and not isinstance(raw, bool):  # `ranks: true` is not a count
         return [Rank(0, "head", port or 0, serve)]
     if isinstance(raw, bool) or not isinstance(raw, list) or not raw:
         check.error(where + ("ranks",), f"ranks must be 1 or a list of ranks, not {type_name(raw)}",

@@ -8,6 +8,7 @@ from key path to (line, column).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -133,7 +134,9 @@ def load_text(text: str | bytes, name: str) -> Document:
         what = exc.problem or exc.context or "invalid YAML"
         raise YamlSyntax(Problem(name, line, column, "", f"YAML syntax error: {what}",
                                  "check the indentation and quoting around this spot")) from None
-    except yaml.YAMLError as exc:  # reader errors: bad encoding, control characters
+    except yaml.reader.ReaderError as exc:  # bad encoding, control characters: say where, by line
+        raise YamlSyntax(_reader_problem(name, text, exc)) from None
+    except yaml.YAMLError as exc:
         raise YamlSyntax(Problem(name, 0, 0, "", f"not a readable YAML file: {exc}",
                                  "save the file as UTF-8 text")) from None
     except RecursionError:
@@ -147,6 +150,29 @@ def load_text(text: str | bytes, name: str) -> Document:
     if builder.problems:
         raise YamlSyntax(builder.problems[0])
     return doc
+
+
+def _reader_problem(name: str, text: str | bytes, exc: Any) -> Problem:
+    """A byte the YAML reader refuses, by line and column (the reader counts bytes, or characters)."""
+    position = int(getattr(exc, "position", 0) or 0)
+    before = text[:position]
+    newline: Any = b"\n" if isinstance(before, bytes) else "\n"
+    line = before.count(newline) + 1
+    column = position - (before.rfind(newline) + 1) + 1
+    character = getattr(exc, "character", None)
+    if "control characters" not in str(getattr(exc, "reason", "")) and isinstance(character, int):
+        return Problem(name, line, column, "", f"byte 0x{character:02x} is not UTF-8 text",
+                       "save the file as UTF-8 (an editor's \"encoding\" setting), or remove the byte")
+    if not isinstance(character, int):
+        return Problem(name, line, column, "", f"not a readable YAML file: {getattr(exc, 'reason', exc)}",
+                       "save the file as UTF-8 text")
+    label = "a NUL byte" if character == 0 else f"the control character U+{character:04X}"
+    return Problem(name, line, column, "", f"{label} is not allowed in YAML text",
+                   "remove it (a recipe is plain text); a value that needs it is written with an escape, in quotes")
+
+
+# YAML 1.1 (what PyYAML reads) takes `010000` as octal 4096 and `1:30` as 90: refused rather than guessed.
+_LEGACY_INT = re.compile(r"^[-+]?(?:0[0-9_]+|[0-9][0-9_]*(?::[0-5]?[0-9])+)$")
 
 
 class _Builder:
@@ -193,11 +219,22 @@ class _Builder:
                 self._problem(node, keypath, f"unsupported YAML tag {node.tag!r}", "write a plain value")
                 return None
             return str(node.value)
+        if node.tag == "tag:yaml.org,2002:int" and not node.style and _LEGACY_INT.match(node.value):
+            self._problem(node, keypath, f"{node.value} is ambiguous: YAML 1.1 reads it as "
+                                         f"{constructor(scalars, node)}, YAML 1.2 otherwise",
+                          f"write {node.value.replace('_', '').lstrip('0') or '0'} for the decimal number, or quote it "
+                          "for text" if ":" not in node.value else "quote it for text")
+            return None
         try:
-            return constructor(scalars, node)
+            value = constructor(scalars, node)
         except (ValueError, TypeError, pyyaml.YAMLError):
             self._problem(node, keypath, f"cannot read {node.value!r} as {node.tag.rsplit(':', 1)[-1]}")
             return None
+        if isinstance(value, float) and not math.isfinite(value):
+            self._problem(node, keypath, f"{node.value} is not a finite number",
+                          "write a finite value (no .inf, .nan, or a number past 1.8e308)")
+            return None
+        return value
 
     def _mapping(self, node: yaml.MappingNode, keypath: KeyPath) -> dict[Any, Any]:
         pyyaml = self.yaml

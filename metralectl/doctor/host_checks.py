@@ -136,7 +136,7 @@ def check_rdma(ctx: Context) -> Finding:
 
 
 def check_cpu_arch(ctx: Context) -> Finding:
-    from metralectl.core.hardware import PLATFORM_OF_ARCH
+    from metralectl.core.hardware import PLATFORM_OF_ARCH, ImageInfo
 
     cpu = ctx.cpu_arch()
     hw_id, how = ctx.target_hardware()
@@ -146,6 +146,7 @@ def check_cpu_arch(ctx: Context) -> Finding:
     catalog = ctx.catalog()
     hw = catalog.hardware.get(hw_id)
     recipe = ctx.recipe()
+    image: ImageInfo | None
     if recipe is not None and recipe.image in catalog.images:
         image = catalog.image_for(recipe)  # the recipe's own image (another engine's, a tag), not the class default
     else:

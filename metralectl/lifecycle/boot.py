@@ -132,4 +132,23 @@ def diagnose_exit(exit_code: int | None, oom_killed: bool, log: BootLog) -> Diag
                          REMEDIES["out-of-memory"])
     if log.failure is not None:
         return log.failure
-    return Diagnosis("exited", f"the engine exited with code {exit_code} while starting", REMEDIES["exited"])
+    said = last_error_line(log)
+    return Diagnosis("exited", f"the engine exited with code {exit_code} while starting"
+                     + (f": {said}" if said else " (it logged no error line)"), REMEDIES["exited"])
+
+
+_ERROR_WORDS = re.compile(r"(?i)\b(error|fatal|panic(?:ked)?|exception|abort(?:ed)?|failed|cannot|can't|unable)\b")
+_ERROR_LEVEL = re.compile(r"^\d{4}-\d{2}-\d{2}T\S+\s+ERROR\s|^\d+\.\d{2}\.\d{3}\.\d{3} E ")
+
+
+def last_error_line(log: BootLog) -> str | None:
+    """The engine's own last word on why it stopped: its last ERROR-level line, else the last line that says
+    error/failed/panic/..., else its last line; shortened for one line of output."""
+    lines = [line for line in log.tail if line.strip()]
+    chosen = (next((line for line in reversed(lines) if _ERROR_LEVEL.search(line)), None)
+              or next((line for line in reversed(lines) if _ERROR_WORDS.search(line)), None)
+              or (lines[-1] if lines else None))
+    if chosen is None:
+        return None
+    message = message_of(chosen, log.contract.log_prefix)
+    return message if len(message) <= 240 else message[:239] + "…"

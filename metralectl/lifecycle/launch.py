@@ -143,6 +143,7 @@ def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, optio
            on_event: Listener = ignore, gpus_override: str | int | None = "recipe") -> Launched:
     spec = spec_for(catalog, recipe, gpus_override=gpus_override)
     preflight(recipe, catalog, runtime, spec, options, on_event)
+    replaced: list[str] = []
     if options.replace:
         from metralectl.lifecycle.multinode import stop_deployments_on
         from metralectl.lifecycle.stop import stop_containers
@@ -150,10 +151,26 @@ def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, optio
         stop_deployments_on(runtime, on_event)  # a multi-rank deployment with a rank here goes as a whole
         for result in stop_containers(runtime, [c for c in runtime.containers() if c.running], on_event=on_event):
             on_event(Step("replaced", result.name))
+            replaced.append(result.recipe or result.name)
     stale = runtime.inspect(spec.name)
     if stale is not None:  # ours, not running: a leftover of an earlier failed run
         runtime.remove(stale.id, force=True)
-    return start_and_wait(recipe, catalog, runtime, spec, options, on_event)
+    try:
+        return start_and_wait(recipe, catalog, runtime, spec, options, on_event)
+    except KeyboardInterrupt:
+        if not replaced:
+            raise
+        # --replace already stopped what served: the user must hear that nothing serves now, and how to undo it
+        raise LaunchInterrupted(
+            f"interrupted while {recipe.name} was starting: nothing serves now ({', '.join(replaced)} was stopped "
+            f"by --replace, {recipe.name}'s container was removed)",
+            f"`metralectl run {replaced[0]}` serves it again") from None
+
+
+class LaunchInterrupted(MetralError):
+    """Ctrl-C after `run --replace` stopped what served: nothing serves, and the message says so."""
+
+    exit_code = ExitCode.INTERRUPTED
 
 
 def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec,

@@ -56,8 +56,11 @@ def stop_containers(runtime: ContainerRuntime, containers: list[ContainerInfo], 
     return results
 
 
-def select(runtime: ContainerRuntime, recipe: str | None, all_: bool) -> list[ContainerInfo]:
-    """Our containers to act on: one recipe's, or all of them; foreign containers never."""
+def select(runtime: ContainerRuntime, recipe: str | None, all_: bool, *, offer_all: bool = True,
+           missing_ok: bool = False) -> list[ContainerInfo]:
+    """Our containers to act on: one recipe's, or all of them; foreign containers never. Without a recipe:
+    the one running, else the only one there is (a kept failed start); several is a question for the user.
+    `offer_all`: the command has --all to suggest; `missing_ok`: no container of the recipe is an empty answer."""
     ours = runtime.containers()
     if all_:
         return ours
@@ -65,11 +68,12 @@ def select(runtime: ContainerRuntime, recipe: str | None, all_: bool) -> list[Co
         running = [c for c in ours if c.running]
         if len(running) == 1:
             return running
-        if not ours:
-            return []
+        if len(ours) <= 1:
+            return ours
         names = ", ".join(c.labels.get(LABEL_RECIPE, c.name) for c in ours)
-        raise MetralError(f"several metralectl containers exist ({names}); name one or use --all")
+        raise MetralError(f"several metralectl containers exist ({names}); name one" + (" or use --all" if offer_all else ""),
+                          "`metralectl ps` lists them")
     chosen = [c for c in ours if c.labels.get(LABEL_RECIPE) == recipe or c.name == recipe]
-    if not chosen:
+    if not chosen and not missing_ok:
         raise MetralError(f"no metralectl container serves {recipe!r}", "`metralectl ps` lists them")
     return chosen

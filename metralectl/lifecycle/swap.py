@@ -58,6 +58,12 @@ class SwapDegraded(MetralError):
     result: SwapResult | None = None
 
 
+class SwapInterrupted(MetralError):
+    """Ctrl-C (or SIGTERM) after the old model was stopped: nothing serves; the journal stays for the repair."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
 def _journal(phase: str, body: dict[str, Any]) -> None:
     import os
 
@@ -88,6 +94,8 @@ def drain(url: str, timeout_s: float, on_event: Listener, active_series: tuple[s
     """Wait (bounded) until the engine has no request in flight (its requests-active series); returns the
     seconds waited."""
     started = time.monotonic()
+    shown: float | None = None
+    on_event(Step("draining", f"waiting for requests in flight to finish (up to {timeout_s:g} s)"))
     with EngineClient(url, timeout=1.0) as client:
         while True:
             try:
@@ -96,6 +104,9 @@ def drain(url: str, timeout_s: float, on_event: Listener, active_series: tuple[s
                 active = None
             if not active:
                 break
+            if active != shown:  # the count as it falls, so a long drain is never shown as another step
+                shown = active
+                on_event(Step("draining", f"{active:g} request(s) in flight"))
             if time.monotonic() - started > timeout_s:
                 on_event(Warning_(f"{active:g} request(s) still in flight after {timeout_s:g} s; stopping anyway"))
                 break
@@ -145,6 +156,13 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerR
     except LaunchFailed as failure:
         phases["boot"] = time.monotonic() - boot_from
         return _restore(old, old_sets, new, catalog, runtime, body, phases, down_from, failure, options, on_event)
+    except KeyboardInterrupt:
+        # Restoring would be a whole boot (minutes with a real engine) after the user asked to stop: say exactly
+        # what the box holds now, and leave the journal so the repair knows what to restore.
+        raise SwapInterrupted(
+            f"interrupted while {new.name} was starting: nothing serves now ({old.name} was stopped for the swap, "
+            f"{new.name}'s container was removed)",
+            f"`metralectl ps --repair` serves {old.name} again (so does the next `run` or `swap`)") from None
     phases["boot"] = time.monotonic() - boot_from
     result = SwapResult(old.name, new.name, "swapped", time.monotonic() - down_from, phases,
                         f"{new.name} serves on {launched.url}", launched.url, launched.model)

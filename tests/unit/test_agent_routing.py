@@ -228,18 +228,18 @@ def test_long_poll_answers_promptly_on_a_new_event_and_on_the_end(
     threading.Timer(0.3, ops.gate.set).start()
     started = time.monotonic()
     events, _, _ = client.events(job["id"], 1, 10)
-    assert 0.2 < time.monotonic() - started < 2.0
+    assert 0.2 < time.monotonic() - started < 6.0  # on the event (0.3 s), not at the 10 s wait's end
     assert [(e["seq"], e["kind"], e["detail"]) for e in events] == [(2, "Step", "second")]
     started = time.monotonic()
     events, state, _ = client.events(job["id"], 2, 0.3)  # nothing new within wait: an empty answer
-    assert events == [] and 0.25 < time.monotonic() - started < 2.0 and state["state"] == "running"
+    assert events == [] and 0.25 < time.monotonic() - started < 6.0 and state["state"] == "running"
     threading.Timer(0.3, ops.gate.set).start()
     started = time.monotonic()
     events, state, _ = client.events(job["id"], 2, 10)
     while state["state"] == "running":  # the last events may come a moment before the end
         more, state, _ = client.events(job["id"], events[-1]["seq"] if events else 2, 10)
         events += more
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 6.0  # on the end, not at the 10 s wait's end
     assert state["state"] == "done" and state["exit_code"] == 0 and state["result"] == LAUNCHED
     assert [e["kind"] for e in events] == ["Phase", "Ready"]
 
@@ -278,7 +278,7 @@ def test_cancel_turns_a_running_job_into_cancelled(agent: tuple[LocalApiServer, 
     answer = client.cancel(job["id"])
     assert answer["cancel_requested"] is True
     final, _ = client.follow(answer, lambda e: None, wait_s=5)
-    assert time.monotonic() - started < (1.0 if mode == "chatty" else 2.0)
+    assert time.monotonic() - started < 4.0  # the next event or the 0.3 s grace, not the follow's 5 s wait
     assert ops.interrupted.is_set()  # the fake's cleanup ran, as on Ctrl-C
     assert (final["state"], final["exit_code"]) == ("cancelled", 130)
     events, _, _ = client.events(job["id"], 0, 0)

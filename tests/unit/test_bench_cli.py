@@ -43,24 +43,29 @@ def test_unknown_param_is_a_usage_error_listing_valid_keys() -> None:
 
 
 def test_run_json_gates_and_history() -> None:
-    with truth_server("--ttft-ms", "10", "--itl-ms", "2") as url:
-        ok = cli("bench", "run", "decode", "--url", url, "-p", "repeats=3", "-p", "max_tokens=20", "--format", "json")
+    # What this test checks is the CLI (JSON, gates, history), not timing: the server paces tokens at 10 ms and
+    # the client-bound guard only warns, so a loaded 2-core box cannot turn it red (the guard has its own tests,
+    # the client's timing budget lives in benchmarks/bench_client.py).
+    lax = ("-p", "client_bound=warn")
+    with truth_server("--ttft-ms", "10", "--itl-ms", "10") as url:
+        ok = cli("bench", "run", "decode", "--url", url, "-p", "repeats=3", "-p", "max_tokens=20", *lax,
+                 "--format", "json")
         assert ok.returncode == 0, ok.stderr
         record = json.loads(ok.stdout)  # stdout is one clean JSON document; progress went to stderr
         assert record["status"] == "completed" and record["schema"] == 1 and record["source"] == "cli"
         assert record["params"]["repeats"] == 3 and record["params"]["warmup"] == 2  # every parameter
         assert record["target"]["url"] == url and record["target"]["model"] == "truth-model"
         assert record["stages"][0]["energy"].startswith("unavailable: ")
-        assert 400 < record["summary"]["headline"]["decode_tok_s_p50"] < 600
+        assert 0 < record["summary"]["headline"]["decode_tok_s_p50"] <= 1000 / 10 * 1.05  # never past the pace
         assert "▸" in ok.stderr
         run_dir = Path(os.environ["METRALE_HOME"]) / "runs" / "decode" / record["run_id"]
         lines = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()]
         assert len(lines) == 5 and {x["phase"] for x in lines} == {"warmup", "measure"}
         assert all(len(x["token_us"]) == 20 for x in lines)
-        gated = cli("bench", "run", "decode", "--url", url, "-p", "repeats=2", "-p", "max_tokens=10",
+        gated = cli("bench", "run", "decode", "--url", url, "-p", "repeats=2", "-p", "max_tokens=10", *lax,
                     "--gate", "decode_tok_s_p50>=100000")
         assert gated.returncode == ExitCode.GATE and "[FAIL]" in gated.stdout
-        lenient = cli("bench", "run", "decode", "--url", url, "-p", "repeats=2", "-p", "max_tokens=10",
+        lenient = cli("bench", "run", "decode", "--url", url, "-p", "repeats=2", "-p", "max_tokens=10", *lax,
                       "--gate", "decode_tok_s_p50>=100000", "--no-fail-on-verdict")
         assert lenient.returncode == 0
     hist = json.loads(cli("bench", "history", "--id", "decode", "--limit", "2", "--format", "json").stdout)

@@ -139,7 +139,7 @@ def test_hung_daemon_is_unreachable_within_the_budget(tmp_path: Path) -> None:
     started = time.monotonic()
     got = run(ctx, "docker.daemon", "docker.version", "docker.nvidia-runtime", "docker.gpu-request")
     gate.set()
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 5.0  # the 0.3 s budget, not the 10 s hang
     assert got["docker.daemon"].status == "problem" and got["docker.daemon"].data["cause"] == "unreachable"
     assert "did not answer within 0.3 s" in got["docker.daemon"].detail
     assert {got[i].status for i in ("docker.version", "docker.nvidia-runtime", "docker.gpu-request")} == {"skipped"}
@@ -337,7 +337,7 @@ def test_nvml_hang_is_reported_not_waited_for(tmp_path: Path) -> None:
     started = time.monotonic()
     r = one(ctx, "gpu.driver")
     gate.set()
-    assert r.status == "warn" and "did not answer within 0.3 s" in r.detail and time.monotonic() - started < 1.5
+    assert r.status == "warn" and "did not answer within 0.3 s" in r.detail and time.monotonic() - started < 5.0
 
 
 # -- CPU ------------------------------------------------------------------------------------------

