@@ -23,6 +23,7 @@ class Target:
 @dataclass(frozen=True)
 class LibraryRow:
     name: str
+    engine: str  # the engine's short name, as the recipe's `engine:` says (engine/<name>.yaml)
     model: str
     repo: str
     quant: str
@@ -75,7 +76,7 @@ def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
     cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
     image = catalog.image_for(recipe)
     return LibraryRow(
-        name=recipe.name, model=model.display_name, repo=recipe.checkpoint.repo, quant=recipe.checkpoint.quant,
+        name=recipe.name, engine=recipe.engine, model=model.display_name, repo=recipe.checkpoint.repo, quant=recipe.checkpoint.quant,
         hardware=recipe.hardware, mtp=recipe.mtp, validated_tok_s=recipe.validated.decode_tok_s,
         memory_gb=est.total_gb, budget_gb=est.budget.gb, fits=fits, fits_reason=reason, weights=cache.status,
         source=_source(recipe), source_path=recipe.origin.path, overrides=recipe.origin.overrides,

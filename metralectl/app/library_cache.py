@@ -88,6 +88,27 @@ def _write(hardware: str | None, key: str, view: dict[str, Any]) -> None:
         pass  # a read-only or full cache dir costs speed, never correctness
 
 
+def engines_by_recipe() -> dict[str, str]:
+    """Each recipe's engine, for `ps`: from the rows stored for the default target when they are current (no catalog
+    load), else from the catalog; empty when neither can be read (`ps` then says `?`, it does not fail)."""
+    from metralectl.errors import MetralError
+
+    try:
+        key = _key(None)
+        with open(_path(None), "rb") as handle:
+            stored_key, view = pickle.load(handle)
+        if stored_key == key:
+            return {str(row["name"]): str(row["engine"]) for row in view["rows"]}
+    except Exception:  # noqa: BLE001 - missing, torn, foreign or older rows: only means "ask the catalog"
+        pass
+    try:
+        from metralectl.core.catalog import load_catalog
+
+        return {name: recipe.engine for name, recipe in load_catalog().recipes.items()}
+    except MetralError:
+        return {}
+
+
 def select(rows: list[dict[str, Any]], hardware: str | None, tags: list[str] | None) -> list[dict[str, Any]]:
     """library.rows' filters, on the stored rows: only this class's recipes, only recipes with every tag."""
     return [r for r in rows

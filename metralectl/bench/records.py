@@ -153,16 +153,19 @@ def export_runs_csv(runs: list[dict[str, Any]]) -> str:
         for key in ((r.get("summary") or {}).get("headline") or {}):
             if key not in metrics:
                 metrics.append(key)
-    base = ["run_id", "suite", "status", "verdict", "started_at", "url", "model", "recipe", "hardware_class",
-            "client_bound", "source", "metralectl_version"]
+    base = ["run_id", "suite", "status", "verdict", "started_at", "url", "model", "recipe", "engine", "engine_source",
+            "hardware_class", "client_bound", "source", "metralectl_version"]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(base + metrics)
     for r in runs:
         target = r.get("target") or {}
+        engine = target.get("engine")
+        engine = engine if isinstance(engine, dict) else {}  # absent: a record from before engines were named
         headline = (r.get("summary") or {}).get("headline") or {}
         writer.writerow([r.get("run_id"), r.get("suite"), r.get("status"), r.get("verdict"), r.get("started_at"),
-                         target.get("url"), target.get("model"), target.get("recipe"), target.get("hardware_class"),
+                         target.get("url"), target.get("model"), target.get("recipe"), engine.get("name"),
+                         engine.get("source"), target.get("hardware_class"),
                          (r.get("client") or {}).get("client_bound"), r.get("source"), r.get("metralectl_version")]
                         + [headline.get(m) for m in metrics])
     return buf.getvalue()

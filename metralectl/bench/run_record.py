@@ -17,6 +17,35 @@ from typing import Any, TypedDict
 # suite's headline metrics, documented in docs/benchmarks.md).
 
 
+class EngineIdentity(TypedDict):
+    """Which engine the run measured, and how metralectl knows (bench/engine_id.py; docs/bench.md)."""
+
+    name: str | None  # the engine's short name (engine/<name>.yaml where metralectl has one); None: unknown
+    source: str  # recipe | detected | unknown
+    evidence: str  # the recipe and its container, or the answers that showed it (or what was seen instead)
+    detected: str | None  # what the server's answers alone show (checked against the recipe's when there is one)
+    revision: str | None  # the engine revision the recipe targets (source "recipe" only)
+    version: str | None  # the build the server reports (llama.cpp's build_info, Metrale's engine_version)
+
+
+class TargetRecord(TypedDict):
+    """What was measured (bench/target.py's Target). Records from before a key existed lack it: readers .get()."""
+
+    url: str
+    model: str | None
+    serve_config_digests: dict[str, Any]
+    hardware: dict[str, Any] | None
+    hardware_class: str | None
+    engine_version: str | None
+    recipe: str | None
+    spec_hash: str | None
+    image: str | None
+    image_revision: str | None
+    container: str | None
+    serve_flags: dict[str, Any]
+    engine: EngineIdentity | None
+
+
 class StageRecord(TypedDict):
     name: str
     labels: dict[str, Any]
@@ -54,7 +83,7 @@ class _RunRecordRequired(RunHeader):
     source: str  # cli | tui | a peer's unit
     metralectl_version: str
     params: dict[str, Any]
-    target: dict[str, Any]  # target.Target.to_json()
+    target: TargetRecord  # target.Target.to_json()
     self_started: dict[str, Any] | None
     stages: list[StageRecord]
     gates: list[dict[str, Any]]  # gates.Verdict.to_json() each

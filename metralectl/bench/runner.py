@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from metralectl import __version__
 from metralectl.bench import gates as G
@@ -21,6 +21,10 @@ from metralectl.bench.shard import auto_workers, run_load
 from metralectl.bench.suites import WEATHER_TOOL, Stage, get_suite
 from metralectl.bench.target import Control, Target, describe
 from metralectl.errors import ExitCode, MetralError, UsageError
+
+if TYPE_CHECKING:
+    from metralectl.core.contract import EngineContract
+    from metralectl.core.recipe import Recipe
 
 
 EventKind = Literal["note", "stage", "stage-done", "warning", "progress"]
@@ -110,6 +114,7 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> RunOutcome:
             raise MetralError(f"{req.url} is not ready: /health answered {http_status if http_status is not None else body}",
                               "start it (`metralectl run RECIPE`), or pass --url / --self-start RECIPE")
         target = describe(control, managed=req.managed)
+        _name_engine(req, target, on_event)
         if req.unit and req.recipe is not None and target.recipe != req.recipe.name:
             raise MetralError(f"the unit is for recipe {req.recipe.name}, but {req.url} serves "
                               f"{target.recipe or 'something metralectl did not start'}",
@@ -197,13 +202,58 @@ def _engine_dialect(req: RunRequest) -> Dialect | None:
     from metralectl.bench import dialect as D
     if not req.managed or req.recipe is None:
         return None
+    contract = _contract(req.recipe.engine)
+    return D.from_engine(contract.name, contract.request_dialect) if contract is not None else None
+
+
+def _contract(engine: str) -> EngineContract | None:
+    """The engine's contract (engine/<name>.yaml) from the catalog; None when it cannot be loaded."""
     try:
         from metralectl.core.catalog import load_catalog
 
-        contract = load_catalog().engines.get(req.recipe.engine)
+        return load_catalog().engines.get(engine)
     except MetralError:
         return None
-    return D.from_engine(contract.name, contract.request_dialect) if contract is not None else None
+
+
+def _catalog_recipe(name: str) -> Recipe | None:
+    """The catalog's recipe of this name (a served recipe the run is not gated on); None when there is none."""
+    if not name:
+        return None
+    try:
+        from metralectl.core.catalog import load_catalog
+
+        return load_catalog().recipes.get(name)
+    except MetralError:
+        return None
+
+
+def _name_engine(req: RunRequest, target: Target, on_event: Listener) -> None:
+    """The engine on record (target.engine): the recipe's when metralectl serves the target from it (its container's
+    labels say so), else what the server's answers showed (describe() put that there), else unknown."""
+    from metralectl.bench import engine_id
+    from metralectl.safetext import clean
+
+    detected = target.engine or engine_id.detect(engine_id.Answers())
+    served = str(req.managed.get("recipe") or "") if req.managed else ""
+    recipe = req.recipe
+    served_recipe = recipe if recipe is not None and served == recipe.name else _catalog_recipe(served)
+    if served_recipe is not None:
+        contract = _contract(served_recipe.engine)
+        revision = contract.revision(served_recipe.engine_revision) if contract is not None else None
+        target.engine = engine_id.from_recipe(
+            served_recipe.engine, served_recipe.name,
+            revision.label if revision is not None else served_recipe.engine_revision or None,
+            (req.managed or {}).get("container"), detected)
+    else:
+        if served:  # metralectl serves a recipe this catalog no longer has: its engine is not known from it
+            detected["evidence"] = (f"metralectl serves recipe {clean(served, 80)} there, not in this catalog; "
+                                    f"{detected['evidence']}")
+        target.engine = detected
+    gated_on = recipe.engine if recipe is not None and recipe is not served_recipe else None
+    why = engine_id.disagreement(target.engine, gated_on)
+    if why:
+        on_event(Event("warning", f"{why}: check that {req.url} is the server you meant", {"engine": dict(target.engine)}))
 
 
 def _gates(req: RunRequest, target: Target, record: RunRecord, on_event: Listener) -> list[G.Gate]:

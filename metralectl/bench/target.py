@@ -1,14 +1,16 @@
 """What is being measured: URL, served model, /serve-config digests, /hardware, the recipe metralectl
-served there (from its container labels), image revision. Control calls go through the endpoint seam, not the
-hot path (bench/transport.py)."""
+served there (from its container labels), image revision, the engine (bench/engine_id.py). Control calls go
+through the endpoint seam, not the hot path (bench/transport.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from metralectl.bench import engine_id
+from metralectl.bench.run_record import EngineIdentity, TargetRecord
 from metralectl.seams.endpoint import EngineClient
 from metralectl.errors import MetralError
 
@@ -45,9 +47,15 @@ class Target:
     image_revision: str | None = None
     container: str | None = None
     serve_flags: dict[str, Any] = field(default_factory=dict)
+    engine: EngineIdentity | None = None  # what the server's answers show; the runner puts the recipe's when it serves
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> TargetRecord:
+        return {"url": self.url, "model": self.model, "serve_config_digests": dict(self.serve_config_digests),
+                "hardware": dict(self.hardware) if self.hardware is not None else None,
+                "hardware_class": self.hardware_class, "engine_version": self.engine_version, "recipe": self.recipe,
+                "spec_hash": self.spec_hash, "image": self.image, "image_revision": self.image_revision,
+                "container": self.container, "serve_flags": dict(self.serve_flags),
+                "engine": EngineIdentity(**self.engine) if self.engine is not None else None}
 
 
 DIGEST_KEYS = ("binary_sha256", "args_sha256", "engine_version", "model", "served_model_name")
@@ -70,9 +78,10 @@ def describe(control: Control, *, managed: dict[str, Any] | None = None) -> Targ
     hardware = control.get_json("/hardware")
     hw_class = hardware.get("hardware_class") if isinstance(hardware, dict) else None
     engine_version = (hardware or {}).get("engine_version") if isinstance(hardware, dict) else None
+    answers = engine_id.probe(control, models=models, serve_config=config, hardware=hardware)
     target = Target(control.url, model, digests, hardware if isinstance(hardware, dict) else None,
                     str(hw_class) if hw_class else None, engine_version or digests.get("engine_version"),
-                    serve_flags=flags)
+                    serve_flags=flags, engine=engine_id.detect(answers))
     if managed:
         target.recipe, target.spec_hash = managed.get("recipe"), managed.get("spec_hash")
         target.image, target.image_revision = managed.get("image"), managed.get("image_revision")

@@ -16,7 +16,7 @@ def list_recipes(
     only_hardware: bool = typer.Option(False, "--only", help="With --hardware: list only that class's recipes."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per recipe)."),
 ) -> None:
-    """List the recipes: model, quant, hardware, MTP, validated tok/s, memory, fit, cached weights."""
+    """List the recipes: engine, model, quant, hardware, MTP, validated tok/s, memory, fit, cached weights."""
     code = catalog_list.list_recipes(hardware, tag, only_hardware, as_json)
     if code is not None:
         raise typer.Exit(code)

@@ -45,6 +45,13 @@ def _overridden(row: dict[str, Any]) -> str:
     return "synced" if "/synced/" in str(row["overrides"]) else "shipped"
 
 
+HEADERS = ("RECIPE", "ENGINE", "MODEL", "QUANT", "HW", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS", "SOURCE")
+# What a narrow terminal leaves out first: the model is in the recipe's name, the source in `show`, MTP and the
+# memory behind FITS; RECIPE, ENGINE, QUANT, HW, TOK/S, FITS and WEIGHTS always stay (the shipped recipes then
+# fit 80 columns).
+OPTIONAL = ("MODEL", "SOURCE", "MTP", "MEM GB")
+
+
 def _yes_no(value: bool | None) -> str:
     return "?" if value is None else ("yes" if value else "no")
 
@@ -67,16 +74,20 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         print(json.dumps({"target": target, "recipes": rows}, indent=2))
     else:
         table_rows = [[
-            r["name"], r["model"], r["quant"], r["hardware"], "yes" if r["mtp"] else "-",
+            r["name"], r["engine"], r["model"], r["quant"], r["hardware"], "yes" if r["mtp"] else "-",
             f"{r['validated_tok_s']:g}" if r["validated_tok_s"] is not None else "-",
             f"{r['memory_gb']:.1f}" if r["memory_gb"] is not None else "?",
             _yes_no(r["fits"]), r["weights"],
             r["source"] if not r["overrides"] else f"{r['source']} (overrides {_overridden(r)})",
         ] for r in rows]
-        from metralectl.present.table import render_table
+        from metralectl.present.table import render_table, terminal_width, to_fit
 
-        print(render_table(["RECIPE", "MODEL", "QUANT", "HW", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS", "SOURCE"],
-                           table_rows, right=(5, 6)))
+        width = terminal_width()
+        hidden = to_fit(HEADERS, table_rows, width, OPTIONAL)
+        print(render_table(HEADERS, table_rows, right=(6, 7), hide=hidden))
+        if hidden:
+            note(f"{', '.join(hidden)} left out to fit {width} columns; a wider terminal, or `--json`, shows "
+                 f"{'them' if len(hidden) > 1 else 'it'}")
         note(f"fit judged on: {target['hardware'] or 'each recipe’s own class'} ({target['how']})")
         built: dict[str, tuple[str, list[str]]] = {}
         for r in rows:

@@ -34,19 +34,24 @@ def collect(runtime: ContainerRuntime) -> StatusReport:
 
 
 def show(report: StatusReport, as_json: bool) -> None:
-    """What the daemon's labelled containers say is served, as a table (stderr: notes) or JSON."""
+    """What the daemon's labelled containers say is served, as a table (stderr: notes) or JSON. The engine is the
+    one the recipe named on the container's label runs on, from the catalog (`?` / null: a recipe it lacks)."""
+    engines = _engines() if report.serving else {}
     if as_json:
-        print(json.dumps(report.to_json(), indent=2))
+        data = report.to_json()
+        for entry in data["serving"]:
+            entry["engine"] = engines.get(entry["recipe"])
+        print(json.dumps(data, indent=2))
         return
     from metralectl.present.table import render_table
 
-    rows = [[s.recipe, s.name, s.owner, s.state, s.health, s.uptime, s.endpoint, (s.image_revision or "-")[:24]]
-            for s in report.serving]
-    headers = ["RECIPE", "CONTAINER", "OWNER", "STATE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REVISION"]
+    rows = [[s.recipe, engines.get(s.recipe, "?"), s.name, s.owner, s.state, s.health, s.uptime, s.endpoint,
+             (s.image_revision or "-")[:24]] for s in report.serving]
+    headers = ["RECIPE", "ENGINE", "CONTAINER", "OWNER", "STATE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REVISION"]
     if any(s.rank is not None for s in report.serving):  # a multi-rank deployment: say which rank runs where
-        headers[2:2] = ["RANK", "NODE"]
+        headers[3:3] = ["RANK", "NODE"]
         for row, s in zip(rows, report.serving):
-            row[2:2] = ["-" if s.rank is None else str(s.rank), s.node or "local"]
+            row[3:3] = ["-" if s.rank is None else str(s.rank), s.node or "local"]
     if rows:
         print(render_table(headers, rows))
     else:
@@ -58,3 +63,9 @@ def show(report: StatusReport, as_json: bool) -> None:
         note("    hint: `metralectl ps --repair` restores a serving model")
     if report.last_swap:
         note(f"last swap: {report.last_swap}")
+
+
+def _engines() -> dict[str, str]:
+    from metralectl.app.library_cache import engines_by_recipe
+
+    return engines_by_recipe()

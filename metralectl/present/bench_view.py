@@ -42,6 +42,7 @@ def stage_table(record: Mapping[str, Any]) -> str:
 
 
 def render_run(record: Mapping[str, Any]) -> str:
+    from metralectl.bench import engine_id
     from metralectl.bench.outcome import FAILED_STATUSES, effective_status
     from metralectl.safetext import clean
 
@@ -52,6 +53,7 @@ def render_run(record: Mapping[str, Any]) -> str:
              f"source {record.get('source')})",
              f"target    {t.get('url')}  model {t.get('model') or '-'}  hardware {t.get('hardware_class') or '?'}"
              + (f"  recipe {t['recipe']}" if t.get("recipe") else ""),
+             f"engine    {engine_id.describe(t.get('engine'))}",
              "times     ms; TPOT/ITL per output token; throughput counts tokens inside the measured window", ""]
     lines.append(stage_table(record))
     if record.get("error") and status in FAILED_STATUSES:
@@ -118,6 +120,8 @@ def _dialect_lines(record: Mapping[str, Any]) -> list[str]:
 
 
 def history_table(runs: list[dict[str, Any]]) -> str:
+    """One line per run; ENGINE is `?` when the run could not tell, `-` for a record from before engines were named."""
+    from metralectl.bench import engine_id
     from metralectl.bench.outcome import FAILED_STATUSES, effective_status
 
     rows = []
@@ -129,9 +133,9 @@ def history_table(runs: list[dict[str, Any]]) -> str:
         status = effective_status(r)
         rows.append([r.get("run_id", "?"), r.get("suite", "?"), str(r.get("started_at", ""))[:19],
                      f"FAILED {status}" if status in FAILED_STATUSES else status,
-                     r.get("verdict") or "-", (r.get("target") or {}).get("model") or "-",
-                     f"{key}={fmt(headline.get(key), 2)}" if key else "-"])
-    return render_table(["RUN", "SUITE", "STARTED", "STATUS", "VERDICT", "MODEL", "HEADLINE"], rows)
+                     r.get("verdict") or "-", engine_id.short((r.get("target") or {}).get("engine")),
+                     (r.get("target") or {}).get("model") or "-", f"{key}={fmt(headline.get(key), 2)}" if key else "-"])
+    return render_table(["RUN", "SUITE", "STARTED", "STATUS", "VERDICT", "ENGINE", "MODEL", "HEADLINE"], rows)
 
 
 def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[list[Any]]:
@@ -152,10 +156,15 @@ def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[list[Any]]:
 def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     rows = [[k, fmt(va, 2), fmt(vb, 2), fmt(d, 2) if d is not None else "-", f"{rel:+.1%}" if rel is not None else "-"]
             for k, va, vb, d, rel in compare_rows(a, b)]
-    head = [f"A {a.get('run_id')}  {a.get('suite')}  {(a.get('target') or {}).get('model')}  {a.get('started_at')}",
-            f"B {b.get('run_id')}  {b.get('suite')}  {(b.get('target') or {}).get('model')}  {b.get('started_at')}"]
+    from metralectl.bench.engine_id import short
+
+    ea, eb = short((a.get("target") or {}).get("engine")), short((b.get("target") or {}).get("engine"))
+    head = [f"{side} {r.get('run_id')}  {r.get('suite')}  {(r.get('target') or {}).get('model')}  engine {e}  "
+            f"{r.get('started_at')}" for side, r, e in (("A", a, ea), ("B", b, eb))]
     if a.get("suite") != b.get("suite"):
         head.append("note: different suites; only shared metrics line up")
+    if ea != eb and "-" not in (ea, eb):
+        head.append(f"note: different engines ({ea}, {eb}): the numbers compare the engines as much as the settings")
     pa, pb = a.get("params") or {}, b.get("params") or {}
     differing = [k for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
     if differing:

@@ -31,7 +31,13 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     hw = catalog.hardware[recipe.hardware]
     image = catalog.image_for(recipe)
     v = recipe.validated
-    lines = [f"{recipe.name} — {clean(recipe.description)}", ""]
+    engine = engine_of(catalog, recipe)
+    lines = [f"{recipe.name} — {clean(recipe.description)}",
+             f"  engine        {clean(engine['display_name'] or '')} ({clean(recipe.engine)}), revision "
+             f"{clean(engine['revision'] or 'not named')}"
+             + (f" (commit {engine['commit'][:12]})" if engine["commit"] and not engine["commit"].startswith(
+                engine["revision"] or "-") else ""),
+             ""]
     lines += ["Provenance"] + _provenance(catalog, recipe)
     lines.append(f"  validated     {v.decode_tok_s if v.decode_tok_s is not None else '-'} tok/s decode on "
                  f"{v.hardware or '?'}; engine revision {v.engine_revision or 'not recorded'}; date {v.date or 'not recorded'}")
@@ -111,12 +117,23 @@ def _provenance(catalog: Catalog, recipe: Recipe) -> list[str]:
     return lines
 
 
+def engine_of(catalog: Catalog, recipe: Recipe) -> dict[str, str | None]:
+    """The engine the recipe runs on: its short name (engine/<name>.yaml), display name, and the revision it
+    targets (the release label, else the recipe's `engine-revision:`, else the engine's default) and its commit."""
+    contract = catalog.engines[recipe.engine]
+    revision = contract.revision(recipe.engine_revision)
+    return {"name": recipe.engine, "display_name": contract.display_name,
+            "revision": revision.label if revision is not None else (recipe.engine_revision or None),
+            "commit": revision.commit if revision is not None else None}
+
+
 def to_json(catalog: Catalog, recipe: Recipe) -> dict[str, Any]:
     est = _estimate(catalog, recipe)
     specs = [spec_for(catalog, recipe, rank=rank) for rank in range(recipe.resources.world_size)]
     image = catalog.image_for(recipe)
     return {
         "recipe": asdict(recipe),
+        "engine": engine_of(catalog, recipe),
         "image": {"id": image.id, "ref": image.ref, "pullable": image.pullable, "certified": image.certified,
                   "availability": image.availability(), "tags": dict(image.tags), "tag_pattern": image.tag_pattern},
         "memory": {**asdict(est), "total_gb": est.total_gb, "fits": est.fits},

@@ -55,9 +55,11 @@ def summary_of(record: dict[str, Any]) -> RunSummary:
     else:
         outcome = status if not verdict or verdict == "none" else f"{status}/{verdict}"
     directory = record.get("_dir") or ""
+    from metralectl.bench.engine_id import short
+
     return RunSummary(str(record.get("run_id")), str(record.get("suite")), when, str(record.get("source") or "?"),
                       str(target.get("recipe") or target.get("model") or target.get("url") or "-"), outcome,
-                      headline(record), f"{directory}/run.json" if directory else "")
+                      headline(record), f"{directory}/run.json" if directory else "", short(target.get("engine")))
 
 
 def read_history(limit: int = 200) -> list[RunSummary]:
@@ -93,7 +95,10 @@ def read_detail(run: RunSummary) -> RunDetail:
                      fmt(q("ttft_ms", "p50")), fmt(q("ttft_ms", "p95")), fmt(q("tpot_ms", "p50"), 2),
                      fmt(q("itl_ms", "p95"), 2), fmt(q("e2e_ms", "p50")),
                      "BOUND" if s.get("client_bound") else "ok"))
-    notes = [f"{k} = {fmt(v, 2)}" for k, v in ((record.get("summary") or {}).get("headline") or {}).items()]
+    from metralectl.bench.engine_id import describe
+
+    notes = [f"engine: {describe((record.get('target') or {}).get('engine'))}"]
+    notes += [f"{k} = {fmt(v, 2)}" for k, v in ((record.get("summary") or {}).get("headline") or {}).items()]
     notes += [f"gate {g.get('metric')} {g.get('op')} {g.get('threshold')}: "
               f"{ {True: 'PASS', False: 'FAIL', None: 'n/a'}[g.get('passed')] }" for g in record.get("gates") or []]
     if record.get("error"):

@@ -1,8 +1,9 @@
 """The Library's filter box: words narrow the table. Pure.
 
-Every word must match. Plain words match the recipe name, model, quant, hardware, repo or tags
+Every word must match. Plain words match the recipe name, engine, model, quant, hardware, repo or tags
 (substring, any case). Keywords: `fits`, `cached` (weights complete), `image` (image present),
-`mtp`, `serving`; `!word` negates; `hw:gb10` / `quant:fp8` / `tag:ep2` match one field exactly.
+`mtp`, `serving`; `!word` negates; `hw:gb10` / `quant:fp8` / `tag:ep2` / `engine:llama-cpp` match one
+field exactly.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def _word(item: LibraryItem, word: str) -> bool:
             return r.quant == value
         if field == "tag":
             return value in r.tags
-    haystack = " ".join((r.name, r.model, r.quant, r.hardware, r.repo, *r.tags)).lower()
+        if field == "engine":
+            return r.engine == value
+    haystack = " ".join((r.name, r.engine, r.model, r.quant, r.hardware, r.repo, *r.tags)).lower()
     return word in haystack
 
 

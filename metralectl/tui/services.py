@@ -117,6 +117,7 @@ class RunSummary:
     outcome: str  # "ok" | "failed" | "cancelled" | "pass" | "fail" ...
     headline: str  # the one number people quote
     path: str = ""
+    engine: str = "-"  # the engine on record (`?`: the run could not tell; `-`: a record from before engines were named)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def test_light_commands_import_nothing_heavy(argv: list[str]) -> None:
 def test_list_table_and_json() -> None:
     table = cli("list")
     assert table.returncode == 0, table.stderr
-    assert table.stdout.splitlines()[0].split()[:4] == ["RECIPE", "MODEL", "QUANT", "HW"]
+    assert table.stdout.splitlines()[0].split()[:5] == ["RECIPE", "ENGINE", "MODEL", "QUANT", "HW"]
     assert "qwen3.5-35b-a3b" in table.stdout and "fit judged on" in table.stderr
     data = json.loads(cli("list", "--json").stdout)
     flagship = next(r for r in data["recipes"] if r["name"] == "qwen3.5-35b-a3b")

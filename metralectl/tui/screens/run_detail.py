@@ -20,6 +20,7 @@ def compare_rows(a: RunDetail, b: RunDetail) -> list[tuple[str, str, str]]:
     """(field, a, b) for the summary and every parameter that either run has; differences first."""
     rows = [("suite", a.summary.suite, b.summary.suite), ("when", when(a.summary.started), when(b.summary.started)),
             ("source", a.summary.source, b.summary.source), ("target", a.summary.target, b.summary.target),
+            ("engine", a.summary.engine, b.summary.engine),
             ("result", a.summary.outcome, b.summary.outcome), ("headline", a.summary.headline, b.summary.headline)]
     params = sorted(set(a.params) | set(b.params))
     pairs = [(f"param {k}", str(a.params.get(k, "-")), str(b.params.get(k, "-"))) for k in params]
@@ -46,7 +47,8 @@ class RunDetailScreen(ModalScreen[None]):
                     if len(self.details) == 1:
                         s = detail.summary
                         params = ", ".join(f"{k}={v}" for k, v in detail.params.items()) or "-"
-                        yield Static(Text(f"{s.suite} · {when(s.started)} · source {s.source} · target {s.target}\n"
+                        yield Static(Text(f"{s.suite} · {when(s.started)} · source {s.source} · target {s.target}"
+                                          f" · engine {s.engine}\n"
                                           f"result {s.outcome} · {s.headline}\nparameters: {params}"))
                     else:
                         yield Label(f"results of {detail.summary.run_id}", classes="dialog--section")

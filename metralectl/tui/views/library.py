@@ -17,7 +17,7 @@ from metralectl.tui.views import services_of
 from metralectl.tui.widgets.recipe_table import RecipeTable
 from metralectl.tui.widgets.text_pane import TextPane
 
-FILTER_HELP = "filter: words · fits cached image mtp serving · hw:gb10 quant:fp8 tag:x · !word"
+FILTER_HELP = "filter: words · fits cached image mtp serving · hw:gb10 quant:fp8 engine:x tag:x · !word"
 
 
 class LibraryView(Vertical):

@@ -14,7 +14,7 @@ from textual.widgets import DataTable
 from metralectl.tui.services import RunSummary
 from metralectl.tui.widgets.table_fill import fill
 
-COLUMNS = ("", "WHEN", "SUITE", "SOURCE", "TARGET", "RESULT", "HEADLINE")
+COLUMNS = ("", "WHEN", "SUITE", "SOURCE", "TARGET", "RESULT", "HEADLINE", "ENGINE")
 
 
 def when(started: float | None) -> str:
@@ -57,7 +57,7 @@ class HistoryTable(DataTable[object]):
         for r in self.runs:
             mark = Text("◆", style="bold") if r.run_id in self.marked else Text(" ")
             source = Text(r.source, style="cyan" if r.source == "tui" else "")
-            rows.append((mark, when(r.started), r.suite, source, r.target, r.outcome, r.headline))
+            rows.append((mark, when(r.started), r.suite, source, r.target, r.outcome, r.headline, r.engine))
         fill(self, COLUMNS, rows, [r.run_id for r in self.runs])
         if self.runs:
             self.move_cursor(row=min(row, len(self.runs) - 1), animate=False)

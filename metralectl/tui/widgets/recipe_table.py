@@ -11,7 +11,9 @@ from textual.widgets import DataTable
 from metralectl.tui.services import LibraryItem
 from metralectl.tui.widgets.table_fill import fill
 
-COLUMNS = ("", "RECIPE", "QUANT", "HW", "MTP", "TOK/S", "FITS", "WEIGHTS", "IMAGE", "MODEL")
+# At 120 columns the table shows up to WEIGHTS; HW (FITS judges it; `hw:X` filters on it), MTP, IMAGE and MODEL
+# scroll into view.
+COLUMNS = ("", "RECIPE", "ENGINE", "QUANT", "TOK/S", "FITS", "WEIGHTS", "HW", "MTP", "IMAGE", "MODEL")
 
 
 def _yes_no(value: bool | None, yes: str = "yes", no: str = "no") -> Text:
@@ -25,9 +27,10 @@ def cells(item: LibraryItem) -> tuple[str | Text, ...]:
     weights_style = {"complete": "green", "present": "yellow", "partial": "yellow", "absent": "dim"}.get(r.weights, "")
     return (
         Text("●", style="bold green") if item.serving else " ",
-        r.name, r.quant, r.hardware, "yes" if r.mtp else "-",
+        r.name, r.engine, r.quant,
         Text(f"{r.validated_tok_s:g}" if r.validated_tok_s is not None else "-", justify="right"),
-        _yes_no(r.fits), Text(r.weights, style=weights_style), _yes_no(item.image_present, "here", "no"),
+        _yes_no(r.fits), Text(r.weights, style=weights_style), r.hardware, "yes" if r.mtp else "-",
+        _yes_no(item.image_present, "here", "no"),
         r.model,
     )
 

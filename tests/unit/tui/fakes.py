@@ -41,8 +41,8 @@ FIXED_NOW = 1_764_435_600.0  # 2025-11-29 17:00 UTC: snapshots never see the rea
 
 def library_row(name: str, *, model: str = "Qwen3.5-35B-A3B", quant: str = "nvfp4", hardware: str = "gb10",
                 mtp: bool = True, tok_s: float | None = 131.0, fits: bool | None = True, weights: str = "complete",
-                tags: tuple[str, ...] = ()) -> LibraryRow:
-    return LibraryRow(name=name, model=model, repo=f"Org/{model}-{quant.upper()}", quant=quant, hardware=hardware,
+                tags: tuple[str, ...] = (), engine: str = "metrale") -> LibraryRow:
+    return LibraryRow(name=name, engine=engine, model=model, repo=f"Org/{model}-{quant.upper()}", quant=quant, hardware=hardware,
                       mtp=mtp, validated_tok_s=tok_s, memory_gb=24.1, budget_gb=105.3, fits=fits,
                       fits_reason="24.1 of 105.3 GB", weights=weights, source="shipped",
                       source_path=f"recipes/{name}.yaml", overrides=None, tags=tags, description=f"{model} demo")

@@ -166,3 +166,31 @@ def test_bench_unavailable_says_why_history_still_works() -> None:
             assert app.query_one("#bench-start", Button).disabled and services.bench.ran == []
 
     asyncio.run(scenario())
+
+
+def test_history_and_comparison_name_each_runs_engine() -> None:
+    from dataclasses import replace
+
+    from metralectl.tui.widgets.history_table import COLUMNS
+
+    bench = FakeBench()
+    bench.runs = [replace(bench.runs[0], engine="llama-cpp"), replace(bench.runs[1], engine="metrale")]
+    services = FakeServices(bench=bench)
+
+    async def scenario() -> None:
+        app = MetralectlApp(services)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("3")
+            history = app.query_one(HistoryTable)
+            await until(pilot, lambda: history.row_count == 2)
+            column = COLUMNS.index("ENGINE")
+            assert [str(history.get_row_at(i)[column]) for i in range(2)] == ["llama-cpp", "metrale"]
+            history.focus()
+            await pilot.press("space", "down", "space", "c")
+            await until(pilot, lambda: isinstance(app.screen, RunDetailScreen), what="comparison")
+            compare = app.screen.query_one("#run-compare")
+            await until(pilot, lambda: compare.row_count >= 7)
+            rows = [[str(cell) for cell in compare.get_row_at(i)] for i in range(compare.row_count)]  # type: ignore[attr-defined]
+            assert ["engine", "llama-cpp", "metrale"] in rows
+
+    asyncio.run(scenario())

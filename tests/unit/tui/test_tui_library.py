@@ -180,3 +180,49 @@ def test_pull_shows_a_byte_bar(services: FakeServices) -> None:
             assert progress.query_one("#progress-bar-row").display
 
     asyncio.run(scenario())
+
+
+class _RealDetail(FakeServices):
+    """The fake library rows, and the real `show` text for the detail pane (the catalog's own recipes)."""
+
+    def detail(self, name: str) -> str:
+        from metralectl.core.catalog import load_catalog
+        from metralectl.present.show_view import as_text
+
+        catalog = load_catalog()
+        return as_text(catalog, catalog.recipe(name))
+
+
+def test_the_engine_in_the_table_filter_and_detail() -> None:
+    from dataclasses import replace
+
+    from metralectl.tui.widgets.recipe_table import COLUMNS
+    from tests.unit.tui.fakes import DEFAULT_ITEMS, library_row
+
+    llama = replace(DEFAULT_ITEMS[0], row=library_row("gemma-4-31b", model="Gemma-4-31B", quant="q8_0",
+                                                      engine="llama-cpp"))
+    services = _RealDetail(items=(DEFAULT_ITEMS[0], llama))
+
+    async def scenario() -> None:
+        app = library_app(services)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("2")
+            table = app.query_one(RecipeTable)
+            await until(pilot, lambda: table.row_count == 2, what="rows")
+            engine = COLUMNS.index("ENGINE")
+            assert COLUMNS.index("RECIPE") + 1 == engine  # the engine sits next to the recipe's name
+            assert [str(table.get_row_at(i)[engine]) for i in range(2)] == ["metrale", "llama-cpp"]
+            # at 120 columns the engine is on screen, not scrolled away
+            assert table.scroll_x == 0 and sum(c.get_render_width(table) for c in
+                                               list(table.columns.values())[:engine + 1]) <= table.size.width
+            pane = app.query_one("#recipe-detail", TextPane)
+            await until(pilot, lambda: pane.text.startswith("qwen3.5-35b-a3b"), what="detail")
+            assert pane.text.splitlines()[1].startswith("  engine        Metrale Engine (metrale), revision ")
+            app.query_one("#library-filter", Input).value = "engine:llama-cpp"
+            await until(pilot, lambda: table.names == ["gemma-4-31b"], what="engine filter")
+            app.query_one("#library-filter", Input).value = "llama"  # a plain word matches the engine too
+            await until(pilot, lambda: table.names == ["gemma-4-31b"], what="word filter")
+            app.query_one("#library-filter", Input).value = "!engine:llama-cpp"
+            await until(pilot, lambda: table.names == ["qwen3.5-35b-a3b"], what="negated engine filter")
+
+    asyncio.run(scenario())

@@ -212,3 +212,24 @@ def test_core_bench_schema_checks_and_records(isolated_env: Path) -> None:
     assert run.headline == "decode_tok_s_p50=131.20"
     detail = bench.detail(run)
     assert detail.rows[0][:4] == ("decode", "10/10", "131.2", "41.0") and detail.params == {"max_tokens": 64}
+
+
+def test_history_rows_and_details_read_the_engine_a_record_names(isolated_env: Path) -> None:
+    from metralectl.bench import records
+    from metralectl.tui.bench_adapter import RecordsBench
+
+    named = records.start("decode", "20261129-100000-aaaaaa", {
+        "started_at": "2026-11-29T10:00:00+00:00", "source": "cli", "target": {"url": "http://127.0.0.1:8080",
+        "engine": {"name": "llama-cpp", "source": "detected", "evidence": "GET /props: default_generation_settings",
+                   "detected": "llama-cpp", "revision": None, "version": "b6500"}}})
+    records.save(named, {**(records.load(named) or {}), "status": "completed"})
+    old = records.start("decode", "20261129-110000-bbbbbb", {"started_at": "2026-11-29T11:00:00+00:00",
+                                                             "source": "cli", "target": {}})
+    records.save(old, {**(records.load(old) or {}), "status": "completed"})
+    history = RecordsBench().history()
+    assert [(r.run_id, r.engine) for r in history] == [("20261129-110000-bbbbbb", "-"),
+                                                       ("20261129-100000-aaaaaa", "llama-cpp")]
+    assert RecordsBench().detail(history[1]).notes[0] == (
+        "engine: llama-cpp (detected, build b6500: GET /props: default_generation_settings)")
+    assert RecordsBench().detail(history[0]).notes[0] == (
+        "engine: not recorded (a record from before metralectl named engines)")
