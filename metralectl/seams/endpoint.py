@@ -132,20 +132,35 @@ class EngineClient:
 
 
     def tokenize_messages(self, model: str, messages: list[dict[str, str]]) -> int | None:
-        """Prompt tokens of a chat as the engine counts them (`/tokenize`); None when it is not offered."""
+        """Prompt tokens of a chat as the engine counts them (`/tokenize`); None when it is not offered.
+
+        Two dialects: vLLM and the Metrale engine tokenize `{"messages"}` with the chat template applied.
+        llama.cpp's server tokenizes only `{"content"}` and answers a chat with `{"tokens": []}` (a
+        count of 0 would have the prompt sizer grow the prompt without end): there the template is
+        applied by its `/apply-template` and the text tokenized as a chat request's prompt is (special
+        tokens parsed, BOS added when the model adds one)."""
+        if not messages:
+            return 0
+        count = _token_count(self._post_json("/tokenize", {"model": model, "messages": messages}))
+        if count:
+            return count
+        templated = self._post_json("/apply-template", {"messages": messages})
+        prompt = templated.get("prompt") if isinstance(templated, dict) else None
+        if not isinstance(prompt, str):
+            return None
+        count = _token_count(self._post_json("/tokenize", {"content": prompt, "add_special": True,
+                                                           "parse_special": True}))
+        return count or None
+
+    def _post_json(self, path: str, body: dict[str, Any]) -> object:
+        """The JSON a POST answers with 200, else None (not offered, refused, not JSON)."""
         import httpx
 
         try:
-            response = self._http.post(self.url + "/tokenize", json={"model": model, "messages": messages})
-            data = response.json() if response.status_code == 200 else None
+            response = self._http.post(self.url + path, json=body)
+            return response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
-        if not isinstance(data, dict):
-            return None
-        count, tokens = data.get("count"), data.get("tokens")
-        if isinstance(count, int):
-            return count
-        return len(tokens) if isinstance(tokens, list) else None
 
     def close(self) -> None:
         self._http.close()
@@ -155,6 +170,16 @@ class EngineClient:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _token_count(data: object) -> int | None:
+    """`count`, else the length of `tokens`, of a /tokenize answer."""
+    if not isinstance(data, dict):
+        return None
+    count, tokens = data.get("count"), data.get("tokens")
+    if isinstance(count, int):
+        return count
+    return len(tokens) if isinstance(tokens, list) else None
 
 
 def requests_active(metrics_text: str) -> float | None:
