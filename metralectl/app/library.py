@@ -61,7 +61,8 @@ def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
     model = catalog.model_of(recipe)
     judged_on = target.hardware or recipe.hardware
     est: MemoryEstimate = estimate(recipe, model, catalog.hardware[recipe.hardware],
-                                   target.gpu_name if target.hardware == recipe.hardware else None)
+                                   target.gpu_name if target.hardware == recipe.hardware else None,
+                                   catalog.engines[recipe.engine].memory_meaning)
     if target.hardware and target.hardware != recipe.hardware:
         fits, reason = False, f"built for {recipe.hardware}, this is {target.hardware}"
     elif est.fits is None:

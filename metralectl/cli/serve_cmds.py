@@ -282,8 +282,15 @@ def swap(
     _sigterm_as_interrupt()
     from metralectl.cli.staging_cmds import _Renderer
 
-    with _Renderer() as view:
-        result = serving.swap(change, _Progress(False, view))
+    from metralectl.lifecycle.swap import SwapDegraded, SwapRolledBack
+
+    try:
+        with _Renderer() as view:
+            result = serving.swap(change, _Progress(False, view))
+    except (SwapRolledBack, SwapDegraded) as failed:
+        if as_json and failed.result is not None:
+            _print_swap(failed.result, True)  # the outcome on stdout, the failure on stderr and in the exit code
+        raise
     _print_swap(result, as_json)
 
 

@@ -28,7 +28,6 @@ CHECKPOINT_KEYS = ("repo", "quant", "revision", "model")
 RESOURCE_KEYS = ("port", "bind", "memory-utilization", "gpus", "ranks", "master-port", "tp-size", "ep-size",
                  "nodes", "expose-acknowledged")
 RANK_KEYS = ("role", "port", "serve")
-QUANTS = ("nvfp4", "fp8", "bf16", "mxfp4")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -191,26 +190,37 @@ def _checkpoint(check: Checker, top: dict[str, Any], world: World, ctx: _Context
     if repo and not REPO_RE.match(repo):
         check.error(where + ("repo",), f"{repo!r} is not a Hugging Face repo id", "write it as ORG/NAME")
         repo = None
-    if quant and quant not in QUANTS:
-        guess = did_you_mean(quant, QUANTS)
-        check.error(where + ("quant",), f"unknown quantization {quant!r}",
-                    f"did you mean `{guess}`?" if guess else f"use one of {', '.join(QUANTS)}")
+    quants = ctx.contract.quants if ctx.contract else ()
+    if quant and ctx.contract and quant not in quants:
+        guess = did_you_mean(quant, quants)
+        check.error(where + ("quant",), f"unknown {ctx.contract.display_name} quantization {quant!r}",
+                    f"did you mean `{guess}`?" if guess else f"use one of {', '.join(quants)}")
         quant = None
     if revision and not COMMIT_RE.match(revision):
         check.error(where + ("revision",), f"revision {revision!r} is not a commit id",
                     "pin the 40-character commit sha (branches and tags move), or write `revision: null`")
     ctx.quant = quant
-    if repo and quant and ctx.hardware:
-        ctx.model = _resolve_model(check, body, world, ctx.hardware, repo, quant)
+    if repo and quant and ctx.hardware and ctx.contract:
+        ctx.model = _resolve_model(check, body, world, ctx.hardware, repo, quant, ctx.contract)
     if repo is None or quant is None:
         return None
-    return CheckpointRef(repo=repo, quant=quant, revision=revision or None)
+    fmt = ctx.contract.weights.format if ctx.contract else "safetensors"
+    return CheckpointRef(repo=repo, quant=quant, revision=revision or None, format=fmt)
 
 
 def _resolve_model(check: Checker, body: dict[str, Any], world: World, hw: HardwareClass, repo: str,
-                   quant: str) -> ModelInfo | None:
+                   quant: str, contract: EngineContract) -> ModelInfo | None:
+    """The model facts (kernels/) behind the checkpoint. An engine with kernel targets finds its model by the
+    checkpoint it lists and must ship a target for the quant; any other engine names the model it serves
+    (`checkpoint.model:`), since its checkpoints (a GGUF repository) are not the kernels' own."""
     models = world.models_for(hw.id)
     explicit = body.get("model")
+    kernels = contract.has_rule("kernel-targets")
+    if explicit is None and not kernels:
+        check.error(("checkpoint",), f"a {contract.display_name} recipe names the model it serves: "
+                                     "`checkpoint.model: <id>` (its architecture facts, for the memory estimate)",
+                    f"known models on {hw.id}: {', '.join(sorted(models))}")
+        return None
     if explicit is not None:
         model = models.get(str(explicit))
         if model is None:
@@ -224,7 +234,7 @@ def _resolve_model(check: Checker, body: dict[str, Any], world: World, hw: Hardw
             check.error(("checkpoint", "repo"), f"no kernel model on {hw.id} is known to serve {repo}",
                         "name the model with `checkpoint.model: <id>` (see kernels/) or add the checkpoint to its model.yaml")
             return None
-    if model.target_for(quant) is None:
+    if kernels and model.target_for(quant) is None:
         check.error(("checkpoint", "quant"),
                     f"no kernel target for ({hw.id}, {model.id}, {quant}): the image ships {', '.join(model.targets) or 'none'}",
                     "pick a checkpoint in a shipped quantization, or an image that has this target")
@@ -274,9 +284,14 @@ def _unknown_flag(check: Checker, keypath: KeyPath, key: str, contract: EngineCo
     if bare != key and contract.flag(bare):
         check.error(keypath, f"write the flag without its dashes: `{bare}:`")
         return
+    negated = next((spec for spec in contract.flags.values() if spec.negation == bare), None)
+    if negated is not None:
+        check.error(keypath, f"--{bare} is written `{negated.name}: false`")
+        return
     guess = did_you_mean(bare, list(contract.flags) + list(contract.aliases))
+    help_command = " ".join([contract.binary, *contract.serve_command, "--help"])
     check.error(keypath, f"unknown engine flag --{bare} ({contract.display_name} has no such serve flag)",
-                f"did you mean `{guess}`?" if guess else "see `met serve --help` for the flag list")
+                f"did you mean `{guess}`?" if guess else f"see `{help_command}` for the flag list")
 
 
 def _value_hint(spec: FlagSpec, revision: Revision) -> str | None:
@@ -308,7 +323,8 @@ def _yaml_word(value: Any) -> str:
 
 def _required(check: Checker, values: dict[str, Any], where: KeyPath, revision: Revision) -> None:
     policy = revision.policy
-    rule = ("every settable flag pinned" if policy.required == "all" else "every flag with an engine default pinned")
+    rule = {"all": "every settable flag pinned", "listed": f"{', '.join(policy.keys)} stated"}.get(
+        policy.required, "every flag with an engine default pinned")
     for spec in revision.specs.values():
         if spec.name in values:
             continue
@@ -333,7 +349,8 @@ def _relations(check: Checker, values: dict[str, Any], where: KeyPath, contract:
         for other in spec.conflicts:
             if _is_set(values, other):
                 check.error(key, f"--{name} conflicts with --{other}", f"keep one of `{name}` and `{other}`")
-        if spec.must_match == "checkpoint-quant" and ctx.quant and value != ctx.quant:
+        if (spec.must_match == "checkpoint-quant" and contract.has_rule("mtp-quant") and ctx.quant
+                and value != ctx.quant):
             check.error(key, f"--{name} {value} does not match the checkpoint's quantization {ctx.quant} "
                              "(mixing produces gibberish)", f"write `{name}: {ctx.quant}`")
         if spec.needs_model == "mtp" and value is True and ctx.model is not None:
@@ -374,13 +391,14 @@ def _resources(check: Checker, top: dict[str, Any], ctx: _Context, serve: dict[s
             check.error(where + ("bind",), f"{bind!r} is not an IP address", "use 127.0.0.1 (loopback) or an address of this machine")
             address = None
         if address is not None and not address.is_loopback:
-            secured = serve.get("require-auth") is True and bool(serve.get("auth-tokens-file"))
+            auth = ctx.contract.auth_flags if ctx.contract else ()
+            secured = bool(auth) and all(_is_set(serve, flag) for flag in auth)
             if not secured and body.get("expose-acknowledged") is not True:
                 check.error(where + ("bind",), f"bind {bind} exposes the endpoint beyond this machine without auth",
-                            "set serve `require-auth: true` with `auth-tokens-file: PATH`, or acknowledge the exposure "
+                            f"set {_auth_words(auth)}, or acknowledge the exposure "
                             "with `resources.expose-acknowledged: true`")
-    util = check.number(body, where, "memory-utilization")
-    if util is not None and not 0 < util <= 1:
+    util = _memory_utilization(check, body, where, ctx.contract)
+    if util is not None and not 0 <= util <= 1:
         check.error(where + ("memory-utilization",), f"memory-utilization must be in (0, 1], not {util}",
                     "a fraction of the GPU memory, e.g. 0.88")
         util = None
@@ -392,6 +410,9 @@ def _resources(check: Checker, top: dict[str, Any], ctx: _Context, serve: dict[s
         gpus = None
     ranks = _ranks(check, body, where, ctx, serve, port)
     multi = ranks is not None and len(ranks) > 1
+    if multi and ctx.contract and ctx.contract.multi_rank == "none":
+        check.error(where + ("ranks",), f"{ctx.contract.display_name} serves from one process: metralectl launches "
+                                        "it on one node", "write `ranks: 1`")
     master_port = _port(check, body, where, "master-port", required=multi)
     sizes = {k: check.number(body, where, k, required=multi, integer=True, minimum=1) for k in ("tp-size", "ep-size", "nodes")}
     if multi and ranks is not None and all(sizes.values()):
@@ -408,6 +429,31 @@ def _resources(check: Checker, top: dict[str, Any], ctx: _Context, serve: dict[s
     return Resources(port=port, bind=bind, memory_utilization=float(util), gpus=gpus, ranks=tuple(ranks),
                      master_port=master_port, tp_size=int(sizes["tp-size"] or 1), ep_size=int(sizes["ep-size"] or 1),
                      nodes=int(sizes["nodes"] or 1), expose_acknowledged=body.get("expose-acknowledged") is True)
+
+
+def _auth_words(flags: tuple[str, ...]) -> str:
+    if not flags:
+        return "up authentication in front of it"
+    return "serve " + " with ".join(f"`{f}: ...`" for f in flags)
+
+
+def _memory_utilization(check: Checker, body: dict[str, Any], where: KeyPath,
+                        contract: EngineContract | None) -> float | None:
+    """The fraction of memory the engine may take; 0.0 stands for "the engine takes none" (llama.cpp), where
+    writing one would mislead the fit estimate."""
+    if contract is not None and contract.memory_meaning == "none":
+        if "memory-utilization" in body:
+            check.error(where + ("memory-utilization",), f"{contract.display_name} takes no memory fraction "
+                        "(its memory is the weights plus ctx-size × parallel of KV cache)",
+                        "remove it; size memory with serve.ctx-size and serve.parallel")
+            return None
+        return 0.0
+    util = check.number(body, where, "memory-utilization")
+    if util == 0:
+        check.error(where + ("memory-utilization",), "memory-utilization must be in (0, 1], not 0",
+                    "a fraction of the GPU memory, e.g. 0.88")
+        return None
+    return util
 
 
 def _port(check: Checker, body: dict[str, Any], where: KeyPath, key: str, required: bool = True) -> int | None:

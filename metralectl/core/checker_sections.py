@@ -60,7 +60,7 @@ def check_env(check: Checker, top: dict[str, Any], contract: EngineContract | No
             if problem:
                 check.error(key, f"{name} {problem}")
                 continue
-        elif name.startswith("METRALE_"):
+        elif name.startswith("METRALE_") and contract.has_rule("env-levers"):
             guess = did_you_mean(name, runtime)
             check.error(key, f"{name} is not a lever of {label}; the engine refuses to start with an "
                              "undeclared METRALE_* name",

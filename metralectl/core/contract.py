@@ -8,30 +8,35 @@ given engine release or commit has, and the recipe policy it enforces, live in i
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from metralectl.core import engine_profile as P
 from metralectl.core.schema import Checker, type_name
 from metralectl.core.yamlsrc import Document
 
 if TYPE_CHECKING:
     from metralectl.core.engine_revisions import Policy, Revision
 
-FLAG_TYPES = ("int", "float", "string", "path", "choice", "flag", "switch")
+# json: a mapping or list in the recipe, rendered as one compact JSON word (vLLM's --speculative-config);
+# negatable: a boolean with both spellings, `true` → --NAME, `false` → --`negation:` (--no-cont-batching).
+FLAG_TYPES = ("int", "float", "string", "path", "choice", "flag", "switch", "json", "negatable")
 # setting: a recipe states it as its revision's policy requires; resources: rendered from `resources:`;
 # launcher: metralectl sets it; forbidden: never in a recipe (reason: says why).
 RECIPE_ROLES = ("setting", "resources", "launcher", "forbidden")
 SWITCH_VALUES = ("auto", "on", "off")
+MULTI_RANK_STRATEGIES = ("none", "rendezvous")
 _FLAG_KEYS = ("type", "default", "min", "max", "exclusive-min", "exclusive-max", "choices", "words", "recipe",
               "with", "resource", "requires", "conflicts", "needs-model", "must-match", "aliases", "help", "reason",
-              "unset-word")
+              "unset-word", "negation")
 _LEVER_KEYS = ("type", "default", "min", "max", "recipe", "help", "reason")
-_READINESS_KEYS = ("health-path", "health-ready-status", "health-status-key", "health-faulted", "health-reason-key")
+_READINESS_KEYS = ("style", "marker", "health-path", "health-ready-status", "health-status-key", "health-faulted", "health-reason-key")
 _TOP_KEYS = ("schema", "name", "display-name", "binary", "serve-command", "model-argument", "version-command",
              "default-port", "default-bind", "readiness", "log-phases", "log-failures", "endpoints", "flags",
-             "request-dialect",
+             "request-dialect", "log-prefix", "rules", "auth-flags", "multi-rank", "metrics", "weights", "memory-utilization", "quants", "launcher-sets",
              "exclusive-groups", "rank-symmetric", "levers", "env-passthrough")
 
 
@@ -59,6 +64,7 @@ class FlagSpec:
     unset_word: str | None = None
     recipe_keys: tuple[str, ...] = ()  # the spelling an engine recipe must use instead (max_model_len)
     source: str = ""  # for a flag the pinned dump lacks: the engine file@commit it was read from
+    negation: str | None = None  # negatable: the flag name that says `false` (no-cont-batching)
 
     @property
     def option(self) -> str:
@@ -79,6 +85,12 @@ class FlagSpec:
                         "`false` restates the default")
             spelled = "`true` or `false`" if false_allowed else "`true` or leave it out"
             return f"is a presence-only switch: write {spelled}, not {type_name(value)}"
+        if self.type == "negatable":
+            return None if isinstance(value, bool) else f"must be `true` or `false`, not {type_name(value)}"
+        if self.type == "json":
+            if isinstance(value, (dict, list)):
+                return None
+            return f"must be a mapping or a list (written as YAML; rendered as JSON), not {type_name(value)}"
         if isinstance(value, str) and value in self.words:
             return None
         if self.type == "switch":
@@ -116,6 +128,10 @@ class FlagSpec:
         """The argv words for this flag set to value (booleans are presence-only)."""
         if self.type == "flag":
             return [self.option] if value is True else []  # `false` is the flag's absence
+        if self.type == "negatable":
+            return [self.option if value is True else f"--{self.negation}"]
+        if self.type == "json":
+            return [self.option, json.dumps(value, separators=(",", ":"), sort_keys=True)]
         if self.unset_word is not None and value == self.unset_word:
             return []  # the word that means "not set" (auto-compact: off) is the flag's absence
         return [self.option, _format_scalar(value)]
@@ -157,6 +173,8 @@ class Readiness:
     status_key: str = "status"  # the JSON key of a /health answer that names the state
     faulted: str = "faulted"  # its value once a GPU fault is latched
     reason_key: str = "reason"
+    style: str = "marker-then-health"  # engine_profile.READINESS_STYLES
+    marker: re.Pattern[str] | None = None  # warm-up-marker: the log line that says warm-up is done
 
 
 @dataclass(frozen=True)
@@ -184,6 +202,19 @@ class EngineContract:
     # which OpenAI request extensions the engine takes: {ignore-eos|min-tokens|stream-usage|continuous-usage:
     # accepted|refused|unknown}; the benchmark probes the server when anything is unknown
     request_dialect: dict[str, str] = field(default_factory=dict)
+    rules: tuple[str, ...] = ()  # engine_profile.RULES this engine's recipes are held to
+    model_argument: P.ModelArgument = field(default_factory=P.ModelArgument)
+    metrics: P.MetricsMap = field(default_factory=P.MetricsMap)
+    weights: P.Weights = field(default_factory=P.Weights)
+    memory_meaning: str = "fraction-of-total"  # what resources.memory-utilization means to it
+    quants: tuple[str, ...] = ()  # the checkpoint quant words its recipes use
+    launcher_sets: dict[str, Any] = field(default_factory=dict)  # flags every launch sets (llama.cpp --metrics)
+    log_prefix: re.Pattern[str] | None = None  # what precedes a log line's message (None: the tracing prefix)
+    auth_flags: tuple[str, ...] = ()  # serve flags that, all set, put authentication on the endpoint
+    multi_rank: str = "none"  # none | rendezvous (ranks meet at --master-addr/--master-port: Metrale's EP=2)
+
+    def has_rule(self, rule: str) -> bool:
+        return rule in self.rules
 
     def flag(self, name: str) -> FlagSpec | None:
         return self.flags.get(self.aliases.get(name, name))
@@ -251,7 +282,28 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         synced_policy=synced_policy,
         lever_refinements=refinements,
         request_dialect=_dialect(check, top),
+        rules=P.parse_rules(check, top),
+        model_argument=P.parse_model_argument(check, top.get("model-argument")),
+        metrics=P.parse_metrics(check, top.get("metrics"), name),
+        weights=P.parse_weights(check, top.get("weights")),
+        memory_meaning=P.parse_memory_meaning(check, top),
+        quants=tuple(check.string_list(top, (), "quants", required=True)),
+        launcher_sets=_launcher_sets(check, top, flags),
+        log_prefix=_log_prefix(check, top),
+        auth_flags=tuple(check.string_list(top, (), "auth-flags")),
+        multi_rank=str(top.get("multi-rank", "none")),
     )
+    for flag in contract.auth_flags:
+        if flag not in flags:
+            check.error(("auth-flags",), f"names unknown flag {flag!r}")
+    if contract.multi_rank not in MULTI_RANK_STRATEGIES:
+        check.error(("multi-rank",), f"unknown multi-rank strategy {contract.multi_rank!r}",
+                    f"use one of {', '.join(MULTI_RANK_STRATEGIES)}")
+    if contract.model_argument.flag and contract.model_argument.flag not in flags:
+        check.error(("model-argument", "flag"), f"names unknown flag {contract.model_argument.flag!r}")
+    if contract.metrics.enabled_by and contract.metrics.enabled_by not in contract.launcher_sets:
+        check.error(("metrics", "enabled-by"), f"--{contract.metrics.enabled_by} turns /metrics on: list it under "
+                                               "`launcher-sets:` so every launch sets it")
     return (contract if check.ok else None), check
 
 
@@ -268,6 +320,34 @@ def _dialect(check: Checker, top: dict[str, Any]) -> dict[str, str]:
             check.error(("request-dialect", key), f"{value!r}: expected accepted, refused or unknown")
         out[key] = value
     return out
+def _log_prefix(check: Checker, top: dict[str, Any]) -> re.Pattern[str] | None:
+    if not top.get("log-prefix"):
+        return None
+    try:
+        return re.compile(str(top["log-prefix"]))
+    except re.error as exc:
+        check.error(("log-prefix",), f"not a valid regular expression: {exc}")
+        return None
+
+
+def _launcher_sets(check: Checker, top: dict[str, Any], flags: dict[str, FlagSpec]) -> dict[str, Any]:
+    """Flags metralectl sets on every launch of this engine, with their values (`--metrics`, `--offline`)."""
+    body = check.mapping(top.get("launcher-sets", {}), ("launcher-sets",), "launcher-sets")
+    out: dict[str, Any] = {}
+    for name, value in body.items():
+        spec = flags.get(str(name))
+        if spec is None:
+            check.error(("launcher-sets", name), f"sets unknown flag {name!r}")
+            continue
+        if spec.recipe != "launcher":
+            check.error(("launcher-sets", name), f"--{name} is set by the launcher: give it `recipe: launcher`")
+        problem = spec.check_value(value)
+        if problem:
+            check.error(("launcher-sets", name), f"--{name} {problem}")
+        out[spec.name] = value
+    return out
+
+
 def _readiness(check: Checker, top: dict[str, Any]) -> Readiness:
     body = check.mapping(top.get("readiness", {}), ("readiness",), "readiness")
     check.known_keys(body, ("readiness",), _READINESS_KEYS, "readiness")
@@ -275,8 +355,10 @@ def _readiness(check: Checker, top: dict[str, Any]) -> Readiness:
     if not isinstance(status, int) or isinstance(status, bool) or not 200 <= status < 300:
         check.error(("readiness", "health-ready-status"), f"must be a 2xx HTTP status, not {status!r}")
         status = 200
+    style = P.parse_readiness_style(check, body)
     return Readiness(str(body.get("health-path", "/health")), status, str(body.get("health-status-key", "status")),
-                     str(body.get("health-faulted", "faulted")), str(body.get("health-reason-key", "reason")))
+                     str(body.get("health-faulted", "faulted")), str(body.get("health-reason-key", "reason")),
+                     style.style, style.marker)
 
 
 def _patterns(check: Checker, top: dict[str, Any], key: str, label: str) -> tuple[LogPattern, ...]:
@@ -312,6 +394,8 @@ def _parse_flag(check: Checker, name: str, raw: Any) -> FlagSpec | None:
         check.error(where, "a choice flag must list its `choices:`")
     if kind == "flag" and role == "resources":
         check.error(where + ("recipe",), "a presence-only flag cannot be rendered from resources")
+    if (kind == "negatable") != bool(body.get("negation")):
+        check.error(where, "a negatable flag names its `negation:` (the flag that says false), and only it does")
     return FlagSpec(
         name=name, type=kind, recipe=role, default=body.get("default"),
         minimum=body.get("min"), maximum=body.get("max"),
@@ -322,5 +406,5 @@ def _parse_flag(check: Checker, name: str, raw: Any) -> FlagSpec | None:
         needs_model=body.get("needs-model"), must_match=body.get("must-match"),
         aliases=tuple(body.get("aliases") or ()), help=str(body.get("help", "")), reason=str(body.get("reason", "")),
         unset_word=body.get("unset-word"), recipe_keys=tuple(str(k) for k in body.get("recipe-keys") or ()),
-        source=str(body.get("source", "")),
+        source=str(body.get("source", "")), negation=body.get("negation"),
     )

@@ -24,11 +24,11 @@ if TYPE_CHECKING:
     from metralectl.core.contract import EngineContract
 
 TOP_KEYS = ("revisions", "default-revision", "synced-policy")
-REQUIRED_MODES = ("all", "clap-defaults")
+REQUIRED_MODES = ("all", "clap-defaults", "listed")
 FALSE_MODES = ("allowed", "refused")
-_REVISION_KEYS = ("release", "commit", "engine-version", "serve-options", "sha256", "source", "base", "adds",
-                  "evidence", "policy")
-_POLICY_KEYS = ("required", "presence-false", "excluded", "source")
+_REVISION_KEYS = ("release", "commit", "engine-version", "serve-options", "help-dump", "sha256", "source", "base",
+                  "adds", "evidence", "policy")
+_POLICY_KEYS = ("required", "presence-false", "excluded", "keys", "source")
 _LEVER_REFINEMENT_KEYS = ("type", "min", "recipe", "reason")
 
 
@@ -36,10 +36,11 @@ _LEVER_REFINEMENT_KEYS = ("type", "min", "recipe", "reason")
 class Policy:
     """What a recipe must state for this revision (the engine's recipe/explicit.rs of that commit)."""
 
-    required: str  # "all": every settable flag; "clap-defaults": every flag with a clap default
+    required: str  # "all": every settable flag; "clap-defaults": every flag with a clap default; "listed": `keys`
     presence_false: str  # "allowed": `key: false` is written and rendered as the flag's absence
     excluded: tuple[str, ...] = ()  # never required (a recipe may still state them)
     source: str = ""
+    keys: tuple[str, ...] = ()  # for "listed": the flags every recipe of this engine states
 
     @property
     def false_allowed(self) -> bool:
@@ -48,6 +49,8 @@ class Policy:
     def requires(self, spec: FlagSpec) -> bool:
         if spec.recipe != "setting" or spec.name in self.excluded:
             return False
+        if self.required == "listed":
+            return spec.name in self.keys
         if self.required == "all":
             return True
         return spec.type != "flag" and spec.default is not None
@@ -104,14 +107,18 @@ def _policy(check: Checker, raw: Any, where: tuple[Any, ...], flags: dict[str, F
     if false not in FALSE_MODES:
         check.error(where + ("presence-false",), f"must be one of {', '.join(FALSE_MODES)}, not {false!r}")
     excluded = tuple(check.string_list(body, where, "excluded"))
-    for name in excluded:
-        if name not in flags:
-            check.error(where + ("excluded",), f"excludes unknown flag {name!r}")
+    keys = tuple(check.string_list(body, where, "keys", required=required == "listed"))
+    for field_name, names in (("excluded", excluded), ("keys", keys)):
+        for name in names:
+            if name not in flags:
+                check.error(where + (field_name,), f"names unknown flag {name!r}")
+    if keys and required != "listed":
+        check.error(where + ("keys",), "`keys:` is read only with `required: listed`")
     if not str(body.get("source") or "").strip():
         check.error(where, "a policy names its `source:` (the engine file and commit it comes from)")
     if required not in REQUIRED_MODES or false not in FALSE_MODES:
         return None
-    return Policy(str(required), str(false), excluded, str(body.get("source", "")))
+    return Policy(str(required), str(false), excluded, str(body.get("source", "")), keys)
 
 
 def parse_revisions(check: Checker, top: dict[str, Any], flags: dict[str, FlagSpec],
@@ -131,6 +138,12 @@ def parse_revisions(check: Checker, top: dict[str, Any], flags: dict[str, FlagSp
         common: dict[str, Any] = {"id": str(rev_id), "commit": commit, "policy": policy,
                                   "release": body.get("release"), "source": str(body.get("source", "")),
                                   "evidence": str(body.get("evidence", ""))}
+        if body.get("help-dump"):
+            specs = _help_dump_specs(check, body, where, flags, engine_dir)
+            if specs is not None:
+                revisions[str(rev_id)] = Revision(**common, specs=specs, levers={}, sha256=str(body.get("sha256")),
+                                                  engine_version=str(body.get("engine-version", "")))
+            continue
         if body.get("serve-options"):
             loaded = _base(check, body, where, flags, refinements, engine_dir)
             if loaded is not None:
@@ -190,6 +203,33 @@ def _base(check: Checker, body: dict[str, Any], where: tuple[Any, ...], flags: d
         if name not in {lv.env for lv in options.levers}:
             check.error(("levers", name), f"refines {name}, which the engine's lever table does not declare")
     return specs, build_levers(options, refinements), options
+
+
+def _help_dump_specs(check: Checker, body: dict[str, Any], where: tuple[Any, ...], flags: dict[str, FlagSpec],
+                     engine_dir: Path | None) -> dict[str, FlagSpec] | None:
+    """A revision whose authority is the engine's pinned `--help` text: every declared flag, under every
+    spelling we accept or render, must be an option that text lists."""
+    from metralectl.core import help_dump
+    if engine_dir is None:
+        check.error(where + ("help-dump",), "no engine directory to read the pinned help text from")
+        return None
+    try:
+        dump = help_dump.load(engine_dir / str(body["help-dump"]))
+    except help_dump.HelpDumpError as exc:
+        check.error(where + ("help-dump",), str(exc))
+        return None
+    if dump.sha256 != body.get("sha256"):
+        check.error(where + ("sha256",), f"the pinned help text has sha256 {dump.sha256}, not the recorded "
+                                         f"{body.get('sha256')}", "the pinned text is the binary's, byte for byte")
+    for name, spec in flags.items():
+        spellings = [spec.option, *(f"--{a}" if not a.startswith("-") else a for a in spec.aliases)]
+        if spec.negation:
+            spellings.append(f"--{spec.negation}")
+        for option in spellings:
+            if option not in dump.options:
+                check.error(("flags", name), f"{option} is not an option of the engine's pinned help "
+                                             f"({body.get('help-dump')})", "check the spelling against `--help`")
+    return dict(flags)
 
 
 def _extras(check: Checker, flags: dict[str, FlagSpec], bases: list[tuple[Revision, Any]]) -> None:

@@ -16,8 +16,15 @@ GB = 1e9
 KV_BLOCK_TOKENS = 16
 # Bytes per KV element (SPEC §3). turboN stores N bits per element, so turbo2 is 2/8.
 KV_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5, "turbo2": 0.25, "turbo3": 3 / 8, "turbo4": 0.5, "turbo8": 1.0}
-# Bits per weight of a checkpoint, scales included: NVFP4 = 4-bit values + one FP8 scale per 16.
-WEIGHT_BITS = {"nvfp4": 4.5, "mxfp4": 4.25, "fp8": 8.0, "bf16": 16.0}
+# Bits per weight of a checkpoint, scales included: NVFP4 = 4-bit values + one FP8 scale per 16. GGUF block
+# quants by their block layout (Q8_0: 32 int8 + an f16 scale = 8.5 bits); the K-quant mixes (Q4_K_M: Q4_K with
+# some tensors in Q6_K) and the dynamic ones (UD-*) vary per model: no single figure, so unknown.
+WEIGHT_BITS = {"nvfp4": 4.5, "mxfp4": 4.25, "fp8": 8.0, "bf16": 16.0,
+               "Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q6_K": 6.5625, "IQ4_NL": 4.5,
+               "IQ4_XS": 4.25, "MXFP4": 4.25, "F16": 16.0, "BF16": 16.0, "F32": 32.0}
+# llama.cpp's KV cache types (--cache-type-k/-v), bytes per element: block quants with their scales.
+GGML_KV_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
+                 "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
 
 
 @dataclass(frozen=True)
@@ -32,8 +39,9 @@ class MemoryEstimate:
     weights: Part
     kv_pool: Part
     reserve: Part
-    budget: Part  # memory x utilization of the target
+    budget: Part  # what the engine may use on the target (memory × utilization, as the engine reads it)
     hardware: str
+    memory_meaning: str = "fraction-of-total"  # what resources.memory-utilization means to the recipe's engine
 
     @property
     def total_gb(self) -> float | None:
@@ -88,6 +96,8 @@ def weights_part(model: ModelInfo, repo: str, quant: str) -> Part:
 
 
 def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
+    if recipe.engine == "llama-cpp":
+        return _kv_llamacpp(model, recipe)
     serve = recipe.serve
     dtype = str(serve.get("kv-cache-dtype", ""))
     seq, batch = serve.get("max-seq-len"), serve.get("max-batch-size")
@@ -111,17 +121,48 @@ def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
     return Part("KV pool", total / GB, basis)
 
 
-def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name: str | None = None) -> MemoryEstimate:
+def _kv_llamacpp(model: ModelInfo, recipe: Recipe) -> Part:
+    """llama.cpp's KV cache: ctx-size tokens (shared by the slots) × attention layers × KV heads × head dim,
+    K and V in their cache types (f16 unless set)."""
+    serve = recipe.serve
+    layers, heads, dim = model.attention_layers, model.kv_heads, model.head_dim
+    missing = [n for n, v in (("attention layers", layers), ("KV heads", heads), ("head dim", dim)) if not v]
+    if missing:
+        return Part("KV cache", None, f"unknown: {', '.join(missing)} of {model.display_name} not in the data")
+    ctx = serve.get("ctx-size")
+    if not isinstance(ctx, int) or ctx <= 0:
+        return Part("KV cache", None, "unknown: ctx-size 0 (the model's training context, read at load)")
+    k_type, v_type = str(serve.get("cache-type-k", "f16")), str(serve.get("cache-type-v", "f16"))
+    assert layers and heads and dim
+    total = ctx * layers * heads * dim * (GGML_KV_BYTES[k_type] + GGML_KV_BYTES[v_type])
+    basis = f"{ctx} ctx × {layers} attn layers × {heads} kv-heads × {dim} head-dim × (K {k_type} + V {v_type})"
+    return Part("KV cache", total / GB, basis)
+
+
+def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning: str, weights: Part) -> Part:
+    """What the engine may use, read the way its memory-utilization is meant (engine_profile.MEMORY_MEANINGS)."""
+    if memory is None:
+        return Part("budget", None, f"unknown: memory of {hardware.display_name} not in the data")
+    kind = "unified" if hardware.unified_memory else "GPU"
+    if meaning == "none":
+        return Part("budget", memory, f"{memory:g} GB {kind} (the engine takes no memory fraction)")
+    if meaning == "fraction-of-free-after-weights":
+        if weights.gb is None:
+            return Part("budget", None, "unknown: the engine's fraction is of the memory left after the weights, "
+                                        "and the weights' size is unknown")
+        return Part("budget", weights.gb + (memory - weights.gb) * util,
+                    f"weights + ({memory:g} GB {kind} − weights) × {util:g} (of free memory after the weights)")
+    what = "weights and KV only" if meaning == "static-weights-and-kv" else "of total"
+    return Part("budget", memory * util, f"{memory:g} GB {kind} × {util:g} utilization ({what})")
+
+
+def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name: str | None = None,
+             memory_meaning: str = "fraction-of-total") -> MemoryEstimate:
     reserve_mb = recipe.serve.get("oom-guard-mb", 0)
     memory = hardware.memory_gb(gpu_name)
-    util = recipe.resources.memory_utilization
-    if memory is None:
-        budget = Part("budget", None, f"unknown: memory of {hardware.display_name} not in the data")
-    else:
-        kind = "unified" if hardware.unified_memory else "GPU"
-        budget = Part("budget", memory * util, f"{memory:g} GB {kind} × {util:g} utilization")
     ranks = recipe.resources.world_size
     weights = weights_part(model, recipe.checkpoint.repo, recipe.checkpoint.quant)
+    budget = _budget(hardware, memory, recipe.resources.memory_utilization, memory_meaning, weights)
     if ranks > 1 and weights.gb is not None:
         # EP splits the experts across ranks; the rest is replicated. Without the expert share in the
         # data, the even split is the optimistic bound and is labelled as such.
@@ -132,4 +173,5 @@ def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name
         reserve=Part("reserve", reserve_mb * 1e6 / GB, f"oom-guard-mb {reserve_mb}"),
         budget=budget,
         hardware=hardware.id,
+        memory_meaning=memory_meaning,
     )

@@ -11,6 +11,7 @@ class CheckpointRef:
     repo: str
     quant: str
     revision: str | None  # a pinned commit, or None (pull records what it resolved to)
+    format: str = "safetensors"  # the engine's weights format: safetensors (the snapshot) | gguf (quant's files)
 
 
 @dataclass(frozen=True)

@@ -77,12 +77,12 @@ class ContainerSpec:
 _PROFILE_FIELDS = ("devices", "cap_add", "ulimits", "shm_size")
 
 
-def hf_mounts() -> tuple[Mount, ...]:
+def hf_mounts(container_hf_home: str = CONTAINER_HF_HOME) -> tuple[Mount, ...]:
     """The HF cache where the engine inside looks for it (HF_HOME, or HF_HUB_CACHE when set apart)."""
-    mounts = [Mount(str(paths.hf_home()), CONTAINER_HF_HOME)]
+    mounts = [Mount(str(paths.hf_home()), container_hf_home)]
     hub = paths.hf_hub_cache()
     if "HF_HUB_CACHE" in os.environ and hub != paths.hf_home() / "hub":
-        mounts.append(Mount(str(hub), f"{CONTAINER_HF_HOME}/hub"))
+        mounts.append(Mount(str(hub), f"{container_hf_home}/hub"))
     return tuple(mounts)
 
 
@@ -92,9 +92,10 @@ def container_name(recipe: Recipe, rank: int = 0) -> str:
 
 
 def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, master_addr: str | None = None) -> list[str]:
-    """`serve <hf-id>` and every flag, explicit: no engine default is inherited silently."""
+    """`serve <hf-id>` (or the engine's model-argument form) and every flag, explicit: no engine default is
+    inherited silently; then the flags the engine's launcher always sets (llama.cpp's --offline --metrics)."""
     rank_info = recipe.resources.ranks[rank]
-    argv = [*contract.serve_command, recipe.checkpoint.repo]
+    argv = [*contract.serve_command, *contract.model_argument.words(recipe.checkpoint.repo, recipe.checkpoint.quant)]
     resource_values = {
         "port": rank_info.port,
         "bind": recipe.resources.bind,
@@ -120,6 +121,8 @@ def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, maste
                          "--master-addr", master_addr or "<head-ip>"]
         elif spec.name in serve:
             argv += spec.render_value(serve[spec.name])
+    for name, value in contract.launcher_sets.items():
+        argv += contract.flags[name].render_value(value)
     return argv
 
 
@@ -156,6 +159,7 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
         gpus = gpus_override
     env = nccl_env(recipe, hardware, roce_interface, rdma=rdma, rdma_device=rdma_device)
     profile = hardware.rank_profile if hardware is not None and recipe.multi_rank else None
+    env.update(contract.weights.offline_env)  # the weights were verified in the cache: never download at start
     env.update(recipe.env)
     env.update(extra_env or {})
     spec = ContainerSpec(
@@ -163,7 +167,7 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
         image=image.ref,
         command=tuple(serve_argv(recipe, contract, rank=rank, master_addr=master_addr)),
         env=env,
-        mounts=hf_mounts(),
+        mounts=hf_mounts(contract.weights.container_hf_home),
         gpus=gpus,
         port=recipe.resources.ranks[rank].port,
         bind=recipe.resources.bind,

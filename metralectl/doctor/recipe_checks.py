@@ -82,7 +82,8 @@ def check_fit(ctx: Context) -> Finding:
         return problem(f"{recipe.name} is built for {recipe.hardware}; this machine is {detected} ({gpu_name})",
                        "pick a recipe for this machine (`metralectl list` judges fit on the detected class)", **data)
     hw = catalog.hardware[recipe.hardware]
-    est = estimate(recipe, catalog.model_of(recipe), hw, gpu_name if detected == recipe.hardware else None)
+    est = estimate(recipe, catalog.model_of(recipe), hw, gpu_name if detected == recipe.hardware else None,
+                   catalog.engines[recipe.engine].memory_meaning)
     total, budget = est.total_gb, est.budget.gb
     data.update(estimate_gb=total, budget_gb=budget, weights_gb=est.weights.gb, kv_pool_gb=est.kv_pool.gb,
                 reserve_gb=est.reserve.gb)

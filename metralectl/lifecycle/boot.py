@@ -30,10 +30,11 @@ def clean_line(raw: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def message_of(line: str) -> str:
-    """A clean line's message: the tracing prefix (time, level, module path) cut off when there is one."""
-    match = _PREFIX.match(line)
-    return line[match.end():] if match else line.strip()
+def message_of(line: str, prefix: re.Pattern[str] | None = None) -> str:
+    """A clean line's message: the engine's log prefix (tracing's time, level and module path unless the
+    engine file names another `log-prefix:`) cut off when there is one."""
+    match = (prefix or _PREFIX).match(line)
+    return line[match.end():].strip() if match else line.strip()
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class BootLog:
         self.phase = "starting"
         self.ready_line_seen = False  # a hint only: /health decides
         self.failure: Diagnosis | None = None
+        self._failure_rank = len(contract.log_failures) + 1  # lower = more specific (earlier in log-failures)
+        self.marker_seen = False  # the warm-up marker (readiness style warm-up-marker)
         self.tail: deque[str] = deque(maxlen=keep)
         self._port_in_use = re.compile(r"(?i)address already in use|bind.*in use")
 
@@ -87,8 +90,11 @@ class BootLog:
         """Record one line (as the engine wrote it); return the new phase name when this line starts one."""
         line = clean_line(raw)
         self.tail.append(line)
-        message = message_of(line)
+        message = message_of(line, self.contract.log_prefix)
         new_phase = None
+        marker = self.contract.readiness.marker
+        if marker is not None and marker.search(message):
+            self.marker_seen = True
         for pattern in self.contract.log_phases:
             match = pattern.pattern.search(message)
             if match is None:
@@ -101,16 +107,19 @@ class BootLog:
             break
         if new_phase == "ready":
             self.ready_line_seen = True
-        if self.failure is None:
-            self.failure = self._failure(message)
+        found = self._failure(message)
+        if found is not None and found[0] < self._failure_rank:
+            # The first line of the most specific signature seen: an engine often logs a generic "failed to
+            # load model" before the line that says why (llama.cpp: `invalid magic characters`).
+            self._failure_rank, self.failure = found
         return new_phase
 
-    def _failure(self, message: str) -> Diagnosis | None:
-        for pattern in self.contract.log_failures:
+    def _failure(self, message: str) -> tuple[int, Diagnosis] | None:
+        for rank, pattern in enumerate(self.contract.log_failures):
             if pattern.pattern.search(message):
-                return Diagnosis(pattern.key, message.strip(), pattern.remedy or REMEDIES.get(pattern.key, ""))
+                return rank, Diagnosis(pattern.key, message.strip(), pattern.remedy or REMEDIES.get(pattern.key, ""))
         if self._port_in_use.search(message):
-            return Diagnosis("port-in-use", message.strip(), REMEDIES["port-in-use"])
+            return len(self.contract.log_failures), Diagnosis("port-in-use", message.strip(), REMEDIES["port-in-use"])
         return None
 
 

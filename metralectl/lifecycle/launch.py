@@ -27,7 +27,7 @@ from metralectl.lifecycle.preflight import (containers_refusal, launch_refusal, 
                                             port_refusal)
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
-from metralectl.lifecycle.readiness import (BootClock, HealthPoller, fault_diagnosis, stall_diagnosis,
+from metralectl.lifecycle.readiness import (BootClock, HealthPoller, StyleGate, fault_diagnosis, stall_diagnosis,
                                             timeout_diagnosis, warnings_at_ready)
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID, LABEL_SETS
@@ -229,6 +229,7 @@ def _wait_ready(runtime: ContainerRuntime, container: ContainerInfo, log: BootLo
     follower.start()
     poller = HealthPoller(url, readiness)
     poller.start()
+    style = StyleGate(readiness, url, on_event)
     phases: dict[str, float] = {}
     clock = BootClock(started, boot_timeout, stall_timeout)
     next_state_check = 0.0
@@ -254,7 +255,9 @@ def _wait_ready(runtime: ContainerRuntime, container: ContainerInfo, log: BootLo
                 clock.progressed(now)
                 if health.kind != "down":
                     on_event(Step("health", f"GET {readiness.health_path}: {health.describe()}"))
-            if health.kind == "ready" and hold_until is None:
+            if health.kind == "ready" and hold_until is None and not style.satisfied(log):
+                pass  # healthy, but the engine's readiness style wants more (a warm-up marker, a first answer)
+            elif health.kind == "ready" and hold_until is None:
                 if "ready" not in phases:
                     phases["ready"] = now - started
                     on_event(Phase("ready", f"GET {readiness.health_path}: {health.describe()}", now - started))
@@ -299,7 +302,7 @@ def _take(line: str, fd: int, log: BootLog, on_event: Listener, phases: dict[str
     on_event(LogLine(clean))
     if phase is not None and phase not in phases:
         phases[phase] = elapsed
-        on_event(Phase(phase, message_of(clean), elapsed))
+        on_event(Phase(phase, message_of(clean, log.contract.log_prefix), elapsed))
 
 
 def _follow(runtime: ContainerRuntime, container_id: str, lines: queue.Queue[str | None], stop: threading.Event) -> None:

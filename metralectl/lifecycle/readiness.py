@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from metralectl.core.contract import Readiness
 from metralectl.seams.endpoint import EngineClient, Health
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, clean_line
+from metralectl.lifecycle.events import Listener, Step
 
 HEALTH_POLL_S = 0.05  # well below the 0.3 s within which a ready engine must be seen ready
 HEALTH_TIMEOUT_S = 2.0  # one poll's HTTP timeout (a busy engine answering slowly is still "answering")
@@ -120,6 +121,37 @@ class HealthPoller(threading.Thread):
 
     def stop(self) -> None:
         self.stop_event.set()
+
+
+class StyleGate:
+    """What the engine's readiness style asks beyond a 200 from its health path (engine_profile.READINESS_STYLES):
+    marker-then-health, port-closed-until-ready, http-503-until-loaded: nothing more (the 200 is the truth);
+    warm-up-marker: its warm-up line in the log as well; lazy-load: one real answer, since such an engine is
+    healthy before it has loaded anything. Asked only once health is ready."""
+
+    def __init__(self, readiness: Readiness, url: str, on_event: Listener,
+                 probe_timeout_s: float = 600.0) -> None:
+        self.readiness = readiness
+        self.url = url
+        self.on_event = on_event
+        self.probe_timeout_s = probe_timeout_s
+        self._answered = False
+        self._announced = False
+
+    def satisfied(self, log: BootLog) -> bool:
+        style = self.readiness.style
+        if style == "warm-up-marker":
+            if not log.marker_seen and not self._announced:
+                self._announced = True
+                self.on_event(Step("health", "healthy; waiting for the engine's warm-up line"))
+            return log.marker_seen
+        if style == "lazy-load":
+            if not self._answered:
+                self.on_event(Step("health", "healthy; asking for one answer (the engine loads on first use)"))
+                with EngineClient(self.url, timeout=self.probe_timeout_s) as client:
+                    self._answered = client.answer_one(self.probe_timeout_s).status == 200
+            return self._answered
+        return True
 
 
 class BootClock:

@@ -48,12 +48,14 @@ class SwapRolledBack(MetralError):
     """The new model did not become ready; the previous one serves again."""
 
     exit_code = ExitCode.FAILED
+    result: SwapResult | None = None  # what happened, for `swap --json` (stdout is data, failed or not)
 
 
 class SwapDegraded(MetralError):
     """Neither model serves; the journal stays so `ps --repair` can restore."""
 
     exit_code = ExitCode.DEGRADED
+    result: SwapResult | None = None
 
 
 def _journal(phase: str, body: dict[str, Any]) -> None:
@@ -82,13 +84,15 @@ def swap_refused(new: Recipe, new_sets: list[str],
     return swap_refusal(new, new_sets, running, served_sets(served) if served else ()), served
 
 
-def drain(url: str, timeout_s: float, on_event: Listener) -> float:
-    """Wait (bounded) until the engine has no request in flight; returns the seconds waited."""
+def drain(url: str, timeout_s: float, on_event: Listener,
+          active_series: tuple[str, ...] = ("metrale_requests_active",)) -> float:
+    """Wait (bounded) until the engine has no request in flight (its requests-active series); returns the
+    seconds waited."""
     started = time.monotonic()
     with EngineClient(url, timeout=1.0) as client:
         while True:
             try:
-                active = requests_active(client.metrics_text())
+                active = requests_active(client.metrics_text(), active_series)
             except MetralError:
                 active = None
             if not active:
@@ -124,7 +128,8 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerR
     phases: dict[str, float] = {}
     _journal("draining", body)
     url = old_container.labels.get(LABEL_ENDPOINT, "")
-    phases["drain"] = drain(url, drain_timeout_s, on_event) if url else 0.0
+    active_series = catalog.engines[old.engine].metrics.names("requests-active")
+    phases["drain"] = drain(url, drain_timeout_s, on_event, active_series) if url and active_series else 0.0
     _journal("stopping-old", body)
     down_from = time.monotonic()
     stop_containers(runtime, [old_container], on_event=on_event, memory=memory)
@@ -166,15 +171,19 @@ def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, ru
                             f"{new.name} failed ({failure.diagnosis.cause}) and restoring {old.name} failed too "
                             f"({second.diagnosis.cause})")
         store.append_jsonl(swaps_path(), {**asdict(result), "at": time.time()})
-        raise SwapDegraded(f"DEGRADED: nothing serves — {result.message}", "`metralectl ps --repair` retries the restore; "
-                           f"`metralectl logs` / {second.log_path} show why") from None
+        degraded = SwapDegraded(f"DEGRADED: nothing serves — {result.message}", "`metralectl ps --repair` retries the "
+                                f"restore; `metralectl logs` / {second.log_path} show why")
+        degraded.result = result
+        raise degraded from None
     phases["restore"] = time.monotonic() - restore_from
     result = SwapResult(old.name, new.name, "rolled-back", time.monotonic() - down_from, phases,
                         f"{new.name} failed ({failure.diagnosis.cause}: {failure.diagnosis.message}); "
                         f"{old.name} restored")
     _finish(result)
-    raise SwapRolledBack(f"swap to {new.name} failed ({failure.diagnosis.cause}: {failure.diagnosis.message}); the previous "
-                         f"recipe {old.name} serves again", failure.diagnosis.remedy)
+    rolled_back = SwapRolledBack(f"swap to {new.name} failed ({failure.diagnosis.cause}: {failure.diagnosis.message}); "
+                                 f"the previous recipe {old.name} serves again", failure.diagnosis.remedy)
+    rolled_back.result = result
+    raise rolled_back
 
 
 def _finish(result: SwapResult) -> None:

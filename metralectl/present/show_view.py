@@ -12,8 +12,13 @@ from metralectl.core.render import docker_run_command, spec_for
 from metralectl.safetext import clean
 
 
+def est_meaning(catalog: Catalog, recipe: Recipe) -> str:
+    return catalog.engines[recipe.engine].memory_meaning
+
+
 def _estimate(catalog: Catalog, recipe: Recipe) -> MemoryEstimate:
-    return estimate(recipe, catalog.model_of(recipe), catalog.hardware[recipe.hardware])
+    return estimate(recipe, catalog.model_of(recipe), catalog.hardware[recipe.hardware],
+                    memory_meaning=catalog.engines[recipe.engine].memory_meaning)
 
 
 def _gb(part: Part) -> str:
@@ -37,7 +42,10 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
     lines += ["", "Checkpoint"]
     lines.append(f"  repo          {recipe.checkpoint.repo} @ {recipe.checkpoint.revision or 'unpinned'}")
-    lines.append(f"  quant         {recipe.checkpoint.quant} (kernel target {model.target_for(recipe.checkpoint.quant)})")
+    if catalog.engines[recipe.engine].has_rule("kernel-targets"):
+        lines.append(f"  quant         {recipe.checkpoint.quant} (kernel target {model.target_for(recipe.checkpoint.quant)})")
+    else:
+        lines.append(f"  quant         {recipe.checkpoint.quant} ({recipe.checkpoint.format} file(s) of that quant)")
     lines.append(f"  model         {model.display_name} ({model.model_type or 'model_type unknown'}); "
                  f"MTP {'yes' if model.mtp_supported else 'no' if model.mtp_supported is False else 'unknown'}")
     lines.append(f"  local cache   {cache.status}: {cache.detail}")
@@ -54,7 +62,8 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
         lines.append(f"  {key:<28}{'true' if value is True else value}")
     r = recipe.resources
     lines += ["", "Resources"]
-    lines.append(f"  port {r.port}, bind {r.bind}, memory-utilization {r.memory_utilization:g}, gpus {r.gpus}, "
+    util = "none (the engine takes no fraction)" if est_meaning(catalog, recipe) == "none" else f"{r.memory_utilization:g}"
+    lines.append(f"  port {r.port}, bind {r.bind}, memory-utilization {util}, gpus {r.gpus}, "
                  f"ranks {r.world_size}" + (f" (tp {r.tp_size} × ep {r.ep_size}, master-port {r.master_port})" if recipe.multi_rank else ""))
     if recipe.env:
         lines += ["", "Environment"] + [f"  {k}={val}" for k, val in recipe.env.items()]
@@ -94,8 +103,9 @@ def _provenance(catalog: Catalog, recipe: Recipe) -> list[str]:
             lines.append(f"  deviates      {clean(key)}: {clean(upstream)} -> {clean(ours)} ({clean(why)})")
     revision = catalog.engines[recipe.engine].revision(recipe.engine_revision)
     if revision is not None:
-        rule = ("every settable flag pinned" if revision.policy.required == "all"
-                else "every flag with an engine default pinned")
+        rule = {"all": "every settable flag pinned",
+                "listed": f"{', '.join(revision.policy.keys)} stated"}.get(revision.policy.required,
+                                                                         "every flag with an engine default pinned")
         false = "`false` allowed" if revision.policy.false_allowed else "`false` refused"
         lines.append(f"  targets       engine revision {revision.label} (commit {revision.commit[:12]}; {rule}, {false})")
     return lines

@@ -132,28 +132,22 @@ class EngineClient:
 
 
     def tokenize_messages(self, model: str, messages: list[dict[str, str]]) -> int | None:
-        """Prompt tokens of a chat as the engine counts them (`/tokenize`); None when it is not offered.
+        """Prompt tokens of a chat as the engine counts them; None when it cannot say.
 
-        Two dialects: vLLM and the Metrale engine tokenize `{"messages"}` with the chat template applied.
-        llama.cpp's server tokenizes only `{"content"}` and answers a chat with `{"tokens": []}` (a
-        count of 0 would have the prompt sizer grow the prompt without end): there the template is
-        applied by its `/apply-template` and the text tokenized as a chat request's prompt is (special
-        tokens parsed, BOS added when the model adds one)."""
-        if not messages:
-            return 0
-        count = _token_count(self._post_json("/tokenize", {"model": model, "messages": messages}))
-        if count:
+        `/tokenize` with `messages` where the engine takes them (Metrale, vLLM). An engine that reads only
+        `content` there answers no tokens for a non-empty chat (llama.cpp): then its own chat template is
+        applied (`/apply-template`) and the prompt it gives is tokenized with special tokens parsed, which is
+        what its usage counts (25 = 25 on llama-server 11434.0.0)."""
+        count = self._token_count("/tokenize", {"model": model, "messages": messages})
+        if count or not any(m.get("content") for m in messages):
             return count
-        templated = self._post_json("/apply-template", {"messages": messages})
-        prompt = templated.get("prompt") if isinstance(templated, dict) else None
-        if not isinstance(prompt, str):
+        template = self._post_json("/apply-template", {"messages": messages})
+        prompt = template.get("prompt") if isinstance(template, dict) else None
+        if not isinstance(prompt, str) or not prompt:
             return None
-        count = _token_count(self._post_json("/tokenize", {"content": prompt, "add_special": True,
-                                                           "parse_special": True}))
-        return count or None
+        return self._token_count("/tokenize", {"content": prompt, "add_special": True, "parse_special": True}) or None
 
     def _post_json(self, path: str, body: dict[str, Any]) -> object:
-        """The JSON a POST answers with 200, else None (not offered, refused, not JSON)."""
         import httpx
 
         try:
@@ -161,6 +155,15 @@ class EngineClient:
             return response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
+
+    def _token_count(self, path: str, body: dict[str, Any]) -> int | None:
+        data = self._post_json(path, body)
+        if not isinstance(data, dict):
+            return None
+        count, tokens = data.get("count"), data.get("tokens")
+        if isinstance(count, int):
+            return count
+        return len(tokens) if isinstance(tokens, list) else None
 
     def close(self) -> None:
         self._http.close()
@@ -172,21 +175,13 @@ class EngineClient:
         self.close()
 
 
-def _token_count(data: object) -> int | None:
-    """`count`, else the length of `tokens`, of a /tokenize answer."""
-    if not isinstance(data, dict):
-        return None
-    count, tokens = data.get("count"), data.get("tokens")
-    if isinstance(count, int):
-        return count
-    return len(tokens) if isinstance(tokens, list) else None
-
-
-def requests_active(metrics_text: str) -> float | None:
-    """`metrale_requests_active` from Prometheus text (None when absent)."""
+def requests_active(metrics_text: str, names: tuple[str, ...] = ("metrale_requests_active",)) -> float | None:
+    """The requests in flight from Prometheus text: the first of the engine's series `names` present
+    (its metrics mapping's requests-active; None when none is)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name == "metrale_requests_active":
-            return sum(s.value for s in family.samples)
+    found = {family.name: family for family in text_string_to_metric_families(metrics_text)}
+    for name in names:
+        if name in found:
+            return sum(s.value for s in found[name].samples)
     return None

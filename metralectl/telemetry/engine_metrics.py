@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from metralectl.core.engine_profile import MetricsMap
 from metralectl.errors import MetralError
 
 Labels = tuple[tuple[str, str], ...]
@@ -71,6 +72,33 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
     return None
 
 
+# Metrale's series (engine/metrale.yaml `metrics:`), for callers that know no engine: the text is still read
+# by the engine whose names it carries when candidate mappings are given (mapping_for).
+METRALE_DEFAULT = MetricsMap(series={
+    "requests-active": ("metrale_requests_active",), "requests-total": ("metrale_requests_total",),
+    "prompt-tokens-total": ("metrale_prompt_tokens_total",),
+    "generation-tokens-total": ("metrale_generation_tokens_total",),
+    "decoded-tokens-total": ("metrale_decoded_tokens_total",),
+    "ttft-seconds": ("metrale_time_to_first_token_seconds",),
+    "prefix-cache-hits-total": ("metrale_prefix_cache_hits_total",),
+    "prefix-cache-misses-total": ("metrale_prefix_cache_misses_total",),
+    "prefix-cache-hit-rate": ("metrale_prefix_cache_hit_rate",),
+    "spec-verify-total": ("metrale_spec_decode_verify_total",),
+    "tool-calls-total": ("metrale_tool_calls_total",),
+}, engine="metrale")
+
+
+def mapping_for(names: Iterable[str], candidates: Iterable[MetricsMap]) -> MetricsMap | None:
+    """The engine mapping whose series the text carries most of (None: no candidate matches a single one)."""
+    present = set(names)
+    best: tuple[int, MetricsMap] | None = None
+    for mapping in candidates:
+        hits = sum(1 for name in mapping.all_series if name in present or f"{name}_bucket" in present)
+        if hits and (best is None or hits > best[0]):
+            best = (hits, mapping)
+    return best[1] if best else None
+
+
 @dataclass(frozen=True)
 class EngineSnapshot:
     t: float | None  # when the text was fetched (caller's monotonic clock), for rates
@@ -85,6 +113,12 @@ class EngineSnapshot:
     prefix_cache_hit_rate_gauge: float | None
     spec_verify: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (k, outcome) → count
     tool_calls_total: float | None = None
+    requests_waiting: float | None = None
+    generation_tokens_per_s_gauge: float | None = None  # the engine's own decode-rate gauge (llama.cpp)
+    kv_cache_usage: float | None = None  # fraction 0..1
+    spec_draft_tokens_total: float | None = None
+    spec_accepted_tokens_total: float | None = None
+    engine: str = ""  # whose series these are (the mapping's engine), "" when unknown
 
     @property
     def ttft_p50_s(self) -> float | None:
@@ -102,7 +136,10 @@ class EngineSnapshot:
 
     @property
     def spec_acceptance(self) -> float | None:
-        return spec_acceptance(self.spec_verify)
+        rate = spec_acceptance(self.spec_verify)
+        if rate is None and self.spec_draft_tokens_total:
+            return (self.spec_accepted_tokens_total or 0.0) / self.spec_draft_tokens_total
+        return rate
 
     def spec_acceptance_by_k(self) -> dict[str, float]:
         return spec_acceptance_by_k(self.spec_verify)
@@ -114,7 +151,9 @@ class EngineSnapshot:
             "decoded_tokens_total": self.decoded_tokens_total, "ttft_p50_s": self.ttft_p50_s,
             "ttft_p95_s": self.ttft_p95_s, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "spec_acceptance": self.spec_acceptance, "spec_acceptance_by_k": self.spec_acceptance_by_k(),
-            "tool_calls_total": self.tool_calls_total,
+            "tool_calls_total": self.tool_calls_total, "requests_waiting": self.requests_waiting,
+            "generation_tokens_per_s_gauge": self.generation_tokens_per_s_gauge,
+            "kv_cache_usage": self.kv_cache_usage, "engine": self.engine or None,
         }
 
 
@@ -134,8 +173,11 @@ def spec_acceptance_by_k(counts: Mapping[tuple[str, str], float]) -> dict[str, f
     return out
 
 
-def parse_metrics(text: str, *, t: float | None = None) -> EngineSnapshot:
-    """Parse Prometheus exposition text. Missing series are None (an older engine, a feature off)."""
+def parse_metrics(text: str, *, t: float | None = None, mapping: MetricsMap | None = None,
+                  candidates: Iterable[MetricsMap] = ()) -> EngineSnapshot:
+    """Parse Prometheus exposition text into the canonical metrics, read through the engine's mapping (given,
+    else the candidate whose series the text carries, else Metrale's). Missing series are None (an older
+    engine, a feature off)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     series: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
@@ -147,26 +189,39 @@ def parse_metrics(text: str, *, t: float | None = None) -> EngineSnapshot:
         raise MetralError(f"the engine's /metrics is not Prometheus text: {exc}",
                           "is the URL the engine's port? `curl http://HOST:PORT/metrics` shows what came back") from exc
 
-    def total(name: str) -> float | None:
-        values = series.get(name)
+    chosen = mapping or mapping_for(series, candidates) or METRALE_DEFAULT
+
+    def present(canonical: str, suffix: str = "") -> str | None:
+        return next((n for n in chosen.names(canonical) if f"{n}{suffix}" in series), None)
+
+    def total(canonical: str) -> float | None:
+        name = present(canonical)
+        values = series.get(name) if name else None
         return sum(v for _, v in values) if values else None
 
     spec: dict[tuple[str, str], float] = defaultdict(float)
-    for labels, value in series.get("metrale_spec_decode_verify_total", ()):
+    for labels, value in series.get(present("spec-verify-total") or "", ()):
         spec[(labels.get("k", ""), labels.get("outcome", ""))] += value
+    ttft = present("ttft-seconds", "_bucket")
     return EngineSnapshot(
         t=t,
-        requests_active=total("metrale_requests_active"),
-        requests_total=total("metrale_requests_total"),
-        prompt_tokens_total=total("metrale_prompt_tokens_total"),
-        generation_tokens_total=total("metrale_generation_tokens_total"),
-        decoded_tokens_total=total("metrale_decoded_tokens_total"),
-        ttft=_histogram(series, "metrale_time_to_first_token_seconds"),
-        prefix_cache_hits_total=total("metrale_prefix_cache_hits_total"),
-        prefix_cache_misses_total=total("metrale_prefix_cache_misses_total"),
-        prefix_cache_hit_rate_gauge=total("metrale_prefix_cache_hit_rate"),
+        requests_active=total("requests-active"),
+        requests_total=total("requests-total"),
+        prompt_tokens_total=total("prompt-tokens-total"),
+        generation_tokens_total=total("generation-tokens-total"),
+        decoded_tokens_total=total("decoded-tokens-total"),
+        ttft=_histogram(series, ttft) if ttft else None,
+        prefix_cache_hits_total=total("prefix-cache-hits-total"),
+        prefix_cache_misses_total=total("prefix-cache-misses-total"),
+        prefix_cache_hit_rate_gauge=total("prefix-cache-hit-rate"),
         spec_verify=dict(spec),
-        tool_calls_total=total("metrale_tool_calls_total"),
+        tool_calls_total=total("tool-calls-total"),
+        requests_waiting=total("requests-waiting"),
+        generation_tokens_per_s_gauge=total("generation-tokens-per-s"),
+        kv_cache_usage=total("kv-cache-usage"),
+        spec_draft_tokens_total=total("spec-draft-tokens-total"),
+        spec_accepted_tokens_total=total("spec-accepted-tokens-total"),
+        engine=chosen.engine,
     )
 
 
@@ -226,6 +281,11 @@ def engine_rates(old: EngineSnapshot, new: EngineSnapshot, dt_s: float | None = 
     spec_delta = {k: v - old.spec_verify.get(k, 0.0) for k, v in new.spec_verify.items()}
     if any(v < 0 for v in spec_delta.values()):
         reset, spec_delta = True, {}
+    acceptance = spec_acceptance(spec_delta)
+    drafted = _delta(old.spec_draft_tokens_total, new.spec_draft_tokens_total)
+    accepted = _delta(old.spec_accepted_tokens_total, new.spec_accepted_tokens_total)
+    if acceptance is None and drafted and accepted is not None:
+        acceptance = accepted / drafted  # engines that count drafted and accepted tokens (llama.cpp)
     return EngineRates(
         dt_s=dt_s,
         requests_per_s=rate(old.requests_total, new.requests_total),
@@ -237,7 +297,7 @@ def engine_rates(old: EngineSnapshot, new: EngineSnapshot, dt_s: float | None = 
         ttft_p95_s=ttft.quantile(0.95) if ttft else None,
         prefix_cache_hit_rate=_ratio(hits, misses) if hits is not None and misses is not None and hits + misses > 0
         else None,
-        spec_acceptance=spec_acceptance(spec_delta),
+        spec_acceptance=acceptance,
         reset=reset,
     )
 

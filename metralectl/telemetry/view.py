@@ -245,7 +245,10 @@ class EngineRow:
             "url": self.target.url, "name": self.target.name, "recipe": self.target.recipe,
             "source": self.target.source,
             "state": self.state, "error": self.error,
+            "engine": (s.engine or None) if s else None,
             "requests_active": _count(s.requests_active) if s else None,
+            "requests_waiting": _count(s.requests_waiting) if s else None,
+            "engine_tokens_per_s": s.generation_tokens_per_s_gauge if s else None,  # the engine's own gauge
             "tokens_per_s": self.tokens_per_s, "ttft_p50_s": self.ttft_p50_s, "ttft_p95_s": self.ttft_p95_s,
             "ttft_scope": self.ttft_scope, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "spec_acceptance": self.spec_acceptance,

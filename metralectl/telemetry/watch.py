@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from metralectl.errors import MetralError
 from metralectl.seams.gpu import GpuProbe
 from metralectl.core.gpudata import GpuSystem, GpuUnavailable
+from metralectl.core.engine_profile import MetricsMap
 from metralectl.telemetry.engine_metrics import parse_metrics
 from metralectl.telemetry.sampler import Sample, Sampler
 from metralectl.telemetry.thermal import ThermalLines
@@ -77,6 +78,17 @@ def our_container_of(pid: int, proc_root: Path = Path("/proc")) -> str | None:
     return _OURS.get(container_id) if container_id else None
 
 
+def engine_metric_maps() -> tuple[MetricsMap, ...]:
+    """The metrics mapping of every engine the catalog knows (a scrape is read by the one it matches);
+    none when the catalog cannot be read (Metrale's names are then the default)."""
+    from metralectl.core.catalog import load_catalog
+
+    try:
+        return tuple(contract.metrics for contract in load_catalog().engines.values())
+    except MetralError:
+        return ()
+
+
 def fixed_targets(urls: Sequence[str]) -> Discovery:
     targets = [EngineTarget(u.rstrip("/"), None, None, "url") for u in urls]
     return lambda: (list(targets), None)
@@ -112,6 +124,7 @@ class EnginePoller:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._maps: tuple[MetricsMap, ...] | None = None  # every engine's metrics mapping, read once
 
     def poll_once(self) -> None:
         now = self._clock()
@@ -145,8 +158,10 @@ class EnginePoller:
         except MetralError as exc:
             self._failed(engine, exc.message, "unreachable")
             return
+        if self._maps is None:
+            self._maps = engine_metric_maps()
         try:
-            snapshot = parse_metrics(text, t=t)
+            snapshot = parse_metrics(text, t=t, candidates=self._maps)
         except MetralError as exc:
             self._failed(engine, exc.message, "bad-metrics")
             return

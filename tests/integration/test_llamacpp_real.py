@@ -4,8 +4,8 @@ Nothing here is a double. The image `metralectl-test/llama-server:<version>` hol
 llama.cpp's source (scripts/build-llama-server.sh, packaged by tests/real_llamacpp/image.sh); the model is a
 tiny random-weight Llama GGUF (tests/real_llamacpp/build_tiny_gguf.py) in a Hugging Face cache layout,
 mounted read-only and found with `-hf ORG/NAME:Q8_0 --offline`, as a user's cache would be. The container is
-started with plain `docker run` (metralectl's engine adapter for llama.cpp comes later); these tests pin
-what that adapter will rely on.
+started with plain `docker run`; these tests pin the server facts
+engine/llama-cpp.yaml relies on (test_llamacpp_lifecycle.py drives the same image through metralectl).
 
 Skips with the reason when the image is absent and its binary is not built — except under CI (CI set),
 where .ci/run builds it, so a missing image fails instead of passing as "skipped".

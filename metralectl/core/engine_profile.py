@@ -1,0 +1,199 @@
+"""What differs between engines beyond their flags, as data with closed vocabularies (engine/<name>.yaml).
+
+Each section is declarative; where an engine behaves differently, the data names one word of an enum
+and the code that acts on it (readiness, rendering, telemetry, the checker) has one branch per word.
+No templating and no expressions: RamaLama's YAML+Jinja engine specs grew `if:` expressions, which is
+why this file refuses anything outside the enums below (docs/engines.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from metralectl.core.schema import Checker
+
+# How an engine says it is ready (lifecycle/readiness.py acts on each):
+#   marker-then-health      health answers 503 until loaded, then 200; logs a ready line too (Metrale)
+#   port-closed-until-ready the port accepts nothing until the model is loaded, then health 200 (vLLM, TRT-LLM)
+#   http-503-until-loaded   the port answers at once, 503 on every path while loading (llama.cpp)
+#   warm-up-marker          health 200 is not enough: a log line says the warm-up is done (SGLang)
+#   lazy-load               up at once, the model loads on the first request: one request proves it (Ollama,
+#                           `transformers serve`)
+READINESS_STYLES = ("marker-then-health", "port-closed-until-ready", "http-503-until-loaded", "warm-up-marker",
+                    "lazy-load")
+# How the checkpoint reaches the engine's command line (core/render.py):
+#   positional     `serve ORG/NAME` (Metrale)
+#   flag           `--model ORG/NAME` (`model-flag:` names the flag; vLLM's --model, SGLang's --model-path)
+#   hf-repo-quant  `--hf-repo ORG/NAME:QUANT`, the file picked by quant from the HF cache (llama.cpp)
+MODEL_ARGUMENT_FORMS = ("positional", "flag", "hf-repo-quant")
+# What `resources.memory-utilization` means to the engine, so a fit estimate can say which it used:
+MEMORY_MEANINGS = {
+    "fraction-of-total": "a fraction of the device's total memory (weights, KV and activations)",
+    "static-weights-and-kv": "a fraction of total memory for the weights and the KV pool only",
+    "fraction-of-free-after-weights": "a fraction of the memory left free once the weights are loaded",
+    "none": "the engine takes no memory fraction: it sizes the KV cache from the context and slots",
+}
+# Checkpoint formats, for the weights a recipe needs from the HF cache (seams/weights.py):
+#   safetensors  the repository's files (a snapshot)
+#   gguf         only the .gguf file(s) whose name holds the recipe's quant (a GGUF repo holds many quants)
+WEIGHT_FORMATS = ("safetensors", "gguf")
+# Engine-specific checker rules (core/checker.py runs a rule only where the engine lists it):
+#   kernel-targets   the image ships a kernel target for (hardware, model, quant) (kernels/)
+#   mtp-quant        the MTP head's quant matches the checkpoint's (`must-match: checkpoint-quant`)
+#   env-levers       env keys are checked against the engine's lever table (METRALE_*)
+# (Which flags a recipe must state is each revision's `policy:`: Metrale's explicit-keys rule, or a `listed` set.)
+RULES = ("kernel-targets", "mtp-quant", "env-levers")
+# The canonical engine metrics the dashboard, `top`, swap's drain and bench read (telemetry/engine_metrics.py);
+# each engine maps them to its own series, first name present wins (renames across versions).
+COUNTER_METRICS = ("requests-total", "prompt-tokens-total", "generation-tokens-total", "decoded-tokens-total",
+                   "prefix-cache-hits-total", "prefix-cache-misses-total", "tool-calls-total",
+                   "spec-draft-tokens-total", "spec-accepted-tokens-total")
+GAUGE_METRICS = ("requests-active", "requests-waiting", "prefix-cache-hit-rate", "kv-cache-usage",
+                 "generation-tokens-per-s")
+HISTOGRAM_METRICS = ("ttft-seconds",)
+LABELLED_METRICS = ("spec-verify-total",)  # {k, outcome} counts
+CANONICAL_METRICS = COUNTER_METRICS + GAUGE_METRICS + HISTOGRAM_METRICS + LABELLED_METRICS
+
+_READINESS_STYLE_KEYS = ("style", "marker")
+_MODEL_KEYS = ("form", "flag", "quant-separator")
+_METRICS_KEYS = ("path", "enabled-by", "series", "source")
+_WEIGHTS_KEYS = ("format", "container-hf-home", "offline-env", "source")
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+@dataclass(frozen=True)
+class ModelArgument:
+    form: str = "positional"
+    flag: str | None = None  # for `flag` and `hf-repo-quant`: the flag that carries it
+    quant_separator: str = ":"
+
+    def words(self, repo: str, quant: str) -> list[str]:
+        """The argv words that name the checkpoint."""
+        if self.form == "positional":
+            return [repo]
+        if self.form == "flag":
+            return [f"--{self.flag}", repo]
+        return [f"--{self.flag}", f"{repo}{self.quant_separator}{quant}"]
+
+
+@dataclass(frozen=True)
+class MetricsMap:
+    """Canonical metric → the engine's series names, in the order tried."""
+
+    path: str = "/metrics"
+    enabled_by: str | None = None  # the flag that turns /metrics on (llama.cpp --metrics), set by the launcher
+    series: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    engine: str = ""
+
+    def names(self, canonical: str) -> tuple[str, ...]:
+        return self.series.get(canonical, ())
+
+    @property
+    def all_series(self) -> frozenset[str]:
+        return frozenset(name for names in self.series.values() for name in names)
+
+
+@dataclass(frozen=True)
+class Weights:
+    format: str = "safetensors"
+    container_hf_home: str = "/root/.cache/huggingface"
+    offline_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReadinessStyle:
+    style: str = "marker-then-health"
+    marker: re.Pattern[str] | None = None  # warm-up-marker: the line that says warm-up is done
+
+
+def parse_model_argument(check: Checker, raw: Any) -> ModelArgument:
+    if isinstance(raw, str) or raw is None:  # `model-argument: positional`
+        body: dict[str, Any] = {"form": raw or "positional"}
+    else:
+        body = check.mapping(raw, ("model-argument",), "model-argument")
+    check.known_keys(body, ("model-argument",), _MODEL_KEYS, "model-argument")
+    form = str(body.get("form", "positional"))
+    if form not in MODEL_ARGUMENT_FORMS:
+        check.error(("model-argument", "form"), f"unknown model-argument form {form!r}",
+                    f"use one of {', '.join(MODEL_ARGUMENT_FORMS)}")
+        return ModelArgument()
+    flag = body.get("flag")
+    if form != "positional" and not flag:
+        check.error(("model-argument",), f"the {form} form names its `flag:`")
+    return ModelArgument(form, str(flag) if flag else None, str(body.get("quant-separator", ":")))
+
+
+def parse_readiness_style(check: Checker, body: dict[str, Any]) -> ReadinessStyle:
+    style = str(body.get("style", "marker-then-health"))
+    if style not in READINESS_STYLES:
+        check.error(("readiness", "style"), f"unknown readiness style {style!r}",
+                    f"use one of {', '.join(READINESS_STYLES)}")
+        return ReadinessStyle()
+    marker = None
+    if style == "warm-up-marker":
+        if not body.get("marker"):
+            check.error(("readiness",), "the warm-up-marker style names its `marker:` (a regular expression)")
+        else:
+            try:
+                marker = re.compile(str(body["marker"]))
+            except re.error as exc:
+                check.error(("readiness", "marker"), f"not a valid regular expression: {exc}")
+    elif "marker" in body:
+        check.error(("readiness", "marker"), f"a `marker:` is read only by the warm-up-marker style, not {style}")
+    return ReadinessStyle(style, marker)
+
+
+def parse_metrics(check: Checker, raw: Any, engine: str) -> MetricsMap:
+    body = check.mapping(raw if raw is not None else {}, ("metrics",), "metrics")
+    check.known_keys(body, ("metrics",), _METRICS_KEYS, "metrics")
+    series: dict[str, tuple[str, ...]] = {}
+    table = check.mapping(body.get("series", {}), ("metrics", "series"), "metrics series")
+    for key, names in table.items():
+        where = ("metrics", "series", key)
+        if key not in CANONICAL_METRICS:
+            from metralectl.core.schema import did_you_mean
+            guess = did_you_mean(str(key), CANONICAL_METRICS)
+            check.error(where, f"unknown canonical metric {key!r}",
+                        f"did you mean `{guess}`?" if guess else f"use one of {', '.join(CANONICAL_METRICS)}")
+            continue
+        listed = [names] if isinstance(names, str) else names
+        if not isinstance(listed, list) or not listed or not all(isinstance(n, str) for n in listed):
+            check.error(where, "maps to a series name or a list of them (first present wins)")
+            continue
+        for name in listed:
+            if not _METRIC_NAME.match(name):
+                check.error(where, f"{name!r} is not a Prometheus metric name")
+        series[str(key)] = tuple(listed)
+    enabled_by = body.get("enabled-by")
+    return MetricsMap(str(body.get("path", "/metrics")), str(enabled_by) if enabled_by else None, series, engine)
+
+
+def parse_weights(check: Checker, raw: Any) -> Weights:
+    body = check.mapping(raw if raw is not None else {}, ("weights",), "weights")
+    check.known_keys(body, ("weights",), _WEIGHTS_KEYS, "weights")
+    fmt = str(body.get("format", "safetensors"))
+    if fmt not in WEIGHT_FORMATS:
+        check.error(("weights", "format"), f"unknown weights format {fmt!r}", f"use one of {', '.join(WEIGHT_FORMATS)}")
+        fmt = "safetensors"
+    env = check.mapping(body.get("offline-env", {}), ("weights", "offline-env"), "offline-env")
+    return Weights(fmt, str(body.get("container-hf-home", "/root/.cache/huggingface")),
+                   {str(k): str(v) for k, v in env.items()})
+
+
+def parse_rules(check: Checker, top: dict[str, Any]) -> tuple[str, ...]:
+    rules = tuple(check.string_list(top, (), "rules"))
+    for rule in rules:
+        if rule not in RULES:
+            check.error(("rules",), f"unknown engine rule {rule!r}", f"use any of {', '.join(RULES)}")
+    return rules
+
+
+def parse_memory_meaning(check: Checker, top: dict[str, Any]) -> str:
+    meaning = str(top.get("memory-utilization", "fraction-of-total"))
+    if meaning not in MEMORY_MEANINGS:
+        check.error(("memory-utilization",), f"unknown memory-utilization meaning {meaning!r}",
+                    f"use one of {', '.join(MEMORY_MEANINGS)}")
+        return "fraction-of-total"
+    return meaning
