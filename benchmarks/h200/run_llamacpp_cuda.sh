@@ -130,7 +130,7 @@ elif [ ! -x "$BIN" ]; then
 fi
 {
   echo "build-seconds-per-call=$(paste -sd, "$WORK/build-seconds" 2>/dev/null)"
-  echo "build-seconds-total=$(paste -sd+ "$WORK/build-seconds" 2>/dev/null | bc 2>/dev/null)"
+  echo "build-seconds-total=$(awk '{s += $1} END {print s}' "$WORK/build-seconds" 2>/dev/null)"
   grep -E "^CMAKE_CUDA_ARCHITECTURES|^GGML_CUDA[A-Z_]*:|^CMAKE_CUDA_COMPILER:" "$WORK/build/CMakeCache.txt" 2>/dev/null
   "$BIN" --version 2>&1
   ldd "$BIN" | grep -iE "cuda|cublas|nccl"

@@ -103,8 +103,10 @@ def top_fields(res: Path) -> dict[str, Any]:
     states = sorted({e.get("state") for d in docs for e in d.get("engines") or []} - {None})
     metrics = res / "metrics.txt"
     series = sorted(set(re.findall(r"^(llamacpp:[a-z_]+)", metrics.read_text(), re.M))) if metrics.exists() else []
+    # a block that was null in one snapshot (`window` before the second scrape) and had values in another
+    null = {k for k in seen - set(valued) - {"state", "error"} if not any(v.startswith(k + ".") for v in valued)}
     return {"snapshots": len(docs), "engine_states": states,
-            "engine_fields_with_a_value": valued, "engine_fields_always_null": sorted(seen - set(valued) - {"state", "error"}),
+            "engine_fields_with_a_value": valued, "engine_fields_always_null": sorted(null),
             "gpu_fields_seen": gpu_fields, "server_llamacpp_series": series}
 
 
