@@ -89,7 +89,7 @@ trap finish EXIT
 
 {
   echo "tree: $TREE (from $KIT/src.tar.gz); the checkout the device tool sent: $PWD"
-  cat "$KIT/KIT.txt" 2>/dev/null | head -4
+  head -4 "$KIT/KIT.txt" 2>/dev/null
   nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv,noheader
   command -v nvcc && nvcc --version | tail -n 2
   cmake --version | head -n 1
