@@ -67,3 +67,31 @@ def test_a_llamacpp_recipe_renders_its_checkpoint_as_hf_repo_quant(name: str) ->
 def test_the_files_are_named_after_their_recipes() -> None:
     for name, path in _FILES.items():
         assert load_file(path).data["name"] == name == Path(path).stem
+
+
+@pytest.mark.parametrize("line,fragment,hint", [
+    ("  n-gpu-layer: all", "unknown engine flag --n-gpu-layer (llama.cpp server has no such serve flag)",
+     "did you mean `n-gpu-layers`?"),
+    ("  --flash-attn: \"on\"", "write the flag without its dashes: `flash-attn:`", None),
+    ("  no-cont-batching: true", "--no-cont-batching is written `cont-batching: false`", None),
+    ("  model: /models/x.gguf", "--model cannot be set in a recipe: metralectl names the checkpoint", None),
+])
+def test_a_misspelt_or_foreign_llamacpp_flag_is_refused_with_file_and_line(tmp_path: Path, line: str, fragment: str,
+                                                                            hint: str | None) -> None:
+    """Before any launch: the checker names the file, the line, the flag and the fix (llama.cpp's flags are the
+    ones engine/llama-cpp.yaml declares, each checked against the pinned `llama-server --help`)."""
+    from metralectl.core.catalog import check_files
+
+    text = _FILES["qwen3.5-27b-llamacpp"].read_text().replace("  jinja: true\n", f"  jinja: true\n{line}\n")
+    path = tmp_path / "qwen3.5-27b-llamacpp.yaml"
+    path.write_text(text)
+    [(_, recipe, problems)] = check_files(catalog(), [path])
+    errors = [p for p in problems if p.severity == "error"]
+    assert recipe is None and len(errors) == 1, [p.render() for p in problems]
+    [problem] = errors
+    expected_line = text.splitlines().index(line) + 1
+    assert problem.file.endswith("qwen3.5-27b-llamacpp.yaml") and problem.line == expected_line
+    assert fragment in problem.message
+    if hint is not None:
+        assert problem.hint == hint
+    assert f":{expected_line}:" in problem.render()
