@@ -10,6 +10,7 @@ import io
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -259,3 +260,12 @@ def test_an_sdist_without_llama_cpps_tree_is_refused(tmp_path: Path) -> None:
         tar.addfile(info, io.BytesIO(b""))
     done = _run(bin_dir, sdist, tmp_path / "prefix")
     assert done.returncode != 0 and "no llama.cpp source tree" in done.stderr and not log.exists()
+
+
+def test_the_build_script_is_shellcheck_clean() -> None:
+    if not shutil.which("shellcheck"):
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is missing in CI (scripts/bootstrap.sh installs it)")
+        pytest.skip("shellcheck not installed")
+    out = subprocess.run(["shellcheck", "--severity=style", str(BUILD_SH)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
