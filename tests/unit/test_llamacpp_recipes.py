@@ -19,7 +19,8 @@ _URL = re.compile(r"https://\S+")
 
 def test_the_shipped_llamacpp_recipes() -> None:
     assert NAMES == ["gemma-4-26b-a4b-llamacpp", "gemma-4-31b-llamacpp", "nemotron-3-nano-30b-a3b-llamacpp",
-                     "qwen3-next-80b-a3b-llamacpp", "qwen3.5-27b-llamacpp", "qwen3.5-35b-a3b-llamacpp"]
+                     "qwen3-next-80b-a3b-llamacpp", "qwen3.5-27b-llamacpp", "qwen3.5-35b-a3b-llamacpp",
+                     "qwen3.6-35b-a3b-llamacpp"]
 
 
 @pytest.mark.parametrize("name", NAMES)
