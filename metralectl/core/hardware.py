@@ -1,4 +1,5 @@
-"""Hardware classes, per-model kernel facts and images (kernels/, images/). Pure.
+"""Hardware classes, per-model kernel facts and images (kernels/, images/). Pure, but for the one look on disk for
+a Dockerfile metralectl ships (shipped_dockerfile).
 
 A hardware class may inherit another (hopper and b200 inherit gb10): values it does not state, and
 the models/kernel targets it does not list, come from its parent.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from metralectl.core.schema import Checker
@@ -142,7 +144,7 @@ class ImageInfo:
     min_cuda: str | None
     min_driver: str | None
     revision_label: str
-    build: str | None = None  # a Dockerfile in the engine repository: built from source, never pulled
+    build: str | None = None  # a Dockerfile (the engine repository's, or ours in images/): built, never pulled
     source: str = ""
     tags: dict[str, str] = field(default_factory=dict)  # tags a recipe may pick (`image-tag:`) -> what each is
     tag_pattern: str | None = None  # other tags a recipe may pick (commit / version tags), as a regex
@@ -187,11 +189,30 @@ class ImageInfo:
 
 
 def build_command(info: ImageInfo) -> str:
-    """The command that builds a from-source image under its ref (its `build:` is a Dockerfile in the engine repo)."""
+    """The command that builds a from-source image under its ref. Its `build:` names a Dockerfile: metralectl's own
+    (shipped beside the description, in images/: built with that directory as the context, from wherever it is
+    installed), else one in the engine repository (built from a checkout of it)."""
     build = info.build or ""
     if build and " " not in build.strip():
+        ours = shipped_dockerfile(info)
+        if ours is not None:
+            return f"docker build -f {ours} -t {info.ref} {ours.parent}"
         return f"in a checkout of the engine repository: docker build -f {build} -t {info.ref} ."
     return f"{build} (tag it {info.ref})"
+
+
+def shipped_dockerfile(info: ImageInfo) -> Path | None:
+    """The Dockerfile `build:` names when it is metralectl's own: a path relative to the data directory that holds
+    the image's description (images/x.yaml -> images/x.Dockerfile), present there. None for an engine's."""
+    if not info.build or not info.source:
+        return None
+    from metralectl import paths  # a path lookup, not an import cost: the catalog already imported it
+
+    described = Path(info.source)
+    if not described.is_absolute():  # a shipped description is named relative to the data root
+        described = paths.data_root() / described
+    candidate = described.parent.parent / info.build
+    return candidate if candidate.is_file() else None
 
 
 def _num(check: Checker, data: dict[str, Any], where: tuple, key: str) -> float | None:
