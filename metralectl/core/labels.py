@@ -21,13 +21,14 @@ LABEL_RANK = f"{LABEL_PREFIX}.rank"  # multi-rank deployments only: this contain
 LABEL_RUN_ID = f"{LABEL_PREFIX}.run-id"  # this start; removal of a failed start matches on it
 LABEL_ENDPOINT = f"{LABEL_PREFIX}.endpoint"  # the engine's base URL (bench, telemetry, swap read it)
 LABEL_SETS = f"{LABEL_PREFIX}.sets"  # the `--set` overrides, joined by \x1f (swap reads them back)
+LABEL_ENGINE = f"{LABEL_PREFIX}.engine"  # the engine file's name (metrale, llama-cpp): ps/bench/top name it
 
 # Short-lived helper containers, never taken for engines.
 LABEL_PROBE = f"{LABEL_PREFIX}.probe"  # the network/HF-cache probe (docker_runtime.probe)
 LABEL_DOCTOR = f"{LABEL_PREFIX}.doctor"  # doctor's GPU probe container
 
 ALL = (LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH, LABEL_OWNER, LABEL_RANK, LABEL_RUN_ID, LABEL_ENDPOINT,
-       LABEL_SETS, LABEL_PROBE, LABEL_DOCTOR)
+       LABEL_SETS, LABEL_ENGINE, LABEL_PROBE, LABEL_DOCTOR)
 
 
 def owner() -> str:

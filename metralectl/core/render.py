@@ -18,6 +18,7 @@ from metralectl import paths
 from metralectl.core.contract import EngineContract
 from metralectl.core.hardware import HardwareClass, ImageInfo
 # The label table lives in core.labels; these names stay importable from here for older callers.
+from metralectl.core.labels import LABEL_ENGINE
 from metralectl.core.labels import LABEL_MANAGED as LABEL_MANAGED
 from metralectl.core.labels import LABEL_OWNER as LABEL_OWNER
 from metralectl.core.labels import LABEL_PREFIX as LABEL_PREFIX
@@ -182,6 +183,7 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
         LABEL_RECIPE: recipe.name,
         LABEL_SPEC_HASH: spec.spec_hash(),
         LABEL_OWNER: owner(),
+        LABEL_ENGINE: contract.name,
     }
     if recipe.multi_rank:
         labels[LABEL_RANK] = str(rank)
