@@ -70,10 +70,12 @@ def _pull_plan(recipe: Recipe, catalog: Catalog, facts: Facts | None, docker_not
     present = facts is not None and facts.image is not None and facts.image.present
     fetch = "" if present else (f" → build it locally: {info.build}" if info.build
                                 else f" → docker pull --platform {info.platform}")
-    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    cache = hfcache.checkpoint_state(recipe.checkpoint)
     steps = (f"image {info.ref}: {_image_line(facts, docker_note)}{fetch}",
-             (f"weights {recipe.checkpoint.repo}@{recipe.checkpoint.revision or 'main'}: {cache.status} → "
-              "download what is missing into the HF cache, then verify every file"))
+             (f"weights {recipe.checkpoint.repo}@{recipe.checkpoint.revision or 'main'}"
+              f"{':' + recipe.checkpoint.quant if recipe.checkpoint.format == 'gguf' else ''}: {cache.status} → "
+              "download what is missing into the HF cache, then verify every file"
+              f"{' of the quant' if recipe.checkpoint.format == 'gguf' else ''}"))
     return Plan("pull", recipe.name, f"Pull {recipe.name}", steps)
 
 

@@ -108,7 +108,9 @@ def train_bpe(text: str, n_merges: int) -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
-def build_gguf(path: Path) -> dict[str, Any]:
+def build_gguf(path: Path, *, name: str = NAME, split_max_tensors: int = 0) -> dict[str, Any]:
+    """`name`: the model's general.name (another name, other bytes); `split_max_tensors` > 0 writes a split
+    GGUF, `PATH-00001-of-0000N.gguf` and the rest next to `path`, as llama.cpp's gguf-split names them."""
     import gguf  # the test requirements install it; imported here so --help works without it
 
     sym = byte_symbols()
@@ -126,8 +128,8 @@ def build_gguf(path: Path) -> dict[str, Any]:
         return rng.normal(0.0, std, size=shape).astype(np.float32)
 
     q8 = gguf.GGMLQuantizationType.Q8_0
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(NAME)
+    writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
+    writer.add_name(name)
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(HIDDEN)
     writer.add_block_count(LAYERS)
