@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metralectl.seams import hfcache, machine, store
+from metralectl.seams import machine, store, weights_state
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, base_url
 from metralectl.seams.ports import port_free
@@ -95,7 +95,7 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: 
     if not options.check_weights:
         return
     on_event(Step("weights", recipe.checkpoint.repo))
-    cache = hfcache.checkpoint_state(recipe.checkpoint)
+    cache = weights_state.checkpoint_state(recipe.checkpoint)
     if cache.status in ("absent", "partial") and options.pull:
         weights.pull(recipe, lambda event: on_event(Transfer("weights", event)))
     elif cache.status == "present":

@@ -51,7 +51,7 @@ def observe(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: C
             cpu_arch: str | None = None, probe_port: bool = False) -> Facts:
     """Look at everything the refusals need; change nothing."""
     from metralectl.core import images
-    from metralectl.seams import hfcache, machine, weights
+    from metralectl.seams import machine, weights, weights_state
 
     info = catalog.image_for(recipe)
     state = runtime.image_state(info.ref, info.revision_label)
@@ -63,7 +63,7 @@ def observe(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: C
             images.image_preflight(info, runtime, arch, recipe.name)
         except MetralError as exc:
             image_error = exc
-    cache = hfcache.checkpoint_state(recipe.checkpoint)
+    cache = weights_state.checkpoint_state(recipe.checkpoint)
     weights_status = cache.status
     weights_error: MetralError | None = None
     if cache.status != "complete" or recipe.checkpoint.format == "gguf":  # GGUF: also what llama-server would load

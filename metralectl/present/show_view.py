@@ -21,7 +21,7 @@ def _gb(part: Part) -> str:
 
 
 def as_text(catalog: Catalog, recipe: Recipe) -> str:
-    from metralectl.seams import hfcache
+    from metralectl.seams import weights_state
     model = catalog.model_of(recipe)
     hw = catalog.hardware[recipe.hardware]
     image = catalog.image_for(recipe)
@@ -34,7 +34,7 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
         lines.append(f"  source        {v.source}")
     for key, old, new in recipe.deviations:
         lines.append(f"  DEVIATION     {key}: {old} -> {new} (not what was validated)")
-    cache = hfcache.checkpoint_state(recipe.checkpoint)
+    cache = weights_state.checkpoint_state(recipe.checkpoint)
     lines += ["", "Checkpoint"]
     lines.append(f"  repo          {recipe.checkpoint.repo} @ {recipe.checkpoint.revision or 'unpinned'}")
     lines.append(f"  quant         {recipe.checkpoint.quant} (kernel target {model.target_for(recipe.checkpoint.quant)})")

@@ -165,6 +165,10 @@ def record(snapshot: Path, listing: Listing, quant: str, model: gguf.Model, stam
     before = read_verified(snapshot)
     files = dict(before.files) if before is not None else {}
     subsets = dict(before.subsets or {}) if before is not None else {}
+    if before is not None and before.subsets is None:  # a whole-snapshot manifest: every model in it was verified
+        for found in gguf.models(before.files.values()):
+            if found.complete:
+                subsets[subset_key(found.label)] = tuple(f.path for f in found.parts)
     for spec in model.parts:
         files[spec.path] = spec
     old = before.files if before is not None else {}

@@ -10,7 +10,7 @@ What a snapshot can carry (written by `metralectl pull`, see weights.py):
 Only the second makes a snapshot "complete"; a snapshot whose files all match a listing but were
 never hashed is "present"; one missing files is "partial". A GGUF checkpoint needs only its quant's
 files: its verified manifest also carries `subsets` (quant -> the files verified for it) and vouches
-for those files only, never for the whole snapshot (gguf_cache.py judges it; `checkpoint_state` picks).
+for those files only, never for the whole snapshot (gguf_cache.py judges it; weights_state.py picks).
 """
 
 from __future__ import annotations
@@ -245,18 +245,9 @@ def _counted(status: str, snapshot: Path, detail: str, listing: Listing, count: 
     return CacheState(status, snapshot, detail, snapshot.name, len(listing.files), count, listing.total_bytes, size)
 
 
-def checkpoint_state(checkpoint: Any, hub: Path | None = None) -> CacheState:
-    """What the cache holds of what the checkpoint's engine needs: the whole snapshot (safetensors), or the
-    files of its quant (gguf). `checkpoint` has repo, revision, quant and format (core.recipe.CheckpointRef)."""
-    if getattr(checkpoint, "format", "safetensors") == "gguf":
-        from metralectl.seams import gguf_cache
-
-        return gguf_cache.quant_state(checkpoint.repo, checkpoint.revision, checkpoint.quant, hub)
-    return cache_state(checkpoint.repo, checkpoint.revision, hub)
-
-
 def cache_state(repo: str, revision: str | None = None, hub: Path | None = None) -> CacheState:
-    """The whole snapshot's state (a safetensors checkpoint). Callers holding a checkpoint use `checkpoint_state`."""
+    """The whole snapshot's state (a safetensors checkpoint). Callers holding a checkpoint use
+    weights_state.checkpoint_state."""
     base = repo_dir(repo, hub)
     if not base.is_dir():
         return CacheState("absent", None, f"{paths.display(base)} does not exist")

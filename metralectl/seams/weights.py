@@ -4,7 +4,7 @@ inside the functions that talk to the Hub (`list` and `run` preflight stay files
 `pull` = list the repo at a commit (sizes, sha256) -> choose what the engine needs (the whole snapshot;
 for a GGUF checkpoint only its quant's files, gguf.py) -> refuse early (ownership, disk) -> download the
 missing files with huggingface_hub's own downloader -> hash every file against the listing -> only
-then write the manifest that makes `hfcache.checkpoint_state` say "complete". Progress and notes are
+then write the manifest that makes `weights_state.checkpoint_state` say "complete". Progress and notes are
 events handed to `on_event`, always from the calling thread; nothing here prints.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from metralectl.seams import gguf, gguf_cache, hfcache
+from metralectl.seams import gguf, gguf_cache, hfcache, weights_state
 
 from metralectl import paths
 from metralectl.atomicfile import write_atomic
@@ -97,7 +97,7 @@ def gguf_quant(ck: Any) -> str | None:
 
 
 def state(target: Any, hub: Path | None = None) -> hfcache.CacheState:
-    return hfcache.checkpoint_state(_checkpoint(target), hub)
+    return weights_state.checkpoint_state(_checkpoint(target), hub)
 
 
 class ServingConflict(WeightsError):
@@ -113,7 +113,7 @@ def serving_preflight(recipe: Any, found: hfcache.CacheState | None = None, hub:
     quant = gguf_quant(ck)
     if quant is None:
         return
-    found = found or hfcache.checkpoint_state(ck, hub)
+    found = found or weights_state.checkpoint_state(ck, hub)
     problem = gguf_cache.serving_problem(ck.repo, quant, found) if found.status in ("complete", "present") else None
     if problem is not None:
         raise ServingConflict(*problem)
@@ -124,7 +124,7 @@ def weights_preflight(recipe: Any, hub: Path | None = None) -> None:
     (verified), and, for llama.cpp, unless `-hf REPO:QUANT` would load exactly those files."""
     ck = recipe.checkpoint
     quant = gguf_quant(ck)
-    found = hfcache.checkpoint_state(ck, hub)
+    found = weights_state.checkpoint_state(ck, hub)
     serving_preflight(recipe, found, hub)
     if found.status == "complete":
         return
@@ -227,7 +227,7 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
     emit: OnEvent = on_event or (lambda _e: None)
     check_ownership(ck.repo, hub)
     quant = gguf_quant(ck)
-    local = hfcache.checkpoint_state(ck, hub)
+    local = weights_state.checkpoint_state(ck, hub)
     base = hfcache.repo_dir(ck.repo, hub)
     if ck.revision and local.status == "complete" and local.snapshot is not None:
         return _result(ck, _local(ck, local), local.snapshot, 0, True, checked_hub=False)  # a commit never changes

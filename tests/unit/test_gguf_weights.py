@@ -24,7 +24,7 @@ import pytest
 
 from metralectl.core.recipe import CheckpointRef
 from metralectl.errors import ExitCode
-from metralectl.seams import gguf, gguf_cache, hfcache, weights
+from metralectl.seams import gguf, gguf_cache, hfcache, weights, weights_state
 from metralectl.seams.hfcache import RepoFile
 from tests.fakehub.server import FakeHub, FakeRepo
 
@@ -144,9 +144,9 @@ def test_pull_fetches_and_verifies_only_the_quants_files(hub: FakeHub) -> None:
     assert manifest(hub)["subsets"] == {"UD-Q4_K_XL": list(SPLIT)}
     assert {f["path"] for f in manifest(hub)["files"]} == set(SPLIT)
 
-    state = hfcache.checkpoint_state(ck("UD-Q4_K_XL"))
+    state = weights_state.checkpoint_state(ck("UD-Q4_K_XL"))
     assert state.status == "complete" and state.files_total == 2 and state.paths == SPLIT
-    assert hfcache.checkpoint_state(ck("Q4_K_M")).status == "absent"
+    assert weights_state.checkpoint_state(ck("Q4_K_M")).status == "absent"
     # the whole snapshot is not what was verified: a safetensors-style judgement does not call it complete
     assert hfcache.cache_state(REPO).status == "partial"
 
@@ -167,8 +167,8 @@ def test_a_second_quant_adds_to_the_manifest_and_keeps_the_first(hub: FakeHub) -
     assert second["subsets"] == {"Q4_K_M": [Q4], "UD-Q4_K_XL": list(SPLIT)}
     assert [f for f in second["files"] if f["path"] in SPLIT] == [f for f in first["files"]]
     for quant in ("UD-Q4_K_XL", "Q4_K_M"):
-        assert hfcache.checkpoint_state(ck(quant)).status == "complete"
-    assert hfcache.checkpoint_state(ck("Q8_0")).status == "absent"
+        assert weights_state.checkpoint_state(ck(quant)).status == "complete"
+    assert weights_state.checkpoint_state(ck("Q8_0")).status == "absent"
     assert not list(snapshot(hub).glob(f".{hfcache.VERIFIED_MANIFEST}*.tmp"))  # atomic writes leave no temp file
 
 
@@ -178,11 +178,24 @@ def test_a_failed_second_quant_leaves_the_first_verified(hub: FakeHub) -> None:
     with pytest.raises(weights.WeightsError, match="failed verification"):
         weights.pull(ck("Q8_0"))
     assert manifest(hub)["subsets"] == {"UD-Q4_K_XL": list(SPLIT)}
-    assert hfcache.checkpoint_state(ck("UD-Q4_K_XL")).status == "complete"
-    assert hfcache.checkpoint_state(ck("Q8_0")).status in ("absent", "partial")
+    assert weights_state.checkpoint_state(ck("UD-Q4_K_XL")).status == "complete"
+    assert weights_state.checkpoint_state(ck("Q8_0")).status in ("absent", "partial")
     hub.clear_faults()
     assert not weights.pull(ck("Q8_0")).already_complete
-    assert hfcache.checkpoint_state(ck("Q8_0")).status == "complete"
+    assert weights_state.checkpoint_state(ck("Q8_0")).status == "complete"
+
+
+def test_without_the_hub_a_verified_quant_is_kept_and_a_pinned_one_needs_no_network(hub: FakeHub) -> None:
+    commit = hub.repos[REPO].commit
+    weights.pull(ck("UD-Q4_K_XL"))
+    weights.pull(ck("Q8_0", commit))
+    hub.stop()
+    kept = weights.pull(ck("UD-Q4_K_XL"))  # unpinned: asks for main, cannot, keeps the verified quant
+    assert kept.already_complete and not kept.checked_hub and kept.paths == SPLIT and "unreachable" in kept.notes[0]
+    pinned = weights.pull(ck("Q8_0", commit))
+    assert pinned.already_complete and not pinned.checked_hub and not pinned.notes and pinned.paths == (Q8,)
+    with pytest.raises(weights.WeightsError, match="cannot reach the Hugging Face Hub"):
+        weights.pull(ck("Q4_K_M"))  # never pulled: nothing to keep
 
 
 def test_a_quant_the_repository_lacks_is_refused_with_the_quants_it_has(hub: FakeHub) -> None:
@@ -199,16 +212,16 @@ def test_damage_to_one_quant_leaves_the_other_complete(hub: FakeHub) -> None:
     weights.pull(ck("UD-Q4_K_XL"))
     weights.pull(ck("Q4_K_M"))
     (snapshot(hub) / SPLIT[1]).unlink()
-    state = hfcache.checkpoint_state(ck("UD-Q4_K_XL"))
+    state = weights_state.checkpoint_state(ck("UD-Q4_K_XL"))
     assert state.status == "partial" and "1 of 2 files of UD-Q4_K_XL missing" in state.detail
-    assert hfcache.checkpoint_state(ck("Q4_K_M")).status == "complete"
+    assert weights_state.checkpoint_state(ck("Q4_K_M")).status == "complete"
     blob = hfcache.repo_dir(REPO) / "blobs" / hub.repos[REPO].files[SPLIT[0]].sha256
     blob.write_bytes(blob.read_bytes()[:-1])  # and the other part's content shrank
-    state = hfcache.checkpoint_state(ck("UD-Q4_K_XL"))
+    state = weights_state.checkpoint_state(ck("UD-Q4_K_XL"))
     assert state.status == "partial" and "2 of 2 files of UD-Q4_K_XL missing or changed" in state.detail
     n_gets = len(hub.gets())
     weights.pull(ck("UD-Q4_K_XL"))  # re-links the part whose blob is whole, fetches the damaged one
-    assert hfcache.checkpoint_state(ck("UD-Q4_K_XL")).status == "complete"
+    assert weights_state.checkpoint_state(ck("UD-Q4_K_XL")).status == "complete"
     again = [r.path for r in hub.gets()[n_gets:]]
     assert any(SPLIT[0] in g or hub.repos[REPO].files[SPLIT[0]].sha256 in g for g in again)
     assert not any(SPLIT[1] in g or hub.repos[REPO].files[SPLIT[1]].sha256 in g for g in again)
@@ -221,10 +234,10 @@ def test_a_lost_link_to_a_finished_blob_is_restored_not_failed(hub: FakeHub, ggu
     target = ck(gguf_quant) if gguf_quant else CheckpointRef(repo=REPO, quant="x", revision=None)
     weights.pull(target)
     (snapshot(hub) / Q8).unlink()
-    assert hfcache.checkpoint_state(target).status == "partial"
+    assert weights_state.checkpoint_state(target).status == "partial"
     result = weights.pull(target)
     assert not result.already_complete and result.downloaded_bytes == 0
-    assert hfcache.checkpoint_state(target).status == "complete"
+    assert weights_state.checkpoint_state(target).status == "complete"
 
 
 # --- preflight ----------------------------------------------------------------------------------------------
@@ -302,18 +315,23 @@ def test_a_manifest_entry_naming_unverified_files_vouches_for_nothing(hub: FakeH
     data = json.loads(path.read_text())
     data["subsets"]["Q4_K_M"] = [Q4]  # a hand-edited or foreign entry: Q4 is not among the verified files
     path.write_text(json.dumps(data))
-    assert hfcache.checkpoint_state(ck("Q4_K_M")).status == "absent"
-    assert hfcache.checkpoint_state(ck("Q8_0")).status == "complete"
+    assert weights_state.checkpoint_state(ck("Q4_K_M")).status == "absent"
+    assert weights_state.checkpoint_state(ck("Q8_0")).status == "complete"
 
 
 def test_a_whole_snapshot_manifest_vouches_for_every_quant(hub: FakeHub) -> None:
     whole = weights.pull(CheckpointRef(repo=REPO, quant="x", revision=None))  # safetensors-style: every file
     assert whole.files == len(repo_files()) and whole.quant is None and "paths" not in whole.to_json()
     for quant in ("UD-Q4_K_XL", "Q4_K_M", "Q8_0"):
-        assert hfcache.checkpoint_state(ck(quant)).status == "complete"
+        assert weights_state.checkpoint_state(ck(quant)).status == "complete"
     n_gets = len(hub.gets())
     assert weights.pull(ck("Q8_0")).already_complete and len(hub.gets()) == n_gets
     assert gguf_cache.read_verified(snapshot(hub)).subsets is None  # type: ignore[union-attr]
+    (snapshot(hub) / Q4).unlink()  # a quant pulled afresh turns the manifest into one of quants ...
+    weights.pull(ck("Q4_K_M"))
+    assert set(manifest(hub)["subsets"]) == {"Q4_K_M", "Q8_0", "UD-Q4_K_XL"}  # ... keeping what it vouched for
+    for quant in ("UD-Q4_K_XL", "Q4_K_M", "Q8_0"):
+        assert weights_state.checkpoint_state(ck(quant)).status == "complete"
 
 
 # --- the CLI ------------------------------------------------------------------------------------------------
