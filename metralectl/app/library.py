@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from metralectl.seams import hfcache, machine
+from metralectl.seams import machine, weights_state
 from metralectl.core.catalog import Catalog
 from metralectl.core.fit import MemoryEstimate, estimate
 from metralectl.core.recipe import Recipe
@@ -73,7 +73,7 @@ def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
         reason = (f"{est.total_gb:.1f} of {est.budget.gb:.1f} GB" if est.total_gb is not None and est.budget.gb else "")
         if target.hardware is None:
             reason += f" (on {judged_on})"
-    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    cache = weights_state.checkpoint_state(recipe.checkpoint)
     image = catalog.image_for(recipe)
     return LibraryRow(
         name=recipe.name, engine=recipe.engine, model=model.display_name, repo=recipe.checkpoint.repo, quant=recipe.checkpoint.quant,

@@ -15,6 +15,7 @@ import os
 import pickle
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from metralectl import paths
@@ -55,14 +56,19 @@ def read(hardware: str | None) -> tuple[dict[str, Any] | None, str]:
             stored_key, view = pickle.load(handle)
         if stored_key != key:
             return None, key
-        rows, revisions = view["rows"], view["revisions"]
+        rows, checkpoints = view["rows"], view["checkpoints"]
     except Exception:  # noqa: BLE001 - missing, torn or foreign: only means "compute"
         return None, key
-    from metralectl.seams import hfcache
+    from metralectl.seams import weights_state
 
-    for row, revision in zip(rows, revisions):
-        row["weights"] = hfcache.cache_state(row["repo"], revision).status
+    for row, checkpoint in zip(rows, checkpoints):  # plain dicts: unpickling no recipe types
+        row["weights"] = weights_state.checkpoint_state(SimpleNamespace(**checkpoint)).status
     return {"target": view["target"], "rows": rows}, key
+
+
+def _checkpoint(ck: Any) -> dict[str, Any]:
+    """What `checkpoint_state` reads of a checkpoint (a GGUF one: its quant's files only)."""
+    return {"repo": ck.repo, "revision": ck.revision, "quant": ck.quant, "format": ck.format}
 
 
 def build(catalog: Catalog, hardware: str | None, key: str) -> dict[str, Any]:
@@ -73,7 +79,7 @@ def build(catalog: Catalog, hardware: str | None, key: str) -> dict[str, Any]:
     recipes = library.rows(catalog, target)
     view: dict[str, Any] = {"target": {"hardware": target.hardware, "how": target.how},
                             "rows": [r.to_json() for r in recipes],
-                            "revisions": [catalog.recipes[r.name].checkpoint.revision for r in recipes]}
+                            "checkpoints": [_checkpoint(catalog.recipes[r.name].checkpoint) for r in recipes]}
     if not catalog.refused:
         _write(hardware, key, view)
     return {"target": view["target"], "rows": [dict(r) for r in view["rows"]]}

@@ -120,7 +120,8 @@ def _weights_line(result: Any) -> str:
     how = ("already complete" if result.already_complete
            else f"{human_bytes(result.downloaded_bytes)} downloaded")
     pinned = "pinned" if result.revision else "main"
-    return (f"weights {result.repo} complete at {result.commit[:12]} ({pinned}; {result.files} files, "
+    what = f"{result.repo}:{result.quant}" if result.quant is not None else result.repo  # GGUF: that quant's files
+    return (f"weights {what} complete at {result.commit[:12]} ({pinned}; {result.files} files, "
             f"{human_bytes(result.total_bytes)}, {how})")
 
 
@@ -163,9 +164,9 @@ def pull(
                         view.say(_image_line(pulled[info.ref]))
                     summary[r.name]["image"] = {**pulled[info.ref].status.to_json(), "action": pulled[info.ref].action}
         if not image_only:
-            fetched: dict[tuple[str, str | None], Any] = {}
-            for r in recipes:
-                key = (r.checkpoint.repo, r.checkpoint.revision)
+            fetched: dict[tuple[str, str | None, str | None], Any] = {}
+            for r in recipes:  # one pull per checkpoint; a GGUF one per quant (each needs its own files)
+                key = (r.checkpoint.repo, r.checkpoint.revision, weights.gguf_quant(r.checkpoint))
                 if key not in fetched:
                     fetched[key] = weights.pull(r, view.weights)
                     view.say(_weights_line(fetched[key]))

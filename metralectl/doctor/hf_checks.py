@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from metralectl.seams import hfcache
+from metralectl.seams import weights_state
 
 from metralectl import paths
 from metralectl.doctor.context import Context
@@ -191,9 +191,12 @@ def _disk_candidates(ctx: Context) -> tuple[list[Any], str]:
 def _need(ctx: Context, recipe: Any) -> tuple[float | None, str]:
     from metralectl.core.fit import weights_part
 
-    state = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    state = weights_state.checkpoint_state(recipe.checkpoint)
     if state.status in ("complete", "present"):
         return 0.0, f"{recipe.checkpoint.repo} already cached"
+    if state.status == "absent" and state.bytes_total:  # a GGUF quant the cached listing sizes exactly
+        return state.bytes_total / GB, f"{recipe.checkpoint.repo}:{recipe.checkpoint.quant} needs " \
+                                       f"{state.bytes_total / GB:.1f} GB"
     model = ctx.catalog().model_of(recipe)
     part = weights_part(model, recipe.checkpoint.repo, recipe.checkpoint.quant)
     if part.gb is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from metralectl.seams import hfcache
+from metralectl.seams import hfcache, weights_state
 from metralectl.doctor.context import Context
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 
@@ -55,10 +55,14 @@ def check_image(ctx: Context) -> Finding:
 
 def check_weights(ctx: Context) -> Finding:
     recipe = _recipe(ctx)
-    repo, revision = recipe.checkpoint.repo, recipe.checkpoint.revision
-    state = hfcache.cache_state(repo, revision)
-    data = {"repo": repo, "revision": revision, "status": state.status,
-            "snapshot": str(state.snapshot) if state.snapshot else None}
+    ck = recipe.checkpoint
+    repo, revision = ck.repo, ck.revision
+    state = weights_state.checkpoint_state(ck)
+    data: dict[str, Any] = {"repo": repo, "revision": revision, "status": state.status,
+                            "snapshot": str(state.snapshot) if state.snapshot else None}
+    if ck.format == "gguf":
+        return _gguf_weights(recipe.name, f"{repo}:{ck.quant}", state, data | {"quant": ck.quant,
+                                                                              "files": list(state.paths)})
     download = f"hf download {repo}" + (f" --revision {revision}" if revision else "")
     if state.status == "complete":
         return ok(f"{repo} cached and verified ({state.detail})", **data)
@@ -69,6 +73,18 @@ def check_weights(ctx: Context) -> Finding:
                     f"metralectl pull {recipe.name}   (or: {download})", **data)
     return warn(f"{repo} is not in the HF cache ({state.detail}); the engine downloads it on first start, "
                 "which takes a while", f"metralectl pull {recipe.name}   (or: {download})", **data)
+
+
+def _gguf_weights(name: str, what: str, state: hfcache.CacheState, data: dict[str, Any]) -> Finding:
+    """A GGUF quant: only its files count, and llama-server runs --offline (it never downloads; `run` refuses)."""
+    if state.status == "complete":
+        return ok(f"{what} cached and verified ({state.detail})", **data)
+    if state.status == "present":
+        return warn(f"{what} cached but not verified ({state.detail}); `metralectl run` refuses unverified GGUF files",
+                    f"metralectl pull {name}", **data)
+    how = "partly downloaded" if state.status == "partial" else "not in the HF cache"
+    return warn(f"{what} is {how} ({state.detail}); llama-server runs offline, so `metralectl run` pulls it first "
+                "(or refuses with --no-pull)", f"metralectl pull {name}", **data)
 
 
 def check_fit(ctx: Context) -> Finding:

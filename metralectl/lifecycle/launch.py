@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metralectl.seams import hfcache, machine, store
+from metralectl.seams import machine, store, weights_state
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, base_url
 from metralectl.seams.ports import port_free
@@ -95,12 +95,13 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: 
     if not options.check_weights:
         return
     on_event(Step("weights", recipe.checkpoint.repo))
-    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    cache = weights_state.checkpoint_state(recipe.checkpoint)
     if cache.status in ("absent", "partial") and options.pull:
         weights.pull(recipe, lambda event: on_event(Transfer("weights", event)))
     elif cache.status == "present":
         on_event(Warning_(f"weights of {recipe.checkpoint.repo} are present but not verified "
                           f"(`metralectl pull {recipe.name}` verifies them)"))
+        weights.serving_preflight(recipe, cache)  # a GGUF quant: llama-server must load these very files
         return
     weights.weights_preflight(recipe)
 

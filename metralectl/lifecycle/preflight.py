@@ -32,7 +32,7 @@ class Facts:
     image: ImageState | None  # None: not looked at (Docker unreachable)
     image_error: MetralError | None  # what images.image_preflight says of the image as it is now
     image_pullable: bool  # absent, and a pull would bring it (not built from source, the platform fits)
-    weights_status: str  # hfcache: complete | present | partial | absent
+    weights_status: str  # hfcache: complete | present | partial | absent; or conflict (weights.ServingConflict)
     weights_error: MetralError | None  # what weights.weights_preflight says of the cache as it is now
     same_name: ContainerInfo | None  # a container holding the name the recipe renders to
     others: tuple[ContainerInfo, ...]  # another user's models that run
@@ -51,7 +51,7 @@ def observe(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: C
             cpu_arch: str | None = None, probe_port: bool = False) -> Facts:
     """Look at everything the refusals need; change nothing."""
     from metralectl.core import images
-    from metralectl.seams import hfcache, machine, weights
+    from metralectl.seams import machine, weights, weights_state
 
     info = catalog.image_for(recipe)
     state = runtime.image_state(info.ref, info.revision_label)
@@ -63,18 +63,21 @@ def observe(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: C
             images.image_preflight(info, runtime, arch, recipe.name)
         except MetralError as exc:
             image_error = exc
-    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    cache = weights_state.checkpoint_state(recipe.checkpoint)
+    weights_status = cache.status
     weights_error: MetralError | None = None
-    if cache.status != "complete":
+    if cache.status != "complete" or recipe.checkpoint.format == "gguf":  # GGUF: also what llama-server would load
         try:
             weights.weights_preflight(recipe)
+        except weights.ServingConflict as exc:
+            weights_status, weights_error = "conflict", exc
         except MetralError as exc:
             weights_error = exc
     others = tuple(c for c in runtime.containers(mine=False) if c.running and c.owner != owner())
     running = tuple(c for c in runtime.containers() if c.running)
     free = port_free(spec.bind, spec.port) if probe_port and not running else None
-    return Facts(state, image_error, pullable, cache.status, weights_error, runtime.inspect(spec.name), others, running,
-                 free)
+    return Facts(state, image_error, pullable, weights_status, weights_error, runtime.inspect(spec.name), others,
+                 running, free)
 
 
 def multi_rank_refusal(recipe: Recipe) -> Refusal | None:

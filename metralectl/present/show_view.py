@@ -26,7 +26,7 @@ def _gb(part: Part) -> str:
 
 
 def as_text(catalog: Catalog, recipe: Recipe) -> str:
-    from metralectl.seams import hfcache
+    from metralectl.seams import weights_state
     model = catalog.model_of(recipe)
     hw = catalog.hardware[recipe.hardware]
     image = catalog.image_for(recipe)
@@ -45,7 +45,7 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
         lines.append(f"  source        {v.source}")
     for key, old, new in recipe.deviations:
         lines.append(f"  DEVIATION     {key}: {old} -> {new} (not what was validated)")
-    cache = hfcache.cache_state(recipe.checkpoint.repo, recipe.checkpoint.revision)
+    cache = weights_state.checkpoint_state(recipe.checkpoint)
     lines += ["", "Checkpoint"]
     lines.append(f"  repo          {recipe.checkpoint.repo} @ {recipe.checkpoint.revision or 'unpinned'}")
     if catalog.engines[recipe.engine].has_rule("kernel-targets"):
@@ -55,6 +55,9 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     lines.append(f"  model         {model.display_name} ({model.model_type or 'model_type unknown'}); "
                  f"MTP {'yes' if model.mtp_supported else 'no' if model.mtp_supported is False else 'unknown'}")
     lines.append(f"  local cache   {cache.status}: {cache.detail}")
+    if cache.paths:  # a GGUF quant: the file(s) llama-server loads
+        more = f" (+{len(cache.paths) - 1} more parts)" if len(cache.paths) > 1 else ""
+        lines.append(f"  gguf file     {clean(cache.paths[0])}{more}")
     lines += ["", "Hardware and image"]
     lines.append(f"  hardware      {hw.display_name} ({hw.arch}, {hw.cpu_arch}, "
                  f"{'unified memory' if hw.unified_memory else 'GPU memory'}); boot timeout {hw.boot_timeout_s:g} s")

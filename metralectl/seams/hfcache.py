@@ -8,7 +8,9 @@ What a snapshot can carry (written by `metralectl pull`, see weights.py):
   .metralectl-expected.json  the repo's file listing at that commit, written before downloading
   .metralectl-verified.json  the same listing, written only after every file was checked
 Only the second makes a snapshot "complete"; a snapshot whose files all match a listing but were
-never hashed is "present"; one missing files is "partial".
+never hashed is "present"; one missing files is "partial". A GGUF checkpoint needs only its quant's
+files: its verified manifest also carries `subsets` (quant -> the files verified for it) and vouches
+for those files only, never for the whole snapshot (gguf_cache.py judges it; weights_state.py picks).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class CacheState:
     files_present: int | None = None
     bytes_total: int | None = None
     bytes_present: int | None = None
+    paths: tuple[str, ...] = ()  # a GGUF quant's files (what was judged); empty for a whole snapshot
 
 
 def repo_dir(repo: str, hub: Path | None = None) -> Path:
@@ -93,7 +96,8 @@ def snapshot_path(repo: str, commit: str, hub: Path | None = None) -> Path:
     return repo_dir(repo, hub) / "snapshots" / commit
 
 
-def _snapshot(base: Path, revision: str | None) -> Path | None:
+def find_snapshot(base: Path, revision: str | None) -> Path | None:
+    """The pinned commit's snapshot; unpinned: the one refs/main names, else the newest."""
     snapshots = base / "snapshots"
     if revision:
         candidate = snapshots / revision
@@ -126,8 +130,12 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def read_manifest(snapshot: Path) -> Listing | None:
-    """The listing a verified pull recorded, if it is readable and for this very commit."""
-    listing = Listing.from_json(read_json(snapshot / VERIFIED_MANIFEST))
+    """The listing a verified pull of the WHOLE snapshot recorded, if it is readable and for this very commit
+    (a GGUF pull's manifest, with `subsets`, vouches for some files only: gguf_cache reads it)."""
+    data = read_json(snapshot / VERIFIED_MANIFEST)
+    if isinstance(data, dict) and "subsets" in data:
+        return None
+    listing = Listing.from_json(data)
     return listing if listing is not None and listing.commit == snapshot.name else None
 
 
@@ -172,6 +180,38 @@ def missing(base: Path, commit: str, listing: Listing) -> list[RepoFile]:
     return out
 
 
+def repair_links(base: Path, commit: str, listing: Listing) -> int:
+    """Before a download: make the snapshot fetchable again where huggingface_hub would not fetch it.
+
+    A finished blob without its snapshot link (a download killed between huggingface_hub's rename of the
+    blob and its symlink, or a link removed by hand) counts as present in `missing`, so nothing would
+    download it: link it. A link to a blob of the wrong size counts as missing, but huggingface_hub sees
+    the link and downloads nothing: remove both (a finished blob of the wrong size is damaged; downloads
+    in progress are `.incomplete` files). Returns how many files were repaired."""
+    snapshot = base / "snapshots" / commit
+    repaired = 0
+    for spec in listing.files:
+        if file_ok(snapshot, spec) or not spec.etag:
+            continue
+        blob, pointer = base / "blobs" / spec.etag, snapshot / spec.path
+        try:
+            size = blob.stat().st_size if blob.exists() else None
+            if size is not None and size != spec.size:
+                blob.unlink()
+                pointer.unlink(missing_ok=True)
+            elif size == spec.size:
+                pointer.parent.mkdir(parents=True, exist_ok=True)
+                if pointer.is_symlink():
+                    pointer.unlink()  # a dangling or wrong link
+                pointer.symlink_to(os.path.relpath(blob, pointer.parent))
+            else:
+                continue
+            repaired += 1
+        except OSError:
+            continue  # left to the download and the verification
+    return repaired
+
+
 def incomplete_blobs(base: Path) -> list[Path]:
     try:
         return [p for p in (base / "blobs").iterdir() if p.name.endswith(".incomplete")]
@@ -206,10 +246,12 @@ def _counted(status: str, snapshot: Path, detail: str, listing: Listing, count: 
 
 
 def cache_state(repo: str, revision: str | None = None, hub: Path | None = None) -> CacheState:
+    """The whole snapshot's state (a safetensors checkpoint). Callers holding a checkpoint use
+    weights_state.checkpoint_state."""
     base = repo_dir(repo, hub)
     if not base.is_dir():
         return CacheState("absent", None, f"{paths.display(base)} does not exist")
-    snapshot = _snapshot(base, revision)
+    snapshot = find_snapshot(base, revision)
     incomplete = bool(incomplete_blobs(base))
     if snapshot is None:
         status = "partial" if incomplete else "absent"

@@ -1,9 +1,10 @@
 """Checkpoint weights: the Hugging Face seam. The only module that imports huggingface_hub, and only
 inside the functions that talk to the Hub (`list` and `run` preflight stay filesystem-only).
 
-`pull` = list the repo at a commit (sizes, sha256) -> refuse early (ownership, disk) -> download the
+`pull` = list the repo at a commit (sizes, sha256) -> choose what the engine needs (the whole snapshot;
+for a GGUF checkpoint only its quant's files, gguf.py) -> refuse early (ownership, disk) -> download the
 missing files with huggingface_hub's own downloader -> hash every file against the listing -> only
-then write the manifest that makes `hfcache.cache_state` say "complete". Progress and notes are
+then write the manifest that makes `weights_state.checkpoint_state` say "complete". Progress and notes are
 events handed to `on_event`, always from the calling thread; nothing here prints.
 """
 
@@ -13,19 +14,20 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol
 
-from metralectl.seams import hfcache
+from metralectl.seams import gguf, gguf_cache, hfcache, weights_state
 
 from metralectl import paths
 from metralectl.atomicfile import write_atomic
+from metralectl.errors import ExitCode
 from metralectl.seams.hfcache import Listing, RepoFile
 from metralectl.core.progress import Meter, human_bytes
 from metralectl.seams.transfer import Account, parallel, verify_files
 from metralectl.seams.weights_errors import WeightsError, hub_error
+from metralectl.seams.weights_guard import FreeSpace, check_ownership, drop_dead_downloads, preflight_disk, pull_lock
 
 DOWNLOAD_WORKERS = 8  # as snapshot_download: parallel files hide per-connection CDN limits
-RESERVE_FRACTION = 50  # keep 2 % (at most 1 GiB) free beyond the download itself
 
 
 @dataclass(frozen=True)
@@ -53,26 +55,34 @@ class PullResult:
     already_complete: bool
     checked_hub: bool = True
     notes: tuple[str, ...] = field(default=())
+    quant: str | None = None  # a GGUF checkpoint's quant: `files`, `total_bytes` and `paths` are its files only
+    paths: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"repo": self.repo, "revision": self.revision, "commit": self.commit, "status": "complete",
-                "snapshot": str(self.snapshot), "files": self.files, "total_bytes": self.total_bytes,
-                "downloaded_bytes": self.downloaded_bytes, "already_complete": self.already_complete,
-                "checked_hub": self.checked_hub, "notes": list(self.notes)}
+        out = {"repo": self.repo, "revision": self.revision, "commit": self.commit, "status": "complete",
+               "format": "gguf" if self.quant is not None else "safetensors",
+               "snapshot": str(self.snapshot), "files": self.files, "total_bytes": self.total_bytes,
+               "downloaded_bytes": self.downloaded_bytes, "already_complete": self.already_complete,
+               "checked_hub": self.checked_hub, "notes": list(self.notes)}
+        if self.quant is not None:
+            out.update(quant=self.quant, paths=list(self.paths))
+        return out
 
 
 OnEvent = Callable[[PullEvent], None]
-FreeSpace = Callable[[Path], int]
 
 
 class Checkpoint(Protocol):
-    """What a pull needs of a checkpoint (core.recipe.CheckpointRef has it)."""
+    """What a pull needs of a checkpoint (core.recipe.CheckpointRef has it; `format` is read with a default)."""
 
     @property
     def repo(self) -> str: ...
 
     @property
     def revision(self) -> str | None: ...
+
+    @property
+    def quant(self) -> str: ...
 
 
 def _checkpoint(target: Any) -> Checkpoint:
@@ -81,23 +91,51 @@ def _checkpoint(target: Any) -> Checkpoint:
     return checkpoint
 
 
+def gguf_quant(ck: Any) -> str | None:
+    """The quant whose files are all a GGUF checkpoint needs; None for a whole-snapshot checkpoint."""
+    return str(ck.quant) if getattr(ck, "format", "safetensors") == "gguf" else None
+
+
 def state(target: Any, hub: Path | None = None) -> hfcache.CacheState:
-    ck = _checkpoint(target)
-    return hfcache.cache_state(ck.repo, ck.revision, hub)
+    return weights_state.checkpoint_state(_checkpoint(target), hub)
+
+
+class ServingConflict(WeightsError):
+    """The files are there, but llama-server's `-hf REPO:QUANT` would not load them (or not only them)."""
+
+    exit_code = ExitCode.FAILED
+
+
+def serving_preflight(recipe: Any, found: hfcache.CacheState | None = None, hub: Path | None = None) -> None:
+    """For a GGUF checkpoint present in the cache: raise ServingConflict when llama-server would read another
+    snapshot or could pick another file for the quant. Nothing to check for a whole-snapshot checkpoint."""
+    ck = recipe.checkpoint
+    quant = gguf_quant(ck)
+    if quant is None:
+        return
+    found = found or weights_state.checkpoint_state(ck, hub)
+    problem = gguf_cache.serving_problem(ck.repo, quant, found) if found.status in ("complete", "present") else None
+    if problem is not None:
+        raise ServingConflict(*problem)
 
 
 def weights_preflight(recipe: Any, hub: Path | None = None) -> None:
-    """For `run`/`swap` before launch: raise unless the recipe's checkpoint is complete (verified)."""
+    """For `run`/`swap` before launch: raise unless what the engine needs of the checkpoint is complete
+    (verified), and, for llama.cpp, unless `-hf REPO:QUANT` would load exactly those files."""
     ck = recipe.checkpoint
-    found = hfcache.cache_state(ck.repo, ck.revision, hub)
+    quant = gguf_quant(ck)
+    found = weights_state.checkpoint_state(ck, hub)
+    serving_preflight(recipe, found, hub)
     if found.status == "complete":
         return
     where = paths.display(hfcache.repo_dir(ck.repo, hub))
     pinned = f" at {ck.revision[:12]}" if ck.revision else ""
+    what = f"{ck.repo}:{quant}" if quant is not None else ck.repo
     raise WeightsError(
-        f"weights incomplete: {ck.repo}{pinned} is {found.status} in {where} ({found.detail}); "
+        f"weights incomplete: {what}{pinned} is {found.status} in {where} ({found.detail}); "
         f"run `metralectl pull {recipe.name}`",
-        f"`metralectl pull {recipe.name}` downloads what is missing and verifies every file; "
+        f"`metralectl pull {recipe.name}` downloads what is missing and verifies every file"
+        f"{' of the quant' if quant is not None else ''}; "
         "the engine would otherwise start on a half-downloaded checkpoint or fetch it itself, unverified")
 
 
@@ -139,93 +177,46 @@ def hub_listing(repo: str, revision: str | None) -> Listing:
     return Listing(repo, info.sha, tuple(sorted(files, key=lambda f: f.path)))
 
 
-def check_ownership(repo: str, hub: Path) -> None:
-    """Refuse before writing: root writing into a user's cache, or a user's cache holding root's files."""
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        top = hfcache.nearest_existing(hub)
-        owner = top.stat().st_uid
-        if owner != 0:
-            import pwd
-
-            try:
-                name = pwd.getpwuid(owner).pw_name
-            except KeyError:
-                name = f"uid {owner}"
-            raise WeightsError(
-                f"refusing to download as root into {paths.display(hub)}, which belongs to {name}: the files "
-                f"would be root-owned and the next `metralectl pull` as {name} would fail half-way",
-                "run metralectl as your own user, without sudo (the engine's container reads the cache either way)")
-        return
-    found = hfcache.ownership(repo, hub)
-    if not found.ok:
-        raise WeightsError(f"{found.describe()} — left by a download run as root (e.g. `sudo metralectl`)",
-                           f"{found.fix}   then pull again")
-
-
-def _pull_lock(repo: str, hub: Path) -> TextIO:
-    """One metralectl pull per repository at a time (a second would race the first's verification)."""
-    import fcntl
-
-    folder = hub / ".locks" / hfcache.repo_dir(repo, hub).name
-    folder.mkdir(parents=True, exist_ok=True)
-    handle = open(folder / "metralectl-pull.lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise WeightsError(f"another `metralectl pull` of {repo} is running", "wait for it to finish") from None
-    return handle
-
-
-def _drop_dead_downloads(repo: str, hub: Path, etags: set[str] | None = None) -> tuple[int, int]:
-    """Delete `.incomplete` blobs left by a dead download; returns (files, bytes) freed.
-
-    huggingface_hub >= 1.0 names each attempt `<etag>.<random>.incomplete` and never resumes one
-    from an earlier process, so they are only lost space. `<etag>.incomplete` (older versions
-    resume those) is kept. One whose huggingface_hub lock is held is a live download: kept too,
-    unless `etags` names it (our own abandoned downloads, after Ctrl-C).
-    """
-    import fcntl
-
-    count = freed = 0
-    locks = hub / ".locks" / hfcache.repo_dir(repo, hub).name
-    for path in hfcache.incomplete_blobs(hfcache.repo_dir(repo, hub)):
-        parts = path.name.split(".")
-        if len(parts) != 3:
-            continue
-        try:
-            size = path.stat().st_size
-            if etags is not None:
-                if parts[0] not in etags:
-                    continue
-            else:
-                with open(locks / f"{parts[0]}.lock", "a") as fh:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            path.unlink()
-        except OSError:
-            continue
-        count, freed = count + 1, freed + size
-    return count, freed
-
-
-def _preflight_disk(repo: str, hub: Path, todo: list[RepoFile], free_space: FreeSpace) -> None:
-    need = sum(f.size for f in todo)
-    reserve = min(1 << 30, need // RESERVE_FRACTION)
-    free = free_space(hub)
-    if need + reserve > free:
-        where = paths.display(hfcache.nearest_existing(hub))
-        raise WeightsError(
-            f"not enough disk space for {repo}: {human_bytes(need)} still to download ({len(todo)} files) "
-            f"+ {human_bytes(reserve)} reserve, but only {human_bytes(free)} free at {where} "
-            f"(short by {human_bytes(need + reserve - free)})",
-            "free some space (`hf cache ls` / `hf cache rm` list and remove cached models) or point "
-            "HF_HUB_CACHE at a larger disk (metralectl mounts it into the engine's container)")
-
-
 def _result(ck: Any, listing: Listing, snapshot: Path, downloaded: int, already: bool,
             checked_hub: bool = True, notes: tuple[str, ...] = ()) -> PullResult:
+    """`listing`: what the checkpoint needs (a GGUF quant's files, or the whole snapshot)."""
+    quant = gguf_quant(ck)
     return PullResult(ck.repo, ck.revision, listing.commit, snapshot, len(listing.files), listing.total_bytes,
-                      downloaded, already, checked_hub, notes)
+                      downloaded, already, checked_hub, notes, quant,
+                      tuple(f.path for f in listing.files) if quant is not None else ())
+
+
+def _local(ck: Any, found: hfcache.CacheState) -> Listing:
+    """What a complete checkpoint's manifest vouches for, as a listing of the needed files."""
+    assert found.snapshot is not None
+    if gguf_quant(ck) is None:
+        manifest = hfcache.read_manifest(found.snapshot)
+        assert manifest is not None
+        return manifest
+    verified = gguf_cache.read_verified(found.snapshot)
+    assert verified is not None
+    return Listing(ck.repo, found.snapshot.name, tuple(verified.files[p] for p in found.paths))
+
+
+def _wanted(target: Any, ck: Any, listing: Listing, emit: OnEvent) -> tuple[Listing, gguf.Model | None]:
+    """The files to fetch and verify: the listing, or the quant's model file(s) in it (all split parts)."""
+    quant = gguf_quant(ck)
+    if quant is None:
+        return listing, None
+    try:
+        model = gguf.select(ck.repo, listing.commit, listing.files, quant)
+    except WeightsError as exc:
+        origin = getattr(getattr(target, "origin", None), "path", None)
+        if origin is not None and "checkpoint.quant" in (exc.hint or ""):  # name the recipe file to edit
+            exc.hint = (f"set `checkpoint.quant:` in {origin} to one of those "
+                        f"(or try one: `--set checkpoint.quant=QUANT`)")
+        raise
+    weights = [f for f in listing.files if f.path.endswith(".gguf")]
+    emit(PullEvent(ck.repo, "note", message=(
+        f"{quant}: {len(model.parts)} file{'s' if len(model.parts) != 1 else ''}, {human_bytes(model.total_bytes)} "
+        f"({model.first}); the repository holds {len(weights)} .gguf files, "
+        f"{human_bytes(sum(f.size for f in weights))}")))
+    return Listing(listing.repo, listing.commit, model.parts), model
 
 
 def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = None,
@@ -235,54 +226,63 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
     hub = hub or paths.hf_hub_cache()
     emit: OnEvent = on_event or (lambda _e: None)
     check_ownership(ck.repo, hub)
-    local = hfcache.cache_state(ck.repo, ck.revision, hub)
+    quant = gguf_quant(ck)
+    local = weights_state.checkpoint_state(ck, hub)
     base = hfcache.repo_dir(ck.repo, hub)
     if ck.revision and local.status == "complete" and local.snapshot is not None:
-        manifest = hfcache.read_manifest(local.snapshot)
-        assert manifest is not None
-        return _result(ck, manifest, local.snapshot, 0, True, checked_hub=False)  # a commit never changes
+        return _result(ck, _local(ck, local), local.snapshot, 0, True, checked_hub=False)  # a commit never changes
     emit(PullEvent(ck.repo, "resolve", message=f"listing {ck.repo}@{ck.revision or 'main'}"))
     try:
         listing = hub_listing(ck.repo, ck.revision)
     except WeightsError as exc:
         if exc.network and local.status == "complete" and local.snapshot is not None:
-            manifest = hfcache.read_manifest(local.snapshot)
-            assert manifest is not None
-            note = f"the Hub is unreachable; keeping the verified local copy at {manifest.commit[:12]}"
+            note = f"the Hub is unreachable; keeping the verified local copy at {local.snapshot.name[:12]}"
             emit(PullEvent(ck.repo, "note", message=note))
-            return _result(ck, manifest, local.snapshot, 0, True, checked_hub=False, notes=(note,))
+            return _result(ck, _local(ck, local), local.snapshot, 0, True, checked_hub=False, notes=(note,))
         raise
+    wanted, model = _wanted(target, ck, listing, emit)
     snapshot = base / "snapshots" / listing.commit
-    previous = hfcache.read_manifest(snapshot) if snapshot.is_dir() else None
-    trusted = {f.path for f in previous.files if hfcache.file_ok(snapshot, f)} if previous else set()
-    if previous is not None and previous.files == listing.files and len(trusted) == len(listing.files):
-        _write_ref(base, ck.revision, listing.commit)
-        emit(PullEvent(ck.repo, "done", listing.total_bytes, listing.total_bytes, files_done=len(listing.files),
-                       files_total=len(listing.files), message="already complete"))
-        return _result(ck, listing, snapshot, 0, True)
+    if model is not None:
+        trusted = gguf_cache.trusted(snapshot, wanted.files)
+        already = len(trusted) == len(wanted.files) and gguf_cache.recorded(snapshot, ck.quant, wanted.files)
+    else:
+        previous = hfcache.read_manifest(snapshot) if snapshot.is_dir() else None
+        trusted = {f.path for f in previous.files if hfcache.file_ok(snapshot, f)} if previous else set()
+        already = previous is not None and previous.files == listing.files and len(trusted) == len(listing.files)
+    if already:
+        notes = _write_ref(base, ck.revision, listing.commit, quant)
+        emit(PullEvent(ck.repo, "done", wanted.total_bytes, wanted.total_bytes, files_done=len(wanted.files),
+                       files_total=len(wanted.files), message="already complete"))
+        return _result(ck, wanted, snapshot, 0, True, notes=notes)
 
-    lock = _pull_lock(ck.repo, hub)
+    lock = pull_lock(ck.repo, hub)
     try:
-        count, freed = _drop_dead_downloads(ck.repo, hub)
+        count, freed = drop_dead_downloads(ck.repo, hub)
         if count:
             plural = "s" if count != 1 else ""
             emit(PullEvent(ck.repo, "note", message=f"removed {count} unfinished download{plural} "
                                                     f"({human_bytes(freed)}) left by an interrupted run"))
         snapshot.mkdir(parents=True, exist_ok=True)
         hfcache.write_json_atomic(snapshot / hfcache.EXPECTED_LISTING, listing.to_json())
+        hfcache.repair_links(base, listing.commit, wanted)  # what huggingface_hub would not fetch again
         # Small files first: an access problem shows before any large transfer starts.
-        todo = sorted(hfcache.missing(base, listing.commit, listing), key=lambda f: f.size)
-        _preflight_disk(ck.repo, hub, todo, free_space)
-        downloaded = _download(ck.repo, listing, todo, hub, emit, workers)
-        check = [f for f in listing.files if f.path not in trusted]  # hash only what no manifest vouches for
-        _verify(ck.repo, listing, snapshot, base, check, emit, min(workers, os.cpu_count() or 2))
-        _write_manifest(snapshot, listing, ck.revision)
-        _write_ref(base, ck.revision, listing.commit)
+        todo = sorted(hfcache.missing(base, listing.commit, wanted), key=lambda f: f.size)
+        preflight_disk(f"{ck.repo}:{quant}" if quant else ck.repo, hub, todo, free_space)
+        downloaded = _download(ck.repo, wanted, todo, hub, emit, workers)
+        check = [f for f in wanted.files if f.path not in trusted]  # hash only what no manifest vouches for
+        _verify(ck.repo, wanted, snapshot, base, check, emit, min(workers, os.cpu_count() or 2))
+        if model is not None:  # add this quant to what the manifest vouches for (other quants kept)
+            gguf_cache.record(snapshot, listing, ck.quant, model, _stamp(ck.revision))
+        else:
+            _write_manifest(snapshot, listing, ck.revision)
+        notes = _write_ref(base, ck.revision, listing.commit, quant)
     finally:
         lock.close()
-    emit(PullEvent(ck.repo, "done", listing.total_bytes, listing.total_bytes, files_done=len(listing.files),
-                   files_total=len(listing.files), message=f"verified {len(listing.files)} files"))
-    return _result(ck, listing, snapshot, downloaded, False)
+    for note in notes:
+        emit(PullEvent(ck.repo, "note", message=note))
+    emit(PullEvent(ck.repo, "done", wanted.total_bytes, wanted.total_bytes, files_done=len(wanted.files),
+                   files_total=len(wanted.files), message=f"verified {len(wanted.files)} files"))
+    return _result(ck, wanted, snapshot, downloaded, False, notes=notes)
 
 
 def _download(repo: str, listing: Listing, todo: list[RepoFile], hub: Path, emit: OnEvent, workers: int) -> int:
@@ -322,7 +322,7 @@ def _download(repo: str, listing: Listing, todo: list[RepoFile], hub: Path, emit
     except KeyboardInterrupt:
         # Workers still blocked in a read are abandoned (daemon threads); their temporary files
         # would outlive us, so remove them now (an open file's space is freed when we exit).
-        _drop_dead_downloads(repo, hub, {f.etag for f in todo if f.etag})
+        drop_dead_downloads(repo, hub, {f.etag for f in todo if f.etag})
         raise
     tick()
     if errors:
@@ -366,7 +366,7 @@ def _discard(snapshot: Path, base: Path, spec: RepoFile) -> None:
         pass
 
 
-def _write_manifest(snapshot: Path, listing: Listing, revision: str | None) -> None:
+def _stamp(revision: str | None) -> dict[str, Any]:
     import datetime
 
     from metralectl import __version__
@@ -374,14 +374,28 @@ def _write_manifest(snapshot: Path, listing: Listing, revision: str | None) -> N
         from huggingface_hub import __version__ as hf_version
     except ImportError:
         hf_version = "?"
-    data = {**listing.to_json(), "revision": revision, "verified_by": f"metralectl {__version__}",
-            "huggingface_hub": hf_version,
+    return {"revision": revision, "verified_by": f"metralectl {__version__}", "huggingface_hub": hf_version,
             "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    hfcache.write_json_atomic(snapshot / hfcache.VERIFIED_MANIFEST, data)
 
 
-def _write_ref(base: Path, revision: str | None, commit: str) -> None:
-    """An unpinned recipe follows `main`: point refs/main at the commit just verified (not before)."""
-    if revision:
-        return
-    write_atomic(base / "refs" / "main", commit)
+def _write_manifest(snapshot: Path, listing: Listing, revision: str | None) -> None:
+    hfcache.write_json_atomic(snapshot / hfcache.VERIFIED_MANIFEST, {**listing.to_json(), **_stamp(revision)})
+
+
+def _write_ref(base: Path, revision: str | None, commit: str, quant: str | None = None) -> tuple[str, ...]:
+    """An unpinned recipe follows `main`: point refs/main at the commit just verified (not before).
+    llama-server's `-hf` takes no revision and reads only the snapshot refs/ names, so a pinned GGUF pull
+    names its commit in refs/main when no ref names any; when another does, it says so (a note)."""
+    if not revision:
+        write_atomic(base / "refs" / "main", commit)
+        return ()
+    if quant is None:
+        return ()
+    served = gguf_cache.served_commit(base)
+    if served is None:
+        write_atomic(base / "refs" / "main", commit)
+        return ()
+    if served == commit:
+        return ()
+    return (f"llama-server reads the snapshot refs/main names ({served[:12]}), not this pinned commit "
+            f"({commit[:12]}); `metralectl run` refuses until refs/main names it",)

@@ -133,7 +133,8 @@ class CoreServices:
             image = images.pull(catalog.image_for(recipe), runtime, machine.cpu_arch(), emit)
         got = weights.pull(recipe, emit)
         how = "already complete" if got.already_complete else f"{human_bytes(got.downloaded_bytes)} downloaded"
-        return Outcome("pull", recipe.name, "done", f"{recipe.name}: image {image.action}; weights complete at "
+        quant = f" ({got.quant}: {got.files} files)" if got.quant is not None else ""  # a GGUF checkpoint's quant
+        return Outcome("pull", recipe.name, "done", f"{recipe.name}: image {image.action}; weights{quant} complete at "
                        f"{got.commit[:12]} ({how})", lines=tuple(got.notes))
 
     # -- serving --------------------------------------------------------------------------------

@@ -138,7 +138,9 @@ def train_bpe(text: str, n_merges: int) -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
-def build_gguf(path: Path, shape: Shape = TINY) -> dict[str, Any]:
+def build_gguf(path: Path, shape: Shape = TINY, *, name: str | None = None, split_max_tensors: int = 0) -> dict[str, Any]:
+    """`name`: the model's general.name (default the shape's; another name, other bytes); `split_max_tensors` > 0
+    writes a split GGUF, `PATH-00001-of-0000N.gguf` and the rest next to `path`, as llama.cpp's gguf-split names them."""
     import gguf  # the test requirements install it; imported here so --help works without it
 
     sym = byte_symbols()
@@ -158,8 +160,8 @@ def build_gguf(path: Path, shape: Shape = TINY) -> dict[str, Any]:
     q8 = gguf.GGMLQuantizationType.Q8_0
     hidden, head_dim = shape.hidden, shape.hidden // shape.heads
     kv_dim = head_dim * shape.kv_heads
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(shape.name)
+    writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
+    writer.add_name(name or shape.name)
     writer.add_context_length(shape.context)
     writer.add_embedding_length(hidden)
     writer.add_block_count(shape.layers)

@@ -1,0 +1,242 @@
+"""One GGUF quant in the local HF cache, judged as llama-server will read it — filesystem only.
+
+A GGUF repository's snapshot holds whichever quants were pulled, so "complete" means: every file the
+recipe's quant needs (gguf.select) was verified by `metralectl pull`, whatever else is there or not.
+The verified manifest of such a snapshot (hfcache.VERIFIED_MANIFEST) carries
+
+  files     every file verified at this commit, for any quant (path, size, sha256, git oid)
+  subsets   quant (upper-cased) -> the paths it needs, one entry per quant pulled
+
+and each pull adds its quant to what the manifest already vouches for (`record`, under the pull's
+lock, written atomically). A manifest without `subsets` is a whole-snapshot one: it vouches for
+every file of the repository, so any quant's files in it count as verified.
+
+Beyond the files, llama-server's `-hf REPO:QUANT --offline` decides two things by itself (llama.cpp
+common/hf-cache.cpp): the snapshot (refs/main, else the first valid ref: no revision can be passed)
+and, among the cached files, the first one whose name matches. `serving_problem` says when either
+would not be what was verified.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from metralectl import paths
+from metralectl.core.progress import human_bytes
+from metralectl.seams import gguf
+from metralectl.seams.hfcache import (COMMIT_RE, VERIFIED_MANIFEST, CacheState, Listing, RepoFile, file_ok,
+                                      find_snapshot, incomplete_blobs, read_expected, read_json, repo_dir,
+                                      write_json_atomic)
+from metralectl.seams.weights_errors import WeightsError
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What a snapshot's verified manifest vouches for."""
+
+    files: dict[str, RepoFile]
+    subsets: dict[str, tuple[str, ...]] | None  # None: a whole-snapshot manifest (every listed file verified)
+
+
+def subset_key(quant: str) -> str:
+    return quant.upper()  # llama.cpp matches the quant case-insensitively
+
+
+def read_verified(snapshot: Path) -> Verified | None:
+    data = read_json(snapshot / VERIFIED_MANIFEST)
+    listing = Listing.from_json(data)
+    if listing is None or listing.commit != snapshot.name or not isinstance(data, dict):
+        return None
+    files = {f.path: f for f in listing.files}
+    raw = data.get("subsets")
+    if raw is None:
+        return Verified(files, None)
+    if not isinstance(raw, dict):
+        return None
+    subsets: dict[str, tuple[str, ...]] = {}
+    for quant, members in raw.items():
+        if isinstance(members, list) and members and all(isinstance(p, str) and p in files for p in members):
+            subsets[subset_key(str(quant))] = tuple(members)  # an entry naming unverified files vouches for nothing
+    return Verified(files, subsets)
+
+
+def needed_from(verified: Verified, repo: str, commit: str, quant: str) -> tuple[RepoFile, ...] | None:
+    """The quant's files as the manifest recorded them; None when it vouches for no such quant."""
+    if verified.subsets is None:
+        try:
+            return gguf.select(repo, commit, list(verified.files.values()), quant).parts
+        except WeightsError:
+            return None
+    members = verified.subsets.get(subset_key(quant))
+    return tuple(verified.files[p] for p in members) if members is not None else None
+
+
+def _counted(status: str, snapshot: Path, detail: str, need: tuple[RepoFile, ...]) -> CacheState:
+    present = [f for f in need if file_ok(snapshot, f)]
+    return CacheState(status, snapshot, detail, snapshot.name, len(need), len(present),
+                      sum(f.size for f in need), sum(f.size for f in present), tuple(f.path for f in need))
+
+
+def _present(snapshot: Path, need: tuple[RepoFile, ...]) -> int:
+    return sum(1 for f in need if file_ok(snapshot, f))
+
+
+def _downloading(base: Path, need: tuple[RepoFile, ...]) -> bool:
+    etags = {f.etag for f in need if f.etag}
+    return any(p.name.split(".", 1)[0] in etags for p in incomplete_blobs(base))
+
+
+def quant_state(repo: str, revision: str | None, quant: str, hub: Path | None = None) -> CacheState:
+    """complete: every file of the quant verified; present: all there, not verified; partial: some;
+    absent: none (other quants of the repository may be complete)."""
+    base = repo_dir(repo, hub)
+    if not base.is_dir():
+        return CacheState("absent", None, f"{paths.display(base)} does not exist")
+    snapshot = find_snapshot(base, revision)
+    if snapshot is None:
+        return CacheState("absent", None, f"no snapshot{' for ' + revision if revision else ''} yet")
+    commit = snapshot.name
+    verified = read_verified(snapshot)
+    need = needed_from(verified, repo, commit, quant) if verified is not None else None
+    if need is not None:
+        count = _present(snapshot, need)
+        if count == len(need):
+            return _counted("complete", snapshot, f"verified by metralectl pull: {quant}, {count} file"
+                            f"{'s' if count != 1 else ''}, {human_bytes(sum(f.size for f in need))} at {commit[:12]}",
+                            need)
+        return _counted("partial", snapshot, f"{len(need) - count} of {len(need)} files of {quant} missing or "
+                        "changed since they were verified", need)
+    expected = read_expected(snapshot)
+    if expected is not None:
+        try:
+            need = gguf.select(repo, commit, expected.files, quant).parts
+        except WeightsError as exc:
+            return CacheState("absent", snapshot, exc.message, commit)
+        return _judged(base, snapshot, quant, need)
+    return _unlisted(snapshot, quant)
+
+
+def _judged(base: Path, snapshot: Path, quant: str, need: tuple[RepoFile, ...]) -> CacheState:
+    count = _present(snapshot, need)
+    total = human_bytes(sum(f.size for f in need))
+    if count == len(need):
+        return _counted("present", snapshot, f"all {count} files of {quant} present, not verified "
+                        "(`metralectl pull` verifies them)", need)
+    if count or _downloading(base, need):
+        return _counted("partial", snapshot, f"{count} of {len(need)} files of {quant} ({total}) downloaded", need)
+    return _counted("absent", snapshot, f"no file of {quant} ({len(need)} files, {total}) in the cache yet", need)
+
+
+def local_files(snapshot: Path) -> list[RepoFile]:
+    """The snapshot's files as llama-server lists them (symlinks into blobs/ included), with their sizes."""
+    out = []
+    for root, _dirs, names in os.walk(snapshot):
+        for name in names:
+            path = Path(root) / name
+            try:
+                size = path.stat().st_size
+            except OSError:
+                size = -1  # a dangling link: listed by llama-server all the same
+            out.append(RepoFile(path.relative_to(snapshot).as_posix(), size))
+    return out
+
+
+def _unlisted(snapshot: Path, quant: str) -> CacheState:
+    """No listing (a cache filled by other tools): judge by the names on disk, as llama-server would."""
+    found = [m for m in gguf.models(local_files(snapshot)) if gguf.matches(m.first, quant)]
+    if not found:
+        return CacheState("absent", snapshot, f"no .gguf file for {quant} in {paths.display(snapshot)}",
+                          snapshot.name)
+    model = found[0]
+    if model.complete and all(f.size >= 0 for f in model.parts):
+        return CacheState("present", snapshot, f"{model.first} present, not verified (`metralectl pull` verifies it)",
+                          snapshot.name, paths=tuple(f.path for f in model.parts))
+    return CacheState("partial", snapshot, f"{len(model.parts)} of {model.count} parts of {model.prefix} present",
+                      snapshot.name, paths=tuple(f.path for f in model.parts))
+
+
+# --- what a pull writes --------------------------------------------------------------------------------------
+def record(snapshot: Path, listing: Listing, quant: str, model: gguf.Model, stamp: dict[str, Any]) -> None:
+    """Add the quant's verified files to the snapshot's manifest, keeping everything it vouched for before.
+    The caller holds the repository's pull lock, so nobody else writes it meanwhile; the write is atomic."""
+    before = read_verified(snapshot)
+    files = dict(before.files) if before is not None else {}
+    subsets = dict(before.subsets or {}) if before is not None else {}
+    if before is not None and before.subsets is None:  # a whole-snapshot manifest: every model in it was verified
+        for found in gguf.models(before.files.values()):
+            if found.complete:
+                subsets[subset_key(found.label)] = tuple(f.path for f in found.parts)
+    for spec in model.parts:
+        files[spec.path] = spec
+    old = before.files if before is not None else {}
+    for key, members in list(subsets.items()):  # an entry whose file was re-listed differently no longer holds
+        if any(files[p] != old.get(p) for p in members):
+            del subsets[key]
+    subsets[subset_key(quant)] = tuple(f.path for f in model.parts)
+    merged = Listing(listing.repo, listing.commit, tuple(sorted(files.values(), key=lambda f: f.path)))
+    data = {**merged.to_json(), "subsets": {k: list(v) for k, v in sorted(subsets.items())}, **stamp}
+    write_json_atomic(snapshot / VERIFIED_MANIFEST, data)
+
+
+def trusted(snapshot: Path, wanted: tuple[RepoFile, ...]) -> set[str]:
+    """The wanted files a manifest already vouches for, with the same content, still in place."""
+    verified = read_verified(snapshot)
+    if verified is None:
+        return set()
+    return {f.path for f in wanted if verified.files.get(f.path) == f and file_ok(snapshot, f)}
+
+
+def recorded(snapshot: Path, quant: str, wanted: tuple[RepoFile, ...]) -> bool:
+    """The manifest already vouches for exactly these files as the quant's."""
+    verified = read_verified(snapshot)
+    if verified is None:
+        return False
+    return needed_from(verified, snapshot.parent.parent.name, snapshot.name, quant) == wanted
+
+
+# --- what llama-server will read -----------------------------------------------------------------------------
+def served_commit(base: Path) -> str | None:
+    """The snapshot `-hf` reads: refs/main, else the first valid ref in directory order (hf-cache.cpp)."""
+    fallback = None
+    try:
+        entries = list(os.scandir(base / "refs"))
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.is_file():
+            continue
+        try:
+            with open(entry.path) as fh:
+                commit = fh.readline().rstrip("\n")
+        except OSError:
+            continue
+        if not COMMIT_RE.match(commit.lower()):
+            continue
+        if entry.name == "main":
+            return commit
+        fallback = fallback or commit
+    return fallback
+
+
+def serving_problem(repo: str, quant: str, state: CacheState) -> tuple[str, str] | None:
+    """(message, hint) when llama-server would not load the verified files of a complete quant."""
+    if state.snapshot is None:
+        return None
+    base, commit = state.snapshot.parent.parent, state.snapshot.name
+    served = served_commit(base)
+    if served != commit:
+        now = f"refs/main names {served[:12]}" if served else "no ref names any snapshot"
+        return (f"llama-server would not read the verified snapshot of {repo} ({commit[:12]}): `-hf` takes no "
+                f"revision and reads the snapshot refs/ names, and {now}",
+                f"`metralectl pull` of the recipe unpinned moves refs/main to the newest commit; to serve a pinned "
+                f"commit, point refs/main at it: echo {commit} > {paths.display(base / 'refs' / 'main')}")
+    others = gguf.rivals((f.path for f in local_files(state.snapshot)), quant, state.paths)
+    if others:
+        return (f"llama-server -hf {repo}:{quant} could load {', '.join(others)} instead of the verified "
+                f"{state.paths[0] if state.paths else 'file'}: it takes the first file whose name holds "
+                f"`{quant}.` or `{quant}-`, in the order the cache lists them",
+                f"remove the other file from {paths.display(state.snapshot)}, or serve a quant only one file matches")
+    return None
