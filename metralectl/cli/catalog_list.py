@@ -47,9 +47,9 @@ def _overridden(row: dict[str, Any]) -> str:
 
 HEADERS = ("RECIPE", "ENGINE", "MODEL", "QUANT", "HW", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS", "SOURCE")
 # What a narrow terminal leaves out first: the model is in the recipe's name, the source in `show`, MTP and the
-# memory behind FITS; RECIPE, ENGINE, QUANT, HW, TOK/S, FITS and WEIGHTS always stay (the shipped recipes then
-# fit 80 columns).
-OPTIONAL = ("MODEL", "SOURCE", "MTP", "MEM GB")
+# memory behind FITS, then the hardware class (FITS judges it) and the validated tok/s; RECIPE, ENGINE, QUANT,
+# FITS and WEIGHTS always stay (the shipped recipes then fit 80 columns).
+OPTIONAL = ("MODEL", "SOURCE", "MTP", "MEM GB", "HW", "TOK/S")
 
 
 def _yes_no(value: bool | None) -> str:
