@@ -465,7 +465,7 @@ def _memory_utilization(check: Checker, body: dict[str, Any], where: KeyPath,
     if contract is not None and contract.memory_meaning == "none":
         if "memory-utilization" in body:
             check.error(where + ("memory-utilization",), f"{contract.display_name} takes no memory fraction "
-                        "(its memory is the weights plus ctx-size × parallel of KV cache)",
+                        "(its memory is the weights plus a KV cache of ctx-size tokens, shared by the slots)",
                         "remove it; size memory with serve.ctx-size and serve.parallel")
             return None
         return 0.0

@@ -51,7 +51,7 @@ COUNTER_METRICS = ("requests-total", "prompt-tokens-total", "generation-tokens-t
                    "prefix-cache-hits-total", "prefix-cache-misses-total", "tool-calls-total",
                    "spec-draft-tokens-total", "spec-accepted-tokens-total")
 GAUGE_METRICS = ("requests-active", "requests-waiting", "prefix-cache-hit-rate", "kv-cache-usage",
-                 "generation-tokens-per-s")
+                 "stream-tokens-per-s")
 HISTOGRAM_METRICS = ("ttft-seconds",)
 LABELLED_METRICS = ("spec-verify-total",)  # {k, outcome} counts
 CANONICAL_METRICS = COUNTER_METRICS + GAUGE_METRICS + HISTOGRAM_METRICS + LABELLED_METRICS

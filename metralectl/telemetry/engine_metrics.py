@@ -114,7 +114,7 @@ class EngineSnapshot:
     spec_verify: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (k, outcome) → count
     tool_calls_total: float | None = None
     requests_waiting: float | None = None
-    generation_tokens_per_s_gauge: float | None = None  # the engine's own decode-rate gauge (llama.cpp)
+    stream_tokens_per_s: float | None = None  # the engine's average decode rate of one request (llama.cpp), not throughput
     kv_cache_usage: float | None = None  # fraction 0..1
     spec_draft_tokens_total: float | None = None
     spec_accepted_tokens_total: float | None = None
@@ -152,7 +152,7 @@ class EngineSnapshot:
             "ttft_p95_s": self.ttft_p95_s, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "spec_acceptance": self.spec_acceptance, "spec_acceptance_by_k": self.spec_acceptance_by_k(),
             "tool_calls_total": self.tool_calls_total, "requests_waiting": self.requests_waiting,
-            "generation_tokens_per_s_gauge": self.generation_tokens_per_s_gauge,
+            "stream_tokens_per_s": self.stream_tokens_per_s,
             "kv_cache_usage": self.kv_cache_usage, "engine": self.engine or None,
         }
 
@@ -217,7 +217,7 @@ def parse_metrics(text: str, *, t: float | None = None, mapping: MetricsMap | No
         spec_verify=dict(spec),
         tool_calls_total=total("tool-calls-total"),
         requests_waiting=total("requests-waiting"),
-        generation_tokens_per_s_gauge=total("generation-tokens-per-s"),
+        stream_tokens_per_s=total("stream-tokens-per-s"),
         kv_cache_usage=total("kv-cache-usage"),
         spec_draft_tokens_total=total("spec-draft-tokens-total"),
         spec_accepted_tokens_total=total("spec-accepted-tokens-total"),

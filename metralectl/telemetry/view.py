@@ -248,7 +248,7 @@ class EngineRow:
             "engine": (s.engine or None) if s else None,
             "requests_active": _count(s.requests_active) if s else None,
             "requests_waiting": _count(s.requests_waiting) if s else None,
-            "engine_tokens_per_s": s.generation_tokens_per_s_gauge if s else None,  # the engine's own gauge
+            "engine_stream_tokens_per_s": s.stream_tokens_per_s if s else None,  # one request's decode rate, not the server's
             "tokens_per_s": self.tokens_per_s, "ttft_p50_s": self.ttft_p50_s, "ttft_p95_s": self.ttft_p95_s,
             "ttft_scope": self.ttft_scope, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "spec_acceptance": self.spec_acceptance,

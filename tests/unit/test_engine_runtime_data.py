@@ -78,7 +78,7 @@ def test_llama_metrics_read_through_its_mapping(engines: dict[str, EngineContrac
     snap = parse_metrics(_llama_text(), t=0.0, candidates=maps)
     assert snap.engine == "llama-cpp"
     assert (snap.requests_active, snap.requests_waiting, snap.generation_tokens_total) == (2, 1, 400)
-    assert snap.generation_tokens_per_s_gauge == 812.5 and snap.prompt_tokens_total == 100
+    assert snap.stream_tokens_per_s == 812.5 and snap.prompt_tokens_total == 100
     later = parse_metrics(_llama_text(prompt=300, predicted=1400, drafted=100, accepted=60), t=2.0, candidates=maps)
     rates = engine_rates(snap, later)
     assert rates.generation_tokens_per_s == 500 and rates.prompt_tokens_per_s == 100
