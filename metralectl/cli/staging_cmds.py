@@ -35,7 +35,9 @@ class _Renderer:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=28),
                                  TextColumn("{task.fields[size]}"), TextColumn("{task.fields[rate]}"),
                                  TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[files]}"),
-                                 console=self.console, disable=not self.live)
+                                 console=self.console, disable=not self.live, transient=True)
+        # transient: the live bars go when the work ends, rather than being drawn once more below the lines that
+        # followed them (`✔ ready` above a stale bar); each finished bar leaves its one line (`_finish`)
         self.tasks: dict[Any, Any] = {}
         self.last_plain: dict[Any, tuple[str, float]] = {}
 
@@ -74,7 +76,12 @@ class _Renderer:
             pct = f" ({100 * e.done / e.total:.0f}%)" if e.total else ""
             self._plain(e.repo, e.phase, f"{e.repo}: {label} {size}{pct} {rate} {eta} {files}".rstrip())
             return
-        key = (e.repo, "download" if e.phase == "download" else "verify")  # "done" finishes the verify row
+        if e.phase == "done":  # the repo's bars end: one line says how it ended, in order with what follows
+            for phase in ("download", "verify"):
+                self._finish((e.repo, phase))
+            self.say(f"{e.repo}: {label} {size} {files}")
+            return
+        key = (e.repo, "download" if e.phase == "download" else "verify")
         if key not in self.tasks:
             self.tasks[key] = self.progress.add_task(f"{e.repo} {label}", total=e.total or None, size="", rate="",
                                                      eta="", files="")
@@ -101,11 +108,15 @@ class _Renderer:
         if e.total:
             fields.update(completed=e.current or 0, total=e.total)
         if finished:
-            if e.total:
-                fields["completed"] = e.total
-            else:
-                fields.update(completed=1, total=1)
+            self._finish(key)
+            return
         self.progress.update(self.tasks[key], **fields)
+
+    def _finish(self, key: Any) -> None:
+        task = self.tasks.pop(key, None)
+        if task is not None:
+            self.progress.remove_task(task)
+            self.progress.refresh()  # else the live region keeps drawing the last frame, bar included
 
 
 def _image_line(result: Any) -> str:
