@@ -96,19 +96,60 @@ function Set-BaseUrl {   # mirrors install.sh: set_base_url
     elseif ($env:METRALECTL_VERSION) { $url = "https://metrale.ai/releases/v$($env:METRALECTL_VERSION.TrimStart('v'))" }
     else { $url = 'https://metrale.ai/releases/latest' }
     $script:BaseUrl = $url.TrimEnd('/')
-    # Plain http lets anyone on the path replace the files and SHA256SUMS together.
-    if ($script:BaseUrl -notmatch '^(https://|file://|http://(127\.0\.0\.1|localhost|\[::1\])[:/])') {
-        Die "refusing to download from '$($script:BaseUrl)': only https:// (or http:// to this machine)"
-    }
+    Test-DownloadUrl $script:BaseUrl
 }
 
-# mirrors install.sh: pick_downloader + download — Invoke-WebRequest fails on an HTTP error (a 404
-# page is an error, not a file); transient failures (no response, 5xx, 408, 429) are retried.
+# mirrors install.sh: check_download_url, is_loopback_host, printable — the URL is parsed, not matched
+# by prefix (a prefix test takes http://127.0.0.1:x@other/ for loopback; the download goes to 'other').
+# Plain http lets anyone on the path replace the files and SHA256SUMS together: loopback hosts only.
+function Test-DownloadUrl([string]$Url) {
+    $show = $Url -replace '[^\x21-\x7e]', '?'
+    if ($Url -cmatch '[^A-Za-z0-9._~:/!$&''()*+,;=%@\[\]-]') {
+        Die "refusing to download from '$show': it has characters a release directory's URL does not need (a space, a control character, '\', '?', '#', a quote, '<', '>', ...); only https:// (or http:// to this machine)"
+    }
+    if ($Url.StartsWith('file://', [StringComparison]::Ordinal)) { return }
+    if ($Url -cnotmatch '^(https?)://([^/]*)') {
+        Die "refusing to download from '$show': only https:// (or http:// to this machine, or file://)"
+    }
+    $scheme = $Matches[1]
+    $authority = $Matches[2]
+    if ($authority.Contains('@')) {
+        Die "refusing to download from '$show': it has user info ('...@') before the host. Everything before '@' is a user name and password, not the host: http://127.0.0.1:x@other/ downloads from 'other'. Give the host alone (only https://, or http:// to this machine)"
+    }
+    if ($authority -cnotmatch '^(\[[^\[\]]+\]|[^:\[\]]+)(:([0-9]{1,5}))?$') {
+        Die "refusing to download from '$show': it names no host, or its port is not a number from 1 to 65535"
+    }
+    $hostName = $Matches[1]
+    $port = $Matches[3]
+    if ($port -and (([int]$port -lt 1) -or ([int]$port -gt 65535))) {
+        Die "refusing to download from '$show': the port '$port' is not a number from 1 to 65535"
+    }
+    if ($scheme -ceq 'https') { return }
+    if ($hostName -ceq 'localhost' -or $hostName -ceq '[::1]' -or
+        $hostName -cmatch '^127(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$') { return }
+    Die "refusing to download from '$show': only https:// (or http:// to this machine). Plain http:// to '$hostName' would let anyone on the network path replace the files and SHA256SUMS together. Plain http:// is accepted only to a loopback host: 127.0.0.0/8 written as four decimal numbers, [::1] or localhost. Use https:// (or file:// for a copied release directory)"
+}
+
+# mirrors install.sh: pick_downloader + download (+ wget_get) — Invoke-WebRequest fails on an HTTP error
+# (a 404 page is an error, not a file); transient failures (no response, 5xx, 408, 429) are retried.
+# A download that started on https:// and was redirected to anything else is refused (PowerShell 7.4+
+# refuses such a redirect itself; Windows PowerShell 5.1 follows it, so the final address is checked).
 function Get-Download([string]$Url, [string]$Dest) {
     if (Test-Path $Dest) { Remove-Item -Force $Dest }
     for ($try = 1; $try -le 4; $try++) {
         try {
-            Invoke-WebRequest -Uri $Url -OutFile $Dest -UseBasicParsing -TimeoutSec 60 | Out-Null
+            $response = Invoke-WebRequest -Uri $Url -OutFile $Dest -PassThru -UseBasicParsing -TimeoutSec 60
+            $final = $null
+            if ($response -and $response.BaseResponse) {
+                $base = $response.BaseResponse
+                if ($base.PSObject.Properties['ResponseUri']) { $final = $base.ResponseUri }           # 5.1
+                elseif ($base.PSObject.Properties['RequestMessage']) { $final = $base.RequestMessage.RequestUri }   # 7
+            }
+            if ($Url.StartsWith('https://', [StringComparison]::Ordinal) -and $final -and $final.Scheme -ne 'https') {
+                if (Test-Path $Dest) { Remove-Item -Force $Dest }
+                Warn "$Url redirected to $final, which is not https://: not used"
+                return $false
+            }
             return (Test-Path $Dest)
         } catch {
             if (Test-Path $Dest) { Remove-Item -Force $Dest }

@@ -137,18 +137,95 @@ set_base_url() {
     else
         BASE_URL="https://metrale.ai/releases/latest"
     fi
-    # Plain http lets anyone on the path replace the files and SHA256SUMS together; it is accepted
-    # only from this machine (tests, a local mirror), file:// likewise (a copied release directory).
-    case "$BASE_URL" in
-        https://* | file://*) ;;
-        http://127.0.0.1[:/]* | http://localhost[:/]* | "http://[::1]"[:/]*) ;;
-        *) die "refusing to download from '$BASE_URL': only https:// (or http:// to this machine)" ;;
-    esac
+    check_download_url "$BASE_URL"
 }
 
+# printable URL: a URL as it can be shown (every byte outside printable ASCII becomes '?').
+printable() {
+    printf '%s' "$1" | LC_ALL=C tr -c '\041-\176' '?'
+}
+
+# check_download_url URL: dies unless URL is https://, file://, or http:// to this machine.
+# Plain http lets anyone on the path replace the files and SHA256SUMS together, so it is accepted
+# only to a loopback host (tests, a local mirror). The URL is parsed, not matched by prefix: a
+# prefix test takes http://127.0.0.1:x@other/ for loopback, and curl and wget go to 'other'.
+check_download_url() {
+    cu_show=$(printable "$1")
+    # Only the characters RFC 3986 allows in a URL: no spaces, control bytes or backslashes, which
+    # URL parsers disagree on (some read '\' as '/').
+    # (What is left once they are deleted, and a '"' added so that a final newline stays in "$(...)".)
+    cu_bad=$(printf '%s"' "$1" | LC_ALL=C tr -d "A-Za-z0-9._~:/!\$&'()*+,;=%@\133\135-")
+    [ "$cu_bad" = '"' ] ||
+        die "refusing to download from '$cu_show': it has characters a release directory's URL does not need (a space, a control character, '\\', '?', '#', a quote, '<', '>', ...); only https:// (or http:// to this machine)"
+    case "$1" in
+        file://*) return 0 ;;
+        https://*) cu_scheme=https ;;
+        http://*) cu_scheme=http ;;
+        *) die "refusing to download from '$cu_show': only https:// (or http:// to this machine, or file://)" ;;
+    esac
+    cu_rest=${1#*://}
+    cu_authority=${cu_rest%%/*}
+    case "$cu_authority" in
+        *@*) die "refusing to download from '$cu_show': it has user info ('...@') before the host.
+  Everything before '@' is a user name and password, not the host: http://127.0.0.1:x@other/ downloads
+  from 'other'. Give the host alone (only https://, or http:// to this machine)" ;;
+        '') die "refusing to download from '$cu_show': it names no host" ;;
+    esac
+    # host[:port], the host possibly in brackets (IPv6)
+    case "$cu_authority" in
+        \[*\]) cu_host=$cu_authority; cu_port="" ;;
+        \[*\]:*) cu_host=${cu_authority%%]:*}]; cu_port=${cu_authority#*]:} ;;
+        \[*) die "refusing to download from '$cu_show': the host has no closing ']'" ;;
+        *:*) cu_host=${cu_authority%%:*}; cu_port=${cu_authority#*:} ;;
+        *) cu_host=$cu_authority; cu_port="" ;;
+    esac
+    case "$cu_authority" in
+        *:) die "refusing to download from '$cu_show': ':' without a port number" ;;
+    esac
+    [ -n "$cu_host" ] || die "refusing to download from '$cu_show': it names no host"
+    case "$cu_port" in
+        '') ;;
+        *[!0-9]* | ??????*) die "refusing to download from '$cu_show': the port '$cu_port' is not a number from 1 to 65535" ;;
+        *) if [ "$cu_port" -lt 1 ] || [ "$cu_port" -gt 65535 ]; then
+               die "refusing to download from '$cu_show': the port '$cu_port' is not a number from 1 to 65535"
+           fi ;;
+    esac
+    [ "$cu_scheme" = https ] && return 0
+    is_loopback_host "$cu_host" && return 0
+    die "refusing to download from '$cu_show': only https:// (or http:// to this machine).
+  Plain http:// to '$(printable "$cu_host")' would let anyone on the network path replace the files and
+  SHA256SUMS together. Plain http:// is accepted only to a loopback host: 127.0.0.0/8 written as four
+  decimal numbers, [::1] or localhost. Use https:// (or file:// for a copied release directory)"
+}
+
+# is_loopback_host HOST: localhost, [::1], or 127.a.b.c in plain dotted decimal (no shorthand such as
+# 127.1, no octal or hex: tools disagree on what those mean).
+is_loopback_host() {
+    case "$1" in
+        localhost | '[::1]') return 0 ;;
+        127.*) lh_rest=${1#127.} ;;
+        *) return 1 ;;
+    esac
+    lh_count=0
+    while :; do
+        lh_octet=${lh_rest%%.*}
+        case "$lh_octet" in
+            0) ;;
+            '' | *[!0-9]* | 0* | ????*) return 1 ;;
+            *) [ "$lh_octet" -le 255 ] || return 1 ;;
+        esac
+        lh_count=$((lh_count + 1))
+        [ "$lh_rest" = "$lh_octet" ] && break
+        lh_rest=${lh_rest#*.}
+    done
+    [ "$lh_count" = 3 ]
+}
+
+# After set_base_url. curl: its first request only in the base URL's scheme, redirects only to https://.
 pick_downloader() {
     if command -v curl >/dev/null 2>&1; then
         DOWNLOADER=curl
+        CURL_PROTO="--proto =${BASE_URL%%://*} --proto-redir =https"
     elif command -v wget >/dev/null 2>&1; then
         DOWNLOADER=wget
     else
@@ -157,24 +234,86 @@ pick_downloader() {
 }
 
 # download URL DEST: --fail so an HTTP error (a 404 page) is an error, not a file; curl retries what
-# is worth retrying (timeouts, 5xx, refused connections) by itself, never a 404.
+# is worth retrying (timeouts, 5xx, refused connections) by itself, never a 404. A redirect is
+# followed only to https:// (CURL_PROTO; wget_get for wget): a redirect to plain http would let
+# anyone on the path answer in the release directory's name.
 download() {
     rm -f "$2"
     if [ "$DOWNLOADER" = curl ]; then
-        # shellcheck disable=SC2086 # CURL_PROTO is one word or empty
+        dl_rc=0
+        # shellcheck disable=SC2086 # CURL_PROTO is words split on purpose
         curl --fail --silent --show-error --location $CURL_PROTO \
             --connect-timeout 20 --retry 3 --retry-delay 1 --retry-connrefused \
-            --output "$2" "$1" || return 1
+            --output "$2" "$1" || dl_rc=$?
+        # 1: "protocol not supported or disabled": here, a redirect to something other than https://
+        [ "$dl_rc" = 1 ] && warn "$(printable "$1") redirected to a URL that is not https://: not followed"
+        [ "$dl_rc" = 0 ] || return 1
     else
         dl_try=1
-        while ! wget -q -O "$2" "$1"; do
+        while :; do
+            dl_rc=0
+            wget_get "$1" "$2" || dl_rc=$?
+            [ "$dl_rc" = 0 ] && break
             rm -f "$2"
-            [ "$dl_try" -ge 3 ] && return 1
+            # 2: a redirect refused; trying again would get the same answer
+            [ "$dl_rc" = 2 ] || [ "$dl_try" -ge 3 ] && return 1
             sleep "$dl_try"
             dl_try=$((dl_try + 1))
         done
     fi
     [ -f "$2" ]
+}
+
+# wget_get URL DEST: wget, following redirects one hop at a time and only to https://. wget has no
+# --proto-redir, and its --https-only is for recursive downloads only: wget 1.21 follows an
+# https -> http redirect even with it. Returns 1 on an error, 2 on a refused redirect.
+wget_get() {
+    wg_url=$1
+    wg_hops=0
+    while :; do
+        rm -f "$2"
+        if wget -nv --server-response --max-redirect=0 -O "$2" "$wg_url" 2>"$2.wget-log"; then
+            rm -f "$2.wget-log"
+            return 0
+        fi
+        wg_status=$(sed -n 's/^[[:space:]]*HTTP\/[0-9.]*[[:space:]]\{1,\}\([0-9][0-9][0-9]\).*/\1/p' "$2.wget-log" | tail -n 1)
+        wg_loc=$(tr -d '\r' <"$2.wget-log" | sed -n 's/^[[:space:]]*[Ll][Oo][Cc][Aa][Tt][Ii][Oo][Nn]:[[:space:]]*//p' | tail -n 1)
+        case "$wg_status" in
+            301 | 302 | 303 | 307 | 308) [ -n "$wg_loc" ] ;;
+            *) false ;;
+        esac || {
+            # not a redirect: wget's own lines (not the server's headers, which are indented)
+            grep -v '^[[:space:]]' "$2.wget-log" | tail -n 3 | while IFS= read -r wg_line; do
+                warn "wget: $(printable "$wg_line")"
+            done
+            rm -f "$2.wget-log"
+            return 1
+        }
+        rm -f "$2.wget-log"
+        wg_rest=${wg_url#*://}
+        case "$wg_loc" in
+            *://*) wg_next=$wg_loc ;;
+            //*) wg_next="${wg_url%%://*}:$wg_loc" ;;
+            /*) wg_next="${wg_url%%://*}://${wg_rest%%/*}$wg_loc" ;;
+            *) case "$wg_rest" in
+                   */*) wg_next="${wg_url%/*}/$wg_loc" ;;
+                   *) wg_next="$wg_url/$wg_loc" ;;
+               esac ;;
+        esac
+        case "$wg_next" in
+            https://*) ;;
+            *)
+                warn "$(printable "$wg_url") redirected to $(printable "$wg_next"), which is not https://: not followed"
+                return 2
+                ;;
+        esac
+        wg_hops=$((wg_hops + 1))
+        if [ "$wg_hops" -gt 10 ]; then
+            warn "$(printable "$1"): more than 10 redirects: not followed"
+            return 2
+        fi
+        wg_url=$wg_next
+    done
 }
 
 # Fail closed: without a tool to check SHA-256 nothing is installed (installers that skip the check
@@ -751,9 +890,6 @@ install() {
     set_base_url
     pick_downloader
     pick_hasher
-    if [ "$DOWNLOADER" = curl ]; then
-        case "$BASE_URL" in https://*) CURL_PROTO="--proto-redir =https" ;; *) CURL_PROTO="" ;; esac
-    fi
     pick_python
     detect_platform
     check_venv_module

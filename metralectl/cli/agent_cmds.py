@@ -1,5 +1,7 @@
 """`id`, `verify RECORD`, `agent` (+ `agent url`): this box's identity, signed records, the background agent.
 
+`verify` is cli/verify_cmd.py's, the same command as `bench verify`.
+
 cryptography, httpx and the agent's modules are imported inside the commands (`--help` stays light).
 """
 
@@ -39,38 +41,6 @@ def id_(
         return
     print(ident.fingerprint)
     note(f"key: {paths.display(ident.path)}  (ed25519; peers compare this fingerprint when pairing)")
-
-
-def verify(
-    record: Path = typer.Argument(..., metavar="RECORD", help="A signed envelope, or a record with RECORD.sig next to it."),
-    expect: list[str] = typer.Option(None, "--expect", metavar="NAME=VALUE", help="A name the record must carry (e.g. unit=...)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
-) -> None:
-    """Check a signed record against this box's key and its paired peers' keys (exit 1 if it fails)."""
-    from metralectl.errors import MetralError, UsageError
-    from metralectl.peers.store import known_keys
-    from metralectl.seams.signing import verify_file
-
-    wanted = {}
-    for item in expect or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UsageError(f"--expect {item!r}: write NAME=VALUE")
-        wanted[key] = value
-    verdict = verify_file(record, known_keys(), expect=wanted)
-    if as_json:
-        print(json.dumps({"ok": verdict.ok, "signer": verdict.signer, "reason": verdict.reason,
-                          "payload_type": verdict.payload_type, "names": verdict.names}, indent=2))
-    elif verdict.ok:
-        print(f"good signature by {verdict.signer}")
-        for key, value in sorted(verdict.names.items()):
-            print(f"  {key}: {value}")
-    if not verdict.ok:
-        if as_json:
-            raise typer.Exit(ExitCode.FAILED)
-        raise MetralError(f"{record}: {verdict.reason}",
-                          "pair with the signer (`metralectl peer pair ADDR`) if it is a node you trust"
-                          if verdict.reason.startswith("signed by") else None)
 
 
 @agent_app.callback()
@@ -115,5 +85,7 @@ def url(port: int = typer.Option(None, "--port", help="The agent's port (default
 
 def register(app: typer.Typer) -> None:
     app.command("id")(id_)
+    from metralectl.cli.verify_cmd import verify
+
     app.command("verify")(verify)
     app.add_typer(agent_app, name="agent")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from metralectl.cli import verify_cmd
 from metralectl.cli.state import note, style
 from metralectl.errors import ExitCode
 
@@ -283,29 +284,8 @@ def show(run_id: str = typer.Argument(..., metavar="RUN"),
         print(render_run(record))
 
 
-@app.command("verify")
-def verify(run_id: str = typer.Argument(..., metavar="RUN|FILE", help="A run id (see `bench history`) or a record file."),
-           as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON.")) -> None:
-    """Check a run's signature against this box's and its known peers' keys (exit 1 if it fails)."""
-    from pathlib import Path
-
-    from metralectl.bench import records, signed
-    path = Path(run_id)
-    directory = path.parent if path.is_file() else records.find(run_id)
-    from metralectl.peers.store import known_keys
-
-    verdict = signed.verify_run(directory, known_keys())
-    if as_json:
-        print(json.dumps({"run": str(directory), "ok": verdict.ok, "signer": verdict.signer, "reason": verdict.reason,
-                          "names": verdict.names}, indent=2))
-    elif verdict.ok:
-        print(f"signed by {verdict.signer}: {verdict.reason}")
-        for key, value in sorted(verdict.names.items()):
-            print(f"  {key:<16}{value}")
-    else:
-        note(style(f"NOT VERIFIED: {verdict.reason}", "31", sys.stderr))
-    if not verdict.ok:
-        raise typer.Exit(ExitCode.FAILED)
+# The same command as the top-level `metralectl verify` (one verifier for both names).
+app.command("verify")(verify_cmd.verify)
 
 
 @app.command("compare")

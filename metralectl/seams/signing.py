@@ -4,7 +4,7 @@ The envelope (JSON, docs/agent.md has the full specification):
 
     {
       "format": "metralectl-envelope/1",
-      "payloadType": "application/vnd.metrale.bench-record+json",
+      "payloadType": "application/vnd.metralectl.bench-record+json",
       "payload": "<base64 of the record's exact bytes>",           (absent in a detached envelope)
       "names": {"commit": "3f2c…", "recipe": "qwen3.5-35b-a3b", "unit": "certify-r1-spark2-decode"},
       "signatures": [{"keyid": "<fingerprint>", "publicKey": "<base64, 32 bytes>", "sig": "<base64, 64 bytes>"}]
@@ -18,6 +18,8 @@ so that no two different (type, names, payload) triples encode to the same bytes
 
 Verification never trusts the envelope's own key: `keyid` selects a key from the caller's known keys
 (this box and its paired peers), `publicKey` must equal it, and the signature must verify over the PAE.
+The payload type must be the one the caller expects (BENCH_RECORD_TYPE unless it says otherwise): a
+signature over some other kind of document is not a benchmark record.
 Base64 must be canonical, unknown fields are refused, and v1 has exactly one signature: any changed
 bit anywhere in the envelope makes verification fail.
 
@@ -41,7 +43,8 @@ if TYPE_CHECKING:
     from metralectl.seams.identity import Identity
 
 FORMAT = "metralectl-envelope/1"
-BENCH_RECORD_TYPE = "application/vnd.metrale.bench-record+json"
+# The one payload type of a benchmark record (bench/signed.py signs with it; docs/agent.md shows it).
+BENCH_RECORD_TYPE = "application/vnd.metralectl.bench-record+json"
 SIDECAR_SUFFIX = ".sig"
 _NAME_KEY = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 _FIELDS = {"format", "payloadType", "payload", "names", "signatures"}
@@ -143,11 +146,13 @@ def _parse(envelope: str | bytes | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def verify(envelope: str | bytes | Mapping[str, Any], known_keys: Mapping[str, bytes], *,
-           payload: bytes | None = None, expect: Mapping[str, str] | None = None) -> Verification:
+           payload: bytes | None = None, expect: Mapping[str, str] | None = None,
+           expect_type: str | None = BENCH_RECORD_TYPE) -> Verification:
     """Check an envelope against known keys (fingerprint -> raw public key).
 
     `payload` supplies the bytes of a detached envelope; `expect` lists names that must match (e.g.
-    the unit a remote record must be for). Never raises for a bad envelope: the reason says why.
+    the unit a remote record must be for); `expect_type` is the payload type it must have (None: any).
+    Never raises for a bad envelope: the reason says why.
     """
     try:
         env = _parse(envelope)
@@ -200,6 +205,9 @@ def verify(envelope: str | bytes | Mapping[str, Any], known_keys: Mapping[str, b
         return _fail(f"the envelope's public key is not the known key of {keyid}", keyid)
     if not verify_signature(known, signature, pae(payload_type, names, body)):
         return _fail("bad signature: the record, what it names, or the signature was changed", keyid)
+    if expect_type is not None and payload_type != expect_type:
+        return Verification(False, keyid, f"signed, but its payload type is {payload_type!r}, not the expected "
+                            f"{expect_type!r}", payload_type, body, names)
     for key, want in (expect or {}).items():
         if names.get(key) != want:
             return Verification(False, keyid, f"signed, but names {key}={names.get(key)!r}, expected {want!r}",
@@ -228,7 +236,7 @@ def _read(path: Path) -> bytes:
 
 
 def verify_file(path: Path | str, known_keys: Mapping[str, bytes], *,
-                expect: Mapping[str, str] | None = None) -> Verification:
+                expect: Mapping[str, str] | None = None, expect_type: str | None = BENCH_RECORD_TYPE) -> Verification:
     """Verify a signed record on disk: an envelope with its payload inside, or a record with `<record>.sig`.
 
     Raises MetralError only when the file cannot be read; every verdict is a Verification.
@@ -243,7 +251,7 @@ def verify_file(path: Path | str, known_keys: Mapping[str, bytes], *,
     except (ValueError, UnicodeDecodeError):
         env = None
     if isinstance(env, dict) and env.get("format") == FORMAT and "payload" in env:
-        return verify(data, known_keys, expect=expect)
+        return verify(data, known_keys, expect=expect, expect_type=expect_type)
     side = sidecar(path)
     if isinstance(env, dict) and env.get("format") == FORMAT:
         return _fail(f"{path} is a detached envelope: verify the record it sits next to")
@@ -253,7 +261,7 @@ def verify_file(path: Path | str, known_keys: Mapping[str, bytes], *,
         side_data = _read(side)
     except OSError as exc:
         raise MetralError(f"cannot read {side}: {exc.strerror}") from None
-    return verify(side_data, known_keys, payload=data, expect=expect)
+    return verify(side_data, known_keys, payload=data, expect=expect, expect_type=expect_type)
 
 
 __all__ = [

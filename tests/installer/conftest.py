@@ -261,3 +261,132 @@ def make_box(tmp_path: Path, server: Server):
         return Box(base=base, server=server, bin=make_bin(base / "bin", tools, list(fakes)))
 
     return make
+
+
+# --------------------------------------------------------------------------------------------------
+# A loopback https server (its own CA-less, self-signed certificate) and a loopback "other host"
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost, and its key (PEM); the certificate is its own CA."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "metralectl installer test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                    x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_pem, key_pem = directory / "cert.pem", directory / "key.pem"
+    cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))  # fmt: skip
+    return cert_pem, key_pem
+
+
+class _TlsHandler(http.server.SimpleHTTPRequestHandler):
+    """Files under its root, except the paths in `redirects`, which answer 302 with that Location."""
+
+    requests: list[str]
+    redirects: dict[str, str]
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def send_head(self):  # type: ignore[no-untyped-def]
+        self.requests.append(self.path)
+        target = self.redirects.get(self.path)
+        if target is not None:
+            self.send_response(302)
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        return super().send_head()
+
+
+@dataclass
+class TlsServer:
+    root: Path
+    url: str
+    ca: Path
+    requests: list[str] = field(default_factory=list)
+    redirects: dict[str, str] = field(default_factory=dict)
+
+    def trust_env(self, home: Path) -> dict[str, str]:
+        """The environment that makes curl and wget trust this server's certificate (and only that)."""
+        wgetrc = home.parent / "wgetrc"
+        wgetrc.write_text(f"ca_certificate = {self.ca}\n")
+        return {"CURL_CA_BUNDLE": str(self.ca), "WGETRC": str(wgetrc)}
+
+
+@pytest.fixture(scope="session")
+def tls_server(tmp_path_factory: pytest.TempPathFactory, release_dir: Path):
+    import ssl
+
+    base = tmp_path_factory.mktemp("tls")
+    cert, key = _self_signed(base)
+    root = base / "www"
+    shutil.copytree(release_dir, root / "direct")
+    requests: list[str] = []
+    redirects: dict[str, str] = {}
+    handler = type("TlsHandler", (_TlsHandler,), {"requests": requests, "redirects": redirects})
+
+    def make(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return handler(*args, directory=str(root), **kwargs)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield TlsServer(root=root, url=f"https://127.0.0.1:{httpd.server_address[1]}", ca=cert,
+                    requests=requests, redirects=redirects)
+    httpd.shutdown()
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    """Stands in for every other host: a forward proxy on loopback that records each request it is
+    sent (absolute-form, e.g. `GET http://other.invalid/good/SHA256SUMS`) and serves the release, so
+    that an installer that went there would carry on as it would with a real other host."""
+
+    seen: list[str]
+    release: Path
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.seen.append(self.path)
+        name = self.path.rstrip("/").rsplit("/", 1)[-1]
+        file = self.release / name
+        body = file.read_bytes() if name and file.is_file() else b""
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def other_host(release_dir: Path):
+    """(proxy URL, the requests it was sent): point http_proxy at it and every non-loopback host is it."""
+    seen: list[str] = []
+    handler = type("ProxyHandler", (_ProxyHandler,), {"seen": seen, "release": release_dir})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", seen
+    httpd.shutdown()

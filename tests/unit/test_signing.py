@@ -44,10 +44,10 @@ def _flip(data: bytes, bit: int) -> bytes:
 @given(types_st, st.binary(max_size=300), names_st)
 def test_round_trip(payload_type: str, payload: bytes, names: dict[str, str]) -> None:
     env = sign(payload_type, payload, names, key("a"))
-    ok, signer, reason = verify(env, known("a", "b"))
+    ok, signer, reason = verify(env, known("a", "b"), expect_type=None)
     assert ok, reason
     assert signer == key("a").fingerprint
-    v = verify(env, known("a"))
+    v = verify(env, known("a"), expect_type=None)
     assert v.payload == payload and v.names == names and v.payload_type == payload_type
 
 
@@ -57,7 +57,7 @@ def test_flipped_payload_bit_fails(payload_type: str, payload: bytes, names: dic
     env = json.loads(sign(payload_type, payload, names, key("a")))
     bit = data.draw(st.integers(0, len(payload) * 8 - 1))
     env["payload"] = base64.b64encode(_flip(payload, bit)).decode()
-    assert not verify(env, known("a")).ok
+    assert not verify(env, known("a"), expect_type=None).ok
 
 
 @SETTINGS
@@ -74,7 +74,7 @@ def test_flipped_name_bit_fails(payload_type: str, payload: bytes, names: dict[s
             return  # not text any more: cannot even be written into the envelope
     else:
         env["names"][name] = "x"
-    assert not verify(env, known("a")).ok
+    assert not verify(env, known("a"), expect_type=None).ok
 
 
 @SETTINGS
@@ -85,13 +85,13 @@ def test_flipped_type_or_signature_bit_fails(payload_type: str, payload: bytes, 
     sig = base64.b64decode(env["signatures"][0]["sig"])
     bad = json.loads(json.dumps(env))
     bad["signatures"][0]["sig"] = base64.b64encode(_flip(sig, data.draw(st.integers(0, 64 * 8 - 1)))).decode()
-    assert not verify(bad, known("a")).ok
+    assert not verify(bad, known("a"), expect_type=None).ok
     raw = payload_type.encode()
     try:
         env["payloadType"] = _flip(raw, data.draw(st.integers(0, len(raw) * 8 - 1))).decode()
     except UnicodeDecodeError:
         return
-    assert not verify(env, known("a")).ok
+    assert not verify(env, known("a"), expect_type=None).ok
 
 
 @settings(max_examples=400, deadline=None)
@@ -101,24 +101,24 @@ def test_any_flipped_bit_in_the_envelope_file_fails(data: st.DataObject) -> None
                 {"commit": "3f2c9a1", "recipe": "qwen3.5-35b-a3b", "unit": "certify-r1-spark2-decode"}, key("a"))
     raw = text.encode()
     bit = data.draw(st.integers(0, len(raw) * 8 - 1))
-    assert not verify(_flip(raw, bit), known("a")).ok
+    assert not verify(_flip(raw, bit), known("a"), expect_type=None).ok
 
 
 def test_swapped_or_unknown_keys_fail() -> None:
     env = json.loads(sign("t", b"record", {"commit": "abc"}, key("a")))
-    ok, signer, reason = verify(env, known("b"))
+    ok, signer, reason = verify(env, known("b"), expect_type=None)
     assert not ok and "not a known key" in reason
     # the signature block of b grafted onto a's envelope
     env_b = json.loads(sign("t", b"record", {"commit": "abc"}, key("b")))
     env["signatures"] = env_b["signatures"][:1]
     env["signatures"][0]["sig"] = json.loads(sign("t", b"record", {"commit": "abc"}, key("a")))["signatures"][0]["sig"]
-    assert not verify(env, known("a", "b")).ok
+    assert not verify(env, known("a", "b"), expect_type=None).ok
     # a known fingerprint whose key claims to be another's
     env = json.loads(sign("t", b"record", {}, key("a")))
     env["signatures"][0]["publicKey"] = key("b").public_b64
-    assert not verify(env, known("a", "b")).ok
+    assert not verify(env, known("a", "b"), expect_type=None).ok
     # the caller's key table lying about a fingerprint
-    assert not verify(sign("t", b"r", {}, key("a")), {key("a").fingerprint: key("b").public_key}).ok
+    assert not verify(sign("t", b"r", {}, key("a")), {key("a").fingerprint: key("b").public_key}, expect_type=None).ok
 
 
 def test_pae_is_unambiguous() -> None:
@@ -129,15 +129,15 @@ def test_pae_is_unambiguous() -> None:
 
 def test_structure_is_strict() -> None:
     env = json.loads(sign("t", b"r", {"unit": "u1"}, key("a")))
-    assert verify(env, known("a"), expect={"unit": "u1"}).ok
-    verdict = verify(env, known("a"), expect={"unit": "u2"})
+    assert verify(env, known("a"), expect={"unit": "u1"}, expect_type=None).ok
+    verdict = verify(env, known("a"), expect={"unit": "u2"}, expect_type=None)
     assert not verdict.ok and "expected 'u2'" in verdict.reason
     extra = {**env, "comment": "hi"}
-    assert not verify(extra, known("a")).ok
+    assert not verify(extra, known("a"), expect_type=None).ok
     two = {**env, "signatures": env["signatures"] * 2}
-    assert not verify(two, known("a")).ok
+    assert not verify(two, known("a"), expect_type=None).ok
     text = signing.dumps(env).replace('"format"', '"names": {}, "format"', 1)
-    assert "duplicate" in verify(text, known("a")).reason
+    assert "duplicate" in verify(text, known("a"), expect_type=None).reason
     with pytest.raises(ValueError):
         sign("t", b"r", {"Bad Key": "x"}, key("a"))
 
@@ -158,3 +158,21 @@ def test_files_embedded_and_detached(tmp_path: Path) -> None:
     unsigned = tmp_path / "plain.json"
     unsigned.write_text("{}")
     assert "not signed" in verify_file(unsigned, known("a")).reason
+
+
+def test_the_payload_type_is_checked(tmp_path: Path) -> None:
+    """One bench-record type (the one real records carry); a good signature over another type is refused
+    unless the caller asks for any type."""
+    assert signing.BENCH_RECORD_TYPE == "application/vnd.metralectl.bench-record+json"
+    for wrong in ("application/vnd.metrale.bench-record+json", "application/json", "t"):
+        env = sign(wrong, b'{"tok_s": 1}', {"commit": "abc"}, key("a"))
+        verdict = verify(env, known("a"))
+        assert not verdict.ok and "payload type" in verdict.reason and wrong in verdict.reason
+        assert verdict.signer == key("a").fingerprint      # the signature itself was good
+        assert verify(env, known("a"), expect_type=wrong).ok
+        assert verify(env, known("a"), expect_type=None).ok
+        record = tmp_path / "run.json"
+        record.write_bytes(b'{"tok_s": 1}')
+        signing.sign_file(record, wrong, {"commit": "abc"}, key("a"))
+        assert "payload type" in verify_file(record, known("a")).reason
+    assert verify(sign(signing.BENCH_RECORD_TYPE, b"{}", {}, key("a")), known("a")).ok
