@@ -566,6 +566,12 @@ class DockerRuntime:
                 pass  # the daemon went away meanwhile: the launch's own cleanup looks again by name and run id
             raise
         if "error" in outcome:
+            # A create that failed may still have made the container (an answer lost on the way back):
+            # this very launch's, found by name and labels, goes.
+            try:
+                self.remove_if_labelled(spec.name, labels)
+            except MetralError:
+                pass
             raise outcome["error"]
         created: dict[str, Any] = outcome["created"]
         return created
