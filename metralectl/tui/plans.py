@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from metralectl.core.recipe import Recipe
     from metralectl.lifecycle.preflight import Facts, Refusal
 
-HINTS = {"pull-image": "press p to pull it", "pull-weights": "press p to pull them", "run": "press r to run this recipe",
-         "swap": "press w to swap to this recipe (with rollback), or x to stop the served one first"}
+# The keys are the Library's, not this confirmation's: each hint says to close it first.
+HINTS = {"pull-image": "Esc, then p in the Library pulls it", "pull-weights": "Esc, then p in the Library pulls them",
+         "run": "Esc, then r in the Library runs this recipe",
+         "swap": "Esc, then w in the Library swaps to this recipe (with rollback), or x stops the served one first"}
 
 
 def dashboard_change(action: Action, name: str | None) -> Any:

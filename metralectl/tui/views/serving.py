@@ -95,6 +95,8 @@ class ServingView(Vertical):
             if not self._status_failed:  # say it once, not every 2 s
                 self._status_failed = True
                 self.post_message(WorkerFailed("serving status", exc))
+            why = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+            self.app.call_from_thread(self.query_one(ServingCard).show_unreachable, why)
             return
         self._status_failed = False
         self.post_message(StatusLoaded(report))

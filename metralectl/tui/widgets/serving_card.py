@@ -22,12 +22,25 @@ class ServingCard(Static):
         super().__init__(Text("asking Docker what is served…", style="dim"), id=id, classes=classes)
         self.report: StatusReport | None = None
 
+    def show_unreachable(self, why: str) -> None:
+        """Docker did not answer: say so (and that it keeps asking), never "asking…" forever."""
+        from metralectl.safetext import clean
+
+        self.report = None
+        self.update(Text.assemble(("Docker is not answering: ", "bold yellow"), clean(why, 300),
+                                  ("\nstill asking every few seconds; `metralectl doctor` explains the daemon's state",
+                                   "dim")))
+
     def show(self, report: StatusReport) -> None:
         self.report = report
         table = Table.grid(padding=(0, 2), expand=True)
+        endpoints = [f"{s.endpoint}/v1" if s.endpoint != "-" else "-" for s in report.serving]
         for name in ("RECIPE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REV", "OWNER"):
+            # the endpoint is what a user copies: it keeps its whole width (port included); the recipe and the
+            # image revision give way first on a narrow terminal, each ending in … rather than cut short
             table.add_column(name, no_wrap=True, overflow="ellipsis",
-                             ratio={"RECIPE": 3, "ENDPOINT": 3, "IMAGE REV": 2}.get(name))
+                             ratio={"RECIPE": 3, "IMAGE REV": 2}.get(name),
+                             min_width=max(map(len, endpoints), default=8) if name == "ENDPOINT" else None)
         if report.serving:
             table.add_row(*(Text(h, style="bold") for h in ("RECIPE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REV",
                                                               "OWNER")))
@@ -36,7 +49,7 @@ class ServingCard(Static):
             if not s.state.startswith("running"):
                 recipe.append(f" ({s.state})", style="yellow")
             table.add_row(recipe, _health(s.health), s.uptime, f"{s.endpoint}/v1" if s.endpoint != "-" else "-",
-                          (s.image_revision or "-")[:12], s.owner)
+                          s.image_revision or "-", s.owner)
         parts: list[Table | Text] = [table] if report.serving else [
             Text("Nothing is served. Pick a recipe in the Library (2) and press r to run it.", style="dim")]
         if report.degraded:

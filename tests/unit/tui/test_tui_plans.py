@@ -41,18 +41,18 @@ def plan(action: str, recipe: str | None, runtime: FakeRuntime | None = None, br
 def test_run_plan_shows_the_command_and_refuses_missing_weights() -> None:
     p = plan("run", "qwen3.5-35b-a3b")
     assert p.command and p.command.startswith("docker run -d --name metralectl-qwen3.5-35b-a3b")
-    assert p.blocked and "weights" in p.blocked and p.hint == "press p to pull them"
+    assert p.blocked and "weights" in p.blocked and p.hint == "Esc, then p in the Library pulls them"
 
 
 def test_run_plan_refuses_when_image_absent_or_docker_down() -> None:
     absent = plan("run", "qwen3.5-35b-a3b", docker(images=False))
-    assert "is not here" in absent.blocked and absent.hint == "press p to pull it"
+    assert "is not here" in absent.blocked and absent.hint == "Esc, then p in the Library pulls it"
     assert plan("run", "qwen3.5-35b-a3b", broken=True).blocked == "Docker: Docker is not running"
 
 
 def test_swap_and_stop_plans_follow_what_is_served() -> None:
     nothing = plan("swap", "qwen3.5-27b")
-    assert "not serving anything to swap" in nothing.blocked and nothing.hint == "press r to run this recipe"
+    assert "not serving anything to swap" in nothing.blocked and nothing.hint == "Esc, then r in the Library runs this recipe"
     served = docker(running=("qwen3.5-27b",))
     assert "already the served model" in plan("swap", "qwen3.5-27b", served).blocked
     stop = plan("stop", None, served)
@@ -84,7 +84,7 @@ def test_a_plan_refuses_what_the_launch_refuses(monkeypatch: pytest.MonkeyPatch)
     spec = spec_for(catalog, recipe)
     refused = launch_refusal(recipe, spec, LaunchOptions(pull=False), observe(recipe, catalog, served, spec))  # type: ignore[arg-type]
     assert refused is not None and run.blocked == refused.error.message
-    assert "already being served by metralectl: metralectl-qwen3.5-27b" in run.blocked and "press w" in (run.hint or "")
+    assert "already being served by metralectl: metralectl-qwen3.5-27b" in run.blocked and "Esc, then w in the Library" in (run.hint or "")
     assert not plan("run", "qwen3.5-35b-a3b").blocked  # nothing served, image and weights here: it would go
     same = plan("swap", "qwen3.5-27b", served)
     assert same.blocked == "qwen3.5-27b is already the served model, with these settings"
@@ -94,4 +94,4 @@ def test_a_plan_refuses_what_the_launch_refuses(monkeypatch: pytest.MonkeyPatch)
 def test_a_plan_on_another_platform_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("metralectl.seams.machine.cpu_arch", lambda: "x86_64")
     p = plan("run", "qwen3.5-35b-a3b")
-    assert p.blocked and "built for linux/arm64" in p.blocked and "press p" not in (p.hint or "")
+    assert p.blocked and "built for linux/arm64" in p.blocked and "then p" not in (p.hint or "")

@@ -98,3 +98,43 @@ def test_log_tail_keeps_max_lines(services: FakeServices) -> None:
             assert log.line_count <= 5000 and log.lines[-1] == "line 11999"
 
     asyncio.run(scenario())
+
+
+def _drawn_card(services: FakeServices, size: tuple[int, int]) -> str:
+    async def scenario() -> str:
+        app = MetralectlApp(services, status_every_s=0.2)
+        async with app.run_test(size=size) as pilot:
+            card = app.query_one(ServingCard)
+            await until(pilot, lambda: card.report is not None and card.report.serving, what="status")
+            await pilot.pause()
+            return "\n".join("".join(seg.text for seg in line) for line in card.render_lines(card.region.reset_offset))
+
+    return asyncio.run(scenario())
+
+
+def test_the_card_keeps_the_endpoint_whole_at_80_columns_and_the_revision_unshortened(services: FakeServices) -> None:
+    services.served = ["qwen3.5-35b-a3b"]
+    small = _drawn_card(services, (80, 24))
+    assert "http://127.0.0.1:8888/v1" in small, small  # the port survives the smallest designed size
+    wide = _drawn_card(services, (200, 40))
+    assert "0123456789abcdef" in wide, wide  # the whole revision where there is room
+
+
+def test_an_unreachable_docker_is_said_not_asked_forever(services: FakeServices) -> None:
+    services.fail["status"] = MetralError("cannot connect to the Docker daemon at unix:///var/run/docker.sock")
+
+    async def scenario() -> None:
+        app = MetralectlApp(services, status_every_s=0.2)
+        async with app.run_test(size=(120, 40)) as pilot:
+            card = app.query_one(ServingCard)
+
+            def said() -> bool:
+                return "Docker is not answering" in str(card.render())
+
+            await until(pilot, said, what="the unreachable daemon named")
+            assert "cannot connect to the Docker daemon" in str(card.render())
+            del services.fail["status"]
+            services.served = ["qwen3.5-35b-a3b"]
+            await until(pilot, lambda: card.report is not None and card.report.serving, what="recovered")
+
+    asyncio.run(scenario())
