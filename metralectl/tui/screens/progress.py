@@ -24,6 +24,7 @@ from metralectl.tui.messages import ActionEvent, ActionFinished, LinesReady, Ser
 from metralectl.tui.progress_model import ProgressModel
 from metralectl.tui.services import Outcome, Plan
 from metralectl.tui.widgets.log_tail import LogTail
+from metralectl.tui.alarm import alarm, caution
 
 if TYPE_CHECKING:
     from metralectl.tui.services import Services
@@ -107,7 +108,7 @@ class ProgressScreen(ModalScreen[Outcome]):
     def on_action_finished(self, message: ActionFinished) -> None:
         self._drain_lines()
         self.outcome = outcome = message.outcome
-        style = {"done": "bold green", "failed": "bold red", "cancelled": "bold yellow"}[outcome.status]
+        style = {"done": "bold green", "failed": alarm(), "cancelled": caution()}[outcome.status]
         text = Text(outcome.summary, style=style)
         if outcome.hint:
             text.append(f"\n→ {outcome.hint}", style="")

@@ -29,6 +29,7 @@ from metralectl.tui.views import services_of
 from metralectl.tui.widgets.history_table import HistoryTable
 from metralectl.tui.widgets.param_form import ParamForm
 from metralectl.tui.widgets.table_fill import fill
+from metralectl.tui.alarm import alarm, caution
 
 
 class BenchView(Horizontal):
@@ -204,7 +205,7 @@ class BenchView(Horizontal):
         self.token = None
         self.query_one("#bench-cancel", Button).disabled = True
         self.query_one("#bench-progress").display = False
-        style = {"done": "bold green", "failed": "bold red", "cancelled": "bold yellow"}[message.status]
+        style = {"done": "bold green", "failed": alarm(), "cancelled": caution()}[message.status]
         text = Text(message.text, style=style)
         if message.hint:
             text.append(f"  → {message.hint}", style="")

@@ -18,6 +18,18 @@ COLUMNS = ("", "CHECK", "DETAIL")
 MARKS = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "problem": ("FAIL", "bold red"), "skipped": ("skip", "dim")}
 
 
+def mark_of(status: str) -> tuple[str, str]:
+    """The label and style of a status; FAIL and warn stay readable under NO_COLOR (tui/alarm.py)."""
+    from metralectl.tui.alarm import alarm, caution
+
+    import os
+
+    label, style = MARKS.get(status, (status, ""))
+    if not os.environ.get("NO_COLOR"):
+        return label, style
+    return label, {"problem": alarm(), "warn": caution()}.get(status, style)
+
+
 class CheckTable(DataTable[object]):
     class Chosen(Message):
         def __init__(self, check_id: str) -> None:
@@ -38,7 +50,7 @@ class CheckTable(DataTable[object]):
         self.ids = [r.id for r in ordered]
         rows = []
         for r in ordered:
-            mark, style = MARKS.get(r.status, (r.status, ""))
+            mark, style = mark_of(r.status)
             rows.append((Text(mark, style=style), r.title, r.detail))
         fill(self, COLUMNS, rows, self.ids)
         if keep in self.ids:

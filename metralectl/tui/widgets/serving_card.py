@@ -8,6 +8,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from metralectl.tui.alarm import alarm
+
 if TYPE_CHECKING:
     from metralectl.lifecycle.status import StatusReport
 
@@ -54,7 +56,7 @@ class ServingCard(Static):
             Text("Nothing is served. Pick a recipe in the Library (2) and press r to run it.", style="dim")]
         if report.degraded:
             parts.append(Text(f"DEGRADED: {report.degraded} — `metralectl ps --repair` restores a model",
-                              style="bold red"))
+                              style=alarm()))
         parts.append(Text(f"last swap: {report.last_swap}" if report.last_swap else "last swap: none recorded",
                           style="dim", no_wrap=True, overflow="ellipsis"))
         from rich.console import Group

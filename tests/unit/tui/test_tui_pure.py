@@ -233,3 +233,14 @@ def test_history_rows_and_details_read_the_engine_a_record_names(isolated_env: P
         "engine: llama-cpp (detected, build b6500: GET /props: default_generation_settings)")
     assert RecordsBench().detail(history[0]).notes[0] == (
         "engine: not recorded (a record from before metralectl named engines)")
+
+
+def test_failures_stay_readable_without_colour(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under NO_COLOR Textual greys every colour by luminance (red → dark grey on black): FAIL is reverse video."""
+    from metralectl.tui.widgets.check_table import mark_of
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert mark_of("problem") == ("FAIL", "bold red") and mark_of("warn") == ("warn", "yellow")
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert mark_of("problem") == ("FAIL", "bold reverse") and "underline" in mark_of("warn")[1]
+    assert mark_of("ok") == ("ok", "green") and mark_of("odd") == ("odd", "")
