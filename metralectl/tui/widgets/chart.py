@@ -127,8 +127,19 @@ class Chart(Widget):
             if ref is not None and width > len(ref.label) + 2:
                 label = f" {ref.label}"
                 cells = cells[: width - len(label)] + [(ch, ref_style) for ch in label]
+            elif r == 0:  # the top row says what the full height is worth, and the highest value shown
+                label = self._scale_label(scale, columns)
+                if label and width > len(label) + 8:
+                    cells = cells[: width - len(label)] + [(ch, styles["chart--muted"]) for ch in label]
             strips.append(Strip(_runs(cells), width))
         return strips
+
+    @staticmethod
+    def _scale_label(scale: float, columns: Sequence[float | None]) -> str:
+        known = [v for v in columns if v is not None and math.isfinite(v)]
+        if not known:
+            return ""
+        return f" top {_num(scale)} · peak {_num(max(known))}"
 
     def render_line(self, y: int) -> Strip:
         width, height = self.size.width, self.size.height
@@ -136,6 +147,16 @@ class Chart(Widget):
             self._strips = self._build(width, height) if width > 0 and height > 0 else []
             self._strips_for = (width, height)
         return self._strips[y] if 0 <= y < len(self._strips) else Strip.blank(width, self.rich_style)
+
+
+def _num(value: float) -> str:
+    """Three significant figures, no exponent for the sizes charts hold (0.12, 86.4, 1.23k)."""
+    magnitude = abs(value)
+    if magnitude >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if magnitude >= 1e4:
+        return f"{value / 1e3:.3g}k"
+    return f"{value:.3g}" if magnitude >= 0.01 or value == 0 else f"{value:.1e}"
 
 
 def _runs(cells: list[tuple[str, Style]]) -> list[Segment]:

@@ -138,3 +138,25 @@ def test_an_unreachable_docker_is_said_not_asked_forever(services: FakeServices)
             await until(pilot, lambda: card.report is not None and card.report.serving, what="recovered")
 
     asyncio.run(scenario())
+
+
+def test_a_chart_says_its_scale_and_peak() -> None:
+    from textual.app import App, ComposeResult
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield Chart("power", id="c")
+
+    async def scenario() -> str:
+        app = One()
+        async with app.run_test(size=(60, 8)) as pilot:
+            chart = app.query_one("#c", Chart)
+            chart.styles.height = 6
+            chart.set_data([100.0, 250.0, 180.0, None, 120.0], "120 W")
+            await pilot.pause()
+            return "\n".join("".join(seg.text for seg in line) for line in chart.render_lines(chart.region.reset_offset))
+
+    drawn = asyncio.run(scenario())
+    lines = drawn.splitlines()
+    assert "120 W" in lines[0]
+    assert "top 275 · peak 250" in lines[1], drawn  # 250 × 1.1: the auto scale's headroom, said
