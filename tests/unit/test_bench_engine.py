@@ -279,10 +279,10 @@ def test_the_engine_is_signed_with_the_record_and_old_records_still_verify(isola
     with llama_like() as url:
         record, _ = bench(url)
     directory = records.run_dir("decode", record["run_id"])
-    assert signed.verify_run(directory, known_keys()).ok
+    assert signed.verify_record(directory, known_keys()).ok
     path = directory / "run.json"
     path.write_text(path.read_text().replace('"name": "llama-cpp"', '"name": "vllm"'))
-    assert not signed.verify_run(directory, known_keys()).ok  # the engine is covered like every other byte
+    assert not signed.verify_record(directory, known_keys()).ok  # the engine is covered like every other byte
     # a record written before engines were named, signed then: verifies, and reads as "not recorded"
     old_dir = isolated_env / "old"
     old_dir.mkdir()
@@ -290,7 +290,7 @@ def test_the_engine_is_signed_with_the_record_and_old_records_still_verify(isola
            "target": {"url": "http://127.0.0.1:8888", "model": "m", "recipe": "qwen3.5-35b-a3b"}}
     (old_dir / "run.json").write_text(json.dumps(old))
     (old_dir / "requests.jsonl").write_text("")
-    assert signed.sign_run(old_dir, old) is None and signed.verify_run(old_dir, known_keys()).ok
+    assert signed.sign_run(old_dir, old) is None and signed.verify_record(old_dir, known_keys()).ok
     assert "engine    not recorded (a record from before metralectl named engines)" in render_run(old)
 
 
