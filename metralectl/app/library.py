@@ -80,7 +80,8 @@ def _judge(recipe: Recipe, target: Target, est: MemoryEstimate) -> tuple[bool | 
         return None, f"this box's GPU ({target.gpus_seen[0]}) is none of the known classes"
     if est.fits is None:
         unknown = next((p for p in (est.weights, est.kv_pool, est.budget) if p.gb is None), None)
-        return None, f"memory estimate unknown ({unknown.label}: {unknown.basis})" if unknown else "memory estimate unknown"
+        why = f" ({unknown.label}: {unknown.basis})" if unknown else ""
+        return None, f"memory estimate unknown{why}"
     return True, _memory_reason(est)
 
 

@@ -159,7 +159,8 @@ def _finish(items: list[Removal], as_json: bool, dry_run: bool, went: bool) -> N
 
 
 def rm(
-    recipe_names: list[str] = typer.Argument(None, metavar="[RECIPE...]", help="Recipes whose weights go (see `list`)."),
+    recipe_names: list[str] = typer.Argument(None, metavar="[RECIPE...]",
+                                             help="Recipes whose weights go (see `list`)."),
     weights: list[str] = typer.Option(None, "--weights", metavar="REPO[:QUANT]",
                                       help="A repository a recipe names (a GGUF one: only QUANT's files)."),
     image: list[str] = typer.Option(None, "--image", metavar="REF", help="A catalog image on the Docker daemon."),
