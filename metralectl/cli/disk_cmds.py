@@ -74,7 +74,7 @@ class _Docker:
             recipe = catalog.recipes.get(container.labels.get(LABEL_RECIPE, ""))
             if recipe is None:
                 continue
-            quant = recipe.checkpoint.quant if recipe.checkpoint.format == "gguf" else None
+            quant = recipe.checkpoint.quant.upper() if recipe.checkpoint.format == "gguf" else None
             out[(recipe.checkpoint.repo, quant)] = container.name
             out.setdefault((recipe.checkpoint.repo, "*"), container.name)
         return out
@@ -95,7 +95,7 @@ def _block_serving(items: list[Removal], serving: dict[tuple[str, str | None], s
     for item in items:
         if item.blocked or item.kind not in ("weights", "quant"):
             continue
-        key = (item.repo, item.quant) if item.kind == "quant" else (item.repo, "*")
+        key = (item.repo, (item.quant or "").upper()) if item.kind == "quant" else (item.repo, "*")
         name = serving.get(key) or (serving.get((item.repo, None)) if item.kind == "quant" else None)
         if name:
             item.blocked = f"container {name} is serving it (`metralectl stop` first)"
