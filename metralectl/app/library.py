@@ -18,6 +18,8 @@ class Target:
     hardware: str | None
     how: str  # "--hardware", "detected <gpu name>", or "none detected"
     gpu_name: str | None = None
+    gpus_seen: tuple[str, ...] = ()  # what the driver lists (none: no NVIDIA GPU on this box)
+    nodes: int = 1  # `list` judges one box; a multi-node recipe spans others (`run --worker`)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class LibraryRow:
     image: str = ""  # the image ref the recipe runs
     image_availability: str = ""  # pulled, or built from source (and whether the engine certifies it)
     image_pullable: bool = True
+    nodes: int = 1  # the machines the recipe's ranks run on
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,31 +57,52 @@ def choose_target(catalog: Catalog, hardware: str | None) -> Target:
     names = machine.gpu_names()
     found = machine.classify(names, catalog.hardware.values())
     if found:
-        return Target(found, f"detected {names[0]}", names[0])
-    return Target(None, f"none detected ({', '.join(names) or 'no NVIDIA GPU'})")
+        return Target(found, f"detected {names[0]}", names[0], tuple(names))
+    return Target(None, f"none detected ({', '.join(names) or 'no NVIDIA GPU'})", None, tuple(names))
+
+
+def _judge(recipe: Recipe, target: Target, est: MemoryEstimate) -> tuple[bool | None, str]:
+    """FITS on this box: every fact that rules the recipe out is named; `?` only when no fact does and the
+    memory estimate (or this box's class) is unknown."""
+    against: list[str] = []
+    nodes = recipe.resources.nodes
+    if nodes > target.nodes:
+        against.append(f"needs {nodes} nodes, this is one box (`run --worker` spans them)")
+    if target.hardware and target.hardware != recipe.hardware:
+        against.append(f"built for {recipe.hardware}, this is {target.hardware}")
+    elif target.hardware is None and not target.gpus_seen:
+        against.append(f"built for {recipe.hardware}, and this box has no NVIDIA GPU (`--hardware` judges a class)")
+    if est.fits is False:
+        against.append(_memory_reason(est) or "the memory estimate exceeds the budget")
+    if against:
+        return False, "; ".join(against)
+    if target.hardware is None:
+        return None, f"this box's GPU ({target.gpus_seen[0]}) is none of the known classes"
+    if est.fits is None:
+        unknown = next((p for p in (est.weights, est.kv_pool, est.budget) if p.gb is None), None)
+        why = f" ({unknown.label}: {unknown.basis})" if unknown else ""
+        return None, f"memory estimate unknown{why}"
+    return True, _memory_reason(est)
+
+
+def _memory_reason(est: MemoryEstimate) -> str:
+    total, budget = est.total_gb, est.budget.gb
+    return f"{total:.1f} of {budget:.1f} GB" if total is not None and budget else ""
 
 
 def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
     model = catalog.model_of(recipe)
-    judged_on = target.hardware or recipe.hardware
     est: MemoryEstimate = estimate(recipe, model, catalog.hardware[recipe.hardware],
                                    target.gpu_name if target.hardware == recipe.hardware else None,
                                    catalog.engines[recipe.engine].memory_meaning)
-    if target.hardware and target.hardware != recipe.hardware:
-        fits, reason = False, f"built for {recipe.hardware}, this is {target.hardware}"
-    elif est.fits is None:
-        fits, reason = None, "memory estimate unknown"
-    else:
-        fits = est.fits
-        reason = (f"{est.total_gb:.1f} of {est.budget.gb:.1f} GB" if est.total_gb is not None and est.budget.gb else "")
-        if target.hardware is None:
-            reason += f" (on {judged_on})"
+    fits, reason = _judge(recipe, target, est)
     cache = weights_state.checkpoint_state(recipe.checkpoint)
     image = catalog.image_for(recipe)
     return LibraryRow(
         name=recipe.name, engine=recipe.engine, model=model.display_name, repo=recipe.checkpoint.repo, quant=recipe.checkpoint.quant,
         hardware=recipe.hardware, mtp=recipe.mtp, validated_tok_s=recipe.validated.decode_tok_s,
-        memory_gb=est.total_gb, budget_gb=est.budget.gb, fits=fits, fits_reason=reason, weights=cache.status,
+        memory_gb=est.total_gb, budget_gb=est.budget.gb, fits=fits, nodes=recipe.resources.nodes,
+        fits_reason=reason, weights=cache.status,
         source=_source(recipe), source_path=recipe.origin.path, overrides=recipe.origin.overrides,
         tags=recipe.tags, description=recipe.description, image=image.ref, image_availability=image.availability(),
         image_pullable=image.pullable,

@@ -45,11 +45,13 @@ def _overridden(row: dict[str, Any]) -> str:
     return "synced" if "/synced/" in str(row["overrides"]) else "shipped"
 
 
-HEADERS = ("RECIPE", "ENGINE", "MODEL", "QUANT", "HW", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS", "SOURCE")
-# What a narrow terminal leaves out first: the model is in the recipe's name, the source in `show`, MTP and the
-# memory behind FITS, then the hardware class (FITS judges it) and the validated tok/s; RECIPE, ENGINE, QUANT,
-# FITS and WEIGHTS always stay (the shipped recipes then fit 80 columns).
-OPTIONAL = ("MODEL", "SOURCE", "MTP", "MEM GB", "HW", "TOK/S")
+HEADERS = ("RECIPE", "ENGINE", "MODEL", "QUANT", "HW", "NODES", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS",
+           "SOURCE")
+# What a narrow terminal leaves out first: the model is in the recipe's name, the source in `show`, MTP, the
+# nodes and the memory behind FITS (which judges both, its reason in --json), then the hardware class (FITS
+# judges it) and the validated tok/s; RECIPE, ENGINE, QUANT, FITS and WEIGHTS always stay (the shipped recipes
+# then fit 80 columns).
+OPTIONAL = ("MODEL", "SOURCE", "MTP", "NODES", "MEM GB", "HW", "TOK/S")
 
 
 def _yes_no(value: bool | None) -> str:
@@ -74,7 +76,8 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         print(json.dumps({"target": target, "recipes": rows}, indent=2))
     else:
         table_rows = [[
-            r["name"], r["engine"], r["model"], r["quant"], r["hardware"], "yes" if r["mtp"] else "-",
+            r["name"], r["engine"], r["model"], r["quant"], r["hardware"], str(r.get("nodes", 1)),
+            "yes" if r["mtp"] else "-",
             f"{r['validated_tok_s']:g}" if r["validated_tok_s"] is not None else "-",
             f"{r['memory_gb']:.1f}" if r["memory_gb"] is not None else "?",
             _yes_no(r["fits"]), r["weights"],
@@ -84,11 +87,12 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
 
         width = terminal_width()
         hidden = to_fit(HEADERS, table_rows, width, OPTIONAL)
-        print(render_table(HEADERS, table_rows, right=(6, 7), hide=hidden))
+        print(render_table(HEADERS, table_rows, right=(5, 7, 8), hide=hidden))
         if hidden:
             note(f"{', '.join(hidden)} left out to fit {width} columns; a wider terminal, or `--json`, shows "
                  f"{'them' if len(hidden) > 1 else 'it'}")
-        note(f"fit judged on: {target['hardware'] or 'each recipe’s own class'} ({target['how']})")
+        note(f"fit judged on: {target['hardware'] or 'this box'} ({target['how']}), one node"
+             + ("" if target["hardware"] else "; `--hardware CLASS` judges a class instead"))
         built: dict[str, tuple[str, list[str]]] = {}
         for r in rows:
             if not r["image_pullable"]:

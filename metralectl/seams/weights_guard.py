@@ -99,5 +99,6 @@ def preflight_disk(repo: str, hub: Path, todo: list[RepoFile], free_space: FreeS
             f"not enough disk space for {repo}: {human_bytes(need)} still to download ({len(todo)} files) "
             f"+ {human_bytes(reserve)} reserve, but only {human_bytes(free)} free at {where} "
             f"(short by {human_bytes(need + reserve - free)})",
-            "free some space (`hf cache ls` / `hf cache rm` list and remove cached models) or point "
+            "free some space (`metralectl prune`, `metralectl rm RECIPE`; `hf cache ls` / `hf cache rm` for "
+            "the rest) or point "
             "HF_HUB_CACHE at a larger disk (metralectl mounts it into the engine's container)")

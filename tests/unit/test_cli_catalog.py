@@ -42,7 +42,31 @@ def test_list_table_and_json() -> None:
     data = json.loads(cli("list", "--json").stdout)
     flagship = next(r for r in data["recipes"] if r["name"] == "qwen3.5-35b-a3b")
     assert flagship["mtp"] is True and flagship["validated_tok_s"] == 133 and flagship["weights"] == "absent"
-    assert flagship["fits"] is True and flagship["source"] == "shipped"
+    assert flagship["source"] == "shipped" and flagship["nodes"] == 1
+    if not Path("/proc/driver/nvidia/gpus").exists():  # this box has no NVIDIA GPU: a gb10 recipe cannot run on it
+        assert flagship["fits"] is False and "no NVIDIA GPU" in flagship["fits_reason"], flagship
+    on_gb10 = {r["name"]: r for r in json.loads(cli("list", "--json", "--hardware", "gb10").stdout)["recipes"]}
+    assert on_gb10["qwen3.5-35b-a3b"]["fits"] is True and "GB" in on_gb10["qwen3.5-35b-a3b"]["fits_reason"]
+
+
+def test_list_judges_nodes_on_one_box() -> None:
+    """An EP=2 recipe needs two machines: on one box FITS says no, with the reason, even where its memory fits."""
+    table = cli("list", "--hardware", "gb10")
+    header = table.stdout.splitlines()[0].replace("MEM GB", "MEM_GB").split()
+    assert "NODES" in header and "FITS" in header
+    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:]}
+    assert rows["qwen3.5-122b-a10b-ep2"][header.index("NODES")] == "2"
+    assert rows["qwen3.5-122b-a10b-ep2"][header.index("FITS")] == "no"
+    assert rows["qwen3.5-122b-a10b-single"][header.index("NODES")] == "1"
+    assert rows["qwen3.5-122b-a10b-single"][header.index("FITS")] == "yes"
+    data = {r["name"]: r for r in json.loads(cli("list", "--json", "--hardware", "gb10").stdout)["recipes"]}
+    ep2 = data["qwen3.5-122b-a10b-ep2"]
+    assert ep2["nodes"] == 2 and ep2["fits"] is False and "needs 2 nodes" in ep2["fits_reason"]
+    assert ep2["memory_gb"] is not None  # the memory is still estimated (per rank); the nodes rule it out
+    # a class mismatch and the nodes are both named
+    hopper = {r["name"]: r for r in json.loads(cli("list", "--json", "--hardware", "hopper").stdout)["recipes"]}
+    assert "needs 2 nodes" in hopper["qwen3.5-122b-a10b-ep2"]["fits_reason"]
+    assert "built for gb10, this is hopper" in hopper["qwen3.5-122b-a10b-ep2"]["fits_reason"]
 
 
 def test_list_filters() -> None:
