@@ -3,7 +3,6 @@
     security    the local API's gate (Host allow-list, same-origin, bearer token) and the token file
     api         the local API server and the page's routes
     jobs        run/swap/stop as jobs under the lifecycle lock
-    joblog      the agent's log of every job (who, what, result) and the quieted HTTP clients
     ops         what the API reads and does (the real one drives the lifecycle over Docker)
     capability  "can this machine run models", re-checked by itself every few seconds
     service     `metralectl agent`: wiring, state file, signals

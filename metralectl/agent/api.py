@@ -193,7 +193,7 @@ class ApiHandler(Handler):
         except MetralError as exc:
             self.send_json(400, refusal_json(exc), PAGE_HEADERS)
             return
-        from metralectl.agent.joblog import describe
+        from metralectl.joblog import describe
 
         self._start(kind, change.recipe, lambda emit: ops.apply(change, emit),
                     describe(kind, change.recipe or ("every model" if change.all_ else None), change.sets))

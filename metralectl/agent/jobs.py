@@ -55,7 +55,7 @@ class Job:
     cancelled_by: str | None = None  # "a client" (POST .../cancel) | "the agent stopping"
     seq: int = 0  # the last event's number
     grace_s: float = GRACE_S
-    who: str = "a local API client"  # for the agent's log (agent/joblog.py)
+    who: str = "a local API client"  # for the agent's log (metralectl/joblog.py)
     what: str = ""  # ... what it does, escaped (joblog.describe); default: kind and target
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
     _thread_id: int | None = field(default=None, repr=False, compare=False)
@@ -191,7 +191,7 @@ class JobRunner:
               what: str | None = None) -> Job:
         """Start work under the lifecycle lock; raises store.Busy (without starting) if the lock is held.
         `who` asked for it and `what` it does (escaped) go to the agent's log, at its start and its end."""
-        from metralectl.agent import joblog
+        from metralectl import joblog
 
         with self._mutex:
             job = Job(f"{kind}-{int(time.time())}-{next(self._ids)}", kind, target, grace_s=self.grace_s, who=who,

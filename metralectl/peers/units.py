@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ContextManager, Protocol
 
-from metralectl.agent import joblog
+from metralectl import joblog
 from metralectl.seams import store
 from metralectl.errors import ExitCode, MetralError
 from metralectl.peers.unit_spec import KEY_RE, UnitSpec
@@ -367,7 +367,7 @@ class UnitQueue:
 
 
 def _job_words(unit: Unit) -> tuple[str, str]:
-    """(who, what) of a unit for the agent's log (agent/joblog.py escapes them)."""
+    """(who, what) of a unit for the agent's log (metralectl/joblog.py escapes them)."""
     params = " ".join(f"{k}={v}" for k, v in sorted(unit.spec.params.items()))
     return (f"peer {unit.requester}",
             joblog.describe("bench unit", unit.spec.suite, extra=" ".join(

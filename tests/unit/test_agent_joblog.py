@@ -1,4 +1,4 @@
-"""The agent's log of its jobs (agent/joblog.py): a line when a job starts and one when it ends, saying who
+"""The agent's log of its jobs (metralectl/joblog.py): a line when a job starts and one when it ends, saying who
 asked (the local API's client, or which peer), what (kind, recipe, sets; a unit's suite), and the result
 (outcome, exit code, duration); outside text escaped. And the HTTP client's per-request lines quieted."""
 

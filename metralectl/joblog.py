@@ -1,4 +1,5 @@
-"""The agent's log of what it did: one line when a job starts and one when it ends, each saying who asked
+"""The agent's log of what it did (written by agent/jobs.py for the local API and peers/units.py for a
+peer's benchmark units, hence here, below both): one line when a job starts and one when it ends, each saying who asked
 (the local API's client, or which peer), what (kind, recipe, sets; a peer's benchmark unit and its suite),
 and, at the end, the result (outcome, exit code, duration, why). Every field is escaped (safetext): a
 recipe name, a set or an error can come from a client or a peer and must not forge log lines.
