@@ -230,6 +230,18 @@ class Pty:
     def send(self, text: str) -> None:
         os.write(self.fd, text.encode())
 
+    def _drain(self) -> None:
+        """What the process wrote before it ended and is still in the pty."""
+        while True:
+            try:
+                ready, _, _ = select.select([self.fd], [], [], 0.2)
+                chunk = os.read(self.fd, 4096) if ready else b""
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.seen += chunk.decode(errors="replace")
+
     def exit_code(self, timeout: float = 30) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -241,6 +253,7 @@ class Pty:
                 pass
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
+                self._drain()
                 os.close(self.fd)
                 return os.waitstatus_to_exitcode(status)
         os.kill(self.pid, signal.SIGKILL)
@@ -334,3 +347,11 @@ def test_one_word_is_a_recipe_only_when_it_names_one(served: list[tuple[str, str
     assert _split_words(["what is 2+2?"], None) == (None, "what is 2+2?")
     assert _split_words(["my-model", "hi"], None) == ("my-model", "hi")
     assert _split_words(["my-model"], "http://127.0.0.1:1") == (None, "my-model")  # --url: all words are the prompt
+
+
+def test_ctrl_c_during_a_one_prompt_answer_ends_interrupted(scripted: str) -> None:
+    term = Pty("--url", scripted, "slow")
+    term.expect("tok1 ")
+    term.send("\x03")
+    assert term.exit_code() == ExitCode.INTERRUPTED
+    assert "Traceback" not in term.seen
