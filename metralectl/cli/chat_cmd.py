@@ -131,14 +131,20 @@ def _messages(options: ChatOptions) -> list[dict[str, str]]:
 
 
 def _one_shot(client: ChatClient, prompt: str, options: ChatOptions, as_json: bool) -> None:
+    from metralectl.errors import ExitCode, MetralError
+
     messages = _messages(options) + [{"role": "user", "content": prompt}]
-    if as_json:
-        answer = client.ask(messages, options)
-        print(json.dumps(_json(client, answer), indent=2))
-        return
     printer = _Printer()
     try:
+        if as_json:
+            answer = client.ask(messages, options)
+            print(json.dumps(_json(client, answer), indent=2))
+            return
         answer = client.ask(messages, options, printer.content, printer.reasoning)
+    except KeyboardInterrupt:
+        # said here: Click turns a bare Ctrl-C into a silent exit 130
+        raise MetralError("interrupted: the answer was stopped before it finished",
+                          exit_code=ExitCode.INTERRUPTED) from None
     finally:
         printer.end()
     _say_stop(answer, options)
