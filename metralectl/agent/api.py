@@ -191,6 +191,7 @@ class ApiHandler(Handler):
             if kind != "stop":
                 ops.check(change)  # an unknown recipe or a bad --set is refused here, before any job
         except MetralError as exc:
+            log.info("local API refused a %s, asked by %s: %s", kind, clean(self._who()), clean(exc.message, 300))
             self.send_json(400, refusal_json(exc), PAGE_HEADERS)
             return
         from metralectl.joblog import describe

@@ -205,3 +205,13 @@ def test_the_cli_names_itself_to_the_agent(server: tuple[LocalApiServer, Ops], c
     job = AgentClient(api.port, TOKEN, os.getpid()).start("run", {"recipe": "qwen3-8b"})
     start, end = _job_lines(caplog, str(job["id"]), 2)
     assert "(metralectl/" in start.getMessage() and f"(pid {os.getpid()}))" in end.getMessage()
+
+
+def test_a_change_refused_before_any_job_is_logged(server: tuple[LocalApiServer, Ops],
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    api, _ = server
+    caplog.set_level(logging.INFO, logger="metralectl")
+    r = _post(api, "/api/run", {"recipe": "x", "colour": "blue"})
+    assert r.status_code == 400
+    refused = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("local API refused a run")]
+    assert refused and "colour" in refused[0] and "127.0.0.1:" in refused[0]
