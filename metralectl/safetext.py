@@ -24,3 +24,11 @@ def clean(text: str, limit: int | None = None) -> str:
             out.append(ch)
     result = "".join(out)
     return result if limit is None or len(result) <= limit else result[: max(limit - 1, 0)] + "…"
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal as text: line breaks and tabs kept, every other control or format character
+    escaped as clean() does (an engine's answer prints as prose but cannot move the cursor or set a title)."""
+    if text.isprintable():
+        return text
+    return "\n".join("\t".join(clean(part) for part in line.split("\t")) for line in text.split("\n"))

@@ -36,6 +36,7 @@ from metralectl.agent.jobs import JobRunner
 from metralectl.agent.ops import Operations, error_json, static_dir
 from metralectl.app.serving_change import Change, known_keys
 from metralectl.errors import MetralError, UsageError
+from metralectl.safetext import clean
 from metralectl.seams.httpserve import BodyTooLarge, Handler, Server
 
 if TYPE_CHECKING:
@@ -190,19 +191,31 @@ class ApiHandler(Handler):
             if kind != "stop":
                 ops.check(change)  # an unknown recipe or a bad --set is refused here, before any job
         except MetralError as exc:
+            log.info("local API refused a %s, asked by %s: %s", kind, clean(self._who()), clean(exc.message, 300))
             self.send_json(400, refusal_json(exc), PAGE_HEADERS)
             return
-        self._start(kind, change.recipe, lambda emit: ops.apply(change, emit))
+        from metralectl.joblog import describe
 
-    def _start(self, kind: str, target: str | None, work: Callable[[Callable[[Any], None]], Any]) -> None:
+        self._start(kind, change.recipe, lambda emit: ops.apply(change, emit),
+                    describe(kind, change.recipe or ("every model" if change.all_ else None), change.sets))
+
+    def _who(self) -> str:
+        """The client, for the agent's log: its address and what it says it is (escaped by the log)."""
+        host, port = self.client_address[:2]
+        agent = (self.headers.get("User-Agent") or "").strip()
+        return f"the local API client {host}:{port}" + (f" ({agent[:80]})" if agent else "")
+
+    def _start(self, kind: str, target: str | None, work: Callable[[Callable[[Any], None]], Any], what: str) -> None:
         from metralectl.seams.store import Busy
 
         try:
-            job = self.server.jobs.start(kind, target, work)
+            job = self.server.jobs.start(kind, target, work, who=self._who(), what=what)
         except Busy as exc:
+            log.info("local API refused %s, asked by %s: %s", what, clean(self._who()), clean(exc.message, 300))
             self.send_json(409, refusal_json(exc), PAGE_HEADERS)
             return
         except MetralError as exc:
+            log.info("local API refused %s, asked by %s: %s", what, clean(self._who()), clean(exc.message, 300))
             self.send_json(400, refusal_json(exc), PAGE_HEADERS)
             return
         self._send_ordered(202, job.to_json(), {"Location": f"/api/jobs/{job.id}"})

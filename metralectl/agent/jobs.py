@@ -55,6 +55,8 @@ class Job:
     cancelled_by: str | None = None  # "a client" (POST .../cancel) | "the agent stopping"
     seq: int = 0  # the last event's number
     grace_s: float = GRACE_S
+    who: str = "a local API client"  # for the agent's log (metralectl/joblog.py)
+    what: str = ""  # ... what it does, escaped (joblog.describe); default: kind and target
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
     _thread_id: int | None = field(default=None, repr=False, compare=False)
     _delivered: bool = field(default=False, repr=False, compare=False)
@@ -185,10 +187,15 @@ class JobRunner:
         deadline = time.monotonic() + timeout_s
         return tuple(job for job in active if not job.wait_finished(max(0.0, deadline - time.monotonic())))
 
-    def start(self, kind: str, target: str | None, work: Work) -> Job:
-        """Start work under the lifecycle lock; raises store.Busy (without starting) if the lock is held."""
+    def start(self, kind: str, target: str | None, work: Work, *, who: str = "a local API client",
+              what: str | None = None) -> Job:
+        """Start work under the lifecycle lock; raises store.Busy (without starting) if the lock is held.
+        `who` asked for it and `what` it does (escaped) go to the agent's log, at its start and its end."""
+        from metralectl import joblog
+
         with self._mutex:
-            job = Job(f"{kind}-{int(time.time())}-{next(self._ids)}", kind, target, grace_s=self.grace_s)
+            job = Job(f"{kind}-{int(time.time())}-{next(self._ids)}", kind, target, grace_s=self.grace_s, who=who,
+                      what=what if what is not None else joblog.describe(kind, target))
         got = threading.Event()
         refused: list[BaseException] = []
 
@@ -199,6 +206,7 @@ class JobRunner:
                     with job._cond:
                         job.state = "running"
                     job._bind()  # before anyone can know the job: a cancel always finds its thread
+                    joblog.started(job.id, job.who, job.what)
                     got.set()
                     try:
                         outcome.append(work(job.emit))
@@ -223,6 +231,9 @@ class JobRunner:
                 job._finish("failed", error=f"internal error: {type(exc).__name__}: {exc}",
                             exit_code=ExitCode.SOFTWARE)
             finally:
+                if got.is_set() and not refused:  # a job that started (a refusal is the caller's to report)
+                    joblog.ended(job.id, job.who, job.what, outcome=job.state, exit_code=job.exit_code,
+                                 duration_s=(job.finished or time.time()) - job.started, error=job.error)
                 got.set()
 
         threading.Thread(target=run, name=f"agent-job-{job.id}", daemon=True).start()

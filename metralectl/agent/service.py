@@ -132,6 +132,9 @@ class Agent:
 
 
 def run_agent(options: AgentOptions, *, base: Path | None = None, on_ready: Callable[[Agent], None] | None = None) -> None:
+    from metralectl.joblog import quiet_http_clients
+
+    quiet_http_clients()  # the log says what the agent did, not every health poll a readiness wait makes
     agent = Agent(options, base=base)
 
     with on_stop_signals(agent.stopping.set):  # SIGTERM or Ctrl-C: stop serving, then clean up

@@ -78,7 +78,11 @@ class AgentClient:
     # -- HTTP -----------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Any = None, *,
                  timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, Any]:
-        headers = {"Host": f"127.0.0.1:{self.port}", "Accept": "application/json", "Connection": "close"}
+        from metralectl import __version__
+
+        # the agent's log names who asked for a job by this (the page's requests carry the browser's)
+        headers = {"Host": f"127.0.0.1:{self.port}", "Accept": "application/json", "Connection": "close",
+                   "User-Agent": f"metralectl/{__version__} (pid {os.getpid()})"}
         data = None
         if method == "POST":
             headers.update({"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})

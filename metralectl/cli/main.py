@@ -78,10 +78,10 @@ def _root(
 
 def _register() -> None:
     # Command modules are light at import: each imports its heavy libraries inside its commands.
-    from metralectl.cli import (agent_cmds, bench_cmds, catalog_cmds, disk_cmds, doctor_cmd, peer_cmds, recipes_cmds,
-                                serve_cmds, staging_cmds, top_cmd, tui_cmd)
+    from metralectl.cli import (agent_cmds, bench_cmds, catalog_cmds, chat_cmd, disk_cmds, doctor_cmd, peer_cmds,
+                                recipes_cmds, serve_cmds, staging_cmds, top_cmd, tui_cmd)
 
-    for module in (catalog_cmds, doctor_cmd, serve_cmds, staging_cmds, disk_cmds, top_cmd, tui_cmd):
+    for module in (catalog_cmds, doctor_cmd, serve_cmds, chat_cmd, staging_cmds, disk_cmds, top_cmd, tui_cmd):
         module.register(app)
     app.add_typer(recipes_cmds.app, name="recipes")
     for module in (bench_cmds, agent_cmds, peer_cmds):

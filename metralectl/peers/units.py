@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ContextManager, Protocol
 
+from metralectl import joblog
 from metralectl.seams import store
 from metralectl.errors import ExitCode, MetralError
 from metralectl.peers.unit_spec import KEY_RE, UnitSpec
@@ -184,6 +185,8 @@ class UnitQueue:
             self._save(unit)
             self._emit(unit, "end", f"unit {state}" + (f": {unit.error}" if unit.error else ""), state=state,
                        verdict=unit.verdict, record_status=unit.record_status, run_id=unit.run_id)
+        joblog.ended(unit.key, *_job_words(unit), outcome=state, exit_code=unit.exit_code,
+                     duration_s=(unit.finished or time.time()) - (unit.started or unit.submitted), error=unit.error)
 
     # -- what the listener asks -----------------------------------------------------------------
     def submit(self, spec: UnitSpec, requester: str) -> tuple[Unit, bool]:
@@ -306,6 +309,7 @@ class UnitQueue:
                     outcome = ExecOutcome(None, ExitCode.FAILED, why_not)
                 else:
                     self._emit(unit, "started", f"running {unit.spec.suite}")
+                    joblog.started(unit.key, *_job_words(unit))
                     try:
                         outcome = self.executor.run(unit, functools.partial(self._relay, unit), cancel)
                     except Exception as exc:  # noqa: BLE001 - a unit that breaks is a failed unit, never a dead worker
@@ -360,3 +364,11 @@ class UnitQueue:
             state = "failed"
             changes["error"] = changes["error"] or f"the benchmark ended with exit code {outcome.exit_code} and no record"
         self._finish(unit, state, **changes)
+
+
+def _job_words(unit: Unit) -> tuple[str, str]:
+    """(who, what) of a unit for the agent's log (metralectl/joblog.py escapes them)."""
+    params = " ".join(f"{k}={v}" for k, v in sorted(unit.spec.params.items()))
+    return (f"peer {unit.requester}",
+            joblog.describe("bench unit", unit.spec.suite, extra=" ".join(
+                filter(None, [params, f"recipe {unit.spec.recipe}" if unit.spec.recipe else ""]))))

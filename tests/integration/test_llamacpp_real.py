@@ -355,3 +355,20 @@ def test_bench_sizes_prompts_with_llamas_tokenize(server: Server) -> None:
     assert all(r["prompt_tokens"] == r["expected_prompt_tokens"] for r in measured), [
         (r["prompt_tokens"], r["expected_prompt_tokens"]) for r in measured][:5]
     assert out.returncode == 0 and record["status"] == "completed", out.stderr
+
+
+def test_chat_gets_an_answer_from_llama_server(server: Server) -> None:
+    """`metralectl chat` against the real llama-server: one streamed answer that ends with a finish_reason,
+    and --json with the server's own usage."""
+    out = subprocess.run([sys.executable, "-m", "metralectl", "chat", "--url", server.url, "--max-tokens", "8",
+                          "--temperature", "0", "Hello"], capture_output=True, text=True, cwd=REPO,
+                         env=dict(os.environ), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() and "\x1b" not in out.stdout, (out.stdout, out.stderr)
+    out = subprocess.run([sys.executable, "-m", "metralectl", "chat", "--url", server.url, "--max-tokens", "8",
+                          "--json", "Hello"], capture_output=True, text=True, cwd=REPO, env=dict(os.environ),
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["model"] == "tiny-llama" and doc["finish_reason"] in ("length", "stop"), doc
+    assert doc["usage"]["completion_tokens"] <= 8 and doc["message"]["role"] == "assistant", doc

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("lifecycle",),
     ("seams",),
     ("core",),
+    ("joblog",),
     ("errors", "paths", "safetext", "atomicfile", "__init__"),
 ]
 

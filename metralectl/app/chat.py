@@ -1,0 +1,250 @@
+"""`chat`: which endpoint answers, and one streamed chat completion from it (the CLI prints, this reads).
+
+The target is `--url`, else the container serving RECIPE, else the one model metralectl serves (the
+endpoint label `ps` reads). An answer is complete only when the stream says so (a `finish_reason`, or
+`data: [DONE]`); a stream that ends before, an error event, an HTTP error and an engine that does not
+answer are failures, each a MetralError with its exit code. httpx and docker are imported here, lazily.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from metralectl.errors import ExitCode, MetralError, UsageError
+from metralectl.safetext import clean
+
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 300.0  # the most between two pieces of the stream (a long prompt's prefill comes first)
+
+
+@dataclass(frozen=True)
+class ChatTarget:
+    url: str  # the engine's base URL (no /v1)
+    recipe: str | None  # the recipe metralectl serves there, when it does
+
+
+@dataclass
+class ChatOptions:
+    system: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
+@dataclass
+class Answer:
+    content: str = ""
+    reasoning: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    done: bool = False  # saw data: [DONE]
+    pieces: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def complete(self) -> bool:
+        return self.finish_reason is not None or self.done
+
+
+def base_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {url!r}: expected http://HOST:PORT (the engine's base URL)")
+    return url.removesuffix("/v1")
+
+
+def resolve(recipe: str | None, url: str | None) -> ChatTarget:
+    """The endpoint to chat with: --url as given, else what the daemon's labelled containers say is served."""
+    if url:
+        return ChatTarget(base_url(url), recipe)
+    served = served_endpoints()
+    if recipe is not None:
+        matches = [u for name, u in served if name == recipe]
+        if not matches:
+            now = ", ".join(sorted({name for name, _ in served})) or "nothing"
+            raise MetralError(f"{clean(recipe, 120)} is not being served (served now: {clean(now, 300)})",
+                              f"`metralectl run {clean(recipe, 120)}` serves it; `metralectl ps` shows what runs",
+                              exit_code=ExitCode.UNAVAILABLE)
+        return ChatTarget(matches[0], recipe)
+    if not served:
+        raise MetralError("nothing is being served by metralectl",
+                          "`metralectl run RECIPE` serves a model; `--url URL` chats with another endpoint",
+                          exit_code=ExitCode.UNAVAILABLE)
+    if len({u for _, u in served}) > 1:
+        names = ", ".join(sorted(clean(name, 120) for name, _ in served))
+        raise UsageError(f"{len(served)} models are served ({names}): which one?",
+                         "name it: `metralectl chat RECIPE [PROMPT]`")
+    name, endpoint = served[0]
+    return ChatTarget(endpoint, name)
+
+
+def served_endpoints() -> list[tuple[str, str]]:
+    """(recipe, endpoint URL) of every running metralectl container that publishes an endpoint."""
+    from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE
+    from metralectl.seams.docker_runtime import open_runtime
+
+    with open_runtime(timeout=10.0) as runtime:
+        containers = runtime.containers(mine=False)
+    return [(c.labels.get(LABEL_RECIPE, "?"), c.labels[LABEL_ENDPOINT].rstrip("/")) for c in containers
+            if c.running and c.labels.get(LABEL_ENDPOINT)]
+
+
+def is_served(name: str) -> bool:
+    """Whether a recipe of this name is served now (False when Docker cannot say)."""
+    try:
+        return any(recipe == name for recipe, _ in served_endpoints())
+    except MetralError:
+        return False
+
+
+class ChatClient:
+    """One engine's chat endpoint; `ask` streams one answer."""
+
+    def __init__(self, target: ChatTarget, headers: dict[str, str] | None = None) -> None:
+        import httpx
+
+        self.target = target
+        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        # trust_env=False: the engine is local or on the RoCE link, never behind the user's HTTP proxy
+        self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers or {})
+        self.model: str | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ChatClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def served_model(self) -> str | None:
+        """The model id the engine serves (/v1/models), for the request's `model`; None when it names none."""
+        import httpx
+
+        url = self.target.url
+        try:
+            response = self._http.get(url + "/v1/models", timeout=CONNECT_TIMEOUT_S * 2)
+        except httpx.HTTPError as exc:
+            raise MetralError(f"nothing answers at {url}: {clean(str(exc), 200) or type(exc).__name__}",
+                              "`metralectl ps` shows what is served and whether it is healthy",
+                              exit_code=ExitCode.UNAVAILABLE) from None
+        try:
+            data = response.json() if response.status_code == 200 else None
+        except ValueError:
+            data = None
+        models = data.get("data") if isinstance(data, dict) else None
+        if isinstance(models, list) and models and isinstance(models[0], dict) and models[0].get("id"):
+            self.model = str(models[0]["id"])
+        return self.model
+
+    def ask(self, messages: list[dict[str, str]], options: ChatOptions,
+            on_content: Callable[[str], None] = lambda _: None,
+            on_reasoning: Callable[[str], None] = lambda _: None) -> Answer:
+        """Stream one answer, calling on_content / on_reasoning with each piece as it arrives. Raises
+        MetralError when it fails or ends incomplete; KeyboardInterrupt closes the stream and passes on."""
+        import httpx
+
+        body: dict[str, Any] = {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+        if self.model:
+            body["model"] = self.model
+        if options.max_tokens is not None:
+            body["max_tokens"] = options.max_tokens
+        if options.temperature is not None:
+            body["temperature"] = options.temperature
+        url = self.target.url + "/v1/chat/completions"
+        answer = Answer()
+        try:
+            with self._http.stream("POST", url, json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise MetralError(f"the engine answered HTTP {response.status_code}: {_error_text(response)}",
+                                      "`metralectl logs` shows the engine's side")
+                for event in _events(response.iter_bytes()):
+                    _take(event, answer, on_content, on_reasoning)
+                    if answer.done:
+                        break
+        except httpx.TimeoutException:
+            raise MetralError(f"no answer from {url} within {READ_TIMEOUT_S:g} s"
+                              + (" (the answer stopped mid-way)" if answer.pieces else ""),
+                              "`metralectl logs` shows what the engine is doing") from None
+        except httpx.HTTPError as exc:
+            code = ExitCode.FAILED if answer.pieces else ExitCode.UNAVAILABLE
+            raise MetralError(f"the connection to {url} failed: {clean(str(exc), 200) or type(exc).__name__}",
+                              "`metralectl ps` shows whether the engine still runs", exit_code=code) from None
+        if not answer.complete:
+            raise MetralError("the stream ended before the answer finished (no finish_reason, no [DONE])",
+                              "the engine stopped mid-answer: `metralectl logs` shows why")
+        return answer
+
+
+def _error_text(response: Any) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return clean(response.text.strip(), 300) or "(no body)"
+    err = data.get("error", data) if isinstance(data, dict) else data
+    message = err.get("message", err) if isinstance(err, dict) else err
+    return clean(str(message), 300)
+
+
+def _events(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The `data:` payloads of an SSE stream, as each event completes (bench/sse.py's rules, incrementally)."""
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        while True:
+            end = buf.find(b"\n\n")
+            if end < 0:
+                break
+            block, buf = buf[:end], buf[end + 2:]
+            payload = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+            if payload:
+                yield b"\n".join(payload)
+    payload = [line[5:].lstrip(b" ") for line in buf.split(b"\n") if line.startswith(b"data:")]
+    if payload:  # a last event without its blank line
+        yield b"\n".join(payload)
+
+
+def _take(data: bytes, answer: Answer, on_content: Callable[[str], None],
+          on_reasoning: Callable[[str], None]) -> None:
+    if data.strip() == b"[DONE]":
+        answer.done = True
+        return
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        raise MetralError(f"the engine sent an unreadable event: {clean(data[:120].decode('utf-8', 'replace'))}") from None
+    if not isinstance(obj, dict):
+        return
+    if obj.get("error") and not obj.get("choices"):
+        err = obj["error"]
+        message = err.get("message", err) if isinstance(err, dict) else err
+        raise MetralError(f"the engine stopped with an error: {clean(str(message), 300)}",
+                          "`metralectl logs` shows the engine's side")
+    if answer.model is None and isinstance(obj.get("model"), str):
+        answer.model = obj["model"]
+    if isinstance(obj.get("usage"), dict):
+        answer.usage = obj["usage"]
+    for choice in obj.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            delta = {}
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            answer.reasoning += reasoning
+            answer.pieces.append(reasoning)
+            on_reasoning(reasoning)
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            answer.content += content
+            answer.pieces.append(content)
+            on_content(content)
+        if choice.get("finish_reason"):
+            answer.finish_reason = str(choice["finish_reason"])
