@@ -6,6 +6,8 @@ cli/entry.py without Click.)
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from metralectl import __version__
@@ -49,6 +51,28 @@ def completion(shell: str = typer.Argument(..., metavar="SHELL", help="bash, zsh
     from typer.completion import get_completion_script
 
     print(get_completion_script(prog_name="metralectl", complete_var=COMPLETE_VAR, shell=shell))
+
+
+def _recipe_names(ctx: object, param: object, incomplete: str) -> list[str]:
+    """The recipes whose names start with what was typed, from `list`'s stored rows (else the catalog)."""
+    from metralectl.app.library_cache import engines_by_recipe
+
+    return sorted(name for name in engines_by_recipe() if name.startswith(incomplete))
+
+
+def complete_recipes(command: Any) -> None:
+    """On a TAB only: every RECIPE argument in the tree (run, show, stop, swap, logs, pull, ...) completes
+    to recipe names. Done here, over the built tree, so the command modules stay as they are."""
+    import click
+
+    todo = [command]
+    while todo:
+        current = todo.pop()
+        for param in getattr(current, "params", ()):
+            if isinstance(param, click.Argument) and (param.metavar or "").strip("[].") in ("RECIPE", "RECIPES"):
+                param._custom_shell_complete = _recipe_names
+        if isinstance(current, click.Group):
+            todo.extend(current.commands.values())
 
 
 def register(app: typer.Typer) -> None:

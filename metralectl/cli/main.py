@@ -127,6 +127,9 @@ def _run(args: list[str]) -> int:
         from typer.completion import completion_init
 
         completion_init()  # Typer's answer formats, the ones its scripts read (Click's own differ)
+        from metralectl.cli.habit_cmds import complete_recipes
+
+        complete_recipes(command)
     if args in help_cache.HELP_FORMS:
         _remember_help(command)
     try:

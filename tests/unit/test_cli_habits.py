@@ -119,10 +119,15 @@ def shell(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[s
 def test_bash_sources_the_script_and_completes(on_path: dict[str, str]) -> None:
     script = ('set -eu; source <(metralectl completion bash); '
               'COMP_WORDS=(metralectl sea); COMP_CWORD=1; _metralectl_completion metralectl; echo "[${COMPREPLY[*]}]"; '
-              'COMP_WORDS=(metralectl bench hi); COMP_CWORD=2; _metralectl_completion metralectl; echo "[${COMPREPLY[*]}]"')
+              'COMP_WORDS=(metralectl bench hi); COMP_CWORD=2; _metralectl_completion metralectl; echo "[${COMPREPLY[*]}]"; '
+              'COMP_WORDS=(metralectl run qwen3.5-35b-a3b-l); COMP_CWORD=2; _metralectl_completion metralectl; '
+              'echo "[${COMPREPLY[*]}]"; '
+              'COMP_WORDS=(metralectl show gemma-4-3); COMP_CWORD=2; _metralectl_completion metralectl; echo "[${COMPREPLY[*]}]"')
     out = shell(["bash", "-c", script], on_path)
     assert out.returncode == 0 and out.stderr == "", out.stderr
-    assert out.stdout.splitlines() == ["[search]", "[history]"]
+    # commands, sub-commands, and recipe names wherever a command takes a RECIPE
+    assert out.stdout.splitlines() == ["[search]", "[history]", "[qwen3.5-35b-a3b-llamacpp]",
+                                       "[gemma-4-31b gemma-4-31b-llamacpp]"]
 
 
 def test_zsh_sources_the_script_and_its_handler_answers(on_path: dict[str, str]) -> None:
