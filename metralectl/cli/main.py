@@ -31,7 +31,8 @@ class _Group(typer.core.TyperGroup):
             exc.exit_code = ExitCode.USAGE  # type: ignore[misc]  # click reads it per instance
             raise
 
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         """One suggestion for a mistyped command, among the commands --help lists (not the hidden aliases)."""
         try:
             return super().resolve_command(ctx, args)
@@ -148,7 +149,7 @@ def _run(args: list[str]) -> int:
 
 
 def _one_suggestion(command: click.Command) -> None:
-    """Click 8.2+ ends "No such command" with its own "Did you mean ...?", and Typer's groups add theirs
+    """Click 8.4+ ends "No such command" with its own "Did you mean ...?", and Typer's groups add theirs
     to the same message ("Did you mean 'list'? Did you mean 'list'?"): the root writes its own message
     (_Group.resolve_command); where Click suggests, Typer's sub-groups stay quiet; with an older Click,
     Typer's is their only one."""
