@@ -14,6 +14,9 @@
 #      not overwritten: this is Windows' "text file busy");
 #   4. adds that directory to the user's PATH once (or prints the line);
 #   5. the background agent has no service manager here (no systemd): it says how to run it.
+#   (install.sh's setup_completion has no counterpart: `metralectl completion` writes bash, zsh and
+#   fish scripts (they set _METRALECTL_COMPLETE), not PowerShell's; METRALECTL_NO_COMPLETION is
+#   accepted and changes nothing here.)
 #
 # Options: -Uninstall -AllowRoot (run elevated anyway) -NoStart -NoModifyPath
 # Environment: METRALECTL_DOWNLOAD_URL, METRALECTL_VERSION, METRALECTL_INSTALL_DIR,

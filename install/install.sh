@@ -12,15 +12,17 @@
 #   3. switches to it atomically (symlinks renamed into place), so a running metralectl keeps
 #      working and nothing is ever written over a file in use;
 #   4. links `metralectl` into ~/.local/bin, and says (or writes once) the PATH line if needed;
-#   5. installs the background agent as a systemd user unit.
+#   5. installs shell completion for the login shell (bash, zsh or fish);
+#   6. installs the background agent as a systemd user unit.
 #
-# Options:  --uninstall  --allow-root  --no-start  --no-modify-path  --help
+# Options:  --uninstall  --allow-root  --no-start  --no-modify-path  --no-completion  --help
 # Environment:
 #   METRALECTL_DOWNLOAD_URL   release directory to download from (mirrors, tests)
 #   METRALECTL_VERSION        a release version instead of the latest (ignored with _DOWNLOAD_URL)
 #   METRALECTL_INSTALL_DIR    where the `metralectl` command goes (default ~/.local/bin)
 #   METRALECTL_PYTHON         the Python to build the environment from
 #   METRALECTL_NO_MODIFY_PATH=1   never edit a shell profile; print the line instead
+#   METRALECTL_NO_COMPLETION=1    do not install shell completion
 #   METRALECTL_NO_AGENT=1     do not install the background agent's unit
 #   METRALECTL_NO_START=1     install the agent's unit but do not enable or start it
 #   pip's own settings (PIP_INDEX_URL, PIP_FIND_LINKS, pip.conf) choose where the dependencies
@@ -46,7 +48,7 @@ die() {
 }
 
 usage() {
-    say "usage: install.sh [--uninstall] [--allow-root] [--no-start] [--no-modify-path]"
+    say "usage: install.sh [--uninstall] [--allow-root] [--no-start] [--no-modify-path] [--no-completion]"
     say "  curl -fsSL https://metrale.ai/install.sh | sh -s -- [options]"
     say "See the comment at the top of this script, or docs/install.md, for the environment variables."
 }
@@ -59,12 +61,14 @@ parse_args() {
     NO_START=${METRALECTL_NO_START:-0}
     NO_MODIFY_PATH=${METRALECTL_NO_MODIFY_PATH:-0}
     NO_AGENT=${METRALECTL_NO_AGENT:-0}
+    NO_COMPLETION=${METRALECTL_NO_COMPLETION:-0}
     for arg in "$@"; do
         case "$arg" in
             --uninstall) MODE=uninstall ;;
             --allow-root) ALLOW_ROOT=1 ;;
             --no-start) NO_START=1 ;;
             --no-modify-path) NO_MODIFY_PATH=1 ;;
+            --no-completion) NO_COMPLETION=1 ;;
             -h | --help) usage; exit 0 ;;
             *) usage >&2; die "unknown option: $arg" ;;
         esac
@@ -120,6 +124,7 @@ set_paths() {
         /*) CONFIG_HOME="${XDG_CONFIG_HOME%/}" ;;
         *) CONFIG_HOME="$HOME/.config" ;;
     esac
+    DATA_HOME=${DATA_DIR%/metralectl}
     RECEIPT="$DATA_DIR/receipt"
     # Marks the PATH lines this installer writes, so --uninstall removes exactly those.
     PATH_MARKER='# added by the metralectl installer (install.sh --uninstall removes it)'
@@ -540,6 +545,8 @@ install_commit() {
         receipt_values profile | sed 's/^/profile=/'
         receipt_values unit | sed 's/^/unit=/'
         receipt_values created | sed 's/^/created=/'
+        receipt_values completion | sed 's/^/completion=/'
+        receipt_values completion_dir | sed 's/^/completion_dir=/'
     } >"$RECEIPT.new" && mv -f "$RECEIPT.new" "$RECEIPT"
     prune_generations
 }
@@ -644,6 +651,73 @@ setup_path() {
     fi
     say ""
     say "    $NOW_LINE"
+}
+
+# --- shell completion -------------------------------------------------------------------------
+
+# The login shell's completion, from the installed command itself (`metralectl completion SHELL`),
+# where that shell loads it by itself: bash-completion's user directory, fish's completions
+# directory; zsh has no such directory, so .zshrc sources the file (after compinit: guarded). A
+# script that does not come out whole is not written; the install stands either way.
+setup_completion() {
+    sc_shell=$(basename "${SHELL:-sh}")
+    case "$sc_shell" in
+        bash) sc_file="${BASH_COMPLETION_USER_DIR:-$DATA_HOME/bash-completion}/completions/metralectl" ;;
+        fish) sc_file="$CONFIG_HOME/fish/completions/metralectl.fish" ;;
+        zsh) sc_file="$DATA_DIR/completion/metralectl.zsh" ;;
+        *) return 0 ;;     # sh, dash, ...: no completion to install
+    esac
+    if [ "$NO_COMPLETION" = 1 ]; then
+        say ""
+        say "Shell completion: skipped (--no-completion). Later:  metralectl completion $sc_shell"
+        return 0
+    fi
+    case "$sc_file" in
+        *'"'* | *'$'* | *'`'* | *\\*)
+            say ""
+            say "Shell completion: not installed ($sc_file has characters this installer will not"
+            say "put in a shell file). Load it yourself:  metralectl completion $sc_shell"
+            return 0
+            ;;
+    esac
+    sc_tmp="$sc_file.new.$$"
+    sc_top=$(first_missing_dir "$(dirname "$sc_file")")     # what --uninstall may remove again, if empty
+    mkdir -p "$(dirname "$sc_file")" || { warn "cannot create $(dirname "$sc_file"); shell completion not installed"; return 0; }
+    if ! "$BIN_LINK" completion "$sc_shell" >"$sc_tmp" 2>/dev/null || ! grep -q _METRALECTL_COMPLETE "$sc_tmp"; then
+        rm -f "$sc_tmp"
+        [ -n "$sc_top" ] && rm -rf "$sc_top"
+        warn "\`metralectl completion $sc_shell\` failed; shell completion not installed"
+        return 0
+    fi
+    mv -f "$sc_tmp" "$sc_file" || { rm -f "$sc_tmp"; warn "cannot write $sc_file"; return 0; }
+    receipt_add completion "$sc_file"
+    [ -n "$sc_top" ] && receipt_add completion_dir "$sc_top"
+    say ""
+    if [ "$sc_shell" != zsh ]; then
+        say "Shell completion: $sc_file (new $sc_shell sessions)."
+        return 0
+    fi
+    case "$sc_file" in
+        "$HOME"/*) sc_at="\$HOME/${sc_file#"$HOME"/}" ;;
+        *) sc_at=$sc_file ;;
+    esac
+    sc_line="[ -r \"$sc_at\" ] && (( \$+functions[compdef] )) && . \"$sc_at\""
+    sc_profile="${ZDOTDIR:-$HOME}/.zshrc"
+    if [ "$NO_MODIFY_PATH" = 1 ]; then
+        say "Shell completion: $sc_file. To load it, add this line to $sc_profile (after compinit):"
+        say ""
+        say "    $sc_line"
+        return 0
+    fi
+    if ! { [ -f "$sc_profile" ] && grep -qxF -- "$sc_line" "$sc_profile"; }; then
+        [ -e "$sc_profile" ] || receipt_add created "$sc_profile"
+        if [ -s "$sc_profile" ] && [ -n "$(tail -c 1 "$sc_profile")" ]; then
+            printf '\n' >>"$sc_profile"
+        fi
+        printf '%s\n%s\n' "$PATH_MARKER" "$sc_line" >>"$sc_profile" || { warn "cannot write $sc_profile"; return 0; }
+    fi
+    receipt_add profile "$sc_profile"
+    say "Shell completion: $sc_file, loaded by $sc_profile (new zsh sessions, after compinit)."
 }
 
 receipt_add() {
@@ -839,6 +913,22 @@ uninstall() {
             say "  kept $un_bin (not installed by this installer)"
         fi
     done
+    un_made=$(receipt_values completion_dir)
+    receipt_values completion | while IFS= read -r un_file; do
+        [ -f "$un_file" ] || continue
+        if ! grep -q _METRALECTL_COMPLETE "$un_file"; then
+            say "  kept $un_file (not written by this installer)"
+            continue
+        fi
+        rm -f "$un_file" && say "  removed $un_file"
+        # The directories made for it, up to the top one the install created, if nothing else is in them.
+        printf '%s\n' "$un_made" | while IFS= read -r un_top; do
+            [ -n "$un_top" ] || continue
+            case "$un_file" in "$un_top"/*) ;; *) continue ;; esac
+            un_dir=$(dirname "$un_file")
+            while rmdir "$un_dir" 2>/dev/null && [ "$un_dir" != "$un_top" ]; do un_dir=$(dirname "$un_dir"); done
+        done
+    done
     receipt_values profile | while IFS= read -r un_profile; do
         [ -f "$un_profile" ] || continue
         remove_path_lines "$un_profile" || continue
@@ -913,6 +1003,7 @@ install() {
     install_commit
     say "metralectl $VERSION installed: $BIN_LINK"
     setup_path
+    setup_completion
     setup_agent
     say ""
     say "Done. Try:  metralectl list"

@@ -31,21 +31,27 @@ def _dump(value: Any) -> None:
                      indent=2, sort_keys=True, default=str))
 
 
-def _check_format(fmt: str) -> None:
+def _check_format(fmt: str, as_json: bool) -> str:
+    """The format asked for: --json is --format json (the spelling every other command takes)."""
     if fmt not in ("text", "json"):
         from metralectl.errors import UsageError
 
         raise UsageError(f"--format {fmt!r}: expected text or json")
+    return "json" if as_json else fmt
+
+
+JSON_HELP = "Same as --format json."
 
 
 @app.command("list")
 def list_(suite: str = typer.Argument(None, metavar="[SUITE]", help="Show this suite's parameters."),
-          fmt: str = typer.Option("text", "--format", help="text or json.")) -> None:
+          fmt: str = typer.Option("text", "--format", help="text or json."),
+          as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """The suites, or one suite's parameter schema."""
     from metralectl.bench.suites import SUITES, get_suite
     from metralectl.present.table import render_table
 
-    _check_format(fmt)
+    fmt = _check_format(fmt, as_json)
     if suite is None:
         if fmt == "json":
             _dump({"suites": [{"id": s.id, "title": s.title, "description": s.description} for s in SUITES.values()]})
@@ -117,6 +123,7 @@ def run(
     self_start: str = typer.Option(None, "--self-start", metavar="RECIPE", help="Serve RECIPE first, tear it down after."),
     fail_on_verdict: bool = typer.Option(True, "--fail-on-verdict/--no-fail-on-verdict", help="Exit 2 when a gate fails."),
     fmt: str = typer.Option("text", "--format", help="text or json (the whole record)."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     header: list[str] = typer.Option(None, "--header", metavar="NAME:VALUE", help="Extra request header (auth)."),
     source: str = typer.Option("cli", "--source", hidden=True),
     unit: str = typer.Option(None, "--unit", hidden=True, help="JSON: the peer's remote unit this run is for."),
@@ -130,7 +137,7 @@ def run(
     from metralectl.bench.suites import get_suite
     from metralectl.errors import UsageError
 
-    _check_format(fmt)
+    fmt = _check_format(fmt, as_json)
     s = get_suite(suite)
     params = parse_params(s.id, s.schema, param or [])
     gates = [parse_gate(g) for g in gate or []]
@@ -242,12 +249,13 @@ def history(
     limit: int = typer.Option(20, "--limit", min=1, help="Most recent N runs."),
     run_id: str = typer.Option(None, "--run", help="One run (the whole record)."),
     fmt: str = typer.Option("text", "--format", help="text or json."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Recorded runs, newest first (a run whose process died shows as interrupted)."""
     from metralectl.bench import records
     from metralectl.present.bench_view import history_table, render_run
 
-    _check_format(fmt)
+    fmt = _check_format(fmt, as_json)
     if run_id:
         record = records.repair(records.find(run_id))
         if fmt == "json":
@@ -268,12 +276,13 @@ def history(
 @app.command("show")
 def show(run_id: str = typer.Argument(..., metavar="RUN"),
          fmt: str = typer.Option("text", "--format", help="text or json."),
-         requests: bool = typer.Option(False, "--requests", help="With --format json: include per-request timings.")) -> None:
+         as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+         requests: bool = typer.Option(False, "--requests", help="With --format json / --json: include per-request timings.")) -> None:
     """One run: target, stages, headline, gates."""
     from metralectl.bench import records
     from metralectl.present.bench_view import render_run
 
-    _check_format(fmt)
+    fmt = _check_format(fmt, as_json)
     directory = records.find(run_id)
     record = records.repair(directory) or {}
     if fmt == "json":
@@ -290,12 +299,13 @@ app.command("verify")(verify_cmd.verify)
 
 @app.command("compare")
 def compare(a: str = typer.Argument(..., metavar="RUN_A"), b: str = typer.Argument(..., metavar="RUN_B"),
-            fmt: str = typer.Option("text", "--format", help="text or json.")) -> None:
+            fmt: str = typer.Option("text", "--format", help="text or json."),
+            as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Two runs side by side with deltas (B relative to A)."""
     from metralectl.bench import records
     from metralectl.present.bench_view import compare_rows, render_compare
 
-    _check_format(fmt)
+    fmt = _check_format(fmt, as_json)
     ra, rb = records.load(records.find(a)) or {}, records.load(records.find(b)) or {}
     if fmt == "json":
         _dump({"a": ra.get("run_id"), "b": rb.get("run_id"),

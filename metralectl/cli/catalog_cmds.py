@@ -14,9 +14,9 @@ def list_recipes(
     hardware: str = typer.Option(None, "--hardware", help="Judge fit against this hardware class (gb10, hopper, b200)."),
     tag: list[str] = typer.Option(None, "--tag", help="Only recipes with this tag (repeatable)."),
     only_hardware: bool = typer.Option(False, "--only", help="With --hardware: list only that class's recipes."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per recipe)."),
+    as_json: bool = typer.Option(False, "--json", help='Print JSON: {"target": {"hardware", "how"}, "recipes": [one object per recipe]}.'),
 ) -> None:
-    """List the recipes: engine, model, quant, hardware, MTP, validated tok/s, memory, fit, cached weights."""
+    """List the recipes: engine, model, quant, hardware, MTP, validated tok/s, memory, fit, cached weights (alias: ls)."""
     code = catalog_list.list_recipes(hardware, tag, only_hardware, as_json)
     if code is not None:
         raise typer.Exit(code)
@@ -41,4 +41,5 @@ def show(
 
 def register(app: typer.Typer) -> None:
     app.command("list")(list_recipes)
+    app.command("ls", hidden=True, help="Same as `list`.")(list_recipes)
     app.command("show")(show)

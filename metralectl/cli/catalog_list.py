@@ -58,8 +58,15 @@ def _yes_no(value: bool | None) -> str:
     return "?" if value is None else ("yes" if value else "no")
 
 
-def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: bool, as_json: bool) -> ExitCode | None:
-    """The `list` command; returns its exit code (None: OK; DATA when a user recipe was refused). The rows come from
+def matches(row: dict[str, Any], words: list[str]) -> bool:
+    """`search`: every word (case-insensitive) somewhere in the recipe's name, model, repo, description or tags."""
+    haystack = " ".join([row["name"], row["model"], row["repo"], row["description"], *row["tags"]]).casefold()
+    return all(word.casefold() in haystack for word in words)
+
+
+def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: bool, as_json: bool,
+                 words: list[str] | None = None) -> ExitCode | None:
+    """The `list` command (and `search`, with words); returns its exit code (None: OK; DATA when a user recipe was refused). The rows come from
     app/library_cache.py when stored for this catalog and target, else from the catalog (and are stored)."""
     from metralectl.app import library_cache
 
@@ -72,6 +79,10 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         refused = bool(catalog.refused)
     target = view["target"]
     rows = library_cache.select(view["rows"], hardware if only_hardware else None, tag or None)
+    if words:
+        rows = [r for r in rows if matches(r, words)]
+        if not rows:
+            note(f"no recipe matches all of: {' '.join(words)}")
     if as_json:
         print(json.dumps({"target": target, "recipes": rows}, indent=2))
     else:

@@ -2,9 +2,9 @@
 
 Importing Click and Typer and building the tree of every command costs several times Python's own
 start. Four answers need neither, and give the same bytes and exit code as the Typer app:
-- `--version`: a constant;
+- `--version` (and `version`): a constant;
 - `--help` / `-h`: the text Click rendered last time for this code and this width (cli/help_cache.py);
-- `list` with its options written plainly (`--json`, `--only`, `--hardware X`, `--tag X`, or the
+- `list` (or `ls`) with its options written plainly (`--json`, `--only`, `--hardware X`, `--tag X`, or the
   `--opt=X` forms): the command's own body (cli/catalog_list.py);
 - `ps` and `ps --json`: the command's own body (cli/ps_report.py; `--repair` goes through Typer).
 Anything else (another command, `--debug`, an option this parser does not know, a value that looks
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def _list_options(args: list[str]) -> dict[str, Any] | None:
     """`list`'s options as Click would pass them, or None for anything Click should judge itself."""
-    if not args or args[0] != "list":
+    if not args or args[0] not in ("list", "ls"):
         return None
     found: dict[str, Any] = {"hardware": None, "tag": [], "only_hardware": False, "as_json": False}
     rest = args[1:]
@@ -54,7 +54,7 @@ def _list_options(args: list[str]) -> dict[str, Any] | None:
 
 
 def _fast(args: list[str]) -> Answer | None:
-    if args == ["--version"]:
+    if args in (["--version"], ["version"]):
         def version() -> int | None:
             from metralectl import __version__
 

@@ -31,6 +31,24 @@ class _Group(typer.core.TyperGroup):
             exc.exit_code = ExitCode.USAGE  # type: ignore[misc]  # click reads it per instance
             raise
 
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """One suggestion for a mistyped command, among the commands --help lists (not the hidden aliases)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            if args and exc.message.startswith("No such command"):
+                from difflib import get_close_matches
+
+                shown = [name for name, command in self.commands.items() if not command.hidden]
+                close = get_close_matches(args[0], shown)
+                if hasattr(exc, "possibilities"):  # Click 8.4+ words the suggestion itself
+                    exc.possibilities = close or None  # type: ignore[misc]
+                elif close:  # an older Click: Typer's wording, which the root's own group no longer adds
+                    guess = ", ".join(map(repr, close))
+                    exc.message = f"No such command {args[0]!r}. Did you mean {guess}?"  # type: ignore[misc]
+            raise
+
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
@@ -80,11 +98,14 @@ def _register() -> None:
     # Command modules are light at import: each imports its heavy libraries inside its commands.
     from metralectl.cli import (agent_cmds, bench_cmds, catalog_cmds, chat_cmd, disk_cmds, doctor_cmd, peer_cmds,
                                 recipes_cmds, serve_cmds, staging_cmds, top_cmd, tui_cmd)
+    from metralectl.cli import habit_cmds, info_cmd
 
     for module in (catalog_cmds, doctor_cmd, serve_cmds, chat_cmd, staging_cmds, disk_cmds, top_cmd, tui_cmd):
         module.register(app)
     app.add_typer(recipes_cmds.app, name="recipes")
     for module in (bench_cmds, agent_cmds, peer_cmds):
+        module.register(app)
+    for module in (habit_cmds, info_cmd):
         module.register(app)
 
 
@@ -102,6 +123,14 @@ def main(argv: list[str] | None = None) -> None:
 def _run(args: list[str]) -> int:
     """Click's own ways of ending, as exit codes."""
     command = typer.main.get_command(app)
+    _one_suggestion(command)
+    if os.environ.get("_METRALECTL_COMPLETE"):  # a TAB in a shell that sourced `metralectl completion SHELL`
+        from typer.completion import completion_init
+
+        completion_init()  # Typer's answer formats, the ones its scripts read (Click's own differ)
+        from metralectl.cli.habit_cmds import complete_recipes
+
+        complete_recipes(command)
     if args in help_cache.HELP_FORMS:
         _remember_help(command)
     try:
@@ -117,6 +146,24 @@ def _run(args: list[str]) -> int:
         exc.show()  # click's own errors are about the command line (unknown option, bad value, no such file)
         return ExitCode.USAGE
     return ExitCode.of(code) if isinstance(code, int) else ExitCode.OK
+
+
+def _one_suggestion(command: click.Command) -> None:
+    """Click 8.4+ ends "No such command" with its own "Did you mean ...?", and Typer's groups add theirs
+    to the same message ("Did you mean 'list'? Did you mean 'list'?"): the root writes its own message
+    (_Group.resolve_command); where Click suggests, Typer's sub-groups stay quiet; with an older Click,
+    Typer's is their only one."""
+    if isinstance(command, typer.core.TyperGroup):
+        command.suggest_commands = False
+    if not hasattr(click.exceptions, "NoSuchCommand"):
+        return
+    groups = [command]
+    while groups:
+        group = groups.pop()
+        if isinstance(group, typer.core.TyperGroup):
+            group.suggest_commands = False
+        if isinstance(group, click.Group):
+            groups.extend(group.commands.values())
 
 
 def _remember_help(command: click.Command) -> None:

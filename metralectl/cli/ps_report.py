@@ -33,27 +33,36 @@ def collect(runtime: ContainerRuntime) -> StatusReport:
     return status.collect(runtime)
 
 
-def show(report: StatusReport, as_json: bool) -> None:
+def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, str | None]] | None = None) -> None:
     """What the daemon's labelled containers say is served, as a table (stderr: notes) or JSON. The engine is the
-    one the recipe named on the container's label runs on, from the catalog (`?` / null: a recipe it lacks)."""
+    one the recipe named on the container's label runs on, from the catalog (`?` / null: a recipe it lacks). The
+    memory: measured per container through NVML, else the recipe's estimate (labelled), else `?` / null."""
     engines = _engines() if report.serving else {}
+    if memory is None:
+        memory = _memory(report) if report.serving else []
     if as_json:
         data = report.to_json()
-        for entry in data["serving"]:
+        for entry, (gb, source) in zip(data["serving"], memory):
             entry["engine"] = engines.get(entry["recipe"])
+            entry["memory_gb"], entry["memory_source"] = gb, source
         print(json.dumps(data, indent=2))
         return
+    from metralectl.lifecycle.ps_memory import label
     from metralectl.present.table import render_table
 
-    rows = [[s.recipe, engines.get(s.recipe, "?"), s.name, s.owner, s.state, s.health, s.uptime, s.endpoint,
-             (s.image_revision or "-")[:24]] for s in report.serving]
-    headers = ["RECIPE", "ENGINE", "CONTAINER", "OWNER", "STATE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REVISION"]
+    rows = [[s.recipe, engines.get(s.recipe, "?"), s.name, s.owner, s.state, s.health, s.uptime,
+             label(*mem), s.endpoint, (s.image_revision or "-")[:24]]
+            for s, mem in zip(report.serving, memory)]
+    headers = ["RECIPE", "ENGINE", "CONTAINER", "OWNER", "STATE", "HEALTH", "UPTIME", "MEM GB", "ENDPOINT",
+               "IMAGE REVISION"]
     if any(s.rank is not None for s in report.serving):  # a multi-rank deployment: say which rank runs where
         headers[3:3] = ["RANK", "NODE"]
         for row, s in zip(rows, report.serving):
             row[3:3] = ["-" if s.rank is None else str(s.rank), s.node or "local"]
     if rows:
-        print(render_table(headers, rows))
+        print(render_table(headers, rows, right=(headers.index("MEM GB"),)))
+        if any(source == "estimate" for _, source in memory):
+            note("MEM GB: `est.` is the recipe's estimate (NVML did not report the container's processes)")
     else:
         note("nothing is being served by metralectl")
     for line in report.notes:
@@ -63,6 +72,41 @@ def show(report: StatusReport, as_json: bool) -> None:
         note("    hint: `metralectl ps --repair` restores a serving model")
     if report.last_swap:
         note(f"last swap: {report.last_swap}")
+
+
+def _memory(report: StatusReport) -> list[tuple[float | None, str | None]]:
+    """Each container's memory (lifecycle/ps_memory.py): the running ones on this host are measured when NVML can."""
+    from metralectl.errors import MetralError
+    from metralectl.lifecycle import ps_memory
+
+    local = [s.name for s in report.serving if ps_memory.is_local(s) and s.state.startswith("running")]
+    measured: dict[str, int] = {}
+    if local:
+        try:
+            from metralectl.seams.docker_runtime import open_runtime
+
+            with open_runtime() as runtime:
+                measured = ps_memory.measured_bytes(local, runtime.container_pids)
+        except MetralError:
+            measured = {}
+    return ps_memory.per_model(report.serving, measured, _estimates())
+
+
+def _estimates() -> dict[str, float | None]:
+    """Each recipe's memory estimate (GB), as `list` shows it; empty when the catalog cannot be read."""
+    from metralectl.errors import MetralError
+
+    try:
+        from metralectl.app import library_cache
+
+        view, key = library_cache.read(None)
+        if view is None:
+            from metralectl.core.catalog import load_catalog
+
+            view = library_cache.build(load_catalog(), None, key)
+        return {str(r["name"]): r["memory_gb"] for r in view["rows"]}
+    except MetralError:
+        return {}
 
 
 def _engines() -> dict[str, str]:

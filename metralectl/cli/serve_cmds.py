@@ -249,6 +249,8 @@ def stop(
 def _print_stopped(stopped: Any, as_json: bool) -> None:
     if stopped.nothing:
         note("nothing to stop")
+        if as_json:  # a script reads a value either way: the same list, empty
+            print("[]")
         return
     if as_json:
         out = [{"rank": r.rank, "role": r.role, "endpoint": r.endpoint, "container": r.container, "error": r.error,

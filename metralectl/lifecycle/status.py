@@ -38,10 +38,11 @@ class StatusReport:
     degraded: str | None = None
     last_swap: str | None = None
     notes: list[str] = field(default_factory=list)  # multi-rank: a rank down, a node unreachable
+    last_swap_record: dict[str, Any] | None = None  # the same swap, as fields (swap_journal.last_swap_record)
 
     def to_json(self) -> dict[str, Any]:
-        return {"serving": [asdict(s) for s in self.serving], "degraded": self.degraded, "last_swap": self.last_swap,
-                "notes": list(self.notes)}
+        return {"serving": [asdict(s) for s in self.serving], "degraded": self.degraded,
+                "last_swap": self.last_swap_record, "notes": list(self.notes)}
 
 
 def _uptime(started_at: str | None) -> float | None:
@@ -103,9 +104,10 @@ def collect(runtime: ContainerRuntime) -> StatusReport:
     revisions: dict[str, str | None] = {}
     serving = [_row(runtime, container, answer, revisions) for container, answer in zip(containers, health)]
     notes = _deployments(runtime, serving, revisions)
-    from metralectl.lifecycle.swap_journal import describe_journal, last_swap_summary
+    from metralectl.lifecycle.swap_journal import describe_journal, last_swap_record, last_swap_summary
 
-    return StatusReport(serving, describe_journal(), last_swap_summary(), notes)
+    swap = last_swap_record()
+    return StatusReport(serving, describe_journal(), last_swap_summary(swap), notes, swap)
 
 
 def _deployments(local: ContainerRuntime, serving: list[Serving], revisions: dict[str, str | None]) -> list[str]:

@@ -176,7 +176,9 @@ def test_install_dir_tilde_and_no_agent(make_box) -> None:
     assert "METRALECTL_NO_AGENT=1" in run.stdout
     # zsh gets its line in .zshrc, naming the chosen directory, once.
     zshrc = (box.home / ".zshrc").read_text()
-    assert zshrc == f'{MARKER}\nexport PATH="$PATH:$HOME/tools/bin"\n'
+    completion = "$HOME/.local/share/metralectl/completion/metralectl.zsh"
+    assert zshrc == (f'{MARKER}\nexport PATH="$PATH:$HOME/tools/bin"\n'
+                     f'{MARKER}\n[ -r "{completion}" ] && (( $+functions[compdef] )) && . "{completion}"\n')
     assert f"bin={link}\n" in (box.data / "receipt").read_text()
 
 

@@ -45,6 +45,7 @@ def same(left: subprocess.CompletedProcess[str], right: subprocess.CompletedProc
     ["list", "--hardware=hopper", "--tag", "ep2", "--json"], ["list", "--tag=", "--json"],
     ["list", "--hardware", "h100"],  # a MetralError through the shared boundary: its code, the same words
     ["list", "--hardware"], ["list", "--hardware", "--json"], ["list", "--bogus"], ["list", "extra"],
+    ["version"], ["ls"], ["ls", "--json", "--tag", "ep2"], ["ls", "--bogus"],  # the aliases docker/ollama users type
 ])
 def test_fast_answers_are_the_apps_answers(args: list[str]) -> None:
     same(run(FULL, args), run(None, args))
@@ -75,7 +76,7 @@ def test_a_refused_user_recipe_gives_the_same_exit_and_words(isolated_env: Path)
 def test_fast_answers_load_neither_click_nor_typer_nor_yaml() -> None:
     run(None, ["--help"])
     run(None, ["list"])  # the first `list` parses the YAML and fills the catalog cache
-    for args in (["--help"], ["--version"], ["list"], ["list", "--json", "--hardware", "gb10"]):
+    for args in (["--help"], ["--version"], ["version"], ["list"], ["ls"], ["list", "--json", "--hardware", "gb10"]):
         assert loaded(args) == "", args
     assert loaded(["list", "--debug"]) == "click,typer", "anything else goes through the Typer app"
 
