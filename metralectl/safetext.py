@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import unicodedata
 
+NAME_LIMIT = 64  # a name another machine gave itself (a peer's, a hello's): what is shown of it
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

@@ -37,7 +37,8 @@ from metralectl.agent.ops import Operations, error_json, static_dir
 from metralectl.app.serving_change import Change, known_keys
 from metralectl.errors import MetralError, UsageError
 from metralectl.safetext import clean
-from metralectl.seams.httpserve import BodyTooLarge, Handler, Server
+from metralectl.seams.agent_files import CHALLENGE, agent_proof
+from metralectl.seams.httpserve import BadRequest, Handler, Server, parse_json
 
 if TYPE_CHECKING:
     from metralectl.peers.units import UnitQueue
@@ -53,7 +54,8 @@ PAGE_HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
 }
 STOP_GRACE_S = 60.0  # how long stopping the agent waits for a cancelled job's cleanup
-STATIC = {"/": "index.html", "/index.html": "index.html", "/app.js": "app.js", "/app.css": "app.css"}
+STATIC = {"/": "index.html", "/index.html": "index.html", "/safetext.js": "safetext.js", "/app.js": "app.js",
+          "/app.css": "app.css"}
 
 
 def events_query(query: str) -> tuple[int, float]:
@@ -77,9 +79,12 @@ class ApiHandler(Handler):
     max_body = 64 * 1024
 
     def _deny(self, denied: security.Denied) -> None:
-        log.info("local API refused %s %s: %s", self.command, self.path, denied.reason)
+        log.info("local API refused %s %s: %s", self.command, clean(self.path, 200), clean(denied.reason, 300))
         self.close_connection = True
         self.send_json(denied.status, {"error": denied.reason}, PAGE_HEADERS)
+
+    def refuse_request(self, status: int, reason: str) -> None:
+        self._deny(security.Denied(status, reason))
 
     def _gate(self) -> bool:
         denied = security.check(self.command, self.headers, port=self.server.port, token=self.server.token)
@@ -118,11 +123,13 @@ class ApiHandler(Handler):
             "/api/telemetry": self.server.ops.telemetry,
             "/api/history": self.server.ops.history,
             "/api/jobs": lambda: {"jobs": [j.to_json(events=False) for j in self.server.jobs.list()]},
-            "/api/agent": lambda: {"version": __version__, **self.server.info},
+            "/api/agent": self._agent,
         }
         if route in reads:
             try:
                 self.send_json(200, reads[route](), PAGE_HEADERS)
+            except UsageError as exc:
+                self.send_json(400, error_json(exc), PAGE_HEADERS)
             except MetralError as exc:
                 self.send_json(503, error_json(exc), PAGE_HEADERS)
             return
@@ -138,6 +145,17 @@ class ApiHandler(Handler):
                 self._send_ordered(200, job.to_json())
             return
         self.send_json(404, {"error": f"no {route}"}, PAGE_HEADERS)
+
+    def _agent(self) -> dict[str, Any]:
+        """Who this is; with ?challenge=N, also the proof that it holds the token (the CLI checks it
+        before it sends the token: whatever listens on a stale agent.json's port must not get it)."""
+        out: dict[str, Any] = {"version": __version__, **self.server.info}
+        challenge = (parse_qs(urlsplit(self.path).query).get("challenge") or [""])[-1]
+        if challenge:
+            if not CHALLENGE.fullmatch(challenge):
+                raise UsageError("a challenge is 16-64 url-safe characters")
+            out["proof"] = agent_proof(self.server.token, self.server.port, challenge)
+        return out
 
     def _static(self, name: str) -> None:
         path = self.server.static / name
@@ -157,17 +175,17 @@ class ApiHandler(Handler):
         kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         try:
             raw = self.read_body()
-        except BodyTooLarge as exc:
+        except BadRequest as exc:
             self.close_connection = True
-            self.send_json(413, {"error": str(exc)}, PAGE_HEADERS)
+            self.send_json(exc.status, {"error": str(exc)}, PAGE_HEADERS)
             return
         if kind != "application/json":
             self.send_json(415, {"error": "send JSON (Content-Type: application/json)"}, PAGE_HEADERS)
             return
         try:
-            body = json.loads(raw or b"{}")
-        except ValueError:
-            self.send_json(400, {"error": "the body is not JSON"}, PAGE_HEADERS)
+            body = parse_json(raw or b"{}")
+        except ValueError as exc:
+            self.send_json(400, {"error": f"the body is not JSON we take ({exc})"}, PAGE_HEADERS)
             return
         if not isinstance(body, dict):
             self.send_json(400, {"error": "the body must be a JSON object"}, PAGE_HEADERS)

@@ -28,10 +28,31 @@ from metralectl.agent import security
 from metralectl.agent.capability import DEFAULT_INTERVAL_S, CapabilityMonitor, doctor_capability
 from metralectl.peers import PEER_PORT
 from metralectl.seams.agent_files import read_state, state_path  # noqa: F401  (re-exported)
-from metralectl.seams.process import on_stop_signals
+from metralectl.seams.process import on_stop_signals, raise_fd_limit
 
 log = logging.getLogger("metralectl.agent")
 REGROUP_MARK = "METRALECTL_AGENT_REGROUPED"  # set on the re-executed agent: never loop through sg twice
+
+
+class CleanFormatter(logging.Formatter):
+    """The agent's log lines: each message with its control characters escaped (safetext.clean), so text
+    from a peer or a client (a hello's name, a request's path) can neither forge a line nor move the
+    terminal's cursor. A traceback, which is ours, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        from metralectl.safetext import clean
+
+        record.message = clean(record.message)
+        return super().formatMessage(record)
+
+
+def configure_logging(stream: Any = None) -> logging.Handler:
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(CleanFormatter("%(asctime)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return handler
 
 
 def page_url(base: Path | None = None, port: int | None = None) -> str:
@@ -102,6 +123,9 @@ class Agent:
         return run
 
     def start(self) -> None:
+        before, after = raise_fd_limit()  # connections are capped; the rest of the process needs its share
+        if after != before:
+            log.info("descriptor limit raised from %d to %d", before, after)
         self.monitor.start()
         self.api.start("agent-api")
         if self.peer_server is not None:

@@ -5,6 +5,11 @@ the dashboard hand their change to it as a job and render the job's events as if
 themselves. With no agent recorded, with METRALECTL_DIRECT=1 (or `--direct`), or without a readable
 token, they work directly (as before the agent existed).
 
+The token is sent only to a listener that has proven it holds it: before its first POST the client
+asks GET /api/agent?challenge=N and checks the HMAC the agent answers (seams/agent_files.agent_proof).
+agent.json can be stale (the agent died, its pid was reused by another process of ours, and another
+user's server took the port); that server gets a challenge, never the token.
+
 stdlib only (http.client to 127.0.0.1): the routed path imports neither docker nor httpx.
 """
 
@@ -33,6 +38,12 @@ START_TIMEOUT_S = 10.0  # the agent answers a start at once (the lock is taken w
 
 class AgentGone(MetralError):
     """The recorded agent's process is gone: work directly."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class NotOurAgent(MetralError):
+    """Something answers on the recorded port but cannot prove it holds the token: it was not sent."""
 
     exit_code = ExitCode.UNAVAILABLE
 
@@ -67,6 +78,7 @@ class AgentClient:
         self.port = port
         self.token = token
         self.pid = pid
+        self.proven = False  # the listener has shown it holds the token (verify()); only then is it sent
 
     @property
     def url(self) -> str:
@@ -76,6 +88,28 @@ class AgentClient:
         return f"via the agent (pid {self.pid if self.pid is not None else '?'}, {self.url})"
 
     # -- HTTP -----------------------------------------------------------------------------------
+    def verify(self) -> None:
+        """Ask the listener to prove it holds the token (an HMAC over our fresh challenge and its port)
+        without sending it; NotOurAgent when it cannot."""
+        import hmac
+        import secrets
+
+        from metralectl.seams.agent_files import agent_proof
+
+        challenge = secrets.token_urlsafe(24)
+        status, value = self._request("GET", f"/api/agent?challenge={challenge}", timeout=START_TIMEOUT_S)
+        proof = value.get("proof") if isinstance(value, dict) else None
+        expected = agent_proof(self.token, self.port, challenge)
+        if status != 200 or not isinstance(proof, str) or not hmac.compare_digest(proof, expected):
+            raise NotOurAgent(
+                f"the process answering on {self.url} (where agent/agent.json says the agent is, pid "
+                f"{self.pid if self.pid is not None else '?'}) could not prove it holds this box's agent token, so "
+                "the token was not sent to it",
+                "if your agent runs, restart it (an older agent cannot prove itself, or the token file changed "
+                f"since it started); otherwise start it (`metralectl agent`) or work without it: --direct "
+                f"(or {DIRECT_ENV}=1)")
+        self.proven = True
+
     def _request(self, method: str, path: str, body: Any = None, *,
                  timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, Any]:
         from metralectl import __version__
@@ -85,6 +119,8 @@ class AgentClient:
                    "User-Agent": f"metralectl/{__version__} (pid {os.getpid()})"}
         data = None
         if method == "POST":
+            if not self.proven:
+                self.verify()
             headers.update({"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
             data = json.dumps(body if body is not None else {}).encode()
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -98,7 +134,7 @@ class AgentClient:
             conn.close()
         try:
             value = json.loads(raw) if raw else None
-        except ValueError:
+        except (ValueError, RecursionError):
             value = None
         return answer.status, value
 

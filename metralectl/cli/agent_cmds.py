@@ -56,11 +56,9 @@ def agent(
     """Run the agent in the foreground (the installer's service unit runs this)."""
     if ctx.invoked_subcommand is not None:
         return
-    import logging
+    from metralectl.agent.service import Agent, AgentOptions, configure_logging, run_agent
 
-    from metralectl.agent.service import Agent, AgentOptions, run_agent
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    configure_logging(sys.stderr)
 
     def ready(agent: Agent) -> None:
         api = agent.api

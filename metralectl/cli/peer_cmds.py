@@ -1,6 +1,11 @@
 """`peer pair|list|revoke|grant-bench|bench-config` and `nodes ADDR…` (bench admission of other nodes).
 
 `nodes` is the `bench nodes` of SPEC §6, top-level until the bench sub-app takes it over.
+
+Whatever another machine said (its self-declared name and version, a hello's name, an admission answer,
+a unit's fields) goes through `shown()` (safetext.clean, capped) before it reaches the terminal: its
+control characters would otherwise let it print a fake fingerprint line, clear the screen or hide text.
+The fingerprint, which we computed from the key, is printed first.
 """
 
 from __future__ import annotations
@@ -14,12 +19,18 @@ import typer
 
 from metralectl.cli.state import note, style
 from metralectl.errors import ExitCode
+from metralectl.safetext import NAME_LIMIT, clean
 
 if TYPE_CHECKING:
     from metralectl.seams.identity import Identity
 
 peer_app = typer.Typer(help="Other metralectl nodes this box trusts by key (pairing, grants).",
                        no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+
+
+def shown(text: object, limit: int = NAME_LIMIT) -> str:
+    """Text another machine chose, safe to print: control characters escaped, at most `limit` characters."""
+    return clean("" if text is None else str(text), limit)
 
 
 def _me() -> Identity:
@@ -44,8 +55,8 @@ def pair(
     wanted = parse_fingerprint(expect) if expect else None
 
     def confirm(remote: Any, where: str) -> bool:
-        note(f"{where} is {remote.name or '?'} (metralectl {remote.version or '?'})")
-        note(f"  fingerprint: {remote.fingerprint}")
+        note(f"fingerprint: {remote.fingerprint}")  # first: computed from the proven key, not said by the node
+        note(f"  at {where}, which calls itself {shown(remote.name) or '?'} (metralectl {shown(remote.version, 32) or '?'})")
         if wanted is not None:
             if remote.fingerprint != wanted:
                 raise MetralError(f"{where} shows {remote.fingerprint}, not the expected {wanted}: not paired",
@@ -63,8 +74,8 @@ def pair(
     if as_json:
         print(json.dumps(result.__dict__, indent=2))
         return
-    print(f"{result.outcome}: {result.address} {result.fingerprint} ({result.name or '?'})")
-    note(f"hello: {result.hello}")
+    print(f"{result.outcome}: {result.address} {result.fingerprint} ({shown(result.name) or '?'})")
+    note(f"hello: {shown(result.hello, 300)}")
     note(f"next, on {result.address}: `metralectl peer grant-bench {_me().fingerprint}` lets this box run benchmarks there")
 
 
@@ -82,13 +93,13 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 
     if book.peers:
         print(render_table(["FINGERPRINT", "NAME", "ADDRESS", "GRANTS", "FIRST SEEN", "VIA"],
-                           [[p.fingerprint, p.name or "-", p.address or "-", ",".join(p.grants) or "-", p.first_seen,
-                             p.via] for p in book.peers]))
+                           [[p.fingerprint, shown(p.name) or "-", shown(p.address) or "-", ",".join(p.grants) or "-",
+                             shown(p.first_seen, 32), shown(p.via, 16)] for p in book.peers]))
     else:
         note("no known peers (`metralectl peer pair ADDR`)")
     for p in book.pending:
-        note(f"pending hello: {p.fingerprint} ({p.name or '?'} at {p.from_addr}, {p.seen}); "
-             f"`metralectl peer grant-bench {p.fingerprint}` trusts it")
+        note(f"pending hello: {p.fingerprint}, which calls itself {shown(p.name) or '?'} (from {shown(p.from_addr)}, "
+             f"{shown(p.seen, 32)}); `metralectl peer grant-bench {p.fingerprint}` trusts it")
 
 
 @peer_app.command("revoke")
@@ -98,7 +109,7 @@ def revoke(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT")) -> Non
     from metralectl.peers.store import PeerStore
 
     peer = PeerStore().revoke(parse_fingerprint(fingerprint))
-    print(f"revoked {peer.fingerprint} ({peer.name or '?'} at {peer.address or '?'})")
+    print(f"revoked {peer.fingerprint} ({shown(peer.name) or '?'} at {shown(peer.address) or '?'})")
 
 
 @peer_app.command("grant-bench")
@@ -109,7 +120,7 @@ def grant_bench(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT", he
     from metralectl.peers.store import PeerStore
 
     peer, how = PeerStore().grant(parse_fingerprint(fingerprint), "bench")
-    print(f"{how}: {peer.fingerprint} ({peer.name or '?'})")
+    print(f"{how}: {peer.fingerprint} ({shown(peer.name) or '?'})")
     if not load_bench_config().enabled:
         note(style("note: bench is not enabled on this node: `metralectl peer bench-config --enable`", "33", sys.stderr))
 
@@ -181,9 +192,10 @@ def units(limit: int = typer.Option(20, "--limit", min=1, help="Most recent N.")
         return
     from metralectl.present.table import render_table
 
-    rows = [[u["key"], u["spec"].get("suite", "?"), str(u.get("requester", "?"))[:9], u.get("state", "?"),
-             u.get("verdict") or "-", time.strftime("%Y-%m-%d %H:%M", time.localtime(float(u.get("submitted") or 0))),
-             u.get("run_id") or "-"] for u in found]
+    rows = [[shown(u["key"], 128), shown(u["spec"].get("suite", "?")), shown(u.get("requester", "?"), 9),
+             shown(u.get("state", "?"), 16), shown(u.get("verdict") or "-", 32),
+             time.strftime("%Y-%m-%d %H:%M", time.localtime(float(u.get("submitted") or 0))),
+             shown(u.get("run_id") or "-", 128)] for u in found]
     print(render_table(["KEY", "SUITE", "FROM", "STATE", "VERDICT", "SUBMITTED", "RUN"], rows))
     live = [u["key"] for u in found if u.get("state") in ("queued", "running")]
     if live:
@@ -243,21 +255,23 @@ def nodes(
 
 
 def _render(answer: Any) -> None:
+    """One node's answer; everything but the address we typed and the fingerprint we paired is the node's text."""
     out = sys.stdout
     adm = answer.admission
     if answer.admitted and adm is not None:
-        print(f"{answer.address}  {style('admitted', '32', out)}  {adm.hardware_class}  {adm.gpu}  signer {adm.fingerprint}")
+        print(f"{answer.address}  {style('admitted', '32', out)}  {shown(adm.hardware_class)}  {shown(adm.gpu)}  "
+              f"signer {shown(adm.fingerprint)}")
         return
     print(f"{answer.address}  {style('refused', '31', out)}" + (f"  signer {answer.fingerprint}" if answer.fingerprint else ""))
     if answer.error:
-        print(f"    {answer.error}")
+        print(f"    {shown(answer.error, 500)}")
         if answer.hint:
-            print(f"      → {answer.hint}")
+            print(f"      → {shown(answer.hint, 500)}")
         return
     for check in adm.reasons if adm else []:
-        print(f"    {check.id}: {check.detail}")
+        print(f"    {shown(check.id, 32)}: {shown(check.detail, 300)}")
         if check.remedy:
-            print(f"      → {check.remedy}")
+            print(f"      → {shown(check.remedy, 300)}")
 
 
 def register(app: typer.Typer) -> None:

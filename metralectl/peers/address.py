@@ -41,7 +41,7 @@ class PeerAddress:
 
 
 def _port(text: str, whole: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    if not re.fullmatch(r"[0-9]{1,5}", text) or not 0 < int(text) < 65536:
         raise BadAddress(f"{whole!r}: port {text!r} is not a number from 1 to 65535")
     return int(text)
 

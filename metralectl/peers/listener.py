@@ -11,12 +11,16 @@
 
 Every other request must be signed by a known peer's key (protocol.verify_request); every answer is
 signed by this node's key (protocol.sign_response).
+
+Anyone on the network may connect (0.0.0.0 by default), so the listener caps connections (MAX_CONNECTIONS,
+MAX_PER_SOURCE: seams/httpserve.py answers the next one 503 and closes it), gives each request a deadline,
+and keeps strangers' hellos apart: rate-limited per source and checked against their own nonce store
+(limits.py), never the one paired peers' requests need.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import socket
 import threading
@@ -26,12 +30,14 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from metralectl import __version__
-from metralectl.seams.httpserve import BodyTooLarge, Handler, Server, json_bytes
+from metralectl.safetext import NAME_LIMIT, clean
+from metralectl.seams.httpserve import BadRequest, Handler, Server, json_bytes, parse_json
 from metralectl.seams.identity import Identity, fingerprint_of, public_key_from_b64
 from metralectl.peers import PEER_PORT
 from metralectl.peers.address import PeerAddress
 from metralectl.peers.admission import Admission, Facts, judge
 from metralectl.peers.config import BenchConfig, bench_path, load_bench_config
+from metralectl.peers.limits import HELLO_NONCES, SourceLimiter, source_key
 from metralectl.peers.protocol import (
     _NONCE,
     H_KEY,
@@ -48,6 +54,8 @@ from metralectl.seams.store import lifecycle_lock
 
 log = logging.getLogger("metralectl.peers")
 PROTOCOL = 1
+MAX_CONNECTIONS = 128  # open connections to the peer port at once
+MAX_PER_SOURCE = 16  # ... from one address (a campaign keeps a few streams open to a node)
 
 
 @dataclass
@@ -62,15 +70,21 @@ class Node:
     executor: Executor | None = None  # how units run (default: `metralectl bench run` as a child)
     lock_path: Path | None = None  # the lifecycle lock units hold (default: this machine's; tests give each node one)
     peers: PeerStore = field(init=False)
-    nonces: NonceStore = field(init=False)
+    nonces: NonceStore = field(init=False)  # paired peers' signed requests (persisted)
+    hello_nonces: NonceStore = field(init=False)  # strangers' self-signed hellos (memory only, apart)
+    hello_limit: SourceLimiter = field(init=False)
     units: UnitQueue = field(init=False)
 
     def __post_init__(self) -> None:
         from metralectl import paths
         from metralectl.peers.unit_exec import SubprocessExecutor
+        from metralectl.peers.store import private_dir
 
         self.peers = PeerStore(self.base)
+        private_dir(self.peers.dir)
         self.nonces = NonceStore(self.base / "peers" / "nonces")
+        self.hello_nonces = NonceStore(None, max_entries=HELLO_NONCES)
+        self.hello_limit = SourceLimiter()
         home = self.home if self.home is not None else paths.metrale_home()
         executor = self.executor or SubprocessExecutor(self.base, home, lambda: self.bench_config().endpoint)
         self.units = UnitQueue(home, executor, lock=functools.partial(lifecycle_lock, path=self.lock_path))
@@ -97,17 +111,24 @@ class PeerHandler(Handler):
         headers = sign_response(self.server.node.identity, status, nonce, to, body)
         self.send_bytes(status, body, "application/json", headers)
 
+    def refuse_request(self, status: int, reason: str) -> None:
+        self._refuse(Refusal(status, reason))
+
+    @property
+    def source(self) -> str:
+        return Server.source_of(self.client_address)
+
     def _refuse(self, refusal: Refusal) -> None:
         nonce = self.header(H_NONCE) or ""
         self._answer(refusal.status, {"error": refusal.reason},
                      nonce=nonce if _NONCE.fullmatch(nonce) else "", to=self.header(H_KEY) or "")
 
-    def _signed(self, body: bytes, keys: Any = None) -> SignedRequest | None:
+    def _signed(self, body: bytes, keys: Any = None, nonces: NonceStore | None = None) -> SignedRequest | None:
         node = self.server.node
         result = verify_request(self.headers, self.command, self.path, body, me=node.identity.fingerprint,
-                                keys=keys or node.trusted_key, nonces=node.nonces)
+                                keys=keys or node.trusted_key, nonces=nonces or node.nonces)
         if isinstance(result, Refusal):
-            log.info("peer request refused from %s: %s", self.client_address[0], result.reason)
+            log.info("peer request refused from %s: %s", self.source, clean(result.reason, 300))
             self._refuse(result)
             return None
         return result
@@ -121,9 +142,9 @@ class PeerHandler(Handler):
     def _dispatch(self, method: str) -> None:
         try:
             body = self.read_body()
-        except BodyTooLarge as exc:
+        except BadRequest as exc:
             self.close_connection = True
-            self._refuse(Refusal(413, str(exc)))
+            self._refuse(Refusal(exc.status, str(exc)))
             return
         route = urlsplit(self.path).path
         if method == "GET" and route == "/peer/v1/identity":
@@ -154,21 +175,34 @@ class PeerHandler(Handler):
                            "name": node.name, "protocol": PROTOCOL, "version": __version__}, nonce=challenge)
 
     def _hello(self, body: bytes) -> None:
+        node = self.server.node
+        wait = node.hello_limit.take(source_key(self.source))
+        if wait:
+            log.info("hello from %s refused: too many hellos from there", self.source)
+            self.close_connection = True
+            self._refuse(Refusal(429, f"too many hellos from {self.source}; try again in {wait:.0f} s"))
+            return
         try:
-            hello = json.loads(body)
+            hello = parse_json(body)
+            if not isinstance(hello, dict):
+                raise ValueError("a hello is a JSON object")
             key = public_key_from_b64(str(hello["public_key"]))
-            name = str(hello.get("name", ""))
-            port = int(hello.get("peer_port", PEER_PORT))
-        except (ValueError, KeyError, TypeError):
-            self._refuse(Refusal(400, "a hello needs {public_key, name, peer_port}"))
+            name, port = hello.get("name", ""), hello.get("peer_port", PEER_PORT)
+            if not isinstance(name, str):
+                raise ValueError("name must be a string")
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+                raise ValueError(f"peer_port must be a port number from 1 to 65535, not {clean(str(port), 20)}")
+        except (ValueError, KeyError, TypeError) as exc:
+            self._refuse(Refusal(400, f"a hello needs {{public_key, name, peer_port}} ({clean(str(exc), 120)})"))
             return
         fp = fingerprint_of(key)
-        request = self._signed(body, keys=lambda claimed: key if claimed == fp else None)  # self-signed
+        request = self._signed(body, keys=lambda claimed: key if claimed == fp else None,  # self-signed
+                               nonces=node.hello_nonces)
         if request is None:
             return
-        source = PeerAddress(self.client_address[0].removeprefix("::ffff:"), port).netloc
-        self.server.node.peers.add_pending(fp, hello["public_key"], name, source)
-        log.info("hello from %s (%s) at %s: pending until the operator grants it", fp, name, source)
+        source = PeerAddress(self.source, port).netloc
+        node.peers.add_pending(fp, hello["public_key"], name[:NAME_LIMIT], source)
+        log.info("hello from %s (%s) at %s: pending until the operator grants it", fp, clean(name, NAME_LIMIT), source)
         self._answer(200, {"pending": True, "fingerprint": self.server.node.identity.fingerprint},
                      nonce=request.nonce, to=request.key)
 
@@ -198,6 +232,9 @@ class PeerHandler(Handler):
 
 
 class PeerServer(Server):
+    max_connections = MAX_CONNECTIONS
+    max_per_source = MAX_PER_SOURCE
+
     def __init__(self, node: Node, host: str = "0.0.0.0", port: int = PEER_PORT) -> None:
         self.node = node
         super().__init__((host, port), PeerHandler)

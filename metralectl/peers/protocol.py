@@ -46,6 +46,7 @@ MAX_WINDOW_S = 300
 CLOCK_SKEW_S = 30
 MAX_NONCES = 100_000
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+_DIGITS = re.compile(r"[0-9]{1,12}")  # ASCII: str.isdigit() is true for '²', which int() refuses
 
 
 class Headers(Protocol):
@@ -110,7 +111,7 @@ class NonceStore:
             return  # nothing seen yet; the file appears with the first accepted request
         for line in text.splitlines():
             nonce, _, expires = line.partition(" ")
-            if expires.isdigit() and int(expires) >= now - CLOCK_SKEW_S:
+            if _DIGITS.fullmatch(expires) and int(expires) >= now - CLOCK_SKEW_S:
                 self._seen[nonce] = int(expires)
         self._compact()
 
@@ -141,7 +142,7 @@ class NonceStore:
                     return Refusal(503, "too many requests in the replay window; try again shortly")
             self._seen[nonce] = expires
             if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 try:
                     os.write(fd, f"{nonce} {expires}\n".encode())
@@ -170,7 +171,7 @@ def verify_request(headers: Headers, method: str, path: str, body: bytes, *, me:
     if public is None:
         return Refusal(403, f"unknown peer {key}: this node does not trust that key (on this node: "
                             f"`metralectl peer grant-bench {key}` once its hello arrived, or `metralectl peer pair` it)")
-    if not (created_s.isdigit() and expires_s.isdigit()) or not _NONCE.fullmatch(nonce):
+    if not (_DIGITS.fullmatch(created_s) and _DIGITS.fullmatch(expires_s)) or not _NONCE.fullmatch(nonce):
         return Refusal(401, "malformed created/expires/nonce")
     created, expires = int(created_s), int(expires_s)
     t = time.time() if now is None else now

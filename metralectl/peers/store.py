@@ -23,10 +23,20 @@ from typing import Any
 
 from metralectl import paths
 from metralectl.errors import ExitCode, MetralError, NotFound
+from metralectl.safetext import NAME_LIMIT, clean
 from metralectl.seams.identity import fingerprint_of, public_key_from_b64
 
 GRANTS = ("bench",)
 MAX_PENDING = 32
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only this user can enter (0700): created so, or narrowed if it was looser."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        os.chmod(path, 0o700)  # made 0755 by an older version
+    return path
 
 
 class PeerKeyChanged(MetralError):
@@ -118,7 +128,7 @@ class PeerStore:
         """Read, let the caller change the book, write it back atomically (one writer at a time)."""
         from metralectl.seams.store import write_json
 
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(self.dir)
         fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -153,7 +163,7 @@ class PeerStore:
             if book.by_fingerprint(fingerprint) is not None:
                 return  # already trusted: a hello changes nothing
             book.pending = [p for p in book.pending if p.fingerprint != fingerprint]
-            book.pending.append(Pending(fingerprint, public_key, name[:64], from_addr, now_iso()))
+            book.pending.append(Pending(fingerprint, public_key, name[:NAME_LIMIT], from_addr, now_iso()))
             book.pending = book.pending[-MAX_PENDING:]
 
     def grant(self, fingerprint: str, grant: str = "bench") -> tuple[Peer, str]:
@@ -172,7 +182,7 @@ class PeerStore:
                 peer = Peer(fingerprint, hello.public_key, host or None, hello.name, now_iso(), (), "hello")
                 book.peers.append(peer)
                 book.pending.remove(hello)
-                how = f"trusted from its hello ({hello.name or '?'} at {host or '?'}); "
+                how = f"trusted from its hello ({clean(hello.name, NAME_LIMIT) or '?'} at {clean(host) or '?'}); "
             if grant in peer.grants:
                 return peer, how + f"{grant} was already granted"
             updated = replace(peer, grants=tuple(sorted({*peer.grants, grant})))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from metralectl.errors import MetralError
+from metralectl.seams.httpserve import ascii_int, parse_json
 from metralectl.peers.protocol import SignedRequest, sign_event_line, sign_response
 from metralectl.peers.unit_spec import KEY_RE, UnitSpec
 from metralectl.peers.units import QueueFull, Unit, UnitConflict, UnitNotFound
@@ -91,9 +92,9 @@ def _submit(handler: PeerHandler, request: SignedRequest, body: bytes, answer: _
         answer(403, {"error": "bench is not enabled on this node", "hint": "on this node: `metralectl peer bench-config --enable`"})
         return
     try:
-        spec = UnitSpec.from_json(json.loads(body or b"null"))
-    except ValueError:
-        answer(400, {"error": "the body is not JSON"})
+        spec = UnitSpec.from_json(parse_json(body or b"null"))
+    except ValueError as exc:
+        answer(400, {"error": f"the body is not JSON we take ({exc})"})
         return
     except MetralError as exc:
         answer(400, {"error": exc.message, "hint": exc.hint})
@@ -145,7 +146,7 @@ def _stream(handler: PeerHandler, request: SignedRequest, unit: Unit) -> None:
     by whether it saw "end"."""
     query = parse_qs(urlsplit(handler.path).query)
     after_s = (query.get("after") or ["0"])[0]
-    after = int(after_s) if after_s.isdigit() else 0
+    after = ascii_int(after_s) or 0
     node = handler.server.node
     me, stream = node.identity, f"units/{unit.key}/events"
     headers = sign_response(me, 200, request.nonce, request.key, b"")

@@ -9,9 +9,15 @@ gone) and callers need different halves of it:
   pid_is_ours(pid)  a process of this user has that pid. For "is OUR agent (or helper) still
                     there?": after a reboot or a long time the pid can belong to another user's
                     process, and EPERM must then read as "not our agent" (never send it our token).
+                    "This user's" is the process's owner (/proc/PID), not whether kill() may
+                    signal it: root may signal every process, and every process is not root's.
 
 Neither can tell a recycled pid of this same user from the original process; callers that care
-confirm with the process itself (the agent answers on its port).
+confirm with the process itself (the CLI asks the agent to prove it holds the token before it sends
+it: app/agent_client.py).
+
+raise_fd_limit() lifts the soft descriptor limit to the hard one for a server that many clients
+may connect to (the agent: its peer listener caps connections, but the process has other uses).
 """
 
 from __future__ import annotations
@@ -34,7 +40,13 @@ def _probe(pid: int) -> str:
         return "gone"
     except PermissionError:
         return "foreign"
-    return "ours"
+    try:
+        owner = os.stat(f"/proc/{pid}").st_uid
+    except FileNotFoundError:
+        return "gone"  # exited between the two looks
+    except OSError:
+        return "ours"  # no /proc to ask: kill() permitted it, which is all that is known
+    return "ours" if owner == os.geteuid() else "foreign"
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -45,6 +57,22 @@ def pid_alive(pid: int | None) -> bool:
 def pid_is_ours(pid: int | None) -> bool:
     """Whether a process this user may signal has this pid now (another user's process is not ours)."""
     return pid is not None and _probe(pid) == "ours"
+
+
+def raise_fd_limit(ceiling: int = 1 << 20) -> tuple[int, int]:
+    """Lift the soft RLIMIT_NOFILE to the hard limit (at most `ceiling`); (before, after). Never lowers it,
+    and a refusal leaves it as it was."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):
+            return soft, soft
+        return soft, wanted
+    return soft, soft
 
 
 # -- signals ------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 
 from metralectl.agent import security
 from metralectl.agent.api import LocalApiServer
-from metralectl.app.agent_client import AgentClient, AgentGone, outcome, running_agent
+from metralectl.app.agent_client import AgentClient, AgentGone, NotOurAgent, outcome, running_agent
 from metralectl.agent.jobs import JobRunner
 from metralectl.errors import ExitCode, MetralError, UsageError
 from metralectl.lifecycle import events as ev
@@ -387,9 +387,13 @@ def test_an_unreachable_agent(isolated_env: Path) -> None:
 
 
 def test_a_wrong_token_is_a_clear_error(agent: tuple[LocalApiServer, RoutingOps, AgentClient]) -> None:
-    server, _, _ = agent
-    with pytest.raises(MetralError, match="refused the run"):
+    """A client whose token is not the agent's cannot check the agent's proof: it stops before sending the
+    token (it might be talking to another process), and says what to do."""
+    server, ops, _ = agent
+    with pytest.raises(NotOurAgent, match="could not prove it holds this box's agent token") as refused:
         AgentClient(server.port, "x" * 43, os.getpid()).start("run", {"recipe": RECIPE})
+    assert "token file changed" in (refused.value.hint or "") and "--direct" in (refused.value.hint or "")
+    assert ops.calls == []
 
 
 # -- the event JSON ------------------------------------------------------------------------------------------

@@ -1,9 +1,13 @@
 // The control-plane page: polls the local agent's API and renders it. No framework, no CDN.
 // The API token arrives in the URL fragment (#token=..., never sent to a server), is kept in
 // sessionStorage for this tab, and is sent as a bearer token on POSTs only.
+// Every text it shows goes through clean() (safetext.js, loaded first): el() for built nodes, setText()
+// for the rest; nothing is written as HTML.
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
+const TEXT_LIMIT = 2000;  // characters of one shown text (a line, a cell)
+function setText(node, text) { node.textContent = clean(text, TEXT_LIMIT); }
 let token = sessionStorage.getItem("metralectl-token") || "";
 let serving = [];
 let currentJob = null;
@@ -28,9 +32,9 @@ function el(tag, attrs = {}, ...children) {
   for (const [k, v] of Object.entries(attrs)) {
     if (k === "class") node.className = v;
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
-    else if (v !== false && v !== null && v !== undefined) node.setAttribute(k, v === true ? "" : v);
+    else if (v !== false && v !== null && v !== undefined) node.setAttribute(k, v === true ? "" : clean(v, TEXT_LIMIT));
   }
-  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(c ?? ""));
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(clean(c, TEXT_LIMIT)));
   return node;
 }
 
@@ -50,7 +54,11 @@ async function post(path, body) {
   });
   const answer = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
   if (r.status === 401) { token = ""; sessionStorage.removeItem("metralectl-token"); }
-  if (!r.ok) { alert(`${answer.error || r.status}${answer.hint ? "\n\nhint: " + answer.hint : ""}`); renderToken(); return null; }
+  if (!r.ok) {
+    alert(`${clean(answer.error || r.status, TEXT_LIMIT)}${answer.hint ? "\n\nhint: " + clean(answer.hint, TEXT_LIMIT) : ""}`);
+    renderToken();
+    return null;
+  }
   return answer;
 }
 
@@ -69,21 +77,21 @@ async function refreshCapability() {
   list.replaceChildren();
   if (cap.can_run === true) {
     card.classList.add("ready");
-    $("#cap-title").textContent = "Ready: this machine can run models";
+    setText($("#cap-title"), "Ready: this machine can run models");
   } else if (cap.can_run === false) {
     card.classList.add("cannot");
-    $("#cap-title").textContent = "This machine cannot run models";
+    setText($("#cap-title"), "This machine cannot run models");
     for (const p of cap.problems || []) {
       list.append(el("li", {}, el("strong", {}, p.title || p.id), ": ", p.detail || "",
         p.remedy ? el("span", { class: "remedy" }, p.remedy) : ""));
     }
   } else {
     card.classList.add("checking");
-    $("#cap-title").textContent = "Checking this machine…";
+    setText($("#cap-title"), "Checking this machine…");
   }
   card.dataset.canRun = String(cap.can_run);
-  $("#cap-summary").textContent = cap.summary || cap.error || "";
-  $("#cap-age").textContent = cap.checked_at_unix ? `checked ${ago(cap.checked_at_unix)} by the agent (it re-checks by itself)` : "";
+  setText($("#cap-summary"), cap.summary || cap.error || "");
+  setText($("#cap-age"), cap.checked_at_unix ? `checked ${ago(cap.checked_at_unix)} by the agent (it re-checks by itself)` : "");
 }
 
 // -- serving ------------------------------------------------------------------------------------
@@ -91,11 +99,11 @@ async function refreshServing() {
   const s = await getJSON("/api/serving");
   const err = $("#serving-error");
   err.hidden = !s.error;
-  err.textContent = s.error ? `${s.error}${s.hint ? " — " + s.hint : ""}` : "";
+  setText(err, s.error ? `${s.error}${s.hint ? " — " + s.hint : ""}` : "");
   serving = s.serving || [];
   renderServing();
   $("#serving-empty").hidden = serving.length > 0 || !!s.error;
-  if (s.degraded) { err.hidden = false; err.textContent = `DEGRADED: ${s.degraded}`; }
+  if (s.degraded) { err.hidden = false; setText(err, `DEGRADED: ${s.degraded}`); }
   renderRecipeButtons();
 }
 
@@ -112,9 +120,9 @@ let recipes = [];
 async function refreshRecipes() {
   const r = await getJSON("/api/recipes");
   $("#recipes-error").hidden = !r.error;
-  $("#recipes-error").textContent = r.error || "";
+  setText($("#recipes-error"), r.error || "");
   recipes = r.recipes || [];
-  $("#recipes-target").textContent = r.target ? `judged on ${r.target.hardware || "?"} (${r.target.how})` : "";
+  setText($("#recipes-target"), r.target ? `judged on ${r.target.hardware || "?"} (${r.target.how})` : "");
   renderRecipeButtons();
 }
 
@@ -154,12 +162,13 @@ async function followJob() {
   const j = await getJSON(`/api/jobs/${encodeURIComponent(currentJob.id)}`);
   if (!j.error) currentJob = j;
   $("#job-card").hidden = false;
-  $("#job-title").textContent = `${currentJob.kind} ${currentJob.target || ""}`;
-  $("#job-state").textContent = currentJob.state + (currentJob.error ? `: ${currentJob.error}` : "") +
-    (currentJob.hint ? ` (hint: ${currentJob.hint})` : "");
+  setText($("#job-title"), `${currentJob.kind} ${currentJob.target || ""}`);
+  setText($("#job-state"), currentJob.state + (currentJob.error ? `: ${currentJob.error}` : "") +
+    (currentJob.hint ? ` (hint: ${currentJob.hint})` : ""));
   $("#job-state").className = ["failed", "cancelled"].includes(currentJob.state) ? "error" : currentJob.state === "done" ? "ok" : "";
-  $("#job-events").textContent = (currentJob.events || []).map((e) =>
-    `${e.kind.padEnd(16)} ${e.detail || e.line || e.message || e.name || e.phase || progressText(e.progress)}`).join("\n");
+  $("#job-events").textContent = (currentJob.events || []).map((e) =>  // one cleaned line per event
+    clean(`${String(e.kind).padEnd(16)} ${e.detail || e.line || e.message || e.name || e.phase || progressText(e.progress)}`,
+      TEXT_LIMIT)).join("\n");
   renderRecipeButtons();
   if (!FINISHED.includes(currentJob.state)) setTimeout(followJob, 1000);
   else refreshServing();
@@ -175,7 +184,7 @@ async function refreshTelemetry() {
   const box = $("#telemetry");
   if (!t.available) {
     box.className = "muted";
-    box.textContent = `No GPU telemetry: ${t.reason || t.error || "unavailable"}${t.hint ? " — " + t.hint : ""}`;
+    setText(box, `No GPU telemetry: ${t.reason || t.error || "unavailable"}${t.hint ? " — " + t.hint : ""}`);
     return;
   }
   box.className = "";
@@ -205,7 +214,7 @@ async function refreshHistory() {
 }
 
 // -- token / agent ------------------------------------------------------------------------------
-function showTokenState(text) { $("#token-state").textContent = text; }
+function showTokenState(text) { setText($("#token-state"), text); }
 function renderToken() {
   showTokenState(token ? "Actions are unlocked for this tab." :
     "Read-only: actions need the agent's token (run `metralectl agent url` on this machine and open that address, or paste the token).");
@@ -216,7 +225,7 @@ function renderToken() {
 
 async function refreshAgent() {
   const a = await getJSON("/api/agent");
-  $("#agent").textContent = a.fingerprint ? `agent ${a.version} · ${a.fingerprint}` : "agent: not answering";
+  setText($("#agent"), a.fingerprint ? `agent ${a.version} · ${a.fingerprint}` : "agent: not answering");
 }
 
 function every(ms, fn) { const tick = () => fn().catch(() => {}).finally(() => setTimeout(tick, ms)); tick(); }
