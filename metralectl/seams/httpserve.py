@@ -257,7 +257,8 @@ class Handler(BaseHTTPRequestHandler):
     def read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding"):
             raise BadRequest("chunked bodies are not accepted; send Content-Length")
-        length_s = (self.headers.get("Content-Length") or "0").strip()
+        given = self.headers.get("Content-Length")
+        length_s = "0" if given is None else given.strip()
         length = ascii_int(length_s)
         if length is None:
             raise BadRequest(f"bad Content-Length {length_s[:20]!r}: expected a number of bytes in ASCII digits")
