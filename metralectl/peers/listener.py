@@ -126,7 +126,7 @@ class PeerHandler(Handler):
     def _signed(self, body: bytes, keys: Any = None, nonces: NonceStore | None = None) -> SignedRequest | None:
         node = self.server.node
         result = verify_request(self.headers, self.command, self.path, body, me=node.identity.fingerprint,
-                                keys=keys or node.trusted_key, nonces=nonces or node.nonces)
+                                keys=keys or node.trusted_key, nonces=node.nonces if nonces is None else nonces)
         if isinstance(result, Refusal):
             log.info("peer request refused from %s: %s", self.source, clean(result.reason, 300))
             self._refuse(result)
