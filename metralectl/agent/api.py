@@ -6,6 +6,7 @@
     GET  /api/recipes              the library rows
     GET  /api/telemetry            the newest GPU sample, or why there is none
     GET  /api/history              recorded benchmark runs
+    GET  /api/agent[?challenge=N]  who this is; with N, the HMAC proof that it holds the token (agent_files.agent_proof)
     GET  /api/jobs[/ID]            lifecycle jobs started through the API, with their events
     GET  /api/jobs/ID/events?after=N&wait=S   the events after N; waits up to S (<= 25) s for one (long-poll)
     POST /api/run   {recipe, sets?, options?}                 start serving   -> 202 {job} | 400 | 409 busy

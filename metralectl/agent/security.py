@@ -5,7 +5,9 @@ evil.example resolving to 127.0.0.1), and other local users (loopback is open to
 box). Defences, checked in this order on every request:
 
 1. Host must be exactly 127.0.0.1:PORT, localhost:PORT or [::1]:PORT. A rebinding page's requests
-   carry Host: evil.example:PORT and are refused (421); so are requests without a Host.
+   carry Host: evil.example:PORT and are refused (421); so are requests without a Host. A repeated
+   Host (or Origin, Authorization, Sec-Fetch-Site) never reaches this check: the server answers 400
+   first (seams/httpserve.Handler.parse_request), so only one value is ever judged.
 2. A request carrying Origin must come from the page's own origin (http:// + its Host); "null" and
    any other origin are refused (403). Sec-Fetch-Site cross-site/same-site (another port of
    localhost is same-site but not same-origin) is refused too. No Access-Control-* header is ever
@@ -14,6 +16,9 @@ box). Defences, checked in this order on every request:
    of `<config>/agent/token` (0600, created atomically), compared with hmac.compare_digest. Other
    users cannot read the file, so they cannot act; a cross-site page cannot read it either.
 4. GET and HEAD never change anything (the router only maps them to read-only handlers).
+5. The token goes only to a proven agent: GET /api/agent?challenge=N answers an HMAC of the challenge
+   and the port keyed by the token (agent_files.agent_proof), which the CLI checks before it sends the
+   token (app/agent_client.AgentClient.verify).
 """
 
 from __future__ import annotations
