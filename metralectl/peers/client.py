@@ -106,9 +106,11 @@ def open_stream(addr: PeerAddress, path: str, headers: dict[str, str], *, read_t
                            f"{addr}: {type(exc).__name__}") from None
 
 
-def _decode(addr: PeerAddress, body: bytes) -> object:  # JSON: callers check its shape
+def _decode(addr: object, body: bytes) -> object:  # JSON: callers check its shape; addr names the node
+    from metralectl.seams.httpserve import parse_json
+
     try:
-        return json.loads(body)
+        return parse_json(body)
     except ValueError:
         raise PeerProtocolError(f"{addr}: the answer is not JSON (not a metralectl peer listener?)") from None
 

@@ -23,7 +23,8 @@ from metralectl.errors import ExitCode, MetralError
 from metralectl.seams.identity import Identity
 from metralectl.peers.address import PeerAddress, parse_address
 from metralectl.peers.client import (TIMEOUT_S, Answer, PeerProtocolError, PeerUnreachable, StreamBroken,
-                                     open_stream, signed_call)
+                                     _decode, open_stream, signed_call)
+from metralectl.seams.httpserve import parse_json
 from metralectl.peers.protocol import H_KEY, sign_request, verify_event_line, verify_response
 from metralectl.peers.store import PeerStore, key_changed
 
@@ -175,7 +176,7 @@ def _stream_once(me: Identity, node: NodeRef, key: str, after: int, on_event: Ca
                                           me=me.fingerprint, expect_key=node.fingerprint, public=node.public_key)
                 if problem:
                     raise PeerProtocolError(f"{node}: answer refused: {problem}")
-                raise _refused(node, f"events of unit {key}", Answer(response.status, json.loads(body)))
+                raise _refused(node, f"events of unit {key}", Answer(response.status, _decode(node, body)))
             problem = verify_response(response.headers, 200, b"", nonce=nonce, me=me.fingerprint,
                                       expect_key=node.fingerprint, public=node.public_key)
             if problem:
@@ -187,7 +188,9 @@ def _stream_once(me: Identity, node: NodeRef, key: str, after: int, on_event: Ca
                                          public=node.public_key, stream=stream)
                 if line is None:
                     raise PeerProtocolError(f"{node}: a line of unit {key}'s stream is not signed by its key")
-                event = json.loads(line)
+                event = _decode(node, line)
+                if not isinstance(event, dict):
+                    raise PeerProtocolError(f"{node}: a line of unit {key}'s stream is not an event object")
                 if event.get("kind") == "heartbeat":
                     continue
                 seq = int(event["seq"])
@@ -246,10 +249,12 @@ def accept_record(where: str, signer: str, requester: str, key: str, payload: by
     if verdict.signer != signer:
         raise reject(f"signed by {verdict.signer}, not by the node it ran on ({signer})")
     try:
-        record = json.loads(payload)
+        record = parse_json(payload)
     except ValueError:
         raise reject("the record is not JSON") from None
-    unit = record.get("unit") if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        raise reject("the record is not a JSON object")
+    unit = record.get("unit")
     if not isinstance(unit, dict) or unit.get("key") != key:
         raise reject("the record names another unit")
     if record.get("status") != "completed":

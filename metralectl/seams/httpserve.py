@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -132,6 +133,15 @@ class Server(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that left is no error; anything else is logged (escaped by the agent's log formatter),
+        not printed raw to stderr as socketserver does."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError, TimeoutError)):
+            log.debug("port %d: %s left (%s)", self.port, self.source_of(client_address), type(exc).__name__)
+            return
+        log.error("port %d: internal error answering %s", self.port, self.source_of(client_address), exc_info=True)
 
     # -- accepting ------------------------------------------------------------------------------
     def get_request(self) -> tuple[socket.socket, Any]:

@@ -175,6 +175,31 @@ def test_an_address_with_a_non_ascii_port_is_a_usage_error(text: str) -> None:
         parse_address(text)
 
 
+def test_a_node_answering_deeply_nested_json_is_a_protocol_error(tmp_path: Path) -> None:
+    """The client side: `peer pair ADDR` talks to a machine it does not trust yet."""
+    import socket
+    import threading
+
+    from metralectl.peers.client import PeerProtocolError, fetch_identity
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n%s" % (len(NESTED), NESTED))
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        with pytest.raises(PeerProtocolError, match="not JSON"):
+            fetch_identity(parse_address(f"127.0.0.1:{port}"), timeout=10)
+    finally:
+        listener.close()
+
+
 # -- files --------------------------------------------------------------------------------------------------------
 def test_a_symlinked_token_file_is_refused_in_words(isolated_env: Path, tmp_path: Path) -> None:
     target = tmp_path / "elsewhere"
