@@ -192,7 +192,7 @@ def units(limit: int = typer.Option(20, "--limit", min=1, help="Most recent N.")
         return
     from metralectl.present.table import render_table
 
-    rows = [[shown(u["key"], 128), shown(u["spec"].get("suite", "?")), shown(u.get("requester", "?"), 9),
+    rows = [[shown(u["key"], 128), shown(u["spec"].get("suite", "?")), shown(str(u.get("requester", "?"))[:9]),
              shown(u.get("state", "?"), 16), shown(u.get("verdict") or "-", 32),
              time.strftime("%Y-%m-%d %H:%M", time.localtime(float(u.get("submitted") or 0))),
              shown(u.get("run_id") or "-", 128)] for u in found]
