@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -178,9 +179,9 @@ class PeerHandler(Handler):
         node = self.server.node
         wait = node.hello_limit.take(source_key(self.source))
         if wait:
-            log.info("hello from %s refused: too many hellos from there", self.source)
+            log.debug("hello from %s refused: too many hellos from there", self.source)  # a flood: not one line each
             self.close_connection = True
-            self._refuse(Refusal(429, f"too many hellos from {self.source}; try again in {wait:.0f} s"))
+            self._refuse(Refusal(429, f"too many hellos from {self.source}; try again in {math.ceil(wait)} s"))
             return
         try:
             hello = parse_json(body)
