@@ -4,9 +4,9 @@ changes its own descriptor limit, which a test must never do to the pytest proce
     agent BASE LIMIT     a real Agent (local API + peer listener on 127.0.0.1) started with RLIMIT_NOFILE
                          soft LIMIT/2, hard LIMIT (the agent raises the soft one to LIMIT, no further);
                          prints its ports and the limit it runs under, runs until stdin closes
-    starved              a bare Server whose accept() finds no descriptor: prints its port, waits for a
-                         line (the parent has connected), holds every descriptor for HOLD_S while counting
-                         accept attempts, frees them, prints the count, and serves until stdin closes
+    starved              a bare Server whose accept() finds no descriptor: takes every descriptor, prints
+                         its port, waits for a line (the parent has connected), counts accept attempts for
+                         HOLD_S, frees the descriptors, prints the count, and serves until stdin closes
     raise                lowers the soft limit to 64, calls raise_fd_limit(), prints before/after/hard
 """
 
@@ -54,14 +54,14 @@ def starved() -> None:
     server.start("starved")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, soft), hard))
-    print(json.dumps({"port": server.port}), flush=True)
-    sys.stdin.readline()  # the parent has connected: the listening socket is readable from now on
-    fillers = []
+    fillers = []  # every descriptor taken before anyone connects, so no accept() can succeed until freed
     try:
         while True:
             fillers.append(os.open("/dev/null", os.O_RDONLY))
     except OSError:
         pass
+    print(json.dumps({"port": server.port}), flush=True)  # stdout and stdin need no new descriptor
+    sys.stdin.readline()  # the parent has connected: the listening socket is readable from now on
     before = Counting.attempts
     time.sleep(HOLD_S)
     during = Counting.attempts - before
