@@ -117,12 +117,13 @@ class ApiHandler(Handler):
         if route in STATIC:
             self._static(STATIC[route])
             return
+        ops = self.server.ops  # each read looked up only when asked (GET /api/agent needs none of them)
         reads: dict[str, Callable[[], Any]] = {
-            "/api/status": self.server.ops.capability,
-            "/api/serving": self.server.ops.serving,
-            "/api/recipes": self.server.ops.recipes,
-            "/api/telemetry": self.server.ops.telemetry,
-            "/api/history": self.server.ops.history,
+            "/api/status": lambda: ops.capability(),
+            "/api/serving": lambda: ops.serving(),
+            "/api/recipes": lambda: ops.recipes(),
+            "/api/telemetry": lambda: ops.telemetry(),
+            "/api/history": lambda: ops.history(),
             "/api/jobs": lambda: {"jobs": [j.to_json(events=False) for j in self.server.jobs.list()]},
             "/api/agent": self._agent,
         }
