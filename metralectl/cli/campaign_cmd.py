@@ -189,7 +189,9 @@ class _Out:
                 sys.stdout.write(line)
                 sys.stdout.flush()
             return
-        text = _describe(kind, data)
+        from metralectl.safetext import clean
+
+        text = clean(_describe(kind, data) or "", 600)  # peers' reasons and hints come from other machines
         if text:
             color = {"thermal": "33", "retired": "31", "halt": "31", "link-lost": "33", "busy": "33"}.get(kind, "2")
             with self._lock:
@@ -208,13 +210,14 @@ class _Out:
                 print(f"unassigned: {unit_id} (no admitted node may run it)")
             return
         from metralectl.present.table import render_table
+        from metralectl.safetext import clean
 
         rows = []
         for u in record["units"]:
             headline = u.get("headline") or {}
             first = next(iter(sorted(headline.items())), None)
             rows.append([u["unit"]["id"], u.get("node") or "-", u["state"], u.get("verdict") or "-",
-                         f"{first[0]}={first[1]}" if first else (u.get("error") or "-")])
+                         f"{first[0]}={first[1]}" if first else clean(str(u.get("error") or "-"), 200)])
         print(render_table(["UNIT", "NODE", "STATE", "VERDICT", "HEADLINE / WHY"], rows))
 
 
