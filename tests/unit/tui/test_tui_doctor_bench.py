@@ -7,6 +7,7 @@ import threading
 
 from textual.widgets import Button, Input, Label, Select
 
+from metralectl.tui.alarm import alarm
 from metralectl.tui.app import MetralectlApp
 from metralectl.tui.screens.run_detail import RunDetailScreen
 from metralectl.tui.views.bench import BenchView
@@ -89,7 +90,7 @@ def test_a_run_with_failed_requests_ends_red_and_failed(services: FakeServices) 
             await until(pilot, lambda: len(history.runs) == 3, what="the run in history")
             status = app.query_one("#bench-status", Label).render()
             assert "failed (errors)" in str(status)
-            assert any("red" in str(span.style) for span in status.spans)  # type: ignore[union-attr]
+            assert any(str(span.style) == alarm() for span in status.spans)  # type: ignore[union-attr]  # red, or reverse under NO_COLOR
             assert history.runs[0].outcome == "failed (errors)"
 
     asyncio.run(scenario())
