@@ -133,6 +133,15 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class ImageRecord:
+    """One local image, for disk accounting: its id, every tag naming it, its size in bytes."""
+
+    id: str
+    tags: tuple[str, ...]
+    size: int
+
+
+@dataclass(frozen=True)
 class ImageState:
     ref: str
     present: bool
@@ -436,6 +445,38 @@ class DockerRuntime:
         return dict(self._call(self.api.info))
 
     # --- images ---------------------------------------------------------------------------------
+    # -- disk: local images (`rm --image`, `prune`) ------------------------------------------------------------
+    def image_record(self, ref: str) -> ImageRecord | None:
+        """The local image `ref` names, or None when the daemon has none."""
+        try:
+            data = self._call(self.api.inspect_image, ref)
+        except RuntimeFailure as exc:
+            if exc.cause is RuntimeCause.IMAGE_MISSING:
+                return None
+            raise
+        return ImageRecord(str(data.get("Id")), tuple(str(t) for t in data.get("RepoTags") or ()),
+                           int(data.get("Size") or 0))
+
+    def image_tags(self) -> list[str]:
+        """Every tag of every local image (`<none>` ones left out)."""
+        tags = [str(t) for image in self._call(self.api.images) for t in image.get("RepoTags") or ()]
+        return [t for t in tags if t != "<none>:<none>"]
+
+    def images_in_use(self) -> dict[str, str]:
+        """Image ref (as the container names it) and image id -> a running container using it, any owner's."""
+        used: dict[str, str] = {}
+        for container in self._call(self.api.containers, all=False):
+            name = str((container.get("Names") or ["?"])[0]).lstrip("/")
+            for key in (container.get("Image"), container.get("ImageID")):
+                if key:
+                    used[str(key)] = name
+        return used
+
+    def remove_image(self, ref: str) -> None:
+        """Untag / remove `ref`, never forced: the daemon's refusal (a container still uses it) is raised in its
+        own words as a RuntimeFailure."""
+        self._call(self.api.remove_image, ref)
+
     def image_state(self, ref: str, revision_label: str = "org.opencontainers.image.revision") -> ImageState:
         try:
             data = self.api.inspect_image(ref)
