@@ -84,7 +84,7 @@ def source_commit() -> str:
 def build_wheel(into: Path) -> tuple[Path, str]:
     run_quiet([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(into), str(REPO)],
               "building the wheel")
-    wheels = sorted(into.glob("metralectl-*.whl"))
+    wheels = sorted(into.glob("metralectl_cockpit-*.whl"))
     if len(wheels) != 1:
         fail(f"expected one metralectl wheel in {into}, found {[w.name for w in wheels]}")
     return wheels[0], hashlib.sha256(wheels[0].read_bytes()).hexdigest()
@@ -289,7 +289,7 @@ def main() -> int:
         ours, ours_reused = venv(where / f"metralectl-{digest[:16]}", str(wheel), args.fresh)
         rival_dir = "ramalama-" + hashlib.sha256(args.ramalama.encode()).hexdigest()[:8]
         theirs, theirs_reused = venv(where / rival_dir, args.ramalama, args.fresh)
-        versions = {"metralectl": installed_version(ours, "metralectl"), "ramalama": installed_version(theirs, "ramalama")}
+        versions = {"metralectl": installed_version(ours, "metralectl-cockpit"), "ramalama": installed_version(theirs, "ramalama")}
         daemon = daemon_state()
         mine, rivals = home_env(tmp / "home-metralectl"), home_env(tmp / "home-ramalama")
         m, r = str(ours / "metralectl"), str(theirs / "ramalama")

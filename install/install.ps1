@@ -199,7 +199,7 @@ function Find-SumsWheel {   # mirrors install.sh: sums_wheel_name
         $fields = $line.TrimEnd("`r") -split '\s+', 2
         if ($fields.Count -lt 2 -or $fields[0].Length -ne 64) { continue }
         $entry = $fields[1].Trim() -replace '^\*', '' -replace '^\./', ''
-        if ($entry -match '^metralectl-[0-9][^-]*-py3-none-any\.whl$') { $names[$entry] = $true }
+        if ($entry -match '^metralectl_cockpit-[0-9][^-]*-py3-none-any\.whl$') { $names[$entry] = $true }
     }
     if ($names.Count -eq 1) { return @($names.Keys)[0] } else { return '' }
 }
@@ -479,7 +479,7 @@ function Install-Metralectl {   # mirrors install.sh: install
     }
     $script:Wheel = Find-SumsWheel
     if (-not $script:Wheel) { Die "SHA256SUMS lists no single metralectl wheel: not a metralectl release" }
-    $script:Version = ($script:Wheel -replace '^metralectl-', '') -replace '-.*$', ''
+    $script:Version = ($script:Wheel -replace '^metralectl_cockpit-', '') -replace '-.*$', ''
     $script:Lock = "metralectl-$($script:Version)-$($script:Platform).lock.txt"
     Get-Verified $script:Wheel
     Get-Verified $script:Lock

@@ -357,12 +357,12 @@ sums_lookup() {
         END { if (!bad) print found }'
 }
 
-# The release's wheel: the one SHA256SUMS entry named metralectl-<version>-py3-none-any.whl.
+# The release's wheel: the one SHA256SUMS entry named metralectl_cockpit-<version>-py3-none-any.whl.
 sums_wheel_name() {
     tr -d '\r' <"$TMP_DIR/SHA256SUMS" | awk '
         NF >= 2 && length($1) == 64 {
             name = $2; sub(/^\*/, "", name); sub(/^\.\//, "", name)
-            if (name ~ /^metralectl-[0-9][^-]*-py3-none-any\.whl$/ && !(name in seen)) { seen[name] = 1; n++; w = name }
+            if (name ~ /^metralectl_cockpit-[0-9][^-]*-py3-none-any\.whl$/ && !(name in seen)) { seen[name] = 1; n++; w = name }
         }
         END { if (n == 1) print w }'
 }
@@ -453,7 +453,7 @@ check_bin_link_free() {
         case "$cb_target" in "$DATA_DIR"/*) return 0 ;; esac
         die "$BIN_LINK already exists and points to $cb_target, which this installer did not install: remove it first (or set METRALECTL_INSTALL_DIR)"
     elif [ -e "$BIN_LINK" ]; then
-        die "$BIN_LINK already exists and was not installed by this installer (pip install --user?): remove it first (pip uninstall metralectl), or set METRALECTL_INSTALL_DIR"
+        die "$BIN_LINK already exists and was not installed by this installer (pip install --user?): remove it first (pip uninstall metralectl-cockpit), or set METRALECTL_INSTALL_DIR"
     fi
 }
 
@@ -991,7 +991,7 @@ install() {
         die "could not download $BASE_URL/SHA256SUMS: refusing to install anything unverified"
     WHEEL=$(sums_wheel_name)
     [ -n "$WHEEL" ] || die "SHA256SUMS lists no single metralectl wheel: not a metralectl release"
-    VERSION=${WHEEL#metralectl-}
+    VERSION=${WHEEL#metralectl_cockpit-}
     VERSION=${VERSION%%-*}
     LOCK="metralectl-$VERSION-$PLATFORM.lock.txt"
     fetch_verified "$WHEEL"

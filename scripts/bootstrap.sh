@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Set up a development machine (or CI) from nothing: system packages the integration tests use,
-# then metralectl itself (editable, with test extras). Safe to run again.
+# then a project virtual environment (.venv, or $METRALECTL_VENV) holding metralectl itself (editable,
+# with test extras) and the real-engine tests' packages. Safe to run again.
+#
+# The venv, not the system Python: DGX OS / Ubuntu 24.04 refuse pip installs there (PEP 668,
+# "externally-managed-environment"), and test tools must not land in a user's environment.
+# A user does not need this script: install/install.sh or `uv tool install metralectl-cockpit`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +35,8 @@ command -v chromedriver >/dev/null || need+=(chromium-driver)
 command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
+# python3-venv: Debian/Ubuntu ship `venv` without ensurepip; the project venv needs it
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if as_root true 2>/dev/null; then
     as_root apt-get update -qq
@@ -45,6 +52,10 @@ fi
 # leaves them out (those tests then skip, except under CI where they fail).
 realengines=(-r tests/realengines/requirements.txt)
 [ "${METRALECTL_SKIP_REALENGINES:-}" = 1 ] && realengines=()
-python3 -m pip install -q --disable-pip-version-check -e '.[test]' "${realengines[@]}"
-command -v pyenv >/dev/null && pyenv rehash || true   # expose the new `metralectl` through pyenv's shims
-echo "bootstrap: done ($(python3 -m metralectl --version))" >&2
+VENV=${METRALECTL_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
+  rm -rf "$VENV"
+  python3 -m venv "$VENV" || { echo "bootstrap: could not create $VENV (Debian/Ubuntu: apt install python3-venv)" >&2; exit 1; }
+fi
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' "${realengines[@]}"
+echo "bootstrap: done ($("$VENV/bin/metralectl" --version) in $VENV; tests: $VENV/bin/python -m pytest)" >&2

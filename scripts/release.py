@@ -7,7 +7,7 @@
 
 The release is one flat directory, the layout the installers download from:
 
-    metralectl-<version>-py3-none-any.whl
+    metralectl_cockpit-<version>-py3-none-any.whl
     metralectl-<version>-<platform>.lock.txt     one per platform in PLATFORMS
     install.sh, install.ps1                      the installers of this very release
     SHA256SUMS                                   "<sha256>  <name>" for every file above
@@ -240,7 +240,7 @@ def build_wheel(out: Path) -> Path:
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         die(f"building the wheel failed:\n{done.stdout}{done.stderr}")
-    wheels = list(out.glob("metralectl-*.whl"))
+    wheels = list(out.glob("metralectl_cockpit-*.whl"))
     if len(wheels) != 1:
         die(f"expected one wheel in {out}, found {wheels}")
     return wheels[0]
@@ -250,7 +250,7 @@ def check_wheel(wheel: Path, ver: str) -> None:
     """The wheel must carry the data directories and the console script: `uvx metralectl list`."""
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-        entry_points = zf.read(f"metralectl-{ver}.dist-info/entry_points.txt").decode()
+        entry_points = zf.read(f"metralectl_cockpit-{ver}.dist-info/entry_points.txt").decode()
     for kind in ("engine", "kernels", "images", "recipes"):
         if not any(n.startswith(f"metralectl/_data/{kind}/") for n in names):
             die(f"{wheel.name} lacks metralectl/_data/{kind}/")
@@ -279,7 +279,7 @@ def cmd_build(args: argparse.Namespace) -> None:
     out.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp:
         wheel = build_wheel(Path(tmp))
-        if wheel.name != f"metralectl-{ver}-py3-none-any.whl":
+        if wheel.name != f"metralectl_cockpit-{ver}-py3-none-any.whl":
             die(f"hatchling built {wheel.name}, expected version {ver}")
         check_wheel(wheel, ver)
         shutil.copy2(wheel, out / wheel.name)

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The tools installed beside the interpreter running the tests (the project venv's metralectl, uv,
+# pipx, mypy) are found by name, as in an activated venv: README's test command is
+# `.venv/bin/python -m pytest`, with nothing activated.
+_BIN = os.path.dirname(sys.executable)
+if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 
 @pytest.fixture(autouse=True)

@@ -45,7 +45,7 @@ git -C "$SRC_REPO" archive "$commit" | tar -x -C "$tmp"
 rm -rf "$KIT/wheels"
 mkdir -p "$KIT/wheels"
 "${PIP[@]}" wheel -q --no-deps "$tmp" -w "$KIT/wheels"
-ours=("$KIT"/wheels/metralectl-*.whl)
+ours=("$KIT"/wheels/metralectl_cockpit-*.whl)
 
 rm -rf "$KIT/wheels-top"
 if [ -n "${METRALECTL_TOP_SRC:-}" ]; then

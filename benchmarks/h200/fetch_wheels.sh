@@ -19,7 +19,7 @@ rm -rf "$DEST"
 mkdir -p "$DEST"
 echo "fetch_wheels: building the metralectl wheel from this tree" >&2
 "${PIP[@]}" wheel -q --no-deps . -w "$DEST"
-ours=("$DEST"/metralectl-*.whl)
+ours=("$DEST"/metralectl_cockpit-*.whl)
 
 echo "fetch_wheels: downloading the serving stack, metralectl's dependencies and AIPerf's runtime set" >&2
 # One resolve for all three groups, so the versions agree with each other. accelerate goes without

@@ -145,7 +145,7 @@ if [ ! -x "$VENV/bin/metralectl" ]; then
   PARENT_SITE="$("$PYTHON" -c 'import site, sys; print(site.getsitepackages()[0] if sys.prefix != sys.base_prefix else "")')"
   [ -n "$PARENT_SITE" ] && "$VENV/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/parent-site.pth', 'w').write(sys.argv[1] + '\n')" "$PARENT_SITE"
   PIPI=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$KIT/wheels")
-  step install 180 "${PIPI[@]}" "$KIT"/wheels/metralectl-*.whl || exit 1
+  step install 180 "${PIPI[@]}" "$KIT"/wheels/metralectl_cockpit-*.whl || exit 1
   # gguf's needs (numpy, pyyaml, tqdm) are the device's own: no resolve against the carried wheels
   step install-gguf 60 "${PIPI[@]}" --no-deps "$KIT"/wheels/gguf-*.whl || exit 1
 fi
@@ -184,13 +184,13 @@ grep -iE "offload|CUDA0|flash_attn|n_ctx|n_slots|model size|kv_unified" "$RES/se
 # `top` from another metralectl when the kit carries one (wheels-top/: e.g. main's, with the engine metrics
 # mapping), in its own venv; the load generator stays the kit's own
 TOP=("$VENV/bin/metralectl")
-if compgen -G "$KIT/wheels-top/metralectl-*.whl" >/dev/null; then
+if compgen -G "$KIT/wheels-top/metralectl_cockpit-*.whl" >/dev/null; then
   if [ ! -x "$WORK/venv-top/bin/metralectl" ]; then
     step venv-top 120 "$PYTHON" -m venv --system-site-packages "$WORK/venv-top" || exit 1
     [ -n "${PARENT_SITE:-}" ] || PARENT_SITE="$("$PYTHON" -c 'import site, sys; print(site.getsitepackages()[0] if sys.prefix != sys.base_prefix else "")')"
     [ -n "$PARENT_SITE" ] && "$WORK/venv-top/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/parent-site.pth', 'w').write(sys.argv[1] + '\n')" "$PARENT_SITE"
     step install-top 180 "$WORK/venv-top/bin/python" -m pip install -q --disable-pip-version-check --no-index \
-      --find-links "$KIT/wheels" "$KIT"/wheels-top/metralectl-*.whl || exit 1
+      --find-links "$KIT/wheels" "$KIT"/wheels-top/metralectl_cockpit-*.whl || exit 1
   fi
   TOP=("$WORK/venv-top/bin/metralectl")
 fi

@@ -105,7 +105,7 @@ step install-serve 180 "${PIPI[@]}" -r "$WORK/serve-requirements.txt" || exit 1
 if ! "$VENV/bin/python" -c "import accelerate" 2>/dev/null; then
   step install-accelerate 60 "${PIPI[@]}" --no-deps accelerate || exit 1
 fi
-ours=("$WHEELS"/metralectl-*.whl)
+ours=("$WHEELS"/metralectl_cockpit-*.whl)
 step install-metralectl 180 "${PIPI[@]}" "${ours[0]}" || exit 1
 if [ "$DO_AIPERF" = 1 ]; then
   step install-aiperf 180 bash -c "$(printf '%q ' "${PIPI[@]}") --no-deps aiperf==0.13.0 && \

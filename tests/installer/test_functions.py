@@ -73,11 +73,11 @@ def test_sums_lookup(sh, sums: str, expected: str) -> None:
 
 def test_sums_wheel_name(sh) -> None:
     (sh.tmp / "SHA256SUMS").write_text(
-        f"{DIGEST}  install.sh\r\n{DIGEST.upper()} *metralectl-1.2.3-py3-none-any.whl\r\n"
+        f"{DIGEST}  install.sh\r\n{DIGEST.upper()} *metralectl_cockpit-1.2.3-py3-none-any.whl\r\n"
         f"{DIGEST}  metralectl-1.2.3-linux-x86_64.lock.txt\r\n"
     )
-    assert sh(f'TMP_DIR="{sh.tmp}"; sums_wheel_name').stdout == "metralectl-1.2.3-py3-none-any.whl\n"
-    (sh.tmp / "SHA256SUMS").write_text(f"{DIGEST}  metralectl-1.2.3-py3-none-any.whl\n{DIGEST}  metralectl-1.2.4-py3-none-any.whl\n")
+    assert sh(f'TMP_DIR="{sh.tmp}"; sums_wheel_name').stdout == "metralectl_cockpit-1.2.3-py3-none-any.whl\n"
+    (sh.tmp / "SHA256SUMS").write_text(f"{DIGEST}  metralectl_cockpit-1.2.3-py3-none-any.whl\n{DIGEST}  metralectl_cockpit-1.2.4-py3-none-any.whl\n")
     assert sh(f'TMP_DIR="{sh.tmp}"; sums_wheel_name').stdout == ""
 
 

@@ -184,7 +184,7 @@ def test_install_dir_tilde_and_no_agent(make_box) -> None:
 
 
 def test_uvx_runs_list_from_the_wheel(release_dir: Path, wheel_cache: Path, tmp_path: Path) -> None:
-    """SPEC §6: `uvx metralectl list` with no install: the wheel alone carries the catalog."""
+    """SPEC §6: `uvx --from metralectl-cockpit metralectl list` with no install: the wheel alone carries the catalog."""
     uvx = shutil.which("uvx")
     if not uvx:
         pytest.skip("uv is not installed (optional: python3 -m pip install uv)")

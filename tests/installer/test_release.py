@@ -26,7 +26,7 @@ release = load_release_module()
 def test_layout_and_sums(release_dir: Path) -> None:
     version = release.version()
     expected = {
-        f"metralectl-{version}-py3-none-any.whl",
+        f"metralectl_cockpit-{version}-py3-none-any.whl",
         "install.sh",
         "install.ps1",
         "SHA256SUMS",
@@ -54,14 +54,14 @@ def test_version_has_one_source(release_dir: Path) -> None:
     init = (REPO / "metralectl" / "__init__.py").read_text()
     version = re.search(r'__version__ = "([^"]+)"', init).group(1)  # type: ignore[union-attr]
     assert 'path = "metralectl/__init__.py"' in (REPO / "pyproject.toml").read_text()
-    wheel = release_dir / f"metralectl-{version}-py3-none-any.whl"
+    wheel = release_dir / f"metralectl_cockpit-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as zf:
-        metadata = zf.read(f"metralectl-{version}.dist-info/METADATA").decode()
+        metadata = zf.read(f"metralectl_cockpit-{version}.dist-info/METADATA").decode()
     assert f"\nVersion: {version}\n" in metadata
 
 
 def test_wheel_carries_the_data_dirs(release_dir: Path) -> None:
-    """`uvx metralectl list` works from the wheel alone: the catalog data is inside it."""
+    """`uvx --from metralectl-cockpit metralectl list` works from the wheel alone: the catalog data is inside it."""
     wheel = next(release_dir.glob("*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
