@@ -72,13 +72,19 @@ def agent(
 
 
 @agent_app.command("url")
-def url(port: int = typer.Option(None, "--port", help="The agent's port (default: the running agent's, else 8897).")) -> None:
+def url(port: int = typer.Option(None, "--port", help="The agent's port (default: the running agent's, else 8897)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON: the address and whether an agent is recorded.")) -> None:
     """Print the control-plane page's address with the API token (open it in a browser on this machine)."""
     from metralectl.agent.service import page_url, read_state
 
-    if read_state() is None:
+    recorded = read_state() is not None
+    if not recorded:
         note(style("note: no running agent recorded; start one with `metralectl agent`", "33", sys.stderr))
-    print(page_url(port=port))
+    address = page_url(port=port)
+    if as_json:
+        print(json.dumps({"url": address, "agent_recorded": recorded}))
+        return
+    print(address)
 
 
 def register(app: typer.Typer) -> None:

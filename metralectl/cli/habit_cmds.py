@@ -10,14 +10,19 @@ from typing import Any
 
 import typer
 
-from metralectl import __version__
+from metralectl import DISTRIBUTION, __version__
 
 SHELLS = ("bash", "zsh", "fish")
 COMPLETE_VAR = "_METRALECTL_COMPLETE"  # what Click derives from the program's name; the scripts set it
 
 
-def version() -> None:
+def version(as_json: bool = typer.Option(False, "--json", help="Print JSON: the version and the distribution name.")) -> None:
     """Print the version (same as --version)."""
+    if as_json:
+        import json
+
+        print(json.dumps({"command": "metralectl", "version": __version__, "distribution": DISTRIBUTION}))
+        return
     print(f"metralectl {__version__}")
 
 

@@ -103,25 +103,35 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 
 
 @peer_app.command("revoke")
-def revoke(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT")) -> None:
+def revoke(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT"),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Forget a peer: its requests and its signed records are no longer accepted."""
     from metralectl.seams.identity import parse_fingerprint
     from metralectl.peers.store import PeerStore
 
     peer = PeerStore().revoke(parse_fingerprint(fingerprint))
+    if as_json:
+        print(json.dumps({"revoked": peer.fingerprint, "name": peer.name, "address": peer.address}))
+        return
     print(f"revoked {peer.fingerprint} ({shown(peer.name) or '?'} at {shown(peer.address) or '?'})")
 
 
 @peer_app.command("grant-bench")
-def grant_bench(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT", help="The peer's fingerprint (its `metralectl id`).")) -> None:
+def grant_bench(fingerprint: str = typer.Argument(..., metavar="FINGERPRINT", help="The peer's fingerprint (its `metralectl id`)."),
+                as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Let that peer run benchmarks on this box (bench.yaml must have bench enabled)."""
     from metralectl.seams.identity import parse_fingerprint
     from metralectl.peers.config import load_bench_config
     from metralectl.peers.store import PeerStore
 
     peer, how = PeerStore().grant(parse_fingerprint(fingerprint), "bench")
-    print(f"{how}: {peer.fingerprint} ({shown(peer.name) or '?'})")
-    if not load_bench_config().enabled:
+    enabled = load_bench_config().enabled
+    if as_json:
+        print(json.dumps({"fingerprint": peer.fingerprint, "name": peer.name, "granted": "bench", "result": how,
+                          "bench_enabled": enabled}))  # fmt: skip
+    else:
+        print(f"{how}: {peer.fingerprint} ({shown(peer.name) or '?'})")
+    if not enabled:
         note(style("note: bench is not enabled on this node: `metralectl peer bench-config --enable`", "33", sys.stderr))
 
 
@@ -133,6 +143,7 @@ def bench_config(
     disk_floor: float = typer.Option(None, "--disk-floor", min=0, help="GB of free disk below which units are refused."),
     disk_path: str = typer.Option(None, "--disk-path", help="Where free disk is measured (default: the HF cache)."),
     endpoint: str = typer.Option(None, "--endpoint", help="What units benchmark (default: what metralectl serves here; '' resets)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (the same keys as bench.yaml)."),
 ) -> None:
     """Show this node's bench.yaml; with options, change it."""
     from dataclasses import replace
@@ -166,6 +177,9 @@ def bench_config(
         note(f"wrote {paths.display(save_bench_config(config))}")
     elif not config.exists:
         note(f"no {paths.display(bench_path())} yet: these are the defaults")
+    if as_json:
+        print(json.dumps(config.to_yaml_dict(), indent=2, default=str))
+        return
     print(yaml.safe_dump(config.to_yaml_dict(), sort_keys=False), end="")
 
 

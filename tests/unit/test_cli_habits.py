@@ -151,3 +151,64 @@ def test_fish_sources_the_script_and_completes(on_path: dict[str, str]) -> None:
 def test_completion_refuses_an_unknown_shell() -> None:
     out = cli("completion", "tcsh")
     assert out.returncode == ExitCode.USAGE and "bash, zsh, fish" in out.stderr and out.stdout == ""
+
+
+# Commands whose output is already a document in its own format, or a screen: no JSON form.
+NO_JSON = {("logs",): "the engine's own log text", ("tui",): "a screen", ("completion",): "a shell script",
+           ("bench", "export"): "CSV/JSONL by --csv"}
+
+
+def _leaf_commands() -> list[tuple[tuple[str, ...], set[str]]]:
+    import click
+    import typer.main
+
+    from metralectl.cli.main import app
+
+    found: list[tuple[tuple[str, ...], set[str]]] = []
+
+    def walk(command: click.Command, path: tuple[str, ...]) -> None:
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                walk(sub, (*path, name))
+        else:
+            found.append((path, {o for p in command.params for o in getattr(p, "opts", [])}))
+
+    walk(typer.main.get_command(app), ())
+    return found
+
+
+def test_every_command_that_prints_data_has_json() -> None:
+    leaves = _leaf_commands()
+    assert len(leaves) > 30
+    missing = [" ".join(path) for path, opts in leaves if "--json" not in opts and path not in NO_JSON]
+    assert not missing, f"commands without --json: {missing}"
+
+
+def test_version_json_names_the_distribution() -> None:
+    out = cli("version", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"command": "metralectl", "version": cli("--version").stdout.split()[-1],
+                                      "distribution": "metralectl-cockpit"}  # fmt: skip
+
+
+def test_agent_url_json_without_an_agent() -> None:
+    out = cli("agent", "url", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["agent_recorded"] is False and data["url"].startswith("http://127.0.0.1:")
+    assert "no running agent recorded" in out.stderr
+
+
+def test_peer_bench_config_json_is_the_yaml_keys() -> None:
+    shown_yaml = cli("peer", "bench-config")
+    out = cli("peer", "bench-config", "--json")
+    assert out.returncode == 0 and shown_yaml.returncode == 0, out.stderr
+    import yaml
+
+    assert json.loads(out.stdout) == json.loads(json.dumps(yaml.safe_load(shown_yaml.stdout), default=str))
+
+
+def test_peer_revoke_json_of_an_unknown_peer_is_an_error_not_json() -> None:
+    out = cli("peer", "revoke", "--json", "SHA256:" + "A" * 43)
+    assert out.returncode != 0 and out.stdout == "", out.stdout
+    assert "Traceback" not in out.stderr
