@@ -346,6 +346,20 @@ def test_stop_and_swap_ask_first_and_stay_inside_their_cards(browser: Any, serve
         time.sleep(1.0)
         assert served.jobs() == before and served.serving() == [(long, "running")], leave
 
+    # -- Confirmed while another metralectl holds the lifecycle lock: sent, refused, said on the page -----
+    from metralectl.seams.store import lifecycle_lock
+
+    with lifecycle_lock("swap by the operator's CLI", path=box.home / "metralectl-lifecycle.lock"):
+        click_in_row(page, "#serving", long)
+        wait_for(page, 5, lambda d: dialog(d)["open"], "Stop did not ask")
+        page.find_element("id", "confirm-go").click()
+        refusal = wait_for(page, 10, lambda d: d.find_element("id", "action-error").is_displayed() and
+                           d.find_element("id", "action-error-text").text, "the refusal was not shown")
+        assert refusal.startswith("stop refused: busy: swap by the operator's CLI (pid "), refusal
+        assert served.jobs() == before and served.serving() == [(long, "running")]
+    logged = [e["message"] for e in page.get_log("browser") if e.get("level") == "SEVERE"]
+    assert all("/api/stop - Failed to load resource" in m and "409" in m for m in logged), logged  # that refusal
+
     # -- Swap asks, naming what stops and what starts; Confirm sends it -----------------------------------
     click_in_row(page, "#recipes", other)
     shown = wait_for(page, 5, lambda d: (s := dialog(d))["open"] and s, "Swap did not ask")
@@ -357,6 +371,7 @@ def test_stop_and_swap_ask_first_and_stay_inside_their_cards(browser: Any, serve
     page.find_element("id", "confirm-go").click()
     wait_for(page, 5, lambda d: not dialog(d)["open"], "Confirm did not close the question")
     served.wait_jobs_finished(2)
+    assert not page.find_element("id", "action-error").is_displayed()  # the next accepted change clears it
     assert served.jobs() == [("run", long, "done"), ("swap", other, "done")], served.job(1)
     assert served.serving() == [(other, "running")]
 

@@ -55,11 +55,19 @@ async function post(path, body) {
   const answer = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
   if (r.status === 401) { token = ""; sessionStorage.removeItem("metralectl-token"); }
   if (!r.ok) {
-    alert(`${clean(answer.error || r.status, TEXT_LIMIT)}${answer.hint ? "\n\nhint: " + clean(answer.hint, TEXT_LIMIT) : ""}`);
+    showActionError(`${path.replace("/api/", "")} refused: ${answer.error || r.status}${answer.hint ? " — hint: " + answer.hint : ""}`);
     renderToken();
     return null;
   }
+  showActionError("");
   return answer;
+}
+
+// A refusal (busy: the lock is held; a bad request) is shown on the page, not in an alert() that a
+// browser may suppress.
+function showActionError(text) {
+  $("#action-error").hidden = !text;
+  setText($("#action-error-text"), text);
 }
 
 function ago(unix) {
@@ -318,6 +326,7 @@ document.addEventListener("DOMContentLoaded", () => {
     if (v) { token = v; sessionStorage.setItem("metralectl-token", v); $("#token-input").value = ""; renderToken(); }
   });
   setUpConfirm();
+  $("#action-error-close").addEventListener("click", () => showActionError(""));
   refreshAgent().catch(() => {});
   every(2000, refreshCapability);
   every(3000, refreshServing);
