@@ -188,6 +188,12 @@ class Served:
         job_id = self.agent.jobs()[index]["id"]
         return dict(httpx.get(f"{self.origin}/api/jobs/{job_id}", trust_env=False, timeout=10).json())
 
+    def post(self, kind: str, recipe: str) -> None:
+        """A change through the agent's API, as another client (the CLI) sends it."""
+        answer = httpx.post(f"{self.origin}/api/{kind}", json={"recipe": recipe}, trust_env=False, timeout=10,
+                            headers={"Authorization": f"Bearer {self.token}"})
+        assert answer.status_code == 202, answer.text
+
     def wait_jobs_finished(self, count: int, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -386,6 +392,24 @@ def test_stop_and_swap_ask_first_and_stay_inside_their_cards(browser: Any, serve
     wait_for(page, 15, lambda d: job_log(d)["state"] == "done" and job_log(d)["title"] == f"stop {other}",
              "the page did not follow the stop job", lambda: job_log(page))
     assert any(row[:2] == ["stop container", "stopping"] for row in job_log(page)["rows"]), job_log(page)
+
+    # -- What serves changes while the dialog is open: Confirm shows the new state and asks again -------
+    served.post("run", long)
+    served.wait_jobs_finished(4)
+    click_in_row(page, "#serving", long)
+    wait_for(page, 5, lambda d: dialog(d)["open"], "Stop did not ask")
+    served.post("stop", long)  # another client stops it meanwhile
+    served.wait_jobs_finished(5)
+    wait_for(page, 15, lambda d: button_in_row(d, "#serving", long) is None, "the page did not see the stop")
+    page.find_element("id", "confirm-go").click()
+    shown = dialog(page)
+    assert shown["open"] and shown["stops"] == [f"nothing: {long} no longer serves"], shown
+    assert page.find_element("id", "confirm-note").is_displayed()
+    time.sleep(1.0)
+    assert len(served.jobs()) == 5  # nothing sent
+    page.find_element("id", "confirm-cancel").click()
+    wait_for(page, 5, lambda d: not dialog(d)["open"], "Cancel did not close the question")
+    assert served.jobs()[3:] == [("run", long, "done"), ("stop", long, "done")]
     assert_no_page_errors(page)
 
 

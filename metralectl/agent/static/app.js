@@ -202,11 +202,15 @@ let pending = null;  // {path, body, describe: () => {title, stops, starts}, key
 function servingKey() { return serving.map((s) => `${s.recipe}\u0000${s.name}\u0000${s.state}`).sort().join("\n"); }
 
 function askStop(x) {
-  ask("stop", "/api/stop", { recipe: x.recipe }, "Confirm stop", () => ({
-    title: `Stop ${x.recipe}?`,
-    stops: [`${x.recipe} (container ${x.name}${x.endpoint ? ", " + x.endpoint : ""}): stopped and removed`],
-    starts: ["nothing: no model will be served"],
-  }));
+  ask("stop", "/api/stop", { recipe: x.recipe }, "Confirm stop", () => {
+    const now = serving.filter((s) => s.recipe === x.recipe);
+    return {
+      title: `Stop ${x.recipe}?`,
+      stops: now.length ? now.map((s) => `${s.recipe} (container ${s.name}${s.endpoint ? ", " + s.endpoint : ""}): stopped and removed`)
+        : [`nothing: ${x.recipe} no longer serves`],
+      starts: ["nothing: no model will be served"],
+    };
+  });
 }
 
 function askSwap(recipe) {
