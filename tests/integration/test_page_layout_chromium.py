@@ -256,6 +256,7 @@ def open_page(driver: Any, served: Served, width: int = 1280, height: int = 800)
 
 def test_job_log_names_steps_and_shows_what_the_engine_says_as_text(browser: Any, served: Served) -> None:  # noqa: F811
     page = browser
+    page.get("about:blank")  # the last test's page (its agent gone) stops polling before the log is drained
     page.get_log("browser")
     hostile = served.box.recipe("hostile", image="hostile")
     open_page(page, served)
@@ -291,6 +292,7 @@ def test_job_log_names_steps_and_shows_what_the_engine_says_as_text(browser: Any
 def test_stop_and_swap_ask_first_and_stay_inside_their_cards(browser: Any, served: Served,  # noqa: F811
                                                               tmp_path: Path) -> None:
     page = browser
+    page.get("about:blank")  # the last test's page (its agent gone) stops polling before the log is drained
     page.get_log("browser")
     box = served.box
     long = box.recipe("served-under-a-long-recipe-name-that-pushed-stop-off-th")  # 64 characters

@@ -183,5 +183,8 @@ def test_the_agent_serves_safetext_js(tmp_path: Path) -> None:
         answer = httpx.get(f"http://127.0.0.1:{server.port}/safetext.js", trust_env=False)
         assert answer.status_code == 200 and "javascript" in answer.headers["content-type"]
         assert answer.content == (STATIC / "safetext.js").read_bytes()
+        joblog = httpx.get(f"http://127.0.0.1:{server.port}/joblog.js", trust_env=False)  # the job log's rows
+        assert joblog.status_code == 200 and "javascript" in joblog.headers["content-type"]
+        assert joblog.content == (STATIC / "joblog.js").read_bytes()
     finally:
         server.stop()
