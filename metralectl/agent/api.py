@@ -55,8 +55,8 @@ PAGE_HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
 }
 STOP_GRACE_S = 60.0  # how long stopping the agent waits for a cancelled job's cleanup
-STATIC = {"/": "index.html", "/index.html": "index.html", "/safetext.js": "safetext.js", "/app.js": "app.js",
-          "/app.css": "app.css"}
+STATIC = {"/": "index.html", "/index.html": "index.html", "/safetext.js": "safetext.js", "/joblog.js": "joblog.js",
+          "/app.js": "app.js", "/app.css": "app.css"}
 
 
 def events_query(query: str) -> tuple[int, float]:

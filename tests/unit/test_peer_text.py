@@ -161,12 +161,14 @@ def test_the_page_writes_text_only_through_clean() -> None:
     raw_writes = [line for line in app.splitlines() if re.search(r"\.(textContent|innerText)\s*=", line)]
     assert raw_writes == [
         'function setText(node, text) { node.textContent = clean(text, TEXT_LIMIT); }',
-        '  $("#job-events").textContent = (currentJob.events || []).map((e) =>  // one cleaned line per event',
     ]
     assert "innerHTML" not in app and "insertAdjacentHTML" not in app and "document.write" not in app
+    joblog = [line.split("//")[0] for line in (STATIC / "joblog.js").read_text().splitlines()]  # code, not comments
+    assert not [line for line in joblog if re.search(r"innerHTML|insertAdjacentHTML|document\.|textContent|innerText",
+                                                     line)]  # the job log's rows are values; app.js's el() writes them
     assert "document.createTextNode(clean(c, TEXT_LIMIT))" in app
     page = (STATIC / "index.html").read_text()
-    assert page.index('src="/safetext.js"') < page.index('src="/app.js"')
+    assert page.index('src="/safetext.js"') < page.index('src="/joblog.js"') < page.index('src="/app.js"')
 
 
 def test_the_agent_serves_safetext_js(tmp_path: Path) -> None:
@@ -181,5 +183,8 @@ def test_the_agent_serves_safetext_js(tmp_path: Path) -> None:
         answer = httpx.get(f"http://127.0.0.1:{server.port}/safetext.js", trust_env=False)
         assert answer.status_code == 200 and "javascript" in answer.headers["content-type"]
         assert answer.content == (STATIC / "safetext.js").read_bytes()
+        joblog = httpx.get(f"http://127.0.0.1:{server.port}/joblog.js", trust_env=False)  # the job log's rows
+        assert joblog.status_code == 200 and "javascript" in joblog.headers["content-type"]
+        assert joblog.content == (STATIC / "joblog.js").read_bytes()
     finally:
         server.stop()

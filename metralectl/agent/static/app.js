@@ -55,11 +55,19 @@ async function post(path, body) {
   const answer = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
   if (r.status === 401) { token = ""; sessionStorage.removeItem("metralectl-token"); }
   if (!r.ok) {
-    alert(`${clean(answer.error || r.status, TEXT_LIMIT)}${answer.hint ? "\n\nhint: " + clean(answer.hint, TEXT_LIMIT) : ""}`);
+    showActionError(`${path.replace("/api/", "")} refused: ${answer.error || r.status}${answer.hint ? " — hint: " + answer.hint : ""}`);
     renderToken();
     return null;
   }
+  showActionError("");
   return answer;
+}
+
+// A refusal (busy: the lock is held; a bad request) is shown on the page, not in an alert() that a
+// browser may suppress.
+function showActionError(text) {
+  $("#action-error").hidden = !text;
+  setText($("#action-error-text"), text);
 }
 
 function ago(unix) {
@@ -109,10 +117,9 @@ async function refreshServing() {
 
 function renderServing() {
   $("#serving tbody").replaceChildren(...serving.map((x) => el("tr", {},
-    el("td", {}, x.recipe), el("td", {}, x.name), el("td", {}, x.state), el("td", {}, x.health),
-    el("td", {}, x.uptime), el("td", {}, x.endpoint),
-    el("td", {}, el("button", { class: "danger", ...actionAttrs(() => act("/api/stop", { recipe: x.recipe })) },
-      "Stop")))));
+    el("td", { title: x.recipe }, x.recipe), el("td", { title: x.name }, x.name), el("td", { class: "short" }, x.state),
+    el("td", { class: "short" }, x.health), el("td", { class: "short" }, x.uptime), el("td", { title: x.endpoint }, x.endpoint),
+    el("td", { class: "action" }, el("button", { class: "danger", ...actionAttrs(() => askStop(x)) }, "Stop")))));
 }
 
 // -- recipes ------------------------------------------------------------------------------------
@@ -133,12 +140,14 @@ function renderRecipeButtons() {
     const isServed = serving.some((s) => s.recipe === x.name && s.state.startsWith("running"));
     const action = serving.length ? ["Swap to", "/api/swap"] : ["Run", "/api/run"];
     return el("tr", {},
-      el("td", {}, x.name), el("td", {}, x.model), el("td", {}, x.quant), el("td", {}, x.hardware),
-      el("td", { class: x.fits === false ? "bad" : x.fits ? "ok" : "muted", title: x.fits_reason || "" },
+      el("td", { title: x.name }, x.name), el("td", { title: x.model }, x.model), el("td", { class: "short" }, x.quant),
+      el("td", { class: "short" }, x.hardware),
+      el("td", { class: `short ${x.fits === false ? "bad" : x.fits ? "ok" : "muted"}`, title: x.fits_reason || "" },
         x.fits === null ? "?" : x.fits ? "yes" : "no"),
-      el("td", {}, x.weights), el("td", {}, x.validated_tok_s ?? "-"),
-      el("td", {}, isServed ? el("span", { class: "ok" }, "serving")
-        : el("button", actionAttrs(() => act(action[1], { recipe: x.name }), busy), action[0])));
+      el("td", { class: "short" }, x.weights), el("td", { class: "short" }, x.validated_tok_s ?? "-"),
+      el("td", { class: "action" }, isServed ? el("span", { class: "ok" }, "serving")
+        : el("button", actionAttrs(() => (serving.length ? askSwap(x.name) : act(action[1], { recipe: x.name })), busy),
+          action[0])));
   }));
 }
 
@@ -150,28 +159,107 @@ async function act(path, body) {
 
 const FINISHED = ["done", "failed", "cancelled"];
 
-function progressText(p) {
-  if (!p || typeof p !== "object") return "";
-  const done = p.done ?? p.current, total = p.total;  // weights.PullEvent / images.LayerProgress
-  const what = [p.repo || p.ref || "", p.layer || "", p.phase || p.status || ""].filter(Boolean).join(" ");
-  return total ? `${what} ${Math.round((100 * (done || 0)) / total)} %` : what;
-}
-
+// Followed until it ends; a failed poll (the agent restarting, a dropped connection) is retried, never
+// the end of following.
 async function followJob() {
   if (!currentJob) return;
-  const j = await getJSON(`/api/jobs/${encodeURIComponent(currentJob.id)}`);
-  if (!j.error) currentJob = j;
+  try {
+    // By the status, not by an "error" key: a failed job's own answer carries its error.
+    const r = await fetch(`/api/jobs/${encodeURIComponent(currentJob.id)}`, { cache: "no-store", credentials: "same-origin" });
+    if (r.ok) currentJob = await r.json();
+  } catch (e) {
+    console.warn(`following job ${currentJob.id}: ${e}`);
+  }
+  showJob();
+  if (!FINISHED.includes(currentJob.state)) setTimeout(followJob, 1000);
+  else refreshServing();
+}
+
+function showJob() {
   $("#job-card").hidden = false;
   setText($("#job-title"), `${currentJob.kind} ${currentJob.target || ""}`);
   setText($("#job-state"), currentJob.state + (currentJob.error ? `: ${currentJob.error}` : "") +
     (currentJob.hint ? ` (hint: ${currentJob.hint})` : ""));
   $("#job-state").className = ["failed", "cancelled"].includes(currentJob.state) ? "error" : currentJob.state === "done" ? "ok" : "";
-  $("#job-events").textContent = (currentJob.events || []).map((e) =>  // one cleaned line per event
-    clean(`${String(e.kind).padEnd(16)} ${e.detail || e.line || e.message || e.name || e.phase || progressText(e.progress)}`,
-      TEXT_LIMIT)).join("\n");
+  renderJobLog(currentJob.events || []);
   renderRecipeButtons();
-  if (!FINISHED.includes(currentJob.state)) setTimeout(followJob, 1000);
-  else refreshServing();
+}
+
+// One row per event (joblog.js): the step, a human label, the detail — each a text node (el() cleans it).
+function renderJobLog(events) {
+  const box = $("#job-events");
+  const stick = box.scrollTop + box.clientHeight >= box.scrollHeight - 4;  // following the end: keep following
+  box.replaceChildren(...jobLogRows(events).map((r) => el("li", { class: r.failed ? "error" : r.warn ? "warn" : "" },
+    el("span", { class: "step" }, r.step), el("span", { class: "label" }, r.label), el("span", { class: "detail" }, r.detail))));
+  if (stick) box.scrollTop = box.scrollHeight;
+}
+
+// -- confirmation -------------------------------------------------------------------------------
+// Stop and Swap change what serves: they only ask here (an in-page dialog naming what stops and what
+// starts); only its Confirm sends the request. Cancel, Escape or a click outside send nothing.
+let pending = null;  // {path, body, describe: () => {title, stops, starts}, key}
+
+function servingKey() { return serving.map((s) => `${s.recipe}\u0000${s.name}\u0000${s.state}`).sort().join("\n"); }
+
+function askStop(x) {
+  ask("stop", "/api/stop", { recipe: x.recipe }, "Confirm stop", () => {
+    const now = serving.filter((s) => s.recipe === x.recipe);
+    return {
+      title: `Stop ${x.recipe}?`,
+      stops: now.length ? now.map((s) => `${s.recipe} (container ${s.name}${s.endpoint ? ", " + s.endpoint : ""}): stopped and removed`)
+        : [`nothing: ${x.recipe} no longer serves`],
+      starts: ["nothing: no model will be served"],
+    };
+  });
+}
+
+function askSwap(recipe) {
+  ask("swap", "/api/swap", { recipe }, "Confirm swap", () => ({
+    title: `Swap to ${recipe}?`,
+    stops: serving.length ? serving.map((s) => `${s.recipe} (container ${s.name}), after its requests in flight finish`)
+      : ["nothing serves now"],
+    starts: [`${recipe}: it serves once it is ready (if it fails, what served is restored)`],
+  }));
+}
+
+function ask(action, path, body, confirmText, describe) {
+  pending = { path, body, describe, key: servingKey() };
+  const dialog = $("#confirm");
+  dialog.dataset.action = action;
+  setText($("#confirm-go"), confirmText);
+  $("#confirm-note").hidden = true;
+  showPending();
+  if (!dialog.open) dialog.showModal();
+  $("#confirm-cancel").focus();  // the safe button has the focus: Enter does not confirm by accident
+}
+
+function showPending() {
+  const d = pending.describe();
+  setText($("#confirm-title"), d.title);
+  $("#confirm-stops").replaceChildren(...d.stops.map((t) => el("li", {}, t)));
+  $("#confirm-starts").replaceChildren(...d.starts.map((t) => el("li", {}, t)));
+}
+
+function confirmPending() {
+  if (!pending) return;
+  if (servingKey() !== pending.key) {  // what serves changed since the dialog opened: show it, ask again
+    pending.key = servingKey();
+    showPending();
+    $("#confirm-note").hidden = false;
+    return;
+  }
+  const { path, body } = pending;
+  pending = null;
+  $("#confirm").close();
+  act(path, body);
+}
+
+function setUpConfirm() {
+  const dialog = $("#confirm");
+  $("#confirm-go").addEventListener("click", confirmPending);
+  $("#confirm-cancel").addEventListener("click", () => dialog.close());
+  dialog.addEventListener("close", () => { pending = null; });  // Cancel, Escape (the dialog's cancel), Confirm
+  dialog.addEventListener("click", (e) => { if (e.target === dialog) dialog.close(); });  // the backdrop
 }
 
 // -- telemetry ----------------------------------------------------------------------------------
@@ -241,6 +329,8 @@ document.addEventListener("DOMContentLoaded", () => {
     const v = $("#token-input").value.trim();
     if (v) { token = v; sessionStorage.setItem("metralectl-token", v); $("#token-input").value = ""; renderToken(); }
   });
+  setUpConfirm();
+  $("#action-error-close").addEventListener("click", () => showActionError(""));
   refreshAgent().catch(() => {});
   every(2000, refreshCapability);
   every(3000, refreshServing);
