@@ -35,6 +35,7 @@ command -v chromedriver >/dev/null || need+=(chromium-driver)
 command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
+command -v node >/dev/null || need+=(nodejs)   # runs the page's safetext.js and joblog.js in the unit tests
 # python3-venv: Debian/Ubuntu ship `venv` without ensurepip; the project venv needs it
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
