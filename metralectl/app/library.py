@@ -8,6 +8,7 @@ from typing import Any
 from metralectl.seams import machine, weights_state
 from metralectl.core.catalog import Catalog
 from metralectl.core.fit import MemoryEstimate, estimate
+from metralectl.core.hardware import HardwareClass
 from metralectl.core.recipe import Recipe
 
 
@@ -20,6 +21,8 @@ class Target:
     gpu_name: str | None = None
     gpus_seen: tuple[str, ...] = ()  # what the driver lists (none: no NVIDIA GPU on this box)
     nodes: int = 1  # `list` judges one box; a multi-node recipe spans others (`run --worker`)
+    host_ram_gb: float | None = None  # this box's RAM: the budget of a class without an accelerator
+    cpu_arch: str | None = None  # this box's CPU architecture (what a class without an accelerator is judged on)
 
 
 @dataclass(frozen=True)
@@ -52,22 +55,36 @@ class LibraryRow:
 
 
 def choose_target(catalog: Catalog, hardware: str | None) -> Target:
+    ram, arch = machine.host_memory_gb(), machine.cpu_arch()
     if hardware:
-        return Target(hardware, "--hardware")
+        return Target(hardware, "--hardware", host_ram_gb=ram, cpu_arch=arch)
     names = machine.gpu_names()
     found = machine.classify(names, catalog.hardware.values())
     if found:
-        return Target(found, f"detected {names[0]}", names[0], tuple(names))
-    return Target(None, f"none detected ({', '.join(names) or 'no NVIDIA GPU'})", None, tuple(names))
+        return Target(found, f"detected {names[0]}", names[0], tuple(names), host_ram_gb=ram, cpu_arch=arch)
+    return Target(None, f"none detected ({', '.join(names) or 'no NVIDIA GPU'})", None, tuple(names),
+                  host_ram_gb=ram, cpu_arch=arch)
 
 
-def _judge(recipe: Recipe, target: Target, est: MemoryEstimate) -> tuple[bool | None, str]:
+def _judge(recipe: Recipe, hardware: HardwareClass, target: Target, est: MemoryEstimate) -> tuple[bool | None, str]:
     """FITS on this box: every fact that rules the recipe out is named; `?` only when no fact does and the
-    memory estimate (or this box's class) is unknown."""
+    memory estimate (or this box's class) is unknown. A class without an accelerator runs on any box of its CPU
+    architecture, whatever GPU it has (or none): judged on that and on this box's RAM only."""
     against: list[str] = []
     nodes = recipe.resources.nodes
     if nodes > target.nodes:
         against.append(f"needs {nodes} nodes, this is one box (`run --worker` spans them)")
+    if not hardware.has_accelerator:
+        if target.cpu_arch and target.cpu_arch != hardware.cpu_arch:
+            against.append(f"built for {hardware.cpu_arch} CPUs, this box is {target.cpu_arch}")
+        if est.fits is False:
+            against.append(_memory_reason(est) or "the memory estimate exceeds this box's RAM")
+        if against:
+            return False, "; ".join(against)
+        if est.fits is None:
+            unknown = next((p for p in (est.weights, est.kv_pool, est.budget) if p.gb is None), None)
+            return None, f"memory estimate unknown ({unknown.label}: {unknown.basis})" if unknown else "unknown"
+        return True, f"{_memory_reason(est)} of this box's RAM, on the CPU"
     if target.hardware and target.hardware != recipe.hardware:
         against.append(f"built for {recipe.hardware}, this is {target.hardware}")
     elif target.hardware is None and not target.gpus_seen:
@@ -92,10 +109,11 @@ def _memory_reason(est: MemoryEstimate) -> str:
 
 def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
     model = catalog.model_of(recipe)
-    est: MemoryEstimate = estimate(recipe, model, catalog.hardware[recipe.hardware],
+    hardware = catalog.hardware[recipe.hardware]
+    est: MemoryEstimate = estimate(recipe, model, hardware,
                                    target.gpu_name if target.hardware == recipe.hardware else None,
-                                   catalog.engines[recipe.engine].memory_meaning)
-    fits, reason = _judge(recipe, target, est)
+                                   catalog.engines[recipe.engine].memory_meaning, host_ram_gb=target.host_ram_gb)
+    fits, reason = _judge(recipe, hardware, target, est)
     cache = weights_state.checkpoint_state(recipe.checkpoint)
     image = catalog.image_for(recipe)
     return LibraryRow(

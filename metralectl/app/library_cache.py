@@ -32,7 +32,8 @@ def _key(hardware: str | None) -> str:
     from metralectl.seams import machine
 
     parts = [catalog_cache.fingerprint(paths.data_root(), paths.user_data_dir("recipes")),
-             f"hardware={hardware!r}", f"gpus={machine.gpu_names()!r}"]
+             f"hardware={hardware!r}", f"gpus={machine.gpu_names()!r}",
+             f"ram={machine.host_memory_gb()!r}"]
     for name in _CODE:
         try:
             st = os.stat(_PACKAGE / name)

@@ -420,6 +420,10 @@ def _resources(check: Checker, top: dict[str, Any], ctx: _Context, serve: dict[s
     elif not (gpus in ("all", "none") or (isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1)):
         check.error(where + ("gpus",), f"gpus must be all, none or a positive count, not {type_name(gpus)}")
         gpus = None
+    elif gpus != "none" and ctx.hardware is not None and not ctx.hardware.has_accelerator:
+        check.error(where + ("gpus",), f"hardware {ctx.hardware.id} has no accelerator: the engine runs on the CPU",
+                    "write `gpus: none`")
+        gpus = None
     ranks = _ranks(check, body, where, ctx, serve, port)
     multi = ranks is not None and len(ranks) > 1
     if multi and ctx.contract and ctx.contract.multi_rank == "none":

@@ -142,8 +142,10 @@ def _kv_llamacpp(model: ModelInfo, recipe: Recipe) -> Part:
 def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning: str, weights: Part) -> Part:
     """What the engine may use, read the way its memory-utilization is meant (engine_profile.MEMORY_MEANINGS)."""
     if memory is None:
+        if hardware.host_memory:
+            return Part("budget", None, "unknown: this machine's RAM could not be read (/proc/meminfo)")
         return Part("budget", None, f"unknown: memory of {hardware.display_name} not in the data")
-    kind = "unified" if hardware.unified_memory else "GPU"
+    kind = "host RAM" if hardware.host_memory else "unified" if hardware.unified_memory else "GPU"
     if meaning == "none":
         return Part("budget", memory, f"{memory:g} GB {kind} (the engine takes no memory fraction)")
     if meaning == "fraction-of-free-after-weights":
@@ -157,9 +159,10 @@ def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning:
 
 
 def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name: str | None = None,
-             memory_meaning: str = "fraction-of-total") -> MemoryEstimate:
+             memory_meaning: str = "fraction-of-total", host_ram_gb: float | None = None) -> MemoryEstimate:
+    """`host_ram_gb`: this machine's RAM, the budget of a class whose memory is the host's (memory.host-ram)."""
     reserve_mb = recipe.serve.get("oom-guard-mb", 0)
-    memory = hardware.memory_gb(gpu_name)
+    memory = hardware.memory_gb(gpu_name, host_ram_gb)
     ranks = recipe.resources.world_size
     weights = weights_part(model, recipe.checkpoint.repo, recipe.checkpoint.quant)
     budget = _budget(hardware, memory, recipe.resources.memory_utilization, memory_meaning, weights)

@@ -15,8 +15,9 @@ from typing import Any
 from metralectl.core.schema import Checker
 from metralectl.core.yamlsrc import Document
 
-_HW_KEYS = ("schema", "id", "display-name", "inherits", "vendor", "arch", "cpu-arch", "gpu-names", "memory",
-            "defaults", "boot-timeout-s", "thermal", "image", "multi-node")
+_HW_KEYS = ("schema", "id", "display-name", "inherits", "vendor", "accelerator", "arch", "cpu-arch", "gpu-names",
+            "memory", "defaults", "boot-timeout-s", "thermal", "image", "multi-node")
+ACCELERATORS = ("gpu", "none")  # none: the engine runs on the host's CPUs, in its RAM (docs/recipes.md)
 _MODEL_KEYS = ("schema", "id", "display-name", "family", "model-type", "architecture", "params-b", "active-params-b",
                "hidden-size", "layers", "attention-layers", "kv-heads", "head-dim", "vision", "mtp", "tool-call-parser",
                "kv-advice", "checkpoints", "targets", "quant-targets", "provenance", "notes")
@@ -81,9 +82,18 @@ class HardwareClass:
     multi_node: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     rank_profile: RankProfile | None = None  # from multi-node: container / nccl-env
+    accelerator: str = "gpu"  # "none": no GPU is requested, detected or checked; any machine of cpu_arch serves it
+    host_memory: bool = False  # memory.host-ram: the engine's memory is this machine's RAM, read when judged
 
-    def memory_gb(self, gpu_name: str | None = None) -> float | None:
-        """Memory of the named SKU, else of the smallest SKU (the conservative answer for fit)."""
+    @property
+    def has_accelerator(self) -> bool:
+        return self.accelerator != "none"
+
+    def memory_gb(self, gpu_name: str | None = None, host_ram_gb: float | None = None) -> float | None:
+        """Memory of the named SKU, else of the smallest SKU (the conservative answer for fit); for a class whose
+        memory is the host's RAM, `host_ram_gb` (None: not known)."""
+        if self.host_memory:
+            return host_ram_gb
         if gpu_name:
             for sku in self.skus:
                 if sku.match.lower() in gpu_name.lower():
@@ -233,8 +243,25 @@ def parse_hardware(doc: Document, parent: HardwareClass | None) -> tuple[Hardwar
     base: dict[str, Any] = {}
     if parent is not None:
         base = {"vendor": parent.vendor, "arch": parent.arch, "cpu_arch": parent.cpu_arch,
-                "boot": parent.boot_timeout_s, "park": parent.park_c, "resume": parent.resume_c}
+                "boot": parent.boot_timeout_s, "park": parent.park_c, "resume": parent.resume_c,
+                "accelerator": parent.accelerator}
+    accelerator = top.get("accelerator", base.get("accelerator", "gpu"))
+    if accelerator not in ACCELERATORS:
+        check.error(("accelerator",), f"accelerator must be one of {', '.join(ACCELERATORS)}, not {accelerator!r}")
     memory = check.mapping(top.get("memory", {}), ("memory",), "memory")
+    check.known_keys(memory, ("memory",), ("unified", "host-ram", "skus"), "memory")
+    host_memory = memory.get("host-ram", False)
+    if host_memory not in (True, False):
+        check.error(("memory", "host-ram"), f"host-ram is true or false, not {host_memory!r}")
+    if accelerator == "none":
+        if top.get("gpu-names"):
+            check.error(("gpu-names",), "a class without an accelerator has no GPU names", "remove `gpu-names`")
+        if host_memory is not True:
+            check.error(("memory",), "a class without an accelerator serves from the host's RAM",
+                        "write `memory: {host-ram: true}`")
+        if top.get("multi-node"):
+            check.error(("multi-node",), "a class without an accelerator has no multi-node launch",
+                        "remove `multi-node`")
     skus = []
     for i, raw in enumerate(memory.get("skus") or []):
         body = check.mapping(raw, ("memory", "skus", i), "a memory SKU")
@@ -261,6 +288,7 @@ def parse_hardware(doc: Document, parent: HardwareClass | None) -> tuple[Hardwar
         park_c=thermal.get("park-c", base.get("park")), resume_c=thermal.get("resume-c", base.get("resume")),
         image=top.get("image"), defaults=dict(top.get("defaults") or {}),
         multi_node=dict(top.get("multi-node") or {}), source=doc.path, rank_profile=profile,
+        accelerator=str(accelerator), host_memory=host_memory is True,
     ), check
 
 

@@ -158,6 +158,8 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
         gpus = None
     if gpus_override != "recipe":
         gpus = gpus_override
+    if hardware is not None and not hardware.has_accelerator:
+        gpus = None  # a class without an accelerator never asks Docker for a GPU (the checker also holds gpus: none)
     env = nccl_env(recipe, hardware, roce_interface, rdma=rdma, rdma_device=rdma_device)
     profile = hardware.rank_profile if hardware is not None and recipe.multi_rank else None
     env.update(contract.weights.offline_env)  # the weights were verified in the cache: never download at start

@@ -94,16 +94,21 @@ def check_fit(ctx: Context) -> Finding:
     catalog = ctx.catalog()
     detected, gpu_name, _ = ctx.detected_gpu()
     data: dict[str, Any] = {"recipe": recipe.name, "recipe_hardware": recipe.hardware, "detected_hardware": detected}
-    if detected is not None and detected != recipe.hardware:
+    hw = catalog.hardware[recipe.hardware]
+    if hw.has_accelerator and detected is not None and detected != recipe.hardware:
         return problem(f"{recipe.name} is built for {recipe.hardware}; this machine is {detected} ({gpu_name})",
                        "pick a recipe for this machine (`metralectl list` judges fit on the detected class)", **data)
-    hw = catalog.hardware[recipe.hardware]
+    ram = None
+    if hw.host_memory:  # the budget is this machine's RAM
+        from metralectl.seams.machine import host_memory_gb
+        ram = host_memory_gb()
     est = estimate(recipe, catalog.model_of(recipe), hw, gpu_name if detected == recipe.hardware else None,
-                   catalog.engines[recipe.engine].memory_meaning)
+                   catalog.engines[recipe.engine].memory_meaning, host_ram_gb=ram)
     total, budget = est.total_gb, est.budget.gb
     data.update(estimate_gb=total, budget_gb=budget, weights_gb=est.weights.gb, kv_pool_gb=est.kv_pool.gb,
                 reserve_gb=est.reserve.gb)
-    where = f"on {hw.display_name}" + ("" if detected else " (no GPU detected: judged on the recipe's class)")
+    where = f"on {hw.display_name}" + ("" if detected or not hw.has_accelerator
+                                       else " (no GPU detected: judged on the recipe's class)")
     if est.fits is None:
         unknown = "; ".join(p.basis for p in (est.weights, est.kv_pool, est.budget) if p.gb is None)
         return warn(f"memory estimate unknown {where}: {unknown}", **data)
@@ -113,7 +118,7 @@ def check_fit(ctx: Context) -> Finding:
     if not est.fits:
         return problem(summary + ": does not fit",
                        "lower serve.max-seq-len or serve.max-batch-size, or a leaner kv-cache-dtype (`--set`)", **data)
-    free = _available_now(ctx)
+    free = _available_now(ctx) if hw.has_accelerator else None  # GPU memory free now: not this class's
     if free is not None:
         data["available_now_gb"] = free
         if free < total:

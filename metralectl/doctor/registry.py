@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from metralectl.doctor import docker_checks as dk
 from metralectl.doctor import gpu_checks as gp
 from metralectl.doctor import hf_checks as hf
 from metralectl.doctor import host_checks as host
 from metralectl.doctor import recipe_checks as rc
-from metralectl.doctor.model import Check
+from metralectl.doctor.model import Check, Finding, skipped
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from metralectl.doctor.context import Context
+
+
+def _gpu(fn: Callable[[Context], Finding]) -> Callable[[Context], Finding]:
+    """A GPU check: not needed (skipped, never a problem) when --recipe names one whose hardware class declares no
+    accelerator; without --recipe, or for a GPU class, it judges as ever."""
+    def judged(ctx: Context) -> Finding:
+        recipe = ctx.recipe()
+        if recipe is not None:
+            hardware = ctx.catalog().hardware[recipe.hardware]
+            if not hardware.has_accelerator:
+                return skipped(f"not needed: {recipe.name} runs on the CPU ({hardware.display_name}: no accelerator)",
+                               None, accelerator=hardware.accelerator)
+        return fn(ctx)
+    return judged
+
 
 GPU_REQUEST_TIMEOUT_S = 5.0  # create + start `IMAGE --version` with --gpus all + remove; the only slow check
 
@@ -16,12 +38,12 @@ CHECKS: tuple[Check, ...] = (
     Check("docker.cli", "Docker CLI on PATH", dk.check_cli, general=True),
     Check("docker.daemon", "Docker daemon reachable", dk.check_daemon),
     Check("docker.version", "Docker server version", dk.check_version),
-    Check("docker.nvidia-runtime", "NVIDIA runtime known to the daemon", dk.check_nvidia_runtime),
-    Check("docker.gpu-request", "A container can get the GPUs", dk.check_gpu_request, timeout_s=GPU_REQUEST_TIMEOUT_S),
-    Check("gpu.driver", "NVIDIA driver and CUDA version", gp.check_driver),
-    Check("gpu.model", "GPU model and hardware class", gp.check_model),
-    Check("gpu.memory", "GPU memory", gp.check_memory),
-    Check("gpu.leaked", "GPU memory held by other processes", gp.check_leaked),
+    Check("docker.nvidia-runtime", "NVIDIA runtime known to the daemon", _gpu(dk.check_nvidia_runtime)),
+    Check("docker.gpu-request", "A container can get the GPUs", _gpu(dk.check_gpu_request), timeout_s=GPU_REQUEST_TIMEOUT_S),
+    Check("gpu.driver", "NVIDIA driver and CUDA version", _gpu(gp.check_driver)),
+    Check("gpu.model", "GPU model and hardware class", _gpu(gp.check_model)),
+    Check("gpu.memory", "GPU memory", _gpu(gp.check_memory)),
+    Check("gpu.leaked", "GPU memory held by other processes", _gpu(gp.check_leaked)),
     Check("cpu.arch", "CPU architecture matches the image", host.check_cpu_arch),
     Check("hf.cache", "Hugging Face cache location", hf.check_location),
     Check("hf.writable", "Hugging Face cache writable", hf.check_writable),

