@@ -43,15 +43,27 @@ def requests_of(record: dict[str, Any]) -> list[dict[str, Any]]:
     return records.requests(directory)
 
 
+def client_bound_said_loudly(record: dict[str, Any], out: subprocess.CompletedProcess[str]) -> bool:
+    """True when the run ended client-bound, as it may on a loaded 2-core box (the CPU is shared with the
+    server here): then it must say so with exit 1 and its reason. What these tests check (every request
+    counted, with the server's own token counts) holds either way; the guard itself is tested in
+    tests/unit/test_bench_honesty.py."""
+    if record.get("status") != "client-bound":
+        return False
+    assert out.returncode == ExitCode.FAILED and "client-bound" in out.stderr, out.stderr
+    return True
+
+
 def test_decode_with_default_parameters_counts_every_request(tfserve: TfServe) -> None:
     out = subprocess.run([sys.executable, "-m", "metralectl", "bench", "run", "decode", "--url", tfserve.url],
                          capture_output=True, text=True, cwd=REPO, env=dict(os.environ), timeout=600)
-    assert out.returncode == 0, out.stderr
-    assert "✔ 10/10 ok" in out.stderr and "✘" not in out.stderr
+    assert "✔ 10/10 ok" in out.stderr and "✘" not in out.stderr, out.stderr
     assert "the server refused" in out.stderr and "ignore_eos" in out.stderr  # said once, then not sent
     [run_dir] = Path(os.environ["METRALE_HOME"]).glob("runs/decode/*")
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["status"] == "completed" and record["stages"][0]["summary"]["ok"] == 10
+    if not client_bound_said_loudly(record, out):
+        assert out.returncode == 0 and record["status"] == "completed", out.stderr
+    assert record["stages"][0]["summary"]["ok"] == 10
     assert sorted(record["dialect"]["refused"]) == ["ignore_eos", "min_tokens"]
 
 
@@ -69,7 +81,9 @@ def test_every_suite_counts_every_request_with_the_servers_own_token_counts(tfse
         assert set(agg["count_methods"]) <= {"usage", "usage-spread", "continuous-usage"}, agg["count_methods"]
         assert stage["model"].split("@")[0] == tfserve.model  # its chunks name "MODEL@main"
     assert all(r["done"] is False and r["end"] == "complete" for r in measured)  # no [DONE], body ended cleanly
-    if suite == "tool-call":
+    if client_bound_said_loudly(record, out):
+        pass
+    elif suite == "tool-call":
         # a random-weight model calls no tool: the requests are fine, the gate says no
         assert record["status"] == "completed" and record["verdict"] == "fail" and out.returncode == ExitCode.GATE
     else:
