@@ -174,7 +174,8 @@ def partial_downloads(repo_folder: Path, hub: Path, recipes: tuple[str, ...] = (
     is running now (it holds the pull lock). Removing one only costs the next pull its head start."""
     from metralectl.core.progress import human_bytes
 
-    if not _lock_free(hub / ".locks" / repo_folder.name / "metralectl-pull.lock"):
+    lock = hub / ".locks" / repo_folder.name / "metralectl-pull.lock"
+    if lock.exists() and not _lock_free(lock):  # no lock file: no pull ever ran here, none runs now
         return []
     out = []
     where = f"{repo_folder.name}/{partials.PARTIAL_DIR}"
