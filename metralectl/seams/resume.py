@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ def kept(base: Path, spec: RepoFile) -> int:
     """Bytes of `spec` already on disk in a reusable part (0 when none)."""
     assert spec.sha256 is not None
     found = partials.read(partials.folder(base) / f"{spec.sha256}.part")
-    if found is None or (found.path, found.sha256, found.size) != (spec.path, spec.sha256, spec.size):
+    if found is None or (found.sha256, found.size) != (spec.sha256, spec.size):
         return 0
     return min(found.have, spec.size)
 
@@ -89,66 +90,89 @@ def kept(base: Path, spec: RepoFile) -> int:
 def drop_superseded(repo: str, base: Path, wanted: list[RepoFile], note: Note) -> None:
     """Parts of a wanted path downloaded for another version of it (the file changed on the Hub): deleted."""
     by_path = {f.path: f for f in wanted if f.sha256}
+    contents = {f.sha256 for f in wanted}
     for old in partials.listed(base):
         new = by_path.get(old.path)
-        if old.repo == repo and new is not None and new.sha256 != old.sha256:
+        if old.repo == repo and new is not None and old.sha256 not in contents:
             partials.discard(old)
             note(f"discarded {human_bytes(old.have)} of {old.path} downloaded earlier: the file changed on the "
                  f"Hub (sha256 {old.sha256[:12]}… then, {str(new.sha256)[:12]}… now); downloading it afresh")
 
 
 def fetch(repo: str, commit: str, spec: RepoFile, base: Path, url: str, headers: dict[str, str], account: Account,
-          note: Note) -> int:
-    """Download, verify and place one file; returns the bytes transferred."""
-    import httpx
+          note: Note) -> bool:
+    """Download, verify and place one file. False when the blob was already there (two paths of one content):
+    only linked, left to the caller's verification."""
+    assert spec.sha256 is not None
+    with _content_lock(spec.sha256):
+        blob = base / "blobs" / spec.sha256
+        if blob.is_file() and blob.stat().st_size == spec.size:
+            _link(base, commit, spec, blob)
+            return False
+        found = _open_part(repo, commit, spec, base)
+        account.begin(spec, already=found.have)
+        if found.have:
+            note(f"resuming {spec.path} at {human_bytes(found.have)} of {human_bytes(spec.size)}")
+        _fill(url, headers, found, spec, commit, account, note)
+        _verify_and_place(base, commit, spec, found, account)
+        return True
 
+
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _content_lock(sha256: str) -> threading.Lock:
+    """One worker per content: two paths of the same file share its part and its blob."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(sha256, threading.Lock())
+
+
+def _open_part(repo: str, commit: str, spec: RepoFile, base: Path) -> Partial:
+    """The part to continue (same content: sha256 and size), or a fresh empty one with its sidecar."""
     assert spec.sha256 is not None
     folder = partials.folder(base)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    part_path = folder / f"{spec.sha256}.part"
-    found = partials.read(part_path)
-    if found is not None and (found.path, found.sha256, found.size) != (spec.path, spec.sha256, spec.size):
+    part = folder / f"{spec.sha256}.part"
+    found = partials.read(part)
+    if found is not None and (found.sha256, found.size) == (spec.sha256, spec.size) and found.have <= spec.size:
+        return found
+    if found is not None:
         partials.discard(found)
-        found = None
-    if found is None:
-        part_path.with_suffix(".json").unlink(missing_ok=True)
-        fd = os.open(part_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.close(fd)
-        found = Partial(part_path, part_path.with_suffix(".json"), repo, spec.path, spec.sha256, spec.size, 0)
-        partials.write_meta(found, commit)
-    elif found.have > spec.size:
-        os.truncate(part_path, 0)
-        found = Partial(found.part, found.meta, repo, spec.path, spec.sha256, spec.size, 0)
-    account.begin(spec, already=found.have)
-    if found.have:
-        note(f"resuming {spec.path} at {human_bytes(found.have)} of {human_bytes(spec.size)}")
-    transferred = 0
-    failures = 0
+    part.with_suffix(".json").unlink(missing_ok=True)
+    os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+    fresh = Partial(part, part.with_suffix(".json"), repo, spec.path, spec.sha256, spec.size, 0)
+    partials.write_meta(fresh, commit)
+    return fresh
+
+
+def _fill(url: str, headers: dict[str, str], found: Partial, spec: RepoFile, commit: str, account: Account,
+          note: Note) -> None:
+    """GET the rest until the part holds spec.size bytes; RETRIES attempts in a row without a new byte fail."""
+    import httpx
+
+    idle = 0
+    last: BaseException | None = None
     with httpx.Client(timeout=httpx.Timeout(TIMEOUT_S), follow_redirects=False) as client:
-        while True:
-            have = part_path.stat().st_size
-            if have >= spec.size:
-                break
-            found = partials.read(part_path) or found  # the validator a broken attempt recorded
+        while (have := found.part.stat().st_size) < spec.size:
+            if idle >= RETRIES:
+                if last is not None:
+                    raise last
+                raise WeightsError(f"{spec.path}: {RETRIES} attempts in a row brought no new byte "
+                                   f"({human_bytes(have)} of {human_bytes(spec.size)} kept)",
+                                   "pull again later; if it repeats, a proxy or the CDN is failing this file")
+            found = partials.read(found.part) or found  # the validator a broken attempt recorded
             try:
-                got, found = _transfer(client, url, headers, found, have, commit, account, note)
-            except (httpx.TransportError, OSError) as exc:
-                if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
-                    raise
-                got = part_path.stat().st_size - have
-                transferred += max(got, 0)
-                failures = 0 if got > 0 else failures + 1
-                if failures >= RETRIES:
-                    raise
-                continue
-            transferred += got
-    _verify_and_place(base, commit, spec, found, account)
-    return transferred
+                _transfer(client, url, headers, found, have, commit, account, note)
+                last = None
+            except httpx.TransportError as exc:  # a dropped or stalled connection: go on from the bytes on disk
+                last = exc
+            idle = 0 if found.part.stat().st_size > have else idle + 1
 
 
 def _transfer(client: Any, url: str, headers: dict[str, str], found: Partial, have: int, commit: str,
-              account: Account, note: Note) -> tuple[int, Partial]:
-    """One GET from `have`; appends to the part. Returns the bytes written and the partial's new record."""
+              account: Account, note: Note) -> None:
+    """One GET from `have`, appended to the part."""
     request_headers = dict(headers)
     if have:
         request_headers["Range"] = f"bytes={have}-"
@@ -158,14 +182,17 @@ def _transfer(client: Any, url: str, headers: dict[str, str], found: Partial, ha
     try:
         if response.status_code == 206:
             start, total = _content_range(response.headers.get("Content-Range", ""))
-            if start != have or total != found.size:
-                note(f"{found.path}: the server answered bytes from {start} of {total} for a request from {have} "
-                     f"of {found.size}; starting over")
-                response.close()
+            if total != found.size:
+                raise _wrong_size(found, total)
+            if start != have:
+                note(f"{found.path}: the server answered bytes from {start} for a request from {have}; starting over")
                 os.truncate(found.part, 0)
                 account.restart(found.path)
-                return 0, found
+                return
         elif response.status_code == 200:
+            length = response.headers.get("Content-Length")
+            if length is not None and length.isdigit() and int(length) != found.size:
+                raise _wrong_size(found, int(length))
             if have:
                 note(f"{found.path}: the server sent the whole file instead of the rest (it ignores ranges, or the "
                      f"file changed): starting over, {human_bytes(have)} discarded")
@@ -176,8 +203,8 @@ def _transfer(client: Any, url: str, headers: dict[str, str], found: Partial, ha
             raise _http_error(response, found.path)
         etag = response.headers.get("ETag")
         if etag != found.validator:
-            found = Partial(found.part, found.meta, found.repo, found.path, found.sha256, found.size, have, etag)
-            partials.write_meta(found, commit)
+            partials.write_meta(Partial(found.part, found.meta, found.repo, found.path, found.sha256, found.size,
+                                        have, etag), commit)
         written = 0
         unsynced = 0
         with open(found.part, "r+b") as fh:
@@ -200,7 +227,6 @@ def _transfer(client: Any, url: str, headers: dict[str, str], found: Partial, ha
             finally:
                 fh.flush()
                 os.fsync(fh.fileno())
-        return written, found
     finally:
         response.close()
 
@@ -217,6 +243,13 @@ def _open(client: Any, url: str, headers: dict[str, str]) -> Any:
         response.close()
         url = urljoin(url, response.headers["Location"])
     raise WeightsError(f"more than {MAX_REDIRECTS} redirects fetching {url}", "check HF_ENDPOINT and proxies")
+
+
+def _wrong_size(found: Partial, served: int) -> WeightsError:
+    partials.discard(found)
+    return WeightsError(f"{found.path}: the server's object is {served} bytes, the Hub lists {found.size}; the partial "
+                        "download was deleted and nothing was placed in the cache",
+                        "pull again later; if it repeats, a proxy or the CDN is serving a damaged object")
 
 
 def _content_range(value: str) -> tuple[int, int]:
@@ -254,17 +287,22 @@ def _verify_and_place(base: Path, commit: str, spec: RepoFile, found: Partial, a
     os.chmod(found.part, 0o666 & ~_umask())  # as huggingface_hub leaves its blobs
     os.replace(found.part, blob)
     _fsync_dir(blob.parent)
+    _link(base, commit, spec, blob)
+    found.meta.unlink(missing_ok=True)
+    try:
+        found.part.parent.rmdir()  # the last partial of the repository: leave no empty folder behind
+    except OSError:
+        pass
+
+
+def _link(base: Path, commit: str, spec: RepoFile, blob: Path) -> None:
+    """snapshots/<commit>/PATH -> the blob, relative, replaced atomically (huggingface_hub's layout)."""
     pointer = base / "snapshots" / commit / spec.path
     pointer.parent.mkdir(parents=True, exist_ok=True)
     tmp = pointer.with_name(f".{pointer.name}.metralectl-link")
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(os.path.relpath(blob, pointer.parent))
     os.replace(tmp, pointer)
-    found.meta.unlink(missing_ok=True)
-    try:
-        found.part.parent.rmdir()  # the last partial of the repository: leave no empty folder behind
-    except OSError:
-        pass
 
 
 def _umask() -> int:

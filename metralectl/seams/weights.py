@@ -320,8 +320,8 @@ def _download(repo: str, listing: Listing, todo: list[RepoFile], hub: Path, emit
         try:
             if resume.resumable(spec):
                 url = hf_hub_url(repo, spec.path, revision=listing.commit, endpoint=endpoint())
-                resume.fetch(repo, listing.commit, spec, base, url, headers, account, notes.put)
-                placed.add(spec.path)
+                if resume.fetch(repo, listing.commit, spec, base, url, headers, account, notes.put):
+                    placed.add(spec.path)
             else:
                 hf_hub_download(repo, spec.path, revision=listing.commit, cache_dir=str(hub), endpoint=endpoint(),
                                 **extra)

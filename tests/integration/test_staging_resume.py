@@ -232,3 +232,50 @@ def test_pull_sends_the_token_to_the_hub_but_not_to_the_cdn(hub: FakeHub, monkey
     cdn = cdn_gets(hub, 0)
     assert cdn and not any(r.authorized for r in cdn)
     assert_placed(hub)
+
+
+# --- within one run (in-process: weights.pull) ------------------------------------------------------------
+def ck() -> object:
+    from metralectl.core.recipe import CheckpointRef
+
+    return CheckpointRef(repo=REPO, quant="nvfp4", revision=None)
+
+
+def test_pull_continues_a_dropped_connection_from_the_bytes_on_disk(hub: FakeHub) -> None:
+    from metralectl.seams import weights
+
+    hub.fault(SHARD, "kill", times=2, at=0.5)
+    result = weights.pull(ck())
+    gets = cdn_gets(hub, 0)
+    assert [g.status for g in gets] == [200, 206, 206]
+    assert gets[1].range == f"bytes={gets[0].sent}-" and gets[2].range == f"bytes={gets[0].sent + gets[1].sent}-"
+    assert sum(g.sent for g in gets) == SIZE  # not a byte fetched twice
+    assert result.downloaded_bytes == result.total_bytes
+    assert_placed(hub)
+
+
+def test_pull_of_an_object_of_the_wrong_size_fails_and_places_nothing(hub: FakeHub) -> None:
+    from metralectl.seams import weights
+
+    hub.fault(SHARD, "truncate")  # the CDN serves half the object
+    try:
+        weights.pull(ck())
+    except weights.WeightsError as exc:
+        assert f"{SHARD}: the server's object is {SIZE // 2} bytes, the Hub lists {SIZE}" in exc.message
+        assert "nothing was placed in the cache" in exc.message
+    else:
+        pytest.fail("a short object was accepted")
+    assert not part_of(hub).exists() and not (base() / "blobs" / sha(hub)).exists()
+    assert hfcache.cache_state(REPO).status == "partial"
+
+
+def test_pull_fetches_one_content_once_for_two_paths(hub: FakeHub) -> None:
+    from metralectl.seams import weights
+
+    data = shard(hub)
+    hub.repos[REPO] = FakeRepo.build(REPO, {"config.json": CONFIG, SHARD: data, "consolidated.safetensors": data})
+    weights.pull(ck())
+    assert len(cdn_gets(hub, 0)) == 1
+    snap = hfcache.snapshot_path(REPO, hub.repos[REPO].commit)
+    assert (snap / SHARD).resolve() == (snap / "consolidated.safetensors").resolve() == base() / "blobs" / sha(hub)
+    assert hfcache.cache_state(REPO).status == "complete"
