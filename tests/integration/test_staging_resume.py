@@ -279,3 +279,23 @@ def test_pull_fetches_one_content_once_for_two_paths(hub: FakeHub) -> None:
     snap = hfcache.snapshot_path(REPO, hub.repos[REPO].commit)
     assert (snap / SHARD).resolve() == (snap / "consolidated.safetensors").resolve() == base() / "blobs" / sha(hub)
     assert hfcache.cache_state(REPO).status == "complete"
+
+
+def test_pull_of_a_gguf_quant_resumes_its_file_and_records_the_quant(hub: FakeHub) -> None:
+    """A GGUF checkpoint takes the same path: the quant's file is a large LFS file like any shard."""
+    from metralectl.core.recipe import CheckpointRef
+    from metralectl.seams import weights
+
+    gguf_repo = "org/tiny-GGUF"
+    q4 = "tiny-Q4_K_M.gguf"
+    data = random.Random(9).randbytes(SIZE)
+    hub.repos[gguf_repo] = FakeRepo.build(gguf_repo, {q4: data, "tiny-Q8_0.gguf": b"q8" * 100})
+    hub.fault(q4, "kill", times=1, at=0.5)
+    checkpoint = CheckpointRef(repo=gguf_repo, quant="Q4_K_M", revision=None, format="gguf")
+    result = weights.pull(checkpoint)
+    gets = [g for g in cdn_gets(hub, 0) if hashlib.sha256(data).hexdigest() in g.path]
+    assert [(g.status, g.range) for g in gets] == [(200, None), (206, f"bytes={gets[0].sent}-")]
+    assert result.paths == (q4,) and result.quant == "Q4_K_M"
+    snap = hfcache.snapshot_path(gguf_repo, hub.repos[gguf_repo].commit)
+    assert (snap / q4).read_bytes() == data and not (snap / "tiny-Q8_0.gguf").exists()
+    assert weights.state(checkpoint).status == "complete"
