@@ -4,8 +4,9 @@ inside the functions that talk to the Hub (`list` and `run` preflight stay files
 `pull` = list the repo at a commit (sizes, sha256) -> choose what the engine needs (the whole snapshot;
 for a GGUF checkpoint only its quant's files, gguf.py) -> refuse early (ownership, disk) -> download the
 missing files (large LFS files with resume.py's resumable downloader, the rest with huggingface_hub's)
--> hash every file against the listing (resume.py hashes what it places) -> only then write the manifest that makes `weights_state.checkpoint_state` say "complete". Progress and notes are
-events handed to `on_event`, always from the calling thread; nothing here prints.
+-> hash every file against the listing (resume.py hashes what it places) -> only then write the manifest
+that makes `weights_state.checkpoint_state` say "complete". Progress and notes are events handed to
+`on_event`, always from the calling thread; nothing here prints.
 """
 
 from __future__ import annotations
