@@ -212,7 +212,7 @@ def _transfer(client: Any, url: str, headers: dict[str, str], found: Partial, ha
             try:
                 for chunk in response.iter_bytes():  # as they arrive: a Ctrl-C keeps all but the bytes in flight
                     if have + written + len(chunk) > found.size:
-                        fh.truncate(0)  # `discard` after the with: nothing of it is worth keeping
+                        partials.discard(found)  # nothing of it is worth keeping
                         raise WeightsError(f"{found.path}: the server sent more than the {found.size} bytes the Hub "
                                            "lists; the partial download was deleted",
                                            "pull again; if it repeats, a proxy is altering the transfer")
@@ -265,7 +265,8 @@ def _content_range(value: str) -> tuple[int, int]:
 def _http_error(response: Any, path: str) -> HubHTTPError:
     response.read()
     cls = _BY_CODE.get(response.headers.get("X-Error-Code", ""), HubHTTPError)
-    return cls(response, f"{response.status_code} for {path}")
+    says = response.headers.get("X-Error-Message", "")
+    return cls(response, f"{response.status_code}{f' ({says})' if says else ''}")
 
 
 def _verify_and_place(base: Path, commit: str, spec: RepoFile, found: Partial, account: Account) -> None:

@@ -351,7 +351,10 @@ def _download(repo: str, listing: Listing, todo: list[RepoFile], hub: Path, emit
     tick()
     if errors:
         spec, exc = errors[0]
-        raise hub_error(exc, repo, listing.commit, token_present(), spec.path, endpoint()) from None
+        error = hub_error(exc, repo, listing.commit, token_present(), spec.path, endpoint())
+        if isinstance(error, resume.HubHTTPError):  # an answer hub_error has no remedy for: still said plainly
+            error = WeightsError(f"{repo}/{spec.path}: the Hub answered {error}", "pull again; finished files are kept")
+        raise error from None
     return meter.done - present + account.discarded, placed
 
 
