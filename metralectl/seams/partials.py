@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from metralectl.atomicfile import write_atomic
+
 PARTIAL_DIR = ".metralectl-partial"
 
 
@@ -56,11 +58,7 @@ def read(part: Path) -> Partial | None:
 def write_meta(partial: Partial, commit: str) -> None:
     data = {"repo": partial.repo, "path": partial.path, "sha256": partial.sha256, "size": partial.size,
             "commit": commit, "validator": partial.validator}
-    tmp = partial.meta.with_suffix(".json.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, partial.meta)
+    write_atomic(partial.meta, json.dumps(data), mode=0o600)
 
 
 def orphans(base: Path) -> list[Path]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from metralectl.atomicfile import place, symlink_atomic
 from metralectl.core.progress import human_bytes
 from metralectl.seams import partials
 from metralectl.seams.hfcache import RepoFile
@@ -286,8 +287,7 @@ def _verify_and_place(base: Path, commit: str, spec: RepoFile, found: Partial, a
     blob = base / "blobs" / spec.sha256
     blob.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(found.part, 0o666 & ~_umask())  # as huggingface_hub leaves its blobs
-    os.replace(found.part, blob)
-    _fsync_dir(blob.parent)
+    place(found.part, blob)
     _link(base, commit, spec, blob)
     found.meta.unlink(missing_ok=True)
     try:
@@ -300,10 +300,7 @@ def _link(base: Path, commit: str, spec: RepoFile, blob: Path) -> None:
     """snapshots/<commit>/PATH -> the blob, relative, replaced atomically (huggingface_hub's layout)."""
     pointer = base / "snapshots" / commit / spec.path
     pointer.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pointer.with_name(f".{pointer.name}.metralectl-link")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(os.path.relpath(blob, pointer.parent))
-    os.replace(tmp, pointer)
+    symlink_atomic(pointer, os.path.relpath(blob, pointer.parent))
 
 
 def _umask() -> int:
@@ -315,19 +312,6 @@ def _umask() -> int:
     except (OSError, ValueError):
         pass
     return 0o022
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def kept_message(base: Path, todo: list[RepoFile], again: str) -> list[str]:

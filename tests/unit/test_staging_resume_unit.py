@@ -92,3 +92,19 @@ def test_disk_prune_plan_includes_parts_of_a_recipes_repository() -> None:
     assert [i.bytes for i in plan if ".metralectl-partial" in i.name] == [4096]
     assert os.stat(partials.folder(hfcache.repo_dir(REPO))).st_mode  # planning removed nothing
     assert Path(partials.folder(hfcache.repo_dir(REPO)) / f"{SHA}.part").exists()
+
+
+def test_pull_places_a_finished_part_and_its_link_atomically(tmp_path: Path) -> None:
+    from metralectl.atomicfile import place, symlink_atomic
+
+    part, blob = tmp_path / "x.part", tmp_path / "blobs" / "x"
+    blob.parent.mkdir()
+    part.write_bytes(b"data")
+    place(part, blob)
+    assert blob.read_bytes() == b"data" and not part.exists()
+    link = tmp_path / "snap" / "f"
+    link.parent.mkdir()
+    symlink_atomic(link, "../blobs/nothing")  # dangling first, then replaced in one step
+    symlink_atomic(link, "../blobs/x")
+    assert os.readlink(link) == "../blobs/x" and link.read_bytes() == b"data"
+    assert sorted(p.name for p in link.parent.iterdir()) == ["f"]  # no temporary link left behind
