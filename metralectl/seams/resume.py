@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 from metralectl.atomicfile import place, symlink_atomic
@@ -34,6 +34,9 @@ from metralectl.seams.hfcache import RepoFile
 from metralectl.seams.partials import Partial
 from metralectl.seams.transfer import Account, Cancelled
 from metralectl.seams.weights_errors import WeightsError
+
+if TYPE_CHECKING:
+    import httpx  # imported where it is used: `list` reaches this module and must not load httpx
 
 RESUMABLE_MIN_BYTES = 16 << 20
 FSYNC_EVERY = 64 << 20
@@ -171,7 +174,7 @@ def _fill(url: str, headers: dict[str, str], found: Partial, spec: RepoFile, com
             idle = 0 if found.part.stat().st_size > have else idle + 1
 
 
-def _transfer(client: Any, url: str, headers: dict[str, str], found: Partial, have: int, commit: str,
+def _transfer(client: httpx.Client, url: str, headers: dict[str, str], found: Partial, have: int, commit: str,
               account: Account, note: Note) -> None:
     """One GET from `have`, appended to the part."""
     request_headers = dict(headers)
@@ -232,7 +235,7 @@ def _transfer(client: Any, url: str, headers: dict[str, str], found: Partial, ha
         response.close()
 
 
-def _open(client: Any, url: str, headers: dict[str, str]) -> Any:
+def _open(client: httpx.Client, url: str, headers: dict[str, str]) -> httpx.Response:
     """GET with redirects followed by hand: Authorization goes to the Hub's host only, never to the CDN."""
     origin = urlsplit(url).netloc
     for _ in range(MAX_REDIRECTS + 1):
@@ -263,7 +266,7 @@ def _content_range(value: str) -> tuple[int, int]:
         return -1, -1
 
 
-def _http_error(response: Any, path: str) -> HubHTTPError:
+def _http_error(response: httpx.Response, path: str) -> HubHTTPError:
     response.read()
     cls = _BY_CODE.get(response.headers.get("X-Error-Code", ""), HubHTTPError)
     says = response.headers.get("X-Error-Message", "")
