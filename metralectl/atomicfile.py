@@ -69,3 +69,23 @@ def fsync_dir(directory: Path) -> None:
             raise  # some filesystems cannot fsync a directory at all; that is not a failed write
     finally:
         os.close(fd)
+
+
+def place(source: Path, path: Path) -> None:
+    """Move a finished file (written and fsynced by its owner, in the same filesystem) to `path`, atomically and
+    durably: a reader sees no file or the whole one. For files too large to rewrite (a downloaded blob)."""
+    os.replace(source, path)
+    fsync_dir(Path(path).parent)
+
+
+def symlink_atomic(path: Path, target: str) -> None:
+    """Make `path` a symlink to `target`, replacing what is there in one step (a reader never sees no link)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.link")
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

@@ -3,7 +3,8 @@
 Only repository folders (`models--ORG--NAME`) are ever touched: a recipe's repository (its whole folder
 for a safetensors checkpoint; for a GGUF one only its quant's files, with the snapshot's verified
 manifest kept in step), a repository metralectl pulled that no recipe names any more (its snapshots
-carry metralectl's manifest), and dead `.incomplete` downloads in those folders. A folder holding
+carry metralectl's manifest), and dead downloads in those folders: huggingface_hub's `.incomplete` blobs and
+metralectl's own resumable partials (`.metralectl-partial/`, seams/partials.py). A folder holding
 another user's files is refused, never half-removed. Everything is planned first (what goes, and the
 bytes it frees) so `--dry-run` shows exactly what a real run would do.
 """
@@ -16,7 +17,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metralectl.seams import gguf, gguf_cache, hfcache
+from metralectl.seams import gguf, gguf_cache, hfcache, partials
 from metralectl.seams.hfcache import EXPECTED_LISTING, VERIFIED_MANIFEST, RepoFile
 
 DEAD_DOWNLOAD_IDLE_S = 120.0  # an `.incomplete` blob nobody wrote to for this long, whose lock is free
@@ -168,6 +169,29 @@ def dead_downloads(repo_folder: Path, hub: Path, recipes: tuple[str, ...] = ()) 
     return out
 
 
+def partial_downloads(repo_folder: Path, hub: Path, recipes: tuple[str, ...] = ()) -> list[Removal]:
+    """metralectl's resumable partial downloads (and stray files of their folder), unless a pull of the repository
+    is running now (it holds the pull lock). Removing one only costs the next pull its head start."""
+    from metralectl.core.progress import human_bytes
+
+    lock = hub / ".locks" / repo_folder.name / "metralectl-pull.lock"
+    if lock.exists() and not _lock_free(lock):  # no lock file: no pull ever ran here, none runs now
+        return []
+    out = []
+    where = f"{repo_folder.name}/{partials.PARTIAL_DIR}"
+    for found in partials.listed(repo_folder):
+        item = Removal("download", f"{where}/{found.part.name} (partial {found.path}, {human_bytes(found.have)} of "
+                       f"{human_bytes(found.size)}; `metralectl pull` would resume it)", found.have, found.files,
+                       recipes, repo=found.repo)  # removed under the pull lock: never under a pull's feet
+        out.append(item)
+    for stray in partials.orphans(repo_folder):
+        out.append(Removal("download", f"{where}/{stray.name}", _size(stray), [stray], recipes))
+    for item in out:
+        if any(p.exists() and p.lstat().st_uid != os.getuid() for p in item.paths):
+            item.blocked = f"{item.paths[0]} belongs to another user: not removed by metralectl"
+    return out
+
+
 def pulled_by_metralectl(base: Path) -> str | None:
     """The repository a folder holds when metralectl pulled it (a snapshot carries its manifest), else None."""
     try:
@@ -195,6 +219,7 @@ def plan_prune(hub: Path, named: dict[str, tuple[str, ...]]) -> list[Removal]:
         repo = folders.get(base.name)
         if repo is not None:
             out.extend(dead_downloads(base, hub, named[repo]))
+            out.extend(partial_downloads(base, hub, named[repo]))
             continue
         pulled = pulled_by_metralectl(base)
         if pulled is None or hfcache.repo_dir(pulled, hub) != base:

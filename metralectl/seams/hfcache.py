@@ -29,6 +29,7 @@ from typing import Any
 from metralectl import paths
 from metralectl.atomicfile import write_atomic
 from metralectl.core.progress import human_bytes
+from metralectl.seams import partials
 
 VERIFIED_MANIFEST = ".metralectl-verified.json"
 EXPECTED_LISTING = ".metralectl-expected.json"
@@ -252,7 +253,7 @@ def cache_state(repo: str, revision: str | None = None, hub: Path | None = None)
     if not base.is_dir():
         return CacheState("absent", None, f"{paths.display(base)} does not exist")
     snapshot = find_snapshot(base, revision)
-    incomplete = bool(incomplete_blobs(base))
+    incomplete = bool(incomplete_blobs(base)) or partials.any_in(base)
     if snapshot is None:
         status = "partial" if incomplete else "absent"
         return CacheState(status, None, f"no snapshot{' for ' + revision if revision else ''} yet")

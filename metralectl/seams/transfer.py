@@ -86,11 +86,22 @@ class Account:
         self._local = threading.local()
         self._bytes: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.discarded = 0  # bytes kept from an earlier run, then thrown away (counted as present, never fetched)
 
-    def begin(self, spec: RepoFile) -> None:
+    def begin(self, spec: RepoFile, already: int = 0) -> None:
+        """`already`: bytes of it kept from an earlier run, which the meter counted as present."""
         self._local.spec = spec
         with self._lock:
-            self._bytes[spec.path] = 0
+            self._bytes[spec.path] = already
+
+    def restart(self, path: str) -> None:
+        """The file's bytes so far were thrown away (the server sent it whole again)."""
+        with self._lock:
+            lost = self._bytes.get(path, 0)
+            if path in self._bytes:
+                self._bytes[path] = 0
+            self.discarded += lost
+        self.meter.add(-lost)
 
     def current(self) -> RepoFile | None:
         """The file this worker thread is downloading."""

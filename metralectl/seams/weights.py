@@ -3,9 +3,10 @@ inside the functions that talk to the Hub (`list` and `run` preflight stay files
 
 `pull` = list the repo at a commit (sizes, sha256) -> choose what the engine needs (the whole snapshot;
 for a GGUF checkpoint only its quant's files, gguf.py) -> refuse early (ownership, disk) -> download the
-missing files with huggingface_hub's own downloader -> hash every file against the listing -> only
-then write the manifest that makes `weights_state.checkpoint_state` say "complete". Progress and notes are
-events handed to `on_event`, always from the calling thread; nothing here prints.
+missing files (large LFS files with resume.py's resumable downloader, the rest with huggingface_hub's)
+-> hash every file against the listing (resume.py hashes what it places) -> only then write the manifest
+that makes `weights_state.checkpoint_state` say "complete". Progress and notes are events handed to
+`on_event`, always from the calling thread; nothing here prints.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from metralectl.seams import gguf, gguf_cache, hfcache, weights_state
+from metralectl.seams import gguf, gguf_cache, hfcache, resume, weights_state
 
 from metralectl import paths
 from metralectl.atomicfile import write_atomic
@@ -268,8 +269,11 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
         # Small files first: an access problem shows before any large transfer starts.
         todo = sorted(hfcache.missing(base, listing.commit, wanted), key=lambda f: f.size)
         preflight_disk(f"{ck.repo}:{quant}" if quant else ck.repo, hub, todo, free_space)
-        downloaded = _download(ck.repo, wanted, todo, hub, emit, workers)
-        check = [f for f in wanted.files if f.path not in trusted]  # hash only what no manifest vouches for
+        name = getattr(target, "name", None)
+        again = f"`metralectl pull {name}`" if name else "pulling it again"
+        downloaded, placed = _download(ck.repo, wanted, todo, hub, emit, workers, again)
+        # hash only what no manifest vouches for and resume.py did not just hash
+        check = [f for f in wanted.files if f.path not in trusted and f.path not in placed]
         _verify(ck.repo, wanted, snapshot, base, check, emit, min(workers, os.cpu_count() or 2))
         if model is not None:  # add this quant to what the manifest vouches for (other quants kept)
             gguf_cache.record(snapshot, listing, ck.quant, model, _stamp(ck.revision))
@@ -285,27 +289,43 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
     return _result(ck, wanted, snapshot, downloaded, False, notes=notes)
 
 
-def _download(repo: str, listing: Listing, todo: list[RepoFile], hub: Path, emit: OnEvent, workers: int) -> int:
-    """Fetch `todo` with huggingface_hub.hf_hub_download (pinned to the commit); returns bytes fetched."""
+def _download(repo: str, listing: Listing, todo: list[RepoFile], hub: Path, emit: OnEvent, workers: int,
+              again: str) -> tuple[int, set[str]]:
+    """Fetch `todo` pinned to the commit: large LFS files with our resumable downloader (resume.py), the rest
+    with huggingface_hub.hf_hub_download. Returns the bytes fetched and the paths already verified (resume.py
+    hashes what it places). `again`: the command that resumes an interrupted pull."""
     import inspect
+    import queue
 
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
 
     if not todo:
-        return 0
-    present = listing.total_bytes - sum(f.size for f in todo)
+        return 0, set()
+    base = hfcache.repo_dir(repo, hub)
+    notes: queue.SimpleQueue[str] = queue.SimpleQueue()  # from workers; emitted from this thread
+    resume.drop_superseded(repo, base, todo, notes.put)
+    present = listing.total_bytes - sum(f.size for f in todo) + sum(resume.kept(base, f) for f in todo
+                                                                    if resume.resumable(f))
     meter = Meter(listing.total_bytes, present)
     account = Account(meter)
     # huggingface_hub >= 1.0 takes a progress-bar class per file; older ones: we count whole files.
     takes_bar = "tqdm_class" in inspect.signature(hf_hub_download).parameters
     extra: dict[str, Any] = {"tqdm_class": account.bar_class()} if takes_bar else {}
+    headers = {**build_hf_headers(), "Accept-Encoding": "identity"}  # the token, as hf_hub_download sends it
     done_files = [len(listing.files) - len(todo)]
+    placed: set[str] = set()
 
     def fetch(spec: RepoFile) -> None:
         account.begin(spec)
         try:
-            hf_hub_download(repo, spec.path, revision=listing.commit, cache_dir=str(hub), endpoint=endpoint(),
-                            **extra)
+            if resume.resumable(spec):
+                url = hf_hub_url(repo, spec.path, revision=listing.commit, endpoint=endpoint())
+                if resume.fetch(repo, listing.commit, spec, base, url, headers, account, notes.put):
+                    placed.add(spec.path)
+            else:
+                hf_hub_download(repo, spec.path, revision=listing.commit, cache_dir=str(hub), endpoint=endpoint(),
+                                **extra)
         except BaseException:
             account.fail(spec)
             raise
@@ -313,6 +333,8 @@ def _download(repo: str, listing: Listing, todo: list[RepoFile], hub: Path, emit
         done_files[0] += 1
 
     def tick() -> None:
+        while not notes.empty():
+            emit(PullEvent(repo, "note", message=notes.get()))
         r = meter.reading()
         emit(PullEvent(repo, "download", r.done, listing.total_bytes, r.rate_bps, r.eta_s, done_files[0],
                        len(listing.files)))
@@ -320,15 +342,20 @@ def _download(repo: str, listing: Listing, todo: list[RepoFile], hub: Path, emit
     try:
         errors = parallel(todo, fetch, workers, tick, account.cancel)
     except KeyboardInterrupt:
-        # Workers still blocked in a read are abandoned (daemon threads); their temporary files
-        # would outlive us, so remove them now (an open file's space is freed when we exit).
-        drop_dead_downloads(repo, hub, {f.etag for f in todo if f.etag})
+        # Workers still blocked in a read are abandoned (daemon threads); huggingface_hub's temporary files
+        # would outlive us, so remove them now (an open file's space is freed when we exit). Our parts stay.
+        drop_dead_downloads(repo, hub, {f.etag for f in todo if f.etag and not resume.resumable(f)})
+        for line in resume.kept_message(base, todo, again):
+            emit(PullEvent(repo, "note", message=line))
         raise
     tick()
     if errors:
         spec, exc = errors[0]
-        raise hub_error(exc, repo, listing.commit, token_present(), spec.path, endpoint()) from None
-    return meter.done - present
+        error = hub_error(exc, repo, listing.commit, token_present(), spec.path, endpoint())
+        if isinstance(error, resume.HubHTTPError):  # an answer hub_error has no remedy for: still said plainly
+            error = WeightsError(f"{repo}/{spec.path}: the Hub answered {error}", "pull again; finished files are kept")
+        raise error from None
+    return meter.done - present + account.discarded, placed
 
 
 def _verify(repo: str, listing: Listing, snapshot: Path, base: Path, check: list[RepoFile], emit: OnEvent,

@@ -16,7 +16,10 @@ No xet headers are ever sent, so huggingface_hub downloads over plain HTTP.
 Switches: a gated repo (401 without a token, 403 for a token without access, with the Hub's
 X-Error-Code/X-Error-Message), an invalid token (401 "Invalid credentials in Authorization header"),
 and per-file faults: "kill" (connection dropped mid-body), "truncate" (a consistently shorter
-object), "corrupt" (same size, different bytes), "slow" (rate-limited body).
+object), "corrupt" (same size, different bytes), "slow" (rate-limited body), "stall" (the first
+`after` bytes of the body, then nothing until the client hangs up). `ranges = False` makes the server
+ignore Range (200 with the whole body, as a CDN that does not honour it); a Range request whose
+If-Range names another ETag gets the whole body too (RFC 9110 §13.1.5).
 
 Standalone: python3 -m tests.fakehub.server [--port N]  serves a demo repository until Ctrl-C.
 """
@@ -92,6 +95,7 @@ class Fault:
     times: int | None = None  # GETs it still applies to; None = every one
     at: float = 0.5  # "kill": fraction of the body sent before the connection drops
     rate: int = 256_000  # "slow": bytes per second
+    after: int = 0  # "stall": bytes sent before the body stops
 
 
 @dataclass
@@ -101,6 +105,8 @@ class Request:
     status: int
     range: str | None
     authorized: bool
+    if_range: str | None = None
+    sent: int = 0  # body bytes written (HEAD: 0)
 
 
 class FakeHub:
@@ -109,6 +115,8 @@ class FakeHub:
         self.repos = {r.repo_id: r for r in repos or []}
         self.valid_tokens = valid_tokens if valid_tokens is not None else {"hf_valid"}
         self.lfs_redirect = lfs_redirect
+        self.ranges = True  # False: Range is ignored (200, whole body)
+        self.stopping = threading.Event()
         self.faults: dict[str, Fault] = {}  # file path -> fault
         self.log: list[Request] = []
         self._lock = threading.Lock()
@@ -130,6 +138,7 @@ class FakeHub:
 
     def stop(self) -> None:
         """Stop listening and cut every open connection (a client's pooled keep-alive one included)."""
+        self.stopping.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -221,8 +230,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD" and body:
             self.wfile.write(body)
-        self.hub.record(Request(self.command, self.path, status, self.headers.get("Range"),
-                                "Authorization" in self.headers))
+        self.hub.record(self._request(status, len(body) if self.command != "HEAD" else 0))
+
+    def _request(self, status: int, sent: int) -> Request:
+        return Request(self.command, self.path, status, self.headers.get("Range"), "Authorization" in self.headers,
+                       self.headers.get("If-Range"), sent)
 
     def _error(self, status: int, code: str | None, message: str, extra: dict[str, str] | None = None) -> None:
         headers = {"Content-Type": "application/json", "X-Error-Message": message, **(extra or {})}
@@ -393,7 +405,9 @@ class _Handler(BaseHTTPRequestHandler):
         data = _served(f, fault)
         start, status = 0, 200
         wanted = self.headers.get("Range")
-        if wanted and wanted.startswith("bytes="):
+        if_range = self.headers.get("If-Range")
+        honoured = self.hub.ranges and (if_range is None or if_range == headers.get("ETag"))
+        if wanted and wanted.startswith("bytes=") and honoured:
             first = wanted[6:].split("-")[0]
             start = min(int(first or 0), len(data))
             status = 206
@@ -410,7 +424,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body[: int(len(body) * fault.at)])
             self.wfile.flush()
-            self.hub.record(Request("GET", self.path, status, wanted, "Authorization" in self.headers))
+            self.hub.record(self._request(status, int(len(body) * fault.at)))
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
@@ -420,14 +434,40 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(key, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.hub.record(Request("GET", self.path, status, wanted, "Authorization" in self.headers))
+            self.hub.record(self._request(status, len(body)))
             chunk = max(1024, fault.rate // 20)
             for i in range(0, len(body), chunk):
                 self.wfile.write(body[i:i + chunk])
                 self.wfile.flush()
                 time.sleep(chunk / fault.rate)
             return
+        if fault is not None and fault.kind == "stall":
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: fault.after])
+            self.wfile.flush()
+            self.hub.record(self._request(status, min(fault.after, len(body))))
+            self._hold()
+            return
         self._send(status, body, headers)
+
+    def _hold(self) -> None:
+        """Send nothing more until the client hangs up (or the hub stops); then drop the connection."""
+        import select
+
+        self.close_connection = True
+        while not self.hub.stopping.is_set():
+            readable, _, _ = select.select([self.connection], [], [], 0.1)
+            if readable:
+                try:
+                    if not self.connection.recv(1, socket.MSG_PEEK):
+                        return  # the client closed its end
+                except OSError:
+                    return
+                time.sleep(0.1)  # a pipelined request: not ours to read; keep waiting for the hang-up
 
 
 def _served(f: FakeFile, fault: Fault | None) -> bytes:
