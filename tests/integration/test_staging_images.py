@@ -166,7 +166,7 @@ def test_cli_pull_image_only_and_images_listing(pushed: str, client, tmp_path: P
 
     base = next(r for r in load_catalog(include_user=False).recipes.values()
                 if images.normalize_platform(load_catalog(include_user=False).images[r.image].platform) == HERE
-                and r.resources.world_size == 1)
+                and r.resources.world_size == 1 and r.engine == "metrale")  # the test image says engine metrale
     config = Path(os.environ["METRALECTL_CONFIG_DIR"])
     (config / "images").mkdir(parents=True, exist_ok=True)
     (config / "recipes").mkdir(parents=True, exist_ok=True)
