@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
-"""Dashboard benchmark (a script, not a test): time to first paint, and UI responsiveness while the
-Serving view's log tail receives thousands of lines per second.
+"""Dashboard benchmark (a script, not a test): the dashboard's own cost, against a bare Textual app
+measured in the same run — first paint, idle CPU, and UI responsiveness while the Serving view's log
+tail receives thousands of lines per second.
 
-Both run the real app in a pseudo-terminal (120×40), so terminal output is part of the cost.
+Everything runs in a pseudo-terminal (120×40), so terminal output is part of the cost. The baseline is
+a bare Textual app (Header, TabbedContent with two tabs, Footer): what any Textual dashboard pays.
+Targets are ratios or absolutes within one run, so a busy machine slows both sides alike.
 - First paint: wall time from spawning the process until its output shows the view tabs, median of
-  N runs, interleaved with `python -c pass` (the interpreter's own start) — for the dashboard on fake
-  services and for `metralectl tui` itself (real services: they start after the first paint).
-  Target ≤ 0.8 s.
+  N runs, interleaved: `python -c pass`, the bare app, the dashboard on fake services, `metralectl tui`
+  (real services: they start after the first paint). Target: `metralectl tui` ≤ 1.3× the bare app.
+- Idle CPU: `metralectl tui` itself (real services: Docker polled, NVML tried, nothing served) and the
+  bare app, each from 3 s after its first paint for IDLE seconds, from the process's own CPU times
+  (/proc/PID/stat: every thread, and children it waited for). Median of the interleaved runs.
+  Target: `metralectl tui` ≤ 5 % of a core.
 - Responsiveness: a heartbeat timer inside the app ticks every 1/60 s; the gaps between its ticks are
   the event loop's frame times. Measured with the log idle and with the fake engine writing RATE
-  lines/s to the log tail (through the real worker → Coalescer → LogTail path). Target: frame p99
-  ≤ 50 ms at 2,000 lines/s.
+  lines/s to the log tail (through the real worker → Coalescer → LogTail path). CPU is counted over
+  the measured window only. Target: frame p99 ≤ 50 ms at 2,000 lines/s.
 
-    PYTHONPATH=. python3 benchmarks/tui.py [--runs 7] [--seconds 10] [--rate 2000] [--json FILE]
+    PYTHONPATH=. python3 benchmarks/tui.py [--runs 7] [--idle 15] [--idle-runs 3] [--seconds 10]
+        [--rate 2000] [--repo TREE] [--json FILE]
+
+`--repo TREE` measures another checkout's dashboard (e.g. the code before a change) with this harness.
 """
 
 from __future__ import annotations
@@ -34,16 +43,42 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(os.environ.get("TUI_BENCH_REPO") or Path(__file__).resolve().parents[1])
 sys.path.insert(0, str(REPO))
-PAINT_TARGET_S = 0.8
+PAINT_TARGET_RATIO = 1.3  # `metralectl tui` against the bare Textual app, same run
+IDLE_CPU_TARGET_PCT = 5.0
+IDLE_SETTLE_S = 3.0  # after first paint: the first status poll, the library and telemetry start are not idle
 FRAME_TARGET_S = 0.050
+FRAME_SETTLE_S = 3.0  # the heartbeat starts this long after the app mounts
 SIZE = (120, 40)
 ANSI = re.compile(rb"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]")
 
 
-# -- the child: the app itself ----------------------------------------------------------------------
+# -- the children: the bare baseline and the app itself ------------------------------------------------
+def bare() -> None:
+    """The baseline: what any Textual app with a header, two tabs and a footer costs."""
+    from textual.app import App, ComposeResult
+    from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+
+    class Bare(App[None]):
+        BINDINGS = [("q", "quit", "Quit")]
+
+        def compose(self) -> ComposeResult:
+            yield Header()
+            with TabbedContent():
+                with TabPane("1 Serving"):
+                    yield Static("serving")
+                with TabPane("2 Library"):
+                    yield Static("library")
+            yield Footer()
+
+    Bare().run()
+
+
 def child(mode: str, seconds: float, rate: float, out: str) -> None:
+    if mode == "bare":
+        bare()
+        return
     from metralectl.tui.app import MetralectlApp
     from tests.unit.tui.fakes import FakeServices
 
@@ -56,6 +91,13 @@ def child(mode: str, seconds: float, rate: float, out: str) -> None:
             if mode == "paint":
                 self.set_timer(1.0, self.exit)
                 return
+            self.set_timer(FRAME_SETTLE_S, self.start_beats)  # start-up (the views mounted after paint) is not a frame
+
+        def start_beats(self) -> None:
+            from metralectl.tui.widgets.log_tail import LogTail
+
+            self.cpu0 = time.process_time()
+            self.received0 = self.query_one(LogTail).received
             self.set_interval(1 / 60, lambda: self.beats.append(time.perf_counter()))
             self.set_timer(seconds, self.finish)
 
@@ -66,9 +108,9 @@ def child(mode: str, seconds: float, rate: float, out: str) -> None:
             gaps = [b - a for a, b in zip(self.beats, self.beats[1:])]
             view = self.query_one("#serving-view")
             Path(out).write_text(json.dumps({
-                "gaps": gaps, "received": log.received, "seconds": seconds,
+                "gaps": gaps, "received": log.received - self.received0, "seconds": seconds,
                 "skipped": view.lines.dropped,  # type: ignore[attr-defined]
-                "cpu_s": time.process_time()}))
+                "cpu_s": time.process_time() - self.cpu0}))
             self.exit()
 
     Measured(services).run()
@@ -84,8 +126,10 @@ def spawn(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes]
     return proc, master
 
 
-def drain_until(proc: subprocess.Popen[bytes], master: int, marker: bytes | None, timeout: float) -> float | None:
-    """Read the pty (so the child never blocks on output); time when the plain text shows `marker`."""
+def drain_until(proc: subprocess.Popen[bytes], master: int, marker: bytes | None, timeout: float,
+                quit_on_marker: bool = True) -> float | None:
+    """Read the pty (so the child never blocks on output); time when the plain text shows `marker`
+    (and press q then, unless told not to: the caller keeps the app running)."""
     seen = b""
     found: float | None = None
     deadline = time.monotonic() + timeout
@@ -102,6 +146,8 @@ def drain_until(proc: subprocess.Popen[bytes], master: int, marker: bytes | None
                 seen = (seen + ANSI.sub(b"", chunk))[-4096:]
                 if marker in seen:
                     found = time.perf_counter()
+                    if not quit_on_marker:
+                        return found
                     if proc.poll() is None:
                         os.write(master, b"q")
         elif proc.poll() is not None:
@@ -122,12 +168,41 @@ def first_paint(argv: list[str], env: dict[str, str], marker: bytes | None) -> f
     return end - start
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU time so far: every thread, user + system, and children it waited for."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
+
+def idle_cpu(argv: list[str], env: dict[str, str], marker: bytes, seconds: float) -> float:
+    """Percent of one core the app uses once painted and settled, doing nothing asked of it."""
+    proc, master = spawn(argv, env)
+    try:
+        if drain_until(proc, master, marker, 30.0, quit_on_marker=False) is None:
+            raise SystemExit(f"{argv}: never painted")
+        drain_until(proc, master, None, IDLE_SETTLE_S)
+        before, start = cpu_seconds(proc.pid), time.perf_counter()
+        drain_until(proc, master, None, seconds)
+        used, wall = cpu_seconds(proc.pid) - before, time.perf_counter() - start
+        if proc.poll() is not None:
+            raise SystemExit(f"{argv}: exited while idle ({proc.returncode})")
+        os.write(master, b"q")
+        drain_until(proc, master, None, 10.0)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    finally:
+        os.close(master)
+    return 100 * used / wall
+
+
 def responsiveness(mode: str, seconds: float, rate: float, env: dict[str, str]) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = tmp.name
-    proc, master = spawn([sys.executable, __file__, "--child", mode, "--seconds", str(seconds), "--rate", str(rate),
+    proc, master = spawn([sys.executable, str(Path(__file__).resolve()), "--child", mode, "--seconds", str(seconds), "--rate", str(rate),
                           "--out", out], env)
-    drain_until(proc, master, None, seconds + 30)
+    drain_until(proc, master, None, seconds + FRAME_SETTLE_S + 30)
     proc.wait(10)
     os.close(master)
     data = json.loads(Path(out).read_text())
@@ -143,25 +218,15 @@ def responsiveness(mode: str, seconds: float, rate: float, env: dict[str, str]) 
             "cpu_pct": 100 * data["cpu_s"] / data["seconds"]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--rate", type=float, default=2000.0)
-    parser.add_argument("--json")
-    parser.add_argument("--child")
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    if args.child:
-        child(args.child, args.seconds, args.rate, args.out or os.devnull)
-        return
+def load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
-    home = Path(tempfile.mkdtemp(prefix="metralectl-tui-bench-"))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color", "COLUMNS": str(SIZE[0]),
-           "LINES": str(SIZE[1]), "METRALE_HOME": str(home / "metrale"), "METRALECTL_LOCK_DIR": str(home)}
+
+def paint_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: list[str]) -> dict[str, Any]:
     cases = {
         "python -c pass": ([sys.executable, "-c", "pass"], None),
-        "dashboard (fake services)": ([sys.executable, __file__, "--child", "paint"], b"Serving"),
+        "bare Textual app": ([sys.executable, me, "--child", "bare"], b"Serving"),
+        "dashboard (fake services)": ([sys.executable, me, "--child", "paint"], b"Serving"),
         "metralectl tui": ([sys.executable, "-m", "metralectl", "tui"], b"Serving"),
     }
     for argv, marker in cases.values():  # warm the page cache and the byte code once
@@ -170,28 +235,102 @@ def main() -> None:
     for _ in range(args.runs):
         for name, (argv, marker) in cases.items():
             times[name].append(first_paint(argv, env, marker))
-    print(f"first paint ({SIZE[0]}×{SIZE[1]} pty), median of {args.runs} interleaved runs; target ≤ {PAINT_TARGET_S} s")
-    base = statistics.median(times["python -c pass"])
-    paint: dict[str, Any] = {}
+    print(f"first paint ({SIZE[0]}×{SIZE[1]} pty), median of {args.runs} interleaved runs; "
+          f"target: metralectl tui ≤ {PAINT_TARGET_RATIO}× the bare app")
+    base = statistics.median(times["bare Textual app"])
+    out: dict[str, Any] = {}
     for name, samples in times.items():
         med = statistics.median(samples)
-        paint[name] = {"median_s": med, "max_s": max(samples)}
-        verdict = "" if name.startswith("python") else ("  ok" if med <= PAINT_TARGET_S else "  OVER")
-        print(f"  {name:<28}{med:7.3f} s  (max {max(samples):.3f} s, {med / base:4.1f}× python){verdict}")
+        out[name] = {"median_s": med, "max_s": max(samples), "samples_s": samples, "ratio_to_bare": med / base}
+        verdict = ""
+        if name == "metralectl tui":
+            verdict = "  ok" if med / base <= PAINT_TARGET_RATIO else "  OVER"
+            if verdict == "  OVER":
+                failed.append(f"first paint {med / base:.2f}× the bare app")
+        print(f"  {name:<28}{med:7.3f} s  (max {max(samples):.3f} s)  {med / base:5.2f}× bare{verdict}")
+    return out
 
-    print(f"\nframe times (heartbeat every 1/60 s) over {args.seconds:g} s; target p99 ≤ {FRAME_TARGET_S * 1000:.0f} ms")
-    idle = responsiveness("idle", args.seconds, 0, env)
+
+def idle_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: list[str]) -> dict[str, Any]:
+    print(f"idle CPU, % of one core over {args.idle:g} s from {IDLE_SETTLE_S:g} s after first paint, "
+          f"median of {args.idle_runs} interleaved runs; target: metralectl tui ≤ {IDLE_CPU_TARGET_PCT:g} %")
+    cases = {"bare Textual app": [sys.executable, me, "--child", "bare"],
+             "metralectl tui": [sys.executable, "-m", "metralectl", "tui"]}
+    idle: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.idle_runs):
+        for name, argv in cases.items():
+            idle[name].append(idle_cpu(argv, env, b"Serving", args.idle))
+    out: dict[str, Any] = {}
+    for name, samples in idle.items():
+        med = statistics.median(samples)
+        out[name] = {"median_pct": med, "samples_pct": samples}
+        verdict = ""
+        if name == "metralectl tui":
+            verdict = "  ok" if med <= IDLE_CPU_TARGET_PCT else "  OVER"
+            if verdict == "  OVER":
+                failed.append(f"idle CPU {med:.1f} %")
+        print(f"  {name:<28}{med:5.1f} %  (runs: {', '.join(f'{v:.1f}' for v in samples)}){verdict}")
+    return out
+
+
+def frames_part(args: argparse.Namespace, env: dict[str, str], failed: list[str]) -> dict[str, Any]:
+    print(f"frame times (heartbeat every 1/60 s) over {args.seconds:g} s from {FRAME_SETTLE_S:g} s after mount, "
+          f"dashboard on fake services; target p99 ≤ {FRAME_TARGET_S * 1000:.0f} ms at {args.rate:.0f} lines/s")
+    quiet = responsiveness("idle", args.seconds, 0, env)
     loaded = responsiveness("log", args.seconds, args.rate, env)
-    for r in (idle, loaded):
+    for r in (quiet, loaded):
         label = "log idle" if r["mode"] == "idle" else f"log at {r['rate']:.0f} lines/s"
         verdict = "" if r["mode"] == "idle" else ("  ok" if r["gap_p99_s"] <= FRAME_TARGET_S else "  OVER")
+        if verdict == "  OVER":
+            failed.append(f"frame p99 {r['gap_p99_s'] * 1000:.0f} ms")
         print(f"  {label:<24} p50 {r['gap_p50_s'] * 1000:5.1f} ms  p99 {r['gap_p99_s'] * 1000:5.1f} ms  "
               f"max {r['gap_max_s'] * 1000:6.1f} ms  shown {r['lines_per_s']:7.0f} lines/s  "
               f"skipped {r['skipped']}  CPU {r['cpu_pct']:4.0f} %{verdict}")
-    print(f"  p99 ratio loaded/idle: {loaded['gap_p99_s'] / idle['gap_p99_s']:.2f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"first_paint": paint, "idle": idle, "loaded": loaded}, indent=2))
+    print(f"  p99 ratio loaded/idle: {loaded['gap_p99_s'] / quiet['gap_p99_s']:.2f}")
+    return {"idle": quiet, "loaded": loaded}
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=2000.0)
+    parser.add_argument("--idle", type=float, default=15.0, help="seconds of idle CPU measured per run")
+    parser.add_argument("--idle-runs", type=int, default=3)
+    parser.add_argument("--repo", help="measure this checkout's dashboard (default: the one holding this script)")
+    parser.add_argument("--parts", default="paint,idle,frames", help="which measurements (comma-separated)")
+    parser.add_argument("--json")
+    parser.add_argument("--child")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.seconds, args.rate, args.out or os.devnull)
+        return
+
+    repo = Path(args.repo).resolve() if args.repo else REPO
+    home = Path(tempfile.mkdtemp(prefix="metralectl-tui-bench-"))
+    env = {**os.environ, "PYTHONPATH": str(repo), "TUI_BENCH_REPO": str(repo), "TERM": "xterm-256color",
+           "COLUMNS": str(SIZE[0]), "LINES": str(SIZE[1]), "METRALE_HOME": str(home / "metrale"),
+           "METRALECTL_LOCK_DIR": str(home)}
+    me = str(Path(__file__).resolve())
+    parts = set(args.parts.split(","))
+    print(f"tree measured: {repo}; load average before: {load()}")
+    failed: list[str] = []
+    results: dict[str, Any] = {"tree": str(repo), "load_before": os.getloadavg()}
+    if "paint" in parts:
+        results["first_paint"] = paint_part(args, env, me, failed)
+    if "idle" in parts:
+        results["idle_cpu"] = idle_part(args, env, me, failed)
+    if "frames" in parts:
+        results.update(frames_part(args, env, failed))
+    print(f"load average after: {load()}")
+    results["load_after"] = os.getloadavg()
+    results["over"] = failed
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    if failed:
+        print("OVER TARGET: " + "; ".join(failed), file=sys.stderr)
+        raise SystemExit(1)
 
 if __name__ == "__main__":
     main()

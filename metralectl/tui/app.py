@@ -87,7 +87,8 @@ class MetralectlApp(App[int]):
         yield SystemCommand("Doctor: re-run checks", "run every doctor check again", self._rerun_doctor)
         yield SystemCommand("Library: reload", "read the catalog, the HF cache and Docker again",
                             lambda: self.main.query_one(LibraryView).reload())
-        library = self.main.query_one(LibraryView).snapshot
+        views = self.main.query(LibraryView)  # empty until mounted, just after the first paint
+        library = views.first().snapshot if views else None
         for item in library.items if library else ():
             name = item.row.name
             verbs: tuple[tuple[Action, str], ...] = (("run", "Run"), ("swap", "Swap to"), ("pull", "Pull"))
@@ -138,7 +139,8 @@ class MetralectlApp(App[int]):
             self.action_show_view("serving")  # MainScreen.on_screen_resume focuses the log
 
     def on_served_changed(self, _: ServedChanged) -> None:
-        self.main.query_one(LibraryView).reload()
+        for library in self.main.query(LibraryView):  # none before it is mounted: it loads on mount then
+            library.reload()
         self.main.query_one(ServingView).action_refresh_status()
 
     # -- errors ---------------------------------------------------------------------------------

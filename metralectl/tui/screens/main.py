@@ -1,9 +1,16 @@
-"""The screen under every dialog: the four views in tabs and the footer of bindings."""
+"""The screen under every dialog: the four views in tabs and the footer of bindings.
+
+Only Serving (the first tab) is composed before the first paint; the hidden views are mounted right
+after it (textual.lazy.Lazy): their widgets — the bench form above all — would otherwise cost the
+first paint most of its time (benchmarks/tui.py)."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.css.query import NoMatches
+from textual.lazy import Lazy
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, TabbedContent, TabPane
 
 from metralectl.tui.views.bench import BenchView
@@ -24,11 +31,11 @@ class MainScreen(Screen[None]):
             with TabPane("1 Serving", id="serving"):
                 yield ServingView(id="serving-view", status_every_s=self._status_every_s)
             with TabPane("2 Library", id="library"):
-                yield LibraryView(id="library-view")
+                yield Lazy(LibraryView(id="library-view"))
             with TabPane("3 Benchmarks", id="bench"):
-                yield BenchView(id="bench-view")
+                yield Lazy(BenchView(id="bench-view"))
             with TabPane("4 Doctor", id="doctor"):
-                yield DoctorView(id="doctor-view")
+                yield Lazy(DoctorView(id="doctor-view"))
         yield Footer()
 
     @property
@@ -42,7 +49,9 @@ class MainScreen(Screen[None]):
         """Focus the active view's main widget (unless focus is already inside that view)."""
         if self.app.screen is not self:
             return  # a dialog is on top; on_screen_resume comes back here
-        widget = self.query_one(f"#{self.active}-view")
+        widget = self.active_view()
+        if widget is None:
+            return  # mounted right after the first paint (Lazy): not yet
         if self.focused is not None and widget in self.focused.ancestors_with_self:
             return
         focus = getattr(widget, "focus_main", None)
@@ -57,8 +66,13 @@ class MainScreen(Screen[None]):
         # dialog being dismissed, and then never run
         self.focus_active()
 
+    def active_view(self) -> Widget | None:
+        try:
+            return self.query_one(f"#{self.active}-view")
+        except NoMatches:
+            return None
+
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        widget = self.query_one(f"#{self.active}-view")
-        focus = getattr(widget, "focus_main", None)
+        focus = getattr(self.active_view(), "focus_main", None)
         if focus is not None and self.app.screen is self:
             focus()
