@@ -32,6 +32,7 @@ import json
 import os
 import pty
 import re
+import resource
 import select
 import statistics
 import struct
@@ -127,9 +128,10 @@ def spawn(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes]
 
 
 def drain_until(proc: subprocess.Popen[bytes], master: int, marker: bytes | None, timeout: float,
-                quit_on_marker: bool = True) -> float | None:
+                quit_on_marker: bool = True, cpu_at: list[float] | None = None) -> float | None:
     """Read the pty (so the child never blocks on output); time when the plain text shows `marker`
-    (and press q then, unless told not to: the caller keeps the app running)."""
+    (and press q then, unless told not to: the caller keeps the app running). `cpu_at` gets the
+    child's CPU seconds at that moment."""
     seen = b""
     found: float | None = None
     deadline = time.monotonic() + timeout
@@ -146,6 +148,8 @@ def drain_until(proc: subprocess.Popen[bytes], master: int, marker: bytes | None
                 seen = (seen + ANSI.sub(b"", chunk))[-4096:]
                 if marker in seen:
                     found = time.perf_counter()
+                    if cpu_at is not None:
+                        cpu_at.append(cpu_seconds(proc.pid))
                     if not quit_on_marker:
                         return found
                     if proc.poll() is None:
@@ -155,17 +159,24 @@ def drain_until(proc: subprocess.Popen[bytes], master: int, marker: bytes | None
     return found
 
 
-def first_paint(argv: list[str], env: dict[str, str], marker: bytes | None) -> float:
+def first_paint(argv: list[str], env: dict[str, str], marker: bytes | None) -> tuple[float, float]:
+    """Wall seconds from spawn to first paint, and the CPU seconds the child used by then (the steadier
+    number on a busy machine: it does not count the time other processes held the cores)."""
+    waited = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc, master = spawn(argv, env)
-    found = drain_until(proc, master, marker, 30.0)
+    cpu: list[float] = []
+    found = drain_until(proc, master, marker, 30.0, cpu_at=cpu)
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
     os.close(master)
     end = found if found is not None else time.perf_counter()
-    return end - start
+    if not cpu:  # no marker (python -c pass): all it used, once reaped
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(usage.ru_utime + usage.ru_stime - waited.ru_utime - waited.ru_stime)
+    return end - start, cpu[0]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -222,51 +233,70 @@ def load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
+TUI = [sys.executable, "-m", "metralectl", "tui"]
+
+
+def compared(env: dict[str, str], tree: str | None) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """`metralectl tui` of another checkout (`--compare`), measured in the same interleaving."""
+    if not tree:
+        return {}
+    other = str(Path(tree).resolve())
+    return {f"metralectl tui @ {Path(other).name}": (TUI, {**env, "PYTHONPATH": other, "TUI_BENCH_REPO": other})}
+
+
 def paint_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: list[str]) -> dict[str, Any]:
-    cases = {
-        "python -c pass": ([sys.executable, "-c", "pass"], None),
-        "bare Textual app": ([sys.executable, me, "--child", "bare"], b"Serving"),
-        "dashboard (fake services)": ([sys.executable, me, "--child", "paint"], b"Serving"),
-        "metralectl tui": ([sys.executable, "-m", "metralectl", "tui"], b"Serving"),
+    cases: dict[str, tuple[list[str], bytes | None, dict[str, str]]] = {
+        "python -c pass": ([sys.executable, "-c", "pass"], None, env),
+        "bare Textual app": ([sys.executable, me, "--child", "bare"], b"Serving", env),
+        "dashboard (fake services)": ([sys.executable, me, "--child", "paint"], b"Serving", env),
+        "metralectl tui": (TUI, b"Serving", env),
+        **{name: (argv, b"Serving", other) for name, (argv, other) in compared(env, args.compare).items()},
     }
-    for argv, marker in cases.values():  # warm the page cache and the byte code once
-        first_paint(argv, env, marker)
+    for argv, marker, case_env in cases.values():  # warm the page cache and the byte code once
+        first_paint(argv, case_env, marker)
     times: dict[str, list[float]] = {name: [] for name in cases}
+    cpus: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.runs):
-        for name, (argv, marker) in cases.items():
-            times[name].append(first_paint(argv, env, marker))
-    print(f"first paint ({SIZE[0]}×{SIZE[1]} pty), median of {args.runs} interleaved runs; "
-          f"target: metralectl tui ≤ {PAINT_TARGET_RATIO}× the bare app")
-    base = statistics.median(times["bare Textual app"])
+        for name, (argv, marker, case_env) in cases.items():
+            wall, cpu = first_paint(argv, case_env, marker)
+            times[name].append(wall)
+            cpus[name].append(cpu)
+    print(f"first paint ({SIZE[0]}×{SIZE[1]} pty), median of {args.runs} interleaved runs: wall time, and the CPU "
+          f"time the process used until then; target: metralectl tui ≤ {PAINT_TARGET_RATIO}× the bare app (wall)")
+    base, base_cpu = statistics.median(times["bare Textual app"]), statistics.median(cpus["bare Textual app"])
     out: dict[str, Any] = {}
     for name, samples in times.items():
-        med = statistics.median(samples)
-        out[name] = {"median_s": med, "max_s": max(samples), "samples_s": samples, "ratio_to_bare": med / base}
+        med, cpu = statistics.median(samples), statistics.median(cpus[name])
+        out[name] = {"median_s": med, "max_s": max(samples), "samples_s": samples, "ratio_to_bare": med / base,
+                     "cpu_median_s": cpu, "cpu_samples_s": cpus[name], "cpu_ratio_to_bare": cpu / base_cpu}
         verdict = ""
-        if name == "metralectl tui":
+        if name.startswith("metralectl tui"):
             verdict = "  ok" if med / base <= PAINT_TARGET_RATIO else "  OVER"
+        if name == "metralectl tui":
             if verdict == "  OVER":
                 failed.append(f"first paint {med / base:.2f}× the bare app")
-        print(f"  {name:<28}{med:7.3f} s  (max {max(samples):.3f} s)  {med / base:5.2f}× bare{verdict}")
+        print(f"  {name:<28}{med:7.3f} s  (max {max(samples):.3f} s)  {med / base:5.2f}× bare   "
+              f"CPU {cpu:6.3f} s  {cpu / base_cpu:5.2f}× bare{verdict}")
     return out
 
 
 def idle_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: list[str]) -> dict[str, Any]:
     print(f"idle CPU, % of one core over {args.idle:g} s from {IDLE_SETTLE_S:g} s after first paint, "
           f"median of {args.idle_runs} interleaved runs; target: metralectl tui ≤ {IDLE_CPU_TARGET_PCT:g} %")
-    cases = {"bare Textual app": [sys.executable, me, "--child", "bare"],
-             "metralectl tui": [sys.executable, "-m", "metralectl", "tui"]}
+    cases = {"bare Textual app": ([sys.executable, me, "--child", "bare"], env), "metralectl tui": (TUI, env),
+             **compared(env, args.compare)}
     idle: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.idle_runs):
-        for name, argv in cases.items():
-            idle[name].append(idle_cpu(argv, env, b"Serving", args.idle))
+        for name, (argv, case_env) in cases.items():
+            idle[name].append(idle_cpu(argv, case_env, b"Serving", args.idle))
     out: dict[str, Any] = {}
     for name, samples in idle.items():
         med = statistics.median(samples)
         out[name] = {"median_pct": med, "samples_pct": samples}
         verdict = ""
-        if name == "metralectl tui":
+        if name.startswith("metralectl tui"):
             verdict = "  ok" if med <= IDLE_CPU_TARGET_PCT else "  OVER"
+        if name == "metralectl tui":
             if verdict == "  OVER":
                 failed.append(f"idle CPU {med:.1f} %")
         print(f"  {name:<28}{med:5.1f} %  (runs: {', '.join(f'{v:.1f}' for v in samples)}){verdict}")
@@ -298,6 +328,7 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=15.0, help="seconds of idle CPU measured per run")
     parser.add_argument("--idle-runs", type=int, default=3)
     parser.add_argument("--repo", help="measure this checkout's dashboard (default: the one holding this script)")
+    parser.add_argument("--compare", help="also measure this checkout's `metralectl tui`, interleaved (before/after)")
     parser.add_argument("--parts", default="paint,idle,frames", help="which measurements (comma-separated)")
     parser.add_argument("--json")
     parser.add_argument("--child")
@@ -312,6 +343,9 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(repo), "TUI_BENCH_REPO": str(repo), "TERM": "xterm-256color",
            "COLUMNS": str(SIZE[0]), "LINES": str(SIZE[1]), "METRALE_HOME": str(home / "metrale"),
            "METRALECTL_LOCK_DIR": str(home)}
+    # An installed metralectl has its byte code compiled; a checkout run with PYTHONDONTWRITEBYTECODE would
+    # compile every module on every start, which no user pays (the warm-up run writes the caches).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     me = str(Path(__file__).resolve())
     parts = set(args.parts.split(","))
     print(f"tree measured: {repo}; load average before: {load()}")
