@@ -275,8 +275,8 @@ def paint_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: l
         if name == "metralectl tui":
             if verdict == "  OVER":
                 failed.append(f"first paint {med / base:.2f}× the bare app")
-        print(f"  {name:<28}{med:7.3f} s  (max {max(samples):.3f} s)  {med / base:5.2f}× bare   "
-              f"CPU {cpu:6.3f} s  {cpu / base_cpu:5.2f}× bare{verdict}")
+        print(f"  {name:<28}{med:7.3f} s  (min {min(samples):.3f} s)  {med / base:5.2f}× bare   "
+              f"CPU {cpu:6.3f} s  (min {min(cpus[name]):.3f} s)  {cpu / base_cpu:5.2f}× bare{verdict}")
     return out
 
 
