@@ -121,8 +121,9 @@ def child(mode: str, seconds: float, rate: float, out: str) -> None:
 def spawn(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
+    # in the measured tree: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH
     proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
-                            start_new_session=True)
+                            start_new_session=True, cwd=env.get("TUI_BENCH_REPO"))
     os.close(slave)
     return proc, master
 
