@@ -8,20 +8,28 @@ a bare Textual app (Header, TabbedContent with two tabs, Footer): what any Textu
 Targets are ratios or absolutes within one run, so a busy machine slows both sides alike.
 - First paint: wall time from spawning the process until its output shows the view tabs, median of
   N runs, interleaved: `python -c pass`, the bare app, the dashboard on fake services, `metralectl tui`
-  (real services: they start after the first paint). Target: `metralectl tui` ≤ 1.3× the bare app.
+  (real services: they start after the first paint); with the CPU time each had used by then (steadier
+  on a busy machine). Target: `metralectl tui` ≤ 1.3× the bare app (wall). Children run with byte code
+  cached (PYTHONDONTWRITEBYTECODE dropped: an installed metralectl has its .pyc) in the measured tree.
 - Idle CPU: `metralectl tui` itself (real services: Docker polled, NVML tried, nothing served) and the
   bare app, each from 3 s after its first paint for IDLE seconds, from the process's own CPU times
   (/proc/PID/stat: every thread, and children it waited for). Median of the interleaved runs.
   Target: `metralectl tui` ≤ 5 % of a core.
-- Responsiveness: a heartbeat timer inside the app ticks every 1/60 s; the gaps between its ticks are
-  the event loop's frame times. Measured with the log idle and with the fake engine writing RATE
+- Responsiveness: a heartbeat timer inside the app ticks every 1/60 s from 3 s after mount (start-up is
+  not a frame); the gaps between its ticks are the event loop's frame times. Measured with the log idle and with the fake engine writing RATE
   lines/s to the log tail (through the real worker → Coalescer → LogTail path). CPU is counted over
   the measured window only. Target: frame p99 ≤ 50 ms at 2,000 lines/s.
+- The same on the real app (real services: Docker, NVML, the catalog) following a real container's
+  log through `docker logs --follow` (`real-log`: a busybox awk writing ~RATE lines/s in
+  metralectl-test/engine-bundled:latest, tests/docker_image/build.sh; the status gets one extra row for
+  it, since it is no engine of ours). Same target.
 
     PYTHONPATH=. python3 benchmarks/tui.py [--runs 7] [--idle 15] [--idle-runs 3] [--seconds 10]
-        [--rate 2000] [--repo TREE] [--json FILE]
+        [--rate 2000] [--parts paint,idle,frames,real-log] [--repo TREE] [--compare TREE] [--json FILE]
 
-`--repo TREE` measures another checkout's dashboard (e.g. the code before a change) with this harness.
+`--repo TREE` measures another checkout's dashboard (e.g. the code before a change) with this harness;
+`--compare TREE` adds that checkout's `metralectl tui` to the same interleaving (first paint, idle CPU).
+Exit 1 when a target is missed or a part could not be measured.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ IDLE_CPU_TARGET_PCT = 5.0
 IDLE_SETTLE_S = 3.0  # after first paint: the first status poll, the library and telemetry start are not idle
 FRAME_TARGET_S = 0.050
 FRAME_SETTLE_S = 3.0  # the heartbeat starts this long after the app mounts
+FLOOD_IMAGE = "metralectl-test/engine-bundled:latest"  # busybox (tests/docker_image/build.sh)
 SIZE = (120, 40)
 ANSI = re.compile(rb"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]")
 
@@ -76,6 +85,24 @@ def bare() -> None:
     Bare().run()
 
 
+def real_services(container: str) -> Any:
+    """The real services (Docker, NVML, the catalog) with one more row in the status: the flood container,
+    which is no engine of ours, so `ps` would not list it. Its log comes through the real path."""
+    from dataclasses import replace
+
+    from metralectl.lifecycle.status import Serving
+    from metralectl.tui.core_services import CoreServices
+
+    class WithFlood(CoreServices):
+        def status(self) -> Any:
+            report = super().status()
+            row = Serving(recipe="log-flood", name=container, owner="bench", state="running", health="-",
+                          uptime="-", uptime_s=None, endpoint="-", run_id="-", image=FLOOD_IMAGE, image_revision=None)
+            return replace(report, serving=[row, *report.serving])
+
+    return WithFlood()
+
+
 def child(mode: str, seconds: float, rate: float, out: str) -> None:
     if mode == "bare":
         bare()
@@ -83,8 +110,12 @@ def child(mode: str, seconds: float, rate: float, out: str) -> None:
     from metralectl.tui.app import MetralectlApp
     from tests.unit.tui.fakes import FakeServices
 
-    services = FakeServices(served=["qwen3.5-35b-a3b"], log_rate=rate if mode == "log" else None,
-                            feed_interval_s=1.0)  # the real feed's rate: charts redraw once a second
+    services: Any
+    if mode.startswith("real-log:"):
+        services = real_services(mode.partition(":")[2])
+    else:
+        services = FakeServices(served=["qwen3.5-35b-a3b"], log_rate=rate if mode == "log" else None,
+                                feed_interval_s=1.0)  # the real feed's rate: charts redraw once a second
 
     class Measured(MetralectlApp):
         def on_mount(self) -> None:
@@ -238,7 +269,7 @@ def responsiveness(mode: str, seconds: float, rate: float, env: dict[str, str]) 
     def q(p: float) -> float:
         return gaps[min(len(gaps) - 1, int(p / 100 * len(gaps)))]
 
-    return {"mode": mode, "rate": rate if mode == "log" else 0, "ticks": len(gaps) + 1, "gap_p50_s": q(50),
+    return {"mode": mode.partition(":")[0], "rate": rate if mode != "idle" else 0, "ticks": len(gaps) + 1, "gap_p50_s": q(50),
             "gap_p99_s": q(99), "gap_max_s": gaps[-1], "lines": data["received"],
             "lines_per_s": data["received"] / data["seconds"], "skipped": data["skipped"],
             "cpu_pct": 100 * data["cpu_s"] / data["seconds"]}
@@ -342,6 +373,48 @@ def frames_part(args: argparse.Namespace, env: dict[str, str], failed: list[str]
     return {"idle": quiet, "loaded": loaded}
 
 
+def flood_container(rate: float) -> str:
+    """A container that writes about RATE lines a second to its log (awk: a burst, then usleep 10 ms; one
+    round takes ≈12 ms with the fork). What the dashboard received is measured, not assumed."""
+    per_tick = max(1, round(rate * 0.012))
+    script = (f'BEGIN {{ while (1) {{ for (i = 0; i < {per_tick}; i++) print "flood line " n++ " the quick brown fox '
+              f'jumps over the lazy dog"; fflush(); system("usleep 10000") }} }}')
+    name = f"metralectl-tui-bench-flood-{os.getpid()}"
+    try:
+        subprocess.run(["docker", "run", "-d", "--rm", "--network", "none", "--name", name, "--entrypoint", "/bin/busybox",
+                        FLOOD_IMAGE, "awk", script], check=True, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        raise SystemExit(f"real-log: could not start the flood container from {FLOOD_IMAGE} ({detail}); "
+                         "build it with tests/docker_image/build.sh, or leave real-log out of --parts") from None
+    return name
+
+
+def real_log_part(args: argparse.Namespace, env: dict[str, str], failed: list[str]) -> dict[str, Any]:
+    print(f"frame times over {args.seconds:g} s from {FRAME_SETTLE_S:g} s after mount, the real app (real services) "
+          f"following a real container's log (docker logs --follow) at ~{args.rate:.0f} lines/s; "
+          f"target p99 ≤ {FRAME_TARGET_S * 1000:.0f} ms")
+    try:
+        name = flood_container(args.rate)
+    except SystemExit as exc:
+        print(f"  NOT MEASURED: {exc}")
+        failed.append("real-log not measured")
+        return {}
+    try:
+        r = responsiveness(f"real-log:{name}", args.seconds, args.rate, env)
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60, check=False)
+    verdict = "  ok" if r["gap_p99_s"] <= FRAME_TARGET_S else "  OVER"
+    if verdict == "  OVER":
+        failed.append(f"real app frame p99 {r['gap_p99_s'] * 1000:.0f} ms")
+    if r["lines_per_s"] < 0.8 * args.rate:
+        verdict += f"  (the log delivered only {r['lines_per_s']:.0f} lines/s)"
+    print(f"  {'real log':<24} p50 {r['gap_p50_s'] * 1000:5.1f} ms  p99 {r['gap_p99_s'] * 1000:5.1f} ms  "
+          f"max {r['gap_max_s'] * 1000:6.1f} ms  shown {r['lines_per_s']:7.0f} lines/s  "
+          f"skipped {r['skipped']}  CPU {r['cpu_pct']:4.0f} %{verdict}")
+    return r
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
@@ -351,7 +424,7 @@ def main() -> None:
     parser.add_argument("--idle-runs", type=int, default=3)
     parser.add_argument("--repo", help="measure this checkout's dashboard (default: the one holding this script)")
     parser.add_argument("--compare", help="also measure this checkout's `metralectl tui`, interleaved (before/after)")
-    parser.add_argument("--parts", default="paint,idle,frames", help="which measurements (comma-separated)")
+    parser.add_argument("--parts", default="paint,idle,frames,real-log", help="which measurements (comma-separated)")
     parser.add_argument("--json")
     parser.add_argument("--child")
     parser.add_argument("--out")
@@ -379,6 +452,8 @@ def main() -> None:
         results["idle_cpu"] = idle_part(args, env, me, failed)
     if "frames" in parts:
         results.update(frames_part(args, env, failed))
+    if "real-log" in parts:
+        results["real_log"] = real_log_part(args, env, failed)
     print(f"load average after: {load()}")
     results["load_after"] = os.getloadavg()
     results["over"] = failed
