@@ -16,8 +16,9 @@ Targets are ratios or absolutes within one run, so a busy machine slows both sid
   (/proc/PID/stat: every thread, and children it waited for). Median of the interleaved runs.
   Target: `metralectl tui` ≤ 5 % of a core.
 - Responsiveness: a heartbeat timer inside the app ticks every 1/60 s from 3 s after mount (start-up is
-  not a frame); the gaps between its ticks are the event loop's frame times. Measured with the log idle and with the fake engine writing RATE
-  lines/s to the log tail (through the real worker → Coalescer → LogTail path). CPU is counted over
+  not a frame); the gaps between its ticks are the event loop's frame times. Measured with the log
+  idle and with the fake engine writing RATE lines/s to the log tail (through the real worker →
+  Coalescer → LogTail path). CPU is counted over
   the measured window only. Target: frame p99 ≤ 50 ms at 2,000 lines/s.
 - The same on the real app (real services: Docker, NVML, the catalog) following a real container's
   log through `docker logs --follow` (`real-log`: a busybox awk writing ~RATE lines/s in
@@ -257,8 +258,8 @@ def idle_cpu(argv: list[str], env: dict[str, str], marker: bytes, seconds: float
 def responsiveness(mode: str, seconds: float, rate: float, env: dict[str, str]) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = tmp.name
-    proc, master = spawn([sys.executable, str(Path(__file__).resolve()), "--child", mode, "--seconds", str(seconds), "--rate", str(rate),
-                          "--out", out], env)
+    proc, master = spawn([sys.executable, str(Path(__file__).resolve()), "--child", mode, "--seconds", str(seconds),
+                          "--rate", str(rate), "--out", out], env)
     drain_until(proc, master, None, seconds + FRAME_SETTLE_S + 30)
     proc.wait(10)
     os.close(master)
