@@ -1,12 +1,14 @@
 """The console script's first stop: the answers that need no command tree, then the Typer app.
 
 Importing Click and Typer and building the tree of every command costs several times Python's own
-start. Four answers need neither, and give the same bytes and exit code as the Typer app:
+start. Five answers need neither, and give the same bytes and exit code as the Typer app:
 - `--version` (and `version`): a constant;
 - `--help` / `-h`: the text Click rendered last time for this code and this width (cli/help_cache.py);
 - `list` (or `ls`) with its options written plainly (`--json`, `--only`, `--hardware X`, `--tag X`, or the
   `--opt=X` forms): the command's own body (cli/catalog_list.py);
-- `ps` and `ps --json`: the command's own body (cli/ps_report.py; `--repair` goes through Typer).
+- `ps` and `ps --json`: the command's own body (cli/ps_report.py; `--repair` goes through Typer);
+- `tui` (`--hardware X` or `--hardware=X`), and no arguments on a terminal: the dashboard, whose first
+  paint would otherwise wait for the command tree (benchmarks/tui.py).
 Anything else (another command, `--debug`, an option this parser does not know, a value that looks
 like an option) goes to cli/main.py unchanged, which answers and reports errors as it always did.
 """
@@ -53,6 +55,22 @@ def _list_options(args: list[str]) -> dict[str, Any] | None:
     return found
 
 
+def _tui_options(args: list[str]) -> dict[str, Any] | None:
+    """The dashboard's options as Click would pass them, or None for anything Click should judge itself."""
+    if not args:  # the root callback opens the dashboard on a terminal, prints the help elsewhere
+        return {"hardware": None} if sys.stdin.isatty() and sys.stdout.isatty() else None
+    rest = args[1:]
+    if args[0] != "tui" or len(rest) > 2:
+        return None
+    if not rest:
+        return {"hardware": None}
+    if len(rest) == 1 and rest[0].startswith("--hardware=") and len(rest[0]) > len("--hardware="):
+        return {"hardware": rest[0].partition("=")[2]}
+    if len(rest) == 2 and rest[0] == "--hardware" and rest[1] and not rest[1].startswith("-"):
+        return {"hardware": rest[1]}
+    return None
+
+
 def _fast(args: list[str]) -> Answer | None:
     if args in (["--version"], ["version"]):
         def version() -> int | None:
@@ -80,6 +98,13 @@ def _fast(args: list[str]) -> Answer | None:
             ps(as_json=len(args) == 2)
             return None
         return ps
+    tui_options = _tui_options(args)
+    if tui_options is not None:
+        def open_dashboard() -> int | None:
+            from metralectl.tui import open_on_terminal
+
+            return open_on_terminal(tui_options["hardware"])
+        return open_dashboard
     options = _list_options(args)
     if options is not None:
         def list_recipes() -> int | None:

@@ -16,15 +16,11 @@ def tui(
 
 
 def launch(hardware: str | None = None) -> None:
-    import sys
-
-    from metralectl.errors import ExitCode, UsageError
-
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise UsageError("the dashboard needs a terminal (stdin and stdout)", "the other commands work without one")
     from metralectl import tui as dashboard
-    code = ExitCode.of(dashboard.run(hardware=hardware))
-    if code is not ExitCode.OK:
+    from metralectl.errors import ExitCode
+
+    code = dashboard.open_on_terminal(hardware)
+    if code != ExitCode.OK:
         raise typer.Exit(code)
 
 

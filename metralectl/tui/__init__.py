@@ -12,6 +12,18 @@ if TYPE_CHECKING:
     from metralectl.tui.services import Services
 
 
+def open_on_terminal(hardware: str | None = None) -> int:
+    """`metralectl tui`: the dashboard on this terminal, or a usage error without one. Typer-free, so the
+    console script's fast path (cli/entry.py) opens it without building the command tree."""
+    import sys
+
+    from metralectl.errors import ExitCode, UsageError
+
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("the dashboard needs a terminal (stdin and stdout)", "the other commands work without one")
+    return int(ExitCode.of(run(hardware=hardware)))
+
+
 def run(services: Services | None = None, *, hardware: str | None = None) -> int:
     """Open the dashboard on this terminal; returns the exit code."""
     from metralectl.tui.app import MetralectlApp

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -23,13 +23,12 @@ from textual.worker import Worker, WorkerState
 
 from metralectl.errors import MetralError
 from metralectl.tui.messages import PlanReady, ServedChanged, WorkerFailed
-from metralectl.tui.screens.confirm import ConfirmScreen
 from metralectl.tui.screens.main import VIEWS, MainScreen
-from metralectl.tui.screens.progress import ProgressScreen
 from metralectl.tui.services import Action, Outcome, Services
-from metralectl.tui.views.doctor import DoctorView
-from metralectl.tui.views.library import LibraryView
 from metralectl.tui.views.serving import ServingView
+
+if TYPE_CHECKING:  # the other views and the dialogs are imported after the first paint (screens/main.py)
+    from metralectl.tui.views.library import LibraryView
 
 STYLES = Path(__file__).parent / "styles"  # absolute: subclasses elsewhere (tests, benchmarks) find it too
 WORKER_THREADS = 16  # long-lived feeds (status, telemetry, logs) must never starve an action
@@ -86,8 +85,9 @@ class MetralectlApp(App[int]):
                             partial(self.request_action, "stop", None))
         yield SystemCommand("Doctor: re-run checks", "run every doctor check again", self._rerun_doctor)
         yield SystemCommand("Library: reload", "read the catalog, the HF cache and Docker again",
-                            lambda: self.main.query_one(LibraryView).reload())
-        library = self.main.query_one(LibraryView).snapshot
+                            lambda: self._library().reload())
+        views = self.main.query("#library-view")  # empty until mounted, just after the first paint
+        library = self._library().snapshot if views else None
         for item in library.items if library else ():
             name = item.row.name
             verbs: tuple[tuple[Action, str], ...] = (("run", "Run"), ("swap", "Swap to"), ("pull", "Pull"))
@@ -95,9 +95,16 @@ class MetralectlApp(App[int]):
                 yield SystemCommand(f"{verb} {name}", f"{item.row.model} {item.row.quant} on {item.row.hardware}",
                                     partial(self.request_action, action, name))
 
+    def _library(self) -> LibraryView:
+        from metralectl.tui.views.library import LibraryView
+
+        return self.main.query_one("#library-view", LibraryView)
+
     def _rerun_doctor(self) -> None:
+        from metralectl.tui.views.doctor import DoctorView
+
         self.action_show_view("doctor")
-        self.main.query_one(DoctorView).action_rerun()
+        self.main.query_one("#doctor-view", DoctorView).action_rerun()
 
     # -- actions: plan → confirm → progress ----------------------------------------------------
     def on_library_view_action_requested(self, message: LibraryView.ActionRequested) -> None:
@@ -117,6 +124,9 @@ class MetralectlApp(App[int]):
             self.post_message(WorkerFailed(f"{action} {recipe or ''}".strip(), exc))
 
     def on_plan_ready(self, message: PlanReady) -> None:
+        from metralectl.tui.screens.confirm import ConfirmScreen
+        from metralectl.tui.screens.progress import ProgressScreen
+
         plan = message.plan
 
         def confirmed(ok: bool | None) -> None:
@@ -138,8 +148,9 @@ class MetralectlApp(App[int]):
             self.action_show_view("serving")  # MainScreen.on_screen_resume focuses the log
 
     def on_served_changed(self, _: ServedChanged) -> None:
-        self.main.query_one(LibraryView).reload()
-        self.main.query_one(ServingView).action_refresh_status()
+        if self.main.query("#library-view"):  # none before it is mounted: it loads on mount then
+            self._library().reload()
+        self.main.query_one("#serving-view", ServingView).action_refresh_status()
 
     # -- errors ---------------------------------------------------------------------------------
     def on_worker_failed(self, message: WorkerFailed) -> None:
@@ -156,6 +167,8 @@ class MetralectlApp(App[int]):
 
     # -- quitting -------------------------------------------------------------------------------
     async def action_quit(self) -> None:
+        from metralectl.tui.screens.progress import ProgressScreen
+
         running = [s for s in self.screen_stack if isinstance(s, ProgressScreen) and s.outcome is None]
         for screen in running:
             if screen.plan.cancellable:

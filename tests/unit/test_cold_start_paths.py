@@ -46,6 +46,7 @@ def same(left: subprocess.CompletedProcess[str], right: subprocess.CompletedProc
     ["list", "--hardware", "h100"],  # a MetralError through the shared boundary: its code, the same words
     ["list", "--hardware"], ["list", "--hardware", "--json"], ["list", "--bogus"], ["list", "extra"],
     ["version"], ["ls"], ["ls", "--json", "--tag", "ep2"], ["ls", "--bogus"],  # the aliases docker/ollama users type
+    ["tui"], ["tui", "--hardware", "gb10"], ["tui", "--hardware=gb10"],  # no terminal here: the same usage error
 ])
 def test_fast_answers_are_the_apps_answers(args: list[str]) -> None:
     same(run(FULL, args), run(None, args))
@@ -90,6 +91,21 @@ def test_list_options_as_click_reads_them() -> None:
     for undecided in (["show"], ["list", "--hardware"], ["list", "--tag", "-x"], ["list", "--json=1"],
                       ["list", "--help"], ["list", "-h"], ["list", "--", "x"], ["--debug", "list"]):
         assert _list_options(undecided) is None, undecided
+
+
+def test_tui_options_as_click_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from metralectl.cli.entry import _tui_options
+
+    assert _tui_options(["tui"]) == {"hardware": None}
+    assert _tui_options(["tui", "--hardware", "gb10"]) == _tui_options(["tui", "--hardware=gb10"]) == {"hardware": "gb10"}
+    for undecided in (["tui", "--hardware"], ["tui", "--hardware="], ["tui", "--hardware", "-x"], ["tui", "--help"],
+                      ["tui", "extra"], ["tui", "--hardware", "a", "--hardware", "b"], ["--debug", "tui"], ["top"]):
+        assert _tui_options(undecided) is None, undecided
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False, raising=False)
+    assert _tui_options([]) is None  # no terminal: the root prints its help, through Typer
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    assert _tui_options([]) == {"hardware": None}
 
 
 def test_help_cache_key_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

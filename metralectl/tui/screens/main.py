@@ -1,14 +1,18 @@
-"""The screen under every dialog: the four views in tabs and the footer of bindings."""
+"""The screen under every dialog: the four views in tabs and the footer of bindings.
+
+Only Serving (the first tab) is composed before the first paint; the hidden views are imported and
+mounted right after it: their modules, widgets and styles — the bench form above all — would
+otherwise cost the first paint most of its time (benchmarks/tui.py). Until then their panes are empty
+and queries for them find nothing."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from metralectl.tui.views.bench import BenchView
-from metralectl.tui.views.doctor import DoctorView
-from metralectl.tui.views.library import LibraryView
 from metralectl.tui.views.serving import ServingView
 
 VIEWS = (("serving", "Serving"), ("library", "Library"), ("bench", "Benchmarks"), ("doctor", "Doctor"))
@@ -23,12 +27,8 @@ class MainScreen(Screen[None]):
         with TabbedContent(id="views"):  # the first pane (Serving) is the one shown first
             with TabPane("1 Serving", id="serving"):
                 yield ServingView(id="serving-view", status_every_s=self._status_every_s)
-            with TabPane("2 Library", id="library"):
-                yield LibraryView(id="library-view")
-            with TabPane("3 Benchmarks", id="bench"):
-                yield BenchView(id="bench-view")
-            with TabPane("4 Doctor", id="doctor"):
-                yield DoctorView(id="doctor-view")
+            for number, (view, title) in enumerate(VIEWS[1:], start=2):
+                yield TabPane(f"{number} {title}", id=view)  # filled after the first paint
         yield Footer()
 
     @property
@@ -42,7 +42,9 @@ class MainScreen(Screen[None]):
         """Focus the active view's main widget (unless focus is already inside that view)."""
         if self.app.screen is not self:
             return  # a dialog is on top; on_screen_resume comes back here
-        widget = self.query_one(f"#{self.active}-view")
+        widget = self.active_view()
+        if widget is None:
+            return  # mounted right after the first paint: not yet
         if self.focused is not None and widget in self.focused.ancestors_with_self:
             return
         focus = getattr(widget, "focus_main", None)
@@ -50,15 +52,31 @@ class MainScreen(Screen[None]):
             focus()
 
     def on_mount(self) -> None:
+        self.call_after_refresh(self._mount_hidden_views)
         self.call_after_refresh(self.focus_active)
+
+    async def _mount_hidden_views(self) -> None:
+        from metralectl.tui.views.bench import BenchView
+        from metralectl.tui.views.doctor import DoctorView
+        from metralectl.tui.views.library import LibraryView
+
+        for view in (LibraryView(id="library-view"), BenchView(id="bench-view"), DoctorView(id="doctor-view")):
+            pane_id = (view.id or "").removesuffix("-view")
+            await self.query_one(f"#{pane_id}", TabPane).mount(view)
+        self.focus_active()  # a key pressed before they were there switched to an empty pane
 
     def on_screen_resume(self) -> None:
         # directly: call_after_refresh would be queued on whichever screen is current, maybe the
         # dialog being dismissed, and then never run
         self.focus_active()
 
+    def active_view(self) -> Widget | None:
+        try:
+            return self.query_one(f"#{self.active}-view")
+        except NoMatches:
+            return None
+
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        widget = self.query_one(f"#{self.active}-view")
-        focus = getattr(widget, "focus_main", None)
+        focus = getattr(self.active_view(), "focus_main", None)
         if focus is not None and self.app.screen is self:
             focus()

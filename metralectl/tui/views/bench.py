@@ -57,7 +57,8 @@ class BenchView(Horizontal):
             with Horizontal(id="bench-buttons"):
                 yield Button("Run (ctrl+g)", id="bench-start", variant="success", disabled=True, compact=True)
                 yield Button("Cancel (esc)", id="bench-cancel", variant="error", disabled=True, compact=True)
-            yield ProgressBar(id="bench-progress", show_eta=False)
+            # the progress bar is mounted only while a suite runs: hidden, its indeterminate animation would
+            # still tick 15 times a second (and its own timer once) for as long as the dashboard is open
             yield Label("", id="bench-status")
             yield DataTable(id="bench-results", zebra_stripes=True)
         with Vertical(id="bench-history"):
@@ -65,7 +66,6 @@ class BenchView(Horizontal):
             yield HistoryTable(id="history")
 
     def on_mount(self) -> None:
-        self.query_one("#bench-progress").display = False
         self.load_suites()
         self.action_reload_history()
 
@@ -159,9 +159,9 @@ class BenchView(Horizontal):
         self.token = CancelToken()
         self.query_one("#bench-start", Button).disabled = True
         self.query_one("#bench-cancel", Button).disabled = False
-        bar = self.query_one("#bench-progress", ProgressBar)
-        bar.display = True
-        bar.update(total=None, progress=0)
+        for old in self.query("#bench-progress"):
+            old.remove()
+        self.query_one("#bench-run").mount(ProgressBar(id="bench-progress", show_eta=False), after="#bench-buttons")
         self.query_one("#bench-status", Label).update(Text(f"running {self.suite.id}…", style="bold"))
         self.run_suite(self.suite.id, params, self.token)
 
@@ -197,14 +197,16 @@ class BenchView(Horizontal):
         if not latest:
             return
         p = latest[-1]
-        self.query_one("#bench-progress", ProgressBar).update(total=p.total, progress=p.done)
+        for bar in self.query("#bench-progress").results(ProgressBar):
+            bar.update(total=p.total, progress=p.done)
         self.query_one("#bench-status", Label).update(p.message or f"{p.done}/{p.total or '?'}")
 
     def on_bench_finished(self, message: BenchFinished) -> None:
         message.stop()
         self.token = None
         self.query_one("#bench-cancel", Button).disabled = True
-        self.query_one("#bench-progress").display = False
+        for bar in self.query("#bench-progress"):
+            bar.remove()
         style = {"done": "bold green", "failed": alarm(), "cancelled": caution()}[message.status]
         text = Text(message.text, style=style)
         if message.hint:

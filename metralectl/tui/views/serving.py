@@ -57,6 +57,7 @@ class ServingView(Vertical):
         self.telemetry: Coalescer[TopView] = Coalescer(lambda: self.post_message(TelemetryReady()), maxlen=120)
         self.lines: Coalescer[str] = Coalescer(lambda: self.post_message(LinesReady()), maxlen=20000)
         self._status_failed = False
+        self._notes = Text()
         self._log_throttle = Throttle(self, LOG_FRAME_S, self._drain_lines)
 
     def compose(self) -> ComposeResult:
@@ -71,6 +72,11 @@ class ServingView(Vertical):
         yield LogTail(id="serving-log")
 
     def on_mount(self) -> None:
+        # after the first paint: the feeds' threads import Docker/NVML/httpx and would hold the GIL the
+        # paint needs (benchmarks/tui.py)
+        self.call_after_refresh(self._start_feeds)
+
+    def _start_feeds(self) -> None:
         self.action_refresh_status()
         self.set_interval(self.status_every_s, self.action_refresh_status)
         self.watch_telemetry()
@@ -214,4 +220,6 @@ class ServingView(Vertical):
         for e in view.engines:
             if e.error:
                 notes.append(f"{e.target.url}: {e.error}\n", style="yellow")
-        self.query_one("#telemetry-note", Static).update(notes)
+        if notes != self._notes:  # the same words every second when idle: no layout, no repaint
+            self._notes = notes
+            self.query_one("#telemetry-note", Static).update(notes)

@@ -35,6 +35,7 @@ class Chart(Widget):
         self._strips: list[Strip] | None = None
         self._strips_for: tuple[int, int] = (0, 0)
         self._style_cache: dict[str, Style] | None = None
+        self._shown: tuple[object, ...] | None = None
 
     def set_data(self, values: Sequence[float | None], current: str, *, lines: Sequence[RefLine] = (),
                  y_max: float | None = None, note: str = "") -> None:
@@ -44,6 +45,13 @@ class Chart(Widget):
         self._lines = tuple(lines)
         self._y_max = y_max
         self._note = note
+        # What the strips are drawn from: when it is what is on screen already (no GPU, an idle engine, a
+        # history longer than the width that shifts only unknowns), there is nothing to repaint.
+        width = self.size.width or len(self._values)
+        shown = (self._values[-width:], current, self._lines, y_max, note, self._scale())
+        if shown == self._shown:
+            return
+        self._shown = shown
         self._strips = None
         self.refresh()
 

@@ -23,18 +23,23 @@ class ServingCard(Static):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(Text("asking Docker what is served…", style="dim"), id=id, classes=classes)
         self.report: StatusReport | None = None
+        self._unreachable: str | None = None
 
     def show_unreachable(self, why: str) -> None:
         """Docker did not answer: say so (and that it keeps asking), never "asking…" forever."""
         from metralectl.safetext import clean
 
-        self.report = None
+        if self.report is None and self._unreachable == why:
+            return  # said already: re-rendering it every poll would cost a layout and a repaint each time
+        self.report, self._unreachable = None, why
         self.update(Text.assemble(("Docker is not answering: ", "bold yellow"), clean(why, 300),
                                   ("\nstill asking every few seconds; `metralectl doctor` explains the daemon's state",
                                    "dim")))
 
     def show(self, report: StatusReport) -> None:
-        self.report = report
+        if report == self.report:
+            return  # nothing changed since the last poll (nothing served, most of the time): no repaint
+        self.report, self._unreachable = report, None
         table = Table.grid(padding=(0, 2), expand=True)
         endpoints = [f"{s.endpoint}/v1" if s.endpoint != "-" else "-" for s in report.serving]
         for name in ("RECIPE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REV", "OWNER"):

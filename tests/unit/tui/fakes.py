@@ -274,6 +274,7 @@ class FakeServices:
             raise
 
     def status(self) -> StatusReport:
+        self.calls.append(("status",))
         self._maybe_fail("status")
         serving = [Serving(recipe=n, name=f"metralectl-{n}", owner="root", state="running", health="ok",
                            uptime="12m", uptime_s=720.0, endpoint="http://127.0.0.1:8888", run_id="run-1",

@@ -111,6 +111,23 @@ def test_no_arguments_on_a_terminal_opens_the_dashboard(monkeypatch: pytest.Monk
     assert opened == [None, "gb10"]
 
 
+def test_the_console_scripts_fast_path_opens_the_dashboard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli/entry.py opens it without the Typer tree (first paint); the same calls as cli/main.py."""
+    import metralectl.tui as dashboard
+    from metralectl.cli.entry import main
+
+    opened: list[str | None] = []
+    monkeypatch.setattr(dashboard, "run", lambda services=None, *, hardware=None: opened.append(hardware) or 0)
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    for argv, hardware in (([], None), (["tui"], None), (["tui", "--hardware", "gb10"], "gb10"),
+                           (["tui", "--hardware=hopper"], "hopper")):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0 and opened[-1] == hardware, argv
+    assert len(opened) == 4
+
+
 def test_tui_without_a_terminal_is_a_usage_error() -> None:
     out = subprocess.run([sys.executable, "-m", "metralectl", "tui"], capture_output=True, text=True, cwd=REPO,
                          timeout=60, stdin=subprocess.DEVNULL, check=False)
