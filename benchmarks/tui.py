@@ -26,10 +26,13 @@ Targets are ratios or absolutes within one run, so a busy machine slows both sid
   it, since it is no engine of ours). Same target.
 
     PYTHONPATH=. python3 benchmarks/tui.py [--runs 7] [--idle 15] [--idle-runs 3] [--seconds 10]
-        [--rate 2000] [--parts paint,idle,frames,real-log] [--repo TREE] [--compare TREE] [--json FILE]
+        [--rate 2000] [--parts paint,idle,frames,real-log] [--repo TREE] [--compare TREE]
+        [--installed VENV/bin/python] [--json FILE]
 
 `--repo TREE` measures another checkout's dashboard (e.g. the code before a change) with this harness;
-`--compare TREE` adds that checkout's `metralectl tui` to the same interleaving (first paint, idle CPU).
+`--compare TREE` adds that checkout's `metralectl tui` to the same interleaving (first paint, idle CPU);
+`--installed VENV/bin/python` adds the `metralectl tui` a wheel installed there gives (what a user runs),
+judged against the same targets.
 Exit 1 when a target is missed or a part could not be measured.
 """
 
@@ -291,6 +294,16 @@ def compared(env: dict[str, str], tree: str | None) -> dict[str, tuple[list[str]
     return {f"metralectl tui @ {Path(other).name}": (TUI, {**env, "PYTHONPATH": other, "TUI_BENCH_REPO": other})}
 
 
+def installed(env: dict[str, str], python: str | None) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """`--installed PYTHON`: the `metralectl tui` installed in that interpreter's environment (a wheel in a
+    fresh venv, as a user has it), run from a directory holding no checkout, with no PYTHONPATH."""
+    if not python:
+        return {}
+    clean = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    clean["TUI_BENCH_REPO"] = str(Path(env["METRALE_HOME"]).parent)  # the cwd of the child: no metralectl/ there
+    return {"metralectl tui (wheel)": ([python, "-m", "metralectl", "tui"], clean)}
+
+
 def paint_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: list[str]) -> dict[str, Any]:
     cases: dict[str, tuple[list[str], bytes | None, dict[str, str]]] = {
         "python -c pass": ([sys.executable, "-c", "pass"], None, env),
@@ -298,6 +311,7 @@ def paint_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: l
         "dashboard (fake services)": ([sys.executable, me, "--child", "paint"], b"Serving", env),
         "metralectl tui": (TUI, b"Serving", env),
         **{name: (argv, b"Serving", other) for name, (argv, other) in compared(env, args.compare).items()},
+        **{name: (argv, b"Serving", other) for name, (argv, other) in installed(env, args.installed).items()},
     }
     for argv, marker, case_env in cases.values():  # warm the page cache and the byte code once
         first_paint(argv, case_env, marker)
@@ -319,9 +333,9 @@ def paint_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: l
         verdict = ""
         if name.startswith("metralectl tui"):
             verdict = "  ok" if med / base <= PAINT_TARGET_RATIO else "  OVER"
-        if name == "metralectl tui":
+        if name in ("metralectl tui", "metralectl tui (wheel)"):
             if verdict == "  OVER":
-                failed.append(f"first paint {med / base:.2f}× the bare app")
+                failed.append(f"{name}: first paint {med / base:.2f}× the bare app")
         print(f"  {name:<28}{med:7.3f} s  (min {min(samples):.3f} s)  {med / base:5.2f}× bare   "
               f"CPU {cpu:6.3f} s  (min {min(cpus[name]):.3f} s)  {cpu / base_cpu:5.2f}× bare{verdict}")
     return out
@@ -331,7 +345,7 @@ def idle_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: li
     print(f"idle CPU, % of one core over {args.idle:g} s from {IDLE_SETTLE_S:g} s after first paint, "
           f"median of {args.idle_runs} interleaved runs; target: metralectl tui ≤ {IDLE_CPU_TARGET_PCT:g} %")
     cases = {"bare Textual app": ([sys.executable, me, "--child", "bare"], env), "metralectl tui": (TUI, env),
-             **compared(env, args.compare)}
+             **compared(env, args.compare), **installed(env, args.installed)}
     idle: dict[str, list[float]] = {name: [] for name in cases}
     busy: dict[str, list[bool]] = {name: [] for name in cases}
     for _ in range(args.idle_runs):
@@ -346,9 +360,9 @@ def idle_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: li
         verdict = ""
         if name.startswith("metralectl tui"):
             verdict = "  ok" if med <= IDLE_CPU_TARGET_PCT else "  OVER"
-        if name == "metralectl tui":
+        if name in ("metralectl tui", "metralectl tui (wheel)"):
             if verdict == "  OVER":
-                failed.append(f"idle CPU {med:.1f} %")
+                failed.append(f"{name}: idle CPU {med:.1f} %")
         runs = ", ".join(f"{v:.1f}{'*' if b else ''}" for v, b in zip(samples, busy[name]))
         print(f"  {name:<28}{med:5.1f} %  (runs: {runs}){verdict}")
     if any(any(b) for b in busy.values()):
@@ -425,6 +439,8 @@ def main() -> None:
     parser.add_argument("--idle-runs", type=int, default=3)
     parser.add_argument("--repo", help="measure this checkout's dashboard (default: the one holding this script)")
     parser.add_argument("--compare", help="also measure this checkout's `metralectl tui`, interleaved (before/after)")
+    parser.add_argument("--installed", metavar="PYTHON",
+                        help="also measure the metralectl installed for this interpreter (a wheel in a fresh venv)")
     parser.add_argument("--parts", default="paint,idle,frames,real-log", help="which measurements (comma-separated)")
     parser.add_argument("--json")
     parser.add_argument("--child")
