@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -13,6 +14,12 @@ REPO = Path(__file__).resolve().parent.parent
 # The tools installed beside the interpreter running the tests (the project venv's metralectl, uv,
 # pipx, mypy) are found by name, as in an activated venv: README's test command is
 # `.venv/bin/python -m pytest`, with nothing activated.
+# A suite started from a background job (`cmd &`, nohup, a runner script) inherits SIGINT *ignored*, and an
+# ignored signal stays ignored across exec: every metralectl the tests start would then shrug off the
+# Ctrl-C they send. Python's own handler instead (exec resets a caught signal to the default in children).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 _BIN = os.path.dirname(sys.executable)
 if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")

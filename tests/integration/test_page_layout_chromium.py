@@ -89,6 +89,16 @@ def button_in_row(driver: Any, table: str, recipe: str) -> Any:
         ".find((tr) => tr.cells[0].innerText === arguments[1])?.querySelector('button') ?? null", table, recipe)
 
 
+def scroll_to_button(driver: Any, table: str, recipe: str) -> None:
+    """Found and scrolled in one script: an element handed back to Python can be re-rendered (stale) before
+    the next call uses it."""
+    found = driver.execute_script(
+        "const b = Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'))"
+        ".find((tr) => tr.cells[0].innerText === arguments[1])?.querySelector('button');"
+        "if (b) b.scrollIntoView({block: 'center'}); return !!b;", table, recipe)
+    assert found, f"no button in {table} for {recipe}"
+
+
 def click_in_row(driver: Any, table: str, recipe: str) -> None:
     from selenium.common.exceptions import StaleElementReferenceException
 
@@ -263,7 +273,7 @@ def test_stop_and_swap_ask_first_and_stay_inside_their_cards(browser: Any, serve
         set_viewport(page, width, height)
         time.sleep(0.2)  # one layout pass after the resize (a render, not a time the test measures)
         for table, recipe, colour in (("#serving", long, STOP_BG), ("#recipes", other, RUN_BG)):
-            page.execute_script("arguments[0].scrollIntoView({block: 'center'})", button_in_row(page, table, recipe))
+            scroll_to_button(page, table, recipe)
             geometry = page.execute_script(GEOMETRY)
             assert len(geometry) >= 2, geometry
             for g in geometry:
