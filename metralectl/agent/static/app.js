@@ -80,19 +80,27 @@ function ago(unix) {
 async function refreshCapability() {
   const cap = await getJSON("/api/status").catch((e) => ({ can_run: false, summary: `the agent does not answer (${e})`, problems: [] }));
   const card = $("#capability");
-  card.classList.remove("ready", "cannot", "checking");
+  card.classList.remove("ready", "limited", "cannot", "checking");
   const list = $("#cap-problems");
   list.replaceChildren();
-  if (cap.can_run === true) {
+  const listProblems = (items) => {
+    for (const p of items || []) {
+      list.append(el("li", {}, el("strong", {}, p.title || p.id), ": ", p.detail || "",
+        p.remedy ? el("span", { class: "remedy" }, p.remedy) : ""));
+    }
+  };
+  if (cap.can_run === true && cap.scope === "cpu") {
+    // no usable GPU, but the recipes of a CPU class run here: what stands between it and the GPU ones
+    card.classList.add("ready", "limited");
+    setText($("#cap-title"), "Ready for CPU recipes only (no usable GPU)");
+    listProblems(cap.limits);
+  } else if (cap.can_run === true) {
     card.classList.add("ready");
     setText($("#cap-title"), "Ready: this machine can run models");
   } else if (cap.can_run === false) {
     card.classList.add("cannot");
     setText($("#cap-title"), "This machine cannot run models");
-    for (const p of cap.problems || []) {
-      list.append(el("li", {}, el("strong", {}, p.title || p.id), ": ", p.detail || "",
-        p.remedy ? el("span", { class: "remedy" }, p.remedy) : ""));
-    }
+    listProblems(cap.problems);
   } else {
     card.classList.add("checking");
     setText($("#cap-title"), "Checking this machine…");
