@@ -217,6 +217,8 @@ function askStop(x) {
       stops: now.length ? now.map((s) => `${s.recipe} (container ${s.name}${s.endpoint ? ", " + s.endpoint : ""}): stopped and removed`)
         : [`nothing: ${x.recipe} no longer serves`],
       starts: ["nothing: no model will be served"],
+      nothing: now.length === 0,  // no stop to send: Confirm is not offered
+      nothingText: "Nothing to stop",
     };
   });
 }
@@ -231,10 +233,9 @@ function askSwap(recipe) {
 }
 
 function ask(action, path, body, confirmText, describe) {
-  pending = { path, body, describe, key: servingKey() };
+  pending = { path, body, describe, confirmText, key: servingKey() };
   const dialog = $("#confirm");
   dialog.dataset.action = action;
-  setText($("#confirm-go"), confirmText);
   $("#confirm-note").hidden = true;
   showPending();
   if (!dialog.open) dialog.showModal();
@@ -246,6 +247,9 @@ function showPending() {
   setText($("#confirm-title"), d.title);
   $("#confirm-stops").replaceChildren(...d.stops.map((t) => el("li", {}, t)));
   $("#confirm-starts").replaceChildren(...d.starts.map((t) => el("li", {}, t)));
+  const go = $("#confirm-go");
+  go.disabled = !!d.nothing;
+  setText(go, d.nothing ? d.nothingText : pending.confirmText);
 }
 
 function confirmPending() {
@@ -256,6 +260,7 @@ function confirmPending() {
     $("#confirm-note").hidden = false;
     return;
   }
+  if (pending.describe().nothing) return;  // it no longer serves: there is nothing to send
   const { path, body } = pending;
   pending = null;
   $("#confirm").close();
