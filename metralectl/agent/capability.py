@@ -4,6 +4,11 @@ It is the doctor's verdict on the checks that decide it (Docker reachable and pe
 runtime, the driver and a GPU), gathered afresh each round (a new Docker connection, a new NVML
 open), so starting Docker or fixing a permission changes the answer within one interval, without a
 restart. The heavy check that starts a probe container is left to `metralectl doctor`.
+
+A machine without a usable GPU still runs the recipes of a class with no accelerator (`accelerator:
+none`, e.g. `demo-cpu`) when their CPU architecture is this machine's: then the answer is `can_run`
+with `scope: "cpu"`, the GPU's problems kept as `limits` (what stands between it and the GPU recipes),
+never "cannot run models" while `metralectl run demo-cpu` would work.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from metralectl.safetext import clean
+
 log = logging.getLogger("metralectl.agent")
 
 CAPABILITY_CHECKS = ("docker.daemon", "docker.nvidia-runtime", "gpu.driver", "gpu.model")
+GPU_CHECKS = frozenset({"docker.nvidia-runtime", "gpu.driver", "gpu.model"})  # not needed by a CPU class
 DEFAULT_INTERVAL_S = 3.0
 
 
@@ -27,23 +35,51 @@ def _iso(t: float) -> str:
 
 def doctor_capability(check_ids: Sequence[str] = CAPABILITY_CHECKS,
                       context_factory: Callable[[], Any] | None = None) -> dict[str, Any]:
-    """One round: the chosen doctor checks, and the verdict (can_run: no check found a problem)."""
+    """One round: the chosen doctor checks, and the verdict (see the module docstring)."""
     from metralectl.doctor import CHECKS, Context, run_checks
 
     ctx = context_factory() if context_factory is not None else Context()
     try:
         results = run_checks(ctx, [c for c in CHECKS if c.id in check_ids])
+        checks = [r.to_json() for r in results]
+        problems = [c for c in checks if c["status"] == "problem"]
+        gpu_only = bool(problems) and all(p["id"] in GPU_CHECKS for p in problems)
+        cpu_recipes = _cpu_recipes(ctx) if gpu_only else []
     finally:
         ctx.close(grace_s=1.0)
-    checks = [r.to_json() for r in results]
-    problems = [c for c in checks if c["status"] == "problem"]
-    now = time.time()
-    return {"can_run": not problems, "checked_at": _iso(now), "checked_at_unix": now,
-            "summary": ("this machine can run models" if not problems
-                        else f"this machine cannot run models: {problems[0]['detail']}"),
-            "problems": [{"id": p["id"], "title": p["title"], "detail": p["detail"], "remedy": p["remedy"]}
-                         for p in problems],
-            "checks": checks}
+    return verdict(checks, cpu_recipes, time.time())
+
+
+def verdict(checks: list[dict[str, Any]], cpu_recipes: list[str], now: float) -> dict[str, Any]:
+    """The answer from the checks' results; `cpu_recipes`: the recipes this machine runs without a GPU."""
+    problems = [{"id": c["id"], "title": c["title"], "detail": c["detail"], "remedy": c["remedy"]}
+                for c in checks if c["status"] == "problem"]
+    answer: dict[str, Any] = {"checked_at": _iso(now), "checked_at_unix": now, "checks": checks}
+    if not problems:
+        return {**answer, "can_run": True, "scope": "gpu", "summary": "this machine can run models",
+                "problems": [], "limits": []}
+    if cpu_recipes and all(p["id"] in GPU_CHECKS for p in problems):
+        shown = ", ".join(cpu_recipes[:3]) + (f" and {len(cpu_recipes) - 3} more" if len(cpu_recipes) > 3 else "")
+        return {**answer, "can_run": True, "scope": "cpu", "problems": [], "limits": problems,
+                "summary": f"this machine can run CPU recipes only ({shown}): {problems[0]['detail']}"}
+    return {**answer, "can_run": False, "scope": None, "problems": problems, "limits": [],
+            "summary": f"this machine cannot run models: {problems[0]['detail']}"}
+
+
+def _cpu_recipes(ctx: Any) -> list[str]:
+    """The catalog's recipes of a class without an accelerator whose CPU architecture is this machine's."""
+    try:
+        machine = ctx.cpu_arch()
+        catalog = ctx.catalog()
+    except Exception as exc:  # a broken or unanswered catalog: no claim made from it (`doctor` says why)
+        log.info("capability: no catalog to look for CPU recipes in: %s", clean(str(exc), 200))
+        return []
+    names = []
+    for name, recipe in catalog.recipes.items():
+        hardware = catalog.hardware.get(recipe.hardware)
+        if hardware is not None and not hardware.has_accelerator and hardware.cpu_arch == machine:
+            names.append(name)
+    return sorted(names)
 
 
 class CapabilityMonitor:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from metralectl.bench.sse import EventSplitter
 from metralectl.errors import ExitCode, MetralError, UsageError
 from metralectl.safetext import clean
 
@@ -191,23 +192,13 @@ def _error_text(response: Any) -> str:
 
 
 def _events(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """The `data:` payloads of an SSE stream, as each event completes (bench/sse.py's rules, incrementally)."""
-    buf = b""
+    """The `data:` payloads of an SSE stream, as each event completes (the benchmark's splitter, fed live)."""
+    splitter = EventSplitter()
     for chunk in chunks:
-        buf += chunk
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        while True:
-            end = buf.find(b"\n\n")
-            if end < 0:
-                break
-            block, buf = buf[:end], buf[end + 2:]
-            payload = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-            if payload:
-                yield b"\n".join(payload)
-    payload = [line[5:].lstrip(b" ") for line in buf.split(b"\n") if line.startswith(b"data:")]
-    if payload:  # a last event without its blank line
-        yield b"\n".join(payload)
+        yield from splitter.feed(chunk)
+    last, _ = splitter.finish()
+    if last is not None:  # a last event without its blank line
+        yield last
 
 
 def _take(data: bytes, answer: Answer, on_content: Callable[[str], None],

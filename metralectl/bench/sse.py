@@ -88,6 +88,44 @@ class Parsed:
     generated: str | None = None  # every generated text, when asked for (keep_generated)
 
 
+class EventSplitter:
+    """SSE events (their `data:` payloads, lines joined) as each one completes, fed piece by piece: the one
+    splitter of the benchmark's post-processing and of `chat`'s live stream."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The payloads of the events this piece completes (an event without `data:` lines yields none)."""
+        buf = self._buf + data
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        out: list[bytes] = []
+        while True:
+            end = buf.find(b"\n\n")
+            if end < 0:
+                break
+            block, buf = buf[:end], buf[end + 2:]
+            payload = _payload(block)
+            if payload is not None:
+                out.append(payload)
+        self._buf = buf
+        return out
+
+    def finish(self) -> tuple[bytes | None, bool]:
+        """At the end of the body: the payload of a last event sent without its blank line (a server that
+        closed early), and whether the body ended at an event boundary (nothing half-sent after the last)."""
+        rest, self._buf = self._buf, b""
+        if not rest.strip():
+            return None, True
+        return _payload(rest), False
+
+
+def _payload(block: bytes) -> bytes | None:
+    lines = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
 def split_events(pieces: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
     """SSE events (their `data:` payload, lines joined) with the arrival time of the piece completing them."""
     return _split(pieces)[0]
@@ -95,27 +133,12 @@ def split_events(pieces: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
 
 def _split(pieces: list[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes]], bool]:
     """The events, and whether the body ended at an event boundary."""
-    out: list[tuple[int, bytes]] = []
-    buf = b""
-    for t, data in pieces:
-        buf += data
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        while True:
-            end = buf.find(b"\n\n")
-            if end < 0:
-                break
-            block, buf = buf[:end], buf[end + 2:]
-            payload = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-            if payload:
-                out.append((t, b"\n".join(payload)))
-    if buf.strip():
-        # a final event without its blank line (server closed early): keep it, stamped with the last piece
-        payload = [line[5:].lstrip(b" ") for line in buf.split(b"\n") if line.startswith(b"data:")]
-        if payload and pieces:
-            out.append((pieces[-1][0], b"\n".join(payload)))
-        return out, False
-    return out, True
+    splitter = EventSplitter()
+    out = [(t, payload) for t, data in pieces for payload in splitter.feed(data)]
+    last, at_boundary = splitter.finish()
+    if last is not None and pieces:
+        out.append((pieces[-1][0], last))  # stamped with the last piece
+    return out, at_boundary
 
 
 def parse_stream(pieces: list[tuple[int, bytes]], keep_content: bool = False, keep_generated: bool = False) -> Parsed:

@@ -387,7 +387,7 @@ class Context:
 
         return self._fact("containers", compute, self.fact_budget_s)
 
-    def image_state(self, ref: str, label: str = "org.opencontainers.image.revision") -> ImageState:
+    def image_state(self, ref: str, label: str | None = None) -> ImageState:
         runtime = self.runtime()
         with self.runtime_lock:
             return runtime.image_state(ref, label)

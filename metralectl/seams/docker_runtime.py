@@ -141,6 +141,18 @@ class ImageRecord:
     size: int
 
 
+# OCI's two labels for what an image holds: the source revision it was built from, else the version of what it
+# packages (the llama.cpp images carry llama.cpp's build number there). An image entry names the one it uses.
+IMAGE_REVISION_LABELS = ("org.opencontainers.image.revision", "org.opencontainers.image.version")
+
+
+def image_revision(labels: dict[str, str], revision_label: str | None = None) -> str | None:
+    """The image's revision: the named label's value, else (no name) the first IMAGE_REVISION_LABELS it carries."""
+    if revision_label is not None:
+        return labels.get(revision_label)
+    return next((labels[name] for name in IMAGE_REVISION_LABELS if labels.get(name)), None)
+
+
 @dataclass(frozen=True)
 class ImageState:
     ref: str
@@ -477,7 +489,9 @@ class DockerRuntime:
         own words as a RuntimeFailure."""
         self._call(self.api.remove_image, ref)
 
-    def image_state(self, ref: str, revision_label: str = "org.opencontainers.image.revision") -> ImageState:
+    def image_state(self, ref: str, revision_label: str | None = None) -> ImageState:
+        """The image as the daemon has it. Its revision: `revision_label` (the catalog's image entry names it),
+        else the first of IMAGE_REVISION_LABELS it carries (`ps` and a benchmark's target know no entry)."""
         try:
             data = self.api.inspect_image(ref)
         except _docker_errors().ImageNotFound:
@@ -487,7 +501,8 @@ class DockerRuntime:
         labels = (data.get("Config") or {}).get("Labels") or {}
         arch = data.get("Architecture") or ""
         os_name = data.get("Os") or "linux"
-        return ImageState(ref, True, data.get("Id"), labels.get(revision_label), f"{os_name}/{arch}" if arch else None,
+        return ImageState(ref, True, data.get("Id"), image_revision(labels, revision_label),
+                          f"{os_name}/{arch}" if arch else None,
                           tuple(data.get("RepoDigests") or ()))
 
     def pull_image(self, ref: str, on_progress: Any = None, platform: str | None = None) -> ImageState:

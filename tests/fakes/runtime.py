@@ -155,7 +155,7 @@ class FakeRuntime:
         return self.identity
 
     # -- images ----------------------------------------------------------------------------------------------------
-    def image_state(self, ref: str, revision_label: str = "org.opencontainers.image.revision") -> ImageState:
+    def image_state(self, ref: str, revision_label: str | None = None) -> ImageState:
         self._note("image_state", ref)
         return self.images.get(ref, ImageState(ref, False))
 

@@ -110,6 +110,11 @@ def test_the_cpu_demo_as_a_user_runs_it(box: Box, demo_image: str, demo_weights:
         [served] = [s for s in ps["serving"] if s["recipe"] == DEMO]
         assert served["engine"] == "llama-cpp" and served["state"] == "running" and served["health"] == "ok", served
         assert served["endpoint"] == f"http://127.0.0.1:{port}", served
+        # the image's revision as the image labels it: llama.cpp's version (an OCI version label, no revision)
+        labels = json.loads(subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}",
+                                            demo_image], capture_output=True, text=True, check=True).stdout)
+        version = labels["org.opencontainers.image.version"]
+        assert version and served["image_revision"] == version, (served, labels)
 
         chat = box.cli("chat", DEMO, "hi", "--max-tokens", "16", timeout=120)
         assert chat.returncode == 0 and chat.stdout.strip(), (chat.returncode, chat.stdout, chat.stderr)
@@ -118,6 +123,7 @@ def test_the_cpu_demo_as_a_user_runs_it(box: Box, demo_image: str, demo_weights:
                         "-p", "client_bound=warn", "--format", "json", timeout=180)
         record = _json(bench)
         assert bench.returncode == 0 and record["status"] == "completed", bench.stderr
+        assert record["target"]["image"] == demo_image and record["target"]["image_revision"] == version, record["target"]
         [run_dir] = (box.home / "metrale" / "runs").glob(f"*/{record['run_id']}")
         requests = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines() if line.strip()]
         measured = [r for r in requests if r["phase"] == "measure"]

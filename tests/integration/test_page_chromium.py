@@ -292,12 +292,12 @@ def agent_on(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[An
 
     started: list[Agent] = []
 
-    def start(docker_url: str) -> Agent:
+    def start(docker_url: str, checks: tuple[str, ...] = ("docker.daemon",)) -> Agent:
         monkeypatch.setenv("DOCKER_HOST", docker_url)
-        # The doctor's real check, restricted to docker.daemon. This machine has no GPU and no NVIDIA
-        # runtime, so the agent's other checks (docker.nvidia-runtime, gpu.driver, gpu.model) would say
-        # "cannot run" forever here; Docker's state is what this test changes, so it is what decides.
-        check = functools.partial(doctor_capability, ("docker.daemon",))
+        # By default the doctor's real check, restricted to docker.daemon. This machine has no GPU and no
+        # NVIDIA runtime, so the agent's other checks (docker.nvidia-runtime, gpu.driver, gpu.model) would
+        # narrow the answer to the CPU recipes; Docker's state is what these tests change, so it decides.
+        check = functools.partial(doctor_capability, checks)
         agent = Agent(AgentOptions(api_port=0, peer=False, interval_s=INTERVAL_S, regroup=False),
                       base=isolated_env / "config", check=check)
         agent.start()
@@ -416,6 +416,43 @@ def test_banner_turns_ready_by_itself_when_docker_starts(page: Any, agent_on: An
         assert_no_page_errors(browser)
     finally:
         dockerd.close()
+
+
+def test_a_box_without_a_gpu_is_ready_for_its_cpu_recipes(page: Any, agent_on: Any) -> None:
+    """The agent's whole capability check (all four doctor checks) on this very machine, against the real
+    daemon: no NVIDIA GPU here, so the GPU recipes cannot run but `demo-cpu` can. The page must say so
+    (amber, the GPU's problems listed as limits), never "This machine cannot run models"."""
+    from metralectl.agent.capability import CAPABILITY_CHECKS
+
+    if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has an NVIDIA GPU: the answer is the GPU one")
+    socket = Path("/var/run/docker.sock")
+    if not socket.exists():
+        unavailable("no Docker daemon at /var/run/docker.sock (tests/docker_image/start-dockerd.sh starts one)")
+    agent = agent_on(f"unix://{socket}", CAPABILITY_CHECKS)
+    origin = f"http://127.0.0.1:{agent.api.port}"
+    page.get(origin + "/")
+    wait_for(page, 30, lambda d: card(d)["canRun"] == "true", "the page did not say ready", lambda: card(page))
+
+    status = api_status(origin)
+    assert status["can_run"] is True and status["scope"] == "cpu" and status["problems"] == [], status
+    assert "demo-cpu" in status["summary"] and status["summary"].startswith("this machine can run CPU recipes only")
+    limits = [p["id"] for p in status["limits"]]
+    assert "docker.nvidia-runtime" in limits and set(limits) <= {"docker.nvidia-runtime", "gpu.driver", "gpu.model"}
+    daemon = next(c for c in status["checks"] if c["id"] == "docker.daemon")
+    assert daemon["status"] == "ok", daemon  # a real daemon answered the real check
+
+    shown = card(page)
+    assert shown["title"] == "Ready for CPU recipes only (no usable GPU)", shown
+    assert "limited" in shown["classes"] and "cannot" not in shown["classes"], shown
+    assert shown["summary"] == status["summary"], shown
+    assert len(shown["problems"]) == len(limits) and all(shown["problems"]), shown
+    colour = page.execute_script(
+        "return getComputedStyle(document.querySelector('#cap-title')).color")
+    warn = page.execute_script("return getComputedStyle(document.documentElement).getPropertyValue('--warn')")
+    assert warn.strip() == "#f5a524" and colour == "rgb(245, 165, 36)", (colour, warn)  # amber, not red
+    assert_loopback_only(page, origin)
+    assert_no_page_errors(page)
 
 
 def test_token_leaves_the_address_bar_and_unlocks_actions(page: Any, agent_on: Any, tmp_path: Path) -> None:

@@ -366,8 +366,13 @@ def test_stop_and_swap_ask_first_and_stay_inside_their_cards(browser: Any, serve
     shown = dialog(page)
     assert shown["open"] and shown["stops"] == [f"nothing: {long} no longer serves"], shown
     assert page.find_element("id", "confirm-note").is_displayed()
+    go = page.find_element("id", "confirm-go")
+    assert not go.is_enabled() and go.text == "Nothing to stop", go.text  # a stop of nothing is not offered
+    page.execute_script("document.getElementById('confirm-go').disabled = false")  # even forced: Confirm again
+    go.click()
     time.sleep(1.0)
-    assert len(served.jobs()) == 5  # nothing sent
+    assert len(served.jobs()) == 5  # nothing sent, either time
+    assert dialog(page)["open"]  # still shown: the operator reads it and closes it
     page.find_element("id", "confirm-cancel").click()
     wait_for(page, 5, lambda d: not dialog(d)["open"], "Cancel did not close the question")
     assert served.jobs()[3:] == [("run", long, "done"), ("stop", long, "done")]

@@ -56,6 +56,23 @@ def test_events_split_across_reads_get_the_completing_reads_time() -> None:
     assert len(split_events(crlf)) == 2
 
 
+def test_chat_and_the_benchmark_split_a_stream_alike_at_every_cut() -> None:
+    """`chat` reads the stream live through the benchmark's splitter: one set of SSE rules for both, whatever
+    the reads (CRLF split between reads, comments, multi-line data, a last event without its blank line)."""
+    from metralectl.app.chat import _events
+
+    body = (b": keep-alive\r\n\r\n" + ev(chunk({"content": "a"})).replace(b"\n", b"\r\n")
+            + b"event: x\ndata: {\"id\":\ndata: \"r2\"}\n\n" + b"id: 7\n\n" + b"data: [DONE]")
+    whole = [payload for _, payload in split_events([(1, body)])]
+    assert whole == [json.dumps(chunk({"content": "a"})).encode(), b'{"id":\n"r2"}', b"[DONE]"]
+    for cut in range(1, len(body)):
+        pieces = [(1, body[:cut]), (2, body[cut:])]
+        assert [p for _, p in split_events(pieces)] == whole, cut
+        assert list(_events(iter([body[:cut], body[cut:]]))) == whole, cut
+    assert parse_stream([(1, body)]).at_boundary is False
+    assert parse_stream([(1, body + b"\n\n")]).at_boundary is True
+
+
 def test_reasoning_tool_and_usage_only_chunks() -> None:
     body = (ev(chunk({"role": "assistant", "reasoning_content": "hm"})) + ev(chunk({"content": "Paris"}))
             + ev(chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{}"}}]}))

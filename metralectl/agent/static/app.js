@@ -80,19 +80,27 @@ function ago(unix) {
 async function refreshCapability() {
   const cap = await getJSON("/api/status").catch((e) => ({ can_run: false, summary: `the agent does not answer (${e})`, problems: [] }));
   const card = $("#capability");
-  card.classList.remove("ready", "cannot", "checking");
+  card.classList.remove("ready", "limited", "cannot", "checking");
   const list = $("#cap-problems");
   list.replaceChildren();
-  if (cap.can_run === true) {
+  const listProblems = (items) => {
+    for (const p of items || []) {
+      list.append(el("li", {}, el("strong", {}, p.title || p.id), ": ", p.detail || "",
+        p.remedy ? el("span", { class: "remedy" }, p.remedy) : ""));
+    }
+  };
+  if (cap.can_run === true && cap.scope === "cpu") {
+    // no usable GPU, but the recipes of a CPU class run here: what stands between it and the GPU ones
+    card.classList.add("ready", "limited");
+    setText($("#cap-title"), "Ready for CPU recipes only (no usable GPU)");
+    listProblems(cap.limits);
+  } else if (cap.can_run === true) {
     card.classList.add("ready");
     setText($("#cap-title"), "Ready: this machine can run models");
   } else if (cap.can_run === false) {
     card.classList.add("cannot");
     setText($("#cap-title"), "This machine cannot run models");
-    for (const p of cap.problems || []) {
-      list.append(el("li", {}, el("strong", {}, p.title || p.id), ": ", p.detail || "",
-        p.remedy ? el("span", { class: "remedy" }, p.remedy) : ""));
-    }
+    listProblems(cap.problems);
   } else {
     card.classList.add("checking");
     setText($("#cap-title"), "Checking this machine…");
@@ -209,6 +217,8 @@ function askStop(x) {
       stops: now.length ? now.map((s) => `${s.recipe} (container ${s.name}${s.endpoint ? ", " + s.endpoint : ""}): stopped and removed`)
         : [`nothing: ${x.recipe} no longer serves`],
       starts: ["nothing: no model will be served"],
+      nothing: now.length === 0,  // no stop to send: Confirm is not offered
+      nothingText: "Nothing to stop",
     };
   });
 }
@@ -223,10 +233,9 @@ function askSwap(recipe) {
 }
 
 function ask(action, path, body, confirmText, describe) {
-  pending = { path, body, describe, key: servingKey() };
+  pending = { path, body, describe, confirmText, key: servingKey() };
   const dialog = $("#confirm");
   dialog.dataset.action = action;
-  setText($("#confirm-go"), confirmText);
   $("#confirm-note").hidden = true;
   showPending();
   if (!dialog.open) dialog.showModal();
@@ -238,6 +247,9 @@ function showPending() {
   setText($("#confirm-title"), d.title);
   $("#confirm-stops").replaceChildren(...d.stops.map((t) => el("li", {}, t)));
   $("#confirm-starts").replaceChildren(...d.starts.map((t) => el("li", {}, t)));
+  const go = $("#confirm-go");
+  go.disabled = !!d.nothing;
+  setText(go, d.nothing ? d.nothingText : pending.confirmText);
 }
 
 function confirmPending() {
@@ -248,6 +260,7 @@ function confirmPending() {
     $("#confirm-note").hidden = false;
     return;
   }
+  if (pending.describe().nothing) return;  // it no longer serves: there is nothing to send
   const { path, body } = pending;
   pending = null;
   $("#confirm").close();
