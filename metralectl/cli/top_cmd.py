@@ -104,7 +104,7 @@ def _session(interval: float, urls: list[str]) -> Any:
     from metralectl.seams.gpu import NvmlProbe
     from metralectl.core.gpudata import DEFAULT_GPU_CLASSES, DEFAULT_UNIFIED_CLASSES
     from metralectl.telemetry.view import thermal_lines_from
-    from metralectl.telemetry.watch import TopSession, discover_engines, fixed_targets
+    from metralectl.telemetry.watch import EngineDiscovery, TopSession, fixed_targets
 
     classes, unified, lines, notes = DEFAULT_GPU_CLASSES, DEFAULT_UNIFIED_CLASSES, {}, []
     try:
@@ -118,7 +118,7 @@ def _session(interval: float, urls: list[str]) -> Any:
     except MetralError as exc:
         notes.append(f"no thermal lines: the catalog did not load ({exc.message})")
     probe = NvmlProbe(gpu_classes=classes, unified_classes=unified)
-    discover = fixed_targets(urls) if urls else discover_engines
+    discover = fixed_targets(urls) if urls else EngineDiscovery()  # one Docker connection for all of top
     return TopSession(probe, discover, lines, interval_s=interval, notes=notes)
 
 

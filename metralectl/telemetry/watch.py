@@ -32,6 +32,7 @@ from metralectl.telemetry.view import (
 
 if TYPE_CHECKING:
     from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.shared_runtime import SharedRuntime
 
 NO_ENGINE = ("no engine: metralectl is serving nothing here "
              "(`metralectl run RECIPE`, or --url for another engine)")
@@ -68,6 +69,27 @@ def discover_engines(
 
 
 _OURS: dict[str, str] = {}  # container id -> name of metralectl's running containers (last discovery)
+
+
+class EngineDiscovery:
+    """discover_engines over one kept Docker connection: `top` and the dashboard rediscover every few
+    seconds for as long as they run, and a connection per round cost a socket, a ping and (for ssh://)
+    a process each time. The connection is reopened only after it failed (the daemon restarted);
+    `close()` (TopSession.close) ends it. `runtime`: a SharedRuntime to borrow instead (not closed here)."""
+
+    def __init__(self, runtime_factory: Callable[[], ContainerRuntime] | None = None, *,
+                 runtime: SharedRuntime | None = None) -> None:
+        from metralectl.seams.shared_runtime import SharedRuntime
+
+        self._owned = runtime is None
+        self.runtime = runtime if runtime is not None else SharedRuntime(runtime_factory)
+
+    def __call__(self) -> tuple[list[EngineTarget], str | None]:
+        return discover_engines(self.runtime)
+
+    def close(self) -> None:
+        if self._owned:
+            self.runtime.close()
 
 
 def our_container_of(pid: int, proc_root: Path = Path("/proc")) -> str | None:
@@ -201,6 +223,9 @@ class EnginePoller:
         with self._lock:
             for engine in self._engines.values():
                 engine.client.close()
+        close = getattr(self._discover, "close", None)  # EngineDiscovery's kept Docker connection
+        if close is not None:
+            close()
 
 
 def _http_client(url: str, timeout_s: float) -> MetricsClient:

@@ -26,12 +26,20 @@ def open_on_terminal(hardware: str | None = None) -> int:
 
 def run(services: Services | None = None, *, hardware: str | None = None) -> int:
     """Open the dashboard on this terminal; returns the exit code."""
-    from metralectl.tui.app import MetralectlApp
-
     if services is None:
         from metralectl.tui.core_services import CoreServices
 
-        services = CoreServices(hardware=hardware)
+        core = CoreServices(hardware=hardware)
+        try:
+            return _run_app(core)
+        finally:
+            core.close()  # the kept Docker connection
+    return _run_app(services)
+
+
+def _run_app(services: Services) -> int:
+    from metralectl.tui.app import MetralectlApp
+
     app = MetralectlApp(services)
     app.run()
     return app.return_code or 0

@@ -29,6 +29,9 @@ class CoreServices:
         self._hardware = hardware
         self._catalog: Catalog | None = None
         self._catalog_lock = threading.Lock()
+        from metralectl.seams.shared_runtime import SharedRuntime  # light: Docker is imported on first use
+
+        self._shared = SharedRuntime()
         if bench is None:
             from metralectl.tui.bench_adapter import make_bench
 
@@ -47,11 +50,22 @@ class CoreServices:
                 self._catalog = load_catalog()
             return self._catalog
 
+    def _runtime(self) -> ContainerRuntime:
+        """A lease on the dashboard's one kept Docker connection (reads: status, library, logs, plans, engine
+        discovery). Shared by the worker threads; reopened only after it failed to reach the daemon."""
+        return self._shared()
+
     @staticmethod
-    def _runtime() -> ContainerRuntime:
+    def _own_runtime() -> ContainerRuntime:
+        """A connection of its own for a run, swap, stop or pull: they change the client's timeout while they
+        last (seams/shared_runtime.py says why a shared one must not), and they are one per operator action."""
         from metralectl.seams.docker_runtime import open_runtime
 
         return open_runtime()
+
+    def close(self) -> None:
+        """When the dashboard ends (tui.run): the kept Docker connection."""
+        self._shared.close()
 
     # -- library --------------------------------------------------------------------------------
     def library(self) -> LibrarySnapshot:
@@ -110,7 +124,7 @@ class CoreServices:
             assert name is not None
             return self._pull(catalog.recipe(name), catalog, emit)
         change = dashboard_change(action, name)
-        serving = serving_for(catalog=self.catalog, runtime=self._runtime, lock_note=LOCK_NOTE,
+        serving = serving_for(catalog=self.catalog, runtime=self._own_runtime, lock_note=LOCK_NOTE,
                               cancelled=lambda: cancel.cancelled)
         try:
             result = serving.apply(change, emit)
@@ -129,7 +143,7 @@ class CoreServices:
         from metralectl.seams import machine, weights
         from metralectl.core.progress import human_bytes
 
-        with self._runtime() as runtime:
+        with self._own_runtime() as runtime:
             image = images.pull(catalog.image_for(recipe), runtime, machine.cpu_arch(), emit)
         got = weights.pull(recipe, emit)
         how = "already complete" if got.already_complete else f"{human_bytes(got.downloaded_bytes)} downloaded"
@@ -151,7 +165,7 @@ class CoreServices:
     def telemetry(self) -> TelemetryFeed:
         from metralectl.tui.telemetry_feed import TopFeed
 
-        return TopFeed(self.catalog())
+        return TopFeed(self.catalog(), runtime=self._shared)
 
     # -- doctor ---------------------------------------------------------------------------------
     def doctor(self) -> list[CheckResult]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from metralectl.seams.shared_runtime import SharedRuntime
     from metralectl.telemetry.view import TopView
     from metralectl.telemetry.watch import TopSession
 
@@ -13,17 +14,18 @@ if TYPE_CHECKING:
 class TopFeed:
     interval_s = 1.0
 
-    def __init__(self, catalog: Any, *, interval_s: float = 1.0) -> None:
+    def __init__(self, catalog: Any, *, interval_s: float = 1.0, runtime: SharedRuntime | None = None) -> None:
         self.interval_s = interval_s
+        self._runtime = runtime  # the dashboard's kept Docker connection for engine discovery (None: its own)
         self._catalog = catalog
         self._session: TopSession | None = None
 
     def start(self) -> None:
         from metralectl.seams.gpu import NvmlProbe
         from metralectl.telemetry.view import thermal_lines_from
-        from metralectl.telemetry.watch import TopSession, discover_engines
+        from metralectl.telemetry.watch import EngineDiscovery, TopSession
 
-        self._session = TopSession(NvmlProbe(), discover_engines, thermal_lines_from(self._catalog.hardware),
+        self._session = TopSession(NvmlProbe(), EngineDiscovery(runtime=self._runtime), thermal_lines_from(self._catalog.hardware),
                                    interval_s=self.interval_s, hz=4.0, energy_hz=1.0).start()
 
     def view(self) -> TopView:

@@ -39,6 +39,13 @@ class TelemetryHistory:
     def _add(self, name: str, value: float | None) -> None:
         self.series.setdefault(name, collections.deque(maxlen=self.keep)).append(value)
 
+    def gap(self) -> None:
+        """One empty point in every series: the time the feed was closed (its tab hidden) shows as a break,
+        not as the two sides joined."""
+        for series in self.series.values():
+            if series and series[-1] is not None:
+                series.append(None)
+
     def add(self, view: TopView) -> None:
         self.latest = view
         gpus = view.gpus

@@ -70,6 +70,17 @@ class MainScreen(Screen[None]):
         # dialog being dismissed, and then never run
         self.focus_active()
 
+    def _tell_views_shown(self) -> None:
+        """Every view with periodic work (`set_shown`: Serving) learns whether its tab is the one shown, so a
+        hidden tab polls nothing. Library, Benchmarks and Doctor have none: they load when mounted or
+        asked; a benchmark that runs keeps running hidden (its progress is the job's, not the view's)."""
+        active = self.active
+        for view, _ in VIEWS:
+            for widget in self.query(f"#{view}-view"):
+                set_shown = getattr(widget, "set_shown", None)
+                if set_shown is not None:
+                    set_shown(view == active)
+
     def active_view(self) -> Widget | None:
         try:
             return self.query_one(f"#{self.active}-view")
@@ -77,6 +88,7 @@ class MainScreen(Screen[None]):
             return None
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self._tell_views_shown()
         focus = getattr(self.active_view(), "focus_main", None)
         if focus is not None and self.app.screen is self:
             focus()

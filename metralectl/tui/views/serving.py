@@ -2,6 +2,11 @@
 
 Three long-lived thread workers feed it: the status poll (every 2 s), the telemetry feed (TopViews,
 coalesced) and the log follower (lines, coalesced); each stops on its own Event when the view goes.
+
+While another tab is shown (`set_shown(False)`, from MainScreen) the poll's timer is paused and the
+telemetry feed is closed (its GPU sampler, engine poller and their threads end); shown again, the status
+is fetched at once, the timer restarts and a new feed starts. The log follower alone keeps reading while
+hidden (see `on_lines_ready`); its lines wait unpainted and are drawn in one batch on return.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from metralectl.tui.widgets.log_tail import LogTail
 from metralectl.tui.widgets.serving_card import ServingCard
 
 if TYPE_CHECKING:
+    from textual.timer import Timer
+
     from metralectl.lifecycle.status import StatusReport
     from metralectl.telemetry.view import TopView
 
@@ -54,6 +61,9 @@ class ServingView(Vertical):
         self.following: str | None = None
         self._log_stop: threading.Event | None = None
         self._telemetry_stop = threading.Event()
+        self.shown = True  # Serving is the first tab; MainScreen says when it is hidden or shown
+        self._feeds_started = False
+        self._status_timer: Timer | None = None
         self.telemetry: Coalescer[TopView] = Coalescer(lambda: self.post_message(TelemetryReady()), maxlen=120)
         self.lines: Coalescer[str] = Coalescer(lambda: self.post_message(LinesReady()), maxlen=20000)
         self._status_failed = False
@@ -77,14 +87,40 @@ class ServingView(Vertical):
         self.call_after_refresh(self._start_feeds)
 
     def _start_feeds(self) -> None:
-        self.action_refresh_status()
-        self.set_interval(self.status_every_s, self.action_refresh_status)
-        self.watch_telemetry()
+        self._feeds_started = True
+        self._status_timer = self.set_interval(self.status_every_s, self.action_refresh_status,
+                                               pause=not self.shown)
+        if self.shown:
+            self.action_refresh_status()
+            self._start_telemetry()
 
     def on_unmount(self) -> None:
         self._telemetry_stop.set()
         if self._log_stop is not None:
             self._log_stop.set()
+
+    # -- shown / hidden -------------------------------------------------------------------------
+    def set_shown(self, shown: bool) -> None:
+        """MainScreen, on every tab change: hidden, nothing here polls or repaints; shown, it catches up."""
+        if shown == self.shown:
+            return
+        self.shown = shown
+        if not self._feeds_started:
+            return  # _start_feeds honours `shown` when it runs
+        assert self._status_timer is not None
+        if not shown:
+            self._status_timer.pause()
+            self._telemetry_stop.set()  # the watcher wakes, closes the feed and ends
+            return
+        self.action_refresh_status()  # at once: the card must not show what was true minutes ago
+        self._status_timer.reset()  # resumes it; the next poll one interval from now, not a burst
+        self.history.gap()
+        self._start_telemetry()
+        self._log_throttle.request()  # draw the lines that arrived while hidden
+
+    def _start_telemetry(self) -> None:
+        self._telemetry_stop = threading.Event()  # one per feed: a closing feed keeps its own
+        self.watch_telemetry(self._telemetry_stop)
 
     def focus_main(self) -> None:
         self.query_one(LogTail).focus()
@@ -150,12 +186,24 @@ class ServingView(Vertical):
 
     def on_lines_ready(self, message: LinesReady) -> None:
         """Drains at most LOG_FRAME_S apart: one write and one repaint, however many lines came. Until
-        then the Coalescer stays pending, so the producer posts nothing more."""
+        then the Coalescer stays pending, so the producer posts nothing more.
+
+        Hidden, nothing is drained (set_shown drains on return): the Coalescer stays pending, so the
+        follower only appends to its buffer (newest 20,000 kept, the rest counted). The follower itself
+        keeps reading while hidden: restarting `docker logs --follow` on return would lose the lines
+        written meanwhile or repeat them (its `since` has one-second steps), and the engine's log is what
+        an operator comes back to read (a crash's trace); a blocked read costs nothing when the engine is
+        quiet."""
         message.stop()
-        self._log_throttle.request()
+        if self.shown:
+            self._log_throttle.request()
 
     def _drain_lines(self) -> None:
+        if not self.shown:
+            return  # a drain scheduled just before the tab was hidden: set_shown asks again on return
         batch = self.lines.drain()
+        if not batch:
+            return
         self.query_one(LogTail).append(batch)
         if self.lines.dropped:
             self.query_one("#log-rate", Label).update(f"{self.lines.dropped} lines skipped to keep up")
@@ -173,8 +221,10 @@ class ServingView(Vertical):
 
     # -- telemetry ------------------------------------------------------------------------------
     @work(thread=True, group="telemetry", exit_on_error=False)
-    def watch_telemetry(self) -> None:
-        stop = self._telemetry_stop
+    def watch_telemetry(self, stop: threading.Event) -> None:
+        """Until `stop`: set when the view goes or is hidden. Nothing here must outlive a hidden tab: the
+        dashboard records nothing (`metralectl top --record` does), so a closed feed leaves only a gap
+        in the charts, marked there (TelemetryHistory.gap)."""
         try:
             feed = services_of(self).telemetry()
             feed.start()
