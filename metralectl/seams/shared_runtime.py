@@ -89,12 +89,13 @@ class _Lease:
         self._runtime = runtime
         self.endpoint = runtime.endpoint
 
-    def __getattr__(self, name: str) -> Any:
+    # object, not Any: a lease is only ever seen as the ContainerRuntime it is cast to; this is the proxying
+    def __getattr__(self, name: str) -> object:
         attr = getattr(self._runtime, name)
         if not callable(attr):
             return attr
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> object:
             try:
                 return attr(*args, **kwargs)
             except Exception as exc:
