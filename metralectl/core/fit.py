@@ -139,23 +139,40 @@ def _kv_llamacpp(model: ModelInfo, recipe: Recipe) -> Part:
     return Part("KV cache", total / GB, basis)
 
 
+HOST_RAM_KEPT_FRACTION = 0.10  # of a host-RAM class's MemTotal, left to everything but the engine...
+HOST_RAM_KEPT_MIN_GB = 2.0  # ...and never less than this (a small box's OS needs its share all the same)
+
+
+def os_headroom_gb(host_ram_gb: float) -> float:
+    """What a host-RAM class's budget leaves to the OS and other programs: 10 % of the RAM, at least 2 GB."""
+    return max(HOST_RAM_KEPT_MIN_GB, host_ram_gb * HOST_RAM_KEPT_FRACTION)
+
+
 def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning: str, weights: Part) -> Part:
     """What the engine may use, read the way its memory-utilization is meant (engine_profile.MEMORY_MEANINGS)."""
     if memory is None:
         if hardware.host_memory:
             return Part("budget", None, "unknown: this machine's RAM could not be read (/proc/meminfo)")
         return Part("budget", None, f"unknown: memory of {hardware.display_name} not in the data")
-    kind = "host RAM" if hardware.host_memory else "unified" if hardware.unified_memory else "GPU"
+    kind = "unified" if hardware.unified_memory else "GPU"
+    source = f"{memory:g} GB {kind}"  # the memory the engine's share is taken of, as the basis names it
+    if hardware.host_memory:
+        # The host's RAM is not the engine's alone: the OS, the desktop and Docker live in it too. Judging against
+        # all of MemTotal would call a model that pushes the box into swap a fit.
+        kept = os_headroom_gb(memory)
+        source = f"{memory:g} GB host RAM − {kept:.1f} GB kept for the OS and other programs"
+        memory = max(memory - kept, 0.0)
     if meaning == "none":
-        return Part("budget", memory, f"{memory:g} GB {kind} (the engine takes no memory fraction)")
+        return Part("budget", memory, f"{source} (the engine takes no memory fraction)")
     if meaning == "fraction-of-free-after-weights":
         if weights.gb is None:
             return Part("budget", None, "unknown: the engine's fraction is of the memory left after the weights, "
                                         "and the weights' size is unknown")
         return Part("budget", weights.gb + (memory - weights.gb) * util,
-                    f"weights + ({memory:g} GB {kind} − weights) × {util:g} (of free memory after the weights)")
+                    f"weights + ({source} − weights) × {util:g} (of free memory after the weights)")
     what = "weights and KV only" if meaning == "static-weights-and-kv" else "of total"
-    return Part("budget", memory * util, f"{memory:g} GB {kind} × {util:g} utilization ({what})")
+    return Part("budget", memory * util, f"{f'({source})' if hardware.host_memory else source} × {util:g} utilization "
+                                         f"({what})")
 
 
 def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name: str | None = None,

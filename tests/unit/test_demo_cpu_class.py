@@ -88,7 +88,14 @@ def test_the_budget_is_the_hosts_ram() -> None:
     meaning = catalog().engines["llama-cpp"].memory_meaning
     est = estimate(recipe, catalog().model_of(recipe), catalog().hardware["cpu"], memory_meaning=meaning,
                    host_ram_gb=16.0)
-    assert est.budget.gb == 16.0 and "host RAM" in est.budget.basis
+    # not all of it: 10 % (at least 2 GB) stays with the OS, the desktop and Docker
+    assert est.budget.gb == 14.0 and est.budget.basis.startswith("16 GB host RAM − 2.0 GB kept for the OS")
+    big = estimate(recipe, catalog().model_of(recipe), catalog().hardware["cpu"], memory_meaning=meaning,
+                   host_ram_gb=64.0)
+    assert big.budget.gb == pytest.approx(57.6) and "64 GB host RAM − 6.4 GB kept" in big.budget.basis
+    tiny = estimate(recipe, catalog().model_of(recipe), catalog().hardware["cpu"], memory_meaning=meaning,
+                    host_ram_gb=1.5)
+    assert tiny.budget.gb == 0.0 and tiny.fits is False  # less RAM than the OS keeps: nothing fits
     assert est.weights.gb == pytest.approx(0.49) and est.kv_pool.gb == pytest.approx(4096 * 24 * 2 * 64 * 4 / 1e9)
     assert est.fits is True
     unknown = estimate(recipe, catalog().model_of(recipe), catalog().hardware["cpu"], memory_meaning=meaning)
@@ -99,7 +106,7 @@ def test_the_demo_fits_a_box_without_a_gpu_and_a_gpu_recipe_does_not() -> None:
     target = library.Target(None, host_ram_gb=16.0, cpu_arch="x86_64", **NO_GPU_HERE)  # type: ignore[arg-type]
     demo = _row(DEMO, target)
     assert demo.fits is True and "of this box's RAM" in demo.fits_reason and demo.memory_gb is not None
-    assert demo.budget_gb == 16.0
+    assert demo.budget_gb == 14.0 and "of 14.0 GB" in demo.fits_reason
     gpu = _row(GPU_RECIPE, target)
     assert gpu.fits is False and "no NVIDIA GPU" in gpu.fits_reason
 
@@ -114,7 +121,7 @@ def test_the_demo_fits_a_gpu_box_too_and_the_gpu_recipes_verdict_is_unchanged() 
 
 
 @pytest.mark.parametrize("ram,arch,fits,fragment", [
-    (0.3, "x86_64", False, "of 0.3 GB"),  # too little RAM: said with the numbers
+    (2.3, "x86_64", False, "of 0.3 GB"),  # too little RAM (2 GB of 2.3 kept for the OS): said with the numbers
     (16.0, "aarch64", False, "built for x86_64 CPUs, this box is aarch64"),
     (None, "x86_64", None, "could not be read"),
 ])
