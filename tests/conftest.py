@@ -39,3 +39,16 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.delenv("FORCE_COLOR", raising=False)
     return home
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into each test's id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """README's test command runs the suite on pytest-xdist workers (`-n auto --dist loadgroup`, pyproject.toml).
+    Every test that drives the one Docker daemon (all of tests/integration: containers, private dockerds, agents
+    that ask the daemon) joins one group, which runs on one worker in collection order, so no two of them ever
+    see each other's containers; the rest (no daemon: unit, installer, real-engine, truth-server tests, each
+    with its own config dir, HF cache and ports) is spread over the workers beside it."""
+    for item in items:
+        if item.get_closest_marker("docker") or "tests/integration/" in item.nodeid.replace("\\", "/"):
+            item.add_marker(pytest.mark.xdist_group("docker"))
+
