@@ -51,6 +51,7 @@ class LocalAPI:
         self._conn: _UnixConnection | None = None
         self._version: str | None = None  # as docker-py's version="auto": what the daemon says it speaks
         self._lock = threading.Lock()  # one kept-alive connection; callers may share the runtime across threads
+        self._docker_lock = threading.Lock()  # docker-py's client is built once, on the first call it answers
 
     # --- docker-py's names -----------------------------------------------------------------------
     @property
@@ -73,10 +74,15 @@ class LocalAPI:
         return getattr(self._docker_client(), name)
 
     def _docker_client(self) -> APIClient:
-        if self._docker is None:
-            self._docker = self._make_docker_client()
-            self._docker.timeout = self._timeout
-        return self._docker
+        client = self._docker
+        if client is None:
+            with self._docker_lock:  # two threads' first calls (a shared runtime) must not each build one
+                if self._docker is None:
+                    made = self._make_docker_client()
+                    made.timeout = self._timeout
+                    self._docker = made
+                client = self._docker
+        return client
 
     def version(self, api_version: bool = True) -> dict[str, Any]:
         return cast("dict[str, Any]", self._get("/version", versioned=api_version))  # the daemon's JSON

@@ -163,6 +163,42 @@ def test_what_it_does_not_answer_goes_to_docker_py(daemon: FakeDaemon) -> None:
     assert made == [1]
 
 
+def test_threads_first_calls_build_one_docker_py_client(daemon: FakeDaemon) -> None:
+    """`top` and the dashboard share one runtime across threads (seams/shared_runtime): two first calls at once
+    must not each build a docker-py client (the second would leak its connection pool)."""
+    made: list[int] = []
+    second_call = threading.Event()
+
+    class Real:
+        timeout: float | None = None
+
+        def images(self) -> list[str]:
+            return ["from docker-py"]
+
+    def make() -> Real:
+        made.append(1)
+        second_call.wait(1.0)  # the first build stays open long enough for the other thread to arrive
+        return Real()
+
+    api = LocalAPI(f"unix://{daemon.server_address}", 7, make)  # type: ignore[arg-type]
+    answers: list[list[str]] = []
+
+    def call() -> None:
+        answers.append(api.images())
+
+    first = threading.Thread(target=call)
+    first.start()
+    while not made:
+        threading.Event().wait(0.001)
+    second = threading.Thread(target=call)
+    second.start()
+    second.join(0.3)  # it is waiting for the first build (the lock), not building its own
+    second_call.set()
+    first.join(5)
+    second.join(5)
+    assert answers == [["from docker-py"]] * 2 and made == [1], made
+
+
 def unreachable(endpoint: Endpoint, use_docker_py: bool) -> tuple[str, str, str]:
     with pytest.MonkeyPatch.context() as patch:
         if use_docker_py:
