@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("seams",),
     ("core",),
     ("joblog",),
+    ("ownedfs",),
     ("errors", "paths", "safetext", "atomicfile", "__init__"),
 ]
 

@@ -1,0 +1,453 @@
+"""Names from outside, and the directories metralectl owns: the one gate for writes there.
+
+Two rules (docs/security.md):
+
+1. **A name from outside is data, never a path** until it passed `check(kind, value)`: a file name
+   from a Hub listing, a blob id, a commit, an LFS oid, a release's recipe id or path, a quant. Each
+   kind has one grammar, matched in full (`fullmatch`: no trailing newline slips through).
+2. **Every change under a directory metralectl owns goes through an `Owned`**: addressed by a path
+   relative to it, walked one component at a time from a directory descriptor with O_NOFOLLOW, so a
+   symlink anywhere on the way is refused, never followed out (and a directory swapped for a link
+   between a check and a use changes nothing: there is no second lookup by name). A link made here
+   must point inside the directory. Reading through the cache's own links (a snapshot entry to its
+   blob) follows them only while each hop stays inside (`resolve`).
+
+The owned directory itself may be reached through the user's own symlinks (HF_HUB_CACHE on a
+larger disk): that is their choice, made once, above what we own. Foundation layer: stdlib only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import re
+import stat
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+
+from metralectl.errors import ExitCode, MetralError
+from metralectl.safetext import clean
+
+_HEX40 = r"[0-9a-f]{40}"
+_HEX64 = r"[0-9a-f]{64}"
+_HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+OURS_PREFIX = ".metralectl"  # our sidecars and folders inside a snapshot or repository: never a name from outside
+
+# kind -> the whole value's grammar. Path-like kinds are checked by component (below) as well.
+GRAMMARS: dict[str, re.Pattern[str]] = {
+    "commit": re.compile(_HEX40),
+    "sha256": re.compile(_HEX64),
+    "git oid": re.compile(f"{_HEX40}|{_HEX64}"),
+    "blob id": re.compile(f"{_HEX40}|{_HEX64}"),  # a blob's name under blobs/: an LFS sha256 or a git oid
+    "repo": re.compile(f"(?:{_HF_PART}/)?{_HF_PART}"),
+    "quant": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}"),
+    "recipe name": re.compile(r"[a-z0-9][a-z0-9._-]{0,63}"),
+    "recipe id": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,3}"),
+    "release path": re.compile(r"[A-Za-z0-9._-]{1,128}(?:/[A-Za-z0-9._-]{1,128}){0,7}"),
+    "file name": re.compile(r"[^/\x00]{1,255}"),  # one component; characters checked below
+    "repo path": re.compile(r"[^\x00]{1,1024}"),  # a file's path in a Hub repository; components below
+}
+_PATH_KINDS = {"repo path", "release path", "file name"}
+_HIDDEN_CATEGORIES = ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
+
+
+class UnsafeName(MetralError):
+    """A name from outside failed its grammar: nothing was written with it."""
+
+    exit_code = ExitCode.DATA
+
+
+class OutsideOwned(MetralError):
+    """A path would leave a directory metralectl owns (a symlink on the way, `..`, an absolute link)."""
+
+    exit_code = ExitCode.DATA
+
+
+def _component_problem(part: str) -> str | None:
+    if part in ("", ".", ".."):
+        return f"the path component {part!r} is not a name"
+    if len(part.encode("utf-8", "surrogatepass")) > 255:
+        return "a path component is longer than 255 bytes"
+    if "\\" in part:
+        return "a backslash in a file name"
+    if part.startswith(OURS_PREFIX):
+        return f"names beginning with {OURS_PREFIX!r} are metralectl's own files"
+    if part != part.strip():
+        return "leading or trailing white space"
+    for ch in part:
+        if unicodedata.category(ch) in _HIDDEN_CATEGORIES:
+            return f"the character U+{ord(ch):04X} ({unicodedata.category(ch)}) is not allowed in a name"
+    return None
+
+
+def problem(kind: str, value: object) -> str | None:
+    """Why `value` is not a `kind` (None: it is). Unknown kinds are a bug, not a pass."""
+    grammar = GRAMMARS[kind]
+    if not isinstance(value, str):
+        return f"not a string but {type(value).__name__}"
+    if not grammar.fullmatch(value):
+        return f"does not match the {kind} grammar {grammar.pattern!r}"
+    if kind in _PATH_KINDS:
+        if value.startswith("/"):
+            return "an absolute path"
+        for part in value.split("/"):
+            why = _component_problem(part)
+            if why is not None:
+                return why
+    return None
+
+
+def check(kind: str, value: object, source: str = "") -> str:
+    """`value` when it is a well-formed `kind`; else UnsafeName naming where it came from."""
+    why = problem(kind, value)
+    if why is None:
+        assert isinstance(value, str)
+        return value
+    shown = clean(value if isinstance(value, str) else repr(value), 120)
+    origin = f"{source} gave " if source else ""
+    raise UnsafeName(f"{origin}a {kind} that is not one: {shown!r} ({why}); nothing was written with it",
+                     "a server, archive or file that sends such names is broken or hostile; check where it "
+                     "came from (HF_ENDPOINT, the release URL, files left in the cache)")
+
+
+def is_valid(kind: str, value: object) -> bool:
+    return problem(kind, value) is None
+
+
+class Owned:
+    """A directory metralectl owns for one purpose (the HF hub cache, the synced recipe set).
+
+    Paths are relative to the root (str with "/" or a Path; an absolute Path must lie lexically
+    under the root). Every method walks from the root's descriptor, one component at a time, with
+    O_NOFOLLOW: a symlink on the way raises OutsideOwned; a missing directory raises
+    FileNotFoundError unless asked to create it.
+    """
+
+    def __init__(self, root: Path | str, what: str) -> None:
+        self.root = Path(os.path.abspath(root))
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"Owned({str(self.root)!r}, {self.what!r})"
+
+    # --- addressing -----------------------------------------------------------------------------------
+    def parts(self, rel: str | PurePosixPath | Path) -> tuple[str, ...]:
+        """The components of `rel` under the root; refuses `..`, `.` and anything outside."""
+        if isinstance(rel, Path) and rel.is_absolute():
+            try:
+                rel = rel.relative_to(self.root)
+            except ValueError:
+                raise OutsideOwned(f"{clean(str(rel))} is not inside {self.what} ({self.root})") from None
+        text = str(rel).replace(os.sep, "/") if isinstance(rel, Path) else str(rel)
+        if text in ("", "."):
+            return ()
+        if text.startswith("/"):
+            raise OutsideOwned(f"{clean(text)} is not a path inside {self.what}")
+        parts = tuple(p for p in text.split("/") if p not in ("",))
+        for part in parts:
+            if part in (".", "..") or "\x00" in part:
+                raise OutsideOwned(f"{clean(text)!r} leaves {self.what} (a {part!r} component)")
+        return parts
+
+    def path(self, rel: str | PurePosixPath | Path) -> Path:
+        """The absolute path of `rel` (for messages and for reading; changes go through the methods)."""
+        return self.root.joinpath(*self.parts(rel))
+
+    def contains(self, path: Path) -> bool:
+        """Whether an absolute path lies lexically under the root."""
+        try:
+            Path(os.path.normpath(path)).relative_to(self.root)
+            return True
+        except ValueError:
+            return False
+
+    # --- walking ----------------------------------------------------------------------------------------
+    def _open_root(self) -> int:
+        return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def _down(self, fd: int, name: str, create: bool, mode: int, shown: str) -> int:
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            return os.open(name, flags, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise OutsideOwned(self._not_followed(shown, name)) from None
+            raise
+        try:
+            os.mkdir(name, mode, dir_fd=fd)
+        except FileExistsError:
+            pass  # made meanwhile by another pull: opened (and checked) below like any other
+        try:
+            return os.open(name, flags, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise OutsideOwned(self._not_followed(shown, name)) from None
+            raise
+
+    def _not_followed(self, shown: str, name: str) -> str:
+        return (f"{clean(shown)}: {clean(name)!r} is a symlink or not a directory; metralectl does not follow links "
+                f"out of {self.what} ({self.root})")
+
+    @contextmanager
+    def _dir(self, parts: tuple[str, ...], create: bool = False, mode: int = 0o777) -> Iterator[int]:
+        fd = self._open_root()
+        try:
+            for name in parts:
+                nxt = self._down(fd, name, create, mode, "/".join(parts))
+                os.close(fd)
+                fd = nxt
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def _parent(self, rel: str | PurePosixPath | Path, create: bool = False) -> Iterator[tuple[int, str]]:
+        parts = self.parts(rel)
+        if not parts:
+            raise OutsideOwned(f"the root of {self.what} itself cannot be changed this way")
+        with self._dir(parts[:-1], create) as fd:
+            yield fd, parts[-1]
+
+    # --- reading ----------------------------------------------------------------------------------------
+    def lstat(self, rel: str | PurePosixPath | Path) -> os.stat_result | None:
+        """The entry itself (a link is not followed); None when it or a directory above is missing."""
+        try:
+            with self._parent(rel) as (fd, name):
+                return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def is_dir(self, rel: str | PurePosixPath | Path) -> bool:
+        st = self.lstat(rel) if self.parts(rel) else os.stat(self.root)
+        return st is not None and stat.S_ISDIR(st.st_mode)
+
+    def listdir(self, rel: str | PurePosixPath | Path = "") -> list[str]:
+        """Names in a directory (empty when it is missing)."""
+        try:
+            with self._dir(self.parts(rel)) as fd:
+                return sorted(os.listdir(fd))
+        except FileNotFoundError:
+            return []
+
+    def link_target(self, rel: str | PurePosixPath | Path) -> tuple[str, ...] | None:
+        """Where a symlink entry points, as components under the root; None when it is no link or points
+        outside (absolute, or `..` past the root)."""
+        parts = self.parts(rel)
+        try:
+            with self._parent(rel) as (fd, name):
+                target = os.readlink(name, dir_fd=fd)
+        except (FileNotFoundError, NotADirectoryError, OSError):
+            return None
+        if target.startswith("/"):
+            return None
+        joined = posixpath.normpath(posixpath.join("/".join(parts[:-1]), target))
+        if joined == ".." or joined.startswith("../") or joined.startswith("/"):
+            return None
+        return tuple(p for p in joined.split("/") if p not in ("", "."))
+
+    def resolve(self, rel: str | PurePosixPath | Path, hops: int = 8) -> tuple[str, ...] | None:
+        """`rel` with the links inside the root followed (a snapshot entry to its blob): the components of
+        what it names, or None when a link on the way leaves the root or it is missing."""
+        parts = self.parts(rel)
+        for _ in range(hops + 1):
+            found = None
+            for i in range(1, len(parts) + 1):
+                st = self.lstat("/".join(parts[:i]))
+                if st is None:
+                    return None
+                if stat.S_ISLNK(st.st_mode):
+                    target = self.link_target("/".join(parts[:i]))
+                    if target is None:
+                        return None
+                    found = target + parts[i:]
+                    break
+            if found is None:
+                return parts
+            parts = found
+        return None
+
+    def open_read(self, rel: str | PurePosixPath | Path, follow_inside: bool = False) -> int:
+        """A descriptor to read a regular file; with `follow_inside`, links within the root are followed
+        (resolve), never one that leaves it. Anything but a regular file (a FIFO, a device) is refused."""
+        parts = self.resolve(rel) if follow_inside else self.parts(rel)
+        if parts is None:
+            raise OutsideOwned(f"{clean(str(rel))} leads out of {self.what} ({self.root}); not read")
+        with self._parent("/".join(parts)) as (fd, name):
+            handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            os.close(handle)
+            raise OutsideOwned(f"{clean(str(rel))} in {self.what} is not a regular file; not read")
+        os.set_blocking(handle, True)
+        return handle
+
+    def stat_inside(self, rel: str | PurePosixPath | Path) -> os.stat_result | None:
+        """stat() through the links inside the root (a snapshot entry's blob); None when missing or when a
+        link leaves the root."""
+        parts = self.resolve(rel)
+        return self.lstat("/".join(parts)) if parts is not None else None
+
+    def read_bytes(self, rel: str | PurePosixPath | Path, limit: int, follow_inside: bool = False) -> bytes:
+        """At most `limit` bytes of a regular file; more is an error (whatever st_size claims)."""
+        fd = self.open_read(rel, follow_inside)
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise OutsideOwned(f"{clean(str(rel))} in {self.what} is larger than {limit} bytes; not read")
+        return data
+
+    # --- changing ---------------------------------------------------------------------------------------
+    def make_dirs(self, rel: str | PurePosixPath | Path, mode: int = 0o777) -> None:
+        """Create `rel` and its parents (an existing directory is fine; a link on the way is refused)."""
+        with self._dir(self.parts(rel), create=True, mode=mode):
+            pass
+
+    def open_write(self, rel: str | PurePosixPath | Path, flags: int, mode: int = 0o666,
+                   create_parents: bool = False) -> int:
+        """os.open of `rel` for writing, never through a link (the entry or a directory above)."""
+        with self._parent(rel, create_parents) as (fd, name):
+            try:
+                return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise OutsideOwned(self._not_followed(str(rel), name)) from None
+                raise
+
+    def put(self, rel: str | PurePosixPath | Path, data: bytes | str, mode: int | None = None) -> None:
+        """Replace `rel` with `data` atomically and durably (atomicfile's rules, under the root's walk)."""
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        with self._parent(rel, create=True) as (fd, name):
+            if mode is None:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
+                except FileNotFoundError:
+                    pass
+            tmp = f".{name[:100]}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+            handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o666 if mode is None else 0o600, dir_fd=fd)
+            try:
+                try:
+                    if mode is not None:
+                        os.fchmod(handle, mode)
+                    view = memoryview(payload)
+                    while view:
+                        view = view[os.write(handle, view):]
+                    os.fsync(handle)
+                finally:
+                    os.close(handle)
+                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=fd)
+                except OSError:
+                    pass
+                raise
+            _fsync_fd(fd)
+
+    def remove_file(self, rel: str | PurePosixPath | Path, missing_ok: bool = True) -> bool:
+        """Remove a file or a link entry (the link itself: what it points to is never touched)."""
+        try:
+            with self._parent(rel) as (fd, name):
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    raise IsADirectoryError(errno.EISDIR, "is a directory", str(self.path(rel)))
+                os.unlink(name, dir_fd=fd)
+                return True
+        except (FileNotFoundError, NotADirectoryError):
+            if missing_ok:
+                return False
+            raise
+
+    def remove_dir(self, rel: str | PurePosixPath | Path) -> bool:
+        """rmdir of an empty directory; False when it is missing or not empty."""
+        try:
+            with self._parent(rel) as (fd, name):
+                os.rmdir(name, dir_fd=fd)
+                return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False
+            raise
+
+    def remove_tree(self, rel: str | PurePosixPath | Path) -> None:
+        """Remove a directory and everything under it without following any link (a link inside is removed
+        as a link; one at `rel` itself is refused: it is not ours to remove through)."""
+        with self._parent(rel) as (fd, name):
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                raise OutsideOwned(self._not_followed(str(rel), name))
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(name, dir_fd=fd)
+                return
+            _remove_tree_at(fd, name)
+
+    def move(self, src: str | PurePosixPath | Path, dst: str | PurePosixPath | Path) -> None:
+        """rename(2) inside the root (atomic, replacing `dst`), durable."""
+        with self._parent(src) as (sfd, sname), self._parent(dst, create=True) as (dfd, dname):
+            os.replace(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+            _fsync_fd(dfd)
+
+    def link(self, rel: str | PurePosixPath | Path, target: str, within: str | PurePosixPath | Path = "") -> None:
+        """Make `rel` a relative symlink to `target`, replacing what is there in one step. The target must
+        stay inside the root (and under `within` when given)."""
+        parts = self.parts(rel)
+        if target.startswith("/"):
+            raise OutsideOwned(f"a link to an absolute path ({clean(target)}) is not made in {self.what}")
+        joined = posixpath.normpath(posixpath.join("/".join(parts[:-1]), target))
+        bound = "/".join(self.parts(within))
+        if joined == ".." or joined.startswith("../") or (bound and not (joined + "/").startswith(bound + "/")):
+            raise OutsideOwned(f"a link {clean('/'.join(parts))} -> {clean(target)} would leave "
+                               f"{bound or self.what}; not made")
+        with self._parent(rel, create=True) as (fd, name):
+            tmp = f".{name[:100]}.{os.getpid()}.{os.urandom(4).hex()}.link"
+            os.symlink(target, tmp, dir_fd=fd)
+            try:
+                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=fd)
+                except OSError:
+                    pass
+                raise
+            _fsync_fd(fd)
+
+    def chmod(self, rel: str | PurePosixPath | Path, mode: int) -> None:
+        """chmod of a regular file or directory entry, never through a link."""
+        if self.is_dir(rel):
+            with self._dir(self.parts(rel)) as dfd:
+                os.fchmod(dfd, mode)
+            return
+        fd = self.open_write(rel, os.O_RDONLY)
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+
+
+def _remove_tree_at(parent_fd: int, name: str) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    try:
+        for entry in os.scandir(fd):
+            if entry.is_dir(follow_symlinks=False):
+                _remove_tree_at(fd, entry.name)
+            else:
+                os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+
+
+def _fsync_fd(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
