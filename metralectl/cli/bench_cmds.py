@@ -79,7 +79,7 @@ class _Progress:
 
         err = sys.stderr
         if event.kind == "stage":
-            note(style(f"▸ {event.message}  (workers {event.data.get('workers')})", "36", err))
+            note(style(f"▸ {clean(event.message, 600)}  (workers {event.data.get('workers')})", "36", err))
         elif event.kind == "stage-done":
             a = event.data["summary"]
             counts = f"{a.get('ok')}/{a.get('requests')} ok"
@@ -102,15 +102,15 @@ class _Progress:
                 if value:
                     text = ("the drain timeout passed with measured requests still running (kept as failures)"
                             if key == "drain_timed_out" else f"{label}{value}")
-                    note(style(f"  ! {text}", "31", err))
+                    note(style(f"  ! {clean(text, 600)}", "31", err))
             for reason in event.data.get("client_bound") or []:
-                note(style(f"  ! client-bound: {reason}", "33", err))
+                note(style(f"  ! client-bound: {clean(str(reason), 600)}", "33", err))
         elif event.kind == "warning":
-            note(style(f"! {event.message}", "33", err))
+            note(style(f"! {clean(event.message, 600)}", "33", err))
         elif event.kind == "progress":
-            note(style(f"  … {event.message}", "2", err))
+            note(style(f"  … {clean(event.message, 600)}", "2", err))
         else:
-            note(style(f"▸ {event.message}", "2", err))
+            note(style(f"▸ {clean(event.message, 600)}", "2", err))
 
 
 @app.command("run")

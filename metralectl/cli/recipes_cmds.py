@@ -22,6 +22,7 @@ def check(
     import sys
 
     from metralectl.core.catalog import check_files, load_catalog
+    from metralectl.safetext import clean, printable
 
     catalog = load_catalog()
     results: list[tuple[str, bool, list[Problem]]] = []
@@ -40,8 +41,8 @@ def check(
         for path, ok, problems in results:
             for problem in problems:
                 color = "31" if problem.severity == "error" else "33"
-                note(style(problem.render(), color, sys.stderr))
-            print(f"{'ok     ' if ok else 'REFUSED'}  {path}")
+                note(style(printable(problem.render()), color, sys.stderr))  # it may quote the file
+            print(f"{'ok     ' if ok else 'REFUSED'}  {clean(str(path))}")
         note(f"{len(results) - len(refused)} ok, {len(refused)} refused")
     if refused:
         raise typer.Exit(ExitCode.DATA)
@@ -80,22 +81,23 @@ def sync(
         now = time.monotonic()
         if now - last.get(asset, 0.0) >= 1.0 or done == total:  # at most once a second per file
             last[asset] = now
-            note(f"  {asset}: {done / 1e6:.1f}" + (f" of {total / 1e6:.1f} MB" if total else " MB"))
+            note(f"  {clean(asset)}: {done / 1e6:.1f}" + (f" of {total / 1e6:.1f} MB" if total else " MB"))
 
     catalog = load_catalog(use_cache=False)
     report = recipe_sync.sync(catalog, sync_fetch.Source(source), progress=progress)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        print(f"engine release {report.release} (commit {report.commit[:12]}, engine {report.engine_version or '?'}), "
-              f"checked against revision {report.revision}")
+        # every word here but the counts came from the release (its index.json, its recipes): escaped
+        print(f"engine release {clean(report.release, 80)} (commit {clean(report.commit[:12])}, engine "
+              f"{clean(report.engine_version, 80) or '?'}), checked against revision {clean(report.revision, 120)}")
         for change in report.changes:
             if change.status != "unchanged":
-                print(f"  {change.status:<9} {change.name:<40} {clean(change.id)}")
+                print(f"  {change.status:<9} {clean(change.name, 120):<40} {clean(change.id, 200)}")
     for change in report.refused:
         for problem in change.problems:  # text from the release: escaped line by line
             note(style("\n".join(clean(line) for line in problem.render().splitlines()), "31", sys.stderr))
     counts = ", ".join(f"{report.count(s)} {s}" for s in ("added", "changed", "removed", "unchanged", "refused"))
-    note(f"synced set installed ({counts}): {report.installed}")
+    note(f"synced set installed ({counts}): {clean(report.installed)}")
     if report.refused:  # installed without the recipes that failed the checker
         raise typer.Exit(ExitCode.DATA)
