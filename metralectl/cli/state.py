@@ -30,7 +30,7 @@ def report_error(exc: MetralError) -> None:
     from metralectl.errors import RecipeInvalid
     from metralectl.safetext import printable
 
-    err = sys.stderr
+    err = sys.stderr  # a problem's or an error's text may quote a file, a server or a label: escaped here
     if isinstance(exc, RecipeInvalid):
         errors = [p for p in exc.problems if p.severity == "error"]
         unseen = [p for p in errors if id(p) not in SHOWN_PROBLEMS]
@@ -39,9 +39,17 @@ def report_error(exc: MetralError) -> None:
         above = " (shown above)" if len(unseen) < len(errors) else ""
         print(f"metralectl: refused: {len(errors)} problem{'s' if len(errors) != 1 else ''}{above}", file=err)
         return
-    print(style(f"metralectl: {printable(str(exc.message))}", "31", err), file=err)
+    print(style(f"metralectl: {_lines(exc.message)}", "31", err), file=err)
     if exc.hint:
-        print(f"    hint: {printable(str(exc.hint))}", file=err)
+        print(f"    hint: {_lines(exc.hint)}", file=err)
+
+
+def _lines(text: object) -> str:
+    """A message for stderr: escaped (safetext.printable), and every line after its first indented, so no line
+    of it (ours, or one a server slipped in) can pass for a line of our own (`metralectl: ...`)."""
+    from metralectl.safetext import printable
+
+    return printable(str(text)).replace("\n", "\n    ")
 
 
 def guarded(body: Callable[[], int | None]) -> NoReturn:
