@@ -141,12 +141,18 @@ def run(
     s = get_suite(suite)
     params = parse_params(s.id, s.schema, param or [])
     gates = [parse_gate(g) for g in gate or []]
+    from metralectl.bench.transport import header_problem
+    from metralectl.safetext import clean
+
     headers = {}
     for h in header or []:
         name, sep, value = h.partition(":")
         if not sep:
-            raise UsageError(f"--header {h!r}: expected NAME:VALUE")
-        headers[name.strip()] = value.strip()
+            raise UsageError(f"--header {clean(h, 80)!r}: expected NAME:VALUE")
+        why = header_problem(name.strip(), value.strip(" \t"))
+        if why is not None:  # a CR/LF would start a header (or the body) of its own
+            raise UsageError(f"--header {clean(h, 80)!r}: {clean(why)}", "one header per --header, NAME:VALUE in ASCII")
+        headers[name.strip()] = value.strip(" \t")
     unit_label = _unit_label(unit)
     progress: Any = _Progress() if events_fd is None else _EventsPipe(events_fd, _Progress())
     from metralectl.seams.process import sigterm_as_interrupt

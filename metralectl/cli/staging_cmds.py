@@ -33,7 +33,9 @@ class _Renderer:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn
 
-        self.console = Console(stderr=True)
+        from metralectl.cli.state import color_enabled
+
+        self.console = Console(stderr=True, color_system="auto" if color_enabled(sys.stderr) else None)
         self.live = self.console.is_terminal
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=28),
                                  TextColumn("{task.fields[size]}"), TextColumn("{task.fields[rate]}"),

@@ -70,7 +70,8 @@ def top(
                     from rich.console import Console
 
                     wide = None if sys.stdout.isatty() else 240  # piped: no wrapping or cropping at 80 columns
-                    Console(file=sys.stdout, highlight=False, width=wide).print(render(view, recording=record))
+                    Console(file=sys.stdout, highlight=False, width=wide,
+                            color_system=_colors(sys.stdout)).print(render(view, recording=record))
                 return
             session.start()
             if live and terminal is not None:
@@ -138,7 +139,7 @@ def _live(session: Any, terminal: Any, recorder: Any, interval: float, record: P
     from rich.console import Console
     from rich.live import Live
 
-    console = Console(file=terminal, highlight=False)
+    console = Console(file=terminal, highlight=False, color_system=_colors(terminal))
     next_record = time.monotonic() + interval
     view = session.view()
     with Live(render(view, recording=record, live=True), console=console, auto_refresh=False, transient=False,
@@ -150,6 +151,13 @@ def _live(session: Any, terminal: Any, recorder: Any, interval: float, record: P
             if recorder is not None and time.monotonic() >= next_record:
                 recorder.write(view.to_json())
                 next_record += interval
+
+
+def _colors(stream: Any) -> str | None:
+    """Rich's colour system under our colour rules (NO_COLOR: no style at all, not even bold; FORCE_COLOR)."""
+    from metralectl.cli.state import color_enabled
+
+    return "auto" if color_enabled(stream) else None
 
 
 def _stream(session: Any, recorder: Any, interval: float, as_json: bool, record: Path | None) -> None:

@@ -36,9 +36,11 @@ def current(root: Path | None = None) -> Path | None:
 
 
 def read_meta(set_dir: Path) -> dict[str, Any] | None:
-    try:
-        meta = json.loads((set_dir / "release.json").read_text())
-    except (OSError, ValueError):
+    from metralectl.filecap import DOCUMENT_LIMIT, read_bytes
+
+    try:  # FileRefused (exit 65) for a FIFO or a file past the cap
+        meta = json.loads(read_bytes(set_dir / "release.json", DOCUMENT_LIMIT, "synced set's release.json"))
+    except (OSError, ValueError, RecursionError):
         return None
     return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
 

@@ -132,3 +132,15 @@ def test_logs_do_not_drive_the_terminal(containers: list[str], busybox: str, env
     assert_safe(ran, color=color, shows=("\\x1b]0;PWNED\\x07", "\\x1b[2J", "\\x9b31m", "\\u202e", "\\u200b"))
     assert "Loading 100%" in ran.text and re.search(rb"\r(?!\n)", ran.data) is None  # no CR to write over a line
     assert ("\x1b[32mINFO" in ran.text) == color  # the engine's colour, only when we colour
+
+
+def test_ps_reads_no_more_of_an_endless_health_answer_than_it_shows(containers: list[str], busybox: str) -> None:
+    """The label points at a server whose /health never ends: `ps` keeps its first characters and leaves."""
+    from tests.unit.endless_server import MiB, endless
+
+    with endless({"/health": "body"}) as (url, state):
+        _start(containers, busybox, _labels(**{LABEL_RECIPE: "endless", LABEL_ENDPOINT: url}))
+        ran = ptyterm.run(["ps"], {"NO_COLOR": "1"})
+        assert state.ended.wait(60)
+    assert ran.code == 0 and "endless" in ran.text, ran.text
+    assert state.sent["/health"] <= 64 * 1024 + 16 * MiB

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,3 +123,30 @@ def test_pull_escapes_the_hubs_error_message(refusing_hub: str, env: dict[str, s
                                                                "HF_HUB_DISABLE_XET": "1"})
     assert ran.code != 0 and ran.code != 70, ran.text
     assert_safe(ran, color=color, live=True, shows=("\\x1b]0;PWNED",))
+
+
+RENDER = """
+import sys, types
+from metralectl.cli.staging_cmds import _Renderer
+from metralectl.seams.weights import PullEvent
+from tests.unit.ptyterm import HOSTILE
+repo = "org/model"
+with _Renderer() as view:
+    view.weights(PullEvent(repo, "note", message="kept " + HOSTILE))
+    view.weights(PullEvent(HOSTILE, "download", done=1, total=10, files_done=0, files_total=1))
+    view.weights(PullEvent(HOSTILE, "done", done=10, total=10, files_done=1, files_total=1))
+    for status in ("Downloading", "Pull complete"):
+        view.layer(types.SimpleNamespace(ref="img:1", layer="ab12" + HOSTILE, status=status + HOSTILE, current=1,
+                                         total=10))
+    view.layer(types.SimpleNamespace(ref="img:1", layer=None, status="Status: " + HOSTILE, current=None, total=None))
+print("rendered")
+"""
+
+
+@pytest.mark.parametrize("env,color", COLOURS)
+def test_pull_s_progress_escapes_what_the_hub_and_the_daemon_say(env: dict[str, str], color: bool) -> None:
+    """The live bars (Rich, markup on in their descriptions) and the lines between them: a note, a file or repo
+    name, a layer's id and status; on a terminal, as `pull` draws them."""
+    ran = ptyterm.run([], env, argv0=[sys.executable, "-c", RENDER])
+    assert ran.code == 0 and "rendered" in ran.text, ran.text
+    assert_safe(ran, color=color, live=True, shows=("\\x1b]0;PWNED\\x07", "\\u202eevil"))
