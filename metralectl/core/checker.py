@@ -2,15 +2,16 @@
 
 Run by `metralectl recipes check` and on every load. Every refusal names the file, line, column,
 key, why, and a fix ("did you mean" where one fits). The sections live beside it: checker_serve
-(`serve:`), checker_checkpoint (`checkpoint:`) and checker_sections (`env:`, `validated:`, `source:`).
+(`serve:`), checker_checkpoint (`checkpoint:`), checker_sections (`env:`, `validated:`, `source:`) and
+checker_text (names, dates, control characters).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import re
 from typing import Any, TypeVar
 
+from metralectl.core import checker_text as text
 from metralectl.core.checker_checkpoint import World, check_checkpoint
 from metralectl.core.checker_sections import check_env, check_source, check_validated
 from metralectl.core.checker_serve import Context, _add_hint, _is_set, check_serve
@@ -31,7 +32,6 @@ REQUIRED_TOP = ("schema", "name", "description", "engine", "checkpoint", "hardwa
 RESOURCE_KEYS = ("port", "bind", "memory-utilization", "gpus", "ranks", "master-port", "tp-size", "ep-size",
                  "nodes", "expose-acknowledged")
 RANK_KEYS = ("role", "port", "serve")
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
 def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Recipe | None, list[Problem]]:
@@ -43,12 +43,12 @@ def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Rec
         return None, check.problems
     check.known_keys(top, (), TOP_KEYS, "a recipe")
     check.required(top, (), REQUIRED_TOP, "the recipe")
-    if "schema" in top and top["schema"] != 1:
-        check.error(("schema",), f"unsupported recipe schema {top['schema']!r}", "this metralectl reads `schema: 1`")
+    text.check_text(check, top)
+    if "schema" in top and (type(top["schema"]) is not int or top["schema"] != 1):  # not `true`, not 1.0
+        check.error(("schema",), f"unsupported recipe schema {type_name(top['schema'])}", "this metralectl reads `schema: 1`")
     name = check.string(top, (), "name", required=False)
-    if name is not None and not NAME_RE.match(name):
-        check.error(("name",), f"recipe name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
-        name = None
+    if name is not None:
+        name = text.recipe_name(check, ("name",), name)
     description = check.string(top, (), "description", required=False) or ""
     ctx = Context()
     ctx.contract = _engine(check, top, world)
@@ -218,8 +218,11 @@ def _resources(check: Checker, top: dict[str, Any], ctx: Context, serve: dict[st
         if nodes > world or world % int(nodes):
             check.error(where + ("nodes",), f"{int(nodes)} nodes cannot hold {world} rank(s) evenly",
                         f"write `nodes: {world}` (one rank per node)" if world > 1 else "write `nodes: 1`, or leave it out")
-    if body.get("expose-acknowledged") not in (None, True):
-        check.error(where + ("expose-acknowledged",), "a boolean key is written `true` or left out")
+    acknowledged = body.get("expose-acknowledged")
+    if acknowledged is not None and acknowledged is not True:  # identity: `1` == True in Python, not in YAML
+        check.error(where + ("expose-acknowledged",), f"a boolean key is written `true` or left out, not "
+                                                      f"{type_name(acknowledged)}",
+                    "write `expose-acknowledged: true` (unquoted), or remove the line")
     if None in (port, bind, util, ranks) or gpus is None or not check.ok:
         return None
     assert port is not None and bind is not None and util is not None and ranks is not None
@@ -267,7 +270,7 @@ def _ranks(check: Checker, body: dict[str, Any], where: KeyPath, ctx: Context, s
     if raw is None:
         check.error(where, "resources is missing the required key 'ranks'", "add `ranks: 1` for a single-node launch")
         return None
-    if raw == 1 and not isinstance(raw, bool):  # `ranks: true` is not a count
+    if type(raw) is int and raw == 1:  # `ranks: true` and `ranks: 1.0` are not a count
         return [Rank(0, "head", port or 0, serve)]
     if isinstance(raw, bool) or not isinstance(raw, list) or not raw:
         check.error(where + ("ranks",), f"ranks must be 1 or a list of ranks, not {type_name(raw)}",

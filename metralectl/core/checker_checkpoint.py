@@ -1,11 +1,11 @@
 """The recipe checker's `checkpoint:` section: the repository, its quantization and revision, and the model
-facts (kernels/) behind it."""
+facts (kernels/) behind it, held to what kernels/ says each listed checkpoint is."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, Protocol
 
+from metralectl.core import checker_text as text
 from metralectl.core.checker_serve import Context
 from metralectl.core.contract import EngineContract
 from metralectl.core.hardware import HardwareClass, ImageInfo, ModelInfo
@@ -14,8 +14,6 @@ from metralectl.core.schema import Checker, did_you_mean
 from metralectl.core.yamlsrc import KeyPath
 
 CHECKPOINT_KEYS = ("repo", "quant", "revision", "model")
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 class World(Protocol):
@@ -24,6 +22,7 @@ class World(Protocol):
     engines: dict[str, EngineContract]
     hardware: dict[str, HardwareClass]
     images: dict[str, ImageInfo]
+    models: dict[str, dict[str, ModelInfo]]  # hardware class -> model id -> facts (each class's own)
 
     def models_for(self, hardware: str) -> dict[str, ModelInfo]: ...
 
@@ -37,17 +36,16 @@ def check_checkpoint(check: Checker, top: dict[str, Any], world: World, ctx: Con
     repo = check.string(body, where, "repo")
     quant = check.string(body, where, "quant")
     revision = check.string(body, where, "revision", required=False, nullable=True)
-    if repo and not REPO_RE.match(repo):
-        check.error(where + ("repo",), f"{repo!r} is not a Hugging Face repo id", "write it as ORG/NAME")
-        repo = None
+    if repo:
+        repo = text.checkpoint_repo(check, where + ("repo",), repo)
     quants = ctx.contract.quants if ctx.contract else ()
     if quant and ctx.contract and quant not in quants:
         guess = did_you_mean(quant, quants)
         check.error(where + ("quant",), f"unknown {ctx.contract.display_name} quantization {quant!r}",
                     f"did you mean `{guess}`?" if guess else f"use one of {', '.join(quants)}")
         quant = None
-    if revision and not COMMIT_RE.match(revision):
-        check.error(where + ("revision",), f"revision {revision!r} is not a commit id",
+    if revision:
+        text.commit(check, where + ("revision",), revision,
                     "pin the 40-character commit sha (branches and tags move), or write `revision: null`")
     ctx.quant = quant
     if repo and quant and ctx.hardware and ctx.contract:
@@ -64,17 +62,19 @@ def _resolve_model(check: Checker, body: dict[str, Any], world: World, hw: Hardw
     checkpoint it lists and must ship a target for the quant; any other engine names the model it serves
     (`checkpoint.model:`), since its checkpoints (a GGUF repository) are not the kernels' own."""
     models = world.models_for(hw.id)
-    explicit = body.get("model")
+    explicit = check.string(body, ("checkpoint",), "model", required=False)
     kernels = contract.has_rule("kernel-targets")
-    if explicit is None and not kernels:
+    if "model" not in body and not kernels:
         check.error(("checkpoint",), f"a {contract.display_name} recipe names the model it serves: "
                                      "`checkpoint.model: <id>` (its architecture facts, for the memory estimate)",
                     f"known models on {hw.id}: {', '.join(sorted(models))}")
         return None
+    if "model" in body and explicit is None:
+        return None  # not a string: reported by check.string
     if explicit is not None:
-        model = models.get(str(explicit))
+        model = models.get(explicit)
         if model is None:
-            guess = did_you_mean(str(explicit), models)
+            guess = did_you_mean(explicit, models)
             check.error(("checkpoint", "model"), f"no kernel model {explicit!r} for hardware {hw.id}",
                         f"did you mean `{guess}`?" if guess else f"known models: {', '.join(sorted(models))}")
             return None
@@ -84,8 +84,42 @@ def _resolve_model(check: Checker, body: dict[str, Any], world: World, hw: Hardw
             check.error(("checkpoint", "repo"), f"no kernel model on {hw.id} is known to serve {repo}",
                         "name the model with `checkpoint.model: <id>` (see kernels/) or add the checkpoint to its model.yaml")
             return None
+    if _contradicts_kernels(check, world, repo, quant, explicit, contract, kernels):
+        return None
     if kernels and model.target_for(quant) is None:
         check.error(("checkpoint", "quant"),
                     f"no kernel target for ({hw.id}, {model.id}, {quant}): the image ships {', '.join(model.targets) or 'none'}",
                     "pick a checkpoint in a shipped quantization, or an image that has this target")
     return model
+
+
+def _contradicts_kernels(check: Checker, world: World, repo: str, quant: str, explicit: str | None,
+                         contract: EngineContract, kernels: bool) -> bool:
+    """Whether the recipe says its checkpoint is something kernels/ says it is not: another model's, or (for
+    a format whose repository is one quantization, safetensors) another quantization. A GGUF repository
+    holds one file per quant, so a quant kernels/ does not list for it is no contradiction."""
+    listed = [(hw_id, m) for hw_id, table in sorted(world.models.items()) for m in table.values() if m.checkpoint(repo)]
+    if not listed:
+        return False
+    found = False
+    owners = sorted({m.id for _, m in listed})
+    if explicit is not None and explicit not in owners:
+        check.error(("checkpoint", "model"),
+                    f"checkpoint.model {explicit!r} contradicts the checkpoint: kernels/ lists {repo} as a "
+                    f"checkpoint of {', '.join(owners)} ({_files(listed)}), so the memory estimate and the "
+                    "MTP and kernel-target checks would use another model's facts",
+                    "remove `model:` (kernels/ names the checkpoint's model)" if kernels else f"write `model: {owners[0]}`")
+        found = True
+    if contract.weights.format == "safetensors":
+        stated = sorted({ckpt.quant for _, m in listed for ckpt in m.checkpoints if ckpt.repo.lower() == repo.lower()})
+        if quant not in stated:
+            check.error(("checkpoint", "quant"),
+                        f"{repo} is listed with quant {' / '.join(stated)} ({_files(listed)}), not {quant}: the "
+                        "MTP head's quantization and the kernel target would follow the wrong one",
+                        f"write `quant: {stated[0]}`, or pick a {quant} checkpoint")
+            found = True
+    return found
+
+
+def _files(listed: list[tuple[str, ModelInfo]]) -> str:
+    return ", ".join(f"kernels/{hw_id}/{m.id}/model.yaml" for hw_id, m in listed)
