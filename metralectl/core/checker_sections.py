@@ -110,6 +110,11 @@ def check_validated(check: Checker, top: dict[str, Any], world: _World) -> Valid
     hw = check.string(body, where, "hardware", required=False, nullable=True)
     if hw and hw not in world.hardware:
         check.error(where + ("hardware",), f"unknown hardware class {hw!r}")
+    elif hw and isinstance(top.get("hardware"), str) and hw != top["hardware"]:
+        check.error(where + ("hardware",), f"the figures were measured on {hw}, and this recipe runs on "
+                                           f"{top['hardware']}: `list` would show them as this recipe's",
+                    f"state what was measured on {top['hardware']}, or `validated: {{hardware: null, "
+                    "decode-tok-s: null}` until it is")
     date = text.iso_date(check, where + ("date",),
                          check.string(body, where, "date", required=False, nullable=True))
     tok_s = check.number(body, where, "decode-tok-s", required=False, nullable=True, minimum=0)

@@ -228,3 +228,10 @@ def test_set_of_another_checkpoint_keeps_no_pinned_name(tmp_path: Path) -> None:
     both = _cli(tmp_path, "show", "qwen3.5-35b-a3b", "--set", "checkpoint.repo=example/Qwen3.5-35B-A3B-NVFP4-ft",
                 "--set", "checkpoint.model=qwen3.5-35b-a3b", "--set", "model-name=example/Qwen3.5-35B-A3B-NVFP4-ft")
     assert both.returncode == 0, both.stderr
+
+
+def test_figures_measured_on_another_hardware_class_are_refused(tmp_path: Path) -> None:
+    data = flagship_data()  # validated on gb10 at 133 tok/s, moved to Hopper with the figures kept
+    data["hardware"], data["image"] = "hopper", "metrale-inference-hopper"
+    problem = one_error(check(tmp_path, data), "validated.hardware")
+    assert "measured on gb10" in problem.message and "runs on hopper" in problem.message and problem.line > 0
