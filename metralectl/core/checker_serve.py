@@ -62,7 +62,7 @@ def check_serve(check: Checker, body: dict[str, Any], where: KeyPath, ctx: Conte
             continue
         problem = spec.check_value(value, false_allowed=revision.policy.false_allowed)
         if problem:
-            check.error(where + (key,), f"--{spec.name} {problem}", _value_hint(spec, revision))
+            check.error(where + (key,), f"--{spec.name} {problem}", _value_hint(spec, revision, value))
             invalid.add(spec.name)
             continue
         values[spec.name] = value
@@ -87,7 +87,10 @@ def _unknown_flag(check: Checker, keypath: KeyPath, key: str, contract: EngineCo
                 f"did you mean `{guess}`?" if guess else f"see `{help_command}` for the flag list")
 
 
-def _value_hint(spec: FlagSpec, revision: Revision) -> str | None:
+def _value_hint(spec: FlagSpec, revision: Revision, value: Any = None) -> str | None:
+    if isinstance(value, str) and value.lstrip().startswith("-") and spec.type in ("string", "path"):
+        return (f"write the value without the leading '-'; only an engine file can let --{spec.name} take one "
+                "(`leading-dash: allowed`, where the engine's parser accepts it)")
     if spec.type == "flag":
         if revision.policy.false_allowed:
             return f"write `{spec.name}: true` (on) or `{spec.name}: false` (off: the flag's absence)"

@@ -38,6 +38,7 @@ def test_a_string_flag_value_that_reads_as_an_option_is_refused(tmp_path: Path, 
     data["serve"]["model-name"] = value
     problem = one_error(check(tmp_path, data), "serve.model-name")
     assert "begins with '-'" in problem.message and "another option" in problem.message
+    assert "without the leading '-'" in (problem.hint or "")
     _located(problem)
 
 
