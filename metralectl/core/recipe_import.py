@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from metralectl import ownedfs
 from metralectl.errors import Problem
 from metralectl.core.recipe import Recipe, RecipeOrigin
 from metralectl.core.schema import did_you_mean, type_name
 from metralectl.core.yamlsrc import Document, KeyPath, YamlSyntax, load_text
+from metralectl.safetext import clean
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -39,7 +41,6 @@ KNOWN_KEYS = ("recipe_version", "model", "model_revision", "runtime", "runtime_v
               "min_nodes", "max_nodes", "solo_only", "cluster_only", "description", "metadata", "defaults", "env")
 QUANTS = ("nvfp4", "fp8", "bf16", "mxfp4")
 HEAD_PORT_STEP = 1  # the worker of a two-rank recipe listens beside the head (8888 -> 8889)
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,9 @@ def _document(conv: _Conversion, top: dict[str, Any], upstream: UpstreamFile, re
     if str(top.get("recipe_version")) != "2":
         conv.error(("recipe_version",), f"recipe_version {top.get('recipe_version')!r}: this importer reads \"2\"")
     name = upstream.id.rsplit("/", 1)[-1].lower()
-    if not _NAME_RE.match(name):
-        conv.error((), f"recipe id {upstream.id!r} does not make a recipe name (lower-case letters, digits, . _ -)")
+    if not ownedfs.is_valid("recipe name", name):  # it becomes a file name: `<name>.yaml` in the synced set
+        conv.error((), f"recipe id {clean(upstream.id)!r} does not make a recipe name (lower-case letters, digits, "
+                       ". _ -)")
     result.name = name
     model = top.get("model")
     if not isinstance(model, str) or not model.strip() or model.strip().startswith("-"):
