@@ -76,13 +76,15 @@ class RecipesRefused(ra.ReleaseError):
 
     exit_code = ExitCode.DATA
 
-    def __init__(self, report: SyncReport, skip_refused: bool) -> None:
+    def __init__(self, report: SyncReport) -> None:
         count, total = len(report.refused), len(report.changes) - report.count("removed")
         every = count == total
+        what = (f"all {total} recipes" if total > 1 else "the one recipe") if every else \
+            f"{count} of the {total} recipes"
         super().__init__(
-            f"{'every one' if every else f'{count}'} of the {total} recipes of engine release {report.release} "
-            f"{'was' if count == 1 else 'were'} refused: nothing was installed; the previous synced set stays",
-            "the release has nothing metralectl can install" if every and skip_refused else
+            f"{what} of engine release {report.release} {'was' if count == 1 else 'were'} refused: nothing was "
+            "installed; the previous synced set stays",
+            "the release has nothing metralectl can install" if every else
             "each refusal is listed above with its file and line; `--skip-refused` installs the others")
         self.report = report
 
@@ -136,7 +138,7 @@ def sync(catalog: Catalog, source: Source, *, root: Path | None = None, progress
     plan = _plan(label, converted, _previous(root))
     report = SyncReport(label, index.commit, index.engine_version, source.location, revision.id, "", plan.changes)
     if report.refused and (not skip_refused or not plan.installs):
-        raise RecipesRefused(report, skip_refused)
+        raise RecipesRefused(report)
     meta = {"format": synced_set.FORMAT, "release": label, "commit": index.commit, "revision": revision.id,
             "engine_version": index.engine_version, "source": source.location, "digests": digests,
             "fetched_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

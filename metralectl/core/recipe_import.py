@@ -76,8 +76,22 @@ class Imported:
         return self.recipe is not None and not any(p.severity == "error" for p in self.problems)
 
     def text(self, header: str = "") -> str:
-        body: str = yaml.safe_dump(self.data, sort_keys=False, allow_unicode=True, width=110)
+        body: str = yaml.dump(self.data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=110)
         return header + body
+
+
+class _Dumper(yaml.SafeDumper):
+    """safe_dump, with every string holding a character that is not printable (a line break, NEL, U+2028,
+    an escape) written double-quoted, where each is an escape: PyYAML's single-quoted style writes NEL raw
+    and reads it back as a space, so the file would not say what was converted."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = None if value.isprintable() else '"'
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
 
 
 class _Conversion:

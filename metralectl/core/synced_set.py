@@ -58,7 +58,8 @@ def stray_current(root: Path | None = None) -> bool:
 def read_meta(set_dir: Path) -> dict[str, Any] | None:
     """The set's release.json (at most META_LIMIT bytes, a regular file, no link followed)."""
     try:
-        meta = json.loads(Owned(set_dir, WHAT).read_bytes("release.json", META_LIMIT))
+        synced = Owned(set_dir, WHAT)
+        meta = json.loads(synced.read_bytes("release.json", META_LIMIT))
     except (OSError, ValueError, RecursionError, OutsideOwned):
         return None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("recipes"), list):

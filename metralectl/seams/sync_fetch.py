@@ -12,7 +12,6 @@ never a half-read file. Standard library only (urllib), imported only by the syn
 
 from __future__ import annotations
 
-import errno
 import os
 import ssl
 import stat
@@ -22,7 +21,6 @@ from pathlib import Path
 
 from metralectl import paths
 from metralectl.core.release_archive import ReleaseError
-from metralectl.errors import ExitCode
 from metralectl.safetext import clean
 
 DEFAULT_SOURCE = "https://github.com/Metrale/metrale-inference/releases/download/b34/"  # the pinned release
@@ -107,17 +105,12 @@ class Source:
                     break
                 data += chunk
         except OSError as exc:
-            if exc.errno == errno.EISDIR:
-                raise ReleaseError(f"{clean(str(path))} is a directory, not a release asset") from None
             raise ReleaseError(f"cannot read {clean(str(path))}: {exc.strerror or exc}") from None
         finally:
             os.close(fd)
         if len(data) > limit:
-            raise ReleaseError(f"{name} is more than the {limit >> 10} KB this asset may be",
+            from metralectl.seams.sync_http import size_text
+
+            raise ReleaseError(f"{name} is more than the {size_text(limit)} this asset may be",
                                "a release asset this large is not one metralectl reads; nothing was installed")
         return bytes(data)
-
-
-def unavailable(message: str, hint: str | None = None) -> ReleaseError:
-    """A release that could not be fetched (the network, the server): exit 69, not a data error."""
-    return ReleaseError(message, hint, exit_code=ExitCode.UNAVAILABLE)

@@ -39,6 +39,11 @@ _LENGTH_RE = re.compile(r"[0-9]{1,19}")
 _KEEP = "nothing was installed; the previous synced recipes stay"
 
 
+def size_text(limit: int) -> str:
+    """A cap for a message: 64 MB, 4 KB, 100 bytes."""
+    return f"{limit >> 20} MB" if limit >= 1 << 20 else f"{limit >> 10} KB" if limit >= 1 << 10 else f"{limit} bytes"
+
+
 def is_loopback(host: str | None) -> bool:
     """Whether a URL's host is this machine, from its text alone (no lookup): localhost or 127/8, ::1."""
     if not host:
@@ -218,7 +223,8 @@ def _download(opener: urllib.request.OpenerDirector, request: urllib.request.Req
         length = str(response.headers.get("Content-Length") or "").strip()
         expected = int(length) if _LENGTH_RE.fullmatch(length) else None
         if expected is not None and expected > limit:
-            raise ReleaseError(f"{name} is {expected} bytes, more than the {limit >> 10} KB this asset may be")
+            raise ReleaseError(f"{name} is {expected} bytes, more than the {size_text(limit)} this asset may be",
+                               "the server sends more than a release asset may be; " + _KEEP)
         data = bytearray()
         while not watch.expired:
             chunk = response.read1(CHUNK)  # what has arrived, not CHUNK bytes: the deadline is checked between
@@ -226,7 +232,7 @@ def _download(opener: urllib.request.OpenerDirector, request: urllib.request.Req
                 break
             data += chunk
             if len(data) > limit:
-                raise ReleaseError(f"{name} is more than the {limit >> 10} KB this asset may be",
+                raise ReleaseError(f"{name} is more than the {size_text(limit)} this asset may be",
                                    "the server sends more than a release asset may be; " + _KEEP)
             if progress is not None:
                 progress(name, len(data), expected)
