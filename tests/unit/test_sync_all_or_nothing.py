@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from metralectl.app import recipe_sync, sync_install
+from metralectl.app import recipe_sync
 from metralectl.core import synced_set
 from metralectl.core.catalog import load_catalog
 from metralectl.errors import ExitCode, MetralError
@@ -29,6 +29,12 @@ from tests.unit.release_fixture import fixture_recipes, reseal, reseal_index, wr
 
 FLAGSHIP = "qwen3.5/qwen3.5-35b-a3b-nvfp4"
 CHANGING = ("make_root", "open_write", "make_dirs", "put", "move", "link", "remove_tree", "remove_file", "remove_dir")
+
+
+def _installer() -> Any:
+    from metralectl.app import sync_install  # here, not above: the other tests of this file also run on old code
+
+    return sync_install
 
 
 def snapshot(top: Path) -> dict[str, tuple[Any, ...]]:
@@ -143,6 +149,7 @@ def staged(tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch) -> 
     recipes = dict(RECIPES)
     recipes[FLAGSHIP] = recipes[FLAGSHIP].replace(b"max_model_len: 8192", b"max_model_len: 4096")
     captured: dict[str, Any] = {}
+    sync_install = _installer()
     real = sync_install.install
 
     def capture(root: Path, set_name: str, files: dict[str, Any], meta: dict[str, Any]) -> tuple[str, list[str]]:
@@ -180,7 +187,7 @@ def _steps(root: Path, staged: dict[str, Any], monkeypatch: pytest.MonkeyPatch) 
     calls: list[str] = []
     with monkeypatch.context() as patch:
         _counting(patch, None, "before", KeyboardInterrupt(), calls)
-        sync_install.install(root, staged["set_name"], staged["files"], staged["meta"])
+        _installer().install(root, staged["set_name"], staged["files"], staged["meta"])
     return calls
 
 
@@ -205,7 +212,7 @@ def test_ctrl_c_at_every_step_leaves_the_previous_set_or_the_new_one_whole(
         with monkeypatch.context() as patch:
             _counting(patch, index, when, KeyboardInterrupt(), [])
             with pytest.raises(KeyboardInterrupt):
-                sync_install.install(root, staged["set_name"], staged["files"], staged["meta"])
+                _installer().install(root, staged["set_name"], staged["files"], staged["meta"])
         switched = index > switch or (index == switch and when == "after")
         if not switched:
             assert snapshot(root) == before, f"interrupted {when} step {index}: {steps[index]}"
@@ -226,7 +233,7 @@ def test_a_full_disk_at_any_write_leaves_the_previous_set(tmp_path: Path, instal
         with monkeypatch.context() as patch:
             _counting(patch, index, "before", OSError(errno.ENOSPC, "No space left on device"), [])
             with pytest.raises(MetralError) as caught:
-                sync_install.install(root, staged["set_name"], staged["files"], staged["meta"])
+                _installer().install(root, staged["set_name"], staged["files"], staged["meta"])
         assert caught.value.exit_code == ExitCode.FAILED and "No space left on device" in caught.value.message
         assert "nothing was installed" in caught.value.message
         assert snapshot(root) == before, steps[index]

@@ -28,7 +28,6 @@ from metralectl.core import release_archive as ra
 from metralectl.core import synced_set
 from metralectl.core.catalog import load_catalog
 from metralectl.errors import ExitCode
-from metralectl.seams import sync_http
 from metralectl.seams.sync_fetch import Source
 from tests.unit.recipe_helpers import REPO
 from tests.unit.release_fixture import write_release
@@ -164,12 +163,14 @@ def test_a_release_over_https_with_a_trusted_certificate_syncs(tmp_path: Path, r
 
 
 def test_an_https_to_http_redirect_is_refused_and_the_http_server_never_asked(
-        tmp_path: Path, root: Path, serve: Any, tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+        tmp_path: Path, root: Path, serve: Any, tls: tuple[ssl.SSLContext, ssl.SSLContext],
+        certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))  # trusted the way a user would: the default context
     release = write_release(tmp_path / "site")
     plain = serve(release)
     secure = serve(release, _redirect_to(lambda path: _url(plain) + path.lstrip("/")), tls=tls[0])
     with pytest.raises(ra.ReleaseError, match="a redirect from https to plain http .* it was not followed") as caught:
-        _sync(Source(_url(secure, "https"), context=tls[1]), root)
+        _sync(Source(_url(secure, "https")), root)
     assert caught.value.exit_code == ExitCode.DATA
     assert secure.seen == ["/index.json"] and plain.seen == []  # refused before a byte went to the http server
     assert not root.exists()
@@ -339,6 +340,8 @@ def _drip(phase: str) -> Callable[[_Site], bool]:
 @pytest.mark.parametrize("phase", ["headers", "body"])
 def test_a_server_that_drips_is_cut_off_at_the_assets_deadline(tmp_path: Path, root: Path, serve: Any,
                                                                 monkeypatch: pytest.MonkeyPatch, phase: str) -> None:
+    from metralectl.seams import sync_http
+
     monkeypatch.setattr(sync_http, "DEADLINE_S", 0.5)
     server = serve(write_release(tmp_path / "site"), _drip(phase))
     with pytest.raises(ra.ReleaseError, match=r"index.json did not finish within 0.5 s; the connection was closed") \
@@ -349,6 +352,8 @@ def test_a_server_that_drips_is_cut_off_at_the_assets_deadline(tmp_path: Path, r
 
 def test_a_tls_handshake_that_never_comes_is_cut_off_at_the_deadline(root: Path, monkeypatch: pytest.MonkeyPatch,
                                                                      listener: tuple[int, list[socket.socket]]) -> None:
+    from metralectl.seams import sync_http
+
     monkeypatch.setattr(sync_http, "DEADLINE_S", 0.5)
     port, accepted = listener
     with pytest.raises(ra.ReleaseError, match="did not finish within 0.5 s"):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from metralectl.app import recipe_sync, sync_install
+from metralectl.app import recipe_sync
 from metralectl.core import release_archive as ra
 from metralectl.core import synced_set
 from metralectl.core.catalog import load_catalog
@@ -32,6 +32,12 @@ FLAGSHIP = "qwen3.5/qwen3.5-35b-a3b-nvfp4"
 BREAKS = ["\nname: evil", "\rname: evil", "\u2028name: evil", "\u2029name: evil", "\x85name: evil"]
 
 
+def _comment(text: str) -> str:
+    from metralectl.app.sync_install import comment  # here: the other tests of this file also run on old code
+
+    return comment(text)
+
+
 def _sync(location: Path, root: Path) -> recipe_sync.SyncReport:
     return recipe_sync.sync(load_catalog(use_cache=False), Source(str(location)), root=root, today="2026-12-01")
 
@@ -39,12 +45,12 @@ def _sync(location: Path, root: Path) -> recipe_sync.SyncReport:
 @pytest.mark.parametrize("text", [f"x{b}" for b in BREAKS] + ["\x1b]0;title\x07", "caf\u00e9", "", "a\tb"])
 def test_a_comment_takes_printable_ascii_only(text: str) -> None:
     with pytest.raises(MetralError, match="only printable ASCII goes there") as caught:
-        sync_install.comment(text)
+        _comment(text)
     assert caught.value.exit_code == ExitCode.DATA and "\n" not in caught.value.message
 
 
 def test_a_comment_line_is_one_line() -> None:
-    assert sync_install.comment("Synced from engine release b40 (recipes/a/b.yaml, sha256 00).") == \
+    assert _comment("Synced from engine release b40 (recipes/a/b.yaml, sha256 00).") == \
         "# Synced from engine release b40 (recipes/a/b.yaml, sha256 00).\n"
 
 
@@ -88,7 +94,7 @@ def test_upstream_values_round_trip_as_the_same_strings_and_add_no_key(tail: str
     text = _upstream(f"agent{tail}", f"on{tail}", f"first line{tail}")
     result = convert(UpstreamFile(FLAGSHIP, f"recipes/{FLAGSHIP}.yaml", text, sha(text)), ctx)
     assert result.data is not None
-    written = result.text(sync_install.comment("header"))
+    written = result.text(_comment("header"))
     assert load_text(written, "x.yaml").data == result.data  # the project's own reader: exactly what was converted
     assert yaml.safe_load(written) == result.data
     assert result.data["tags"][0] == f"agent{tail}" and result.data["env"]["TZ"] == f"on{tail}"
