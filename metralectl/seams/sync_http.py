@@ -45,11 +45,12 @@ def size_text(limit: int) -> str:
 
 
 def is_loopback(host: str | None) -> bool:
-    """Whether a URL's host is this machine, from its text alone (no lookup): localhost or 127/8, ::1."""
+    """Whether a URL's host is this machine, from its text alone (no lookup): localhost, 127/8 or ::1 written
+    out (not `foo.localhost`, `127.1` or `0x7f000001`: those would take a resolver's or a parser's word)."""
     if not host:
         return False
     name = host.lower().rstrip(".")
-    if name == "localhost" or name.endswith(".localhost"):
+    if name == "localhost":
         return True
     try:
         return ipaddress.ip_address(name).is_loopback

@@ -236,6 +236,10 @@ def test_plain_http_to_another_host_needs_allow_http_and_is_refused_before_any_l
     assert failed.value.exit_code == ExitCode.UNAVAILABLE and no_lookups == ["releases.invalid"]
     for fine in ("http://127.0.0.1:9/b41/", "http://localhost:9/", "http://[::1]:9/", "https://releases.invalid/"):
         Source(fine)
+    for doubtful in ("http://a.localhost/", "http://127.1/", "http://0x7f000001/", "http://localhost.invalid/"):
+        with pytest.raises(ra.ReleaseError, match="plain http to a host that is not this machine"):
+            Source(doubtful)
+    assert no_lookups == ["releases.invalid"]
 
 
 def test_the_cli_refuses_plain_http_off_loopback_with_exit_64(isolated_env: Path) -> None:

@@ -94,7 +94,7 @@ def test_upstream_values_round_trip_as_the_same_strings_and_add_no_key(tail: str
     text = _upstream(f"agent{tail}", f"on{tail}", f"first line{tail}")
     result = convert(UpstreamFile(FLAGSHIP, f"recipes/{FLAGSHIP}.yaml", text, sha(text)), ctx)
     assert result.data is not None
-    written = result.text(_comment("header"))
+    written = result.text("# header\n")
     assert load_text(written, "x.yaml").data == result.data  # the project's own reader: exactly what was converted
     assert yaml.safe_load(written) == result.data
     assert result.data["tags"][0] == f"agent{tail}" and result.data["env"]["TZ"] == f"on{tail}"
@@ -172,8 +172,9 @@ def test_the_sync_output_escapes_what_the_release_says(tmp_path: Path, isolated_
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert out.returncode == ExitCode.DATA, out.stderr
     assert "\x1b" not in out.stdout + out.stderr and "\x07" not in out.stdout + out.stderr
-    _edit_index(release, engine_version="1.0\x1b]0;pwned\x07")
-    out = subprocess.run([sys.executable, "-m", "metralectl", "recipes", "sync", "--from", str(release)],
+    clean_release = write_release(tmp_path / "b41")  # nothing else wrong with it
+    _edit_index(clean_release, engine_version="1.0\x1b]0;pwned\x07")
+    out = subprocess.run([sys.executable, "-m", "metralectl", "recipes", "sync", "--from", str(clean_release)],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert out.returncode == ExitCode.DATA and "gave a version that is not one" in out.stderr, out.stderr
     assert "\x1b" not in out.stdout + out.stderr and "\x07" not in out.stdout + out.stderr
