@@ -25,7 +25,7 @@ from metralectl.errors import ExitCode, MetralError
 from metralectl.ownedfs import Owned
 from metralectl.seams.sync_fetch import Source
 from tests.unit.recipe_helpers import REPO
-from tests.unit.release_fixture import fixture_recipes, reseal, reseal_index, write_release
+from tests.unit.release_fixture import fixture_recipes, reseal, write_release
 
 FLAGSHIP = "qwen3.5/qwen3.5-35b-a3b-nvfp4"
 CHANGING = ("make_root", "open_write", "make_dirs", "put", "move", "link", "remove_tree", "remove_file", "remove_dir")
