@@ -101,14 +101,18 @@ def test_upstream_values_round_trip_as_the_same_strings_and_add_no_key(tail: str
     assert result.data["name"] == "qwen3.5-35b-a3b-nvfp4" and "evil" not in yaml.safe_load(written)
 
 
-def test_a_synced_file_with_a_hostile_env_value_loads_as_written(tmp_path: Path, isolated_env: Path) -> None:
+def test_a_synced_file_with_yaml_syntax_in_its_values_loads_as_written(tmp_path: Path, isolated_env: Path) -> None:
+    """End to end: the checker refuses line breaks in these values (checker_text), so what reaches a file is
+    one line, but YAML's own syntax in it (`: `, `#`, quotes, `{`, `&`) is still only text."""
     recipes = fixture_recipes()
-    recipes[FLAGSHIP] = _upstream("agent", "on\nname: evil\nimage: pwned", "fine")
+    hostile = "x: 1 # name: evil' \" {image: pwned} &a *a"
+    recipes[FLAGSHIP] = _upstream(f"agent: {hostile}", f"UTC {hostile}", f"fine {hostile}")
     root = synced_set.synced_dir()
     report = _sync(write_release(tmp_path / "b40", recipes), root)
     written = (Path(report.installed) / "recipes" / "qwen3.5-35b-a3b-nvfp4.yaml").read_text()
     doc = load_text(written, "x.yaml").data
-    assert doc["env"]["TZ"] == "on\nname: evil\nimage: pwned"
+    assert doc["env"]["TZ"] == f"UTC {hostile}" and doc["tags"][0] == f"agent: {hostile}"
+    assert doc["description"] == f"fine {hostile}"
     assert doc["name"] == "qwen3.5-35b-a3b-nvfp4" and doc["image"] != "pwned"
     assert written.startswith("# Synced from engine release b40 (recipes/qwen3.5/qwen3.5-35b-a3b-nvfp4.yaml, sha256 ")
 
