@@ -64,10 +64,12 @@ EXIT_MEANINGS: dict[ExitCode, tuple[str, str]] = {
                         "a swap whose rollback failed too: neither model serves; the swap journal stays "
                         "for `metralectl ps --repair`"),
     ExitCode.USAGE: ("bad command line (sysexits EX_USAGE)",
-                     "an unknown option or command, a missing argument, a malformed `--set`, an unknown "
-                     "recipe or `--param`, a command that needs a terminal run without one"),
+                     "an unknown option or command, a missing argument, a malformed `--set` or one the recipe "
+                     "checker refuses (an unknown key, with \"did you mean\"; a value that begins with '-'), an "
+                     "unknown recipe or `--param`, a command that needs a terminal run without one"),
     ExitCode.DATA: ("a data file or record is invalid (sysexits EX_DATAERR)",
-                    "a user recipe, a campaign file or bench.yaml fails the checker; a shipped recipe, "
+                    "a user or synced recipe (or one that `extends:` it), a campaign file or bench.yaml "
+                    "fails the checker; a shipped recipe, "
                     "engine contract or kernels file is broken (a bug in this release)"),
     ExitCode.UNAVAILABLE: ("a service it needs cannot be reached (sysexits EX_UNAVAILABLE)",
                            "the Docker daemon is not running, not reachable or refuses this user; the "

@@ -47,6 +47,8 @@ GRAMMARS: dict[str, re.Pattern[str]] = {
     "recipe name": re.compile(r"[a-z0-9][a-z0-9._-]{0,63}"),
     "recipe id": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,63}){0,3}"),
     "release path": re.compile(r"[A-Za-z0-9._-]{1,128}(?:/[A-Za-z0-9._-]{1,128}){0,7}"),
+    "version": re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}"),  # an engine version, a release's own name
+    "asset name": re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"),  # a release asset's file name (no "/")
     "file name": re.compile(r"[^/\x00]{1,255}"),  # one component; characters checked below
     "repo path": re.compile(r"[^\x00]{1,1024}"),  # a file's path in a Hub repository; components below
 }
@@ -163,6 +165,16 @@ class Owned:
             return True
         except ValueError:
             return False
+
+    def make_root(self, mode: int = 0o777) -> None:
+        """Create the root itself (and the directories above it) when missing. The path to it is the user's
+        (a link above or at the root is their choice, followed); everything below is walked as above."""
+        try:
+            os.makedirs(self.root, mode, exist_ok=True)
+        except FileExistsError:
+            pass  # a file where the directory should be: said below
+        if not os.path.isdir(self.root):
+            raise OutsideOwned(f"{self.what} ({clean(str(self.root))}) is not a directory")
 
     # --- walking ----------------------------------------------------------------------------------------
     def _open_root(self) -> int:

@@ -1,30 +1,31 @@
-"""`metralectl recipes sync`: fetch an engine release's recipes, verify, convert, install atomically.
+"""`metralectl recipes sync`: fetch an engine release's recipes, verify, convert, install all or nothing.
 
 Order: fetch every asset and its .sha256 into memory; verify each digest, index.json's `assets` and
 every recipe against index.json (any disagreement refuses the whole release); convert each recipe
-(recipe_import) against the release's own serve-options.json; write the set into a staging directory
-beside the installed one; then swap the `current` symlink with one rename. A failure or an interrupt
-before the swap removes the staging directory and leaves the previous set exactly as it was. A recipe
-that does not convert (executable keys, an unknown flag, a refused value) is reported with its file and
-line and left out; the rest are installed, and the sync exits non-zero so scripts notice.
+(recipe_import) against the release's own serve-options.json. One recipe that does not convert
+(executable keys, an unknown flag, a refused value, a name that is no recipe name or one taken twice)
+refuses the release: RecipesRefused lists every refused recipe with its file and line, and nothing on
+disk changed. Only `skip_refused` (`--skip-refused`) installs the rest, and the report says so.
+
+Installing (sync_install) writes the set into a staging directory beside the installed one through
+ownedfs.Owned rooted at the synced dir, then swaps the `current` symlink in one rename. A failure or
+an interrupt before the swap removes what it staged and leaves the previous set byte for byte.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
-import shutil
-import tempfile
-import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from metralectl import ownedfs
+from metralectl.app import sync_install
 from metralectl.core import release_archive as ra
 from metralectl.core import serve_options, synced_set
-from metralectl.errors import Problem
 from metralectl.core.recipe_import import ImportContext, Imported, UpstreamFile, convert
+from metralectl.errors import ExitCode, Problem
+from metralectl.safetext import clean
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -52,8 +53,9 @@ class SyncReport:
     engine_version: str
     source: str
     revision: str
-    installed: str
+    installed: str  # the installed set's directory; "" when nothing was installed
     changes: list[Change]
+    warnings: list[str] = field(default_factory=list)  # left alone: a link where a leftover was (said, not followed)
 
     def count(self, status: str) -> int:
         return sum(1 for c in self.changes if c.status == status)
@@ -64,9 +66,27 @@ class SyncReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"release": self.release, "commit": self.commit, "engine_version": self.engine_version,
-                "source": self.source, "revision": self.revision, "installed": self.installed,
-                "changes": [c.to_json() for c in self.changes],
+                "source": self.source, "revision": self.revision, "installed": self.installed or None,
+                "changes": [c.to_json() for c in self.changes], "warnings": self.warnings,
                 "counts": {s: self.count(s) for s in ("added", "changed", "removed", "unchanged", "refused")}}
+
+
+class RecipesRefused(ra.ReleaseError):
+    """One or more of the release's recipes were refused, so the release was: nothing was installed."""
+
+    exit_code = ExitCode.DATA
+
+    def __init__(self, report: SyncReport) -> None:
+        count, total = len(report.refused), len(report.changes) - report.count("removed")
+        every = count == total
+        what = (f"all {total} recipes" if total > 1 else "the one recipe") if every else \
+            f"{count} of the {total} recipes"
+        super().__init__(
+            f"{what} of engine release {report.release} {'was' if count == 1 else 'were'} refused: nothing was "
+            "installed; the previous synced set stays",
+            "the release has nothing metralectl can install" if every else
+            "each refusal is listed above with its file and line; `--skip-refused` installs the others")
+        self.report = report
 
 
 def _fetch(source: Source, progress: Progress | None) -> tuple[dict[str, bytes], dict[str, str]]:
@@ -81,13 +101,15 @@ def _fetch(source: Source, progress: Progress | None) -> tuple[dict[str, bytes],
 def _previous(root: Path) -> dict[str, dict[str, Any]]:
     current = synced_set.current(root)
     meta = synced_set.read_meta(current) if current is not None else None
-    return {r["name"]: r for r in (meta or {}).get("recipes", [])}
+    recipes = (meta or {}).get("recipes", [])
+    return {str(r["name"]): r for r in recipes if isinstance(r, dict) and "name" in r} \
+        if isinstance(recipes, list) else {}
 
 
 def sync(catalog: Catalog, source: Source, *, root: Path | None = None, progress: Progress | None = None,
-         today: str | None = None) -> SyncReport:
-    """Verify and install one release's recipes; raises ReleaseError (nothing installed) on any
-    verification failure."""
+         today: str | None = None, skip_refused: bool = False) -> SyncReport:
+    """Verify, convert and install one release's recipes. Raises ReleaseError (nothing installed) on any
+    verification failure, and RecipesRefused when a recipe is refused (unless skip_refused)."""
     root = root or synced_set.synced_dir()
     data, digests = _fetch(source, progress)
     index = ra.parse_index(data["index.json"])
@@ -95,7 +117,7 @@ def sync(catalog: Catalog, source: Source, *, root: Path | None = None, progress
     try:
         options = serve_options.parse(data["serve-options.json"], "serve-options.json")
     except serve_options.ServeOptionsError as exc:
-        raise ra.ReleaseError(str(exc)) from None
+        raise ra.ReleaseError(clean(str(exc))) from None
     texts = ra.read_recipes(data["recipes.tar.gz"], index)
     for entry in index.recipes:
         why = ra.check_recipe(entry, texts.get(entry.id), index)
@@ -113,62 +135,66 @@ def sync(catalog: Catalog, source: Source, *, root: Path | None = None, progress
     for entry in sorted(index.recipes, key=lambda e: e.id):
         upstream = UpstreamFile(entry.id, entry.path, texts[entry.id], entry.sha256)
         converted.append((entry, convert(upstream, replace(ctx, display=f"{label}:{entry.path}"))))
-    return _install(root, source, index, digests, label, revision.id, converted, data["serve-options.json"])
+    plan = _plan(label, converted, _previous(root))
+    report = SyncReport(label, index.commit, index.engine_version, source.location, revision.id, "", plan.changes)
+    if report.refused and (not skip_refused or not plan.installs):
+        raise RecipesRefused(report)
+    meta = {"format": synced_set.FORMAT, "release": label, "commit": index.commit, "revision": revision.id,
+            "engine_version": index.engine_version, "source": source.location, "digests": digests,
+            "fetched_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "recipes": [i.meta for i in plan.installs]}
+    files: dict[str, str | bytes] = {f"recipes/{i.name}.yaml": i.text for i in plan.installs}
+    files["serve-options.json"] = data["serve-options.json"]
+    set_name = f"{label}-{digests['index.json'][:12]}"
+    report.installed, report.warnings = sync_install.install(root, set_name, files, meta)
+    return report
 
 
-def _install(root: Path, source: Source, index: ra.ReleaseIndex, digests: dict[str, str], label: str,
-             revision: str, converted: list[tuple[ra.IndexEntry, Imported]], dump: bytes) -> SyncReport:
-    previous = _previous(root)
-    (root / "sets").mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".staging-*"):
-        shutil.rmtree(stale, ignore_errors=True)  # an earlier sync that was killed
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
-    final = root / "sets" / f"{label}-{digests['index.json'][:12]}-{uuid.uuid4().hex[:6]}"
-    link = root / f".current-{uuid.uuid4().hex[:6]}"
+@dataclass
+class _Install:
+    name: str
+    text: str
+    meta: dict[str, Any]
+
+
+@dataclass
+class _Plan:
+    changes: list[Change]
+    installs: list[_Install]
+
+
+ORDER = {"added": 0, "changed": 1, "removed": 2, "refused": 3, "unchanged": 4}
+
+
+def _plan(label: str, converted: list[tuple[ra.IndexEntry, Imported]], previous: dict[str, dict[str, Any]]) -> _Plan:
+    """What the release installs, and what it changes against the previous set; every refusal listed."""
     changes: list[Change] = []
-    installed: list[dict[str, Any]] = []
-    try:
-        (staging / "recipes").mkdir()
-        seen: set[str] = set()
-        for entry, result in converted:
-            name = result.name or entry.id
-            if result.ok and name in seen:
-                result.problems.append(Problem(f"{label}:{entry.path}", 0, 0, "", f"a second recipe named {name!r}"))
-            if not result.ok or name in seen:
-                changes.append(Change(name, entry.id, "refused", [p for p in result.problems if p.severity == "error"]
-                                      or result.problems))
-                continue
-            seen.add(name)
-            header = (f"# Synced from engine release {label} ({entry.path}, sha256 {entry.sha256}).\n"
-                      "# Written by `metralectl recipes sync`; the next sync replaces it.\n")
-            text = result.text(header)
-            (staging / "recipes" / f"{name}.yaml").write_text(text)
-            digest = ra.sha256_bytes(text.encode())
-            old = previous.get(name)
-            status = "added" if old is None else ("unchanged" if old.get("ours_sha256") == digest else "changed")
-            changes.append(Change(name, entry.id, status))
-            installed.append({"name": name, "id": entry.id, "path": entry.path, "sha256": entry.sha256,
-                              "ours_sha256": digest, "pinned_defaults": result.pinned_defaults})
-        changes += [Change(name, str(old.get("id", "")), "removed") for name, old in sorted(previous.items())
-                    if name not in seen]
-        (staging / "serve-options.json").write_bytes(dump)
-        meta = {"format": synced_set.FORMAT, "release": label, "commit": index.commit, "revision": revision,
-                "engine_version": index.engine_version, "source": source.location, "digests": digests,
-                "fetched_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "recipes": installed}
-        (staging / "release.json").write_text(json.dumps(meta, indent=2) + "\n")
-        os.rename(staging, final)
-        os.symlink(os.path.relpath(final, root), link)
-        os.replace(link, root / "current")  # the one step that switches sets
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (root / "current").exists() or os.path.realpath(root / "current") != os.path.realpath(final):
-            shutil.rmtree(final, ignore_errors=True)
-        if link.is_symlink():
-            link.unlink()
-        raise
-    for other in (root / "sets").iterdir():
-        if other.resolve() != final.resolve():
-            shutil.rmtree(other, ignore_errors=True)
-    order = {"added": 0, "changed": 1, "removed": 2, "refused": 3, "unchanged": 4}
-    changes.sort(key=lambda c: (order[c.status], c.name))
-    return SyncReport(label, index.commit, index.engine_version, source.location, revision, str(final), changes)
+    installs: list[_Install] = []
+    seen: set[str] = set()
+    for entry, result in converted:
+        name = result.name or entry.id
+        where = f"{label}:{entry.path}"
+        if result.ok and not ownedfs.is_valid("recipe name", name):
+            result.problems.append(Problem(where, 0, 0, "", f"{clean(name)!r} is not a recipe name "
+                                                            "(lower-case letters, digits, . _ -)"))
+        elif result.ok and name in seen:
+            result.problems.append(Problem(where, 0, 0, "", f"a second recipe named {clean(name)!r}",
+                                           "two engine recipes make the same recipe name; the release is refused"))
+        errors = [p for p in result.problems if p.severity == "error"]
+        if not result.ok or errors:
+            changes.append(Change(name, entry.id, "refused", errors or result.problems))
+            continue
+        seen.add(name)
+        header = sync_install.comment(f"Synced from engine release {label} ({entry.path}, sha256 {entry.sha256}).") \
+            + sync_install.comment("Written by `metralectl recipes sync`; the next sync replaces it.")
+        text = result.text(header)
+        digest = ra.sha256_bytes(text.encode())
+        old = previous.get(name)
+        status = "added" if old is None else ("unchanged" if old.get("ours_sha256") == digest else "changed")
+        changes.append(Change(name, entry.id, status))
+        installs.append(_Install(name, text, {"name": name, "id": entry.id, "path": entry.path, "sha256": entry.sha256,
+                                              "ours_sha256": digest, "pinned_defaults": result.pinned_defaults}))
+    changes += [Change(name, str(old.get("id", "")), "removed") for name, old in sorted(previous.items())
+                if name not in seen]
+    changes.sort(key=lambda c: (ORDER[c.status], c.name))
+    return _Plan(changes, installs)

@@ -55,11 +55,15 @@ def sync(
                                     "(default: $METRALECTL_RECIPES_URL, else <config>/recipes-sync-source, else "
                                     "engine release b34)."),
     as_json: bool = typer.Option(False, "--json", help="Print what changed as JSON."),
+    allow_http: bool = typer.Option(False, "--allow-http",
+                                    help="Allow plain http to a host other than this machine (https is the rule)."),
+    skip_refused: bool = typer.Option(False, "--skip-refused",
+                                      help="Install the release without the recipes it refuses (still exits 65)."),
 ) -> None:
     """Fetch an engine release's recipes, verify every sha256, convert them, and install them as one set.
 
-    A failed or interrupted sync changes nothing. A recipe that does not convert is reported (file:line)
-    and left out; the others are installed, and the exit status is 1.
+    All or nothing: a failed or interrupted sync, or one refused recipe, changes nothing (each refusal is
+    listed with file:line; exit 65). --skip-refused installs the others and still exits 65.
     """
     import sys
 
@@ -72,7 +76,7 @@ def sync(
     where = "--from"
     if source is None:
         source, where = sync_fetch.default_source()
-    note(f"syncing engine recipes from {clean(source)} ({where})")
+    note(f"syncing engine recipes from {clean(source)} ({clean(where)})")
     last: dict[str, float] = {}
 
     def progress(asset: str, done: int, total: int | None) -> None:
@@ -84,20 +88,39 @@ def sync(
             note(f"  {clean(asset)}: {done / 1e6:.1f}" + (f" of {total / 1e6:.1f} MB" if total else " MB"))
 
     catalog = load_catalog(use_cache=False)
-    report = recipe_sync.sync(catalog, sync_fetch.Source(source), progress=progress)
+    try:
+        report = recipe_sync.sync(catalog, sync_fetch.Source(source, allow_http=allow_http), progress=progress,
+                                  skip_refused=skip_refused)
+    except recipe_sync.RecipesRefused as exc:
+        _show_sync(exc.report, as_json)
+        raise  # the boundary says what it means: nothing installed, exit 65
+    _show_sync(report, as_json)
+    counts = ", ".join(f"{report.count(s)} {s}" for s in ("added", "changed", "removed", "unchanged", "refused"))
+    if report.refused:  # --skip-refused: installed without them, said loudly
+        note(style(f"synced set installed WITHOUT {len(report.refused)} refused recipe(s) ({counts}): "
+                   f"{clean(report.installed)}", "31", sys.stderr))
+        raise typer.Exit(ExitCode.DATA)
+    note(f"synced set installed ({counts}): {clean(report.installed)}")
+
+
+def _show_sync(report: object, as_json: bool) -> None:
+    """What changed (stdout), then each refusal and warning (stderr); text from the release escaped."""
+    import sys
+
+    from metralectl.app.recipe_sync import SyncReport
+    from metralectl.safetext import clean
+
+    assert isinstance(report, SyncReport)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        # every word here but the counts came from the release (its index.json, its recipes): escaped
-        print(f"engine release {clean(report.release, 80)} (commit {clean(report.commit[:12])}, engine "
-              f"{clean(report.engine_version, 80) or '?'}), checked against revision {clean(report.revision, 120)}")
-        for change in report.changes:
-            if change.status != "unchanged":
-                print(f"  {change.status:<9} {clean(change.name, 120):<40} {clean(change.id, 200)}")
+        print(f"engine release {clean(report.release)} (commit {clean(report.commit[:12])}, engine "
+              f"{clean(report.engine_version) or '?'}), checked against revision {clean(report.revision)}")
+        for change in report.changes:  # when nothing was installed, only what refused it
+            if change.status != "unchanged" and (report.installed or change.status == "refused"):
+                print(f"  {change.status:<9} {clean(change.name):<40} {clean(change.id)}")
     for change in report.refused:
         for problem in change.problems:  # text from the release: escaped line by line
             note(style("\n".join(clean(line) for line in problem.render().splitlines()), "31", sys.stderr))
-    counts = ", ".join(f"{report.count(s)} {s}" for s in ("added", "changed", "removed", "unchanged", "refused"))
-    note(f"synced set installed ({counts}): {clean(report.installed)}")
-    if report.refused:  # installed without the recipes that failed the checker
-        raise typer.Exit(ExitCode.DATA)
+    for warning in report.warnings:
+        note(style(f"warning: {clean(warning)}", "33", sys.stderr))

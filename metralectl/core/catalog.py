@@ -6,6 +6,7 @@ is reported with its problems and left out; the others still load.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from metralectl.errors import DataError, NotFound, Problem, RecipeInvalid
 from metralectl.core.hardware import HardwareClass, ImageInfo, ModelInfo, parse_hardware, parse_image, parse_model
 from metralectl.core.recipe import Recipe, RecipeOrigin
 from metralectl.core.schema import did_you_mean
-from metralectl.core.yamlsrc import Document, YamlSyntax, load_file, load_text, overlay
+from metralectl.core.yamlsrc import Document, YamlSyntax, load_file, load_text
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Refused:
     path: str
     problems: list[Problem]
     name: str = ""  # the recipe's `name:` when it has one (the file may be named otherwise)
+    overrides: str | None = None  # the shipped (or synced) recipe it would have replaced, now hidden by it
 
 
 @dataclass
@@ -75,25 +77,16 @@ class Catalog:
         from metralectl.core.checker import check_recipe  # only when checking: a cached catalog skips it
 
         recipe, found = check_recipe(merged, self, origin)
+        if recipe is not None and any(p.severity == "error" for p in problems):
+            recipe = None  # the inheritance itself is refused (a served name carried to another checkpoint)
+        elif recipe is not None and problems:
+            recipe = dataclasses.replace(recipe, warnings=tuple(p.render() for p in problems) + recipe.warnings)
         return recipe, problems + found
 
     def _resolve_extends(self, doc: Document) -> tuple[Document | None, list[Problem]]:
-        data = doc.data if isinstance(doc.data, dict) else {}
-        base_name = data.get("extends")
-        if base_name is None:
-            return doc, []
-        base = self.documents.get(str(base_name))
-        if base is None:
-            guess = did_you_mean(str(base_name), self.documents)
-            return None, [doc.problem(("extends",), f"cannot extend unknown recipe {base_name!r}",
-                                      f"did you mean `{guess}`?" if guess else "`metralectl list` shows the recipes")]
-        # The settings are inherited; where the base came from is not: the child says its own `source:`.
-        inherited = Document(base.path, {k: v for k, v in base.data.items() if k not in _NOT_INHERITED},
-                             base.marks, base.origins) if isinstance(base.data, dict) else base
-        return overlay(inherited, doc, drop=("extends",)), []
+        from metralectl.core import inherit
 
-
-_NOT_INHERITED = ("source", "provenance")
+        return inherit.resolve(self, doc)
 
 
 def _stem(path: str) -> str:
@@ -247,7 +240,7 @@ def _add_user_recipe(catalog: Catalog, path: Path, doc: Document) -> None:
     origin = RecipeOrigin("user", str(path), overrides=overrides, extends=_base_name(doc))
     recipe, problems = catalog.check_document(doc, origin)
     if recipe is None:
-        catalog.refused.append(Refused(str(path), problems, name))
+        catalog.refused.append(Refused(str(path), problems, name, overrides))
         _shadow(catalog, name)
         return
     catalog.recipes[recipe.name] = recipe

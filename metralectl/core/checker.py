@@ -1,56 +1,37 @@
 """The recipe checker: a recipe document in, a validated Recipe (or located problems) out.
 
 Run by `metralectl recipes check` and on every load. Every refusal names the file, line, column,
-key, why, and a fix ("did you mean" where one fits).
+key, why, and a fix ("did you mean" where one fits). The sections live beside it: checker_serve
+(`serve:`), checker_checkpoint (`checkpoint:`), checker_sections (`env:`, `validated:`, `source:`) and
+checker_text (names, dates, control characters).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import re
-from dataclasses import dataclass
-from collections.abc import Collection
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
+from metralectl.core import checker_text as text
+from metralectl.core.checker_checkpoint import World, check_checkpoint
 from metralectl.core.checker_sections import check_env, check_source, check_validated
-from metralectl.core.contract import EngineContract, FlagSpec
+from metralectl.core.checker_serve import Context, _add_hint, _is_set, check_serve
+from metralectl.core.contract import EngineContract
 from metralectl.core.engine_revisions import Revision
 from metralectl.errors import Problem
-from metralectl.core.hardware import HardwareClass, ImageInfo, ModelInfo
-from metralectl.core.recipe import CheckpointRef, Rank, Recipe, RecipeOrigin, Resources
+from metralectl.core.hardware import HardwareClass, ImageInfo
+from metralectl.core.recipe import Rank, Recipe, RecipeOrigin, Resources
 from metralectl.core.schema import Checker, did_you_mean, type_name
 from metralectl.core.yamlsrc import Document, KeyPath
+
+__all__ = ["World", "check_recipe", "_add_hint"]
 
 TOP_KEYS = ("schema", "name", "description", "extends", "engine", "engine-revision", "source", "provenance",
             "checkpoint", "hardware", "image", "image-tag", "serve", "resources", "env", "tags", "validated")
 REQUIRED_TOP = ("schema", "name", "description", "engine", "checkpoint", "hardware", "image", "serve",
                 "resources", "validated")
-CHECKPOINT_KEYS = ("repo", "quant", "revision", "model")
 RESOURCE_KEYS = ("port", "bind", "memory-utilization", "gpus", "ranks", "master-port", "tp-size", "ep-size",
                  "nodes", "expose-acknowledged")
 RANK_KEYS = ("role", "port", "serve")
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-
-
-class World(Protocol):
-    """What the checker needs to know about the rest of the catalog."""
-
-    engines: dict[str, EngineContract]
-    hardware: dict[str, HardwareClass]
-    images: dict[str, ImageInfo]
-
-    def models_for(self, hardware: str) -> dict[str, ModelInfo]: ...
-
-
-@dataclass
-class _Context:
-    contract: EngineContract | None = None
-    revision: Revision | None = None
-    hardware: HardwareClass | None = None
-    model: ModelInfo | None = None
-    quant: str | None = None
 
 
 def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Recipe | None, list[Problem]]:
@@ -62,22 +43,22 @@ def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Rec
         return None, check.problems
     check.known_keys(top, (), TOP_KEYS, "a recipe")
     check.required(top, (), REQUIRED_TOP, "the recipe")
-    if "schema" in top and top["schema"] != 1:
-        check.error(("schema",), f"unsupported recipe schema {top['schema']!r}", "this metralectl reads `schema: 1`")
+    text.check_text(check, top)
+    if "schema" in top and (type(top["schema"]) is not int or top["schema"] != 1):  # not `true`, not 1.0
+        check.error(("schema",), f"unsupported recipe schema {type_name(top['schema'])}", "this metralectl reads `schema: 1`")
     name = check.string(top, (), "name", required=False)
-    if name is not None and not NAME_RE.match(name):
-        check.error(("name",), f"recipe name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
-        name = None
+    if name is not None:
+        name = text.recipe_name(check, ("name",), name)
     description = check.string(top, (), "description", required=False) or ""
-    ctx = _Context()
+    ctx = Context()
     ctx.contract = _engine(check, top, world)
     ctx.revision = _revision(check, top, ctx.contract)
     source, provenance = check_source(check, top)
     ctx.hardware = _hardware(check, top, world)
     image = _image(check, top, world, ctx)
     image_tag = _image_tag(check, top, image)
-    checkpoint = _checkpoint(check, top, world, ctx)
-    serve = _serve(check, check.mapping(top.get("serve", {}), ("serve",), "serve"), ("serve",), ctx, head=True)
+    checkpoint = check_checkpoint(check, top, world, ctx)
+    serve = check_serve(check, check.mapping(top.get("serve", {}), ("serve",), "serve"), ("serve",), ctx, head=True)
     resources = _resources(check, top, ctx, serve)
     env = check_env(check, top, ctx.contract, ctx.revision)
     tags = tuple(check.string_list(top, (), "tags"))
@@ -147,7 +128,7 @@ def _hardware(check: Checker, top: dict[str, Any], world: World) -> HardwareClas
     return _named(check, top, "hardware", world.hardware, "hardware class")
 
 
-def _image(check: Checker, top: dict[str, Any], world: World, ctx: _Context) -> ImageInfo | None:
+def _image(check: Checker, top: dict[str, Any], world: World, ctx: Context) -> ImageInfo | None:
     image = _named(check, top, "image", world.images, "image")
     if image is None:
         return None
@@ -179,216 +160,7 @@ def _image_tag(check: Checker, top: dict[str, Any], image: ImageInfo | None) -> 
     return tag
 
 
-def _checkpoint(check: Checker, top: dict[str, Any], world: World, ctx: _Context) -> CheckpointRef | None:
-    if "checkpoint" not in top:
-        return None
-    where: KeyPath = ("checkpoint",)
-    body = check.mapping(top["checkpoint"], where, "checkpoint")
-    check.known_keys(body, where, CHECKPOINT_KEYS, "checkpoint")
-    repo = check.string(body, where, "repo")
-    quant = check.string(body, where, "quant")
-    revision = check.string(body, where, "revision", required=False, nullable=True)
-    if repo and not REPO_RE.match(repo):
-        check.error(where + ("repo",), f"{repo!r} is not a Hugging Face repo id", "write it as ORG/NAME")
-        repo = None
-    quants = ctx.contract.quants if ctx.contract else ()
-    if quant and ctx.contract and quant not in quants:
-        guess = did_you_mean(quant, quants)
-        check.error(where + ("quant",), f"unknown {ctx.contract.display_name} quantization {quant!r}",
-                    f"did you mean `{guess}`?" if guess else f"use one of {', '.join(quants)}")
-        quant = None
-    if revision and not COMMIT_RE.match(revision):
-        check.error(where + ("revision",), f"revision {revision!r} is not a commit id",
-                    "pin the 40-character commit sha (branches and tags move), or write `revision: null`")
-    ctx.quant = quant
-    if repo and quant and ctx.hardware and ctx.contract:
-        ctx.model = _resolve_model(check, body, world, ctx.hardware, repo, quant, ctx.contract)
-    if repo is None or quant is None:
-        return None
-    fmt = ctx.contract.weights.format if ctx.contract else "safetensors"
-    return CheckpointRef(repo=repo, quant=quant, revision=revision or None, format=fmt)
-
-
-def _resolve_model(check: Checker, body: dict[str, Any], world: World, hw: HardwareClass, repo: str,
-                   quant: str, contract: EngineContract) -> ModelInfo | None:
-    """The model facts (kernels/) behind the checkpoint. An engine with kernel targets finds its model by the
-    checkpoint it lists and must ship a target for the quant; any other engine names the model it serves
-    (`checkpoint.model:`), since its checkpoints (a GGUF repository) are not the kernels' own."""
-    models = world.models_for(hw.id)
-    explicit = body.get("model")
-    kernels = contract.has_rule("kernel-targets")
-    if explicit is None and not kernels:
-        check.error(("checkpoint",), f"a {contract.display_name} recipe names the model it serves: "
-                                     "`checkpoint.model: <id>` (its architecture facts, for the memory estimate)",
-                    f"known models on {hw.id}: {', '.join(sorted(models))}")
-        return None
-    if explicit is not None:
-        model = models.get(str(explicit))
-        if model is None:
-            guess = did_you_mean(str(explicit), models)
-            check.error(("checkpoint", "model"), f"no kernel model {explicit!r} for hardware {hw.id}",
-                        f"did you mean `{guess}`?" if guess else f"known models: {', '.join(sorted(models))}")
-            return None
-    else:
-        model = next((m for m in models.values() if m.checkpoint(repo)), None)
-        if model is None:
-            check.error(("checkpoint", "repo"), f"no kernel model on {hw.id} is known to serve {repo}",
-                        "name the model with `checkpoint.model: <id>` (see kernels/) or add the checkpoint to its model.yaml")
-            return None
-    if kernels and model.target_for(quant) is None:
-        check.error(("checkpoint", "quant"),
-                    f"no kernel target for ({hw.id}, {model.id}, {quant}): the image ships {', '.join(model.targets) or 'none'}",
-                    "pick a checkpoint in a shipped quantization, or an image that has this target")
-    return model
-
-
-def _serve(check: Checker, body: dict[str, Any], where: KeyPath, ctx: _Context, *, head: bool,
-           base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Check a serve mapping; with base, body holds per-rank overrides of base."""
-    contract, revision = ctx.contract, ctx.revision
-    if contract is None or revision is None:
-        return {}
-    values: dict[str, Any] = dict(base or {})
-    written: dict[str, str] = {}  # flag -> the key it was written as (a flag may have several spellings)
-    invalid: set[str] = set()  # written but refused: reported once, not also as "missing"
-    for key, value in body.items():
-        spec = contract.flag(str(key))
-        if spec is None:
-            _unknown_flag(check, where + (key,), str(key), contract)
-            continue
-        if spec.name in written:
-            check.error(where + (key,), f"--{spec.name} is given twice, as `{written[spec.name]}` and as `{key}`",
-                        f"keep one of them (`{spec.name}` is its name)")
-            invalid.add(spec.name)
-            continue
-        written[spec.name] = str(key)
-        if spec.name not in revision.specs:
-            having = [r.label for r in contract.revisions.values() if spec.name in r.specs]
-            check.error(where + (key,), f"--{spec.name} is not a flag of engine revision {revision.label}",
-                        f"it is one of {', '.join(having)}: name that revision in `engine-revision:`"
-                        if having else None)
-            continue
-        spec = revision.specs[spec.name]
-        if spec.recipe == "resources":
-            check.error(where + (key,), f"--{spec.name} is a resource, not a serve setting",
-                        f"set it as `resources.{spec.resource}`")
-            continue
-        if spec.recipe in ("launcher", "forbidden"):
-            why = spec.reason or "metralectl sets it itself when it launches the recipe"
-            check.error(where + (key,), f"--{spec.name} cannot be set in a recipe: {why}")
-            continue
-        problem = spec.check_value(value, false_allowed=revision.policy.false_allowed)
-        if problem:
-            check.error(where + (key,), f"--{spec.name} {problem}", _value_hint(spec, revision))
-            invalid.add(spec.name)
-            continue
-        values[spec.name] = value
-    if base is None:
-        _required(check, values, where, revision, invalid)
-    _relations(check, values, where, contract, ctx)
-    return {name: values[name] for name in revision.specs if name in values}
-
-
-def _unknown_flag(check: Checker, keypath: KeyPath, key: str, contract: EngineContract) -> None:
-    bare = key.removeprefix("--")
-    if bare != key and contract.flag(bare):
-        check.error(keypath, f"write the flag without its dashes: `{bare}:`")
-        return
-    negated = next((spec for spec in contract.flags.values() if spec.negation == bare), None)
-    if negated is not None:
-        check.error(keypath, f"--{bare} is written `{negated.name}: false`")
-        return
-    guess = did_you_mean(bare, list(contract.flags) + list(contract.aliases))
-    help_command = " ".join([contract.binary, *contract.serve_command, "--help"])
-    check.error(keypath, f"unknown engine flag --{bare} ({contract.display_name} has no such serve flag)",
-                f"did you mean `{guess}`?" if guess else f"see `{help_command}` for the flag list")
-
-
-def _value_hint(spec: FlagSpec, revision: Revision) -> str | None:
-    if spec.type == "flag":
-        if revision.policy.false_allowed:
-            return f"write `{spec.name}: true` (on) or `{spec.name}: false` (off: the flag's absence)"
-        return f"write `{spec.name}: true`, or remove the line to keep the default (off)"
-    if spec.default is not None:
-        return f"the engine default is {spec.default}"
-    return spec.help or None
-
-
-def _is_set(values: dict[str, Any], name: str | None) -> bool:
-    """Set = stated with a value; a presence-only flag pinned `false` is the flag's absence."""
-    return name is not None and values.get(name) is not None and values.get(name) is not False
-
-
-def _add_hint(spec: FlagSpec, false_allowed: bool = True) -> str:
-    """A line to add that the next check accepts (never `false` where the revision refuses it)."""
-    if spec.type == "flag":
-        return f"add `{spec.name}: false` (off) or `{spec.name}: true`" if false_allowed else f"add `{spec.name}: true`"
-    if spec.default is not None:
-        return f"add `{spec.name}: {_yaml_word(spec.default)}` (the engine default) or the value you validated"
-    return f"add `{spec.name}: ...` (the value the engine resolves it to for this model)"
-
-
-def _yaml_word(value: Any) -> str:
-    return "true" if value is True else "false" if value is False else str(value)
-
-
-def _required(check: Checker, values: dict[str, Any], where: KeyPath, revision: Revision,
-              invalid: Collection[str] = ()) -> None:
-    policy = revision.policy
-    rule = {"all": "every settable flag pinned", "listed": f"{', '.join(policy.keys)} stated"}.get(
-        policy.required, "every flag with an engine default pinned")
-    for spec in revision.specs.values():
-        if spec.name in values or spec.name in invalid:
-            continue
-        if policy.requires(spec):
-            check.error(where, f"missing --{spec.name}: engine revision {revision.label} wants {rule} "
-                               "(nothing inherited silently)", _add_hint(spec, policy.false_allowed))
-        elif spec.trigger and _is_set(values, spec.trigger):
-            check.error(where, f"missing --{spec.name}: it must be explicit when {spec.trigger} is set",
-                        _add_hint(spec, policy.false_allowed))
-
-
-def _relations(check: Checker, values: dict[str, Any], where: KeyPath, contract: EngineContract,
-               ctx: _Context) -> None:
-    for name, value in values.items():
-        spec = contract.flags[name]
-        key = where + (name,)
-        if not _is_set(values, name):
-            continue
-        for needed in spec.requires:
-            if not _is_set(values, needed):
-                check.error(key, f"--{name} requires --{needed}", f"set `{needed}: true` or drop `{name}`")
-        for other in spec.conflicts:
-            if _is_set(values, other):
-                check.error(key, f"--{name} conflicts with --{other}", f"keep one of `{name}` and `{other}`")
-        if (spec.must_match == "checkpoint-quant" and contract.has_rule("mtp-quant") and ctx.quant
-                and value != ctx.quant):
-            check.error(key, f"--{name} {value} does not match the checkpoint's quantization {ctx.quant} "
-                             "(mixing produces gibberish)", f"write `{name}: {ctx.quant}`")
-        if spec.needs_model == "mtp" and value is True and ctx.model is not None:
-            if ctx.model.mtp_supported is False:
-                check.error(key, f"{ctx.model.display_name} has no MTP weights, so --{name} cannot work",
-                            f"remove `{name}: true` (or use self-speculative / ngram-speculative)")
-            elif ctx.model.mtp_supported is None:
-                check.warn(key, f"whether {ctx.model.display_name} ships MTP weights is unknown")
-    drafts = values.get("num-drafts")
-    methods = ("speculative", "self-speculative", "ngram-speculative", "dflash")
-    if isinstance(drafts, int) and drafts > 1 and not any(_is_set(values, m) for m in methods):
-        # validate_serve_args refuses it (stated in the engine's recipes @61e6559)
-        check.error(where + ("num-drafts",), f"--num-drafts {drafts} needs a speculative method",
-                    "set `speculative: true` (MTP), or `num-drafts: 1`")
-    if values.get("fp8-kv-calibration-tokens") and values.get("kv-cache-dtype") not in (None, "fp8"):
-        check.error(where + ("fp8-kv-calibration-tokens",), "FP8 KV calibration only applies to kv-cache-dtype fp8",
-                    "set it to 0, or use `kv-cache-dtype: fp8`")
-    for members, reason in contract.exclusive_groups:
-        chosen = [m for m in members if _is_set(values, m)]
-        if len(chosen) > 1:
-            check.error(where + (chosen[1],), f"only one of {', '.join('--' + m for m in members)} may be set; "
-                                             f"this recipe sets {' and '.join(chosen)} ({reason})",
-                        f"keep one of {', '.join(chosen)}")
-
-
-def _resources(check: Checker, top: dict[str, Any], ctx: _Context, serve: dict[str, Any]) -> Resources | None:
+def _resources(check: Checker, top: dict[str, Any], ctx: Context, serve: dict[str, Any]) -> Resources | None:
     if "resources" not in top:
         return None
     where: KeyPath = ("resources",)
@@ -446,8 +218,11 @@ def _resources(check: Checker, top: dict[str, Any], ctx: _Context, serve: dict[s
         if nodes > world or world % int(nodes):
             check.error(where + ("nodes",), f"{int(nodes)} nodes cannot hold {world} rank(s) evenly",
                         f"write `nodes: {world}` (one rank per node)" if world > 1 else "write `nodes: 1`, or leave it out")
-    if body.get("expose-acknowledged") not in (None, True):
-        check.error(where + ("expose-acknowledged",), "a boolean key is written `true` or left out")
+    acknowledged = body.get("expose-acknowledged")
+    if acknowledged is not None and acknowledged is not True:  # identity: `1` == True in Python, not in YAML
+        check.error(where + ("expose-acknowledged",), f"a boolean key is written `true` or left out, not "
+                                                      f"{type_name(acknowledged)}",
+                    "write `expose-acknowledged: true` (unquoted), or remove the line")
     if None in (port, bind, util, ranks) or gpus is None or not check.ok:
         return None
     assert port is not None and bind is not None and util is not None and ranks is not None
@@ -489,13 +264,13 @@ def _port(check: Checker, body: dict[str, Any], where: KeyPath, key: str, requir
     return None if value is None else int(value)
 
 
-def _ranks(check: Checker, body: dict[str, Any], where: KeyPath, ctx: _Context, serve: dict[str, Any],
+def _ranks(check: Checker, body: dict[str, Any], where: KeyPath, ctx: Context, serve: dict[str, Any],
            port: int | None) -> list[Rank] | None:
     raw = body.get("ranks")
     if raw is None:
         check.error(where, "resources is missing the required key 'ranks'", "add `ranks: 1` for a single-node launch")
         return None
-    if raw == 1 and not isinstance(raw, bool):  # `ranks: true` is not a count
+    if type(raw) is int and raw == 1:  # `ranks: true` and `ranks: 1.0` are not a count
         return [Rank(0, "head", port or 0, serve)]
     if isinstance(raw, bool) or not isinstance(raw, list) or not raw:
         check.error(where + ("ranks",), f"ranks must be 1 or a list of ranks, not {type_name(raw)}",
@@ -515,7 +290,7 @@ def _ranks(check: Checker, body: dict[str, Any], where: KeyPath, ctx: _Context, 
         if i == 0 and port is not None and rank_port is not None and rank_port != port:
             check.error(here + ("port",), f"the head's port {rank_port} differs from resources.port {port}")
         overrides = check.mapping(rank_body.get("serve", {}), here + ("serve",), "rank serve overrides")
-        effective = _serve(check, overrides, here + ("serve",), ctx, head=i == 0, base=serve) if overrides else serve
+        effective = check_serve(check, overrides, here + ("serve",), ctx, head=i == 0, base=serve) if overrides else serve
         ranks.append(Rank(i, expected, rank_port or 0, effective))
     ports = [r.port for r in ranks]
     if len(set(ports)) != len(ports):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
+from metralectl.core import checker_text as text
 from metralectl.core.recipe import Provenance, Validated
 from metralectl.core.schema import Checker, did_you_mean, type_name
 from metralectl.core.yamlsrc import KeyPath
@@ -13,10 +14,8 @@ if TYPE_CHECKING:
     from metralectl.core.contract import EngineContract
     from metralectl.core.engine_revisions import Revision
 
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: no trailing newline
+SWITCH_WORDS = ("1", "0")  # what a switch lever's value is: the engine documents `1` (on) and `0` (off)
 VALIDATED_KEYS = ("source", "engine-revision", "hardware", "date", "decode-tok-s", "image", "notes")
 SOURCES = ("engine", "book")
 PROVENANCE_KEYS = ("repo", "path", "commit", "sha256", "taken", "release", "deviations")
@@ -36,7 +35,7 @@ def check_env(check: Checker, top: dict[str, Any], contract: EngineContract | No
     for name, value in env.items():
         key: KeyPath = ("env", name)
         name = str(name)
-        if not ENV_NAME_RE.match(name):
+        if not ENV_NAME_RE.fullmatch(name):
             check.error(key, f"{name!r} is not a valid environment variable name")
             continue
         if isinstance(value, (dict, list)) or value is None:
@@ -95,6 +94,10 @@ def _lever_value(kind: str, minimum: float | None, value: Any) -> str | None:
     elif kind == "float":
         if _number(value, float) is None:
             return f"must be a number, not {type_name(value)}"
+    elif kind == "switch":
+        if isinstance(value, bool) or str(value) not in SWITCH_WORDS:
+            return (f"is a switch: write '1' (on) or '0' (off), not {type_name(value)} (the engine reads the "
+                    "text, and `true` or 'yes' is not `1`)")
     elif kind in ("text", "path") and isinstance(value, str) and not value.strip():
         return "must not be empty"
     return None
@@ -107,9 +110,13 @@ def check_validated(check: Checker, top: dict[str, Any], world: _World) -> Valid
     hw = check.string(body, where, "hardware", required=False, nullable=True)
     if hw and hw not in world.hardware:
         check.error(where + ("hardware",), f"unknown hardware class {hw!r}")
-    date = check.string(body, where, "date", required=False, nullable=True)
-    if date and not DATE_RE.match(date):
-        check.error(where + ("date",), f"date {date!r} is not YYYY-MM-DD")
+    elif hw and isinstance(top.get("hardware"), str) and hw != top["hardware"]:
+        check.error(where + ("hardware",), f"the figures were measured on {hw}, and this recipe runs on "
+                                           f"{top['hardware']}: `list` would show them as this recipe's",
+                    f"state what was measured on {top['hardware']}, or `validated: {{hardware: null, "
+                    "decode-tok-s: null}` until it is")
+    date = text.iso_date(check, where + ("date",),
+                         check.string(body, where, "date", required=False, nullable=True))
     tok_s = check.number(body, where, "decode-tok-s", required=False, nullable=True, minimum=0)
     return Validated(
         source=check.string(body, where, "source", required=False, nullable=True),
@@ -139,12 +146,11 @@ def check_source(check: Checker, top: dict[str, Any]) -> tuple[str | None, Prove
     taken = check.string(body, where, "taken", required=False, nullable=True)
     release = check.string(body, where, "release", required=False, nullable=True)
     commit, sha = strings["commit"], strings["sha256"]
-    if commit and not COMMIT_RE.match(commit):
-        check.error(where + ("commit",), f"{commit!r} is not a 40-character commit id")
-    if sha and not SHA256_RE.match(sha):
+    if commit:
+        text.commit(check, where + ("commit",), commit, "the upstream file's commit, all 40 hex digits")
+    if sha and text.name_problem("sha256", sha) is not None:
         check.error(where + ("sha256",), f"{sha!r} is not a sha256 (64 lower-case hex digits)")
-    if taken and not DATE_RE.match(taken):
-        check.error(where + ("taken",), f"date {taken!r} is not YYYY-MM-DD")
+    text.iso_date(check, where + ("taken",), taken)
     deviations = []
     for i, raw in enumerate(body.get("deviations") or []):
         here = where + ("deviations", i)

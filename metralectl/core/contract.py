@@ -31,13 +31,14 @@ SWITCH_VALUES = ("auto", "on", "off")
 MULTI_RANK_STRATEGIES = ("none", "rendezvous")
 _FLAG_KEYS = ("type", "default", "min", "max", "exclusive-min", "exclusive-max", "choices", "words", "recipe",
               "with", "resource", "requires", "conflicts", "needs-model", "must-match", "aliases", "help", "reason",
-              "unset-word", "negation")
+              "unset-word", "negation", "leading-dash")
+LEADING_DASH = ("allowed", "refused")  # may a string value begin with '-' (default refused: read as an option)
 _LEVER_KEYS = ("type", "default", "min", "max", "recipe", "help", "reason")
 _READINESS_KEYS = ("style", "marker", "health-path", "health-ready-status", "health-status-key", "health-faulted", "health-reason-key")
 _TOP_KEYS = ("schema", "name", "display-name", "binary", "serve-command", "model-argument", "version-command",
              "default-port", "default-bind", "readiness", "log-phases", "log-failures", "endpoints", "flags",
              "request-dialect", "log-prefix", "rules", "auth-flags", "multi-rank", "metrics", "weights", "memory-utilization", "quants", "launcher-sets",
-             "exclusive-groups", "rank-symmetric", "levers", "env-passthrough")
+             "exclusive-groups", "rank-symmetric", "levers", "env-passthrough", "served-name-flag")
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class FlagSpec:
     recipe_keys: tuple[str, ...] = ()  # the spelling an engine recipe must use instead (max_model_len)
     source: str = ""  # for a flag the pinned dump lacks: the engine file@commit it was read from
     negation: str | None = None  # negatable: the flag name that says `false` (no-cont-batching)
+    leading_dash: bool = False  # `leading-dash: allowed`: the engine's parser takes a value that begins with '-'
 
     @property
     def option(self) -> str:
@@ -98,9 +100,12 @@ class FlagSpec:
         if self.type == "choice":
             return None if value in self.choices else f"must be one of {', '.join(self.choices)} — not {type_name(value)}"
         if self.type in ("string", "path"):
-            if isinstance(value, str) and value.strip():
-                return None
-            return f"must be a non-empty string, not {type_name(value)}"
+            if not isinstance(value, str) or not value.strip():
+                return f"must be a non-empty string, not {type_name(value)}"
+            if value.lstrip().startswith("-") and not self.leading_dash:
+                return (f"value {value!r} begins with '-': the engine's parser would read it as another option "
+                        f"(`{self.option} {value}`), not as this flag's value")
+            return None
         if self.type == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 words = f" (or one of {', '.join(self.words)})" if self.words else ""
@@ -212,6 +217,7 @@ class EngineContract:
     log_prefix: re.Pattern[str] | None = None  # what precedes a log line's message (None: the tracing prefix)
     auth_flags: tuple[str, ...] = ()  # serve flags that, all set, put authentication on the endpoint
     multi_rank: str = "none"  # none | rendezvous (ranks meet at --master-addr/--master-port: Metrale's EP=2)
+    served_name_flag: str | None = None  # the flag that names the model /v1/models reports (model-name, alias)
 
     def has_rule(self, rule: str) -> bool:
         return rule in self.rules
@@ -292,6 +298,7 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         log_prefix=_log_prefix(check, top),
         auth_flags=tuple(check.string_list(top, (), "auth-flags")),
         multi_rank=str(top.get("multi-rank", "none")),
+        served_name_flag=_served_name_flag(check, top, flags),
     )
     for flag in contract.auth_flags:
         if flag not in flags:
@@ -305,6 +312,18 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         check.error(("metrics", "enabled-by"), f"--{contract.metrics.enabled_by} turns /metrics on: list it under "
                                                "`launcher-sets:` so every launch sets it")
     return (contract if check.ok else None), check
+
+
+def _served_name_flag(check: Checker, top: dict[str, Any], flags: dict[str, FlagSpec]) -> str | None:
+    """The flag a recipe sets the served model name with: `extends:` may not carry it to another checkpoint."""
+    name = top.get("served-name-flag")
+    if name is None:
+        return None
+    spec = flags.get(str(name))
+    if spec is None or spec.type != "string" or spec.recipe != "setting":
+        check.error(("served-name-flag",), f"must name a declared string flag a recipe sets, not {name!r}")
+        return None
+    return spec.name
 
 
 _DIALECT_KEYS = ("ignore-eos", "min-tokens", "stream-usage", "continuous-usage")
@@ -396,6 +415,12 @@ def _parse_flag(check: Checker, name: str, raw: Any) -> FlagSpec | None:
         check.error(where + ("recipe",), "a presence-only flag cannot be rendered from resources")
     if (kind == "negatable") != bool(body.get("negation")):
         check.error(where, "a negatable flag names its `negation:` (the flag that says false), and only it does")
+    dash = body.get("leading-dash", "refused")
+    if dash not in LEADING_DASH:
+        check.error(where + ("leading-dash",), f"leading-dash is one of {', '.join(LEADING_DASH)}, not {dash!r}")
+    elif dash == "allowed" and kind not in ("string", "path"):
+        check.error(where + ("leading-dash",), "leading-dash is for a string or path flag",
+                    "a number's sign is its range: write `min:` below 0 where the engine takes negatives")
     return FlagSpec(
         name=name, type=kind, recipe=role, default=body.get("default"),
         minimum=body.get("min"), maximum=body.get("max"),
@@ -406,5 +431,5 @@ def _parse_flag(check: Checker, name: str, raw: Any) -> FlagSpec | None:
         needs_model=body.get("needs-model"), must_match=body.get("must-match"),
         aliases=tuple(body.get("aliases") or ()), help=str(body.get("help", "")), reason=str(body.get("reason", "")),
         unset_word=body.get("unset-word"), recipe_keys=tuple(str(k) for k in body.get("recipe-keys") or ()),
-        source=str(body.get("source", "")), negation=body.get("negation"),
+        source=str(body.get("source", "")), negation=body.get("negation"), leading_dash=dash == "allowed",
     )

@@ -180,7 +180,7 @@ class ImageInfo:
 
     def tag_problem(self, tag: str) -> str | None:
         """Why `tag` cannot be picked for this image (None: it can)."""
-        if not TAG_RE.match(tag):
+        if not TAG_RE.fullmatch(tag):
             return f"{tag!r} is not a Docker tag (letters, digits, '_', '.', '-'; at most 128)"
         if tag in self.tags or tag == self.tag:
             return None
@@ -250,9 +250,8 @@ def parse_hardware(doc: Document, parent: HardwareClass | None) -> tuple[Hardwar
         check.error(("accelerator",), f"accelerator must be one of {', '.join(ACCELERATORS)}, not {accelerator!r}")
     memory = check.mapping(top.get("memory", {}), ("memory",), "memory")
     check.known_keys(memory, ("memory",), ("unified", "host-ram", "skus"), "memory")
-    host_memory = memory.get("host-ram", False)
-    if host_memory not in (True, False):
-        check.error(("memory", "host-ram"), f"host-ram is true or false, not {host_memory!r}")
+    host_memory = check.boolean(memory, ("memory",), "host-ram", default=False)  # not `1`: 1 == True in Python
+    unified = check.boolean(memory, ("memory",), "unified", default=False)
     if accelerator == "none":
         if top.get("gpu-names"):
             check.error(("gpu-names",), "a class without an accelerator has no GPU names", "remove `gpu-names`")
@@ -284,7 +283,7 @@ def parse_hardware(doc: Document, parent: HardwareClass | None) -> tuple[Hardwar
         id=hw_id, display_name=str(top.get("display-name", hw_id)), inherits=inherits,
         vendor=str(top.get("vendor", base.get("vendor", ""))), arch=str(top.get("arch", base.get("arch", ""))),
         cpu_arch=str(cpu_arch), gpu_names=tuple(check.string_list(top, (), "gpu-names")),
-        unified_memory=bool(memory.get("unified", False)), skus=tuple(skus), boot_timeout_s=float(boot or 0),
+        unified_memory=unified is True, skus=tuple(skus), boot_timeout_s=float(boot or 0),
         park_c=thermal.get("park-c", base.get("park")), resume_c=thermal.get("resume-c", base.get("resume")),
         image=top.get("image"), defaults=dict(top.get("defaults") or {}),
         multi_node=dict(top.get("multi-node") or {}), source=doc.path, rank_profile=profile,
@@ -364,6 +363,8 @@ def parse_model(doc: Document, hardware: str) -> tuple[ModelInfo | None, Checker
         if repo and quant:
             checkpoints.append(Checkpoint(repo, quant, _num(check, body, ("checkpoints", i), "size-gb")))
     targets = tuple(check.string_list(top, (), "targets", required=True))
+    vision = check.boolean(top, (), "vision", default=False)  # bool("no") would be True
+    mtp_supported = check.boolean(mtp, ("mtp",), "supported", nullable=True)  # null: unknown
     quant_targets = check.mapping(top.get("quant-targets") or {}, ("quant-targets",), "quant-targets")
     ints = {k: _whole(check, top, (), k)
             for k in ("hidden-size", "layers", "attention-layers", "kv-heads", "head-dim")}
@@ -374,8 +375,8 @@ def parse_model(doc: Document, hardware: str) -> tuple[ModelInfo | None, Checker
         model_type=top.get("model-type"), params_b=_num(check, top, (), "params-b"),
         active_params_b=_num(check, top, (), "active-params-b"), hidden_size=ints["hidden-size"],
         layers=ints["layers"], attention_layers=ints["attention-layers"] or ints["layers"],
-        kv_heads=ints["kv-heads"], head_dim=ints["head-dim"], vision=bool(top.get("vision", False)),
-        mtp_supported=mtp.get("supported"), default_num_drafts=mtp.get("default-num-drafts"),
+        kv_heads=ints["kv-heads"], head_dim=ints["head-dim"], vision=vision is True,
+        mtp_supported=mtp_supported, default_num_drafts=mtp.get("default-num-drafts"),
         tool_call_parser=top.get("tool-call-parser"), checkpoints=tuple(checkpoints), targets=targets,
         quant_targets={str(k): str(v) for k, v in quant_targets.items()}, kv_advice=top.get("kv-advice"),
         source=doc.path,
@@ -423,7 +424,7 @@ def _image_tags(check: Checker, raw: Any) -> dict[str, str]:
         return {}
     out = {}
     for name, meaning in items:
-        if not TAG_RE.match(str(name)):
+        if not TAG_RE.fullmatch(str(name)):
             check.error(("tags", str(name)), f"{name!r} is not a Docker tag")
         out[str(name)] = "" if meaning is None else str(meaning)
     return out

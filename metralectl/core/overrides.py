@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from metralectl.core.catalog import Catalog, parse_set_value
+from metralectl.core.contract import EngineContract
+from metralectl.core.schema import did_you_mean
 from metralectl.errors import ExitCode, RecipeInvalid, UsageError
 from metralectl.core.recipe import Recipe, RecipeOrigin
 from metralectl.core.yamlsrc import Document, KeyPath, overlay
+from metralectl.safetext import clean
 
 _SECTIONS = ("serve", "resources", "env", "checkpoint", "validated")
 _TOP_LEVEL = ("hardware", "image", "image-tag", "description", "engine")
@@ -37,8 +40,21 @@ def parse_set(text: str, catalog: Catalog, engine: str) -> tuple[KeyPath, Any]:
         if spec.recipe == "resources" and spec.resource:
             return ("resources", spec.resource), value
         return ("serve", bare), value
-    raise UsageError(f"--set {key}: not a serve flag or a recipe key",
+    guess = did_you_mean(bare, _known_keys(contract))
+    raise UsageError(f"--set {clean(key, 80)}: not a serve flag or a recipe key",
+                     f"did you mean `{guess}`?" if guess else
                      "use a serve flag (max-seq-len=4096) or SECTION.KEY (resources.port=9000, env.NAME=VALUE)")
+
+
+def _known_keys(contract: EngineContract | None) -> list[str]:
+    """What a --set key may be: the engine's flags (and their other spellings), then the recipe's keys."""
+    from metralectl.core.checker import RESOURCE_KEYS
+    from metralectl.core.checker_checkpoint import CHECKPOINT_KEYS
+    from metralectl.core.checker_sections import VALIDATED_KEYS
+
+    flags = [*contract.flags, *contract.aliases] if contract is not None else []
+    sections = [f"resources.{k}" for k in RESOURCE_KEYS] + [f"checkpoint.{k}" for k in CHECKPOINT_KEYS]
+    return flags + sections + [f"validated.{k}" for k in VALIDATED_KEYS] + list(_TOP_LEVEL) + list(_ALIASES)
 
 
 def _get(data: object, path: KeyPath) -> object:
@@ -62,9 +78,14 @@ def apply_sets(catalog: Catalog, recipe: Recipe, sets: list[str]) -> Recipe:
         for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = value
-        top.origins[path] = f"--set {text}"
+        top.origins[path] = f"--set {clean(text, 120)}"  # the problem names it: shown escaped
         top.marks[path] = (0, 0)
         changes.append((path, value))
+    from metralectl.core import inherit
+
+    moved = inherit.served_name(catalog, top, recipe.name, base.data if isinstance(base.data, dict) else {}, top.data)
+    if moved:  # `--set checkpoint.repo=...` alone would serve the new checkpoint under the recipe's pinned name
+        raise RecipeInvalid(moved, exit_code=ExitCode.USAGE)
     merged = overlay(base, top)
     for path in top.origins:  # a problem about an overridden key names the --set, not the file
         merged.origins[path] = top.origins[path]

@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from metralectl import ownedfs
 from metralectl.errors import Problem
 from metralectl.core.recipe import Recipe, RecipeOrigin
 from metralectl.core.schema import did_you_mean, type_name
 from metralectl.core.yamlsrc import Document, KeyPath, YamlSyntax, load_text
+from metralectl.safetext import clean
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -39,7 +41,6 @@ KNOWN_KEYS = ("recipe_version", "model", "model_revision", "runtime", "runtime_v
               "min_nodes", "max_nodes", "solo_only", "cluster_only", "description", "metadata", "defaults", "env")
 QUANTS = ("nvfp4", "fp8", "bf16", "mxfp4")
 HEAD_PORT_STEP = 1  # the worker of a two-rank recipe listens beside the head (8888 -> 8889)
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,22 @@ class Imported:
         return self.recipe is not None and not any(p.severity == "error" for p in self.problems)
 
     def text(self, header: str = "") -> str:
-        body: str = yaml.safe_dump(self.data, sort_keys=False, allow_unicode=True, width=110)
+        body: str = yaml.dump(self.data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=110)
         return header + body
+
+
+class _Dumper(yaml.SafeDumper):
+    """safe_dump, with every string holding a character that is not printable (a line break, NEL, U+2028,
+    an escape) written double-quoted, where each is an escape: PyYAML's single-quoted style writes NEL raw
+    and reads it back as a space, so the file would not say what was converted."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = None if value.isprintable() else '"'
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
 
 
 class _Conversion:
@@ -136,8 +151,9 @@ def _document(conv: _Conversion, top: dict[str, Any], upstream: UpstreamFile, re
     if str(top.get("recipe_version")) != "2":
         conv.error(("recipe_version",), f"recipe_version {top.get('recipe_version')!r}: this importer reads \"2\"")
     name = upstream.id.rsplit("/", 1)[-1].lower()
-    if not _NAME_RE.match(name):
-        conv.error((), f"recipe id {upstream.id!r} does not make a recipe name (lower-case letters, digits, . _ -)")
+    if not ownedfs.is_valid("recipe name", name):  # it becomes a file name: `<name>.yaml` in the synced set
+        conv.error((), f"recipe id {clean(upstream.id)!r} does not make a recipe name (lower-case letters, digits, "
+                       ". _ -)")
     result.name = name
     model = top.get("model")
     if not isinstance(model, str) or not model.strip() or model.strip().startswith("-"):

@@ -2,21 +2,26 @@
 
 Each asset comes with a `<name>.sha256` sidecar in sha256sum format (`<64 hex>  <name>`); index.json
 also lists the archives' digests (`assets:`) and every recipe's own path, sha256 and size. All of it
-must agree, or the release is refused as a whole. The archive is read in memory, member by member:
-regular files only, no absolute or `..` paths, bounded sizes (a tar bomb is refused, not unpacked).
+must agree, or the release is refused as a whole. Every name in it (recipe ids, paths, the commit,
+asset and member names) passes its ownedfs grammar before any use. The archive is read in memory as a
+stream, member by member, through a decompressor that counts what it produces: the whole archive, its
+headers and the members index.json does not list included, may unpack to at most MAX_UNPACKED bytes in
+at most MAX_MEMBERS entries, checked while it is read (a gzip bomb stops at the cap). Regular files and
+directories only, under well-formed relative names.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import re
 import tarfile
+import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from metralectl import ownedfs
+from metralectl.core.bounded_gzip import BoundedGunzip, TooLarge, Truncated
 from metralectl.errors import ExitCode, MetralError
 from metralectl.safetext import clean
 
@@ -24,12 +29,11 @@ ASSETS = ("index.json", "recipes.tar.gz", "serve-options.json")
 LIMITS = {"index.json": 64 << 20, "recipes.tar.gz": 64 << 20, "serve-options.json": 16 << 20}
 SIDECAR_LIMIT = 4096
 MAX_MEMBER = 1 << 20  # one recipe file
-MAX_MEMBERS = 4096
-MAX_UNPACKED = 64 << 20
+MAX_MEMBERS = 4096  # entries of any kind in the archive (directories and unlisted files count)
+MAX_UNPACKED = 64 << 20  # everything the archive decompresses to: headers, listed and unlisted members
 SIGNATURE_SUFFIXES = (".sig", ".asc", ".minisig", ".sigstore", ".bundle", ".pem")
-_SIDECAR_RE = re.compile(r"^([0-9a-f]{64}) [ *](\S+)$")
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_SIDECAR_RE = re.compile(r"([0-9a-f]{64}) [ *](\S+)")
+_LABEL_RE = re.compile(r"b[0-9]{1,9}")
 
 
 class ReleaseError(MetralError):
@@ -66,12 +70,13 @@ def parse_sidecar(text: bytes, asset: str) -> str:
         lines = [ln for ln in text.decode("ascii").splitlines() if ln.strip()]
     except UnicodeDecodeError:
         raise ReleaseError(f"{asset}.sha256 is not a sha256sum line (not ASCII)") from None
-    match = _SIDECAR_RE.match(lines[0].strip()) if len(lines) == 1 else None
+    match = _SIDECAR_RE.fullmatch(lines[0].strip()) if len(lines) == 1 else None
     if match is None:
         raise ReleaseError(f"{asset}.sha256 is not one sha256sum line (`<64 hex>  {asset}`)",
                            "the release's sidecar is malformed; it is refused rather than trusted")
-    if match.group(2) != asset:
-        raise ReleaseError(f"{asset}.sha256 names {clean(match.group(2))!r}, not {asset}")
+    named = ownedfs.check("asset name", match.group(2), f"{asset}.sha256")
+    if named != asset:
+        raise ReleaseError(f"{asset}.sha256 names {clean(named)!r}, not {asset}")
     return match.group(1)
 
 
@@ -86,32 +91,50 @@ def verify(name: str, data: bytes, sidecar: bytes) -> str:
 
 
 def parse_index(data: bytes) -> ReleaseIndex:
+    """index.json, every name in it checked against its grammar (ownedfs) before anything uses it."""
     try:
         top = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ReleaseError(f"index.json is not JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ReleaseError(f"index.json is not JSON: {clean(str(exc), 200)}") from None
     if not isinstance(top, dict) or top.get("schema_version") != 1:
-        raise ReleaseError(f"index.json has schema_version {top.get('schema_version') if isinstance(top, dict) else None!r}; "
-                           "this metralectl reads 1")
-    commit = top.get("commit")
-    if not isinstance(commit, str) or not _COMMIT_RE.match(commit):
+        stated = top.get("schema_version") if isinstance(top, dict) else None
+        raise ReleaseError(f"index.json has schema_version {clean(repr(stated), 40)}; this metralectl reads 1")
+    if not isinstance(top.get("commit"), str):
         raise ReleaseError("index.json names no 40-character engine `commit`")
+    commit = ownedfs.check("commit", top["commit"], "index.json `commit`")
     assets = top.get("assets")
-    if not isinstance(assets, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in assets.items()):
+    if not isinstance(assets, dict):
         raise ReleaseError("index.json has no `assets` mapping of file name to sha256")
+    for name, digest in assets.items():
+        ownedfs.check("asset name", name, "index.json `assets`")
+        ownedfs.check("sha256", digest, f"index.json `assets` ({clean(name)})")
     entries = []
-    for i, raw in enumerate(top.get("recipes") or []):
+    raw_recipes = top.get("recipes") or []
+    if not isinstance(raw_recipes, list) or len(raw_recipes) > MAX_MEMBERS:
+        raise ReleaseError(f"index.json `recipes` is not a list of at most {MAX_MEMBERS} recipes")
+    for i, raw in enumerate(raw_recipes):
         if not isinstance(raw, dict):
             raise ReleaseError(f"index.json recipes[{i}] is not an object")
-        rid, path, sha, size = raw.get("id"), raw.get("path"), raw.get("sha256"), raw.get("bytes")
-        if not (isinstance(rid, str) and isinstance(path, str) and isinstance(sha, str) and _SHA_RE.match(sha)
-                and isinstance(size, int) and not isinstance(size, bool) and size >= 0):
-            raise ReleaseError(f"index.json recipes[{i}] needs id, path, sha256 and bytes")
-        entries.append(IndexEntry(rid, path, sha, size))
-    files: dict[str, Any] = top["files"] if isinstance(top.get("files"), dict) else {}
-    release = top.get("release") if isinstance(top.get("release"), str) else None
-    return ReleaseIndex(commit, str(top.get("engine_version", "")), dict(assets), entries,
-                        {str(k): str(v) for k, v in files.items()}, release)
+        size = raw.get("bytes")
+        if not (isinstance(size, int) and not isinstance(size, bool) and 0 <= size <= MAX_MEMBER):
+            raise ReleaseError(f"index.json recipes[{i}] needs id, path, sha256 and bytes (at most {MAX_MEMBER})")
+        where = f"index.json recipes[{i}]"
+        entries.append(IndexEntry(ownedfs.check("recipe id", raw.get("id"), f"{where} `id`"),
+                                  ownedfs.check("release path", raw.get("path"), f"{where} `path`"),
+                                  ownedfs.check("sha256", raw.get("sha256"), f"{where} `sha256`"), size))
+    files = top.get("files", {})
+    if not isinstance(files, dict):
+        raise ReleaseError("index.json `files` is not a mapping of recipe id to text")
+    for rid, text in files.items():
+        ownedfs.check("recipe id", rid, "index.json `files`")
+        if not isinstance(text, str):
+            raise ReleaseError(f"index.json `files` gives {clean(rid)} no text")
+    release = top.get("release")
+    if release is not None:
+        release = ownedfs.check("version", release, "index.json `release`")
+    version = top.get("engine_version")
+    version = "" if version in (None, "") else ownedfs.check("version", version, "index.json `engine_version`")
+    return ReleaseIndex(commit, version, dict(assets), entries, dict(files), release)
 
 
 def check_assets(index: ReleaseIndex, digests: dict[str, str]) -> None:
@@ -123,67 +146,82 @@ def check_assets(index: ReleaseIndex, digests: dict[str, str]) -> None:
     for name in ("recipes.tar.gz", "serve-options.json"):
         stated = index.assets.get(name)
         if stated != digests[name]:
-            raise ReleaseError(f"index.json lists {name} with sha256 {stated}, the verified file has {digests[name]}",
+            raise ReleaseError(f"index.json lists {name} with sha256 {clean(str(stated))}, the verified file has "
+                               f"{digests[name]}",
                                "the assets come from different releases; nothing was installed")
 
 
-def _normal(name: str) -> str:
-    return name[2:] if name.startswith("./") else name
+def _member_name(member: tarfile.TarInfo) -> str | None:
+    """The member's path with a leading `./` dropped (None: the archive's own `.` entry), checked as a
+    release path: no absolute name, no `..`, no control or hidden characters, nothing but [A-Za-z0-9._-]."""
+    name = member.name.removeprefix("./")
+    if member.isdir() and name in ("", "."):
+        return None
+    return ownedfs.check("release path", name, "recipes.tar.gz")
 
 
 def read_recipes(archive: bytes, index: ReleaseIndex) -> dict[str, bytes]:
-    """recipe id -> its bytes, each checked against index.json. A member that is not a plain file inside
-    the archive refuses the release; a recipe file index.json does not list is ignored."""
+    """recipe id -> its bytes, each checked against index.json. Read as a stream through BoundedGunzip:
+    the whole archive may unpack to MAX_UNPACKED bytes in MAX_MEMBERS entries (a member declaring more
+    than what is left is refused at its header, before a byte of it is decompressed). A member that is
+    not a plain file or directory refuses the release; a file index.json does not list is skipped (and
+    counted)."""
     wanted = {e.path: e for e in index.recipes}
     wanted.update({e.path.removeprefix("recipes/"): e for e in index.recipes})
     found: dict[str, bytes] = {}
-    total = 0
+    stream = BoundedGunzip(archive, MAX_UNPACKED)
     try:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
             for count, member in enumerate(tar, 1):
-                name = _normal(member.name)
                 if count > MAX_MEMBERS:
-                    raise ReleaseError(f"recipes.tar.gz holds more than {MAX_MEMBERS} entries")
-                if name.startswith("/") or ".." in Path(name).parts:
-                    raise ReleaseError(f"recipes.tar.gz holds a path outside the archive: {clean(member.name)!r}")
+                    raise ReleaseError(f"recipes.tar.gz holds more than {MAX_MEMBERS} entries",
+                                       "an engine release's archive holds a few dozen recipes; this one is refused")
+                name = _member_name(member)
+                if member.size > MAX_UNPACKED - stream.produced:
+                    raise ReleaseError(f"recipes.tar.gz: {clean(member.name, 120)} declares {member.size} bytes; the "
+                                       f"whole archive may unpack to at most {MAX_UNPACKED >> 20} MB")
                 if member.isdir():
                     continue
-                if not member.isreg():
-                    raise ReleaseError(f"recipes.tar.gz holds {clean(member.name)!r}, which is not a plain file "
-                                       "(links and devices are refused)")
-                entry = wanted.get(name)
+                if not member.isreg() or member.issparse():
+                    raise ReleaseError(f"recipes.tar.gz holds {clean(member.name, 120)!r}, which is not a plain file "
+                                       "(links, devices, FIFOs and sparse files are refused)")
+                entry = wanted.get(name) if name is not None else None
                 if entry is None:
-                    continue
+                    continue  # skipped: tarfile reads past it through the bounded stream
                 if member.size > MAX_MEMBER:
-                    raise ReleaseError(f"{clean(member.name)} is {member.size} bytes; a recipe is at most {MAX_MEMBER}")
-                total += member.size
-                if total > MAX_UNPACKED:
-                    raise ReleaseError(f"recipes.tar.gz unpacks to more than {MAX_UNPACKED >> 20} MB of recipes")
+                    raise ReleaseError(f"{clean(member.name, 120)} is {member.size} bytes; a recipe is at most "
+                                       f"{MAX_MEMBER}")
+                if entry.id in found:
+                    raise ReleaseError(f"recipes.tar.gz holds {clean(entry.path)} twice")
                 handle = tar.extractfile(member)
                 found[entry.id] = handle.read(MAX_MEMBER + 1) if handle is not None else b""
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        raise ReleaseError(f"recipes.tar.gz is not a readable gzip tar archive: {exc}") from None
+    except TooLarge:
+        raise ReleaseError(f"recipes.tar.gz unpacks to more than {MAX_UNPACKED >> 20} MB; it was not unpacked further",
+                           "an engine release's archive is a few hundred KB; this one is refused") from None
+    except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error, Truncated) as exc:
+        raise ReleaseError(f"recipes.tar.gz is not a readable gzip tar archive: {clean(str(exc), 200)}") from None
     return found
 
 
 def check_recipe(entry: IndexEntry, data: bytes | None, index: ReleaseIndex) -> str | None:
     """Why one recipe's bytes do not match what index.json says of it (None: they do)."""
+    path = clean(entry.path)
     if data is None:
-        return f"{entry.path} is listed in index.json but missing from recipes.tar.gz"
+        return f"{path} is listed in index.json but missing from recipes.tar.gz"
     if len(data) != entry.bytes or sha256_bytes(data) != entry.sha256:
-        return (f"{entry.path} in recipes.tar.gz has sha256 {sha256_bytes(data)} ({len(data)} bytes); index.json "
+        return (f"{path} in recipes.tar.gz has sha256 {sha256_bytes(data)} ({len(data)} bytes); index.json "
                 f"says {entry.sha256} ({entry.bytes} bytes)")
     text = index.files.get(entry.id)
-    if text is not None and text.encode() != data:
-        return f"index.json's copy of {entry.id} differs from the archive's {entry.path}"
+    if text is not None and text.encode("utf-8", "surrogatepass") != data:
+        return f"index.json's copy of {clean(entry.id)} differs from the archive's {path}"
     return None
 
 
 def release_label(index: ReleaseIndex, source: str) -> str:
     """bNN when the index or the source says it (…/download/b35/), else the commit's first 7."""
-    if index.release and re.fullmatch(r"b\d+", index.release):
+    if index.release and _LABEL_RE.fullmatch(index.release):
         return index.release
-    found = re.findall(r"(?:^|/)(b\d+)(?:/|$)", source.rstrip("/"))
+    found = [part for part in source.rstrip("/").split("/") if _LABEL_RE.fullmatch(part)]
     return found[-1] if found else index.commit[:7]
 
 

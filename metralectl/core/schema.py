@@ -101,6 +101,20 @@ class Checker:
         number: float = value  # an int or a float: checked above
         return number
 
+    def boolean(self, data: dict[str, Any], keypath: KeyPath, key: str, *, required: bool = False,
+                nullable: bool = False, default: bool | None = None) -> bool | None:
+        """`true` or `false` and nothing else: not `1` (Python's 1 == True), not "yes", not "true" quoted."""
+        if key not in data or (data[key] is None and nullable):
+            if required and key not in data:
+                self.error(keypath, f"missing the required key {key!r}", f"add `{key}: true` or `{key}: false`")
+            return default
+        value = data[key]
+        if not isinstance(value, bool):
+            self.error(keypath + (key,), f"must be `true` or `false`, not {type_name(value)}",
+                       f"write `{key}: true` or `{key}: false` (unquoted)")
+            return None
+        return value
+
     def string_list(self, data: dict[str, Any], keypath: KeyPath, key: str, *, required: bool = False) -> list[str]:
         if key not in data:
             if required:

@@ -10,10 +10,12 @@ Layout under <config>/synced/:
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from metralectl import paths
+from metralectl.ownedfs import Owned, OutsideOwned
 
 from metralectl.core import serve_options
 from metralectl.core.engine_revisions import Revision, synced_revision
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
     from metralectl.core.contract import EngineContract
 
 FORMAT = 1
+WHAT = "the synced recipe set"
+META_LIMIT = 16 << 20  # release.json: a few KB per recipe
 
 
 def synced_dir() -> Path:
@@ -31,18 +35,36 @@ def synced_dir() -> Path:
 
 
 def current(root: Path | None = None) -> Path | None:
-    link = (root or synced_dir()) / "current"
-    return link if (link / "release.json").is_file() else None
+    """The installed set: where `current` leads, when that is a directory directly under sets/ holding a
+    regular release.json. A `current` that leads anywhere else (out of the synced dir, through a link on
+    the way) is no set: None, and nothing there is read."""
+    synced = Owned(root or synced_dir(), WHAT)
+    try:
+        parts = synced.resolve("current")
+        if parts is None or len(parts) != 2 or parts[0] != "sets":
+            return None
+        meta = synced.lstat(f"{parts[0]}/{parts[1]}/release.json")
+    except (OSError, OutsideOwned):
+        return None
+    return synced.path("/".join(parts)) if meta is not None and stat.S_ISREG(meta.st_mode) else None
+
+
+def stray_current(root: Path | None = None) -> bool:
+    """Whether a `current` entry is there but leads to no set under sets/ (a link planted or broken)."""
+    synced = Owned(root or synced_dir(), WHAT)
+    return synced.lstat("current") is not None and current(root) is None
 
 
 def read_meta(set_dir: Path) -> dict[str, Any] | None:
-    from metralectl.filecap import DOCUMENT_LIMIT, read_bytes
-
-    try:  # FileRefused (exit 65) for a FIFO or a file past the cap
-        meta = json.loads(read_bytes(set_dir / "release.json", DOCUMENT_LIMIT, "synced set's release.json"))
-    except (OSError, ValueError, RecursionError):
+    """The set's release.json (at most META_LIMIT bytes, a regular file, no link followed)."""
+    try:
+        synced = Owned(set_dir, WHAT)
+        meta = json.loads(synced.read_bytes("release.json", META_LIMIT))
+    except (OSError, ValueError, RecursionError, OutsideOwned):
         return None
-    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("recipes"), list):
+        return None
+    return meta if all(isinstance(meta.get(key), str) for key in ("release", "commit", "source")) else None
 
 
 def revision_for(contract: EngineContract, label: str, commit: str, options: serve_options.ServeOptions,
@@ -71,6 +93,11 @@ def load_into(catalog: Catalog, root: Path | None = None) -> None:
 
     set_dir = current(root)
     if set_dir is None:
+        if stray_current(root):
+            where = str((root or synced_dir()) / "current")
+            catalog.refused.append(Refused(where, [Problem(
+                where, 0, 0, "", "the synced set's `current` does not lead to a set under sets/; not loaded",
+                "run `metralectl recipes sync` again (it replaces the link)")]))
         return
     meta = read_meta(set_dir)
     contract = catalog.engines.get("metrale")

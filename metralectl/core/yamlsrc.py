@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import Problem
+from metralectl.safetext import clean
 
 if TYPE_CHECKING:
     import yaml
@@ -101,9 +102,12 @@ def _merge(base: Any, top: Any) -> Any:
 
 
 def dotted(keypath: KeyPath) -> str:
+    """`serve.max-seq-len`, `resources.ranks[1].port`; a key's control characters shown escaped (a problem's
+    key reaches the terminal)."""
     out = ""
     for part in keypath:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        part = part if isinstance(part, int) else clean(str(part), 80)
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out
 
 

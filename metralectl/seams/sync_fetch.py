@@ -1,18 +1,22 @@
 """Where `recipes sync` reads a release from: a directory, or an http(s) URL (the release's download base).
 
-Every asset is read whole into memory under a size limit; an HTTP body shorter than its
-Content-Length, a 404, a timeout or a refused connection is a ReleaseError naming the asset, never a
-half-read file. Standard library only (urllib), imported only by the sync command.
+Every asset is read whole into memory under a byte cap, whatever a size field says. From a directory:
+opened without blocking and refused unless it is a regular file (a FIFO would block forever, /dev/zero
+never ends), then read to at most the cap + 1 bytes. Over HTTP (sync_http): https, or plain http to a
+loopback host; plain http elsewhere only with --allow-http; a redirect may not downgrade https to
+http nor leave http(s); the body is capped, and every asset has a deadline on top of the per-read
+timeout (a server that drips a byte at a time ends with a clear error). A body shorter than its
+Content-Length, an HTTP error, a timeout or a refused connection is a ReleaseError naming the asset,
+never a half-read file. Standard library only (urllib), imported only by the sync command.
 """
 
 from __future__ import annotations
 
 import os
-import urllib.error
+import ssl
+import stat
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
-from http.client import HTTPException
 from pathlib import Path
 
 from metralectl import paths
@@ -22,7 +26,7 @@ from metralectl.safetext import clean
 DEFAULT_SOURCE = "https://github.com/Metrale/metrale-inference/releases/download/b34/"  # the pinned release
 ENV_SOURCE = "METRALECTL_RECIPES_URL"
 CONFIG_FILE = "recipes-sync-source"  # one line in the config dir: a URL or a directory
-TIMEOUT_S = 30.0
+CONFIG_LIMIT = 4096
 CHUNK = 1 << 16
 
 Progress = Callable[[str, int, "int | None"], None]  # asset, bytes so far, total when known
@@ -34,7 +38,8 @@ def default_source() -> tuple[str, str]:
         return os.environ[ENV_SOURCE].strip(), f"${ENV_SOURCE}"
     configured = paths.config_dir() / CONFIG_FILE
     try:
-        text = configured.read_text().strip()
+        with open(configured, "rb") as fh:
+            text = fh.read(CONFIG_LIMIT).decode("utf-8", "replace").strip()
     except OSError:
         text = ""
     if text:
@@ -43,59 +48,69 @@ def default_source() -> tuple[str, str]:
 
 
 class Source:
-    def __init__(self, location: str) -> None:
+    """A release's download base (http/https) or a directory holding its assets."""
+
+    def __init__(self, location: str, *, allow_http: bool = False, context: ssl.SSLContext | None = None) -> None:
         self.location = location
-        parsed = urllib.parse.urlparse(location)
+        self.allow_http = allow_http
+        self.context = context  # for https: None is the system's trust store (SSL_CERT_FILE honoured)
+        if not location or not location.isprintable():
+            raise ReleaseError(f"cannot sync from {clean(location)!r}: the source holds control characters",
+                               "give --from a plain URL or directory")
+        try:
+            parsed = urllib.parse.urlsplit(location)
+            parsed.port  # noqa: B018 - a malformed port raises here, not in the middle of a download
+        except ValueError as exc:
+            raise ReleaseError(f"cannot sync from {clean(location)!r}: {clean(str(exc))}",
+                               "give --from an http(s) URL or a directory") from None
         self.is_url = parsed.scheme in ("http", "https")
         if parsed.scheme and not self.is_url and len(parsed.scheme) > 1:
             raise ReleaseError(f"cannot sync from {clean(location)!r}: only http(s) URLs and directories are read")
-        if not self.is_url and not Path(location).expanduser().is_dir():
+        if self.is_url:
+            from metralectl.seams import sync_http
+
+            sync_http.check_start(location, allow_http)
+        elif not Path(location).expanduser().is_dir():
             raise ReleaseError(f"{clean(location)} is not a directory holding a release's assets",
                                "give --from a directory with index.json, recipes.tar.gz, serve-options.json "
                                "and their .sha256 files, or an http(s) URL")
 
     def read(self, name: str, limit: int, progress: Progress | None = None) -> bytes:
-        return self._http(name, limit, progress) if self.is_url else self._file(name, limit)
+        if self.is_url:
+            from metralectl.seams import sync_http
+
+            return sync_http.fetch(self, name, limit, progress)
+        return self._file(name, limit)
 
     def _file(self, name: str, limit: int) -> bytes:
         path = Path(self.location).expanduser() / name
         try:
-            size = path.stat().st_size
-            if size > limit:
-                raise ReleaseError(f"{name} is {size} bytes, more than the {limit >> 10} KB this asset may be")
-            return path.read_bytes()
+            # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below like a device.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise ReleaseError(f"{name} is missing from {clean(self.location)}") from None
         except OSError as exc:
-            raise ReleaseError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-    def _http(self, name: str, limit: int, progress: Progress | None) -> bytes:
-        url = urllib.parse.urljoin(self.location if self.location.endswith("/") else self.location + "/", name)
-        request = urllib.request.Request(url, headers={"User-Agent": "metralectl recipes sync"})
+            raise ReleaseError(f"cannot read {clean(str(path))}: {exc.strerror or exc}") from None
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310 - http(s) only
-                length = response.headers.get("Content-Length")
-                expected = int(length) if length and length.isdigit() else None
-                if expected is not None and expected > limit:
-                    raise ReleaseError(f"{name} is {expected} bytes, more than the {limit >> 10} KB this asset may be")
-                data = bytearray()
-                while True:
-                    chunk = response.read(CHUNK)
-                    if not chunk:
-                        break
-                    data += chunk
-                    if len(data) > limit:
-                        raise ReleaseError(f"{name} is more than the {limit >> 10} KB this asset may be")
-                    if progress is not None:
-                        progress(name, len(data), expected)
-        except urllib.error.HTTPError as exc:
-            raise ReleaseError(f"{clean(url)} answered HTTP {exc.code}",
-                               "is this the download base of an engine release?") from None
-        except (urllib.error.URLError, HTTPException, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            raise ReleaseError(f"fetching {clean(url)} failed: {clean(str(reason))}",
-                               "nothing was installed; the previous synced recipes stay") from None
-        if expected is not None and len(data) != expected:
-            raise ReleaseError(f"{name}: the server closed the connection after {len(data)} of {expected} bytes",
-                               "nothing was installed; the previous synced recipes stay")
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+                    else "not a regular file"
+                raise ReleaseError(f"{clean(str(path))} is {kind}; a release asset is read only from a regular file")
+            os.set_blocking(fd, True)
+            data = bytearray()
+            while len(data) <= limit:  # whatever st_size says: a file may grow while it is read
+                chunk = os.read(fd, min(CHUNK, limit + 1 - len(data)))
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as exc:
+            raise ReleaseError(f"cannot read {clean(str(path))}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+        if len(data) > limit:
+            from metralectl.seams.sync_http import size_text
+
+            raise ReleaseError(f"{name} is more than the {size_text(limit)} this asset may be",
+                               "a release asset this large is not one metralectl reads; nothing was installed")
         return bytes(data)

@@ -23,7 +23,7 @@ CHANGING = frozenset({
 # Owned's methods: what a module is expected to call instead.
 OWNED_METHODS = frozenset({"put", "remove_file", "remove_dir", "remove_tree", "move", "link", "make_dirs",
                            "open_write", "chmod", "read_bytes", "open_read", "stat_inside", "resolve", "lstat",
-                           "listdir", "link_target", "is_dir"})
+                           "listdir", "link_target", "is_dir", "make_root"})
 WRITE_MODES = ("w", "a", "x", "+")
 
 

@@ -246,8 +246,8 @@ def test_speculative_for_a_model_without_mtp(tmp_path: Path) -> None:
 
 
 def test_no_kernel_target(tmp_path: Path) -> None:
-    data = flagship_data()
-    data["checkpoint"]["quant"] = "bf16"
+    data = flagship_data()  # a bf16 checkpoint kernels/ does not list, named as the flagship's model
+    data["checkpoint"] = {"repo": "example/Qwen3.5-35B-A3B-BF16", "quant": "bf16", "model": "qwen3.5-35b-a3b"}
     data["serve"]["mtp-quantization"] = "bf16"
     problem = one_error(check(tmp_path, data), "checkpoint.quant")
     assert "no kernel target for (gb10, qwen3.5-35b-a3b, bf16)" in problem.message
@@ -262,7 +262,7 @@ def test_unknown_checkpoint_repo(tmp_path: Path) -> None:
 def test_revision_must_be_a_commit(tmp_path: Path) -> None:
     data = flagship_data()
     data["checkpoint"]["revision"] = "main"
-    assert "not a commit id" in one_error(check(tmp_path, data), "checkpoint.revision").message
+    assert "not a 40-character commit id" in one_error(check(tmp_path, data), "checkpoint.revision").message
     data["checkpoint"]["revision"] = "a" * 40
     assert errors(check(tmp_path, data)) == []
 

@@ -57,7 +57,7 @@ def _parse(**changes: Any) -> tuple[Any, list[str]]:
     ({"accelerator": "tpu"}, "accelerator must be one of gpu, none"),
     ({"gpu-names": ["NVIDIA H200"]}, "a class without an accelerator has no GPU names"),
     ({"memory": {"unified": False}}, "serves from the host's RAM"),
-    ({"memory": {"host-ram": "yes"}}, "host-ram is true or false"),
+    ({"memory": {"host-ram": "yes"}}, "memory.host-ram: must be `true` or `false`"),
     ({"memory": {"host-ram": True, "total-gb": 64}}, "total-gb"),
     ({"multi-node": {"interconnect": "x"}}, "has no multi-node launch"),
 ])

