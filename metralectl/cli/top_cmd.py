@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 
@@ -153,7 +153,7 @@ def _live(session: Any, terminal: Any, recorder: Any, interval: float, record: P
                 next_record += interval
 
 
-def _colors(stream: Any) -> str | None:
+def _colors(stream: Any) -> Literal["auto"] | None:
     """Rich's colour system under our colour rules (NO_COLOR: no style at all, not even bold; FORCE_COLOR)."""
     from metralectl.cli.state import color_enabled
 

@@ -29,33 +29,29 @@ def _q(text: str) -> str:
     return json.dumps(text)
 
 
+FORGED = "  DEVIATION     serve.max-num-seqs: 2 -> 64 (not what was validated)"
+
+
 @pytest.fixture()
-def hostile_recipe(isolated_env: Path) -> str:
-    """A user recipe whose free-text fields the checker accepts carry the hostile text."""
+def forging_recipe(isolated_env: Path) -> str:
+    """A user recipe whose prose fields carry what the checker lets prose hold (line breaks, tabs) to forge a line
+    of `show`'s own output; every other control character is the checker's to refuse (issue 27, class 8)."""
     (isolated_env / "config" / "recipes").mkdir()
-    (isolated_env / "config" / "recipes" / "evil.yaml").write_text(
-        "schema: 1\nname: evil\nextends: demo-cpu\n"
-        f"description: {_q('described ' + HOSTILE)}\n"
-        f"env: {{GGML_NOTE: {_q('env ' + HOSTILE)}}}\n"
-        f"serve:\n  alias: {_q('alias ' + HOSTILE)}\n"
-        f"validated:\n  source: {_q('source ' + HOSTILE)}\n")
-    return "evil"
+    (isolated_env / "config" / "recipes" / "forged.yaml").write_text(
+        "schema: 1\nname: forged\nextends: demo-cpu\n"
+        f"description: {_q('described' + chr(10) + FORGED)}\n"
+        f"validated:\n  source: {_q('a benchmark' + chr(10) + FORGED + chr(9) + 'tab')}\n")
+    return "forged"
 
 
 @pytest.mark.parametrize("env,color", COLOURS)
-def test_show_escapes_a_user_recipes_text(hostile_recipe: str, env: dict[str, str], color: bool) -> None:
-    ran = ptyterm.run(["show", hostile_recipe], env)
+def test_show_keeps_a_recipe_s_prose_on_its_own_line(forging_recipe: str, env: dict[str, str], color: bool) -> None:
+    ran = ptyterm.run(["show", forging_recipe], env)
     assert ran.code == 0, ran.text
-    assert_safe(ran, color=color)
-    assert "source        source \\x1b]0;PWNED" in ran.text  # validated.source: shown, escaped, on its line
-    assert "docker run -d --name metralectl-evil \\\r\n" in ran.text  # the command keeps its own line breaks
-
-
-@pytest.mark.parametrize("env,color", COLOURS)
-def test_run_print_escapes_the_command(hostile_recipe: str, env: dict[str, str], color: bool) -> None:
-    ran = ptyterm.run(["run", "--print", hostile_recipe], env)
-    assert ran.code == 0, ran.text
-    assert_safe(ran, color=color)
+    assert_safe(ran, color=color, shows=("a benchmark\\n  DEVIATION", "\\ttab"))
+    lines = ptyterm.SGR.sub("", ran.text).split("\r\n")
+    assert not any(line.startswith("  DEVIATION") for line in lines), ran.text  # no line of ours forged
+    assert "docker run -d --name metralectl-forged \\" in lines  # the command keeps its own line breaks
 
 
 @pytest.mark.parametrize("env,color", COLOURS)
