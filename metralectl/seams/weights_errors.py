@@ -110,4 +110,18 @@ def hub_error(exc: BaseException, repo: str, revision: str, token: bool, file: s
                            "set; pull again to continue: finished files are kept")
         err.network = True
         return err
+    if isinstance(exc, (KeyError, TypeError, ValueError, AttributeError, IndexError)) and _raised_in_hub(exc):
+        return WeightsError(  # huggingface_hub read an answer no Hub sends (a mirror's, a proxy's)
+            f"the Hub at {clean(endpoint or 'https://huggingface.co', 200)} answered for {what} with something a "
+            f"Hub does not send ({type(exc).__name__}: {clean(str(exc), 200)})",
+            "check HF_ENDPOINT (a mirror must answer as the Hub does) and any proxy in between",
+            exit_code=ExitCode.DATA)
     return exc
+
+
+def _raised_in_hub(exc: BaseException) -> bool:
+    """Whether `exc` was raised inside huggingface_hub (reading what the server sent), not in our own code."""
+    frame, last = exc.__traceback__, ""
+    while frame is not None:
+        last, frame = frame.tb_frame.f_code.co_filename, frame.tb_next
+    return "huggingface_hub" in last

@@ -147,3 +147,23 @@ def test_a_run_record_replaced(isolated_env: Path, kind: str) -> None:
     _refused(_cli("bench", "show", directory.name), ExitCode.DATA, "run.json", SAYS[kind])
     # `verify` says NOT VERIFIED with its exit code for a record it cannot check (docs/exit-codes.md: 1)
     _refused(_cli("verify", str(directory)), ExitCode.FAILED, "run.json", SAYS[kind])
+
+
+def _pull(hub: str, token: str | None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "HF_ENDPOINT": hub, "HF_HUB_DISABLE_XET": "1"}
+    if token is not None:
+        env["HF_TOKEN"] = token
+    return subprocess.run([sys.executable, "-m", "metralectl", "pull", "--weights-only", "demo-cpu"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120, stdin=subprocess.DEVNULL, env=env)
+
+
+def test_a_hugging_face_token_no_request_can_carry(recorder: str) -> None:
+    """HF_TOKEN (or the saved token) goes into an Authorization header: one that is not ASCII is a clear error
+    naming the token, not a crash of the HTTP client (huggingface_hub drops line breaks from it itself)."""
+    _refused(_pull(recorder, "hf_caf\u00e9"), ExitCode.DATA, "Hugging Face token")
+
+
+def test_a_mirror_that_answers_what_no_hub_sends(recorder: str) -> None:
+    """HF_ENDPOINT answers 200 with JSON of another shape: huggingface_hub's KeyError is the mirror's fault,
+    said as such (exit 65), not an internal error."""
+    _refused(_pull(recorder, None), ExitCode.DATA, "something a Hub does not send")
