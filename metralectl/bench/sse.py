@@ -92,11 +92,11 @@ class RawResponse:
         where the last blank line is is looked for (a bounded scan of this piece), nothing is parsed."""
         self.pieces.append((t, data))
         self.body_bytes += len(data)
-        joined = self._tail + data
-        lf_lf, lf_cr_lf = joined.rfind(b"\n\n"), joined.rfind(b"\n\r\n")  # an event ends: "\n\n" or "\r\n\r\n"
-        end = max(lf_lf + 2 if lf_lf >= 0 else -1, lf_cr_lf + 3 if lf_cr_lf >= 0 else -1)
-        self.open_event = len(joined) - end if end >= 0 else self.open_event + len(data)
-        self._tail = joined[-2:]
+        end = _event_end(data)  # where the last event this piece completes ends (-1: none), no copy of it
+        if end < 0 and self._tail:  # a blank line split between the last read and this one
+            end = _event_end(self._tail + data[:2]) - len(self._tail)
+        self.open_event = len(data) - end if end >= 0 else self.open_event + len(data)
+        self._tail = (self._tail + data)[-2:] if len(data) < 2 else data[-2:]
         if self.status == 200 and self.open_event > event_limit:
             return (f"an SSE event went past {_mib(event_limit)} without its end (a blank line); the response was "
                     "cut there")
@@ -127,6 +127,12 @@ class Parsed:
     model: str | None = None  # the `model` the chunks name (the first one given)
     at_boundary: bool = True  # the body ended at an event boundary (nothing half-sent after the last event)
     generated: str | None = None  # every generated text, when asked for (keep_generated)
+
+
+def _event_end(data: bytes) -> int:
+    """The offset just past the last event end in `data` ("\\n\\n", or "\\r\\n\\r\\n" as "\\n\\r\\n"), -1 when none."""
+    lf_lf, lf_cr_lf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
+    return max(lf_lf + 2 if lf_lf >= 0 else -1, lf_cr_lf + 3 if lf_cr_lf >= 0 else -1)
 
 
 class EventSplitter:

@@ -167,3 +167,23 @@ def test_the_agent_s_endless_answer(isolated_env: Path) -> None:
         view = _default_agent_view()
         assert view is not None and "sent more than 4 MiB" in view["error"]
         assert state.sent["/api/status"] <= CONTROL + SLACK
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_open_event_is_measured_across_any_split_of_the_reads(seed: int) -> None:
+    """RawResponse.keep sees the body in whatever pieces the socket gave: a blank line split between two reads
+    ("\\n" | "\\n", "\\r\\n\\r" | "\\n") still ends the event, so events under the cap are never cut; one over it is."""
+    import random
+
+    rng = random.Random(seed)
+    limit = 64
+    events = [b"data: " + b"x" * rng.randrange(0, limit - 10) + rng.choice([b"\n\n", b"\r\n\r\n"]) for _ in range(200)]
+    body = b"".join(events)
+    for over in (False, True):
+        data = body + (b"data: " + b"y" * (limit + 1) if over else b"")
+        raw, at, cut = RawResponse(0, status=200), 0, None
+        while at < len(data) and cut is None:
+            step = rng.randrange(1, 9)
+            cut = raw.keep(0, data[at:at + step], event_limit=limit)
+            at += step
+        assert (cut is not None) == over, (seed, at, cut)
