@@ -123,11 +123,13 @@ class AgentClient:
                 self.verify()
             headers.update({"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
             data = json.dumps(body if body is not None else {}).encode()
+        from metralectl.seams.bounded import CONTROL_LIMIT, read_file
+
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             conn.request(method, path, body=data, headers=headers)
             answer = conn.getresponse()
-            raw = answer.read()
+            raw = read_file(answer, CONTROL_LIMIT, f"the agent at {self.url}")  # a job's events: far less
         except (OSError, http.client.HTTPException) as exc:
             raise self._unreachable(exc) from None
         finally:

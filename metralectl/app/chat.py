@@ -4,6 +4,10 @@ The target is `--url`, else the container serving RECIPE, else the one model met
 endpoint label `ps` reads). An answer is complete only when the stream says so (a `finish_reason`, or
 `data: [DONE]`); a stream that ends before, an error event, an HTTP error and an engine that does not
 answer are failures, each a MetralError with its exit code. httpx and docker are imported here, lazily.
+What is read is bounded (docs/serving.md): one SSE event at most sse.EVENT_LIMIT, one answer's stream at
+most sse.BODY_LIMIT, /v1/models and an error's body to their caps (seams/bounded.py); past one, the answer
+fails (exit 65) rather than the client growing. A target URL httpx cannot use (a label that is no URL) is a
+clear error too.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from metralectl.bench.sse import EventSplitter
+from metralectl.bench.sse import BODY_LIMIT, EventSplitter, EventTooLarge
 from metralectl.errors import ExitCode, MetralError, UsageError
 from metralectl.safetext import clean
 
@@ -125,16 +129,21 @@ class ChatClient:
         """The model id the engine serves (/v1/models), for the request's `model`; None when it names none."""
         import httpx
 
+        from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge, httpx_body
+
         url = self.target.url
+        data: Any = None
         try:
-            response = self._http.get(url + "/v1/models", timeout=CONNECT_TIMEOUT_S * 2)
+            with self._http.stream("GET", url + "/v1/models", timeout=CONNECT_TIMEOUT_S * 2) as response:
+                if response.status_code == 200:
+                    data = json.loads(httpx_body(response, CONTROL_LIMIT, f"{url}/v1/models"))
+        except httpx.InvalidURL as exc:
+            raise _not_a_url(url, exc) from None
         except httpx.HTTPError as exc:
-            raise MetralError(f"nothing answers at {url}: {clean(str(exc), 200) or type(exc).__name__}",
+            raise MetralError(f"nothing answers at {clean(url, 200)}: {clean(str(exc), 200) or type(exc).__name__}",
                               "`metralectl ps` shows what is served and whether it is healthy",
                               exit_code=ExitCode.UNAVAILABLE) from None
-        try:
-            data = response.json() if response.status_code == 200 else None
-        except ValueError:
+        except (ValueError, RecursionError, TooLarge):  # not JSON, or more than a list of models: none named
             data = None
         models = data.get("data") if isinstance(data, dict) else None
         if isinstance(models, list) and models and isinstance(models[0], dict) and models[0].get("id"):
@@ -155,18 +164,26 @@ class ChatClient:
             body["max_tokens"] = options.max_tokens
         if options.temperature is not None:
             body["temperature"] = options.temperature
+        from metralectl.seams.bounded import peek
+
         url = self.target.url + "/v1/chat/completions"
         answer = Answer()
         try:
             with self._http.stream("POST", url, json=body) as response:
                 if response.status_code != 200:
-                    response.read()
-                    raise MetralError(f"the engine answered HTTP {response.status_code}: {_error_text(response)}",
+                    raise MetralError(f"the engine answered HTTP {response.status_code}: "
+                                      f"{_error_text(peek(response.iter_bytes()))}",
                                       "`metralectl logs` shows the engine's side")
-                for event in _events(response.iter_bytes()):
+                for event in _events(_capped(response.iter_bytes(), url)):
                     _take(event, answer, on_content, on_reasoning)
                     if answer.done:
                         break
+        except EventTooLarge as exc:
+            raise MetralError(f"{clean(url, 200)}: {exc}", "the engine sent an event without its end: it is not "
+                              "streaming server-sent events as an OpenAI-compatible server does",
+                              exit_code=ExitCode.DATA) from None
+        except httpx.InvalidURL as exc:
+            raise _not_a_url(self.target.url, exc) from None
         except httpx.TimeoutException:
             raise MetralError(f"no answer from {url} within {READ_TIMEOUT_S:g} s"
                               + (" (the answer stopped mid-way)" if answer.pieces else ""),
@@ -181,11 +198,28 @@ class ChatClient:
         return answer
 
 
-def _error_text(response: Any) -> str:
+def _not_a_url(url: str, exc: BaseException) -> MetralError:
+    return MetralError(f"{clean(url, 200)!r} is not a URL to reach an engine at ({clean(str(exc), 200)})",
+                       "for a served recipe, its container's endpoint label says where it answers (`metralectl ps`); "
+                       "--url takes http://HOST:PORT", exit_code=ExitCode.DATA)
+
+
+def _capped(chunks: Iterator[bytes], url: str) -> Iterator[bytes]:
+    """The stream's bytes, at most BODY_LIMIT of them (an answer never needs more)."""
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        if total > BODY_LIMIT:
+            raise MetralError(f"{clean(url, 200)}: the answer's stream went past {BODY_LIMIT >> 20} MiB; it was cut "
+                              "there", "ask for a shorter answer (--max-tokens)", exit_code=ExitCode.DATA)
+        yield chunk
+
+
+def _error_text(body: bytes) -> str:
     try:
-        data = response.json()
-    except ValueError:
-        return clean(response.text.strip(), 300) or "(no body)"
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return clean(body.decode("utf-8", "replace").strip(), 300) or "(no body)"
     err = data.get("error", data) if isinstance(data, dict) else data
     message = err.get("message", err) if isinstance(err, dict) else err
     return clean(str(message), 300)

@@ -8,9 +8,10 @@ import asyncio
 import select
 import time
 
-from metralectl.bench.sse import END_CLOSED, END_COMPLETE, END_LOST, RawResponse
+from metralectl.bench.sse import END_CLOSED, END_COMPLETE, END_LOST, END_OVERSIZE, RawResponse
 
 perf_ns = time.perf_counter_ns
+HEAD_LIMIT = 64 << 10  # a response head (status line and headers) longer than this is refused
 
 
 class Framer:
@@ -65,6 +66,9 @@ class Framer:
             self._head += data
             end = self._head.find(b"\r\n\r\n")
             if end < 0:
+                if len(self._head) > HEAD_LIMIT:
+                    self._finish(f"the response head went past {HEAD_LIMIT >> 10} KiB without its end", fatal=True,
+                                 end=END_LOST)
                 return
             data = self._head[end + 4:]
             self._headers(self._head[:end], raw, t)
@@ -74,12 +78,22 @@ class Framer:
             self._chunked(t, data, raw)
         elif self._mode == "length":
             if data:
-                raw.pieces.append((t, data[: self._left]))
+                if not self._keep_piece(t, data[: self._left], raw):
+                    return
                 self._left -= len(data)
             if self._left <= 0:
                 self._finish(None)
         elif data:
-            raw.pieces.append((t, data))
+            self._keep_piece(t, data, raw)
+
+    def _keep_piece(self, t: int, data: bytes, raw: RawResponse) -> bool:
+        """Keep body bytes; past an event's or the body's limit (sse.RawResponse.keep) the response ends there
+        as failed and the connection is closed (False)."""
+        cut = raw.keep(t, data)
+        if cut is not None:
+            self._finish(cut, fatal=True, end=END_OVERSIZE)
+            return False
+        return True
 
     def _headers(self, head: bytes, raw: RawResponse, t: int) -> None:
         raw.t_headers = t
@@ -114,7 +128,8 @@ class Framer:
         while pos < n:
             if self._left > 0:
                 take = min(self._left, n - pos)
-                raw.pieces.append((t, buf[pos:pos + take]))
+                if not self._keep_piece(t, buf[pos:pos + take], raw):
+                    return
                 pos += take
                 self._left -= take
                 if self._left == 0:
@@ -127,6 +142,9 @@ class Framer:
                 continue
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
+                if n - pos > HEAD_LIMIT:  # a chunk-size line (or the trailers) that never ends
+                    self._finish("a chunk-size line went past 64 KiB without its end", fatal=True, end=END_LOST)
+                    return
                 break
             try:
                 size = int(buf[pos:eol].split(b";", 1)[0], 16)
@@ -138,6 +156,9 @@ class Framer:
                 if rest.startswith(b"\r\n") or b"\r\n\r\n" in rest:  # end (trailers, if any, are ignored)
                     self._buf = b""
                     self._finish(None)
+                    return
+                if len(rest) > HEAD_LIMIT:
+                    self._finish("the trailers went past 64 KiB without their end", fatal=True, end=END_LOST)
                     return
                 break
             pos, self._left = eol + 2, size

@@ -12,8 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from metralectl.bench.sse import (END_CANCELLED, END_CONNECT, END_TIMEOUT, NS_PER_MS, RawResponse, TokenEvent,
-                                  count_tokens, parse_stream, token_times)
+from metralectl.bench.sse import (END_CANCELLED, END_CONNECT, END_OVERSIZE, END_TIMEOUT, NS_PER_MS, RawResponse,
+                                  TokenEvent, count_tokens, parse_stream, token_times)
 from metralectl.bench.stats import percentile, summarize
 from metralectl.bench.tokcount import Counter
 
@@ -27,6 +27,7 @@ KIND_EMPTY = "empty"
 KIND_DRAIN = "cancelled-at-drain"
 KIND_INTERRUPTED = "interrupted"
 KIND_CANCELLED = "cancelled"
+KIND_OVERSIZE = "oversize"  # an SSE event or the body went past its limit (sse.EVENT_LIMIT, BODY_LIMIT): cut
 # The oldest and newest bytes of a read arriving this close together came in together (one write of the
 # server's, or segments of it).
 SAME_ARRIVAL_NS = 50_000
@@ -154,6 +155,8 @@ def analyse(raw: RawResponse, *, index: int, worker: int, phase: str, t_sched: i
 
 def _judge(raw: RawResponse, stream_error: str | None, finish: str | None, tokens: int) -> tuple[str | None, str | None]:
     """(error, kind) of a 200 response from its events and how its body ended; (None, None) when complete."""
+    if raw.end == END_OVERSIZE:  # cut by the client: what the events say after the cut is not known
+        return raw.error or raw.end, KIND_OVERSIZE
     if stream_error is not None:
         return f"server error: {stream_error[:300]}", KIND_SERVER_ERROR
     if raw.end in (END_TIMEOUT, END_CANCELLED, END_CONNECT):

@@ -39,7 +39,9 @@ def _timings_file(directory: Path, record: Mapping[str, Any]) -> Path:
 
 
 def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else NO_TIMINGS
+    from metralectl.filecap import RECORD_LIMIT, read_bytes
+
+    return hashlib.sha256(read_bytes(path, RECORD_LIMIT, "record file")).hexdigest() if path.exists() else NO_TIMINGS
 
 
 def names_for(directory: Path, record: Mapping[str, Any]) -> dict[str, str]:
@@ -146,7 +148,9 @@ def read_signed(directory: Path) -> tuple[bytes, Any, bytes]:
     from metralectl.bench.records import REQUESTS
     from metralectl.seams import signing
 
-    payload = (directory / RECORD).read_bytes()
-    envelope = json.loads(signing.sidecar(directory / RECORD).read_text())
+    from metralectl.filecap import DOCUMENT_LIMIT, RECORD_LIMIT, read_bytes
+
+    payload = read_bytes(directory / RECORD, RECORD_LIMIT, "run record")
+    envelope = json.loads(read_bytes(signing.sidecar(directory / RECORD), DOCUMENT_LIMIT, "signature"))
     timings = directory / REQUESTS
-    return payload, envelope, timings.read_bytes() if timings.exists() else b""
+    return payload, envelope, read_bytes(timings, RECORD_LIMIT, "record file") if timings.exists() else b""

@@ -23,6 +23,11 @@ from typing import Any
 from metralectl.bench.stats import largest_remainder
 
 NS_PER_MS = 1_000_000
+# What is read of a server's stream (docs/bench.md, docs/serving.md): one SSE event (from the end of the last
+# one to its blank line), and one response body. Past either the request fails (END_OVERSIZE) and the
+# connection is closed: a server that never ends an event cannot make the client grow without bound.
+EVENT_LIMIT = 1 << 20
+BODY_LIMIT = 64 << 20
 
 
 # How a response's body ended (RawResponse.end). A server may end a stream by closing the connection
@@ -33,6 +38,19 @@ END_LOST = "lost"  # the connection failed (reset, broken pipe) or the response 
 END_TIMEOUT = "timeout"  # the per-request timeout passed
 END_CANCELLED = "cancelled"  # the client stopped waiting (drain timeout, Ctrl-C)
 END_CONNECT = "connect"  # no connection could be made
+END_OVERSIZE = "oversize"  # an event or the body went past EVENT_LIMIT / BODY_LIMIT: cut there, the connection closed
+
+
+class EventTooLarge(ValueError):
+    """An SSE event went past its limit without its end (a blank line)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"an SSE event went past {_mib(limit)} without its end (a blank line); the stream was cut "
+                         "there")
+
+
+def _mib(limit: int) -> str:
+    return f"{limit / (1 << 20):g} MiB"
 
 
 @dataclass
@@ -56,12 +74,35 @@ class RawResponse:
     retried: bool = False
     first_send: int | None = None
     retry_reason: str | None = None
+    # the body so far, and the bytes since the last event's end (EVENT_LIMIT, BODY_LIMIT); the last bytes
+    # seen, for a blank line split between two reads
+    body_bytes: int = field(default=0, repr=False)
+    open_event: int = field(default=0, repr=False)
+    _tail: bytes = field(default=b"", repr=False)
 
     def restart(self, reason: str) -> None:
         """Forget the unanswered first attempt before it is sent again (see `retried`)."""
         self.retried, self.first_send, self.retry_reason = True, self.t_send, reason
         self.status = self.t_headers = self.error = self.t_done = self.end = None
         self.pieces, self.reads = [], []
+        self.body_bytes, self.open_event, self._tail = 0, 0, b""
+
+    def keep(self, t: int, data: bytes, event_limit: int = EVENT_LIMIT, body_limit: int = BODY_LIMIT) -> str | None:
+        """Keep one piece of the body as it arrived; the reason to cut the response here (None: go on). Only
+        where the last blank line is is looked for (a bounded scan of this piece), nothing is parsed."""
+        self.pieces.append((t, data))
+        self.body_bytes += len(data)
+        end = _event_end(data)  # where the last event this piece completes ends (-1: none), no copy of it
+        if end < 0 and self._tail:  # a blank line split between the last read and this one
+            end = _event_end(self._tail + data[:2]) - len(self._tail)
+        self.open_event = len(data) - end if end >= 0 else self.open_event + len(data)
+        self._tail = (self._tail + data)[-2:] if len(data) < 2 else data[-2:]
+        if self.status == 200 and self.open_event > event_limit:
+            return (f"an SSE event went past {_mib(event_limit)} without its end (a blank line); the response was "
+                    "cut there")
+        if self.body_bytes > body_limit:
+            return f"the response went past {_mib(body_limit)}; it was cut there"
+        return None
 
 
 @dataclass
@@ -88,12 +129,20 @@ class Parsed:
     generated: str | None = None  # every generated text, when asked for (keep_generated)
 
 
+def _event_end(data: bytes) -> int:
+    """The offset just past the last event end in `data` ("\\n\\n", or "\\r\\n\\r\\n" as "\\n\\r\\n"), -1 when none."""
+    lf_lf, lf_cr_lf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
+    return max(lf_lf + 2 if lf_lf >= 0 else -1, lf_cr_lf + 3 if lf_cr_lf >= 0 else -1)
+
+
 class EventSplitter:
     """SSE events (their `data:` payloads, lines joined) as each one completes, fed piece by piece: the one
-    splitter of the benchmark's post-processing and of `chat`'s live stream."""
+    splitter of the benchmark's post-processing and of `chat`'s live stream. An event that goes past `limit`
+    without its end raises EventTooLarge (nothing more is kept of it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = EVENT_LIMIT) -> None:
         self._buf = b""
+        self.limit = limit
 
     def feed(self, data: bytes) -> list[bytes]:
         """The payloads of the events this piece completes (an event without `data:` lines yields none)."""
@@ -109,6 +158,9 @@ class EventSplitter:
             payload = _payload(block)
             if payload is not None:
                 out.append(payload)
+        if len(buf) > self.limit:
+            self._buf = b""
+            raise EventTooLarge(self.limit)
         self._buf = buf
         return out
 
@@ -134,7 +186,12 @@ def split_events(pieces: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
 def _split(pieces: list[tuple[int, bytes]]) -> tuple[list[tuple[int, bytes]], bool]:
     """The events, and whether the body ended at an event boundary."""
     splitter = EventSplitter()
-    out = [(t, payload) for t, data in pieces for payload in splitter.feed(data)]
+    out: list[tuple[int, bytes]] = []
+    try:
+        for t, data in pieces:
+            out += [(t, payload) for payload in splitter.feed(data)]
+    except EventTooLarge:  # the transport cut the response there (END_OVERSIZE): the events before it count
+        return out, False
     last, at_boundary = splitter.finish()
     if last is not None and pieces:
         out.append((pieces[-1][0], last))  # stamped with the last piece

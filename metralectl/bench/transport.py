@@ -15,6 +15,7 @@ httpx stops keeping up near 6k events/s, aiohttp keeps up but is milliseconds la
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 import struct
@@ -34,6 +35,18 @@ SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESPEC = struct.Struct("qq")
 LATE_READ_NS = 250_000  # a read this long after its newest bytes arrived came late ...
 BEHIND_WINDOW_NS = 100_000_000  # ... and for this long after one, reads peek first (_KConn._readable)
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header name (RFC 9110 §5.1)
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")  # a header value we send: visible ASCII, space and tab only
+
+
+def header_problem(name: str, value: str) -> str | None:
+    """Why NAME: VALUE cannot be sent as one request header (None: it can). A CR or LF would end the header
+    and start another (or the body) on the raw transport; httpx refuses them, and anything not ASCII."""
+    if not _TOKEN.fullmatch(name):
+        return f"the header name {name!r} is not a token (letters, digits and !#$%&'*+.^_`|~-)"
+    if not _FIELD_VALUE.fullmatch(value):
+        return f"the value of {name} holds a line break, a control or a non-ASCII character"
+    return None
 
 
 class Transport(Protocol):
@@ -206,6 +219,10 @@ class RawTransport:
         self.ssl: ssl.SSLContext | None = ssl.create_default_context() if parts.scheme == "https" else None
         base = (parts.path or "").rstrip("/")
         host_header = parts.netloc.rsplit("@", 1)[-1]
+        for name, value in (headers or {}).items():  # never a header that ends the head early
+            why = header_problem(name, value)
+            if why is not None:
+                raise UsageError(f"cannot send the header: {why}")
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._head = (f"POST {base}{path} HTTP/1.1\r\nHost: {host_header}\r\nContent-Type: application/json\r\n"
                       f"Accept: text/event-stream\r\n{extra}Content-Length: ").encode()

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from metralectl.bench.sse import END_CANCELLED, END_COMPLETE, END_LOST, END_TIMEOUT, RawResponse
+from metralectl.bench.sse import END_CANCELLED, END_COMPLETE, END_LOST, END_OVERSIZE, END_TIMEOUT, RawResponse
 from metralectl.bench.transport import perf_ns
 from metralectl.errors import UsageError
 
@@ -51,7 +51,8 @@ class HttpxTransport:
                 async with client.stream("POST", self.url, content=body, extensions=extensions) as resp:
                     raw.t_headers, raw.status = perf_ns(), resp.status_code
                     async for data in resp.aiter_raw():
-                        raw.pieces.append((perf_ns(), data))
+                        if _cut(raw, data):
+                            return
             return run
 
         httpx = self._httpx
@@ -109,7 +110,8 @@ class AiohttpTransport:
             async with session.post(self.url, data=body) as resp:  # type: ignore[attr-defined]
                 raw.t_headers, raw.status = perf_ns(), resp.status
                 async for data in resp.content.iter_any():
-                    raw.pieces.append((perf_ns(), data))
+                    if _cut(raw, data):
+                        return
 
         await _collect(go, raw, timeout_s, self._aiohttp.ClientError)
         return raw
@@ -117,6 +119,16 @@ class AiohttpTransport:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()  # type: ignore[attr-defined]
+
+
+def _cut(raw: RawResponse, data: bytes) -> bool:
+    """Keep one read; past an event's or the body's limit the response ends failed there (the library closes
+    the connection as the reader leaves its `async with`)."""
+    cut = raw.keep(perf_ns(), data)
+    if cut is not None:
+        raw.error, raw.end = cut, END_OVERSIZE
+        return True
+    return False
 
 
 async def _collect(go: Callable[[], Awaitable[None]], raw: RawResponse, timeout_s: float,
@@ -127,7 +139,7 @@ async def _collect(go: Callable[[], Awaitable[None]], raw: RawResponse, timeout_
     caught: BaseException | None = None
     try:
         await asyncio.wait_for(go(), timeout_s)
-        raw.end = END_COMPLETE
+        raw.end = raw.end or END_COMPLETE  # END_OVERSIZE when the reader cut it
     except asyncio.TimeoutError:
         raw.error, raw.end = f"timed out after {timeout_s:g} s", END_TIMEOUT
     except client_error as exc:

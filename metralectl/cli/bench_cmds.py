@@ -79,7 +79,7 @@ class _Progress:
 
         err = sys.stderr
         if event.kind == "stage":
-            note(style(f"▸ {event.message}  (workers {event.data.get('workers')})", "36", err))
+            note(style(f"▸ {clean(event.message, 600)}  (workers {event.data.get('workers')})", "36", err))
         elif event.kind == "stage-done":
             a = event.data["summary"]
             counts = f"{a.get('ok')}/{a.get('requests')} ok"
@@ -102,15 +102,15 @@ class _Progress:
                 if value:
                     text = ("the drain timeout passed with measured requests still running (kept as failures)"
                             if key == "drain_timed_out" else f"{label}{value}")
-                    note(style(f"  ! {text}", "31", err))
+                    note(style(f"  ! {clean(text, 600)}", "31", err))
             for reason in event.data.get("client_bound") or []:
-                note(style(f"  ! client-bound: {reason}", "33", err))
+                note(style(f"  ! client-bound: {clean(str(reason), 600)}", "33", err))
         elif event.kind == "warning":
-            note(style(f"! {event.message}", "33", err))
+            note(style(f"! {clean(event.message, 600)}", "33", err))
         elif event.kind == "progress":
-            note(style(f"  … {event.message}", "2", err))
+            note(style(f"  … {clean(event.message, 600)}", "2", err))
         else:
-            note(style(f"▸ {event.message}", "2", err))
+            note(style(f"▸ {clean(event.message, 600)}", "2", err))
 
 
 @app.command("run")
@@ -141,12 +141,18 @@ def run(
     s = get_suite(suite)
     params = parse_params(s.id, s.schema, param or [])
     gates = [parse_gate(g) for g in gate or []]
+    from metralectl.bench.transport import header_problem
+    from metralectl.safetext import clean
+
     headers = {}
     for h in header or []:
         name, sep, value = h.partition(":")
         if not sep:
-            raise UsageError(f"--header {h!r}: expected NAME:VALUE")
-        headers[name.strip()] = value.strip()
+            raise UsageError(f"--header {clean(h, 80)!r}: expected NAME:VALUE")
+        why = header_problem(name.strip(), value.strip(" \t"))
+        if why is not None:  # a CR/LF would start a header (or the body) of its own
+            raise UsageError(f"--header {clean(h, 80)!r}: {clean(why)}", "one header per --header, NAME:VALUE in ASCII")
+        headers[name.strip()] = value.strip(" \t")
     unit_label = _unit_label(unit)
     progress: Any = _Progress() if events_fd is None else _EventsPipe(events_fd, _Progress())
     from metralectl.seams.process import sigterm_as_interrupt

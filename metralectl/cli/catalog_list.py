@@ -20,13 +20,15 @@ if TYPE_CHECKING:
 def _catalog() -> Catalog:
     from metralectl.core.catalog import load_catalog
 
+    from metralectl.safetext import printable
+
     catalog = load_catalog()
     for refused in catalog.refused:
         errors = [p for p in refused.problems if p.severity == "error"]
-        note(style(f"metralectl: your recipe {refused.path} was refused ({len(errors)} problem"
+        note(style(f"metralectl: your recipe {printable(str(refused.path))} was refused ({len(errors)} problem"
                    f"{'s' if len(errors) != 1 else ''}); it is left out:", "33", sys.stderr))
         for problem in errors[:5]:
-            note("  " + problem.render().replace("\n", "\n  "))
+            note("  " + printable(problem.render()).replace("\n", "\n  "))  # it may quote the file
             SHOWN_PROBLEMS.add(id(problem))
     return catalog
 

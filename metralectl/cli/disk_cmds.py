@@ -103,13 +103,14 @@ def _block_serving(items: list[Removal], serving: dict[tuple[str, str | None], s
 
 def _show(items: list[Removal], verb: str) -> None:
     from metralectl.core.progress import human_bytes
+    from metralectl.safetext import clean  # a cache entry's name is whatever is on disk
 
     for item in items:
         used = f"  (recipes: {', '.join(item.recipes)})" if item.recipes else ""
         if item.blocked:
-            note(style(f"  kept     {item.kind:8} {item.name}: {item.blocked}", "33", sys.stderr))
+            note(style(f"  kept     {item.kind:8} {clean(item.name)}: {clean(item.blocked)}", "33", sys.stderr))
         else:
-            note(f"  {verb:8} {item.kind:8} {item.name}  {human_bytes(item.bytes)}{used}")
+            note(f"  {verb:8} {item.kind:8} {clean(item.name)}  {human_bytes(item.bytes)}{clean(used)}")
     total = sum(i.bytes for i in items if not i.blocked)
     note(f"{len([i for i in items if not i.blocked])} item(s), {human_bytes(total)} to free")
 
@@ -139,6 +140,7 @@ def _execute(items: list[Removal], hub: Path, docker: _Docker) -> None:
 
 def _finish(items: list[Removal], as_json: bool, dry_run: bool, went: bool) -> None:
     from metralectl.core.progress import human_bytes
+    from metralectl.safetext import clean
 
     removed = [i for i in items if i.done]
     failed = [i for i in items if i.error]
@@ -149,11 +151,11 @@ def _finish(items: list[Removal], as_json: bool, dry_run: bool, went: bool) -> N
     if went:
         if not as_json:
             for item in removed:
-                print(f"removed {item.kind} {item.name} ({human_bytes(item.bytes)})")
+                print(f"removed {item.kind} {clean(item.name)} ({human_bytes(item.bytes)})")
         note(f"freed {human_bytes(sum(i.bytes for i in removed))} ({len(removed)} removed)")
     if failed:
         for item in failed:
-            note(style(f"  NOT removed {item.kind} {item.name}: {item.error}", "31", sys.stderr))
+            note(style(f"  NOT removed {item.kind} {clean(item.name)}: {clean(str(item.error))}", "31", sys.stderr))
         raise MetralError(f"{len(failed)} of {len(removed) + len(failed)} removal(s) failed; {len(removed)} "
                           "succeeded (listed above)", "fix the cause named above and run the command again")
 

@@ -25,15 +25,16 @@ INDENT = " " * 7
 def render_text(results: list[CheckResult], elapsed_s: float, *, color: bool = False) -> str:
     """The human report: a status mark, the title and detail per check, the remedy indented below."""
     from metralectl.doctor.model import counts, exit_code
+    from metralectl.safetext import clean
 
     lines = []
-    for r in results:
+    for r in results:  # a detail quotes what the machine said: a process's name, the daemon's info, a server
         mark, code = MARKS[r.status]
         if color:
             mark = f"\033[{code}m{mark}\033[0m"
-        lines.append(f"{mark} {r.title}: {r.detail}")
+        lines.append(f"{mark} {clean(r.title)}: {clean(r.detail)}")
         if r.remedy:
-            lines.append(f"{INDENT}→ {r.remedy}")
+            lines.append(f"{INDENT}→ {clean(r.remedy)}")
     n = counts(results)
     parts = [_count(n["problem"], "problem"), _count(n["warn"], "warning"), f"{n['ok']} ok", f"{n['skipped']} skipped"]
     verdict = "problems found" if exit_code(results) else "no problems"

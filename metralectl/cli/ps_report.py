@@ -36,7 +36,10 @@ def collect(runtime: ContainerRuntime) -> StatusReport:
 def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, str | None]] | None = None) -> None:
     """What the daemon's labelled containers say is served, as a table (stderr: notes) or JSON. The engine is the
     one the recipe named on the container's label runs on, from the catalog (`?` / null: a recipe it lacks). The
-    memory: measured per container through NVML, else the recipe's estimate (labelled), else `?` / null."""
+    memory: measured per container through NVML, else the recipe's estimate (labelled), else `?` / null.
+    Labels are anyone's on a shared daemon: the table escapes every cell, the notes are escaped here."""
+    from metralectl.safetext import clean
+
     engines = _engines() if report.serving else {}
     if memory is None:
         memory = _memory(report) if report.serving else []
@@ -66,12 +69,12 @@ def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, s
     else:
         note("nothing is being served by metralectl")
     for line in report.notes:
-        note(style(f"! {line}", "33", sys.stderr))
+        note(style(f"! {clean(line, 600)}", "33", sys.stderr))
     if report.degraded:
-        note(style(f"DEGRADED: {report.degraded}", "31", sys.stderr))
+        note(style(f"DEGRADED: {clean(report.degraded, 600)}", "31", sys.stderr))
         note("    hint: `metralectl ps --repair` restores a serving model")
     if report.last_swap:
-        note(f"last swap: {report.last_swap}")
+        note(f"last swap: {clean(report.last_swap, 600)}")
 
 
 def _memory(report: StatusReport) -> list[tuple[float | None, str | None]]:

@@ -22,6 +22,7 @@ def check(
     import sys
 
     from metralectl.core.catalog import check_files, load_catalog
+    from metralectl.safetext import clean, printable
 
     catalog = load_catalog()
     results: list[tuple[str, bool, list[Problem]]] = []
@@ -40,8 +41,8 @@ def check(
         for path, ok, problems in results:
             for problem in problems:
                 color = "31" if problem.severity == "error" else "33"
-                note(style(problem.render(), color, sys.stderr))
-            print(f"{'ok     ' if ok else 'REFUSED'}  {path}")
+                note(style(printable(problem.render()), color, sys.stderr))  # it may quote the file
+            print(f"{'ok     ' if ok else 'REFUSED'}  {clean(str(path))}")
         note(f"{len(results) - len(refused)} ok, {len(refused)} refused")
     if refused:
         raise typer.Exit(ExitCode.DATA)
@@ -84,7 +85,7 @@ def sync(
         now = time.monotonic()
         if now - last.get(asset, 0.0) >= 1.0 or done == total:  # at most once a second per file
             last[asset] = now
-            note(f"  {asset}: {done / 1e6:.1f}" + (f" of {total / 1e6:.1f} MB" if total else " MB"))
+            note(f"  {clean(asset)}: {done / 1e6:.1f}" + (f" of {total / 1e6:.1f} MB" if total else " MB"))
 
     catalog = load_catalog(use_cache=False)
     try:

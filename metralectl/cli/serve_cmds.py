@@ -4,6 +4,10 @@ While `metralectl agent` runs it owns run/swap/stop on the box: app/serving.py h
 job and its events come back rendered exactly as the direct path renders them; `--direct` (or
 METRALECTL_DIRECT=1) works without it. `run --print`, multi-rank runs and stops, `ps` and `logs` are
 always direct (serving.routable says why).
+
+The engine's log lines (`logs`, the followed log of `run`, a failed start's last lines) go through
+safetext.log_line: its colours kept only when we colour, every other control escaped; what else came from the
+daemon or the engine (a label's recipe, the served model's name, an error) through safetext.clean.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Any
 
 import typer
 
-from metralectl.cli.state import note, style
+from metralectl.cli.state import color_enabled, note, style
+from metralectl.safetext import clean, log_line
 
 
 def _sigterm_as_interrupt() -> None:
@@ -65,22 +70,23 @@ class _Progress:
         if isinstance(event, ev.Transfer) and self.view is not None:
             (self.view.layer if event.kind == "image" else self.view.weights)(event.progress)
         elif isinstance(event, ev.Step):
-            self.say(f"▸ {event.name:<10} {event.detail}")
+            self.say(f"▸ {event.name:<10} {clean(event.detail, 600)}")
         elif isinstance(event, ev.Warning_):
-            self.say(f"! {event.message}", "33")
+            self.say(f"! {clean(event.message, 600)}", "33")
         elif isinstance(event, ev.ContainerStarted):
-            self.say(f"▸ {'started':<10} {event.name} (run {event.run_id})")
+            self.say(f"▸ {'started':<10} {clean(event.name)} (run {clean(event.run_id)})")
         elif isinstance(event, ev.Phase):
             who = "" if event.rank is None else f"r{event.rank} "
-            self.say(f"▸ {who}{event.phase:<10} {event.line.strip()}  [{event.elapsed_s:.1f} s]", "36")
+            self.say(f"▸ {who}{event.phase:<10} {log_line(event.line.strip())}  [{event.elapsed_s:.1f} s]", "36")
         elif isinstance(event, ev.LogLine) and self.follow_log:
-            self.say(f"  {'' if event.rank is None else f'r{event.rank}'}│ {event.line}")
+            line = log_line(event.line, color_enabled(sys.stderr))
+            self.say(f"  {'' if event.rank is None else f'r{event.rank}'}│ {line}")
         elif isinstance(event, ev.Ready):
             self.say(f"✔ ready in {event.elapsed_s:.1f} s", "32")
         elif isinstance(event, ev.Failed) and event.last_lines and not self.follow_log:
             self.say("  last log lines:")
             for line in event.last_lines[-15:]:
-                self.say(f"  │ {line}")
+                self.say(f"  │ {log_line(line)}")
 
 
 def hello_request(url: str, model: str) -> str:
@@ -94,12 +100,12 @@ def print_ready(launched: Any, as_json: bool, details: list[str]) -> None:
     if as_json:
         print(json.dumps(asdict(launched), indent=2))
         return
-    model = launched.model or "metrale"
-    print(f"endpoint  {launched.url}/v1")
-    print(f"model     {model}")
+    model = launched.model or "metrale"  # the name the engine says it serves
+    print(f"endpoint  {clean(launched.url)}/v1")
+    print(f"model     {clean(model, 200)}")
     for line in details:
-        print(line)
-    print(hello_request(launched.url, model))
+        print(clean(line))
+    print(clean(hello_request(launched.url, model)))
 
 
 def _print_ready(launched: Any, as_json: bool) -> None:
@@ -144,7 +150,8 @@ def run(
     catalog = _catalog()
     recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])
     for key, old, new in recipe.deviations:
-        note(style(f"deviation from the validated recipe: {key}: {old} -> {new}", "33", sys.stderr))
+        note(style(f"deviation from the validated recipe: {clean(str(key))}: {clean(str(old))} -> {clean(str(new))}",
+                   "33", sys.stderr))
     if print_only:
         from metralectl.core.render import docker_run_command, spec_for
 
@@ -161,7 +168,9 @@ def run(
         if recipe.multi_rank and not (rdma_device or no_rdma):
             note("NCCL_IB_HCA is left out (NCCL then uses any RDMA device); --rdma-device DEV sets it (the device "
                  "behind the RoCE port: `ls /sys/class/net/IF/device/infiniband/`)")
-        print(docker_run_command(spec))
+        from metralectl.present.show_view import shown
+
+        print(shown(docker_run_command(spec)))  # a recipe's values, escaped for the terminal (--json: exact)
         return
     from metralectl.app.serving import Change, MultiRank
     from metralectl.lifecycle.launch import LaunchOptions
@@ -217,14 +226,15 @@ def logs(
         lines = failed_start_log(recipe_name, tail)
     else:
         lines = _serving(True).logs(recipe_name, rank=rank, follow=follow, tail=tail)
-    for line in lines:
-        print(line, flush=follow)
+    color = color_enabled(sys.stdout)
+    for line in lines:  # the engine's own output: its colours pass when we colour, no other control does
+        print(log_line(line, color), flush=follow)
 
 
 def _stopped_line(r: Any) -> str:
     how = "killed after the timeout" if r.killed else f"exited {r.exit_code}"
-    return (f"stopped {r.name} ({r.recipe}): {how} in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; "
-            f"memory: {r.memory}")
+    return clean(f"stopped {r.name} ({r.recipe}): {how} in {r.stop_s:.1f} s; removed: {'yes' if r.removed else 'no'}; "
+                 f"memory: {r.memory}")  # the recipe is the container's label
 
 
 def stop(
@@ -260,11 +270,11 @@ def _print_stopped(stopped: Any, as_json: bool) -> None:
     for r in stopped.ranks:
         where = f"rank {r.rank} ({r.role}) on {r.endpoint}"
         if r.result is None:
-            print(f"{r.container} ({r.recipe}, {where}): {'already gone' if r.error == '' else r.error}")
+            print(clean(f"{r.container} ({r.recipe}, {where}): {'already gone' if r.error == '' else r.error}"))
             continue
         how = "killed after the timeout" if r.result.killed else f"exited {r.result.exit_code}"
-        print(f"stopped {r.container} ({r.recipe}, {where}): {how} in {r.result.stop_s:.1f} s; "
-              f"removed: {'yes' if r.result.removed else 'no'}; memory: {r.result.memory}")
+        print(clean(f"stopped {r.container} ({r.recipe}, {where}): {how} in {r.result.stop_s:.1f} s; "
+                    f"removed: {'yes' if r.result.removed else 'no'}; memory: {r.result.memory}"))
     for c in stopped.containers:
         print(_stopped_line(c))
 
@@ -309,9 +319,9 @@ def _print_swap(result: Any, as_json: bool) -> None:
         print(json.dumps(asdict(result), indent=2))
         return
     split = ", ".join(f"{k} {v:.1f} s" for k, v in result.phases.items())
-    print(f"swapped {result.from_recipe} -> {result.to_recipe}: downtime {result.downtime_s:.1f} s ({split})")
-    print(f"endpoint  {result.url}/v1")
-    print(f"model     {result.model or '-'}")
+    print(clean(f"swapped {result.from_recipe} -> {result.to_recipe}: downtime {result.downtime_s:.1f} s ({split})"))
+    print(f"endpoint  {clean(result.url)}/v1")
+    print(f"model     {clean(result.model or '-', 200)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,6 +1,8 @@
 """`pull` and `images`: staging engine images and checkpoint weights before launch.
 
-Progress goes to stderr (rich bars on a terminal, a few plain lines otherwise); results to stdout.
+Progress goes to stderr (rich bars on a terminal, a few plain lines otherwise); results to stdout. What the
+Hub, a mirror or the daemon says (a file name, a note, a layer's status) is escaped (safetext.clean) before it
+is printed, and for a bar's description also for Rich markup (safetext.markup).
 rich, docker and huggingface_hub are imported inside the commands, never at registration.
 """
 
@@ -16,6 +18,7 @@ import typer
 
 from metralectl.cli.state import note, style
 from metralectl.errors import UsageError
+from metralectl.safetext import clean, markup
 
 if TYPE_CHECKING:
     from metralectl.seams.container_runtime import ContainerRuntime
@@ -30,7 +33,9 @@ class _Renderer:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn
 
-        self.console = Console(stderr=True)
+        from metralectl.cli.state import color_enabled
+
+        self.console = Console(stderr=True, color_system="auto" if color_enabled(sys.stderr) else None)
         self.live = self.console.is_terminal
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=28),
                                  TextColumn("{task.fields[size]}"), TextColumn("{task.fields[rate]}"),
@@ -64,8 +69,9 @@ class _Renderer:
     def weights(self, e: Any) -> None:
         from metralectl.core.progress import human_bytes, human_duration
 
+        repo = clean(e.repo, 200)
         if e.phase in ("note", "resolve"):
-            self.say(f"{e.repo}: {e.message}")
+            self.say(f"{repo}: {clean(e.message, 500)}")
             return
         size = f"{human_bytes(e.done)}/{human_bytes(e.total)}"
         rate = f"{human_bytes(e.rate_bps)}/s" if e.rate_bps is not None and e.phase != "done" else ""
@@ -74,37 +80,39 @@ class _Renderer:
         label = {"download": "downloading", "verify": "verifying", "done": "verified"}.get(e.phase, e.phase)
         if not self.live:
             pct = f" ({100 * e.done / e.total:.0f}%)" if e.total else ""
-            self._plain(e.repo, e.phase, f"{e.repo}: {label} {size}{pct} {rate} {eta} {files}".rstrip())
+            self._plain(e.repo, e.phase, f"{repo}: {label} {size}{pct} {rate} {eta} {files}".rstrip())
             return
         if e.phase == "done":  # the repo's bars end: one line says how it ended, in order with what follows
             for phase in ("download", "verify"):
                 self._finish((e.repo, phase))
-            self.say(f"{e.repo}: {label} {size} {files}")
+            self.say(f"{repo}: {label} {size} {files}")
             return
         key = (e.repo, "download" if e.phase == "download" else "verify")
         if key not in self.tasks:
-            self.tasks[key] = self.progress.add_task(f"{e.repo} {label}", total=e.total or None, size="", rate="",
-                                                     eta="", files="")
+            self.tasks[key] = self.progress.add_task(f"{markup(e.repo, 200)} {label}", total=e.total or None,
+                                                     size="", rate="", eta="", files="")
         self.progress.update(self.tasks[key], completed=e.done, total=e.total or None, size=size, rate=rate,
-                             eta=eta, files=files, description=f"{e.repo} {label}")
+                             eta=eta, files=files, description=f"{markup(e.repo, 200)} {label}")
 
     def layer(self, e: Any) -> None:
         from metralectl.core.progress import human_bytes
 
+        ref, status, layer = clean(e.ref, 200), clean(e.status, 300), clean(str(e.layer), 80)
         if e.layer is None:
-            self.say(f"{e.ref}: {e.status}")
+            self.say(f"{ref}: {status}")
             return
         finished = e.status in ("Pull complete", "Already exists", "Download complete")
         if not self.live:
             if e.status not in ("Downloading", "Extracting", "Waiting"):
-                self._plain((e.ref, e.layer), e.status, f"{e.ref}: layer {e.layer}: {e.status}")
+                self._plain((e.ref, e.layer), e.status, f"{ref}: layer {layer}: {status}")
             return
         key = (e.ref, e.layer)
         if key not in self.tasks:
-            self.tasks[key] = self.progress.add_task(f"layer {e.layer}", total=None, size="", rate="", eta="",
-                                                     files="")
+            self.tasks[key] = self.progress.add_task(f"layer {markup(str(e.layer), 80)}", total=None, size="", rate="",
+                                                     eta="", files="")
         size = f"{human_bytes(e.current)}/{human_bytes(e.total)}" if e.total else ""
-        fields: dict[str, Any] = {"description": f"layer {e.layer} {e.status.lower()}", "size": size}
+        fields: dict[str, Any] = {"description": f"layer {markup(str(e.layer), 80)} {markup(e.status.lower(), 300)}",
+                                  "size": size}
         if e.total:
             fields.update(completed=e.current or 0, total=e.total)
         if finished:
@@ -120,9 +128,10 @@ class _Renderer:
 
 
 def _image_line(result: Any) -> str:
-    s = result.status
-    rev = f"rev {s.revision[:12]}" if s.revision else "no revision label"
-    return f"image {s.info.ref} {result.action} ({rev}, {s.local_platform or '?'}, {s.digest or 'no digest'})"
+    s = result.status  # the revision label, platform and digest are the image's (a registry's): escaped
+    rev = f"rev {clean(s.revision[:12])}" if s.revision else "no revision label"
+    return (f"image {clean(s.info.ref)} {result.action} ({rev}, {clean(s.local_platform or '?', 80)}, "
+            f"{clean(s.digest or 'no digest', 120)})")
 
 
 def _weights_line(result: Any) -> str:
@@ -132,7 +141,7 @@ def _weights_line(result: Any) -> str:
            else f"{human_bytes(result.downloaded_bytes)} downloaded")
     pinned = "pinned" if result.revision else "main"
     what = f"{result.repo}:{result.quant}" if result.quant is not None else result.repo  # GGUF: that quant's files
-    return (f"weights {what} complete at {result.commit[:12]} ({pinned}; {result.files} files, "
+    return (f"weights {clean(what, 200)} complete at {clean(result.commit[:12])} ({pinned}; {result.files} files, "
             f"{human_bytes(result.total_bytes)}, {how})")
 
 
@@ -190,8 +199,8 @@ def pull(
         if item["image"]:
             parts.append(f"image {item['image']['action']}")
         if item["weights"]:
-            parts.append(f"weights complete at {item['weights']['commit'][:12]}")
-        print(f"{name}: ready ({', '.join(parts)})")
+            parts.append(f"weights complete at {clean(item['weights']['commit'][:12])}")
+        print(f"{clean(name)}: ready ({', '.join(parts)})")
 
 
 def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
@@ -250,11 +259,12 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
                      else "") + "; a recipe picks one with `image-tag: TAG` (or `--set image-tag=TAG`)")
         for r in rows:
             if r.problem and r.present:
-                note(style(f"{r.info.id}: {r.problem}", "33", sys.stderr))
+                note(style(f"{r.info.id}: {clean(r.problem, 500)}", "33", sys.stderr))
     if docker_error is not None:
-        note(style(f"metralectl: Docker not reachable, local state unknown: {docker_error.message}", "33", sys.stderr))
+        note(style(f"metralectl: Docker not reachable, local state unknown: {clean(docker_error.message, 500)}", "33",
+                   sys.stderr))
         if docker_error.hint:
-            note(f"    hint: {docker_error.hint}")
+            note(f"    hint: {clean(docker_error.hint, 500)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -25,20 +25,31 @@ SHOWN_PROBLEMS: set[int] = set()  # id() of problems already printed this run (a
 
 
 def report_error(exc: MetralError) -> None:
+    """The error's lines on stderr. A message may quote a server, a label or a file (a release's recipe path,
+    a Hub's X-Error-Message): escaped here whatever raised it (safetext.printable: our own line breaks kept)."""
     from metralectl.errors import RecipeInvalid
+    from metralectl.safetext import printable
 
-    err = sys.stderr
+    err = sys.stderr  # a problem's or an error's text may quote a file, a server or a label: escaped here
     if isinstance(exc, RecipeInvalid):
         errors = [p for p in exc.problems if p.severity == "error"]
         unseen = [p for p in errors if id(p) not in SHOWN_PROBLEMS]
         for problem in unseen:
-            print(style(problem.render(), "31", err), file=err)
+            print(style(printable(problem.render()), "31", err), file=err)
         above = " (shown above)" if len(unseen) < len(errors) else ""
         print(f"metralectl: refused: {len(errors)} problem{'s' if len(errors) != 1 else ''}{above}", file=err)
         return
-    print(style(f"metralectl: {exc.message}", "31", err), file=err)
+    print(style(f"metralectl: {_lines(exc.message)}", "31", err), file=err)
     if exc.hint:
-        print(f"    hint: {exc.hint}", file=err)
+        print(f"    hint: {_lines(exc.hint)}", file=err)
+
+
+def _lines(text: object) -> str:
+    """A message for stderr: escaped (safetext.printable), and every line after its first indented, so no line
+    of it (ours, or one a server slipped in) can pass for a line of our own (`metralectl: ...`)."""
+    from metralectl.safetext import printable
+
+    return printable(str(text)).replace("\n", "\n    ")
 
 
 def guarded(body: Callable[[], int | None]) -> NoReturn:
@@ -68,8 +79,10 @@ def guarded(body: Callable[[], int | None]) -> NoReturn:
             raise
         import traceback
 
-        last = traceback.format_exc().strip().splitlines()[-1]
-        print(f"metralectl: internal error: {last}", file=sys.stderr)
+        from metralectl.safetext import clean
+
+        last = traceback.format_exc().strip().splitlines()[-1]  # may quote what a server or a file said
+        print(f"metralectl: internal error: {clean(last, 500)}", file=sys.stderr)
         print("    hint: run again with --debug for the traceback, and report it", file=sys.stderr)
         sys.exit(ExitCode.SOFTWARE)
     sys.exit(code)  # None exits 0

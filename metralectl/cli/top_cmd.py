@@ -1,6 +1,9 @@
 """`top`: a live view of the GPUs and the served engine. The numbers come from
 metralectl.telemetry (watch: sampler + engine poller; view: the pure model); this module only renders.
 rich is imported inside the command, so other commands never load it.
+
+Names and messages come from NVML, container labels and engines: every one is escaped (safetext.clean) and
+handed to Rich as a Text, never as a string Rich would read as markup.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 
@@ -67,7 +70,8 @@ def top(
                     from rich.console import Console
 
                     wide = None if sys.stdout.isatty() else 240  # piped: no wrapping or cropping at 80 columns
-                    Console(file=sys.stdout, highlight=False, width=wide).print(render(view, recording=record))
+                    Console(file=sys.stdout, highlight=False, width=wide,
+                            color_system=_colors(sys.stdout)).print(render(view, recording=record))
                 return
             session.start()
             if live and terminal is not None:
@@ -135,7 +139,7 @@ def _live(session: Any, terminal: Any, recorder: Any, interval: float, record: P
     from rich.console import Console
     from rich.live import Live
 
-    console = Console(file=terminal, highlight=False)
+    console = Console(file=terminal, highlight=False, color_system=_colors(terminal))
     next_record = time.monotonic() + interval
     view = session.view()
     with Live(render(view, recording=record, live=True), console=console, auto_refresh=False, transient=False,
@@ -147,6 +151,13 @@ def _live(session: Any, terminal: Any, recorder: Any, interval: float, record: P
             if recorder is not None and time.monotonic() >= next_record:
                 recorder.write(view.to_json())
                 next_record += interval
+
+
+def _colors(stream: Any) -> Literal["auto"] | None:
+    """Rich's colour system under our colour rules (NO_COLOR: no style at all, not even bold; FORCE_COLOR)."""
+    from metralectl.cli.state import color_enabled
+
+    return "auto" if color_enabled(stream) else None
 
 
 def _stream(session: Any, recorder: Any, interval: float, as_json: bool, record: Path | None) -> None:
@@ -171,43 +182,47 @@ def render(view: TopView, *, recording: Path | None = None, live: bool = False) 
     from rich.text import Text
 
     from metralectl.core.gpudata import GpuSystem
+    from metralectl.safetext import clean
 
-    parts: list[Any] = [Text(_header(view), style="bold")]
+    def cell(value: Any) -> Any:
+        return Text(clean(value)) if isinstance(value, str) else value
+
+    parts: list[Any] = [Text(clean(_header(view)), style="bold")]
     if isinstance(view.gpu, GpuSystem):
         table = Table(box=None, pad_edge=False, header_style="bold", expand=False)
         for col in GPU_COLUMNS:
             table.add_column(col, no_wrap=col not in WRAPPING)
         for g in view.gpus:
-            table.add_row(*_gpu_cells(g))
+            table.add_row(*map(cell, _gpu_cells(g)))
         parts.append(table)
         if not view.gpus:
             parts.append(Text("waiting for the first GPU sample…", style="dim"))
         for g in view.gpus:
             if g.thermal is not None and g.thermal.state != "ok":
-                parts.append(Text(f"GPU {g.index} {g.thermal.state}: {g.thermal.reason}",
+                parts.append(Text(clean(f"GPU {g.index} {g.thermal.state}: {g.thermal.reason}"),
                                   style="bold red" if g.thermal.state == "parked" else "yellow"))
     else:
-        parts.append(Text(f"no GPU: {view.gpu.reason}", style="yellow"))
+        parts.append(Text(f"no GPU: {clean(view.gpu.reason)}", style="yellow"))
         if view.gpu.hint:
-            parts.append(Text(f"    hint: {view.gpu.hint}", style="dim"))
+            parts.append(Text(f"    hint: {clean(view.gpu.hint)}", style="dim"))
     parts.append(Text(""))
     if view.engines:
         table = Table(box=None, pad_edge=False, header_style="bold", expand=False)
         for col in ENGINE_COLUMNS:
             table.add_column(col, no_wrap=col not in WRAPPING)
         for e in view.engines:
-            table.add_row(*_engine_cells(e))
+            table.add_row(*map(cell, _engine_cells(e)))
         parts.append(table)
         for e in view.engines:
             if e.error:
-                parts.append(Text(f"{_engine_name(e)}: {e.error}", style="yellow"))
+                parts.append(Text(clean(f"{_engine_name(e)}: {e.error}"), style="yellow"))
     else:
-        parts.append(Text(view.engine_note or "no engine", style="dim"))
+        parts.append(Text(clean(view.engine_note or "no engine"), style="dim"))
     for line in view.notes:
-        parts.append(Text(line, style="dim"))
+        parts.append(Text(clean(line), style="dim"))
     footer = [f"rates over the last {_rate_window(view):g} s"] if view.gpus or view.engines else []
     if recording is not None:
-        footer.append(f"recording to {recording}")
+        footer.append(clean(f"recording to {recording}"))
     if live:
         footer.append("Ctrl-C to quit")
     if footer:
@@ -241,6 +256,8 @@ def _rate_window(view: TopView) -> float:
 def _gpu_cells(g: GpuRow) -> list[Any]:
     from rich.text import Text
 
+    from metralectl.safetext import clean
+
     name = f"{g.index} {(g.name or '?').removeprefix('NVIDIA ')}"
     util = _num(g.util_gpu_pct, "%")
     power = _num(g.power_w, "W", 1)
@@ -257,7 +274,7 @@ def _gpu_cells(g: GpuRow) -> list[Any]:
         throttle = Text("?", style="dim")
     else:
         slow = [r for r in g.clock_reasons if r not in BENIGN_REASONS]
-        throttle = Text(", ".join(slow) or "-", style="yellow" if slow else "")
+        throttle = Text(clean(", ".join(slow)) or "-", style="yellow" if slow else "")
     return [name, util, power, energy, temp, _thermal_cell(g), throttle, clocks, _memory_cell(g)]
 
 
@@ -292,8 +309,10 @@ def _engine_name(e: EngineRow) -> str:
 def _engine_cells(e: EngineRow) -> list[Any]:
     from rich.text import Text
 
+    from metralectl.safetext import clean
+
     s = e.snapshot
-    state = Text(e.state, style="green" if e.state == "ok" else "red")
+    state = Text(clean(e.state), style="green" if e.state == "ok" else "red")
     ttft = f"{_ms(e.ttft_p50_s)}/{_ms(e.ttft_p95_s)}" + (" (all)" if e.ttft_scope == "lifetime" else "")
     requests = _num(s.requests_total if s else None)
     active = _num(s.requests_active if s else None)

@@ -116,10 +116,14 @@ def parse(data: bytes, name: str = "serve-options.json") -> ServeOptions:
 
 
 def load(path: Path) -> ServeOptions:
-    try:
-        data = path.read_bytes()
+    from metralectl.filecap import FileRefused, read_bytes
+
+    try:  # at most what a release's serve-options.json may be (release_archive.LIMITS)
+        data = read_bytes(path, 16 << 20, "engine option dump")
     except OSError as exc:
         raise ServeOptionsError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except FileRefused as exc:
+        raise ServeOptionsError(exc.message) from None
     return parse(data, str(path))
 
 

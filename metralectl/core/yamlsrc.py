@@ -118,11 +118,17 @@ class YamlSyntax(Exception):
 
 
 def load_file(path: Path, display_name: str | None = None) -> Document:
+    """The file's YAML document: a regular file of at most filecap.DOCUMENT_LIMIT (else one problem, as for a
+    file that cannot be read: a FIFO, a device or a sparse terabyte is never read)."""
+    from metralectl.filecap import DOCUMENT_LIMIT, FileRefused, read_bytes
+
     name = display_name or str(path)
     try:
-        text = path.read_bytes()
+        text = read_bytes(path, DOCUMENT_LIMIT)
     except OSError as exc:
         raise YamlSyntax(Problem(name, 0, 0, "", f"cannot read the file: {exc.strerror or exc}")) from None
+    except FileRefused as exc:
+        raise YamlSyntax(Problem(name, 0, 0, "", exc.message, exc.hint)) from None
     return load_text(text, name)
 
 

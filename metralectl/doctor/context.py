@@ -256,10 +256,12 @@ def _default_agent_view() -> dict[str, Any] | None:
         return None
     port = int(state.get("api_port") or 0)
     view: dict[str, Any] = {"pid": state.get("pid"), "port": port}
+    from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge, read_file
+
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=1.5) as reply:
-            view["status"] = json.loads(reply.read())
-    except (OSError, ValueError) as exc:
+            view["status"] = json.loads(read_file(reply, CONTROL_LIMIT, f"the agent on port {port}"))
+    except (OSError, ValueError, RecursionError, TooLarge) as exc:
         view["error"] = str(exc)
     return view
 

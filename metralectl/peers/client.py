@@ -53,17 +53,20 @@ def _send(addr: PeerAddress, method: str, path: str, body: bytes, headers: dict[
           timeout: float) -> tuple[int, Mapping[str, str], bytes]:
     import httpx
 
+    from metralectl.seams.bounded import CONTROL_LIMIT, httpx_body
+
     url = addr.url(path)
     try:
         with httpx.Client(timeout=timeout, trust_env=False) as client:
-            response = client.request(method, url, content=body, headers=headers)
+            with client.stream(method, url, content=body, headers=headers) as response:
+                content = httpx_body(response, CONTROL_LIMIT, str(addr))  # TooLarge past it (exit 65)
     except httpx.TimeoutException:
         raise PeerUnreachable(f"{addr}: no answer within {timeout:g} s",
                               "is `metralectl agent` running there, and its peer port open in the firewall?") from None
     except httpx.HTTPError as exc:
         raise PeerUnreachable(f"{addr}: {exc}",
                               "is `metralectl agent` running there? (peer port: `metralectl agent --peer-port`)") from None
-    return response.status_code, response.headers, response.content
+    return response.status_code, response.headers, content
 
 
 class StreamBroken(PeerUnreachable):
@@ -85,14 +88,11 @@ def open_stream(addr: PeerAddress, path: str, headers: dict[str, str], *, read_t
     """GET a streamed answer; a transport failure at any point is StreamBroken (or PeerUnreachable before it began)."""
     import httpx
 
+    from metralectl.seams import bounded
+
     def lines(response: Any) -> Iterator[bytes]:
-        pending = b""
-        try:
-            for chunk in response.iter_bytes():
-                pending += chunk
-                while b"\n" in pending:
-                    line, pending = pending.split(b"\n", 1)
-                    yield line
+        try:  # one event per line, each at most LINE_LIMIT (TooLarge, exit 65, past it)
+            yield from bounded.lines(response.iter_bytes(), bounded.LINE_LIMIT, str(addr))
         except httpx.TransportError as exc:
             raise StreamBroken(f"{addr}: {type(exc).__name__}: {exc}" if str(exc) else
                                f"{addr}: {type(exc).__name__}") from None
@@ -100,7 +100,8 @@ def open_stream(addr: PeerAddress, path: str, headers: dict[str, str], *, read_t
     try:
         with httpx.Client(timeout=httpx.Timeout(TIMEOUT_S, read=read_timeout), trust_env=False) as client:
             with client.stream("GET", addr.url(path), headers=headers) as response:
-                yield Stream(response.status_code, response.headers, lines(response), response.read)
+                yield Stream(response.status_code, response.headers, lines(response),
+                             lambda: bounded.httpx_body(response, bounded.CONTROL_LIMIT, str(addr)))
     except httpx.TransportError as exc:
         raise StreamBroken(f"{addr}: {type(exc).__name__}: {exc}" if str(exc) else
                            f"{addr}: {type(exc).__name__}") from None

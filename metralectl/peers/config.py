@@ -68,13 +68,19 @@ def _number(value: Any, where: str, path: Path) -> float:
 def load_bench_config(base: Path | None = None) -> BenchConfig:
     import yaml
 
+    from metralectl.filecap import DOCUMENT_LIMIT, FileRefused, read_text
+
     path = bench_path(base)
     try:
-        text = path.read_text()
+        text = read_text(path, DOCUMENT_LIMIT, "bench config")
     except FileNotFoundError:
         return BenchConfig()
     except OSError as exc:
         raise BenchConfigError(f"cannot read {paths.display(path)}: {exc.strerror}") from None
+    except FileRefused as exc:
+        raise BenchConfigError(exc.message, exc.hint) from None
+    except ValueError as exc:
+        raise BenchConfigError(f"{paths.display(path)} is not UTF-8 text ({exc})") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -104,9 +104,11 @@ class NonceStore:
             self._load(path)
 
     def _load(self, path: Path) -> None:
+        from metralectl.filecap import DOCUMENT_LIMIT, read_text
+
         now = self.clock()
-        try:
-            text = path.read_text()
+        try:  # FileRefused (exit 65) for a FIFO or a file past the cap; a torn line is skipped below
+            text = read_text(path, DOCUMENT_LIMIT, "nonce store", errors="replace")
         except FileNotFoundError:
             return  # nothing seen yet; the file appears with the first accepted request
         for line in text.splitlines():

@@ -105,11 +105,13 @@ class PeerStore:
         self.path = self.dir / "peers.json"
 
     def _read(self) -> PeerBook:
-        try:
-            raw = json.loads(self.path.read_text())
+        from metralectl.filecap import DOCUMENT_LIMIT, read_text
+
+        try:  # FileRefused (exit 65) for a FIFO or a file past the cap
+            raw = json.loads(read_text(self.path, DOCUMENT_LIMIT, "peer store"))
         except FileNotFoundError:
             return PeerBook()
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise MetralError(f"the peer store {paths.display(self.path)} is unreadable ({exc})",
                               "restore it, or move it away and pair again") from None
         try:

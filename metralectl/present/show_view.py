@@ -98,7 +98,17 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
         spec = spec_for(catalog, recipe, rank=rank)
         title = "Command" if not recipe.multi_rank else f"Command (rank {rank}, {recipe.resources.ranks[rank].role})"
         lines += ["", title, docker_run_command(spec)]
-    return "\n".join(lines)
+    return "\n".join(shown(line) for line in lines)
+
+
+_CONTINUED = " \\\n  "  # docker_run_command's own line break between options
+
+
+def shown(line: str) -> str:
+    """One line of `show`, escaped as a whole (a user's or a synced recipe's strings: its description,
+    validated.source, a serve value, an env value, the command that quotes them); the command keeps the
+    line breaks docker_run_command put between its options."""
+    return _CONTINUED.join(clean(part) for part in line.split(_CONTINUED))
 
 
 def _provenance(catalog: Catalog, recipe: Recipe) -> list[str]:

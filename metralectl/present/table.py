@@ -1,4 +1,8 @@
-"""A plain aligned table for the terminal (cheap: `list` must start fast, so no rich here)."""
+"""A plain aligned table for the terminal (cheap: `list` must start fast, so no rich here).
+
+Every cell and header is escaped (safetext.clean) before it is measured or printed: a cell may hold a
+container's label, a peer's name, a run's model or a recipe's field, and no table is a way to the terminal.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from collections.abc import Collection, Sequence
 from typing import TextIO
 
 from metralectl.present.style import style
+from metralectl.safetext import clean
 
 GAP = 2  # spaces between columns
 
@@ -16,8 +21,8 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right
                  hide: Collection[str] = ()) -> str:
     """The table; `right` are indexes of right-aligned columns, `hide` headers of columns left out."""
     keep = [i for i, h in enumerate(headers) if h not in hide]
-    headers = [headers[i] for i in keep]
-    rows = [[row[i] for i in keep] for row in rows]
+    headers = [clean(str(headers[i])) for i in keep]
+    rows = [[clean(str(row[i])) for i in keep] for row in rows]
     right = [keep.index(i) for i in right if i in keep]
     widths = column_widths(headers, rows)
 
@@ -31,10 +36,10 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right
 
 
 def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
-    widths = [len(h) for h in headers]
+    widths = [len(clean(h)) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
+            widths[i] = max(widths[i], len(clean(cell)))
     return widths
 
 

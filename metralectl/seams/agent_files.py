@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from metralectl import paths
-from metralectl.errors import MetralError
+from metralectl.errors import ExitCode, MetralError
 
 DEFAULT_API_PORT = 8897
 PROOF_DOMAIN = "metralectl-agent-proof/1"
 CHALLENGE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+TOKEN = re.compile(r"[A-Za-z0-9_-]{32,256}")  # what secrets.token_urlsafe makes
 
 
 def agent_dir(base: Path | None = None) -> Path:
@@ -67,6 +68,9 @@ def load_or_create_token(base: Path | None = None) -> str:
         os.close(fd)
     if len(token) < 32:
         raise MetralError(f"the agent token in {paths.display(path)} is too short", "delete it: a new token is made")
+    if not TOKEN.fullmatch(token):  # it goes into an Authorization header: a CR/LF there would add headers
+        raise MetralError(f"the agent token in {paths.display(path)} holds characters a token never has (only "
+                          "letters, digits, - and _)", "delete it: a new token is made", exit_code=ExitCode.DATA)
     return token
 
 

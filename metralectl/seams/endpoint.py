@@ -32,21 +32,37 @@ def health_once(url: str, timeout: float, path: str = "/health") -> Health:
     """One GET of the engine's health, as EngineClient(url, timeout).health() answers it (status, first 500
     characters of the body), for `ps`: a plain http:// URL goes through http.client, since importing httpx
     costs `ps` more than all its other work. Anything else (https://) goes through EngineClient. When nothing
-    answers, `error` names the socket's error (httpx would name its own exception for it)."""
+    answers, `error` names the socket's error (httpx would name its own exception for it). The URL is a
+    container's label, anyone's on a shared daemon: one that is no http(s) URL is an answer that says so,
+    and no more of the body than PEEK_LIMIT is read."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url.rstrip("/") + path)
-    if parts.scheme != "http" or not parts.hostname:
+    from metralectl.safetext import clean
+    from metralectl.seams.bounded import PEEK_LIMIT
+
+    try:
+        parts = urlsplit(url.rstrip("/") + path)
+        port = parts.port
+    except ValueError as exc:  # an unclosed [IPv6, a port that is no number or out of range
+        return Health(None, "", f"{clean(url, 120)!r} is not a URL ({exc})")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return Health(None, "", f"{clean(url, 120)!r} is not an http(s) URL")
+    if parts.scheme != "http":
         with EngineClient(url, timeout=timeout) as client:
             return client.health(path)
     import http.client
 
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn = http.client.HTTPConnection(parts.hostname, port or 80, timeout=timeout)
+    except (ValueError, http.client.InvalidURL) as exc:  # a control character or a space in the host
+        return Health(None, "", f"{clean(url, 120)!r} is not a URL ({clean(str(exc), 120)})")
     try:
         conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
                      headers={"Accept": "*/*", "Connection": "close"})
         reply = conn.getresponse()
-        body = reply.read()
+        body = reply.read(PEEK_LIMIT)  # only the first 500 characters are kept
+    except (ValueError, http.client.InvalidURL) as exc:  # a control character in the path
+        return Health(None, "", f"{clean(url, 120)!r} is not a URL ({clean(str(exc), 120)})")
     except (OSError, http.client.HTTPException) as exc:
         return Health(None, "", f"{type(exc).__name__}: {exc}")
     finally:
@@ -60,7 +76,10 @@ def health_once(url: str, timeout: float, path: str = "/health") -> Health:
 
 
 class EngineClient:
-    """A small synchronous client for the engine's control endpoints (not the benchmark hot path)."""
+    """A small synchronous client for the engine's control endpoints (not the benchmark hot path). Every body
+    is read streamed and capped (seams/bounded.py): a health or a first request's answer to its first
+    characters, JSON to CONTROL_LIMIT (more is unreadable: None), /metrics to METRICS_LIMIT (more is an error).
+    A URL httpx cannot use (a label that is no URL) is an answer that says so, never an exception."""
 
     def __init__(self, url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> None:
         import httpx
@@ -68,15 +87,31 @@ class EngineClient:
         self.url = url.rstrip("/")
         # trust_env=False: the engine is local or on the RoCE link, never behind the user's HTTP proxy
         self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers or {})
+        self._failed = (httpx.HTTPError, httpx.InvalidURL, ValueError)  # ValueError: a URL or header not ASCII
 
-    def health(self, path: str = "/health") -> Health:
-        import httpx
+    def _peek(self, method: str, path: str, **kw: Any) -> Health:
+        from metralectl.seams.bounded import peek
+
+        with self._http.stream(method, self.url + path, **kw) as response:
+            text = peek(response.iter_bytes()).decode(response.encoding or "utf-8", "replace")
+            return Health(response.status_code, text[:500])
+
+    def _json(self, method: str, path: str, **kw: Any) -> object:
+        from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge, httpx_body
 
         try:
-            response = self._http.get(self.url + path)
-        except httpx.HTTPError as exc:
+            with self._http.stream(method, self.url + path, **kw) as response:
+                if response.status_code != 200:
+                    return None
+                return json.loads(httpx_body(response, CONTROL_LIMIT, f"{self.url}{path}"))
+        except (*self._failed, TooLarge, RecursionError):
+            return None
+
+    def health(self, path: str = "/health") -> Health:
+        try:
+            return self._peek("GET", path)
+        except self._failed as exc:
             return Health(None, "", f"{type(exc).__name__}: {exc}")
-        return Health(response.status_code, response.text[:500])
 
     def served_model(self) -> str | None:
         data = self.get_json("/v1/models")
@@ -86,14 +121,15 @@ class EngineClient:
         return None
 
     def metrics_text(self) -> str:
-        import httpx
+        from metralectl.seams.bounded import METRICS_LIMIT, httpx_body
 
         try:
-            response = self._http.get(self.url + "/metrics")
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
+            with self._http.stream("GET", self.url + "/metrics") as response:
+                response.raise_for_status()
+                data = httpx_body(response, METRICS_LIMIT, f"{self.url}/metrics")
+                return data.decode(response.encoding or "utf-8", "replace")
+        except self._failed as exc:
             raise MetralError(f"cannot read {self.url}/metrics: {exc}") from None
-        return response.text
 
     def serve_config(self) -> dict[str, Any]:
         data = self.get_json("/serve-config")
@@ -110,26 +146,16 @@ class EngineClient:
         body = {"model": model or "metralectl-check", "messages": [{"role": "user", "content": "ping"}],
                 "max_tokens": 1, "temperature": 0}
         try:
-            response = self._http.post(self.url + "/v1/chat/completions", json=body, timeout=timeout_s)
+            return self._peek("POST", "/v1/chat/completions", json=body, timeout=timeout_s)
         except httpx.TimeoutException:
             return Health(None, "", f"no answer within {timeout_s:g} s")
-        except httpx.HTTPError as exc:
+        except self._failed as exc:
             return Health(None, "", f"{type(exc).__name__}: {exc}")
-        return Health(response.status_code, response.text[:500])
 
     def get_json(self, path: str) -> object:
         """The JSON a GET answers with 200 (callers check its shape), else None (not offered, not ready,
-        not JSON)."""
-        import httpx
-
-        try:
-            response = self._http.get(self.url + path)
-            if response.status_code != 200:
-                return None
-            return response.json()
-        except (httpx.HTTPError, json.JSONDecodeError, ValueError):
-            return None
-
+        not JSON, more than CONTROL_LIMIT)."""
+        return self._json("GET", path)
 
     def tokenize_messages(self, model: str, messages: list[dict[str, str]]) -> int | None:
         """Prompt tokens of a chat as the engine counts them; None when it cannot say.
@@ -148,13 +174,7 @@ class EngineClient:
         return self._token_count("/tokenize", {"content": prompt, "add_special": True, "parse_special": True}) or None
 
     def _post_json(self, path: str, body: dict[str, Any]) -> object:
-        import httpx
-
-        try:
-            response = self._http.post(self.url + path, json=body)
-            return response.json() if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
+        return self._json("POST", path, json=body)
 
     def _token_count(self, path: str, body: dict[str, Any]) -> int | None:
         data = self._post_json(path, body)

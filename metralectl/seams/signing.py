@@ -230,9 +230,12 @@ def sign_file(record: Path, payload_type: str, names: Mapping[str, str], key: Id
 
 
 def _read(path: Path) -> bytes:
-    if path.stat().st_size > MAX_ENVELOPE_BYTES:
-        raise SignatureInvalid(f"{path} is larger than {MAX_ENVELOPE_BYTES // 2**20} MiB; not an envelope")
-    return path.read_bytes()
+    from metralectl.filecap import FileRefused, read_bytes
+
+    try:  # a FIFO, a device or a file past the cap is no envelope (read_bytes never reads past the cap)
+        return read_bytes(path, MAX_ENVELOPE_BYTES, "signed file")
+    except FileRefused as exc:
+        raise SignatureInvalid(exc.message) from None
 
 
 def verify_file(path: Path | str, known_keys: Mapping[str, bytes], *,

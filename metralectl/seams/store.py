@@ -40,10 +40,13 @@ def write_json(path: Path, value: Any, *, mode: int | None = None) -> None:
 
 
 def read_json(path: Path) -> object:
-    """The file's JSON value (callers check its shape), or None when it is missing or not JSON."""
+    """The file's JSON value (callers check its shape), or None when it is missing or not JSON. A file that is
+    no regular file or holds more than filecap.DOCUMENT_LIMIT is FileRefused (exit 65), not read."""
+    from metralectl.filecap import DOCUMENT_LIMIT, read_text
+
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(read_text(path, DOCUMENT_LIMIT, "state file"))
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -62,9 +65,12 @@ def append_jsonl(path: Path, value: Any) -> None:
 
 
 def read_jsonl(path: Path) -> list[Any]:
+    """Every record of a JSONL file (a torn line skipped); FileRefused past filecap.RECORD_LIMIT."""
+    from metralectl.filecap import RECORD_LIMIT, read_text
+
     out = []
     try:
-        for line in path.read_text().splitlines():
+        for line in read_text(path, RECORD_LIMIT, "record file", errors="replace").splitlines():
             try:
                 out.append(json.loads(line))
             except ValueError:

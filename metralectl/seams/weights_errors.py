@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from metralectl import paths
 from metralectl.errors import ExitCode, MetralError
+from metralectl.safetext import clean
 
 
 class WeightsError(MetralError):
@@ -45,9 +46,16 @@ def hub_error(exc: BaseException, repo: str, revision: str, token: bool, file: s
     page = f"https://huggingface.co/{repo}"
     what = f"{repo}/{file}" if file else f"{repo}@{revision}"
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    server_says = getattr(exc, "server_message", None) or ""
+    # the Hub's (or a mirror's) own words: X-Error-Message, and huggingface_hub adds the body's error on a new line
+    server_says = clean(str(getattr(exc, "server_message", None) or ""), 300)
     if isinstance(exc, MetralError):
         return exc
+    if isinstance(exc, UnicodeEncodeError) or _is(exc, "LocalProtocolError"):  # a header the client will not send
+        return WeightsError(
+            "a request to the Hub could not be sent: the Hugging Face token (HF_TOKEN, or the one `hf auth login` "
+            "saved) holds a character no token has (not ASCII, a line break or another control character)",
+            "set HF_TOKEN to the token exactly as https://huggingface.co/settings/tokens shows it (hf_ and letters)",
+            exit_code=ExitCode.DATA)
     if _is(exc, "GatedRepoError"):
         if not token:
             return WeightsError(
@@ -102,4 +110,18 @@ def hub_error(exc: BaseException, repo: str, revision: str, token: bool, file: s
                            "set; pull again to continue: finished files are kept")
         err.network = True
         return err
+    if isinstance(exc, (KeyError, TypeError, ValueError, AttributeError, IndexError)) and _raised_in_hub(exc):
+        return WeightsError(  # huggingface_hub read an answer no Hub sends (a mirror's, a proxy's)
+            f"the Hub at {clean(endpoint or 'https://huggingface.co', 200)} answered for {what} with something a "
+            f"Hub does not send ({type(exc).__name__}: {clean(str(exc), 200)})",
+            "check HF_ENDPOINT (a mirror must answer as the Hub does) and any proxy in between",
+            exit_code=ExitCode.DATA)
     return exc
+
+
+def _raised_in_hub(exc: BaseException) -> bool:
+    """Whether `exc` was raised inside huggingface_hub (reading what the server sent), not in our own code."""
+    frame, last = exc.__traceback__, ""
+    while frame is not None:
+        last, frame = frame.tb_frame.f_code.co_filename, frame.tb_next
+    return "huggingface_hub" in last

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("seams",),
     ("core",),
     ("joblog",),
-    ("ownedfs",),
+    ("ownedfs", "filecap"),
     ("errors", "paths", "safetext", "atomicfile", "__init__"),
 ]
 
