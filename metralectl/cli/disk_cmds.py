@@ -122,7 +122,7 @@ def _execute(items: list[Removal], hub: Path, docker: _Docker) -> None:
         if item.kind == "image":
             disk_images.remove_image(docker.open(), item)
         else:
-            disk_weights.remove(item, hub)
+            disk_weights.remove_item(item, hub)
 
 
 def _finish(items: list[Removal], as_json: bool, dry_run: bool, went: bool) -> None:

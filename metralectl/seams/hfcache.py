@@ -83,7 +83,8 @@ def folder_name(repo: str) -> str:
 
 
 def repo_of_folder(name: str) -> str:
-    return name[len("models--"):].replace("--", "/", 1) if name.startswith("models--") else name
+    org, sep, rest = name[len("models--"):].partition("--")
+    return f"{org}/{rest}" if name.startswith("models--") and sep else name[len("models--"):]
 
 
 def repo_dir(repo: str, hub: Path | None = None) -> Path:

@@ -125,7 +125,7 @@ def fetch(job: Job, spec: RepoFile) -> tuple[bool, Problem | None]:
     assert spec.etag is not None
     with _content_lock(spec.etag):
         if hfcache.blob_ok(job.cache, job.base, spec):
-            link(job.cache, job.base, job.commit, spec, job.note)
+            link_snapshot(job.cache, job.base, job.commit, spec, job.note)
             return False, None
         if resumable(spec):
             return _fetch_part(job, spec), None
@@ -158,7 +158,7 @@ def _fetch_part(job: Job, spec: RepoFile) -> bool:
     if problem is not None:
         partials.discard(found)
         raise WeightsError(
-            f"{spec.path}: the downloaded file's {problem.why.replace(' ', ' is ', 1)}; the partial download was "
+            f"{spec.path}: the downloaded file's {' is '.join(problem.why.split(' ', 1))}; the partial download was "
             "deleted and nothing was placed in the cache",
             "pull again to fetch it afresh; if it repeats, the disk, a proxy or the CDN is corrupting data")
     _place(job, spec, target)
@@ -346,10 +346,10 @@ def _place(job: Job, spec: RepoFile, target: Target) -> None:
     assert spec.etag is not None
     job.cache.chmod(target.rel, 0o666 & ~_umask())  # as huggingface_hub leaves its blobs
     job.cache.move(target.rel, job.base / "blobs" / spec.etag)
-    link(job.cache, job.base, job.commit, spec, job.note)
+    link_snapshot(job.cache, job.base, job.commit, spec, job.note)
 
 
-def link(cache: Owned, base: Path, commit: str, spec: RepoFile, note: Note) -> None:
+def link_snapshot(cache: Owned, base: Path, commit: str, spec: RepoFile, note: Note) -> None:
     """snapshots/<commit>/PATH -> ../../blobs/<etag>, relative, replacing the entry in one step (a link that was
     there is replaced as a link: what it pointed to is never touched). The link may only lead into blobs/."""
     assert spec.etag is not None

@@ -307,7 +307,7 @@ def _repair(cache: Owned, base: Path, commit: str, listing: Listing, note: Calla
         if st is None:
             continue
         if st.st_size == spec.size and stat.S_ISREG(st.st_mode):
-            resume.link(cache, base, commit, spec, note)
+            resume.link_snapshot(cache, base, commit, spec, note)
         elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
             cache.remove_file(base / "blobs" / spec.etag)
             cache.remove_file(snapshot / spec.path)
