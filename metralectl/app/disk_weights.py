@@ -97,11 +97,15 @@ def _link_note(entry: Path, target: tuple[str, ...] | None, cache: Owned) -> str
     return f"left alone: {clean(paths.display(entry))} points outside the cache ({clean(where)})"
 
 
-def _outside(cache: Owned, base: Path, entry: Path) -> tuple[str, ...] | None | bool:
-    """For a link in a snapshot: its target's components when inside this repository's blobs/, else False."""
-    target = cache.link_target(entry)
+def _blob_of(cache: Owned, base: Path, entry: Path) -> tuple[str, ...] | None:
+    """For a link in a snapshot: the blob it leads to, when every hop stays inside the cache and it ends in this
+    repository's blobs/ (a `blobs` that is itself a link leads out); None otherwise."""
+    try:
+        target = cache.resolve(entry)
+    except (OSError, MetralError):
+        return None
     blobs = cache.parts(base / "blobs")
-    return target if target is not None and target[: len(blobs)] == blobs and len(target) == len(blobs) + 1 else False
+    return target if target is not None and target[:-1] == blobs else None
 
 
 def _folder_refused(cache: Owned, base: Path, kind: str, name: str, recipes: tuple[str, ...],
@@ -125,10 +129,15 @@ def plan_repo(repo: str, hub: Path, recipes: tuple[str, ...] = ()) -> Removal | 
     if refused is not None:
         return refused
     item = Removal("weights", repo, _size(cache, base), [base], recipes, repo=repo)
-    for entry, st in _walk(cache, base / "snapshots"):
-        if stat.S_ISLNK(st.st_mode) and _outside(cache, base, entry) is False:
-            item.left_alone.append(_link_note(entry, cache.link_target(entry), cache)
-                                   + ": the link goes with the folder, what it points to stays")
+    inside = cache.parts(base)
+    for entry, st in _walk(cache, base):
+        if not stat.S_ISLNK(st.st_mode):
+            continue
+        target = cache.link_target(entry)
+        if target is None or target[: len(inside)] != inside or (
+                entry.is_relative_to(base / "snapshots") and _blob_of(cache, base, entry) is None):
+            item.left_alone.append(_link_note(entry, target, cache) + ": the link goes with the folder, what it "
+                                   "points to stays")
     _check_owner(cache, item, base)
     return item
 
@@ -138,8 +147,8 @@ def _links(cache: Owned, base: Path) -> dict[Path, Path | None]:
     out: dict[Path, Path | None] = {}
     for entry, st in _walk(cache, base / "snapshots"):
         if stat.S_ISLNK(st.st_mode):
-            target = _outside(cache, base, entry)
-            out[entry] = cache.path("/".join(target)) if isinstance(target, tuple) else None
+            target = _blob_of(cache, base, entry)
+            out[entry] = cache.path("/".join(target)) if target is not None else None
         elif not stat.S_ISDIR(st.st_mode):
             out[entry] = entry
     return out
@@ -184,6 +193,8 @@ def plan_quant(repo: str, quant: str, hub: Path, recipes: tuple[str, ...] = ()) 
     freed = sum(_size(cache, b) for b in blobs) + sum(_size(cache, p) for p in going)
     item = Removal("quant", f"{repo}:{quant}", freed, [*going, *sorted(blobs)], recipes, repo=repo, quant=quant,
                    left_alone=notes)
+    if not going:
+        item.blocked = "left alone: each of its files points outside the cache (listed below)"
     for path in item.paths:
         st = hfcache.lstat(cache, path)
         if st is not None and st.st_uid != os.getuid():
@@ -215,8 +226,11 @@ def partial_downloads(repo_folder: Path, hub: Path, recipes: tuple[str, ...] = (
     cache = hfcache.owned(hub)
     if not lock_free(cache, Path(".locks") / repo_folder.name / "metralectl-pull.lock"):
         return []
-    out = []
     where = f"{repo_folder.name}/{partials.PARTIAL_DIR}"
+    if hfcache.is_link(cache, partials.folder(repo_folder)):
+        return [Removal("left-alone", where, 0, [], recipes, f"{clean(paths.display(partials.folder(repo_folder)))} "
+                        "is a symbolic link: not followed, nothing in it removed")]
+    out = []
     for found in partials.listed(repo_folder):
         item = Removal("download", f"{where}/{found.part.name} (partial {clean(found.path)}, {human_bytes(found.have)} "
                        f"of {human_bytes(found.size)}; `metralectl pull` would resume it)", found.have, found.files,
