@@ -76,14 +76,19 @@ def needed_from(verified: Verified, repo: str, commit: str, quant: str) -> tuple
     return tuple(verified.files[p] for p in members) if members is not None else None
 
 
+def _ok(snapshot: Path, spec: RepoFile) -> bool:
+    cache = hfcache.owned_of_snapshot(snapshot)
+    return file_ok(snapshot, spec, cache, hfcache.under_cache(cache, snapshot))
+
+
 def _counted(status: str, snapshot: Path, detail: str, need: tuple[RepoFile, ...]) -> CacheState:
-    present = [f for f in need if file_ok(snapshot, f)]
+    present = [f for f in need if _ok(snapshot, f)]
     return CacheState(status, snapshot, detail, snapshot.name, len(need), len(present),
                       sum(f.size for f in need), sum(f.size for f in present), tuple(f.path for f in need))
 
 
 def _present(snapshot: Path, need: tuple[RepoFile, ...]) -> int:
-    return sum(1 for f in need if file_ok(snapshot, f))
+    return sum(1 for f in need if _ok(snapshot, f))
 
 
 def _downloading(base: Path, need: tuple[RepoFile, ...]) -> bool:

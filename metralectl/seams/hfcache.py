@@ -206,15 +206,23 @@ def _valid(kind: str, value: object) -> str | None:
     return value if isinstance(value, str) and is_valid(kind, value) else None
 
 
-def file_ok(snapshot: Path, spec: RepoFile, cache: Owned | None = None) -> bool:
+def file_ok(snapshot: Path, spec: RepoFile, cache: Owned | None = None, under: str | None = None) -> bool:
     """Present with the listed size: a regular file, or a link followed to its blob while it stays inside
-    the cache (one leaving it, or ending at a device or FIFO, is not the file)."""
+    the cache (one leaving it, or ending at a device or FIFO, is not the file). `under`: the snapshot's
+    path in the cache, when the caller has it (`list` asks for every file of every snapshot)."""
     cache = cache or owned_of_snapshot(snapshot)
     try:
-        st = cache.stat_inside(snapshot / spec.path)
+        st = cache.stat_inside(f"{under}/{spec.path}" if under is not None else snapshot / spec.path)
     except (OSError, MetralError):
         return False
     return st is not None and stat.S_ISREG(st.st_mode) and st.st_size == spec.size
+
+
+def under_cache(cache: Owned, snapshot: Path) -> str | None:
+    try:
+        return "/".join(cache.parts(snapshot))
+    except MetralError:
+        return None
 
 
 def blob_ok(cache: Owned, base: Path, spec: RepoFile) -> bool:
@@ -263,7 +271,8 @@ def parts_waiting(base: Path) -> bool:
 
 
 def _judge(listing: Listing, snapshot: Path, cache: Owned) -> tuple[int, int]:
-    present = [f for f in listing.files if file_ok(snapshot, f, cache)]
+    under = under_cache(cache, snapshot)
+    present = [f for f in listing.files if file_ok(snapshot, f, cache, under)]
     return len(present), sum(f.size for f in present)
 
 

@@ -94,12 +94,11 @@ def file_url(repo: str, commit: str, path: str) -> str:
     return f"{endpoint()}/{repo}/resolve/{commit}/{quote(path)}"
 
 
-def headers() -> dict[str, str]:
-    """The token (as huggingface_hub would send it) and no compression: the bytes on disk are the bytes on the
-    wire. A header that cannot be sent as it is (a token with a newline in it) is refused, not sent."""
-    from huggingface_hub.utils import build_hf_headers
-
-    out = {**build_hf_headers(), "Accept-Encoding": "identity"}
+def checked_headers(sent: dict[str, str]) -> dict[str, str]:
+    """`sent` (the token, as huggingface_hub builds it) with no compression asked for: the bytes on disk are the
+    bytes on the wire. A header that cannot be sent as it is (a token with a newline in it) is refused, not
+    sent (httpx would raise an internal error)."""
+    out = {**sent, "Accept-Encoding": "identity"}
     for key, value in out.items():
         if not (isinstance(value, str) and value.isascii() and value.isprintable()):
             raise WeightsError(f"the {key} header holds characters a header cannot carry (a newline or a control "
@@ -186,14 +185,14 @@ def read_capped(response: httpx.Response, limit: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
-def get_json(repo: str, revision: str) -> object:
+def get_json(repo: str, revision: str, sent: dict[str, str]) -> object:
     """The model-info answer for `repo` at `revision` (files with sizes and hashes), parsed; HubHTTPError on an
     HTTP error, HubDataError when it is no JSON or too large, httpx's errors when unreachable."""
     if offline():
         raise OfflineModeIsEnabled("HF_HUB_OFFLINE is set")
     what = f"the listing of {repo}@{clean(revision, 60)}"
     with client() as http:
-        response = open_get(http, listing_url(repo, revision), headers())
+        response = open_get(http, listing_url(repo, revision), sent)
         try:
             if response.status_code != 200:
                 raise http_error(response, "")

@@ -135,14 +135,31 @@ def endpoint() -> str | None:
 
 
 def token_present() -> bool:
-    if os.environ.get("HF_TOKEN"):
-        return True
+    return bool(os.environ.get("HF_TOKEN") or _token())
+
+
+def hub_headers() -> dict[str, str]:
+    """The headers every request to the Hub carries: our user agent and the token as huggingface_hub finds it
+    (HF_TOKEN, the saved token; none under HF_HUB_DISABLE_IMPLICIT_TOKEN), checked sendable. Not
+    huggingface_hub's build_hf_headers: in 2.4 it fetches {HF_ENDPOINT}/api/agent-harnesses and caches the
+    answer in HF_HOME — a mirror's text, written outside the hub cache, for a user-agent string."""
+    from metralectl import __version__
+
+    sent = {"User-Agent": f"metralectl/{__version__}"}
+    implicit_off = os.environ.get("HF_HUB_DISABLE_IMPLICIT_TOKEN", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    token = None if implicit_off else _token()
+    if token:
+        sent["Authorization"] = f"Bearer {token}"
+    return hubhttp.checked_headers(sent)
+
+
+def _token() -> str | None:
     try:
         from huggingface_hub import get_token
 
-        return bool(get_token())
-    except Exception:  # noqa: BLE001 - an unreadable token file is the same as none for our message
-        return False
+        return get_token()
+    except Exception:  # noqa: BLE001 - an unreadable token file is the same as none
+        return None
 
 
 def hub_listing(repo: str, revision: str | None) -> Listing:
@@ -151,7 +168,7 @@ def hub_listing(repo: str, revision: str | None) -> Listing:
     check("repo", repo, "the recipe's checkpoint.repo")
     rev = revision or "main"
     try:
-        data = hubhttp.get_json(repo, rev)
+        data = hubhttp.get_json(repo, rev, hub_headers())
     except Exception as exc:  # noqa: BLE001 - translated (or re-raised) by hub_error
         raise hub_error(exc, repo, rev, token_present(), endpoint=endpoint()) from None
     return parse_listing(repo, rev, data, f"the Hub at {hubhttp.endpoint()}")
@@ -274,7 +291,8 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
         preflight_disk(f"{ck.repo}:{quant}" if quant else ck.repo, hub, todo, free_space)
         name = getattr(target, "name", None)
         again = f"`metralectl pull {name}`" if name else "pulling it again"
-        downloaded, placed, failed = download(ck.repo, wanted, todo, cache, emit, workers, again, token_present)
+        downloaded, placed, failed = download(ck.repo, wanted, todo, cache, emit, workers, again, token_present,
+                                              hub_headers())
         # hash only what no manifest vouches for and resume.py did not just hash (or refuse)
         check_now = [f for f in wanted.files if f.path not in trusted | placed | {s.path for s, _ in failed}]
         verify(ck.repo, wanted, snapshot, base, cache, check_now, failed, emit, min(workers, os.cpu_count() or 2))

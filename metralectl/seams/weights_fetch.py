@@ -39,7 +39,7 @@ Failed = list[tuple[RepoFile, resume.Problem]]
 
 
 def download(repo: str, listing: Listing, todo: list[RepoFile], cache: Owned, emit: OnEvent, workers: int,
-              again: str, token_present: Callable[[], bool]) -> tuple[int, set[str], Failed]:
+              again: str, token_present: Callable[[], bool], headers: dict[str, str]) -> tuple[int, set[str], Failed]:
     """Fetch `todo` pinned to the commit with resume.py. Returns the bytes fetched, the paths already verified
     (resume.py hashes what it places) and the files the server sent wrong (not placed). `again`: the command
     that resumes an interrupted pull."""
@@ -54,7 +54,7 @@ def download(repo: str, listing: Listing, todo: list[RepoFile], cache: Owned, em
                                                                     if resume.resumable(f))
     meter = Meter(listing.total_bytes, present)
     account = Account(meter)
-    job = resume.Job(repo, listing.commit, base, cache, hubhttp.headers(), account, notes.put)
+    job = resume.Job(repo, listing.commit, base, cache, headers, account, notes.put)
     done_files = [len(listing.files) - len(todo)]
     placed: set[str] = set()
     failed: Failed = []

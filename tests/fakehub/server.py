@@ -26,7 +26,8 @@ model-info answer (crafted names, commits, hashes, sizes, duplicates); `resolve_
 into every resolve answer (an ETag or X-Repo-Commit of `../../x`); `redirect_loop` paths redirect to
 themselves forever; `redirect_small` sends regular files to the CDN host too; and the faults "grow"
 (`extra` bytes more than listed, Content-Length honest), "endless" (a chunked body that never ends),
-"bad-range" (206 with a Content-Range that is not the body's) and "gzip" (a compressed body).
+"bad-range" (206 with a Content-Range that is not the body's) and "gzip" (a compressed body);
+`harnesses` answers /api/agent-harnesses, which huggingface_hub 2.4 asks and caches in HF_HOME.
 
 Standalone: python3 -m tests.fakehub.server [--port N]  serves a demo repository until Ctrl-C.
 """
@@ -135,6 +136,7 @@ class FakeHub:
         self.resolve_headers: dict[str, str] = {}  # merged into every resolve answer (hostile headers)
         self.redirect_loop: set[str] = set()  # repo paths whose resolve URL redirects to itself
         self.redirect_small = False  # regular files are redirected to the CDN host as LFS files are
+        self.harnesses: object = None  # an answer to /api/agent-harnesses (huggingface_hub 2.4 caches it in HF_HOME)
 
     # --- control ------------------------------------------------------------------------------
     def start(self, port: int = 0) -> FakeHub:
@@ -299,7 +301,9 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in url.path.split("/")[1:]]
         query = parse_qs(url.query)
         try:
-            if parts[:2] == ["api", "models"] and len(parts) >= 4:
+            if parts == ["api", "agent-harnesses"] and self.hub.harnesses is not None:
+                self._json(self.hub.harnesses)
+            elif parts[:2] == ["api", "models"] and len(parts) >= 4:
                 self._api(f"{parts[2]}/{parts[3]}", parts[4:], query)
             elif len(parts) >= 5 and parts[2] == "resolve":
                 self._resolve(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]))

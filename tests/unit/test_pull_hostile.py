@@ -249,3 +249,19 @@ def test_an_unreachable_hub_is_69(tmp_path: Path, outside: Path, monkeypatch: py
         out = pull_and_compare(tmp_path, expect_cache_unchanged=True)
     refused(out, 69, "cannot reach the Hugging Face Hub")
 
+
+
+def test_a_token_no_header_can_carry_is_refused_not_sent(hub: FakeHub, tmp_path: Path, outside: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_valid\x1b[2J")  # huggingface_hub strips CR/LF from a token, not the rest
+    refused(pull_and_compare(tmp_path, expect_cache_unchanged=True), 65, "Authorization header", "cannot carry")
+    assert not hub.log  # not even the listing was asked for
+
+
+def test_nothing_of_the_mirror_is_cached_beside_the_hub_cache(hub: FakeHub, tmp_path: Path, outside: Path) -> None:
+    """huggingface_hub 2.4 builds its headers from a registry it fetches from HF_ENDPOINT and caches in HF_HOME;
+    metralectl builds its own and asks the mirror for the listing and the files only."""
+    hub.harnesses = {"harnesses": [{"id": "x\r\nInjected: 1", "env": {"AI_AGENT": "x"}}], "padding": "y" * 1000}
+    out = pull_and_compare(tmp_path)  # HF_HOME outside hub/ is part of what must not change
+    assert out.returncode == 0, out.stderr
+    assert not [r for r in hub.log if "agent-harnesses" in r.path]
