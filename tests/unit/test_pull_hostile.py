@@ -265,3 +265,14 @@ def test_nothing_of_the_mirror_is_cached_beside_the_hub_cache(hub: FakeHub, tmp_
     out = pull_and_compare(tmp_path)  # HF_HOME outside hub/ is part of what must not change
     assert out.returncode == 0, out.stderr
     assert not [r for r in hub.log if "agent-harnesses" in r.path]
+
+
+@pytest.mark.parametrize("start,location", [("https://hub.example/x", "http://hub.example/y"),
+                                            ("https://hub.example/x", "file:///etc/passwd"),
+                                            ("http://127.0.0.1:1/x", "ftp://127.0.0.1/y")])
+def test_a_redirect_off_https_or_off_http_is_refused(start: str, location: str) -> None:
+    from metralectl.seams import hubhttp
+
+    with pytest.raises(hubhttp.HubDataError) as caught:  # checked before anything is sent there
+        hubhttp._next(start, location)
+    assert caught.value.exit_code == 65 and "nothing was placed" in caught.value.message
