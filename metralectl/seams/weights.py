@@ -335,7 +335,7 @@ def _cache_error(repo: str, commit: str, exc: OSError) -> BaseException:
     error = hub_error(exc, repo, commit, token_present(), endpoint=endpoint())
     if isinstance(error, WeightsError):
         return error
-    where = paths.display(Path(exc.filename)) if isinstance(exc.filename, str) else "the Hugging Face cache"
+    where = clean(paths.display(Path(exc.filename)), 200) if isinstance(exc.filename, str) else "the Hugging Face cache"
     return WeightsError(f"{repo}: {where} could not be changed ({clean(exc.strerror or str(exc), 200)}); the "
                         "checkpoint is not marked complete", "fix or remove that path and pull again")
 
