@@ -338,11 +338,6 @@ class Owned:
         return data
 
     # --- changing ---------------------------------------------------------------------------------------
-    def ensure_root(self, mode: int = 0o777) -> None:
-        """Create the root itself when missing (the place the user chose for it: HF_HUB_CACHE, say; links
-        above it are theirs). Everything below it is made with make_dirs."""
-        os.makedirs(self.root, mode=mode, exist_ok=True)
-
     def make_dirs(self, rel: str | PurePosixPath | Path, mode: int = 0o777) -> None:
         """Create `rel` and its parents (an existing directory is fine; a link on the way is refused)."""
         with self._dir(self.parts(rel), create=True, mode=mode):

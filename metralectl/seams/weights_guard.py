@@ -63,7 +63,7 @@ def pull_lock(repo: str, hub: Path) -> PullLock:
     import fcntl
 
     cache = hfcache.owned(hub)
-    cache.ensure_root()
+    cache.make_root()
     rel = Path(".locks") / hfcache.folder_name(repo) / "metralectl-pull.lock"
     fd = cache.open_write(rel, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666, create_parents=True)
     try:
