@@ -101,8 +101,10 @@ def checked_headers(sent: dict[str, str]) -> dict[str, str]:
     out = {**sent, "Accept-Encoding": "identity"}
     for key, value in out.items():
         if not (isinstance(value, str) and value.isascii() and value.isprintable()):
-            raise WeightsError(f"the {key} header holds characters a header cannot carry (a newline or a control "
-                               "character; from HF_TOKEN or the saved token?)",
+            what = "the Hugging Face token (HF_TOKEN, or the one `hf auth login` saved)" if key == "Authorization" \
+                else f"the {key} header"
+            raise WeightsError(f"{what} holds characters the {key} header cannot carry (not ASCII, a line break or "
+                               "another control character)",
                                "fix HF_TOKEN or the token file (`hf auth login`); nothing was sent",
                                exit_code=ExitCode.DATA)
     return out

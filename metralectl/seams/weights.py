@@ -178,7 +178,8 @@ def parse_listing(repo: str, rev: str, data: object, source: str) -> Listing:
     """A model-info answer as a Listing; refused (exit 65) unless every part of it is what a Hub sends."""
     siblings = data.get("siblings") if isinstance(data, dict) else None
     if not isinstance(data, dict) or not isinstance(siblings, list) or "sha" not in data:
-        raise ListingRefused(f"{source} answered for {repo}@{rev} without a commit or a file list; nothing was written",
+        raise ListingRefused(f"{source} answered for {repo}@{rev} with something a Hub does not send: without a "
+                             "commit or a file list; nothing was written",
                              f"check HF_ENDPOINT ({hubhttp.endpoint()}) points at a Hugging Face Hub")
     if len(siblings) > hfcache.MAX_FILES:
         raise ListingRefused(f"{source} listed {len(siblings)} files for {repo}: more than {hfcache.MAX_FILES}; "

@@ -254,7 +254,7 @@ def test_an_unreachable_hub_is_69(tmp_path: Path, outside: Path, monkeypatch: py
 def test_a_token_no_header_can_carry_is_refused_not_sent(hub: FakeHub, tmp_path: Path, outside: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_valid\x1b[2J")  # huggingface_hub strips CR/LF from a token, not the rest
-    refused(pull_and_compare(tmp_path, expect_cache_unchanged=True), 65, "Authorization header", "cannot carry")
+    refused(pull_and_compare(tmp_path, expect_cache_unchanged=True), 65, "Hugging Face token", "Authorization header cannot carry")
     assert not hub.log  # not even the listing was asked for
 
 
