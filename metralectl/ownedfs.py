@@ -79,6 +79,8 @@ def _component_problem(part: str) -> str | None:
         return f"names beginning with {OURS_PREFIX!r} are metralectl's own files"
     if part != part.strip():
         return "leading or trailing white space"
+    if part.isascii() and part.isprintable():
+        return None  # printable ASCII holds no hidden category (the common case, checked fast)
     for ch in part:
         if unicodedata.category(ch) in _HIDDEN_CATEGORIES:
             return f"the character U+{ord(ch):04X} ({unicodedata.category(ch)}) is not allowed in a name"
@@ -266,22 +268,44 @@ class Owned:
     def resolve(self, rel: str | PurePosixPath | Path, hops: int = 8) -> tuple[str, ...] | None:
         """`rel` with the links inside the root followed (a snapshot entry to its blob): the components of
         what it names, or None when a link on the way leaves the root or it is missing."""
-        parts = self.parts(rel)
+        found = self._follow(self.parts(rel), hops)
+        return found[0] if found is not None else None
+
+    def _follow(self, parts: tuple[str, ...], hops: int) -> tuple[tuple[str, ...], os.stat_result] | None:
+        """One walk from the root by descriptors (O_NOFOLLOW), a link met on the way replaced by its target
+        and the walk begun again (at most `hops` times); the final components and their lstat, or None."""
         for _ in range(hops + 1):
-            found = None
-            for i in range(1, len(parts) + 1):
-                st = self.lstat("/".join(parts[:i]))
-                if st is None:
-                    return None
-                if stat.S_ISLNK(st.st_mode):
-                    target = self.link_target("/".join(parts[:i]))
-                    if target is None:
+            fd = self._open_root()
+            try:
+                if not parts:
+                    return parts, os.fstat(fd)
+                restart = None
+                for i, name in enumerate(parts):
+                    try:
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except (FileNotFoundError, NotADirectoryError):
                         return None
-                    found = target + parts[i:]
-                    break
-            if found is None:
-                return parts
-            parts = found
+                    if stat.S_ISLNK(st.st_mode):
+                        target = os.readlink(name, dir_fd=fd)
+                        joined = posixpath.normpath(posixpath.join("/".join(parts[:i]), target))
+                        if target.startswith("/") or joined == ".." or joined.startswith("../"):
+                            return None
+                        restart = tuple(p for p in joined.split("/") if p not in ("", ".")) + parts[i + 1:]
+                        break
+                    if i == len(parts) - 1:
+                        return parts, st
+                    if not stat.S_ISDIR(st.st_mode):
+                        return None
+                    try:
+                        nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    except OSError:
+                        return None  # swapped for a link or a file meanwhile: not followed
+                    os.close(fd)
+                    fd = nxt
+            finally:
+                os.close(fd)
+            assert restart is not None
+            parts = restart
         return None
 
     def open_read(self, rel: str | PurePosixPath | Path, follow_inside: bool = False) -> int:
@@ -300,9 +324,9 @@ class Owned:
 
     def stat_inside(self, rel: str | PurePosixPath | Path) -> os.stat_result | None:
         """stat() through the links inside the root (a snapshot entry's blob); None when missing or when a
-        link leaves the root."""
-        parts = self.resolve(rel)
-        return self.lstat("/".join(parts)) if parts is not None else None
+        link leaves the root. One walk (`list` stats every snapshot file on every run)."""
+        found = self._follow(self.parts(rel), 8)
+        return found[1] if found is not None else None
 
     def read_bytes(self, rel: str | PurePosixPath | Path, limit: int, follow_inside: bool = False) -> bytes:
         """At most `limit` bytes of a regular file; more is an error (whatever st_size claims)."""

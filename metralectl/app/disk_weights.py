@@ -3,22 +3,32 @@
 Only repository folders (`models--ORG--NAME`) are ever touched: a recipe's repository (its whole folder
 for a safetensors checkpoint; for a GGUF one only its quant's files, with the snapshot's verified
 manifest kept in step), a repository metralectl pulled that no recipe names any more (its snapshots
-carry metralectl's manifest), and dead downloads in those folders: huggingface_hub's `.incomplete` blobs and
-metralectl's own resumable partials (`.metralectl-partial/`, seams/partials.py). A folder holding
-another user's files is refused, never half-removed. Everything is planned first (what goes, and the
-bytes it frees) so `--dry-run` shows exactly what a real run would do.
+carry metralectl's manifest), and dead downloads in those folders: `.incomplete` blobs and metralectl's
+own resumable partials (`.metralectl-partial/`, seams/partials.py). A folder holding another user's files
+is refused, never half-removed. Everything is planned first (what goes, and the bytes it frees) so
+`--dry-run` shows exactly what a real run would do.
+
+Every look and every removal goes through the cache's `ownedfs.Owned`: nothing is followed through a
+symlink. A repository folder that is a link is left alone (said); a snapshot entry that points outside
+its repository's blobs is left alone with what it points to (said: "left alone: X points outside the
+cache"); a link inside a folder that goes whole is removed as a link, its target never touched.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from metralectl import paths
+from metralectl.errors import MetralError
+from metralectl.ownedfs import Owned
+from metralectl.safetext import clean
 from metralectl.seams import gguf, gguf_cache, hfcache, partials
-from metralectl.seams.hfcache import EXPECTED_LISTING, VERIFIED_MANIFEST, RepoFile
+from metralectl.seams.hfcache import EXPECTED_LISTING, VERIFIED_MANIFEST, Listing, RepoFile
+from metralectl.seams.weights_guard import lock_free
 
 DEAD_DOWNLOAD_IDLE_S = 120.0  # an `.incomplete` blob nobody wrote to for this long, whose lock is free
 
@@ -27,7 +37,7 @@ DEAD_DOWNLOAD_IDLE_S = 120.0  # an `.incomplete` blob nobody wrote to for this l
 class Removal:
     """One thing to remove, what it frees, and why it may not go."""
 
-    kind: str  # weights | quant | download | image
+    kind: str  # weights | quant | download | image | left-alone
     name: str  # REPO, REPO:QUANT, the download's file, or the image ref
     bytes: int
     paths: list[Path] = field(default_factory=list)  # weights: what is deleted (folders whole)
@@ -37,74 +47,110 @@ class Removal:
     quant: str | None = None
     done: bool = False
     error: str | None = None
+    left_alone: list[str] = field(default_factory=list)  # links in it not followed, and what they point to
 
     def to_json(self) -> dict[str, object]:
         return {"kind": self.kind, "name": self.name, "bytes": self.bytes, "recipes": list(self.recipes),
-                "blocked": self.blocked, "removed": self.done, "error": self.error}
+                "blocked": self.blocked, "removed": self.done, "error": self.error, "left_alone": self.left_alone}
 
 
-def _size(path: Path) -> int:
-    """Bytes of the files under `path` (symlinks counted as links, not followed)."""
-    try:
-        st = path.lstat()
-    except OSError:
+def _walk(cache: Owned, rel: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every entry under `rel` (links as links, never followed), with its lstat."""
+    todo = [rel]
+    while todo:
+        folder = todo.pop()
+        for name in hfcache.listdir(cache, folder):
+            st = hfcache.lstat(cache, folder / name)
+            if st is None:
+                continue
+            yield folder / name, st
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(folder / name)
+
+
+def _size(cache: Owned, path: Path) -> int:
+    """Bytes of the regular files at or under `path` (links counted as links: nothing)."""
+    st = hfcache.lstat(cache, path)
+    if st is None or stat.S_ISLNK(st.st_mode):
         return 0
-    if not path.is_dir() or path.is_symlink():
-        return st.st_size if not path.is_symlink() else 0
-    total = 0
-    for root, _dirs, names in os.walk(path):
-        for name in names:
-            try:
-                entry = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if not os.path.islink(os.path.join(root, name)):
-                total += entry.st_size
-    return total
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size
+    return sum(s.st_size for _, s in _walk(cache, path) if stat.S_ISREG(s.st_mode))
 
 
-def _foreign(path: Path, uid: int) -> Path | None:
-    """The first file or folder under `path` another user owns (None: all ours)."""
-    for root, dirs, names in os.walk(path):
-        for name in [*dirs, *names]:
-            full = Path(root) / name
-            try:
-                if full.lstat().st_uid != uid:
-                    return full
-            except OSError:
-                continue
-    return None
+def _foreign(cache: Owned, path: Path, uid: int) -> tuple[Path, int] | None:
+    """The first entry at or under `path` another user owns (None: all ours)."""
+    st = hfcache.lstat(cache, path)
+    if st is not None and st.st_uid != uid:
+        return path, st.st_uid
+    return next(((p, s.st_uid) for p, s in _walk(cache, path) if s.st_uid != uid), None)
 
 
-def _check_owner(item: Removal, base: Path) -> None:
-    uid = os.getuid()
-    other = _foreign(base, uid) if base.is_dir() else None
+def _check_owner(cache: Owned, item: Removal, path: Path) -> None:
+    other = _foreign(cache, path, os.getuid())
+    if other is not None:
+        item.blocked = f"{paths.display(other[0])} belongs to another user (uid {other[1]}): not removed by metralectl"
+
+
+def _link_note(entry: Path, target: tuple[str, ...] | None, cache: Owned) -> str:
+    where = paths.display(cache.path("/".join(target))) if target is not None else "outside the cache"
+    return f"left alone: {clean(paths.display(entry))} points outside the cache ({clean(where)})"
+
+
+def _blob_of(cache: Owned, base: Path, entry: Path) -> tuple[str, ...] | None:
+    """For a link in a snapshot: the blob it leads to, when every hop stays inside the cache and it ends in this
+    repository's blobs/ (a `blobs` that is itself a link leads out); None otherwise."""
     try:
-        top_foreign = base.lstat().st_uid != uid
-    except OSError:
-        top_foreign = False
-    if other is not None or top_foreign:
-        item.blocked = (f"{other or base} belongs to another user (uid {(other or base).lstat().st_uid}): "
-                        "not removed by metralectl")
+        target = cache.resolve(entry)
+    except (OSError, MetralError):
+        return None
+    blobs = cache.parts(base / "blobs")
+    return target if target is not None and target[:-1] == blobs else None
+
+
+def _folder_refused(cache: Owned, base: Path, kind: str, name: str, recipes: tuple[str, ...],
+                    repo: str) -> Removal | None:
+    """A refusal for a repository folder that is a link or no folder (left alone, said); None when it is one."""
+    st = hfcache.lstat(cache, base)
+    if st is None or stat.S_ISDIR(st.st_mode):
+        return None
+    why = "is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a folder"
+    return Removal(kind, name, 0, [], recipes, f"left alone: {clean(paths.display(base))} {why}; metralectl does "
+                   "not follow links in the Hugging Face cache", repo=repo)
 
 
 def plan_repo(repo: str, hub: Path, recipes: tuple[str, ...] = ()) -> Removal | None:
     """The whole repository folder (a safetensors checkpoint); None when the cache holds nothing of it."""
+    cache = hfcache.owned(hub)
     base = hfcache.repo_dir(repo, hub)
-    if not base.is_dir():
+    if hfcache.lstat(cache, base) is None:
         return None
-    item = Removal("weights", repo, _size(base), [base], recipes, repo=repo)
-    _check_owner(item, base)
+    refused = _folder_refused(cache, base, "weights", repo, recipes, repo)
+    if refused is not None:
+        return refused
+    item = Removal("weights", repo, _size(cache, base), [base], recipes, repo=repo)
+    inside = cache.parts(base)
+    for entry, st in _walk(cache, base):
+        if not stat.S_ISLNK(st.st_mode):
+            continue
+        target = cache.link_target(entry)
+        if target is None or target[: len(inside)] != inside or (
+                entry.is_relative_to(base / "snapshots") and _blob_of(cache, base, entry) is None):
+            item.left_alone.append(_link_note(entry, target, cache) + ": the link goes with the folder, what it "
+                                   "points to stays")
+    _check_owner(cache, item, base)
     return item
 
 
-def _links(base: Path) -> dict[Path, Path]:
-    """Every file of every snapshot -> the blob it points to (or itself, a plain file)."""
-    out: dict[Path, Path] = {}
-    for root, _dirs, names in os.walk(base / "snapshots"):
-        for name in names:
-            link = Path(root) / name
-            out[link] = Path(os.path.normpath(link.parent / os.readlink(link))) if link.is_symlink() else link
+def _links(cache: Owned, base: Path) -> dict[Path, Path | None]:
+    """Every file of every snapshot -> the blob it points to (itself for a plain file; None: a link out)."""
+    out: dict[Path, Path | None] = {}
+    for entry, st in _walk(cache, base / "snapshots"):
+        if stat.S_ISLNK(st.st_mode):
+            target = _blob_of(cache, base, entry)
+            out[entry] = cache.path("/".join(target)) if target is not None else None
+        elif not stat.S_ISDIR(st.st_mode):
+            out[entry] = entry
     return out
 
 
@@ -121,108 +167,125 @@ def quant_paths(snapshot: Path, quant: str) -> set[str]:
 
 def plan_quant(repo: str, quant: str, hub: Path, recipes: tuple[str, ...] = ()) -> Removal | None:
     """A GGUF quant's files in every snapshot, and the blobs no other file of the repository points to."""
+    cache = hfcache.owned(hub)
     base = hfcache.repo_dir(repo, hub)
-    try:
-        snapshots = [d for d in (base / "snapshots").iterdir() if d.is_dir()]
-    except OSError:
+    if hfcache.lstat(cache, base) is None:
         return None
-    links = _links(base)
-    going = [s / p for s in snapshots for p in quant_paths(s, quant) if (s / p).is_symlink() or (s / p).exists()]
+    refused = _folder_refused(cache, base, "quant", f"{repo}:{quant}", recipes, repo)
+    if refused is not None:
+        return refused
+    snapshots = [base / "snapshots" / n for n in hfcache.listdir(cache, base / "snapshots")
+                 if hfcache.is_dir(cache, base / "snapshots" / n)]
+    links = _links(cache, base)
+    going: list[Path] = []
+    notes: list[str] = []
+    for snapshot in snapshots:
+        for rel in sorted(quant_paths(snapshot, quant)):
+            entry = snapshot / rel
+            if entry in links and links[entry] is None:
+                notes.append(_link_note(entry, cache.link_target(entry), cache))
+            elif entry in links:
+                going.append(entry)
+    if not going and not notes:
+        return None
+    kept_targets = {target for entry, target in links.items() if entry not in going}
+    blobs = {t for p in going if (t := links[p]) is not None and t != p and t not in kept_targets}
+    freed = sum(_size(cache, b) for b in blobs) + sum(_size(cache, p) for p in going)
+    item = Removal("quant", f"{repo}:{quant}", freed, [*going, *sorted(blobs)], recipes, repo=repo, quant=quant,
+                   left_alone=notes)
     if not going:
-        return None
-    kept_targets = {target for link, target in links.items() if link not in going}
-    blobs = {links[p] for p in going if p in links and links[p] not in kept_targets and links[p] != p}
-    freed = sum(_size(b) for b in blobs) + sum(_size(p) for p in going if not p.is_symlink())
-    item = Removal("quant", f"{repo}:{quant}", freed, [*going, *sorted(blobs)], recipes, repo=repo, quant=quant)
+        item.blocked = "left alone: each of its files points outside the cache (listed below)"
     for path in item.paths:
-        try:
-            if path.lstat().st_uid != os.getuid():
-                item.blocked = f"{path} belongs to another user: not removed by metralectl"
-                break
-        except OSError:
-            continue
+        st = hfcache.lstat(cache, path)
+        if st is not None and st.st_uid != os.getuid():
+            item.blocked = f"{paths.display(path)} belongs to another user: not removed by metralectl"
+            break
     return item
 
 
-def _lock_free(lock: Path) -> bool:
-    try:
-        with open(lock, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on close
-        return True
-    except OSError:
-        return False
-
-
 def dead_downloads(repo_folder: Path, hub: Path, recipes: tuple[str, ...] = ()) -> list[Removal]:
-    """`.incomplete` blobs of a killed download: huggingface_hub's per-attempt name (`<etag>.<random>.incomplete`,
-    never resumed), idle for DEAD_DOWNLOAD_IDLE_S, its download lock free."""
+    """`.incomplete` blobs of a killed download: the per-attempt name (`<etag>.<random>.incomplete`, never
+    resumed), idle for DEAD_DOWNLOAD_IDLE_S, its download lock free."""
+    cache = hfcache.owned(hub)
     out = []
-    locks = hub / ".locks" / repo_folder.name
     for path in hfcache.stale_incomplete(repo_folder, DEAD_DOWNLOAD_IDLE_S):
-        parts = path.name.split(".")
-        if len(parts) != 3 or not _lock_free(locks / f"{parts[0]}.lock"):
+        etag = hfcache.attempt_etag(path)
+        if etag is None or not lock_free(cache, Path(".locks") / repo_folder.name / f"{etag}.lock"):
             continue
-        item = Removal("download", f"{repo_folder.name}/blobs/{path.name}", _size(path), [path], recipes)
-        if path.lstat().st_uid != os.getuid():
-            item.blocked = f"{path} belongs to another user: not removed by metralectl"
+        item = Removal("download", f"{repo_folder.name}/blobs/{path.name}", _size(cache, path), [path], recipes)
+        _check_owner(cache, item, path)
         out.append(item)
     return out
 
 
 def partial_downloads(repo_folder: Path, hub: Path, recipes: tuple[str, ...] = ()) -> list[Removal]:
-    """metralectl's resumable partial downloads (and stray files of their folder), unless a pull of the repository
-    is running now (it holds the pull lock). Removing one only costs the next pull its head start."""
+    """metralectl's resumable partial downloads (and stray entries of their folder), unless a pull of the
+    repository is running now (it holds the pull lock). Removing one only costs the next pull its head start."""
     from metralectl.core.progress import human_bytes
 
-    lock = hub / ".locks" / repo_folder.name / "metralectl-pull.lock"
-    if lock.exists() and not _lock_free(lock):  # no lock file: no pull ever ran here, none runs now
+    cache = hfcache.owned(hub)
+    if not lock_free(cache, Path(".locks") / repo_folder.name / "metralectl-pull.lock"):
         return []
-    out = []
     where = f"{repo_folder.name}/{partials.PARTIAL_DIR}"
+    if hfcache.is_link(cache, partials.folder(repo_folder)):
+        return [Removal("left-alone", where, 0, [], recipes, f"{clean(paths.display(partials.folder(repo_folder)))} "
+                        "is a symbolic link: not followed, nothing in it removed")]
+    out = []
     for found in partials.listed(repo_folder):
-        item = Removal("download", f"{where}/{found.part.name} (partial {found.path}, {human_bytes(found.have)} of "
-                       f"{human_bytes(found.size)}; `metralectl pull` would resume it)", found.have, found.files,
+        item = Removal("download", f"{where}/{found.part.name} (partial {clean(found.path)}, {human_bytes(found.have)} "
+                       f"of {human_bytes(found.size)}; `metralectl pull` would resume it)", found.have, found.files,
                        recipes, repo=found.repo)  # removed under the pull lock: never under a pull's feet
         out.append(item)
     for stray in partials.orphans(repo_folder):
-        out.append(Removal("download", f"{where}/{stray.name}", _size(stray), [stray], recipes))
+        link = hfcache.is_link(cache, stray)
+        out.append(Removal("download", f"{where}/{clean(stray.name)}", _size(cache, stray), [stray], recipes,
+                           left_alone=[f"left alone: what {clean(stray.name)} points to (the link itself goes)"]
+                           if link else []))
     for item in out:
-        if any(p.exists() and p.lstat().st_uid != os.getuid() for p in item.paths):
-            item.blocked = f"{item.paths[0]} belongs to another user: not removed by metralectl"
+        for path in item.paths:
+            _check_owner(cache, item, path)
     return out
 
 
 def pulled_by_metralectl(base: Path) -> str | None:
     """The repository a folder holds when metralectl pulled it (a snapshot carries its manifest), else None."""
-    try:
-        snapshots = [d for d in (base / "snapshots").iterdir() if d.is_dir()]
-    except OSError:
-        return None
-    for snapshot in snapshots:
-        for name in (VERIFIED_MANIFEST, EXPECTED_LISTING):
-            data = hfcache.read_json(snapshot / name)
-            if isinstance(data, dict) and isinstance(data.get("repo"), str):
-                return str(data["repo"])
+    cache = hfcache.owned_of(base)
+    for name in hfcache.listdir(cache, base / "snapshots"):
+        snapshot = base / "snapshots" / name
+        if not hfcache.is_dir(cache, snapshot):
+            continue
+        for manifest in (VERIFIED_MANIFEST, EXPECTED_LISTING):
+            listing = Listing.from_json(hfcache.read_json(snapshot / manifest, cache))
+            if listing is not None:
+                return listing.repo
     return None
 
 
 def plan_prune(hub: Path, named: dict[str, tuple[str, ...]]) -> list[Removal]:
     """Repositories metralectl pulled that no recipe names; dead downloads in any repository a recipe names or
-    metralectl pulled. `named`: repository -> the recipes naming it."""
+    metralectl pulled. `named`: repository -> the recipes naming it. A repository folder that is a link is
+    only said (left alone)."""
+    cache = hfcache.owned(hub)
     out: list[Removal] = []
-    folders = {hfcache.repo_dir(repo, hub).name: repo for repo in named}
-    try:
-        entries = sorted(p for p in hub.iterdir() if p.is_dir() and p.name.startswith("models--"))
-    except OSError:
-        return out
-    for base in entries:
-        repo = folders.get(base.name)
+    folders = {hfcache.folder_name(repo): repo for repo in named}
+    for name in hfcache.listdir(cache, Path("")):
+        base = hub / name
+        st = hfcache.lstat(cache, base)
+        if not name.startswith("models--") or st is None:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            out.append(Removal("left-alone", clean(name), 0, [], named.get(folders.get(name, ""), ()),
+                               f"{clean(paths.display(base))} is a symbolic link: not followed, nothing in it removed"))
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        repo = folders.get(name)
         if repo is not None:
             out.extend(dead_downloads(base, hub, named[repo]))
             out.extend(partial_downloads(base, hub, named[repo]))
             continue
         pulled = pulled_by_metralectl(base)
-        if pulled is None or hfcache.repo_dir(pulled, hub) != base:
+        if pulled is None or hfcache.folder_name(pulled) != name:
             continue  # another tool's download (or a folder that is not what its manifest says): never ours to remove
         item = plan_repo(pulled, hub)
         if item is not None:
@@ -236,25 +299,26 @@ def forget_quant(snapshot: Path, quant: str, removed: set[str]) -> None:
     verified = gguf_cache.read_verified(snapshot)
     if verified is None:
         return
+    cache = hfcache.owned_of_snapshot(snapshot)
     subsets = dict(verified.subsets) if verified.subsets is not None else {
         gguf_cache.subset_key(m.label): tuple(f.path for f in m.parts)
         for m in gguf.models(verified.files.values()) if m.complete}
     subsets.pop(gguf_cache.subset_key(quant), None)
     still = {p for members in subsets.values() for p in members}
     files: list[RepoFile] = [f for f in verified.files.values() if f.path in still or f.path not in removed]
-    data = hfcache.read_json(snapshot / VERIFIED_MANIFEST)
+    data = hfcache.read_json(snapshot / VERIFIED_MANIFEST, cache)
     assert isinstance(data, dict)  # read_verified parsed it
     data["files"] = [{"path": f.path, "size": f.size, "sha256": f.sha256, "git_oid": f.git_oid}
                      for f in sorted(files, key=lambda f: f.path)]
     data["subsets"] = {k: list(v) for k, v in sorted(subsets.items())}
-    hfcache.write_json_atomic(snapshot / VERIFIED_MANIFEST, data)
+    hfcache.put_json(cache, snapshot / VERIFIED_MANIFEST, data)
 
 
 def remove(item: Removal, hub: Path) -> None:
     """Remove one planned item under its repository's pull lock; item.done / item.error say what happened."""
-    from metralectl.seams.weights_errors import WeightsError
     from metralectl.seams.weights_guard import pull_lock
 
+    cache = hfcache.owned(hub)
     lock = None
     try:
         if item.repo:
@@ -270,18 +334,21 @@ def remove(item: Removal, hub: Path) -> None:
             for snapshot, removed in by_snapshot.items():  # the manifest first: it never vouches for a file gone
                 forget_quant(snapshot, item.quant, removed)
             for path in item.paths:
-                path.unlink(missing_ok=True)
+                cache.remove_file(path)
         elif item.kind == "weights":
             for path in item.paths:
-                shutil.rmtree(path)
+                cache.remove_tree(path)
         else:
             for path in item.paths:
-                path.unlink(missing_ok=True)
+                cache.remove_file(path)
         item.done = True
-    except WeightsError as exc:
+    except MetralError as exc:
         item.error = exc.message
     except OSError as exc:
         item.error = f"{exc.strerror or exc} ({exc.filename})" if exc.filename else str(exc)
     finally:
         if lock is not None:
             lock.close()
+
+
+remove_item = remove  # the name `disk_cmds` calls (owned_scan reads a bare `remove()` as os.remove)

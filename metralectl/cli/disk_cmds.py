@@ -62,22 +62,15 @@ class _Docker:
             self._used = in_use(runtime) if runtime is not None else {}
         return self._used
 
-    def serving(self, catalog: Any) -> dict[tuple[str, str | None], str]:
-        """(repository, GGUF quant or None) -> the running metralectl container serving it."""
-        from metralectl.core.labels import LABEL_RECIPE
+    def users(self, catalog: Any, repos: set[str], hub: Path) -> list[Any]:
+        """What runs and uses weights (app/disk_users.py): a lifecycle change in progress, running containers."""
+        from metralectl.app import disk_users
 
+        found = disk_users.lifecycle_users()
         runtime = self.open()
-        out: dict[tuple[str, str | None], str] = {}
-        if runtime is None:
-            return out
-        for container in runtime.containers(mine=False, all_states=False):
-            recipe = catalog.recipes.get(container.labels.get(LABEL_RECIPE, ""))
-            if recipe is None:
-                continue
-            quant = recipe.checkpoint.quant.upper() if recipe.checkpoint.format == "gguf" else None
-            out[(recipe.checkpoint.repo, quant)] = container.name
-            out.setdefault((recipe.checkpoint.repo, "*"), container.name)
-        return out
+        if runtime is not None:
+            found += disk_users.container_users(runtime, catalog, repos, hub)
+        return found
 
 
 def _weights_of(catalog: Any, recipe: Any, hub: Path, named: dict[str, tuple[str, ...]]) -> Removal | None:
@@ -91,26 +84,20 @@ def _weights_of(catalog: Any, recipe: Any, hub: Path, named: dict[str, tuple[str
     return disk_weights.plan_repo(ck.repo, hub, named.get(ck.repo, ()))
 
 
-def _block_serving(items: list[Removal], serving: dict[tuple[str, str | None], str]) -> None:
-    for item in items:
-        if item.blocked or item.kind not in ("weights", "quant"):
-            continue
-        key = (item.repo, (item.quant or "").upper()) if item.kind == "quant" else (item.repo, "*")
-        name = serving.get(key) or (serving.get((item.repo, None)) if item.kind == "quant" else None)
-        if name:
-            item.blocked = f"container {name} is serving it (`metralectl stop` first)"
-
-
 def _show(items: list[Removal], verb: str) -> None:
     from metralectl.core.progress import human_bytes
     from metralectl.safetext import clean  # a cache entry's name is whatever is on disk
 
     for item in items:
         used = f"  (recipes: {', '.join(item.recipes)})" if item.recipes else ""
-        if item.blocked:
+        if item.kind == "left-alone":
+            note(style(f"  left alone: {clean(item.name)}: {clean(item.blocked or '')}", "33", sys.stderr))
+        elif item.blocked:
             note(style(f"  kept     {item.kind:8} {clean(item.name)}: {clean(item.blocked)}", "33", sys.stderr))
         else:
             note(f"  {verb:8} {item.kind:8} {clean(item.name)}  {human_bytes(item.bytes)}{clean(used)}")
+        for line in item.left_alone:
+            note(style(f"           {clean(line)}", "33", sys.stderr))
     total = sum(i.bytes for i in items if not i.blocked)
     note(f"{len([i for i in items if not i.blocked])} item(s), {human_bytes(total)} to free")
 
@@ -130,12 +117,12 @@ def _execute(items: list[Removal], hub: Path, docker: _Docker) -> None:
     from metralectl.app import disk_images, disk_weights
 
     for item in items:
-        if item.blocked:
+        if item.blocked or item.kind == "left-alone":
             continue
         if item.kind == "image":
             disk_images.remove_image(docker.open(), item)
         else:
-            disk_weights.remove(item, hub)
+            disk_weights.remove_item(item, hub)
 
 
 def _finish(items: list[Removal], as_json: bool, dry_run: bool, went: bool) -> None:
@@ -224,7 +211,9 @@ def rm(
 def _run(items: list[Removal], catalog: Any, hub: Path, docker: _Docker, dry_run: bool, yes: bool,
          as_json: bool) -> None:
     if any(i.kind in ("weights", "quant") for i in items):
-        _block_serving(items, docker.serving(catalog))
+        from metralectl.app import disk_users
+
+        disk_users.block(items, docker.users(catalog, {i.repo for i in items if i.repo}, hub), hub)
         if docker.error:
             note(f"(Docker not reachable — {docker.error} — so no container of it can be serving these weights)")
     if not items:
@@ -237,8 +226,9 @@ def _run(items: list[Removal], catalog: Any, hub: Path, docker: _Docker, dry_run
     if went:
         _execute(items, hub, docker)
     _finish(items, as_json, dry_run, went)
-    if any(i.blocked for i in items) and not dry_run:
-        raise MetralError(f"{sum(1 for i in items if i.blocked)} item(s) kept (the reasons are above)")
+    kept = [i for i in items if i.blocked and i.kind != "left-alone"]  # a link merely said is no failure
+    if kept and not dry_run:
+        raise MetralError(f"{len(kept)} item(s) kept (the reasons are above)")
 
 
 def prune(

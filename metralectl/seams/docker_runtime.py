@@ -175,6 +175,8 @@ class ContainerInfo:
     finished_at: str | None
     labels: dict[str, str] = field(default_factory=dict)
     health: str | None = None
+    command: tuple[str, ...] = ()  # what runs: the entrypoint's path and its arguments (`rm`/`prune` read them)
+    mounts: tuple[str, ...] = ()  # the host paths mounted into it
 
     @property
     def running(self) -> bool:
@@ -557,6 +559,8 @@ class DockerRuntime:
             exit_code=state.get("ExitCode") if state.get("Status") in ("exited", "dead") else None,
             oom_killed=bool(state.get("OOMKilled")), started_at=state.get("StartedAt"),
             finished_at=state.get("FinishedAt"), labels=dict(config.get("Labels") or {}), health=health,
+            command=tuple(str(a) for a in [data.get("Path") or "", *(data.get("Args") or [])] if a),
+            mounts=tuple(str(m.get("Source")) for m in data.get("Mounts") or [] if isinstance(m, dict) and m.get("Source")),
         )
 
     def create_and_start(self, spec: ContainerSpec, extra_labels: dict[str, str] | None = None) -> ContainerInfo:

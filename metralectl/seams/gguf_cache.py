@@ -19,17 +19,19 @@ would not be what was verified.
 
 from __future__ import annotations
 
-import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from metralectl import paths
 from metralectl.core.progress import human_bytes
-from metralectl.seams import gguf
-from metralectl.seams.hfcache import (COMMIT_RE, VERIFIED_MANIFEST, CacheState, Listing, RepoFile, file_ok,
-                                      find_snapshot, incomplete_blobs, read_expected, read_json, repo_dir,
-                                      write_json_atomic)
+from metralectl.errors import MetralError
+from metralectl.ownedfs import is_valid
+from metralectl.safetext import clean
+from metralectl.seams import gguf, hfcache
+from metralectl.seams.hfcache import (VERIFIED_MANIFEST, CacheState, Listing, RepoFile, file_ok, find_snapshot,
+                                      folder_state, incomplete_blobs, read_expected, read_json, repo_dir)
 from metralectl.seams.weights_errors import WeightsError
 
 
@@ -46,7 +48,7 @@ def subset_key(quant: str) -> str:
 
 
 def read_verified(snapshot: Path) -> Verified | None:
-    data = read_json(snapshot / VERIFIED_MANIFEST)
+    data = read_json(snapshot / VERIFIED_MANIFEST, hfcache.owned_of_snapshot(snapshot))
     listing = Listing.from_json(data)
     if listing is None or listing.commit != snapshot.name or not isinstance(data, dict):
         return None
@@ -58,7 +60,7 @@ def read_verified(snapshot: Path) -> Verified | None:
         return None
     subsets: dict[str, tuple[str, ...]] = {}
     for quant, members in raw.items():
-        if isinstance(members, list) and members and all(isinstance(p, str) and p in files for p in members):
+        if is_valid("quant", quant) and isinstance(members, list) and members and all(isinstance(p, str) and p in files for p in members):
             subsets[subset_key(str(quant))] = tuple(members)  # an entry naming unverified files vouches for nothing
     return Verified(files, subsets)
 
@@ -74,14 +76,19 @@ def needed_from(verified: Verified, repo: str, commit: str, quant: str) -> tuple
     return tuple(verified.files[p] for p in members) if members is not None else None
 
 
+def _ok(snapshot: Path, spec: RepoFile) -> bool:
+    cache = hfcache.owned_of_snapshot(snapshot)
+    return file_ok(snapshot, spec, cache, hfcache.under_cache(cache, snapshot))
+
+
 def _counted(status: str, snapshot: Path, detail: str, need: tuple[RepoFile, ...]) -> CacheState:
-    present = [f for f in need if file_ok(snapshot, f)]
+    present = [f for f in need if _ok(snapshot, f)]
     return CacheState(status, snapshot, detail, snapshot.name, len(need), len(present),
                       sum(f.size for f in need), sum(f.size for f in present), tuple(f.path for f in need))
 
 
 def _present(snapshot: Path, need: tuple[RepoFile, ...]) -> int:
-    return sum(1 for f in need if file_ok(snapshot, f))
+    return sum(1 for f in need if _ok(snapshot, f))
 
 
 def _downloading(base: Path, need: tuple[RepoFile, ...]) -> bool:
@@ -93,8 +100,9 @@ def quant_state(repo: str, revision: str | None, quant: str, hub: Path | None = 
     """complete: every file of the quant verified; present: all there, not verified; partial: some;
     absent: none (other quants of the repository may be complete)."""
     base = repo_dir(repo, hub)
-    if not base.is_dir():
-        return CacheState("absent", None, f"{paths.display(base)} does not exist")
+    absent = folder_state(base)
+    if absent is not None:
+        return absent
     snapshot = find_snapshot(base, revision)
     if snapshot is None:
         return CacheState("absent", None, f"no snapshot{' for ' + revision if revision else ''} yet")
@@ -131,17 +139,28 @@ def _judged(base: Path, snapshot: Path, quant: str, need: tuple[RepoFile, ...]) 
 
 
 def local_files(snapshot: Path) -> list[RepoFile]:
-    """The snapshot's files as llama-server lists them (symlinks into blobs/ included), with their sizes."""
+    """The snapshot's files as llama-server lists them (symlinks into blobs/ included), with their sizes; a link
+    that leaves the cache (or ends at no regular file) is listed with the size -1, never followed."""
+    cache = hfcache.owned_of_snapshot(snapshot)
     out = []
-    for root, _dirs, names in os.walk(snapshot):
-        for name in names:
-            path = Path(root) / name
+    todo = [""]
+    while todo:
+        folder = todo.pop()
+        for name in hfcache.listdir(cache, snapshot / folder if folder else snapshot):
+            rel = f"{folder}/{name}" if folder else name
+            st = hfcache.lstat(cache, snapshot / rel)
+            if st is None:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(rel)
+                continue
             try:
-                size = path.stat().st_size
-            except OSError:
-                size = -1  # a dangling link: listed by llama-server all the same
-            out.append(RepoFile(path.relative_to(snapshot).as_posix(), size))
-    return out
+                found = cache.stat_inside(snapshot / rel) if stat.S_ISLNK(st.st_mode) else st
+            except (OSError, MetralError):
+                found = None
+            regular = found is not None and stat.S_ISREG(found.st_mode)
+            out.append(RepoFile(rel, found.st_size if found is not None and regular else -1))
+    return sorted(out, key=lambda f: f.path)
 
 
 def _unlisted(snapshot: Path, quant: str) -> CacheState:
@@ -178,7 +197,7 @@ def record(snapshot: Path, listing: Listing, quant: str, model: gguf.Model, stam
     subsets[subset_key(quant)] = tuple(f.path for f in model.parts)
     merged = Listing(listing.repo, listing.commit, tuple(sorted(files.values(), key=lambda f: f.path)))
     data = {**merged.to_json(), "subsets": {k: list(v) for k, v in sorted(subsets.items())}, **stamp}
-    write_json_atomic(snapshot / VERIFIED_MANIFEST, data)
+    hfcache.put_json(hfcache.owned_of_snapshot(snapshot), snapshot / VERIFIED_MANIFEST, data)
 
 
 def trusted(snapshot: Path, wanted: tuple[RepoFile, ...]) -> set[str]:
@@ -199,23 +218,15 @@ def recorded(snapshot: Path, quant: str, wanted: tuple[RepoFile, ...]) -> bool:
 
 # --- what llama-server will read -----------------------------------------------------------------------------
 def served_commit(base: Path) -> str | None:
-    """The snapshot `-hf` reads: refs/main, else the first valid ref in directory order (hf-cache.cpp)."""
+    """The snapshot `-hf` reads: refs/main, else the first valid ref in directory order (hf-cache.cpp). Refs
+    are read capped, never through a link, and only a well-formed commit counts."""
+    cache = hfcache.owned_of(base)
     fallback = None
-    try:
-        entries = list(os.scandir(base / "refs"))
-    except OSError:
-        return None
-    for entry in entries:
-        if not entry.is_file():
+    for name in hfcache.listdir(cache, base / "refs"):
+        commit = hfcache.read_ref(cache, base, name)
+        if commit is None:
             continue
-        try:
-            with open(entry.path) as fh:
-                commit = fh.readline().rstrip("\n")
-        except OSError:
-            continue
-        if not COMMIT_RE.match(commit.lower()):
-            continue
-        if entry.name == "main":
+        if name == "main":
             return commit
         fallback = fallback or commit
     return fallback
@@ -235,7 +246,7 @@ def serving_problem(repo: str, quant: str, state: CacheState) -> tuple[str, str]
                 f"commit, point refs/main at it: echo {commit} > {paths.display(base / 'refs' / 'main')}")
     others = gguf.rivals((f.path for f in local_files(state.snapshot)), quant, state.paths)
     if others:
-        return (f"llama-server -hf {repo}:{quant} could load {', '.join(others)} instead of the verified "
+        return (f"llama-server -hf {repo}:{quant} could load {', '.join(clean(o, 200) for o in others)} instead of the verified "
                 f"{state.paths[0] if state.paths else 'file'}: it takes the first file whose name holds "
                 f"`{quant}.` or `{quant}-`, in the order the cache lists them",
                 f"remove the other file from {paths.display(state.snapshot)}, or serve a quant only one file matches")

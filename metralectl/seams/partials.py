@@ -8,18 +8,25 @@ Inside the repository folder, so the finished file is renamed (atomically, same 
 `rm` of a safetensors checkpoint takes its partials with the folder, and huggingface_hub's cache scan
 stays quiet (it warns about an unknown folder at the top of the hub, not about one inside a repository's).
 The folder is 0700 and the files 0600 until the verified file is placed.
+
+Everything here goes through the cache's `Owned` (hfcache.owned_of): a part, a sidecar or the folder that
+is a symlink is never opened, written or followed; a sidecar is read capped, and its names (repo, path,
+sha256, validator) pass their grammars or the sidecar is no partial (an orphan `prune` may remove).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from metralectl.atomicfile import write_atomic
+from metralectl.errors import MetralError
+from metralectl.ownedfs import OutsideOwned, is_valid
+from metralectl.seams import hfcache
 
-PARTIAL_DIR = ".metralectl-partial"
+PARTIAL_DIR = hfcache.PARTIAL_DIR
+MAX_VALIDATOR = 256  # an ETag sent back as If-Range: printable ASCII, no more
 
 
 @dataclass(frozen=True)
@@ -43,50 +50,76 @@ def folder(base: Path) -> Path:
     return base / PARTIAL_DIR
 
 
+def header_safe(value: object) -> str | None:
+    """`value` when it can be sent as a header value as it is (printable ASCII, capped), else None."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_VALIDATOR and value.isascii() and value.isprintable():
+        return value
+    return None
+
+
 def read(part: Path) -> Partial | None:
-    """The partial a `.part` file is, from its sidecar; None when either is missing or unreadable."""
-    meta = part.with_suffix(".json")
-    try:
-        data = json.loads(meta.read_text())
-        have = part.stat().st_size
-        return Partial(part, meta, str(data["repo"]), str(data["path"]), str(data["sha256"]), int(data["size"]),
-                       have, data.get("validator"))
-    except (OSError, ValueError, KeyError, TypeError):
+    """The partial a `.part` file is, from its sidecar; None when either is missing, unreadable, not a regular
+    file (a link is not followed), or names something that fails its grammar."""
+    base = part.parent.parent
+    cache = hfcache.owned_of(base)
+    sha = part.name[: -len(".part")] if part.name.endswith(".part") else ""
+    if not is_valid("sha256", sha):
         return None
+    meta = part.with_suffix(".json")
+    data = hfcache.read_json(meta, cache)
+    st = hfcache.lstat(cache, part)
+    if not isinstance(data, dict) or st is None or not stat.S_ISREG(st.st_mode):
+        return None
+    try:
+        spec = hfcache.repo_file(data["path"], data["size"], data["sha256"], None, "a partial download's sidecar")
+        repo = data["repo"]
+        if spec.sha256 != sha or not is_valid("repo", repo):
+            return None
+    except (KeyError, MetralError):
+        return None
+    return Partial(part, meta, repo, spec.path, sha, spec.size, st.st_size, header_safe(data.get("validator")))
 
 
 def write_meta(partial: Partial, commit: str) -> None:
     data = {"repo": partial.repo, "path": partial.path, "sha256": partial.sha256, "size": partial.size,
-            "commit": commit, "validator": partial.validator}
-    write_atomic(partial.meta, json.dumps(data), mode=0o600)
+            "commit": commit, "validator": header_safe(partial.validator)}
+    cache = hfcache.owned_of(partial.part.parent.parent)
+    cache.put(partial.meta, json.dumps(data), mode=0o600)
+
+
+def entries(base: Path) -> list[tuple[str, bool]]:
+    """(name, is a regular file) of everything in the partial folder (empty when missing or a link)."""
+    cache = hfcache.owned_of(base)
+    out = []
+    for name in hfcache.listdir(cache, folder(base)):
+        st = hfcache.lstat(cache, folder(base) / name)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            out.append((name, stat.S_ISREG(st.st_mode)))
+    return out
 
 
 def orphans(base: Path) -> list[Path]:
-    """Files in the partial folder that belong to no readable partial (a sidecar without its part, say)."""
+    """Entries of the partial folder that belong to no readable partial (a sidecar without its part, a link
+    someone left: removing one removes the entry, never what a link points to)."""
     known = {p for item in listed(base) for p in item.files}
-    try:
-        return sorted(p for p in folder(base).iterdir() if p.is_file() and p not in known)
-    except OSError:
-        return []
+    return sorted(p for p in (folder(base) / name for name, _ in entries(base)) if p not in known)
 
 
 def listed(base: Path) -> list[Partial]:
     """Every readable partial download of a repository folder."""
-    try:
-        parts = sorted(folder(base).glob("*.part"))
-    except OSError:
-        return []
+    parts = sorted(folder(base) / name for name, regular in entries(base) if regular and name.endswith(".part"))
     return [p for p in (read(part) for part in parts) if p is not None]
 
 
 def any_in(base: Path) -> bool:
     """Whether a repository folder holds partial downloads (one directory listing: cheap enough for `list`)."""
-    try:
-        return any(name.endswith(".part") for name in os.listdir(folder(base)))
-    except OSError:
-        return False
+    return hfcache.parts_waiting(base)
 
 
 def discard(partial: Partial) -> None:
+    cache = hfcache.owned_of(partial.part.parent.parent)
     for path in partial.files:
-        path.unlink(missing_ok=True)
+        try:
+            cache.remove_file(path)
+        except (OSError, OutsideOwned):
+            pass

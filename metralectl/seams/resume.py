@@ -1,38 +1,49 @@
-"""Resumable downloads of large LFS files: our own ranged HTTP GET, because huggingface_hub (>= 1.0)
-deletes its temporary file when a download is interrupted, so a multi-GB file killed by Ctrl-C starts
-again from zero.
+"""Every file of a pull, downloaded by metralectl itself: huggingface_hub's downloader names blobs by the
+server's ETag header and snapshots by its X-Repo-Commit header, unchecked, so a hostile mirror could make
+it write outside the cache; and it deletes its temporary file on Ctrl-C, so a multi-GB file would start
+again from zero. Here names come only from the validated listing (weights.hub_listing: ownedfs grammars),
+every change goes through the cache's `Owned`, and nothing is placed before its size and hash match.
 
-Only LFS files of at least RESUMABLE_MIN_BYTES take this path: they carry the sha256 that names the part
-file and proves the finished one, and they are where a restart hurts; small files stay with
-huggingface_hub (a restart costs a second). One file:
-  1. its part (partials.py) is reused when its sidecar names the same repo, path, sha256 and size; a part
-     of the same path with another sha256 is an older version of the file: deleted, said out loud;
-  2. GET {endpoint}/{repo}/resolve/{commit}/{path} with `Range: bytes=<have>-` and `If-Range: <ETag that
-     served the part>`; redirects followed by hand (the CDN is another host: no Authorization there);
-  3. 206 from <have>: append; 200: the server ignored the range or the object changed: start over, said;
-  4. fsync every FSYNC_EVERY bytes and on the way out, so what is kept after a crash is on disk;
-  5. a dropped connection is retried from the bytes on disk (RETRIES times without progress);
-  6. sha256 of the whole file against the Hub's LFS oid: a mismatch deletes the part and fails; a match
-     renames it into blobs/<sha256> (atomic, same folder tree) and links snapshots/<commit>/<path> to it,
-     exactly as huggingface_hub lays out its cache.
+One file (`fetch`):
+  1. a finished blob of the listed size is only linked (the caller verifies it);
+  2. large LFS files (>= RESUMABLE_MIN_BYTES, with a sha256) go to a part kept across runs (partials.py):
+     reused when its sidecar names the same content, else started afresh; the rest go to
+     blobs/<etag>.<random>.incomplete (huggingface_hub's name, so its lock and clean-ups apply), deleted
+     on any failure;
+  3. GET {endpoint}/{repo}/resolve/{commit}/{path}, from the bytes on disk (`Range`, `If-Range` with the
+     ETag that served them), redirects by hand (hubhttp: no token to another host, no https->http);
+  4. 206 from exactly those bytes of exactly the listed total, or 200 of exactly the listed size (a
+     resumed part then starts over, said); anything else, more bytes than listed, or a compressed body is
+     a lie: nothing is placed (exit 65);
+  5. flushed as it arrives, fsync'd every FSYNC_EVERY bytes and on the way out; a dropped connection is
+     retried from the bytes on disk (RETRIES times without progress);
+  6. hashed whole (sha256, or the git blob id) against the listing; a match is renamed into blobs/<etag>
+     and linked from snapshots/<commit>/<path> (a relative link that must stay inside blobs/),
+     huggingface_hub's layout. A mismatch deletes the download.
 """
 
 from __future__ import annotations
 
-import hashlib
+import fcntl
 import os
+import posixpath
+import secrets
+import stat
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urljoin, urlsplit
+from typing import TYPE_CHECKING
 
-from metralectl.atomicfile import place, symlink_atomic
+from metralectl import paths
 from metralectl.core.progress import human_bytes
-from metralectl.seams import partials
+from metralectl.ownedfs import Owned
+from metralectl.safetext import clean
+from metralectl.seams import hfcache, hubhttp, partials
 from metralectl.seams.hfcache import RepoFile
+from metralectl.seams.hubhttp import HubHTTPError  # noqa: F401  (weights.py names it from here)
 from metralectl.seams.partials import Partial
-from metralectl.seams.transfer import Account, Cancelled
+from metralectl.seams.transfer import Account, Cancelled, stream_problem
 from metralectl.seams.weights_errors import WeightsError
 
 if TYPE_CHECKING:
@@ -41,8 +52,6 @@ if TYPE_CHECKING:
 RESUMABLE_MIN_BYTES = 16 << 20
 FSYNC_EVERY = 64 << 20
 RETRIES = 5  # attempts in a row that bring no new byte
-MAX_REDIRECTS = 10
-TIMEOUT_S = 30.0
 
 Note = Callable[[str], None]
 
@@ -51,35 +60,41 @@ def resumable(spec: RepoFile) -> bool:
     return spec.sha256 is not None and spec.size >= RESUMABLE_MIN_BYTES
 
 
-class HubHTTPError(Exception):
-    """An HTTP error answer, shaped for weights_errors.hub_error (it reads .response.status_code,
-    .server_message and the class names huggingface_hub uses)."""
+@dataclass
+class Job:
+    """One pull's downloads: where (the cache, the repository folder), what (repo at commit), how."""
 
-    def __init__(self, response: Any, message: str) -> None:
-        super().__init__(message)
-        self.response = response
-        self.server_message = response.headers.get("X-Error-Message", "")
-
-
-class GatedRepoError(HubHTTPError):
-    pass
-
-
-class RepositoryNotFoundError(HubHTTPError):
-    pass
+    repo: str
+    commit: str
+    base: Path
+    cache: Owned
+    headers: dict[str, str]
+    account: Account
+    note: Note
 
 
-class RevisionNotFoundError(HubHTTPError):
-    pass
+@dataclass
+class Target:
+    """Where one file's bytes go while downloading."""
+
+    rel: Path
+    validator: str | None = None
+    partial: Partial | None = None  # a resumable part (else a `.incomplete` blob, deleted on failure)
+    restarted: list[int] = field(default_factory=list)
 
 
-class EntryNotFoundError(HubHTTPError):
-    pass
+@dataclass(frozen=True)
+class Problem:
+    why: str
+    data: bool  # the server contradicted its listing (exit 65), rather than a checksum that differs
 
 
-_BY_CODE: dict[str, type[HubHTTPError]] = {"GatedRepo": GatedRepoError, "RepoNotFound": RepositoryNotFoundError,
-                                           "RevisionNotFound": RevisionNotFoundError,
-                                           "EntryNotFound": EntryNotFoundError}
+class Mismatch(Exception):
+    """The server's answer contradicts the listing (size, range, encoding): nothing of it is placed."""
+
+    def __init__(self, why: str, served: int | None = None) -> None:
+        super().__init__(why)
+        self.why, self.served = why, served
 
 
 def kept(base: Path, spec: RepoFile) -> int:
@@ -103,207 +118,254 @@ def drop_superseded(repo: str, base: Path, wanted: list[RepoFile], note: Note) -
                  f"Hub (sha256 {old.sha256[:12]}… then, {str(new.sha256)[:12]}… now); downloading it afresh")
 
 
-def fetch(repo: str, commit: str, spec: RepoFile, base: Path, url: str, headers: dict[str, str], account: Account,
-          note: Note) -> bool:
-    """Download, verify and place one file. False when the blob was already there (two paths of one content):
-    only linked, left to the caller's verification."""
-    assert spec.sha256 is not None
-    with _content_lock(spec.sha256):
-        blob = base / "blobs" / spec.sha256
-        if blob.is_file() and blob.stat().st_size == spec.size:
-            _link(base, commit, spec, blob)
-            return False
-        found = _open_part(repo, commit, spec, base)
-        account.begin(spec, already=found.have)
-        if found.have:
-            note(f"resuming {spec.path} at {human_bytes(found.have)} of {human_bytes(spec.size)}")
-        _fill(url, headers, found, spec, commit, account, note)
-        _verify_and_place(base, commit, spec, found, account)
-        return True
+def fetch(job: Job, spec: RepoFile) -> tuple[bool, Problem | None]:
+    """Download, verify and place one file: (placed and verified here, the problem that kept it out). A large
+    file's failures raise (its part is kept or deleted as the docstring says); a small file's problem is
+    returned, so the others go on. (False, None): the blob was already there, only linked."""
+    assert spec.etag is not None
+    with _content_lock(spec.etag):
+        if hfcache.blob_ok(job.cache, job.base, spec):
+            link_snapshot(job.cache, job.base, job.commit, spec, job.note)
+            return False, None
+        if resumable(spec):
+            return _fetch_part(job, spec), None
+        return _fetch_small(job, spec)
 
 
 _LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
-def _content_lock(sha256: str) -> threading.Lock:
-    """One worker per content: two paths of the same file share its part and its blob."""
+def _content_lock(etag: str) -> threading.Lock:
+    """One worker per content: two paths of the same file share its download and its blob."""
     with _LOCKS_GUARD:
-        return _LOCKS.setdefault(sha256, threading.Lock())
+        return _LOCKS.setdefault(etag, threading.Lock())
 
 
-def _open_part(repo: str, commit: str, spec: RepoFile, base: Path) -> Partial:
-    """The part to continue (same content: sha256 and size), or a fresh empty one with its sidecar."""
+def _fetch_part(job: Job, spec: RepoFile) -> bool:
+    found = _open_part(job, spec)
+    job.account.begin(spec, already=found.have)
+    if found.have:
+        job.note(f"resuming {spec.path} at {human_bytes(found.have)} of {human_bytes(spec.size)}")
+    target = Target(found.part, found.validator, found)
+    try:
+        _fill(job, spec, target)
+    except Mismatch as exc:
+        partials.discard(found)
+        raise hubhttp.fail_data(f"{spec.path}: {exc.why}; the partial download was deleted and nothing was placed "
+                                "in the cache") from None
+    problem = _check(job, spec, target)
+    if problem is not None:
+        partials.discard(found)
+        raise WeightsError(
+            f"{spec.path}: the downloaded file's {' is '.join(problem.why.split(' ', 1))}; the partial download was "
+            "deleted and nothing was placed in the cache",
+            "pull again to fetch it afresh; if it repeats, the disk, a proxy or the CDN is corrupting data")
+    _place(job, spec, target)
+    job.cache.remove_file(found.meta)
+    job.cache.remove_dir(partials.folder(job.base))  # the last partial of the repository: no empty folder left
+    return True
+
+
+def _fetch_small(job: Job, spec: RepoFile) -> tuple[bool, Problem | None]:
+    """A file downloaded whole into its own `.incomplete` blob, under huggingface_hub's per-blob lock."""
+    assert spec.etag is not None
+    rel = job.base / "blobs" / f"{spec.etag}.{secrets.token_hex(8)}.incomplete"
+    lock = _blob_lock(job, spec.etag)
+    placed = False
+    try:
+        os.close(job.cache.open_write(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, create_parents=True))
+        job.account.begin(spec)
+        target = Target(rel)
+        try:
+            _fill(job, spec, target)
+        except Mismatch as exc:
+            return False, Problem(exc.why if exc.served is None else f"size {exc.served} bytes, the Hub lists "
+                                  f"{spec.size} (the server's answer)", True)
+        problem = _check(job, spec, target)
+        if problem is not None:
+            return False, problem
+        _place(job, spec, target)
+        placed = True
+        return True, None
+    finally:
+        if not placed:
+            job.cache.remove_file(rel)
+        os.close(lock)
+
+
+def _blob_lock(job: Job, etag: str) -> int:
+    """huggingface_hub's lock for one blob (.locks/models--ORG--NAME/<etag>.lock), held while it downloads, so
+    neither its clean-up nor `prune` takes the `.incomplete` file from under it; waits while another holds it."""
+    fd = job.cache.open_write(job.cache.root / ".locks" / job.base.name / f"{etag}.lock",
+                              os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666, create_parents=True)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if job.account.cancel.wait(0.1):
+                os.close(fd)
+                raise Cancelled() from None
+
+
+def _open_part(job: Job, spec: RepoFile) -> Partial:
+    """The part to continue (same content: sha256 and size), or a fresh empty one with its sidecar. Whatever
+    else holds the part's names (a link, a stale part) is removed as an entry: a link's target is left alone."""
     assert spec.sha256 is not None
-    folder = partials.folder(base)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = partials.folder(job.base)
+    job.cache.make_dirs(folder, mode=0o700)
     part = folder / f"{spec.sha256}.part"
     found = partials.read(part)
     if found is not None and (found.sha256, found.size) == (spec.sha256, spec.size) and found.have <= spec.size:
         return found
-    if found is not None:
-        partials.discard(found)
-    part.with_suffix(".json").unlink(missing_ok=True)
-    os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
-    fresh = Partial(part, part.with_suffix(".json"), repo, spec.path, spec.sha256, spec.size, 0)
-    partials.write_meta(fresh, commit)
+    for entry in (part, part.with_suffix(".json")):
+        st = hfcache.lstat(job.cache, entry)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            job.note(f"removed {paths.display(entry)}: a symbolic link where a partial download belongs (not "
+                     "followed; what it points to was left alone)")
+        job.cache.remove_file(entry)
+    os.close(job.cache.open_write(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+    fresh = Partial(part, part.with_suffix(".json"), job.repo, spec.path, spec.sha256, spec.size, 0)
+    partials.write_meta(fresh, job.commit)
     return fresh
 
 
-def _fill(url: str, headers: dict[str, str], found: Partial, spec: RepoFile, commit: str, account: Account,
-          note: Note) -> None:
-    """GET the rest until the part holds spec.size bytes; RETRIES attempts in a row without a new byte fail."""
+def _size(job: Job, target: Target) -> int:
+    st = job.cache.lstat(target.rel)
+    if st is None or not stat.S_ISREG(st.st_mode):
+        raise WeightsError(f"{paths.display(target.rel)} vanished or was replaced while downloading",
+                           "is another program writing the cache? pull again")
+    return st.st_size
+
+
+def _fill(job: Job, spec: RepoFile, target: Target) -> None:
+    """GET the rest until the target holds spec.size bytes; RETRIES attempts in a row without a new byte fail."""
     import httpx
 
     idle = 0
     last: BaseException | None = None
-    with httpx.Client(timeout=httpx.Timeout(TIMEOUT_S), follow_redirects=False) as client:
-        while (have := found.part.stat().st_size) < spec.size:
+    with hubhttp.client() as http:
+        while (have := _size(job, target)) < spec.size:
             if idle >= RETRIES:
                 if last is not None:
                     raise last
                 raise WeightsError(f"{spec.path}: {RETRIES} attempts in a row brought no new byte "
                                    f"({human_bytes(have)} of {human_bytes(spec.size)} kept)",
                                    "pull again later; if it repeats, a proxy or the CDN is failing this file")
-            found = partials.read(found.part) or found  # the validator a broken attempt recorded
             try:
-                _transfer(client, url, headers, found, have, commit, account, note)
+                _transfer(http, job, spec, target, have)
                 last = None
             except httpx.TransportError as exc:  # a dropped or stalled connection: go on from the bytes on disk
                 last = exc
-            idle = 0 if found.part.stat().st_size > have else idle + 1
+            idle = 0 if _size(job, target) > have else idle + 1
 
 
-def _transfer(client: httpx.Client, url: str, headers: dict[str, str], found: Partial, have: int, commit: str,
-              account: Account, note: Note) -> None:
-    """One GET from `have`, appended to the part."""
-    request_headers = dict(headers)
+def _transfer(http: httpx.Client, job: Job, spec: RepoFile, target: Target, have: int) -> None:
+    """One GET from `have`, appended to the target; Mismatch when the answer is not those bytes."""
+    sent = dict(job.headers)
     if have:
-        request_headers["Range"] = f"bytes={have}-"
-        if found.validator and not found.validator.startswith("W/"):
-            request_headers["If-Range"] = found.validator
-    response = _open(client, url, request_headers)
+        sent["Range"] = f"bytes={have}-"
+        if target.validator and not target.validator.startswith("W/"):
+            sent["If-Range"] = target.validator
+    url = hubhttp.file_url(job.repo, job.commit, spec.path)
+    response = hubhttp.open_get(http, url, sent, head_first=not resumable(spec))
     try:
         if response.status_code == 206:
-            start, total = _content_range(response.headers.get("Content-Range", ""))
-            if total != found.size:
-                raise _wrong_size(found, total)
-            if start != have:
-                note(f"{found.path}: the server answered bytes from {start} for a request from {have}; starting over")
-                os.truncate(found.part, 0)
-                account.restart(found.path)
-                return
+            have = _ranged(response, spec, have)
         elif response.status_code == 200:
             length = response.headers.get("Content-Length")
-            if length is not None and length.isdigit() and int(length) != found.size:
-                raise _wrong_size(found, int(length))
+            if length is not None and (not length.isascii() or not length.isdigit() or int(length) != spec.size):
+                raise Mismatch(f"the server's object is {clean(length, 30)} bytes, the Hub lists {spec.size}",
+                               int(length) if length.isascii() and length.isdigit() else None)
             if have:
-                note(f"{found.path}: the server sent the whole file instead of the rest (it ignores ranges, or the "
-                     f"file changed): starting over, {human_bytes(have)} discarded")
-                os.truncate(found.part, 0)
-                account.restart(found.path)
+                job.note(f"{spec.path}: the server sent the whole file instead of the rest (it ignores ranges, or the "
+                         f"file changed): starting over, {human_bytes(have)} discarded")
+                os.close(job.cache.open_write(target.rel, os.O_WRONLY | os.O_TRUNC))
+                job.account.restart(spec.path)
                 have = 0
         else:
-            raise _http_error(response, found.path)
-        etag = response.headers.get("ETag")
-        if etag != found.validator:
-            partials.write_meta(Partial(found.part, found.meta, found.repo, found.path, found.sha256, found.size,
-                                        have, etag), commit)
-        written = 0
-        unsynced = 0
-        with open(found.part, "r+b") as fh:
-            fh.seek(have)
-            try:
-                for chunk in response.iter_bytes():  # as they arrive: a Ctrl-C keeps all but the bytes in flight
-                    if have + written + len(chunk) > found.size:
-                        partials.discard(found)  # nothing of it is worth keeping
-                        raise WeightsError(f"{found.path}: the server sent more than the {found.size} bytes the Hub "
-                                           "lists; the partial download was deleted",
-                                           "pull again; if it repeats, a proxy is altering the transfer")
-                    fh.write(chunk)
-                    fh.flush()  # in the kernel now: a Ctrl-C or kill loses nothing written
-                    written += len(chunk)
-                    unsynced += len(chunk)
-                    if unsynced >= FSYNC_EVERY:
-                        os.fsync(fh.fileno())
-                        unsynced = 0
-                    account.add(len(chunk))  # raises Cancelled after Ctrl-C
-            finally:
-                fh.flush()
-                os.fsync(fh.fileno())
+            raise hubhttp.http_error(response, spec.path)
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise Mismatch(f"the server compressed the file (Content-Encoding {clean(encoding, 40)!r}) though asked "
+                           "not to")
+        etag = partials.header_safe(response.headers.get("ETag"))
+        if etag != target.validator:
+            target.validator = etag
+            if target.partial is not None:
+                p = target.partial
+                partials.write_meta(Partial(p.part, p.meta, p.repo, p.path, p.sha256, p.size, have, etag), job.commit)
+        _append(job, spec, target, have, response)
     finally:
         response.close()
 
 
-def _open(client: httpx.Client, url: str, headers: dict[str, str]) -> httpx.Response:
-    """GET with redirects followed by hand: Authorization goes to the Hub's host only, never to the CDN."""
-    origin = urlsplit(url).netloc
-    for _ in range(MAX_REDIRECTS + 1):
-        here = headers if urlsplit(url).netloc == origin else {k: v for k, v in headers.items()
-                                                              if k.lower() != "authorization"}
-        response = client.send(client.build_request("GET", url, headers=here), stream=True)
-        if response.status_code not in (301, 302, 303, 307, 308) or "Location" not in response.headers:
-            return response
-        response.close()
-        url = urljoin(url, response.headers["Location"])
-    raise WeightsError(f"more than {MAX_REDIRECTS} redirects fetching {url}", "check HF_ENDPOINT and proxies")
+def _ranged(response: httpx.Response, spec: RepoFile, have: int) -> int:
+    raw = response.headers.get("Content-Range", "")
+    found = hubhttp.content_range(raw)
+    if found is not None and found[2] != spec.size:
+        raise Mismatch(f"the server's object is {found[2]} bytes, the Hub lists {spec.size}", found[2])
+    if found is None or found[0] != have or found[1] != spec.size - 1:
+        raise Mismatch(f"asked for bytes {have}- of {spec.size}, the server answered Content-Range "
+                       f"{clean(raw, 60)!r}: not those bytes")
+    return have
 
 
-def _wrong_size(found: Partial, served: int) -> WeightsError:
-    partials.discard(found)
-    return WeightsError(f"{found.path}: the server's object is {served} bytes, the Hub lists {found.size}; the partial "
-                        "download was deleted and nothing was placed in the cache",
-                        "pull again later; if it repeats, a proxy or the CDN is serving a damaged object")
+def _append(job: Job, spec: RepoFile, target: Target, have: int, response: httpx.Response) -> None:
+    """The body, appended as it arrives (a Ctrl-C keeps all but the bytes in flight), never past spec.size."""
+    fd = job.cache.open_write(target.rel, os.O_WRONLY)
+    with os.fdopen(fd, "wb") as fh:
+        fh.seek(have)
+        written = unsynced = 0
+        try:
+            for chunk in response.iter_raw():
+                if have + written + len(chunk) > spec.size:
+                    raise Mismatch(f"the server sent more than the {spec.size} bytes the Hub lists")
+                fh.write(chunk)
+                fh.flush()  # in the kernel now: a Ctrl-C or kill loses nothing written
+                written += len(chunk)
+                unsynced += len(chunk)
+                if unsynced >= FSYNC_EVERY:
+                    os.fsync(fh.fileno())
+                    unsynced = 0
+                job.account.add(len(chunk), spec)  # raises Cancelled after Ctrl-C
+        finally:
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
-def _content_range(value: str) -> tuple[int, int]:
-    """`bytes START-END/TOTAL` -> (START, TOTAL); (-1, -1) when unreadable."""
-    try:
-        unit, _, spec = value.partition(" ")
-        span, _, total = spec.partition("/")
-        return int(span.split("-")[0]), int(total)
-    except ValueError:
-        return -1, -1
+def _check(job: Job, spec: RepoFile, target: Target) -> Problem | None:
+    with os.fdopen(job.cache.open_read(target.rel), "rb") as fh:
+        why = stream_problem(fh, spec, cancel=job.account.cancel)
+    return Problem(why, False) if why is not None else None
 
 
-def _http_error(response: httpx.Response, path: str) -> HubHTTPError:
-    response.read()
-    cls = _BY_CODE.get(response.headers.get("X-Error-Code", ""), HubHTTPError)
-    says = response.headers.get("X-Error-Message", "")
-    return cls(response, f"{response.status_code}{f' ({says})' if says else ''}")
+def _place(job: Job, spec: RepoFile, target: Target) -> None:
+    """Rename the verified download into blobs/<etag> (atomic, same folder tree) and link the snapshot to it."""
+    assert spec.etag is not None
+    job.cache.chmod(target.rel, 0o666 & ~_umask())  # as huggingface_hub leaves its blobs
+    job.cache.move(target.rel, job.base / "blobs" / spec.etag)
+    link_snapshot(job.cache, job.base, job.commit, spec, job.note)
 
 
-def _verify_and_place(base: Path, commit: str, spec: RepoFile, found: Partial, account: Account) -> None:
-    digest = hashlib.sha256()
-    with open(found.part, "rb") as fh:
-        while chunk := fh.read(8 << 20):
-            if account.cancel.is_set():
-                raise Cancelled()
-            digest.update(chunk)
-    actual = digest.hexdigest()
-    if actual != spec.sha256:
-        partials.discard(found)
-        raise WeightsError(
-            f"{spec.path}: the downloaded file's sha256 is {actual[:16]}…, the Hub lists {str(spec.sha256)[:16]}…; "
-            "the partial download was deleted and nothing was placed in the cache",
-            "pull again to fetch it afresh; if it repeats, the disk, a proxy or the CDN is corrupting data")
-    blob = base / "blobs" / spec.sha256
-    blob.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(found.part, 0o666 & ~_umask())  # as huggingface_hub leaves its blobs
-    place(found.part, blob)
-    _link(base, commit, spec, blob)
-    found.meta.unlink(missing_ok=True)
-    try:
-        found.part.parent.rmdir()  # the last partial of the repository: leave no empty folder behind
-    except OSError:
-        pass
+def link_snapshot(cache: Owned, base: Path, commit: str, spec: RepoFile, note: Note) -> None:
+    """snapshots/<commit>/PATH -> ../../blobs/<etag>, relative, replacing the entry in one step (a link that was
+    there is replaced as a link: what it pointed to is never touched). The link may only lead into blobs/."""
+    assert spec.etag is not None
+    pointer = f"snapshots/{commit}/{spec.path}"
+    target = posixpath.relpath(f"blobs/{spec.etag}", posixpath.dirname(pointer))
+    st = hfcache.lstat(cache, base / pointer)
+    if st is not None and stat.S_ISLNK(st.st_mode) and not _inside_blobs(cache, base, base / pointer):
+        note(f"{pointer} pointed outside the repository's blobs: not followed; it now links to the verified "
+             "file, and what it pointed to was left alone")
+    cache.link(base / pointer, target, within=base / "blobs")
 
 
-def _link(base: Path, commit: str, spec: RepoFile, blob: Path) -> None:
-    """snapshots/<commit>/PATH -> the blob, relative, replaced atomically (huggingface_hub's layout)."""
-    pointer = base / "snapshots" / commit / spec.path
-    pointer.parent.mkdir(parents=True, exist_ok=True)
-    symlink_atomic(pointer, os.path.relpath(blob, pointer.parent))
+def _inside_blobs(cache: Owned, base: Path, pointer: Path) -> bool:
+    target = cache.link_target(pointer)
+    blobs = cache.parts(base / "blobs")
+    return target is not None and target[: len(blobs)] == blobs
 
 
 def _umask() -> int:
@@ -319,12 +381,20 @@ def _umask() -> int:
 
 def kept_message(base: Path, todo: list[RepoFile], again: str) -> list[str]:
     """After Ctrl-C: what is kept of each resumable file, and how to go on."""
+    cache = hfcache.owned_of(base)
     out = []
     for spec in todo:
         if not resumable(spec):
             continue
         have = kept(base, spec)
-        if 0 < have < spec.size or (have == spec.size and (partials.folder(base) / f"{spec.sha256}.part").exists()):
+        there = hfcache.lstat(cache, partials.folder(base) / f"{spec.sha256}.part") is not None
+        if 0 < have < spec.size or (have == spec.size and there):
             out.append(f"kept {human_bytes(have)} of {human_bytes(spec.size)} of {spec.path}; {again} resumes it")
     return out
+
+
+def _content_range(value: str) -> tuple[int, int]:
+    """`bytes START-END/TOTAL` -> (START, TOTAL); (-1, -1) when it is not exactly that."""
+    found = hubhttp.content_range(value)
+    return (found[0], found[2]) if found is not None else (-1, -1)
 

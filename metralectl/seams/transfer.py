@@ -1,17 +1,25 @@
 """The mechanics under weights.pull, free of huggingface_hub: worker threads that Ctrl-C can stop,
-byte accounting through huggingface_hub's progress-bar protocol, and hashing files against a listing.
+byte accounting per file, and hashing files against a listing.
+
+Every file is read through the cache's `Owned` (ownedfs): a snapshot entry is followed to its blob only
+while each link stays inside the cache, and only a regular file is read — an entry pointing at /dev/zero,
+a FIFO or a file outside the cache is never opened (it would hang the verification or leak what it holds).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from metralectl.errors import MetralError
+from metralectl.ownedfs import Owned
 from metralectl.seams.hfcache import RepoFile
 from metralectl.core.progress import Meter
 
@@ -78,7 +86,7 @@ def parallel(items: Sequence[T], fn: Callable[[T], None], workers: int, tick: Ca
 
 
 class Account:
-    """Bytes per file, fed by huggingface_hub's progress bars (its `tqdm_class` hook) from worker threads."""
+    """Bytes per file, fed by the downloads' worker threads."""
 
     def __init__(self, meter: Meter) -> None:
         self.meter = meter
@@ -109,7 +117,7 @@ class Account:
 
     def add(self, n: int, spec: RepoFile | None = None) -> None:
         if self.cancel.is_set():
-            raise Cancelled()  # unwinds huggingface_hub's download; it deletes its temporary file
+            raise Cancelled()  # unwinds the download; it deletes its temporary file
         spec = spec or self.current()
         if spec is None:
             return
@@ -129,50 +137,44 @@ class Account:
             counted = self._bytes.pop(spec.path, 0)
         self.meter.add(spec.size - counted)  # exact, whatever the bar saw (gzip, or no bar at all)
 
-    def bar_class(self) -> type:
-        account = self
-
-        class _Bar:
-            """Just enough of tqdm for huggingface_hub's http_get and xet_get."""
-
-            def __init__(self, *args: Any, total: int | None = None, initial: int = 0, **kwargs: Any) -> None:
-                # Made in the worker thread; remember its file, since xet reports from its own threads.
-                self.spec = account.current()
-                self.n, self.total = initial, total
-                if initial:
-                    account.add(initial, self.spec)  # an older huggingface_hub resuming a `.incomplete`
-
-            def update(self, n: float | None = 1) -> None:
-                self.n += int(n or 0)
-                account.add(int(n or 0), self.spec)
-
-            def update_transfer(self, n: float | None = 1) -> None:
-                """xet: network bytes; we count bytes written, via update()."""
-
-            def __enter__(self) -> _Bar:
-                return self
-
-            def __exit__(self, *exc: Any) -> None:
-                return None
-
-            def close(self) -> None: ...
-            def refresh(self, *a: Any, **k: Any) -> None: ...
-            def clear(self, *a: Any, **k: Any) -> None: ...
-            def set_postfix_str(self, *a: Any, **k: Any) -> None: ...
-            def set_transfer_postfix_str(self, *a: Any, **k: Any) -> None: ...
-            def set_description(self, *a: Any, **k: Any) -> None: ...
-            def set_description_str(self, *a: Any, **k: Any) -> None: ...
-
-        return _Bar
-
 
 def file_problem(path: Path, spec: RepoFile, meter: Meter | None = None,
-                 cancel: threading.Event | None = None) -> str | None:
-    """Why `path` is not the listed file (missing, size, checksum), or None when it is."""
+                 cancel: threading.Event | None = None, cache: Owned | None = None) -> str | None:
+    """Why `path` is not the listed file (missing, size, checksum), or None when it is. `cache`: the owned
+    directory it lies in (links followed only inside it); without one, its own folder."""
+    cache = cache or Owned(path.parent, "the folder of " + path.name)
     try:
-        size = path.stat().st_size
-    except OSError:
-        return "missing"
+        fd = cache.open_read(path, follow_inside=True)
+    except (OSError, MetralError) as exc:
+        return _unreadable(cache, path, exc)
+    with os.fdopen(fd, "rb") as fh:
+        return stream_problem(fh, spec, meter, cancel)
+
+
+def _unreadable(cache: Owned, path: Path, exc: BaseException) -> str:
+    """Why open_read refused: missing (a link to a blob that is not there, too), a link out of the cache, or
+    not a regular file."""
+    rel: Path | str = path
+    for _ in range(9):
+        try:
+            st = cache.lstat(rel)
+        except (OSError, MetralError):
+            break
+        if st is None:
+            return "missing"
+        if not stat.S_ISLNK(st.st_mode):
+            return "not a regular file: not read"
+        target = cache.link_target(rel)
+        if target is None:
+            break
+        rel = "/".join(target)
+    return "a link that leaves the cache: not read" if not isinstance(exc, OSError) else (exc.strerror or str(exc))
+
+
+def stream_problem(fh: Any, spec: RepoFile, meter: Meter | None = None,
+                   cancel: threading.Event | None = None) -> str | None:
+    """file_problem for an open file: its size (fstat) and content against the listing."""
+    size = os.fstat(fh.fileno()).st_size
     if size != spec.size:
         return f"size {size} bytes, the Hub lists {spec.size}"
     if spec.sha256:
@@ -180,27 +182,30 @@ def file_problem(path: Path, spec: RepoFile, meter: Meter | None = None,
     elif spec.git_oid:
         digest, expected, kind = hashlib.sha1(b"blob %d\0" % size), spec.git_oid, "git blob id"
     else:
-        return None  # the Hub gave no checksum: size is all we can check
-    with open(path, "rb") as fh:
-        while chunk := fh.read(HASH_CHUNK):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled()
-            digest.update(chunk)
-            if meter is not None:
-                meter.add(len(chunk))
+        return None  # no checksum listed: size is all we can check (listings from the Hub always carry one)
+    read = 0
+    while chunk := fh.read(HASH_CHUNK):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        digest.update(chunk)
+        read += len(chunk)
+        if meter is not None:
+            meter.add(len(chunk))
+    if read != spec.size:
+        return f"size {read} bytes read, the Hub lists {spec.size}"  # it changed while being read
     actual = digest.hexdigest()
     return None if actual == expected else f"{kind} {actual[:16]}…, the Hub lists {expected[:16]}…"
 
 
 def verify_files(snapshot: Path, files: Sequence[RepoFile], meter: Meter, workers: int, tick: Callable[[], None],
-                 done_files: list[int]) -> list[tuple[RepoFile, str]]:
+                 done_files: list[int], cache: Owned | None = None) -> list[tuple[RepoFile, str]]:
     """Check every file against its listing entry, in parallel; the problems found."""
     cancel = threading.Event()
     problems: list[tuple[RepoFile, str]] = []
     lock = threading.Lock()
 
     def check(spec: RepoFile) -> None:
-        why = file_problem(snapshot / spec.path, spec, meter, cancel)
+        why = file_problem(snapshot / spec.path, spec, meter, cancel, cache)
         with lock:
             done_files[0] += 1
             if why is not None:

@@ -1,47 +1,39 @@
 """Checkpoint weights: the Hugging Face seam. The only module that imports huggingface_hub, and only
 inside the functions that talk to the Hub (`list` and `run` preflight stay filesystem-only).
 
-`pull` = list the repo at a commit (sizes, sha256) -> choose what the engine needs (the whole snapshot;
-for a GGUF checkpoint only its quant's files, gguf.py) -> refuse early (ownership, disk) -> download the
-missing files (large LFS files with resume.py's resumable downloader, the rest with huggingface_hub's)
--> hash every file against the listing (resume.py hashes what it places) -> only then write the manifest
-that makes `weights_state.checkpoint_state` say "complete". Progress and notes are events handed to
-`on_event`, always from the calling thread; nothing here prints.
+`pull` = list the repo at a commit (sizes, sha256; every name checked: hfcache.repo_file/make_listing)
+-> choose what the engine needs (the whole snapshot; for a GGUF checkpoint only its quant's files,
+gguf.py) -> refuse early (ownership, disk) -> download the missing files with metralectl's own
+downloader (resume.py: names from the listing only, never from a server's headers; large files
+resumable) -> hash every file against the listing (resume.py hashes what it places) -> only then write
+the manifest that makes `weights_state.checkpoint_state` say "complete". Every change in the cache goes
+through its `ownedfs.Owned` (hfcache.owned): nothing is written, renamed, linked or removed through a
+symlink, or outside the hub folder. Progress and notes are events handed to `on_event`, always from the
+calling thread; nothing here prints.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from metralectl.seams import gguf, gguf_cache, hfcache, resume, weights_state
+from metralectl.seams import gguf, gguf_cache, hfcache, hubhttp, resume, weights_state
 
 from metralectl import paths
-from metralectl.atomicfile import write_atomic
 from metralectl.errors import ExitCode
-from metralectl.seams.hfcache import Listing, RepoFile
-from metralectl.core.progress import Meter, human_bytes
-from metralectl.seams.transfer import Account, parallel, verify_files
+from metralectl.ownedfs import Owned, check
+from metralectl.safetext import clean
+from metralectl.seams.hfcache import Listing, ListingRefused, RepoFile  # noqa: F401  (RepoFile: re-exported)
+from metralectl.core.progress import human_bytes
 from metralectl.seams.weights_errors import WeightsError, hub_error
+from metralectl.seams.weights_fetch import OnEvent, PullEvent, download, verify
 from metralectl.seams.weights_guard import FreeSpace, check_ownership, drop_dead_downloads, preflight_disk, pull_lock
 
 DOWNLOAD_WORKERS = 8  # as snapshot_download: parallel files hide per-connection CDN limits
-
-
-@dataclass(frozen=True)
-class PullEvent:
-    repo: str
-    phase: str  # "resolve" | "download" | "verify" | "done" | "note"
-    done: int = 0
-    total: int = 0
-    rate_bps: float | None = None
-    eta_s: float | None = None
-    files_done: int = 0
-    files_total: int = 0
-    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,9 +60,6 @@ class PullResult:
         if self.quant is not None:
             out.update(quant=self.quant, paths=list(self.paths))
         return out
-
-
-OnEvent = Callable[[PullEvent], None]
 
 
 class Checkpoint(Protocol):
@@ -141,41 +130,70 @@ def weights_preflight(recipe: Any, hub: Path | None = None) -> None:
 
 
 def endpoint() -> str | None:
-    """HF_ENDPOINT read now, not when huggingface_hub was imported (tests and mirrors set it late)."""
-    return os.environ.get("HF_ENDPOINT") or None
+    """HF_ENDPOINT read now, not when a module was imported (tests and mirrors set it late)."""
+    return hubhttp.endpoint_named()
 
 
 def token_present() -> bool:
-    if os.environ.get("HF_TOKEN"):
-        return True
+    return bool(os.environ.get("HF_TOKEN") or _token())
+
+
+def hub_headers() -> dict[str, str]:
+    """The headers every request to the Hub carries: our user agent and the token as huggingface_hub finds it
+    (HF_TOKEN, the saved token; none under HF_HUB_DISABLE_IMPLICIT_TOKEN), checked sendable. Not
+    huggingface_hub's build_hf_headers: in 2.4 it fetches {HF_ENDPOINT}/api/agent-harnesses and caches the
+    answer in HF_HOME — a mirror's text, written outside the hub cache, for a user-agent string."""
+    from metralectl import __version__
+
+    sent = {"User-Agent": f"metralectl/{__version__}"}
+    implicit_off = os.environ.get("HF_HUB_DISABLE_IMPLICIT_TOKEN", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    token = None if implicit_off else _token()
+    if token:
+        sent["Authorization"] = f"Bearer {token}"
+    return hubhttp.checked_headers(sent)
+
+
+def _token() -> str | None:
     try:
         from huggingface_hub import get_token
 
-        return bool(get_token())
-    except Exception:  # noqa: BLE001 - an unreadable token file is the same as none for our message
-        return False
+        return get_token()
+    except Exception:  # noqa: BLE001 - an unreadable token file is the same as none
+        return None
 
 
 def hub_listing(repo: str, revision: str | None) -> Listing:
-    """The repo's files at `revision` (default branch when None): path, size, sha256/git oid, and the commit."""
-    from huggingface_hub import HfApi
-
+    """The repo's files at `revision` (default branch when None): path, size, sha256/git oid, and the commit,
+    every name checked before any use (hostile: UnsafeName / ListingRefused, exit 65, nothing written)."""
+    check("repo", repo, "the recipe's checkpoint.repo")
     rev = revision or "main"
     try:
-        info = HfApi(endpoint=endpoint()).model_info(repo, revision=rev, files_metadata=True)
+        data = hubhttp.get_json(repo, rev, hub_headers())
     except Exception as exc:  # noqa: BLE001 - translated (or re-raised) by hub_error
         raise hub_error(exc, repo, rev, token_present(), endpoint=endpoint()) from None
-    if not info.sha or info.siblings is None:
-        raise WeightsError(f"the Hub answered for {repo}@{rev} without a commit or a file list",
-                           f"check HF_ENDPOINT ({endpoint() or 'https://huggingface.co'}) points at a Hugging Face Hub")
+    return parse_listing(repo, rev, data, f"the Hub at {hubhttp.endpoint()}")
+
+
+def parse_listing(repo: str, rev: str, data: object, source: str) -> Listing:
+    """A model-info answer as a Listing; refused (exit 65) unless every part of it is what a Hub sends."""
+    siblings = data.get("siblings") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(siblings, list) or "sha" not in data:
+        raise ListingRefused(f"{source} answered for {repo}@{rev} with something a Hub does not send: without a "
+                             "commit or a file list; nothing was written",
+                             f"check HF_ENDPOINT ({hubhttp.endpoint()}) points at a Hugging Face Hub")
+    if len(siblings) > hfcache.MAX_FILES:
+        raise ListingRefused(f"{source} listed {len(siblings)} files for {repo}: more than {hfcache.MAX_FILES}; "
+                             "nothing was written", "check HF_ENDPOINT points at a Hugging Face Hub")
     files = []
-    for s in info.siblings:
-        lfs = s.lfs
-        size = lfs.size if lfs is not None else s.size
-        if size is None:
-            raise WeightsError(f"the Hub listed {repo}/{s.rfilename} without a size; cannot verify it")
-        files.append(RepoFile(s.rfilename, int(size), lfs.sha256 if lfs is not None else None, s.blob_id))
-    return Listing(repo, info.sha, tuple(sorted(files, key=lambda f: f.path)))
+    for entry in siblings:
+        lfs = entry.get("lfs") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(lfs, (dict, type(None))):
+            raise ListingRefused(f"{source} listed a file of {repo} that is not one ({type(entry).__name__}); "
+                                 "nothing was written", "check HF_ENDPOINT points at a Hugging Face Hub")
+        size = lfs.get("size") if lfs is not None else entry.get("size")
+        files.append(hfcache.repo_file(entry.get("rfilename"), size, lfs.get("sha256") if lfs is not None else None,
+                                       entry.get("blobId"), source))
+    return hfcache.make_listing(repo, data["sha"], files, source)
 
 
 def _result(ck: Any, listing: Listing, snapshot: Path, downloaded: int, already: bool,
@@ -224,7 +242,9 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
          free_space: FreeSpace = hfcache.free_bytes, workers: int = DOWNLOAD_WORKERS) -> PullResult:
     """Make the checkpoint of `target` (a Recipe or CheckpointRef) complete and verified in the cache."""
     ck = _checkpoint(target)
+    check("repo", ck.repo, "the recipe's checkpoint.repo")
     hub = hub or paths.hf_hub_cache()
+    cache = hfcache.owned(hub)
     emit: OnEvent = on_event or (lambda _e: None)
     check_ownership(ck.repo, hub)
     quant = gguf_quant(ck)
@@ -247,11 +267,11 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
         trusted = gguf_cache.trusted(snapshot, wanted.files)
         already = len(trusted) == len(wanted.files) and gguf_cache.recorded(snapshot, ck.quant, wanted.files)
     else:
-        previous = hfcache.read_manifest(snapshot) if snapshot.is_dir() else None
-        trusted = {f.path for f in previous.files if hfcache.file_ok(snapshot, f)} if previous else set()
+        previous = hfcache.read_manifest(snapshot) if hfcache.is_dir(cache, snapshot) else None
+        trusted = {f.path for f in previous.files if hfcache.file_ok(snapshot, f, cache)} if previous else set()
         already = previous is not None and previous.files == listing.files and len(trusted) == len(listing.files)
     if already:
-        notes = _write_ref(base, ck.revision, listing.commit, quant)
+        notes = _write_ref(cache, base, ck.revision, listing.commit, quant)
         emit(PullEvent(ck.repo, "done", wanted.total_bytes, wanted.total_bytes, files_done=len(wanted.files),
                        files_total=len(wanted.files), message="already complete"))
         return _result(ck, wanted, snapshot, 0, True, notes=notes)
@@ -263,23 +283,27 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
             plural = "s" if count != 1 else ""
             emit(PullEvent(ck.repo, "note", message=f"removed {count} unfinished download{plural} "
                                                     f"({human_bytes(freed)}) left by an interrupted run"))
-        snapshot.mkdir(parents=True, exist_ok=True)
-        hfcache.write_json_atomic(snapshot / hfcache.EXPECTED_LISTING, listing.to_json())
-        hfcache.repair_links(base, listing.commit, wanted)  # what huggingface_hub would not fetch again
+        cache.make_dirs(snapshot)  # refused (exit 65) when the repository folder or snapshots/ is a link
+        hfcache.put_json(cache, snapshot / hfcache.EXPECTED_LISTING, listing.to_json())
+        _repair(cache, base, listing.commit, wanted,  # what would not be fetched again by itself
+                lambda text: emit(PullEvent(ck.repo, "note", message=text)))
         # Small files first: an access problem shows before any large transfer starts.
         todo = sorted(hfcache.missing(base, listing.commit, wanted), key=lambda f: f.size)
         preflight_disk(f"{ck.repo}:{quant}" if quant else ck.repo, hub, todo, free_space)
         name = getattr(target, "name", None)
         again = f"`metralectl pull {name}`" if name else "pulling it again"
-        downloaded, placed = _download(ck.repo, wanted, todo, hub, emit, workers, again)
-        # hash only what no manifest vouches for and resume.py did not just hash
-        check = [f for f in wanted.files if f.path not in trusted and f.path not in placed]
-        _verify(ck.repo, wanted, snapshot, base, check, emit, min(workers, os.cpu_count() or 2))
+        downloaded, placed, failed = download(ck.repo, wanted, todo, cache, emit, workers, again, token_present,
+                                              hub_headers())
+        # hash only what no manifest vouches for and resume.py did not just hash (or refuse)
+        check_now = [f for f in wanted.files if f.path not in trusted | placed | {s.path for s, _ in failed}]
+        verify(ck.repo, wanted, snapshot, base, cache, check_now, failed, emit, min(workers, os.cpu_count() or 2))
         if model is not None:  # add this quant to what the manifest vouches for (other quants kept)
             gguf_cache.record(snapshot, listing, ck.quant, model, _stamp(ck.revision))
         else:
-            _write_manifest(snapshot, listing, ck.revision)
-        notes = _write_ref(base, ck.revision, listing.commit, quant)
+            hfcache.put_json(cache, snapshot / hfcache.VERIFIED_MANIFEST, {**listing.to_json(), **_stamp(ck.revision)})
+        notes = _write_ref(cache, base, ck.revision, listing.commit, quant)
+    except OSError as exc:  # the cache itself refused (a folder where a file belongs, permissions, a full disk)
+        raise _cache_error(ck.repo, listing.commit, exc) from None
     finally:
         lock.close()
     for note in notes:
@@ -289,139 +313,59 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
     return _result(ck, wanted, snapshot, downloaded, False, notes=notes)
 
 
-def _download(repo: str, listing: Listing, todo: list[RepoFile], hub: Path, emit: OnEvent, workers: int,
-              again: str) -> tuple[int, set[str]]:
-    """Fetch `todo` pinned to the commit: large LFS files with our resumable downloader (resume.py), the rest
-    with huggingface_hub.hf_hub_download. Returns the bytes fetched and the paths already verified (resume.py
-    hashes what it places). `again`: the command that resumes an interrupted pull."""
-    import inspect
-    import queue
-
-    from huggingface_hub import hf_hub_download, hf_hub_url
-    from huggingface_hub.utils import build_hf_headers
-
-    if not todo:
-        return 0, set()
-    base = hfcache.repo_dir(repo, hub)
-    notes: queue.SimpleQueue[str] = queue.SimpleQueue()  # from workers; emitted from this thread
-    resume.drop_superseded(repo, base, todo, notes.put)
-    present = listing.total_bytes - sum(f.size for f in todo) + sum(resume.kept(base, f) for f in todo
-                                                                    if resume.resumable(f))
-    meter = Meter(listing.total_bytes, present)
-    account = Account(meter)
-    # huggingface_hub >= 1.0 takes a progress-bar class per file; older ones: we count whole files.
-    takes_bar = "tqdm_class" in inspect.signature(hf_hub_download).parameters
-    extra: dict[str, Any] = {"tqdm_class": account.bar_class()} if takes_bar else {}
-    headers = {**build_hf_headers(), "Accept-Encoding": "identity"}  # the token, as hf_hub_download sends it
-    done_files = [len(listing.files) - len(todo)]
-    placed: set[str] = set()
-
-    def fetch(spec: RepoFile) -> None:
-        account.begin(spec)
-        try:
-            if resume.resumable(spec):
-                url = hf_hub_url(repo, spec.path, revision=listing.commit, endpoint=endpoint())
-                if resume.fetch(repo, listing.commit, spec, base, url, headers, account, notes.put):
-                    placed.add(spec.path)
-            else:
-                hf_hub_download(repo, spec.path, revision=listing.commit, cache_dir=str(hub), endpoint=endpoint(),
-                                **extra)
-        except BaseException:
-            account.fail(spec)
-            raise
-        account.finish(spec)
-        done_files[0] += 1
-
-    def tick() -> None:
-        while not notes.empty():
-            emit(PullEvent(repo, "note", message=notes.get()))
-        r = meter.reading()
-        emit(PullEvent(repo, "download", r.done, listing.total_bytes, r.rate_bps, r.eta_s, done_files[0],
-                       len(listing.files)))
-
-    try:
-        errors = parallel(todo, fetch, workers, tick, account.cancel)
-    except KeyboardInterrupt:
-        # Workers still blocked in a read are abandoned (daemon threads); huggingface_hub's temporary files
-        # would outlive us, so remove them now (an open file's space is freed when we exit). Our parts stay.
-        drop_dead_downloads(repo, hub, {f.etag for f in todo if f.etag and not resume.resumable(f)})
-        for line in resume.kept_message(base, todo, again):
-            emit(PullEvent(repo, "note", message=line))
-        raise
-    tick()
-    if errors:
-        spec, exc = errors[0]
-        error = hub_error(exc, repo, listing.commit, token_present(), spec.path, endpoint())
-        if isinstance(error, resume.HubHTTPError):  # an answer hub_error has no remedy for: still said plainly
-            error = WeightsError(f"{repo}/{spec.path}: the Hub answered {error}", "pull again; finished files are kept")
-        raise error from None
-    return meter.done - present + account.discarded, placed
+def _repair(cache: Owned, base: Path, commit: str, listing: Listing, note: Callable[[str], None]) -> None:
+    """Before a download: a finished blob without its snapshot link (a download killed between the blob's rename
+    and its link, or a link removed by hand) counts as present in `missing`, so nothing would fetch it: link
+    it. A finished blob of the wrong size is damaged (downloads in progress are `.incomplete` files): remove it
+    and the snapshot's entry (the entry itself: a link's target is never touched), so it is fetched afresh."""
+    snapshot = base / "snapshots" / commit
+    for spec in listing.files:
+        if not spec.etag or hfcache.file_ok(snapshot, spec, cache):
+            continue
+        st = hfcache.lstat(cache, base / "blobs" / spec.etag)
+        if st is None:
+            continue
+        if st.st_size == spec.size and stat.S_ISREG(st.st_mode):
+            resume.link_snapshot(cache, base, commit, spec, note)
+        elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            cache.remove_file(base / "blobs" / spec.etag)
+            cache.remove_file(snapshot / spec.path)
 
 
-def _verify(repo: str, listing: Listing, snapshot: Path, base: Path, check: list[RepoFile], emit: OnEvent,
-            workers: int) -> None:
-    meter = Meter(sum(f.size for f in check))
-    done_files = [len(listing.files) - len(check)]
-
-    def tick() -> None:
-        r = meter.reading()
-        emit(PullEvent(repo, "verify", r.done, meter.total or 0, r.rate_bps, r.eta_s, done_files[0],
-                       len(listing.files)))
-
-    problems = verify_files(snapshot, check, meter, workers, tick, done_files)
-    tick()
-    if not problems:
-        return
-    for spec, _ in problems:  # a bad copy must not be found again by the next run (or by the engine)
-        _discard(snapshot, base, spec)
-    first = "; ".join(f"{spec.path}: {why}" for spec, why in problems[:3])
-    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-    raise WeightsError(f"{repo}@{listing.commit[:12]} failed verification: {first}{more}; "
-                       "the bad copies were removed, the checkpoint is not marked complete",
-                       "pull again to fetch them afresh; if it repeats, the Hub, a proxy or the disk is "
-                       "corrupting data")
-
-
-def _discard(snapshot: Path, base: Path, spec: RepoFile) -> None:
-    pointer = snapshot / spec.path
-    try:
-        target = pointer.resolve()
-        if target.is_relative_to(base / "blobs"):
-            target.unlink(missing_ok=True)
-        pointer.unlink(missing_ok=True)
-    except OSError:
-        pass
+def _cache_error(repo: str, commit: str, exc: OSError) -> BaseException:
+    error = hub_error(exc, repo, commit, token_present(), endpoint=endpoint())
+    if isinstance(error, WeightsError):
+        return error
+    where = clean(paths.display(Path(exc.filename)), 200) if isinstance(exc.filename, str) else "the Hugging Face cache"
+    return WeightsError(f"{repo}: {where} could not be changed ({clean(exc.strerror or str(exc), 200)}); the "
+                        "checkpoint is not marked complete", "fix or remove that path and pull again")
 
 
 def _stamp(revision: str | None) -> dict[str, Any]:
     import datetime
 
     from metralectl import __version__
-    try:
-        from huggingface_hub import __version__ as hf_version
-    except ImportError:
-        hf_version = "?"
-    return {"revision": revision, "verified_by": f"metralectl {__version__}", "huggingface_hub": hf_version,
+    return {"revision": revision, "verified_by": f"metralectl {__version__}",
             "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def _write_manifest(snapshot: Path, listing: Listing, revision: str | None) -> None:
-    hfcache.write_json_atomic(snapshot / hfcache.VERIFIED_MANIFEST, {**listing.to_json(), **_stamp(revision)})
-
-
-def _write_ref(base: Path, revision: str | None, commit: str, quant: str | None = None) -> tuple[str, ...]:
+def _write_ref(cache: Owned, base: Path, revision: str | None, commit: str, quant: str | None = None) -> tuple[str, ...]:
     """An unpinned recipe follows `main`: point refs/main at the commit just verified (not before).
     llama-server's `-hf` takes no revision and reads only the snapshot refs/ names, so a pinned GGUF pull
-    names its commit in refs/main when no ref names any; when another does, it says so (a note)."""
+    names its commit in refs/main when no ref names any; when another does, it says so (a note).
+    refs/main is replaced as an entry: a link there is never written through."""
+    ref = base / "refs" / "main"
+    said = ((f"{paths.display(ref)} was a symbolic link: replaced, not followed (what it pointed to was left "
+             "alone)",) if hfcache.is_link(cache, ref) else ())
     if not revision:
-        write_atomic(base / "refs" / "main", commit)
-        return ()
+        cache.put(ref, commit)
+        return said
     if quant is None:
         return ()
     served = gguf_cache.served_commit(base)
     if served is None:
-        write_atomic(base / "refs" / "main", commit)
-        return ()
+        cache.put(ref, commit)
+        return said
     if served == commit:
         return ()
     return (f"llama-server reads the snapshot refs/main names ({served[:12]}), not this pinned commit "

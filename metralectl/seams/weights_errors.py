@@ -85,7 +85,8 @@ def hub_error(exc: BaseException, repo: str, revision: str, token: bool, file: s
         return WeightsError("the Hub is rate-limiting these downloads (429)",
                             "wait a few minutes and pull again; an HF_TOKEN raises the limits")
     if status is not None and status >= 500:
-        return WeightsError(f"the Hub failed while serving {what} ({status})", "retry later; https://status.huggingface.co")
+        return WeightsError(f"the Hub failed while serving {what} ({status})", "retry later; https://status.huggingface.co",
+                            exit_code=ExitCode.UNAVAILABLE)
     if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
         return WeightsError(f"{what}: the download ended at a different size than the Hub announced",
                             "pull again (that file starts afresh); if it repeats, a proxy is cutting transfers")
@@ -93,22 +94,25 @@ def hub_error(exc: BaseException, repo: str, revision: str, token: bool, file: s
         return WeightsError(f"the disk filled up while downloading {what}",
                             "free space or point HF_HUB_CACHE at a larger disk; finished files are kept")
     if isinstance(exc, PermissionError):
-        return WeightsError(f"permission denied writing the Hugging Face cache: {exc.filename or exc}",
+        return WeightsError(f"permission denied writing the Hugging Face cache: {clean(str(exc.filename or exc), 300)}",
                             f"if it belongs to root: sudo chown -R $USER: {paths.hf_hub_cache()}")
     names = {type(e).__name__ for e in _chain(exc)}
+    if isinstance(exc, OSError) and not names & set(_BROKEN_TRANSFER + _NETWORK_NAMES):
+        return WeightsError(f"{what}: the Hugging Face cache could not be changed: {clean(str(exc), 300)}",
+                            "fix or remove that path (is another program writing the cache?) and pull again")
     if names & set(_BROKEN_TRANSFER):
         err = WeightsError(f"the download of {what} kept breaking off mid-transfer "
-                           f"({type(_chain(exc)[0]).__name__}: {_chain(exc)[0]})",
+                           f"({type(_chain(exc)[0]).__name__}: {clean(str(_chain(exc)[0]), 200)})",
                            "pull again to continue (finished files are kept); if it repeats, check proxies "
                            "and the link's stability")
-        err.network = True
+        err.network, err.exit_code = True, ExitCode.UNAVAILABLE
         return err
     if names & set(_NETWORK_NAMES) or _is(exc, "LocalEntryNotFoundError"):
         err = WeightsError(f"cannot reach the Hugging Face Hub at {endpoint or 'https://huggingface.co'} "
                            f"({type(_chain(exc)[-1]).__name__})",
                            "check the network / proxy (HTTPS_PROXY) and HF_ENDPOINT, and that HF_HUB_OFFLINE is not "
                            "set; pull again to continue: finished files are kept")
-        err.network = True
+        err.network, err.exit_code = True, ExitCode.UNAVAILABLE  # docs/exit-codes.md: 69, a service not reached
         return err
     if isinstance(exc, (KeyError, TypeError, ValueError, AttributeError, IndexError)) and _raised_in_hub(exc):
         return WeightsError(  # huggingface_hub read an answer no Hub sends (a mirror's, a proxy's)

@@ -1,16 +1,19 @@
 """Before a pull writes anything: whose cache it is, one pull per repository, dead downloads, and disk.
 
-Filesystem only (no huggingface_hub); weights.pull calls these under its own names.
+Filesystem only (no huggingface_hub); weights.pull calls these under its own names. The lock files and
+the dead downloads are opened and removed through the cache's `Owned` (never through a link).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
 
 from metralectl import paths
+from metralectl.errors import MetralError
+from metralectl.ownedfs import Owned
 from metralectl.core.progress import human_bytes
 from metralectl.seams import hfcache
 from metralectl.seams.hfcache import RepoFile
@@ -43,49 +46,80 @@ def check_ownership(repo: str, hub: Path) -> None:
                            f"{found.fix}   then pull again")
 
 
-def pull_lock(repo: str, hub: Path) -> TextIO:
+class PullLock:
+    """The held lock of one repository's pull (a descriptor; closing it releases the lock)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def pull_lock(repo: str, hub: Path) -> PullLock:
     """One metralectl pull per repository at a time (a second would race the first's verification)."""
     import fcntl
 
-    folder = hub / ".locks" / hfcache.repo_dir(repo, hub).name
-    folder.mkdir(parents=True, exist_ok=True)
-    handle = open(folder / "metralectl-pull.lock", "a+")
+    cache = hfcache.owned(hub)
+    cache.make_root()
+    rel = Path(".locks") / hfcache.folder_name(repo) / "metralectl-pull.lock"
+    fd = cache.open_write(rel, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666, create_parents=True)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        handle.close()
+        os.close(fd)
         raise WeightsError(f"another `metralectl pull` of {repo} is running", "wait for it to finish") from None
-    return handle
+    return PullLock(fd)
+
+
+def lock_free(cache: Owned, rel: Path) -> bool:
+    """Whether nobody holds the flock of `rel` (a missing lock file: nobody); never opened through a link."""
+    import fcntl
+
+    try:
+        fd = cache.open_write(rel, os.O_WRONLY | os.O_APPEND)
+    except FileNotFoundError:
+        return True
+    except (OSError, MetralError):
+        return False  # not a file we can lock: treated as held, so nothing is removed on its account
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on close
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def drop_dead_downloads(repo: str, hub: Path, etags: set[str] | None = None) -> tuple[int, int]:
     """Delete `.incomplete` blobs left by a dead download; returns (files, bytes) freed.
 
-    huggingface_hub >= 1.0 names each attempt `<etag>.<random>.incomplete` and never resumes one
-    from an earlier process, so they are only lost space. `<etag>.incomplete` (older versions
-    resume those) is kept. One whose huggingface_hub lock is held is a live download: kept too,
-    unless `etags` names it (our own abandoned downloads, after Ctrl-C).
+    huggingface_hub >= 1.0 (and `metralectl pull` for its small files) names each attempt
+    `<etag>.<random>.incomplete` and never resumes one from an earlier process, so they are only lost
+    space. `<etag>.incomplete` (older versions resume those) is kept. One whose download lock is held is a
+    live download: kept too, unless `etags` names it (our own abandoned downloads, after Ctrl-C).
     """
-    import fcntl
-
+    cache = hfcache.owned(hub)
+    base = hfcache.repo_dir(repo, hub)
     count = freed = 0
-    locks = hub / ".locks" / hfcache.repo_dir(repo, hub).name
-    for path in hfcache.incomplete_blobs(hfcache.repo_dir(repo, hub)):
-        parts = path.name.split(".")
-        if len(parts) != 3:
+    for path in hfcache.incomplete_blobs(base):
+        etag = hfcache.attempt_etag(path)
+        if etag is None:
+            continue
+        st = hfcache.lstat(cache, path)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            continue
+        if etags is not None and etag not in etags:
+            continue
+        if etags is None and not lock_free(cache, Path(".locks") / base.name / f"{etag}.lock"):
             continue
         try:
-            size = path.stat().st_size
-            if etags is not None:
-                if parts[0] not in etags:
-                    continue
-            else:
-                with open(locks / f"{parts[0]}.lock", "a") as fh:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            path.unlink()
-        except OSError:
+            cache.remove_file(path)
+        except (OSError, MetralError):
             continue
-        count, freed = count + 1, freed + size
+        count, freed = count + 1, freed + st.st_size
     return count, freed
 
 

@@ -21,6 +21,14 @@ object), "corrupt" (same size, different bytes), "slow" (rate-limited body), "st
 ignore Range (200 with the whole body, as a CDN that does not honour it); a Range request whose
 If-Range names another ETag gets the whole body too (RFC 9110 §13.1.5).
 
+Hostile modes (a mirror that lies, for tests/unit/test_pull_hostile.py): `info_edit` rewrites the
+model-info answer (crafted names, commits, hashes, sizes, duplicates); `resolve_headers` are merged
+into every resolve answer (an ETag or X-Repo-Commit of `../../x`); `redirect_loop` paths redirect to
+themselves forever; `redirect_small` sends regular files to the CDN host too; and the faults "grow"
+(`extra` bytes more than listed, Content-Length honest), "endless" (a chunked body that never ends),
+"bad-range" (206 with a Content-Range that is not the body's) and "gzip" (a compressed body);
+`harnesses` answers /api/agent-harnesses, which huggingface_hub 2.4 asks and caches in HF_HOME.
+
 Standalone: python3 -m tests.fakehub.server [--port N]  serves a demo repository until Ctrl-C.
 """
 
@@ -31,6 +39,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -96,6 +105,7 @@ class Fault:
     at: float = 0.5  # "kill": fraction of the body sent before the connection drops
     rate: int = 256_000  # "slow": bytes per second
     after: int = 0  # "stall": bytes sent before the body stops
+    extra: int = 1  # "grow": bytes beyond the listed size
 
 
 @dataclass
@@ -122,6 +132,11 @@ class FakeHub:
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self.connections: set[socket.socket] = set()  # open keep-alive connections, cut by stop()
+        self.info_edit: Callable[[dict[str, object]], object] | None = None  # a crafted model-info answer
+        self.resolve_headers: dict[str, str] = {}  # merged into every resolve answer (hostile headers)
+        self.redirect_loop: set[str] = set()  # repo paths whose resolve URL redirects to itself
+        self.redirect_small = False  # regular files are redirected to the CDN host as LFS files are
+        self.harnesses: object = None  # an answer to /api/agent-harnesses (huggingface_hub 2.4 caches it in HF_HOME)
 
     # --- control ------------------------------------------------------------------------------
     def start(self, port: int = 0) -> FakeHub:
@@ -286,7 +301,9 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in url.path.split("/")[1:]]
         query = parse_qs(url.query)
         try:
-            if parts[:2] == ["api", "models"] and len(parts) >= 4:
+            if parts == ["api", "agent-harnesses"] and self.hub.harnesses is not None:
+                self._json(self.hub.harnesses)
+            elif parts[:2] == ["api", "models"] and len(parts) >= 4:
                 self._api(f"{parts[2]}/{parts[3]}", parts[4:], query)
             elif len(parts) >= 5 and parts[2] == "resolve":
                 self._resolve(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]))
@@ -307,11 +324,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             blobs = query.get("blobs", ["false"])[0].lower() == "true"
             siblings = [self._entry(f, blobs_only=not blobs) for f in repo.files.values()]
-            self._json({"_id": "fake" + repo.commit[:20], "id": repo.repo_id, "modelId": repo.repo_id,
-                        "author": repo.repo_id.split("/")[0], "sha": commit, "private": False,
-                        "gated": repo.gated or False, "disabled": False, "downloads": 0, "likes": 0, "tags": [],
-                        "lastModified": "2026-01-01T00:00:00.000Z", "createdAt": "2026-01-01T00:00:00.000Z",
-                        "siblings": siblings})
+            info: dict[str, object] = {
+                "_id": "fake" + repo.commit[:20], "id": repo.repo_id, "modelId": repo.repo_id,
+                "author": repo.repo_id.split("/")[0], "sha": commit, "private": False,
+                "gated": repo.gated or False, "disabled": False, "downloads": 0, "likes": 0, "tags": [],
+                "lastModified": "2026-01-01T00:00:00.000Z", "createdAt": "2026-01-01T00:00:00.000Z",
+                "siblings": siblings}
+            self._json(self.hub.info_edit(info) if self.hub.info_edit is not None else info)
         elif rest[0] == "tree" and len(rest) >= 2:
             if self._commit(repo, rest[1]) is None:
                 return
@@ -378,23 +397,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, "EntryNotFound", f"{path} does not exist on \"{revision}\"", {"X-Repo-Commit": commit})
             return
         common = {"X-Repo-Commit": commit, "Accept-Ranges": "bytes"}
-        if f.lfs:
+        if f.path in self.hub.redirect_loop:
+            self._send(302, b"", {**common, "Location": self.path, **self.hub.resolve_headers})
+            return
+        if f.lfs or self.hub.redirect_small:
             fault = self.hub.peek_fault(f.path)
             size = len(_served(f, fault))
             linked = {**common, "X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(size),
-                      "ETag": f'"{f.oid}"'}
+                      "ETag": f'"{f.oid}"', **self.hub.resolve_headers}
             if self.hub.lfs_redirect:
                 location = f"http://localhost:{self.hub.port}/cdn/{f.sha256}"
                 self._send(302, b"", {**linked, "Location": location})
                 return
             self._content(f, linked)
             return
-        self._content(f, {**common, "ETag": f'"{f.oid}"', "Content-Type": "application/octet-stream"})
+        self._content(f, {**common, "ETag": f'"{f.oid}"', "Content-Type": "application/octet-stream",
+                          **self.hub.resolve_headers})
 
     def _cdn(self, sha256: str) -> None:
         for repo in self.hub.repos.values():
             for f in repo.files.values():
-                if f.lfs and f.sha256 == sha256:
+                if (f.lfs or self.hub.redirect_small) and f.sha256 == sha256:
                     self._content(f, {"ETag": f'"{sha256}"', "Content-Type": "application/octet-stream",
                                       "Accept-Ranges": "bytes"})
                     return
@@ -412,7 +435,14 @@ class _Handler(BaseHTTPRequestHandler):
             start = min(int(first or 0), len(data))
             status = 206
             headers = {**headers, "Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}
+        if fault is not None and fault.kind == "bad-range":
+            status, headers = 206, {**headers, "Content-Range": f"bytes 0-{len(data) // 2}/{len(data)}"}
+        if fault is not None and fault.kind == "gzip":
+            headers = {**headers, "Content-Encoding": "gzip"}
         body = data[start:]
+        if fault is not None and fault.kind == "endless" and self.command == "GET":
+            self._endless(status, headers, body)
+            return
         if self.command == "HEAD":
             self._send(status, b"", headers, content_length=len(body))
             return
@@ -454,6 +484,24 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(status, body, headers)
 
+    def _endless(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        """The body, then more, chunked, without end: until the client hangs up (or the hub stops)."""
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.hub.record(self._request(status, len(body)))
+        self.close_connection = True
+        chunk = body or b"\0" * 65536
+        while not self.hub.stopping.is_set():
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+            except OSError:
+                return
+            chunk = b"\0" * 65536
+
     def _hold(self) -> None:
         """Send nothing more until the client hangs up (or the hub stops); then drop the connection."""
         import select
@@ -476,6 +524,8 @@ def _served(f: FakeFile, fault: Fault | None) -> bytes:
         return f.data
     if fault.kind == "truncate":
         return f.data[: len(f.data) // 2]
+    if fault.kind == "grow":
+        return f.data + b"\xff" * fault.extra
     if fault.kind == "corrupt":
         middle = len(f.data) // 2
         return f.data[:middle] + bytes([f.data[middle] ^ 0xFF]) + f.data[middle + 1:]

@@ -56,11 +56,15 @@ class FakeContainer:
     health: tuple[int, dict[str, Any]] | None = None  # None: nothing listens
     server: ThreadingHTTPServer | None = None
     halt: threading.Event = field(default_factory=threading.Event)
+    command: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ()
 
     def info(self) -> ContainerInfo:
+        command = self.command or (self.spec.command if self.spec else ())
+        mounts = self.mounts or (tuple(m.source for m in self.spec.mounts) if self.spec else ())
         return ContainerInfo(self.id, self.name, self.image, self.status,
                              self.exit_code if self.status in ("exited", "dead") else None, self.oom,
-                             self.started_at, self.finished_at, dict(self.labels))
+                             self.started_at, self.finished_at, dict(self.labels), command=command, mounts=mounts)
 
     def fill(self, text: str) -> str:
         bind = self.spec.bind if self.spec else "127.0.0.1"
@@ -105,7 +109,8 @@ class FakeRuntime:
         with self._cond:
             self._by_id[info.id] = FakeContainer(info.id, info.name, info.image, dict(info.labels), Boot(),
                                                  status=info.status, exit_code=info.exit_code, oom=info.oom_killed,
-                                                 started_at=info.started_at, pids=set(pids), log=list(log))
+                                                 started_at=info.started_at, pids=set(pids), log=list(log),
+                                                 command=info.command, mounts=info.mounts)
 
     def serving(self, recipe: str, *, image_ref: str = "img", owner_name: str | None = None) -> ContainerInfo:
         """Seed one of metralectl's running containers for `recipe` (ours, unless another owner is named)."""

@@ -113,3 +113,21 @@ def test_what_a_running_container_uses_is_kept(box: Box) -> None:
         assert _present(box.images["ok"])
     finally:
         box.cli("stop", "--all")
+
+
+def test_a_deleted_recipe_that_still_serves_keeps_its_weights(box: Box) -> None:
+    """Judged from what runs: the container's command names the repository, whatever the catalog says now."""
+    name = box.recipe("gone")
+    box.weights_complete()
+    _wait_for_a_free_daemon()
+    box.cli("run", name, check=True)
+    try:
+        (box.config / "recipes" / f"{name}.yaml").unlink()  # the recipe goes; its container serves on
+        out = box.cli("rm", "qwen3.5-35b-a3b-hopper", "--yes", "--json")
+        assert out.returncode == 1, out.stderr
+        item = json.loads(out.stdout)["items"][0]
+        assert item["removed"] is False and item["blocked"] == (f"container metralectl-{name} is serving it "
+                                                                "(`metralectl stop` first)")
+        assert (box.home / "hf" / "hub" / "models--Sehyo--Qwen3.5-35B-A3B-NVFP4").is_dir()
+    finally:
+        box.cli("stop", "--all")

@@ -19,6 +19,7 @@ from metralectl import paths
 from metralectl.app import disk_weights
 from metralectl.core.recipe import CheckpointRef
 from metralectl.errors import ExitCode
+from metralectl.ownedfs import Owned
 from metralectl.seams import hfcache, weights, weights_state
 from tests.fakehub.server import FakeHub, FakeRepo
 from tests.unit.test_gguf_weights import Q4, RECIPE, REPO, SPLIT, repo_files, serve
@@ -159,14 +160,14 @@ def test_a_failed_removal_says_what_went_and_what_did_not(hub: FakeHub, monkeypa
     hub_dir = paths.hf_hub_cache()
     items = [disk_weights.plan_repo(FLAGSHIP, hub_dir), disk_weights.plan_repo(GONE, hub_dir)]
     assert all(i is not None for i in items)
-    real = disk_weights.shutil.rmtree
+    real = Owned.remove_tree
 
-    def rmtree(path: Path) -> None:  # the filesystem refusing one folder (a fake: unit test)
-        if path.name.endswith("Retired-Model"):
+    def remove_tree(self: Owned, path: Path) -> None:  # the filesystem refusing one folder (a fake: unit test)
+        if str(path).endswith("Retired-Model"):
             raise PermissionError(13, "Permission denied", str(path))
-        real(path)
+        real(self, path)
 
-    monkeypatch.setattr(disk_weights.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(Owned, "remove_tree", remove_tree)
     for item in items:
         assert item is not None
         disk_weights.remove(item, hub_dir)
