@@ -66,8 +66,8 @@ class RunDetailScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         if len(self.details) == 2:
             a, b = self.details
-            rows = [(name, Text(x, style="bold yellow" if x != y else ""), Text(y, style="bold yellow" if x != y else ""))
-                    for name, x, y in compare_rows(a, b)]
+            rows = [(line(name), line(x, style="bold yellow" if x != y else ""),
+                     line(y, style="bold yellow" if x != y else "")) for name, x, y in compare_rows(a, b)]
             fill(self.query_one("#run-compare", DataTable), ("", a.summary.run_id, b.summary.run_id), rows)
         for i, detail in enumerate(self.details):
             results = self.query_one(f"#run-results-{i}", DataTable)
