@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from textual.widgets import Button
+from textual.widgets import Button, Input
 
 from metralectl.errors import MetralError
 from metralectl.tui.app import MetralectlApp
@@ -21,6 +21,7 @@ from metralectl.tui.screens.run_detail import RunDetailScreen
 from metralectl.tui.services import BenchProgress, RunSummary
 from metralectl.tui.views.bench import BenchView
 from metralectl.tui.widgets.history_table import HistoryTable
+from metralectl.tui.widgets.param_form import ParamForm
 from tests.unit.tui.conftest import until
 from tests.unit.tui.fakes import FakeBench, FakeServices
 from tests.unit.tui.hostile import CLICK, HOSTILE, assert_shown_safely, click_the_crafted_word, screen_lines
@@ -128,6 +129,26 @@ def test_a_runners_progress_and_failure() -> None:
             await until(pilot, lambda: view.token is None, what="the failure")
             await pilot.pause(0.1)
             assert_shown_safely(app)
+            await click_the_crafted_word(pilot, app)
+
+    asyncio.run(scenario())
+
+
+def test_a_refused_parameter_quoting_what_was_typed() -> None:
+    """The form's refusal quotes the typed value (`'[/bold]' is not int`): a label's text, not markup."""
+    services = FakeServices()
+
+    async def scenario() -> None:
+        app = MetralectlApp(services)
+        async with app.run_test(size=SIZE, notifications=True) as pilot:
+            await pilot.press("3")
+            view = app.query_one(BenchView)
+            form = app.query_one(ParamForm)
+            await until(pilot, lambda: view.suite is not None and form.suite is not None, what="form")
+            form.query_one("#param-max_tokens", Input).value = f"{CLICK}[/bold]"
+            await until(pilot, lambda: "max_tokens" in view.errors, what="inline refusal")
+            await pilot.pause(0.1)
+            assert_shown_safely(app, CLICK, "[/bold]' is not int")
             await click_the_crafted_word(pilot, app)
 
     asyncio.run(scenario())

@@ -7,9 +7,14 @@ and must run nothing when the crafted word is clicked (tests/unit/tui/hostile.py
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
+
+import pytest
+from textual.widgets import Input
 
 from metralectl.doctor.model import CheckResult
 from metralectl.errors import MetralError
@@ -25,8 +30,19 @@ from metralectl.tui.widgets.log_tail import LogTail
 from metralectl.tui.widgets.recipe_table import RecipeTable
 from metralectl.tui.widgets.text_pane import TextPane
 from tests.unit.tui.conftest import until
-from tests.unit.tui.fakes import DEFAULT_ITEMS, FakeServices, top_view
-from tests.unit.tui.hostile import CLICK, HOSTILE, SHOWN, assert_shown_safely, click_the_crafted_word, screen_lines
+from tests.unit.tui.fakes import DEFAULT_ITEMS, FakeBench, FakeServices, top_view
+from tests.unit.tui.hostile import (
+    CLICK,
+    CONTROLS,
+    HOSTILE,
+    MARKUP,
+    SHOWN,
+    assert_shown_safely,
+    click_the_crafted_word,
+    screen_lines,
+)
+
+REPO = Path(__file__).resolve().parents[3]
 
 SIZE = (200, 50)
 
@@ -189,3 +205,40 @@ def test_an_actions_plan_progress_and_failure() -> None:
             assert_shown_safely(app)
 
     asyncio.run(scenario())
+
+
+def test_user_recipes_through_the_real_catalog(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real library and `show` (CoreServices, Docker unreachable): a refused user recipe whose file name
+    would set the window title (the Library's note quotes the path), and a valid one whose description holds
+    markup (the checker refuses its controls, not its brackets)."""
+    from metralectl.tui.core_services import CoreServices
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{isolated_env}/no-docker.sock")
+    recipes = isolated_env / "config" / "recipes"
+    recipes.mkdir()
+    (recipes / f"x{CONTROLS}[@click=app.toggle_theme]CLICK.yaml").write_text("schema: 1\nname: broken\n")
+    demo = (REPO / "recipes" / "demo-cpu.yaml").read_text()
+    demo = demo.replace("name: demo-cpu", "name: evil-demo").replace(
+        "description: Qwen2.5", f"description: {json.dumps(MARKUP)} # Qwen2.5")
+    (recipes / "evil-demo.yaml").write_text(demo)
+    core = CoreServices(bench=FakeBench())
+    services = FakeServices()
+    services.library, services.detail = core.library, core.detail  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        app = MetralectlApp(services)
+        async with app.run_test(size=(250, 50), notifications=True) as pilot:
+            await pilot.press("2")
+            table = app.query_one(RecipeTable)
+            await until(pilot, lambda: "evil-demo" in table.names, timeout=30, what="the catalog")
+            app.query_one("#library-filter", Input).value = "evil"
+            pane = app.query_one("#recipe-detail", TextPane)
+            await until(pilot, lambda: pane.text.startswith("evil-demo"), timeout=30, what="show's text")
+            await pilot.pause(0.1)
+            assert_shown_safely(app, "recipes/x\\x1b]0;T\\x07", f"evil-demo — {CLICK}")
+            await click_the_crafted_word(pilot, app)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        core.close()
