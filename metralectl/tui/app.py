@@ -22,12 +22,16 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from metralectl.errors import MetralError
+from metralectl.safetext import clean, printable
+from metralectl.tui.outside import markup
 from metralectl.tui.messages import PlanReady, ServedChanged, WorkerFailed
 from metralectl.tui.screens.main import VIEWS, MainScreen
 from metralectl.tui.services import Action, Outcome, Services
 from metralectl.tui.views.serving import ServingView
 
 if TYPE_CHECKING:  # the other views and the dialogs are imported after the first paint (screens/main.py)
+    from textual.notifications import SeverityLevel
+
     from metralectl.tui.views.library import LibraryView
 
 STYLES = Path(__file__).parent / "styles"  # absolute: subclasses elsewhere (tests, benchmarks) find it too
@@ -90,10 +94,11 @@ class MetralectlApp(App[int]):
         library = self._library().snapshot if views else None
         for item in library.items if library else ():
             name = item.row.name
+            # the palette reads its entries as markup: a recipe's fields are a user's or a synced set's text
+            shown, about = markup(name), markup(f"{item.row.model} {item.row.quant} on {item.row.hardware}")
             verbs: tuple[tuple[Action, str], ...] = (("run", "Run"), ("swap", "Swap to"), ("pull", "Pull"))
             for action, verb in verbs:
-                yield SystemCommand(f"{verb} {name}", f"{item.row.model} {item.row.quant} on {item.row.hardware}",
-                                    partial(self.request_action, action, name))
+                yield SystemCommand(f"{verb} {shown}", about, partial(self.request_action, action, name))
 
     def _library(self) -> LibraryView:
         from metralectl.tui.views.library import LibraryView
@@ -153,6 +158,12 @@ class MetralectlApp(App[int]):
         self.main.query_one("#serving-view", ServingView).action_refresh_status()
 
     # -- errors ---------------------------------------------------------------------------------
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Every notification (widgets' too: Widget.notify calls this) as plain text, never markup: most
+        quote an error, and an error quotes a server, a label or a file (`markup` is ignored)."""
+        super().notify(printable(message), title=clean(title), severity=severity, timeout=timeout, markup=False)
+
     def on_worker_failed(self, message: WorkerFailed) -> None:
         err = message.error
         if isinstance(err, MetralError):

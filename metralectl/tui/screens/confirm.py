@@ -9,6 +9,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
+from metralectl.tui.outside import line, prose
 from metralectl.tui.services import Plan
 
 
@@ -25,21 +26,23 @@ class ConfirmScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         plan = self.plan
         with Vertical(id="confirm-dialog", classes="dialog"):
-            yield Label(plan.title, classes="dialog--title")
+            # a plan quotes recipes, labels and the daemon: Texts (never markup), controls escaped (tui/outside.py)
+            yield Label(line(plan.title), classes="dialog--title")
             if plan.blocked:  # first: why nothing can happen matters more than what would have
-                yield Static(Text(f"✘ {plan.blocked}"), id="confirm-blocked", classes="dialog--error")
+                yield Static(prose(f"✘ {plan.blocked}"), id="confirm-blocked", classes="dialog--error")
             if plan.hint:
-                yield Static(Text(f"→ {plan.hint}"), classes="dialog--hint")
+                yield Static(prose(f"→ {plan.hint}"), classes="dialog--hint")
             for warning in plan.warnings:
-                yield Static(Text(f"! {warning}"), classes="dialog--warning")
+                yield Static(prose(f"! {warning}"), classes="dialog--warning")
             if not plan.cancellable and not plan.blocked:
                 yield Static(Text("this cannot be cancelled once started"), classes="dialog--hint")
             with VerticalScroll(classes="dialog--body"):
                 if plan.steps:
-                    yield Static(Text("\n".join(f"{i}. {s}" for i, s in enumerate(plan.steps, 1))), id="confirm-steps")
+                    yield Static(Text("\n").join(line(f"{i}. {s}") for i, s in enumerate(plan.steps, 1)),
+                                 id="confirm-steps")
                 if plan.command:
                     yield Label("command", classes="dialog--section")
-                    yield Static(Text(plan.command), id="confirm-command", classes="command")
+                    yield Static(prose(plan.command), id="confirm-command", classes="command")
             with Horizontal(classes="dialog--buttons"):
                 if plan.blocked:
                     yield Button("Close", id="cancel", variant="primary", compact=True)

@@ -11,6 +11,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
+from metralectl.tui.outside import line, log, prose
+
 
 class MessageScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,enter,q", "close", "Close")]
@@ -21,13 +23,14 @@ class MessageScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="message-dialog", classes="dialog"):
-            yield Label(self.title_text, classes="dialog--title")
+            # an error quotes servers, labels and logs: Texts (never markup), controls escaped (tui/outside.py)
+            yield Label(line(self.title_text), classes="dialog--title")
             with VerticalScroll(classes="dialog--body"):
-                yield Static(Text(self.message), classes="dialog--error")
+                yield Static(prose(self.message), classes="dialog--error")
                 if self.hint:
-                    yield Static(Text(f"→ {self.hint}"), classes="dialog--hint")
+                    yield Static(prose(f"→ {self.hint}"), classes="dialog--hint")
                 if self.lines:
-                    yield Static(Text("\n".join(self.lines)), classes="command")
+                    yield Static(Text("\n".join(log(x) for x in self.lines)), classes="command")
             with Horizontal(classes="dialog--buttons"):
                 yield Button("Close", id="close", variant="primary", compact=True)
 

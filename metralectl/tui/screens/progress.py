@@ -21,6 +21,7 @@ from metralectl.errors import MetralError
 from metralectl.tui.cancel import Cancelled, CancelToken
 from metralectl.tui.coalesce import Coalescer, Throttle
 from metralectl.tui.messages import ActionEvent, ActionFinished, LinesReady, ServedChanged
+from metralectl.tui.outside import line, log, prose
 from metralectl.tui.progress_model import ProgressModel
 from metralectl.tui.services import Outcome, Plan
 from metralectl.tui.widgets.log_tail import LogTail
@@ -50,7 +51,8 @@ class ProgressScreen(ModalScreen[Outcome]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="progress-dialog", classes="dialog dialog--wide"):
-            yield Label(f"{VERBS[self.plan.action]} {self.plan.recipe or 'the served model'}", classes="dialog--title")
+            yield Label(line(f"{VERBS[self.plan.action]} {self.plan.recipe or 'the served model'}"),
+                        classes="dialog--title")
             yield Static("", id="progress-steps")
             with Horizontal(id="progress-bar-row"):
                 yield ProgressBar(id="progress-bar", show_eta=False)
@@ -109,11 +111,12 @@ class ProgressScreen(ModalScreen[Outcome]):
         self._drain_lines()
         self.outcome = outcome = message.outcome
         style = {"done": "bold green", "failed": alarm(), "cancelled": caution()}[outcome.status]
-        text = Text(outcome.summary, style=style)
+        # an outcome quotes the engine, the daemon, a Hub: never markup, controls escaped (tui/outside.py)
+        text = prose(outcome.summary, style=style)
         if outcome.hint:
-            text.append(f"\n→ {outcome.hint}", style="")
-        for line in outcome.lines:
-            text.append(f"\n  │ {line}", style="dim")
+            text.append_text(prose(f"\n→ {outcome.hint}"))
+        for last in outcome.lines:  # the engine's last log lines, or one line per stopped container
+            text.append(f"\n  │ {log(last)}", style="dim")
         self.query_one("#progress-outcome", Static).update(text)
         self.query_one("#cancel", Button).display = False
         close = self.query_one("#close", Button)
@@ -122,14 +125,14 @@ class ProgressScreen(ModalScreen[Outcome]):
         self.app.post_message(ServedChanged())
 
     def _render_model(self) -> None:
-        self.query_one("#progress-steps", Static).update(
-            Text("\n".join(f"{line.mark} {line.text}" for line in self.model.lines[-12:])))
+        self.query_one("#progress-steps", Static).update(  # a step quotes events: a boot phase's log line, a repo
+            Text("\n").join(line(f"{step.mark} {step.text}") for step in self.model.lines[-12:]))
         bar = self.model.bar
         row = self.query_one("#progress-bar-row")
         row.display = bar is not None
         if bar is not None:
             self.query_one("#progress-bar", ProgressBar).update(total=bar.total, progress=bar.done)
-            self.query_one("#progress-bar-detail", Label).update(f"{bar.label}: {bar.detail}")
+            self.query_one("#progress-bar-detail", Label).update(line(f"{bar.label}: {bar.detail}"))
 
     # -- keys -----------------------------------------------------------------------------------
     def on_button_pressed(self, event: Button.Pressed) -> None:

@@ -1,4 +1,7 @@
-"""One benchmark run (parameters, results table, notes), or two side by side."""
+"""One benchmark run (parameters, results table, notes), or two side by side.
+
+Every field is read from a record on disk (which anyone who can write $METRALE_HOME/runs may have left):
+shown as Texts, never markup, each value's control characters escaped (tui/outside.py; tables: table_fill)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Label, Static
 
+from metralectl.tui.outside import line
 from metralectl.tui.services import RunDetail
 from metralectl.tui.widgets.history_table import when
 from metralectl.tui.widgets.table_fill import fill
@@ -39,7 +43,7 @@ class RunDetailScreen(ModalScreen[None]):
         title = (f"Run {self.details[0].summary.run_id}" if len(self.details) == 1 else
                  f"Compare {self.details[0].summary.run_id} ↔ {self.details[1].summary.run_id}")
         with Vertical(id="run-dialog", classes="dialog dialog--wide"):
-            yield Label(title, classes="dialog--title")
+            yield Label(line(title), classes="dialog--title")
             with VerticalScroll(classes="dialog--body"):
                 if len(self.details) == 2:
                     yield DataTable(id="run-compare", cursor_type="row", zebra_stripes=True)
@@ -47,22 +51,23 @@ class RunDetailScreen(ModalScreen[None]):
                     if len(self.details) == 1:
                         s = detail.summary
                         params = ", ".join(f"{k}={v}" for k, v in detail.params.items()) or "-"
-                        yield Static(Text(f"{s.suite} · {when(s.started)} · source {s.source} · target {s.target}"
-                                          f" · engine {s.engine}\n"
-                                          f"result {s.outcome} · {s.headline}\nparameters: {params}"))
+                        yield Static(Text("\n").join((
+                            line(f"{s.suite} · {when(s.started)} · source {s.source} · target {s.target}"
+                                 f" · engine {s.engine}"),
+                            line(f"result {s.outcome} · {s.headline}"), line(f"parameters: {params}"))))
                     else:
-                        yield Label(f"results of {detail.summary.run_id}", classes="dialog--section")
+                        yield Label(line(f"results of {detail.summary.run_id}"), classes="dialog--section")
                     yield DataTable(id=f"run-results-{i}", zebra_stripes=True)
                     for note in detail.notes:
-                        yield Static(Text(f"· {note}"), classes="dialog--hint")
+                        yield Static(line(f"· {note}"), classes="dialog--hint")
             with Horizontal(classes="dialog--buttons"):
                 yield Button("Close", id="close", variant="primary", compact=True)
 
     def on_mount(self) -> None:
         if len(self.details) == 2:
             a, b = self.details
-            rows = [(name, Text(x, style="bold yellow" if x != y else ""), Text(y, style="bold yellow" if x != y else ""))
-                    for name, x, y in compare_rows(a, b)]
+            rows = [(line(name), line(x, style="bold yellow" if x != y else ""),
+                     line(y, style="bold yellow" if x != y else "")) for name, x, y in compare_rows(a, b)]
             fill(self.query_one("#run-compare", DataTable), ("", a.summary.run_id, b.summary.run_id), rows)
         for i, detail in enumerate(self.details):
             results = self.query_one(f"#run-results-{i}", DataTable)

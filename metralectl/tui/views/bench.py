@@ -24,6 +24,7 @@ from metralectl.tui.messages import (
     SuitesLoaded,
     WorkerFailed,
 )
+from metralectl.tui.outside import line, prose
 from metralectl.tui.services import BenchProgress, RunSummary, SuiteInfo
 from metralectl.tui.views import services_of
 from metralectl.tui.widgets.history_table import HistoryTable
@@ -100,7 +101,7 @@ class BenchView(Horizontal):
         select = self.query_one("#suite-select", Select)
         select.set_options([(f"{s.title} ({s.id})", s.id) for s in self.suites])
         if self.unavailable:
-            self.query_one("#suite-description", Label).update(Text(self.unavailable, style="yellow"))
+            self.query_one("#suite-description", Label).update(prose(self.unavailable, style="yellow"))
         if self.suites:
             select.value = self.suites[0].id
 
@@ -114,7 +115,7 @@ class BenchView(Horizontal):
     async def on_select_changed(self, event: Select.Changed) -> None:
         event.stop()
         self.suite = next((s for s in self.suites if s.id == event.value), None)
-        self.query_one("#suite-description", Label).update(self.suite.description if self.suite else "")
+        self.query_one("#suite-description", Label).update(prose(self.suite.description if self.suite else ""))
         await self.query_one(ParamForm).set_suite(self.suite)
         self._check(self.query_one(ParamForm).values())
 
@@ -162,7 +163,7 @@ class BenchView(Horizontal):
         for old in self.query("#bench-progress"):
             old.remove()
         self.query_one("#bench-run").mount(ProgressBar(id="bench-progress", show_eta=False), after="#bench-buttons")
-        self.query_one("#bench-status", Label).update(Text(f"running {self.suite.id}…", style="bold"))
+        self.query_one("#bench-status", Label).update(line(f"running {self.suite.id}…", style="bold"))
         self.run_suite(self.suite.id, params, self.token)
 
     def action_cancel(self) -> None:
@@ -199,7 +200,8 @@ class BenchView(Horizontal):
         p = latest[-1]
         for bar in self.query("#bench-progress").results(ProgressBar):
             bar.update(total=p.total, progress=p.done)
-        self.query_one("#bench-status", Label).update(p.message or f"{p.done}/{p.total or '?'}")
+        # the runner's words quote the engine it measures (an error, a status): never markup (tui/outside.py)
+        self.query_one("#bench-status", Label).update(line(p.message or f"{p.done}/{p.total or '?'}"))
 
     def on_bench_finished(self, message: BenchFinished) -> None:
         message.stop()
@@ -208,9 +210,9 @@ class BenchView(Horizontal):
         for bar in self.query("#bench-progress"):
             bar.remove()
         style = {"done": "bold green", "failed": alarm(), "cancelled": caution()}[message.status]
-        text = Text(message.text, style=style)
+        text = prose(message.text, style=style)  # an error quotes the engine or a record
         if message.hint:
-            text.append(f"  → {message.hint}", style="")
+            text.append_text(prose(f"  → {message.hint}"))
         self.query_one("#bench-status", Label).update(text)
         self._check(self.query_one(ParamForm).values())
         if message.run is not None:

@@ -11,6 +11,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label
 
+from metralectl.tui.outside import prose
 from metralectl.tui.messages import DoctorDone, WorkerFailed
 from metralectl.tui.views import services_of
 from metralectl.tui.widgets.check_table import CheckTable
@@ -83,10 +84,12 @@ class DoctorView(Vertical):
         result = next((r for r in self.results if r.id == message.check_id), None)
         if result is None:
             return
-        text = Text(f"{result.title}\n", style="bold")
-        text.append(f"status  {result.status}\n\n")
-        text.append(result.detail + "\n")
+        # a finding quotes processes, GPU names, Docker's answers: escaped before Rich's Text sees it (which
+        # would drop a BEL or a CR silently and keep ESC), never markup (tui/outside.py)
+        text = prose(f"{result.title}\n", style="bold")
+        text.append_text(prose(f"status  {result.status}\n\n"))
+        text.append_text(prose(result.detail + "\n"))
         if result.remedy:
             text.append("\nremedy\n", style="bold")
-            text.append(result.remedy + "\n", style="green")
+            text.append_text(prose(result.remedy + "\n", style="green"))
         self.query_one("#check-detail", TextPane).show(text)

@@ -11,6 +11,7 @@ from textual.message import Message
 from textual.widgets import Input, Label
 
 from metralectl.tui import library_filter
+from metralectl.tui.outside import line
 from metralectl.tui.messages import DetailLoaded, LibraryLoaded, WorkerFailed
 from metralectl.tui.services import Action, LibrarySnapshot
 from metralectl.tui.views import services_of
@@ -76,9 +77,9 @@ class LibraryView(Vertical):
         self.snapshot = message.snapshot
         self._details.clear()
         self._refilter()
-        note = Text(message.snapshot.judged_on, style="dim")
-        for extra in message.snapshot.notes:
-            note.append(f"  ! {extra}", style="yellow")
+        note = line(message.snapshot.judged_on, style="dim")  # a GPU's name as NVML gives it
+        for extra in message.snapshot.notes:  # a user's file name, the daemon's error
+            note.append_text(line(f"  ! {extra}", style="yellow"))
         self.query_one("#library-note", Label).update(note)
 
     def _refilter(self) -> None:

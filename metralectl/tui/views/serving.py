@@ -23,6 +23,7 @@ from textual.message import Message
 from textual.widgets import Label, Static
 
 from metralectl.tui.coalesce import Coalescer, Throttle
+from metralectl.tui.outside import line
 from metralectl.tui.messages import LinesReady, StatusLoaded, TelemetryReady, WorkerFailed
 from metralectl.tui.telemetry_history import CHARTS, TelemetryHistory
 from metralectl.tui.views import services_of
@@ -171,7 +172,7 @@ class ServingView(Vertical):
         if self.following is None:
             return
         state = "following" if self.query_one(LogTail).following else "paused (f resumes)"
-        self.query_one("#log-title", Label).update(f"engine log — {self.following} — {state}")
+        self.query_one("#log-title", Label).update(line(f"engine log — {self.following} — {state}"))
 
     @work(thread=True, group="logs", exit_on_error=False)
     def follow_logs(self, container: str, stop: threading.Event) -> None:
@@ -259,17 +260,19 @@ class ServingView(Vertical):
         notes = Text()
         from metralectl.core.gpudata import GpuUnavailable
 
+        # NVML's names and reasons, labels' URLs and engines' errors: one escaped line each (tui/outside.py)
         if isinstance(view.gpu, GpuUnavailable):
-            notes.append(f"no GPU: {view.gpu.reason}\n", style="yellow")
+            notes.append_text(line(f"no GPU: {view.gpu.reason}", style="yellow")).append("\n")
         elif view.gpus:
             names = {g.name for g in view.gpus if g.name}
-            notes.append(f"{len(view.gpus)}× {', '.join(sorted(names)) or 'GPU'}\n", style="bold")
+            notes.append_text(line(f"{len(view.gpus)}× {', '.join(sorted(names)) or 'GPU'}", style="bold"))
+            notes.append("\n")
             notes.append(f"thermal {view.thermal}\n", style="red" if view.thermal == "parked" else "green")
         if view.engine_note:
-            notes.append(f"{view.engine_note}\n", style="dim")
+            notes.append_text(line(view.engine_note, style="dim")).append("\n")
         for e in view.engines:
             if e.error:
-                notes.append(f"{e.target.url}: {e.error}\n", style="yellow")
+                notes.append_text(line(f"{e.target.url}: {e.error}", style="yellow")).append("\n")
         if notes != self._notes:  # the same words every second when idle: no layout, no repaint
             self._notes = notes
             self.query_one("#telemetry-note", Static).update(notes)

@@ -11,6 +11,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable
 
+from metralectl.tui.outside import line
 from metralectl.tui.services import RunSummary
 from metralectl.tui.widgets.table_fill import fill
 
@@ -56,7 +57,7 @@ class HistoryTable(DataTable[object]):
         rows = []
         for r in self.runs:
             mark = Text("◆", style="bold") if r.run_id in self.marked else Text(" ")
-            source = Text(r.source, style="cyan" if r.source == "tui" else "")
+            source = line(r.source, style="cyan" if r.source == "tui" else "")  # a record's field, as read
             rows.append((mark, when(r.started), r.suite, source, r.target, r.outcome, r.headline, r.engine))
         fill(self, COLUMNS, rows, [r.run_id for r in self.runs])
         if self.runs:

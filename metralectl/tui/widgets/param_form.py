@@ -8,6 +8,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Input, Label, Static
 
+from metralectl.tui.outside import line
 from metralectl.tui.services import SuiteInfo
 
 
@@ -74,7 +75,7 @@ class ParamForm(VerticalScroll):
         self.errors = dict(errors)
         for label in self.query(".param-form--error").results(Label):
             why = errors.get((label.id or "").removeprefix("error-"), "")
-            label.update(why)
+            label.update(line(why))  # it may quote what was typed: `[/]` must not be read as markup
             label.display = bool(why)
         for field in self.query(".param-form--input").results(Input):
             field.set_class(bool(errors.get((field.id or "").removeprefix("param-"))), "-invalid")

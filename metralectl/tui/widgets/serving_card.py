@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from metralectl.tui.alarm import alarm
+from metralectl.tui.outside import line
 
 if TYPE_CHECKING:
     from metralectl.lifecycle.status import StatusReport
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
 def _health(value: str) -> Text:
     style = {"ok": "bold green", "-": "dim"}.get(value, "bold yellow")
-    return Text(value, style=style)
+    return line(value, style=style)
 
 
 class ServingCard(Static):
@@ -41,29 +42,34 @@ class ServingCard(Static):
             return  # nothing changed since the last poll (nothing served, most of the time): no repaint
         self.report, self._unreachable = report, None
         table = Table.grid(padding=(0, 2), expand=True)
-        endpoints = [f"{s.endpoint}/v1" if s.endpoint != "-" else "-" for s in report.serving]
+        # every value is a container's label or the daemon's answer (a container someone else labelled as
+        # ours): a Text, never a string Rich would read as markup, its controls escaped (tui/outside.py)
+        endpoints = [line(f"{s.endpoint}/v1" if s.endpoint != "-" else "-") for s in report.serving]
         for name in ("RECIPE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REV", "OWNER"):
             # the endpoint is what a user copies: it keeps its whole width (port included); the recipe and the
             # image revision give way first on a narrow terminal, each ending in … rather than cut short
             table.add_column(name, no_wrap=True, overflow="ellipsis",
                              ratio={"RECIPE": 3, "IMAGE REV": 2}.get(name),
-                             min_width=max(map(len, endpoints), default=8) if name == "ENDPOINT" else None)
+                             min_width=max((e.cell_len for e in endpoints), default=8) if name == "ENDPOINT"
+                             else None)
         if report.serving:
             table.add_row(*(Text(h, style="bold") for h in ("RECIPE", "HEALTH", "UPTIME", "ENDPOINT", "IMAGE REV",
                                                               "OWNER")))
-        for s in report.serving:
-            recipe = Text(s.recipe, style="bold")
+        for s, endpoint in zip(report.serving, endpoints):
+            recipe = line(s.recipe, style="bold")
             if not s.state.startswith("running"):
-                recipe.append(f" ({s.state})", style="yellow")
-            table.add_row(recipe, _health(s.health), s.uptime, f"{s.endpoint}/v1" if s.endpoint != "-" else "-",
-                          s.image_revision or "-", s.owner)
+                recipe.append_text(line(f" ({s.state})", style="yellow"))
+            table.add_row(recipe, _health(s.health), line(s.uptime), endpoint, line(s.image_revision or "-"),
+                          line(s.owner))
         parts: list[Table | Text] = [table] if report.serving else [
             Text("Nothing is served. Pick a recipe in the Library (2) and press r to run it.", style="dim")]
         if report.degraded:
-            parts.append(Text(f"DEGRADED: {report.degraded} — `metralectl ps --repair` restores a model",
+            parts.append(line(f"DEGRADED: {report.degraded} — `metralectl ps --repair` restores a model",
                               style=alarm()))
-        parts.append(Text(f"last swap: {report.last_swap}" if report.last_swap else "last swap: none recorded",
-                          style="dim", no_wrap=True, overflow="ellipsis"))
+        last_swap = line(f"last swap: {report.last_swap}" if report.last_swap else "last swap: none recorded",
+                         style="dim")
+        last_swap.no_wrap, last_swap.overflow = True, "ellipsis"
+        parts.append(last_swap)
         from rich.console import Group
 
         self.update(Group(*parts))

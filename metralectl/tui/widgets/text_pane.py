@@ -1,10 +1,15 @@
-"""A scrollable block of plain text (recipe detail, a check's remedy, a run's record)."""
+"""A scrollable block of plain text (recipe detail, a check's remedy, a run's record).
+
+What it shows quotes recipes, the doctor's findings and the like: never read as markup, and every control
+character but line breaks and tabs escaped (tui/outside.py), whether it comes as a string or a Text."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.containers import ScrollableContainer
 from textual.widgets import Static
+
+from metralectl.tui.outside import prose, scrub
 
 
 class TextPane(ScrollableContainer):
@@ -19,11 +24,11 @@ class TextPane(ScrollableContainer):
         self.text = placeholder
 
     def compose(self):  # type: ignore[no-untyped-def]
-        yield Static(Text(self._placeholder), classes="text-pane--body")
+        yield Static(prose(self._placeholder), classes="text-pane--body")
 
     def show(self, text: str | Text) -> None:
         self.text = text.plain if isinstance(text, Text) else text
-        body = text if isinstance(text, Text) else Text(text)
+        body = scrub(text) if isinstance(text, Text) else prose(text)
         body.no_wrap = not self.wrap
         self.query_one(".text-pane--body", Static).update(body)
         self.scroll_home(animate=False)
