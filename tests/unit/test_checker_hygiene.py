@@ -98,9 +98,11 @@ def test_a_synced_recipe_that_smuggles_an_option_is_refused(tmp_path: Path, isol
     flagship = recipes["qwen3.5/qwen3.5-35b-a3b-nvfp4"]
     recipes["evil/dash"] = flagship.replace(b"  model_name: Sehyo/Qwen3.5-35B-A3B-NVFP4\n", b"  model_name: --api-key=x\n")
     assert recipes["evil/dash"] != flagship
-    report = recipe_sync.sync(load_catalog(use_cache=False), Source(str(write_release(tmp_path / "b40", recipes))),
-                              root=synced_set.synced_dir(), today="2026-12-01")
-    [refused] = report.refused
+    with pytest.raises(recipe_sync.RecipesRefused) as caught:  # one refused recipe refuses the release
+        recipe_sync.sync(load_catalog(use_cache=False), Source(str(write_release(tmp_path / "b40", recipes))),
+                         root=synced_set.synced_dir(), today="2026-12-01")
+    assert synced_set.current(synced_set.synced_dir()) is None  # nothing was installed
+    [refused] = caught.value.report.refused
     assert refused.name == "dash"
     assert any(p.key == "serve.model-name" and "begins with '-'" in p.message for p in refused.problems)
 
