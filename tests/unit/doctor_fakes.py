@@ -158,6 +158,7 @@ def make_ctx(tmp_path: Path, **kw: Any) -> Context:
         endpoint=lambda: ("unix:///var/run/docker.sock", "default"),
         disk_usage=disk(500),
         agent_view=lambda: {"pid": 4321, "port": 8897, "status": {"can_run": True, "summary": "ready: Docker, GPU runtime and GPU answer"}},
+        agent_unit=lambda: False,  # no systemd user unit: `metralectl agent start` is the remedy
         proc_root=proc,
     )
     defaults.update(kw)

@@ -531,7 +531,15 @@ def test_agent_running_and_its_own_view(tmp_path: Path) -> None:
     r = one(df.make_ctx(tmp_path), "agent")
     assert r.status == "ok" and "pid 4321" in r.detail and "ready" in r.detail
     down = one(df.make_ctx(tmp_path, agent_view=lambda: None), "agent")
-    assert down.status == "warn" and "not running" in down.detail and "systemctl --user start" in (down.remedy or "")
+    assert down.status == "warn" and "not running" in down.detail
+    assert (down.remedy or "").startswith("metralectl agent start") and "systemctl" not in (down.remedy or "")
+    unit = one(df.make_ctx(tmp_path, agent_view=lambda: None, agent_unit=lambda: True), "agent")
+    assert (unit.remedy or "").startswith("systemctl --user start metralectl-agent")
+    silent = {"pid": 1, "port": 8897, "error": "timed out"}
+    detached = one(df.make_ctx(tmp_path, agent_view=lambda: {**silent, "how": "detached"}), "agent")
+    assert detached.status == "warn" and "metralectl agent stop && metralectl agent start" in (detached.remedy or "")
+    by_systemd = one(df.make_ctx(tmp_path, agent_view=lambda: {**silent, "how": "systemd"}), "agent")
+    assert "systemctl --user restart metralectl-agent" in (by_systemd.remedy or "")
     refusing = one(df.make_ctx(tmp_path, agent_view=lambda: {"pid": 1, "port": 8897, "status": {
         "can_run": False, "summary": "Docker: permission denied", "problems": [{"remedy": "sudo usermod -aG docker $USER"}]}}),
         "agent")
