@@ -354,17 +354,22 @@ def child_environment(log: Path) -> dict[str, str]:
 
 def _start_detached(options: Sequence[str], base: Path | None, deadline: float, say: Note) -> Started:
     fd, log = _open_log()
+    proc: subprocess.Popen[bytes] | None = None
+    # Ctrl-C or SIGTERM held back until the child is known, so an interrupted start always stops its child.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.write(fd, f"--- {stamp} metralectl agent start {' '.join(options)}\n".encode())
         offset = os.fstat(fd).st_size
-        proc = subprocess.Popen([sys.executable, "-m", "metralectl", "agent", *options], stdin=subprocess.DEVNULL,
-                                stdout=fd, stderr=fd, cwd="/", env=child_environment(log), start_new_session=True,
-                                close_fds=True)
-    finally:
-        os.close(fd)
-    say(f"starting the agent (pid {proc.pid}, log {paths.display(log)})")
-    try:
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "metralectl", "agent", *options], stdin=subprocess.DEVNULL,
+                                    stdout=fd, stderr=fd, cwd="/", env=child_environment(log),
+                                    start_new_session=True, close_fds=True,
+                                    preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, held))
+        finally:
+            os.close(fd)
+        say(f"starting the agent (pid {proc.pid}, log {paths.display(log)})")
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         while True:
             agent = _ready(base)
             if agent is not None:
@@ -381,9 +386,12 @@ def _start_detached(options: Sequence[str], base: Path | None, deadline: float, 
                                   _lines_since(log, offset), ExitCode.UNAVAILABLE)
             time.sleep(0.1)
     except KeyboardInterrupt:
-        _abandon(proc, base)
-        say(f"stopped the agent being started (pid {proc.pid}): nothing is left running")
+        if proc is not None:
+            _abandon(proc, base)
+            say(f"stopped the agent being started (pid {proc.pid}): nothing is left running")
         raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _abandon(proc: subprocess.Popen[bytes], base: Path | None) -> None:
