@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from metralectl.core.gpudata import GpuSample, GpuSystem, GpuUnavailable
     from metralectl.core.recipe import Recipe
     from metralectl.seams.container_runtime import ContainerRuntime
-    from metralectl.seams.docker_runtime import ImageState
+    from metralectl.seams.docker_runtime import ContainerInfo, ImageState
 
 from metralectl.seams.ports import bind_error
 
@@ -397,6 +397,12 @@ class Context:
             return ContainerPids(names, pids)
 
         return self._fact("containers", compute, self.fact_budget_s)
+
+    def container(self, container_id: str) -> ContainerInfo | None:
+        """The container with this id as the daemon reports it (any state, anyone's), None when it knows none."""
+        runtime = self.runtime()
+        with self.runtime_lock:
+            return runtime.inspect(container_id)
 
     def image_state(self, ref: str, label: str | None = None) -> ImageState:
         runtime = self.runtime()
