@@ -6,8 +6,8 @@ One agent per configuration: run_agent takes the config dir's agent lock first, 
 refused naming the first (pid, URL), and records itself in the pidfile (pid, start time, executable,
 how it was started: `agent start`, systemd, or a terminal). A port held by another program is refused
 naming that program. The peer listener, the one socket open beyond loopback, is on only when asked
-(`--peers`) or once this box knows a peer: an agent started before the first pairing turns it on by
-itself within PEER_RECHECK_S.
+(`--peers`), once this box knows a peer, or once it takes benchmark units from peers (bench.yaml): an
+agent started before either turns it on by itself within PEER_RECHECK_S.
 
 The docker group: a process keeps the groups it started with, so an agent started before
 `usermod -aG docker $USER` can never reach the socket by itself. When its own check finds exactly that
@@ -80,15 +80,21 @@ def needs_regroup(answer: dict[str, Any]) -> bool:
     return False
 
 
-def paired(base: Path | None = None) -> bool:
-    """Whether this box knows a peer (paired from here, or a hello the operator granted)."""
+def peers_wanted(base: Path | None = None) -> str | None:
+    """Why the peer listener should be on when no option decides: this box knows a peer (paired from
+    here, or a hello the operator granted), or takes benchmark units from peers (bench.yaml enabled:
+    `peer bench-config --enable`, which a node does before it is paired); None: off."""
+    from metralectl.peers.config import load_bench_config
     from metralectl.peers.store import PeerStore
 
     try:
-        return bool(PeerStore(base).load().peers)
+        if PeerStore(base).load().peers:
+            return "a peer is paired"
+        if load_bench_config(base).enabled:
+            return "peers may run benchmarks here (bench.yaml)"
     except MetralError as exc:
         log.warning("peer listener stays off: %s", exc.message)
-        return False
+    return None
 
 
 def port_taken(what: str, host: str, port: int, exc: OSError, option: str) -> MetralError:
@@ -128,7 +134,7 @@ class AgentOptions:
     api_port: int = security.DEFAULT_API_PORT
     peer_port: int = PEER_PORT
     peer_host: str = "0.0.0.0"
-    peer: bool | None = None  # None: on once this box knows a peer (and when one is paired while it runs)
+    peer: bool | None = None  # None: on when peers_wanted() says why (checked again while it runs)
     interval_s: float = DEFAULT_INTERVAL_S
     regroup: bool = True
     argv: Sequence[str] = field(default_factory=lambda: list(sys.argv[1:]))
@@ -161,7 +167,7 @@ class Agent:
         self.peer_server: Any = None
         self._peer_failed = False
         try:
-            if options.peer or (options.peer is None and paired(base)):
+            if options.peer or (options.peer is None and peers_wanted(base)):
                 self.peer_server = self._peer_listener()
         except BaseException:
             self.api.server_close()
@@ -183,19 +189,20 @@ class Agent:
         """Turn the peer listener on once a peer is known (options left it to that), and record its port."""
         if self.options.peer is not None or self.peer_server is not None or self._peer_failed:
             return
-        if not paired(self.base):
+        why = peers_wanted(self.base)
+        if why is None:
             return
         try:
             server = self._peer_listener()
         except MetralError as exc:
             self._peer_failed = True  # said once; the next start tries again
-            log.warning("a peer is paired, but the peer listener cannot start: %s", exc.message)
+            log.warning("%s, but the peer listener cannot start: %s", why, exc.message)
             return
         server.start("agent-peers")
         self.peer_server = server
         self.api.info["peer_port"] = server.port
         self._record()
-        log.info("a peer is paired: peer listener on %s:%d", self.options.peer_host, server.port)
+        log.info("%s: peer listener on %s:%d", why, self.options.peer_host, server.port)
 
     def _checked(self, check: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
         def run() -> dict[str, Any]:

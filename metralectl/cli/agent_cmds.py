@@ -51,8 +51,8 @@ def agent(
     port: int = typer.Option(8897, "--port", min=0, max=65535, help="The local API and page (loopback only; 0: any free port)."),
     peer_port: int = typer.Option(8899, "--peer-port", min=0, max=65535, help="The peer listener's port."),
     peer_bind: str = typer.Option("0.0.0.0", "--peer-bind", help="Where the peer listener listens (:: for IPv6 too)."),
-    peers: bool = typer.Option(None, "--peers/--no-peer", help="Peer listener on/off (default: on once a peer is paired, "
-                               "also when one is paired while the agent runs)."),
+    peers: bool = typer.Option(None, "--peers/--no-peer", help="Peer listener on/off (default: on once a peer is paired or "
+                               "`peer bench-config --enable` is set, also while the agent runs)."),
     interval: float = typer.Option(3.0, "--interval", min=0.5, help="Seconds between capability re-checks."),
     no_regroup: bool = typer.Option(False, "--no-regroup", help="Do not re-exec through `sg docker` to pick up a new docker group."),
 ) -> None:
@@ -74,7 +74,7 @@ def agent(
         elif peers is False:
             note("  peer listener:    off (--no-peer)")
         else:
-            note("  peer listener:    off until a peer is paired (`--peers` turns it on now)")
+            note("  peer listener:    off until a peer is paired or bench is enabled (`--peers`: on now)")
 
     run_agent(AgentOptions(api_port=port, peer_port=peer_port, peer_host=peer_bind, peer=peers,
                            interval_s=interval, regroup=not no_regroup), on_ready=ready)

@@ -53,7 +53,7 @@ def start(
     port: int = typer.Option(None, "--port", min=0, max=65535, help="The local API and page (default 8897; 0: any free port)."),
     peer_port: int = typer.Option(None, "--peer-port", min=0, max=65535, help="The peer listener's port (default 8899)."),
     peer_bind: str = typer.Option(None, "--peer-bind", help="Where the peer listener listens (default 0.0.0.0)."),
-    peers: bool = typer.Option(None, "--peers/--no-peer", help="Peer listener on/off (default: on once a peer is paired)."),
+    peers: bool = typer.Option(None, "--peers/--no-peer", help="Peer listener on/off (default: on once a peer is paired or bench is enabled)."),
     interval: float = typer.Option(None, "--interval", min=0.5, help="Seconds between capability re-checks."),
     no_regroup: bool = typer.Option(False, "--no-regroup", help="Do not re-exec through `sg docker`."),
     detach: bool = typer.Option(False, "--detach", help="Start it detached even where a systemd user unit exists."),
@@ -145,7 +145,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON (state
         ("state", "running" if answer.state == "running" else f"not answering: {clean(answer.why or '?', 300)}"),
         ("pid", agent.pid), ("url", agent.url or "-"), ("since", _since(agent.started)),
         ("started by", HOW.get(agent.how, agent.how)),
-        ("peers", f"{agent.peer_host}:{agent.peer_port}" if agent.peer_port else "off (no peer paired; `--peers` turns it on)"),
+        ("peers", f"{agent.peer_host}:{agent.peer_port}" if agent.peer_port else "off (no peer paired, bench not enabled; `--peers` turns it on)"),
         ("log", agent.log or ("journalctl --user -u metralectl-agent" if agent.how == "systemd" else
                               "its terminal" if agent.how == "foreground" else "-")),
     ]

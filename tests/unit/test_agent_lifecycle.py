@@ -75,7 +75,7 @@ def test_start_status_second_start_logs_stop(isolated_env: Path) -> None:
     shown = cli("agent", "status")
     assert shown.returncode == 0, shown.stderr
     assert "running" in shown.stdout and f"pid         {pid}" in shown.stdout and url in shown.stdout
-    assert "`metralectl agent start`" in shown.stdout and "off (no peer paired" in shown.stdout
+    assert "`metralectl agent start`" in shown.stdout and "off (no peer paired, bench not enabled" in shown.stdout
     doc = status()
     assert doc["rc"] == 0 and doc["state"] == "running" and doc["agent"]["pid"] == pid and doc["agent"]["url"] == url
     assert doc["agent"]["how"] == "detached" and doc["agent"]["peer_port"] is None
@@ -268,3 +268,19 @@ def test_the_peer_listener_is_off_until_a_peer_is_paired(isolated_env: Path, tmp
     finally:
         cli("agent", "stop")
         cli("agent", "stop", env=two)
+
+
+def test_enabling_bench_for_peers_turns_the_listener_on(isolated_env: Path) -> None:
+    """A node is paired *with* (its listener must answer first): `peer bench-config --enable`, the step a
+    campaign's node takes anyway, turns the listener on in a running agent."""
+    assert cli("agent", "start", "--port", "0", "--peer-port", "0", "--peer-bind", "127.0.0.1", *QUIET).returncode == 0
+    try:
+        assert status()["agent"]["peer_port"] is None
+        assert cli("peer", "bench-config", "--enable").returncode == 0
+        deadline = time.monotonic() + 15
+        while status()["agent"]["peer_port"] is None:
+            assert time.monotonic() < deadline, "enabling bench did not turn the listener on"
+            time.sleep(0.2)
+        assert "peers may run benchmarks here (bench.yaml): peer listener on 127.0.0.1:" in cli("agent", "logs").stdout
+    finally:
+        cli("agent", "stop")
