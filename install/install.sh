@@ -747,6 +747,9 @@ write_unit() {
         say "ExecStart=\"$BIN_LINK\" agent"
         say "Restart=on-failure"
         say "RestartSec=5"
+        # 75: another agent already runs for this configuration (`metralectl agent start`), or its port is
+        # taken by another program: restarting every 5 s would not change that.
+        say "RestartPreventExitStatus=75"
         say "Environment=PYTHONUNBUFFERED=1"
         if [ -n "${METRALECTL_CONFIG_DIR:-}" ]; then
             say "Environment=\"METRALECTL_CONFIG_DIR=$METRALECTL_CONFIG_DIR\""

@@ -59,6 +59,16 @@ def agent(
     """Run the agent in the foreground (the installer's service unit runs this); Ctrl-C stops it.
     A second agent for the same configuration is refused, naming the first (exit 75)."""
     if ctx.invoked_subcommand is not None:
+        import click
+
+        given = [f"--{name.replace('_', '-')}" for name in ctx.params
+                 if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)]
+        if given:  # `agent --port 0 start` would start on the default port: say where options go
+            from metralectl.errors import UsageError
+
+            raise UsageError(f"{', '.join(given)} before `{ctx.invoked_subcommand}` belongs to `metralectl agent` "
+                             "itself", f"put it after the command: metralectl agent {ctx.invoked_subcommand} "
+                             f"{' '.join(given)} …")
         return
     from metralectl.agent.service import Agent, AgentOptions, configure_logging, run_agent
 

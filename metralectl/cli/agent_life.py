@@ -63,6 +63,7 @@ def start(
     """Start the agent in the background (through systemd's user unit when it is installed and answers)
     and wait until it answers; print its address. Already running: says so (pid, address), exit 0.
 
+    \b
     Examples:
       metralectl agent start
       metralectl agent start --port 0 --peers
@@ -97,6 +98,7 @@ def stop(
     """Stop the agent (SIGTERM, then SIGKILL after --timeout; or `systemctl --user stop`) and check it is gone.
     Not running: says so, exit 0; a stale pidfile is removed (its pid, now another process, is left alone).
 
+    \b
     Examples:
       metralectl agent stop
     """
@@ -123,6 +125,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON (state
     """Whether the agent runs: pid, address, since when, how it was started, its log.
     Exit 0 running, 1 not running (a stale pidfile too), 69 running but not answering.
 
+    \b
     Examples:
       metralectl agent status
       metralectl agent status --json
@@ -163,6 +166,7 @@ def logs(
     """The agent's log (its file, or systemd's journal for the unit), escaped: control characters are shown,
     not obeyed.
 
+    \b
     Examples:
       metralectl agent logs -n 20
       metralectl agent logs -f

@@ -284,3 +284,9 @@ def test_enabling_bench_for_peers_turns_the_listener_on(isolated_env: Path) -> N
         assert "peers may run benchmarks here (bench.yaml): peer listener on 127.0.0.1:" in cli("agent", "logs").stdout
     finally:
         cli("agent", "stop")
+
+
+def test_an_option_before_the_subcommand_is_refused_not_ignored(isolated_env: Path) -> None:
+    out = cli("agent", "--port", "0", "start")  # it would have started on 8897, the --port dropped
+    assert out.returncode == 64 and "--port before `start` belongs to `metralectl agent` itself" in out.stderr
+    assert "metralectl agent start --port" in out.stderr and agent_files.read_pidfile() is None
