@@ -293,10 +293,11 @@ def start(options: Sequence[str], base: Path | None = None, *, systemd: bool = T
         if found.stale is not None:
             agent_files.remove_pidfile(found.stale.pid)
             say(f"removed a stale pidfile: {found.stale.why}")
-        if systemd and not options and user_systemd.unit_loaded():
+        loaded = systemd and user_systemd.unit_loaded()
+        if loaded and not options:
             return _start_systemd(base, deadline, say)
-        if systemd and user_systemd.unit_file() is not None:
-            why = "options were given" if options else "`systemctl --user` does not answer here (no user systemd)"
+        if systemd and (loaded or user_systemd.unit_file() is not None):
+            why = "options were given" if loaded else "`systemctl --user` does not answer here (no user systemd)"
             say(f"the {user_systemd.UNIT} unit is installed, but {why}: starting the agent detached")
         return _start_detached(options, base, deadline, say)
     finally:

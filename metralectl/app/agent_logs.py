@@ -42,13 +42,13 @@ def source(base: Path | None = None) -> LogSource:
         return _journal()
     if agent is not None and agent.log:
         return LogSource("file", Path(agent.log))
+    if agent is not None and agent.how == "foreground":  # an older file is another agent's: not this one's log
+        raise MetralError(f"the agent (pid {agent.pid}) runs in a terminal and logs there, not to a file",
+                          "stop it there and start it with `metralectl agent start` to keep its log in a file",
+                          exit_code=ExitCode.FAILED)
     log = agent_files.log_path()
     if log.is_file():
         return LogSource("file", log)
-    if agent is not None and agent.how == "foreground":
-        raise MetralError(f"the agent (pid {agent.pid}) runs in a terminal and logs there, not to a file",
-                          "start it with `metralectl agent start` to keep its log in a file",
-                          exit_code=ExitCode.FAILED)
     if user_systemd.unit_loaded():
         return _journal()
     raise MetralError(f"no agent log yet ({paths.display(log)} does not exist)",

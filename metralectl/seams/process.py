@@ -131,7 +131,8 @@ def same_process(record: dict[str, Any]) -> bool:
         return False
     now = identity(pid)
     if now is None:
-        return False
+        # no /proc here (macOS): nothing beyond the pid was recorded, nor can be checked
+        return "start_ticks" not in record and not Path("/proc/self").exists() and pid_is_ours(pid)
     return all(record.get(key) == now[key] for key in ("start_ticks", "boot_id", "exe"))
 
 

@@ -228,7 +228,7 @@ def test_an_installed_unit_without_user_systemd_starts_detached(isolated_env: Pa
     (config / "systemd" / "user").mkdir(parents=True)
     (config / "systemd" / "user" / "metralectl-agent.service").write_text("[Service]\nExecStart=metralectl agent\n")
     env = {**os.environ, "XDG_CONFIG_HOME": str(config)}
-    started = cli("agent", "start", env=env)  # no options: the unit would be used, were there a user systemd
+    started = cli("agent", "start", "--port", "0", *QUIET, env=env)
     try:
         assert started.returncode == 0, started.stderr
         assert "the metralectl-agent.service unit is installed, but `systemctl --user` does not answer here" \
@@ -290,3 +290,27 @@ def test_an_option_before_the_subcommand_is_refused_not_ignored(isolated_env: Pa
     out = cli("agent", "--port", "0", "start")  # it would have started on 8897, the --port dropped
     assert out.returncode == 64 and "--port before `start` belongs to `metralectl agent` itself" in out.stderr
     assert "metralectl agent start --port" in out.stderr and agent_files.read_pidfile() is None
+
+
+def test_a_foreground_agent_is_found_named_and_stopped(isolated_env: Path) -> None:
+    agent_files.log_path().write_text("an older detached agent's line\n")  # not this agent's log
+    fore = subprocess.Popen([sys.executable, "-m", "metralectl", "agent", "--port", "0", *QUIET], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while status()["state"] != "running":
+            assert fore.poll() is None and time.monotonic() < deadline, fore.stderr.read() if fore.stderr else ""
+            time.sleep(0.2)
+        doc = status()["agent"]
+        assert doc["pid"] == fore.pid and doc["how"] == "foreground"
+        again = cli("agent", "start", "--port", "0", *QUIET)
+        assert again.returncode == 0 and f"already running: pid {fore.pid}, started by a terminal" in again.stderr
+        logs = cli("agent", "logs")
+        assert logs.returncode == 1 and f"the agent (pid {fore.pid}) runs in a terminal and logs there" in logs.stderr
+        stopped = cli("agent", "stop")
+        assert stopped.returncode == 0 and stopped.stdout.startswith(f"stopped: pid {fore.pid} (SIGTERM")
+        assert fore.wait(timeout=10) == 0  # a clean stop
+    finally:
+        if fore.poll() is None:
+            fore.kill()
+            fore.wait()
