@@ -18,6 +18,7 @@ outgoing connection takes one too). Two ways instead:
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Callable
 from typing import TypeVar
@@ -98,3 +99,10 @@ def port_in_use(log: str, engine: str = "metrale") -> bool:
     for line in log.splitlines():
         reader.feed(line)
     return reader.failure is not None and reader.failure.cause == "port-in-use"
+
+
+def run_lost_its_port(stderr: str) -> bool:
+    """Whether `metralectl run` failed because its port was taken, in its own words: the preflight's refusal
+    (lifecycle/preflight.py) or a start whose diagnosis is port-in-use (lifecycle/launch.py)."""
+    return ("start failed (port-in-use)" in stderr
+            or re.search(r"port \d+ on \S+ is already in use by another program", stderr) is not None)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from metralectl.seams.ports import bind_error, port_free
-from tests.ports import HeldPort, PortTaken, own_port, port_in_use, start_retrying
+from tests.ports import HeldPort, PortTaken, own_port, port_in_use, run_lost_its_port, start_retrying
 from tests.unit.port_scan import scan_python, scan_shell, scan_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 ALLOWED = {
     ("tests/ports.py", "pick_port"): "only start_retrying calls it: a start that lost its port to another program "
                                      "is tried again on a fresh one",
+    ("tests/realengines/transformers_serve.py", "pick_port"): "start() tries again when uvicorn says 'address "
+                                                              "already in use' (standard library only: the H200 "
+                                                              "kit runs it without the tests package)",
+    ("benchmarks/h200/run_llamacpp_cuda.sh", "<shell>"): "the start is tried again when llama-server says "
+                                                         "\"couldn't bind HTTP server socket\"",
 }
 
 
@@ -198,3 +203,18 @@ def test_a_start_that_lost_its_port_is_tried_again_on_another() -> None:
 ])
 def test_port_in_use_is_the_products_reading_of_engine_logs(engine: str, line: str, taken: bool) -> None:
     assert port_in_use(line, engine) is taken
+
+
+def test_a_run_that_lost_its_port_is_known_by_metralectls_own_words() -> None:
+    from metralectl.core.render import ContainerSpec
+    from metralectl.lifecycle.boot import REMEDIES, Diagnosis
+    from metralectl.lifecycle.launch import LaunchFailed
+    from metralectl.lifecycle.preflight import port_refusal
+
+    def failed(cause: str) -> str:
+        return "metralectl: " + LaunchFailed(Diagnosis(cause, "…", REMEDIES.get(cause, "")), [], "/x.log").message
+
+    refusal = port_refusal(ContainerSpec(name="x", image="i", command=(), port=8080), False, [])
+    assert refusal is not None and run_lost_its_port(f"metralectl: {refusal.error.message}")
+    assert run_lost_its_port(failed("port-in-use"))
+    assert not run_lost_its_port(failed("out-of-memory")) and not run_lost_its_port(failed("exited"))
