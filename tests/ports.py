@@ -5,15 +5,16 @@ the later bind another program can take the port (the kernel hands out ephemeral
 outgoing connection takes one too). Two ways instead:
 
 - `HeldPort` / `own_port()`: a socket bound to 127.0.0.1:N with SO_REUSEADDR that never listens, kept open
-  for as long as the port is in use. No other program can take N — neither bind() of port 0 nor an outgoing
-  connect() is ever given a port that a socket holds, and an explicit bind without SO_REUSEADDR fails — yet a
-  server that sets SO_REUSEADDR (Python's http.server and socketserver, metralectl's own servers, the engine
-  double, uvicorn, llama-server) still binds and listens on N beside it, and metralectl's own probe
-  (seams/ports.py) calls N free while nothing listens. While nothing listens there, connecting to N is
-  refused: a dead endpoint nobody else can bring to life.
-- `pick_port()` + `start_retrying()`: for a program that another party builds and runs (llama-server, transformers
-  serve, the registry), whose socket options are not ours to rely on: choose a number, start, and when the
-  start fails because the port was taken (`port_in_use`, the engine contracts' own classification), choose again.
+  for as long as the port is in use. No other program can take N: neither a bind() of port 0 nor an outgoing
+  connect() is given a port a socket holds, and an explicit bind without SO_REUSEADDR fails. Yet a server
+  that sets SO_REUSEADDR (Python's http.server, metralectl's own servers, the engine double, uvicorn,
+  llama-server) still binds and listens on N beside it, again after another server there stopped, and
+  metralectl's own probe (seams/ports.py) calls N free while nothing listens. While nothing listens there,
+  connecting to N is refused: a dead endpoint nobody else can bring to life.
+- `pick_port()` + `start_retrying()`: for a program another party builds (llama-server, transformers serve,
+  the registry), whose socket options are not ours to rely on: choose a number, start, and when the start
+  failed because the port was taken (`port_in_use`, `run_lost_its_port`: the product's own reading), choose
+  again, a bounded number of times.
 """
 
 from __future__ import annotations
