@@ -124,3 +124,19 @@ def test_a_campaign_run_counts_only_with_a_completed_record() -> None:
     assert campaign.completed({"status": "completed"}, "x") == {"status": "completed"}
     with pytest.raises(SystemExit, match="NOT MEASURED: the remote unit bench-0 ended 'failed'"):
         campaign.completed({"status": "failed"}, "the remote unit bench-0")
+
+
+def test_the_lifecycle_benchmark_times_only_an_engine_that_became_ready() -> None:
+    from metralectl.core.render import ContainerSpec
+    from tests.fakes.runtime import Boot, Exit, FakeRuntime, Log, engine_boot, image
+    from tests.ports import own_port
+
+    lifecycle = script("lifecycle")
+    rt = FakeRuntime(images=[image("img")])
+    spec = ContainerSpec(name="bench", image="img", command=(), port=own_port())
+    rt.script("bench", Boot((Log("Error: the snapshot has no weight files"), Exit(1))), engine_boot(step_s=0.01))
+    with pytest.raises(SystemExit, match="NOT MEASURED: the container bench exited before /health said 200: "
+                                         "Error: the snapshot has no weight files"):
+        lifecycle.raw_ready(rt, spec)
+    assert rt.all() == []  # removed all the same
+    assert lifecycle.raw_ready(rt, spec) > 0  # the second start boots like the engine
