@@ -1,4 +1,5 @@
-"""`metralectl agent start | stop | status | logs`: the agent as a background process (app/agent_control.py).
+"""`metralectl agent start | stop | status | logs`: the agent as a background process (app/agent_start.py,
+app/agent_control.py, app/agent_logs.py).
 
 stdout carries the answer (the URL, the state, the log's lines; `--json` a document), stderr what
 happened on the way. Exit codes: status 0 running, 1 not running, 69 running but not answering; start 0
@@ -68,15 +69,15 @@ def start(
       metralectl agent start
       metralectl agent start --port 0 --peers
     """
-    from metralectl.app import agent_control
+    from metralectl.app import agent_start
     from metralectl.safetext import clean
     from metralectl.seams.process import sigterm_as_interrupt
 
     options = _forwarded(port, peer_port, peer_bind, peers, interval, no_regroup)
     with sigterm_as_interrupt():
         try:
-            started = agent_control.start(options, systemd=not detach, timeout_s=timeout, note=note)
-        except agent_control.StartFailed as failed:
+            started = agent_start.start(options, systemd=not detach, timeout_s=timeout, note=note)
+        except agent_start.StartFailed as failed:
             for line in failed.lines:
                 note(f"  | {clean(line, 500)}")
             raise
