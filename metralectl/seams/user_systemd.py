@@ -15,6 +15,7 @@ from pathlib import Path
 
 UNIT = "metralectl-agent.service"
 TIMEOUT_S = 5.0
+SHOW_TIMEOUT_S = 1.5  # `show` answers in milliseconds or fails at once (no bus); doctor's checks have 2.8 s
 
 
 def _run(tool: str, *args: str, timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess[str] | None:
@@ -43,13 +44,13 @@ def unit_file() -> Path | None:
 
 def unit_loaded() -> bool:
     """Whether `systemctl --user` answers here and knows the agent's unit."""
-    answer = _run("systemctl", "--user", "show", "--property=LoadState", "--value", UNIT)
+    answer = _run("systemctl", "--user", "show", "--property=LoadState", "--value", UNIT, timeout_s=SHOW_TIMEOUT_S)
     return answer is not None and answer.returncode == 0 and answer.stdout.strip() == "loaded"
 
 
 def state() -> str | None:
     """The unit's ActiveState (active, activating, failed, inactive, …), or None when systemd does not answer."""
-    answer = _run("systemctl", "--user", "show", "--property=ActiveState", "--value", UNIT)
+    answer = _run("systemctl", "--user", "show", "--property=ActiveState", "--value", UNIT, timeout_s=SHOW_TIMEOUT_S)
     if answer is None or answer.returncode != 0:
         return None
     return answer.stdout.strip() or None

@@ -83,6 +83,8 @@ def test_start_status_second_start_logs_stop(isolated_env: Path) -> None:
     again = cli("agent", "start", "--port", "0", *QUIET)  # another --port 0 would be another port: not a second agent
     assert again.returncode == 0 and again.stdout.strip() == url
     assert f"already running: pid {pid}" in again.stderr
+    as_json = json.loads(cli("agent", "start", "--port", "0", "--json", *QUIET).stdout)
+    assert as_json["already_running"] is True and as_json["pid"] == pid and as_json["url"] == url
     second = cli("agent", "--port", "0", *QUIET)  # a second one in the foreground: refused, naming the first
     assert second.returncode == 75, second.stderr
     assert f"an agent already runs for this configuration (pid {pid}, {url})" in second.stderr
@@ -314,3 +316,38 @@ def test_a_foreground_agent_is_found_named_and_stopped(isolated_env: Path) -> No
         if fore.poll() is None:
             fore.kill()
             fore.wait()
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# systemctl as a user systemd with the agent's unit loaded would answer (this machine has none)
+echo "$*" >> "$FAKE_SYSTEMD_CALLS"
+case "$*" in
+  *"show --property=LoadState"*) echo loaded ;;
+  *"show --property=ActiveState"*) echo active ;;
+  "--user start metralectl-agent.service")
+    setsid "$FAKE_PYTHON" -m metralectl agent --port 0 --interval 60 --no-regroup >>"$FAKE_SYSTEMD_LOG" 2>&1 </dev/null &
+    ;;
+  *) echo "unexpected: $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_start_goes_through_a_loaded_user_unit(isolated_env: Path, tmp_path: Path) -> None:
+    """Where `systemctl --user` answers and knows the unit, `start` without options asks systemd to start it and
+    waits for it to answer (a stand-in systemctl: this machine has no user systemd)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (bin_dir / "systemctl").chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_SYSTEMD_CALLS": str(calls),
+           "FAKE_SYSTEMD_LOG": str(tmp_path / "unit.log"), "FAKE_PYTHON": sys.executable}
+    started = cli("agent", "start", "--json", env=env)
+    assert started.returncode == 0, started.stderr + (tmp_path / "unit.log").read_text()
+    assert "starting metralectl-agent.service (systemctl --user)" in started.stderr
+    doc = json.loads(started.stdout)
+    assert doc["already_running"] is False and doc["url"].startswith("http://127.0.0.1:")
+    assert "--user start metralectl-agent.service" in calls.read_text().splitlines()
+    stopped = json.loads(cli("agent", "stop", "--json", env=env).stdout)
+    assert stopped["stopped"]["pid"] == doc["pid"] and stopped["how"] == "SIGTERM"  # not the unit's own: signalled
+    assert not alive(doc["pid"])
