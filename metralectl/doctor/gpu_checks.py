@@ -250,6 +250,6 @@ def _describe(entry: dict[str, Any]) -> str:
     detail = [size]
     if entry.get("kind") == "other" and entry.get("why"):
         detail.insert(0, entry["why"])
-    if entry.get("kind") == "other" and entry.get("command") and not entry.get("container"):
+    if entry.get("kind") == "other" and entry.get("command"):
         detail.insert(0, f"`{entry['command']}`")
     return f"{who} ({', '.join(detail)})"

@@ -56,10 +56,10 @@ def test_a_program_started_by_hand_is_in_use_not_leaked(tmp_path: Path) -> None:
 def test_another_program_in_a_container_is_named_by_its_container(tmp_path: Path) -> None:
     theirs = ContainerInfo("c" * 64, "jupyter", "jupyter/scipy", "running", None, False, None, None, {})
     ctx = gpu_ctx(tmp_path, [(4242, 60 * GiB)], df.FakeRuntime(running=[theirs]))
-    df.fake_proc(ctx.proc_root, 4242, "python3", container_id="c" * 64)
+    df.fake_proc(ctx.proc_root, 4242, "python3", container_id="c" * 64, cmdline="python3 -m notebook")
     r = one(ctx)
     assert r.status == "warn" and "leak" not in r.detail
-    assert "in use by PID 4242 python3 in container jupyter (60.0 GiB)" in r.detail
+    assert "in use by PID 4242 python3 in container jupyter (`python3 -m notebook`, 60.0 GiB)" in r.detail
 
 
 def test_another_users_metralectl_engine_is_in_use(tmp_path: Path) -> None:
