@@ -25,7 +25,6 @@ START_TIMEOUT_S = 30.0
 LOG_ROTATE_BYTES = 8 << 20  # at a start, a longer log becomes agent.log.1 (one generation kept)
 
 
-# -- start ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Started:
     agent: AgentProc
@@ -97,13 +96,17 @@ def _start_systemd(base: Path | None, deadline: float, say: Note) -> Started:
         raise StartFailed(f"systemctl --user start {user_systemd.UNIT} failed: {said}",
                           f"journalctl --user -u {user_systemd.UNIT}", user_systemd.journal_tail(20),
                           ExitCode.FAILED)
+    next_look = time.monotonic() + 1.0
     while True:
         agent = _ready(base)
         if agent is not None:
             return Started(agent, False, "systemd")
-        if user_systemd.state() in ("failed", "inactive"):
-            raise StartFailed(f"{user_systemd.UNIT} stopped while starting", f"journalctl --user -u {user_systemd.UNIT}",
-                              user_systemd.journal_tail(20), ExitCode.FAILED)
+        if time.monotonic() >= next_look:  # systemd's own view, once a second (each look is a systemctl run)
+            next_look = time.monotonic() + 1.0
+            if user_systemd.state() in ("failed", "inactive"):
+                raise StartFailed(f"{user_systemd.UNIT} stopped while starting",
+                                  f"journalctl --user -u {user_systemd.UNIT}", user_systemd.journal_tail(20),
+                                  ExitCode.FAILED)
         if time.monotonic() > deadline:
             raise StartFailed(f"{user_systemd.UNIT} started, but the agent did not answer in time",
                               f"journalctl --user -u {user_systemd.UNIT}", user_systemd.journal_tail(20),
