@@ -34,10 +34,10 @@ from metralectl.tui.alarm import alarm, caution
 
 
 class BenchView(Horizontal):
-    BINDINGS = [
-        Binding("ctrl+g", "start", "Run suite"),
-        Binding("escape", "cancel", "Cancel run"),
-        Binding("ctrl+r", "reload_history", "Reload history"),
+    BINDINGS = [  # short words: with the history's own keys the footer must still show `q Quit` at 80 columns
+        Binding("ctrl+g", "start", "Run"),
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+r", "reload_history", "Reload"),
         Binding("ctrl+o", "focus_history", "History"),
     ]
 
