@@ -68,7 +68,8 @@ def matches(row: dict[str, Any], words: list[str]) -> bool:
 
 def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: bool, as_json: bool,
                  words: list[str] | None = None) -> ExitCode | None:
-    """The `list` command (and `search`, with words); returns its exit code (None: OK; DATA when a user recipe was refused). The rows come from
+    """The `list` command (and `search`, with words); returns its exit code (None: OK; DATA when a user recipe
+    was refused; FAILED when words matched nothing: no table then, `--json` an empty list). The rows come from
     app/library_cache.py when stored for this catalog and target, else from the catalog (and are stored)."""
     from metralectl.app import library_cache
 
@@ -81,12 +82,14 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         refused = bool(catalog.refused)
     target = view["target"]
     rows = library_cache.select(view["rows"], hardware if only_hardware else None, tag or None)
+    missed = False
     if words:
         rows = [r for r in rows if matches(r, words)]
-        if not rows:
-            note(f"no recipe matches all of: {' '.join(words)}")
+        missed = not rows
     if as_json:
         print(json.dumps({"target": target, "recipes": rows}, indent=2))
+    elif missed:  # like grep: no table, a line on stderr and exit 1 (below)
+        pass
     else:
         table_rows = [[
             r["name"], r["engine"], r["model"], r["quant"], r["hardware"], str(r.get("nodes", 1)),
@@ -113,8 +116,11 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         for ref, (how, names) in built.items():
             note(f"{', '.join(names)}: image {ref} is not pulled: {how.split(' (')[0]} (`metralectl show "
                  f"{names[0]}` says how to build it)")
-    if refused:  # a user recipe failed the checker: shown above, left out of the list
-        from metralectl.errors import ExitCode
+    from metralectl.errors import ExitCode
 
+    if refused:  # a user recipe failed the checker: shown above, left out of the list
         return ExitCode.DATA
+    if missed:  # search ran, and what was asked for is not there
+        note(f"no recipe matches all of: {' '.join(words or ())} (`metralectl list` shows every recipe)")
+        return ExitCode.FAILED
     return None
