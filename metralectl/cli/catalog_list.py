@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from metralectl.cli.state import SHOWN_PROBLEMS, note, style
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -25,8 +26,8 @@ def _catalog() -> Catalog:
     catalog = load_catalog()
     for refused in catalog.refused:
         errors = [p for p in refused.problems if p.severity == "error"]
-        note(style(f"metralectl: your recipe {printable(str(refused.path))} was refused ({len(errors)} problem"
-                   f"{'s' if len(errors) != 1 else ''}); it is left out:", "33", sys.stderr))
+        note(style(f"metralectl: your recipe {printable(str(refused.path))} was refused "
+                   f"({count(len(errors), 'problem')}); it is left out:", "33", sys.stderr))
         for problem in errors[:5]:
             note("  " + printable(problem.render()).replace("\n", "\n  "))  # it may quote the file
             SHOWN_PROBLEMS.add(id(problem))

@@ -6,6 +6,7 @@ import os
 import sys
 
 from metralectl.present.style import color_enabled, style  # noqa: F401  (re-exported)
+from metralectl.wording import count
 
 TYPE_CHECKING = False  # cli/entry.py's fast answers import this module: no typing, no dataclasses
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def report_error(exc: MetralError) -> None:
         for problem in unseen:
             print(style(printable(problem.render()), "31", err), file=err)
         above = " (shown above)" if len(unseen) < len(errors) else ""
-        print(f"metralectl: refused: {len(errors)} problem{'s' if len(errors) != 1 else ''}{above}", file=err)
+        print(f"metralectl: refused: {count(len(errors), 'problem')}{above}", file=err)
         return
     print(style(f"metralectl: {_lines(exc.message)}", "31", err), file=err)
     if exc.hint:

@@ -61,7 +61,7 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     if catalog.engines[recipe.engine].has_rule("kernel-targets"):
         lines.append(f"  quant         {recipe.checkpoint.quant} (kernel target {model.target_for(recipe.checkpoint.quant)})")
     else:
-        lines.append(f"  quant         {recipe.checkpoint.quant} ({recipe.checkpoint.format} file(s) of that quant)")
+        lines.append(f"  quant         {recipe.checkpoint.quant} (the {recipe.checkpoint.format} file or files of that quant)")
     lines.append(f"  model         {model.display_name} ({model.model_type or 'model_type unknown'}); "
                  f"MTP {'yes' if model.mtp_supported else 'no' if model.mtp_supported is False else 'unknown'}")
     lines.append(f"  local cache   {cache.status}: {cache.detail}")

@@ -31,6 +31,7 @@ from metralectl.tui.widgets.history_table import HistoryTable
 from metralectl.tui.widgets.param_form import ParamForm
 from metralectl.tui.widgets.table_fill import fill
 from metralectl.tui.alarm import alarm, caution
+from metralectl.wording import count
 
 
 class BenchView(Horizontal):
@@ -109,7 +110,7 @@ class BenchView(Horizontal):
         message.stop()
         self.query_one(HistoryTable).set_runs(message.runs)
         self.query_one("#history-title", Label).update(
-            f"History ({len(message.runs)} runs) — enter opens · space marks · c compares two")
+            f"History ({count(len(message.runs), 'run')}) — enter opens · space marks · c compares two")
 
     # -- the form -------------------------------------------------------------------------------
     async def on_select_changed(self, event: Select.Changed) -> None:
