@@ -120,9 +120,18 @@ def main(argv: list[str] | None = None) -> None:
     state.guarded(lambda: _run(args))
 
 
+def build_command() -> click.Command:
+    """The Click command tree, with each main command's examples in its help (cli/examples.py)."""
+    from metralectl.cli import examples
+
+    root = typer.main.get_command(app)
+    examples.attach(root)
+    return root
+
+
 def _run(args: list[str]) -> int:
     """Click's own ways of ending, as exit codes."""
-    command = typer.main.get_command(app)
+    command = build_command()
     _one_suggestion(command)
     if os.environ.get("_METRALECTL_COMPLETE"):  # a TAB in a shell that sourced `metralectl completion SHELL`
         from typer.completion import completion_init
