@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from metralectl.errors import MetralError
 
 DEBUG = False
+DEBUG_ENV = "METRALECTL_DEBUG"  # `1` (or true/yes/on): as --debug, for a command a script or a service runs
+
+
+def debug_from_env() -> bool:
+    """METRALECTL_DEBUG read as METRALECTL_DIRECT is: `0`, `no` or empty leave tracebacks off."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def note(message: str) -> None:
@@ -84,6 +90,6 @@ def guarded(body: Callable[[], int | None]) -> NoReturn:
 
         last = traceback.format_exc().strip().splitlines()[-1]  # may quote what a server or a file said
         print(f"metralectl: internal error: {clean(last, 500)}", file=sys.stderr)
-        print("    hint: run again with --debug for the traceback, and report it", file=sys.stderr)
+        print(f"    hint: run again with --debug (or {DEBUG_ENV}=1) for the traceback, and report it", file=sys.stderr)
         sys.exit(ExitCode.SOFTWARE)
     sys.exit(code)  # None exits 0
