@@ -102,10 +102,14 @@ def epilog(path: str, rest: str = "") -> str:
 
 
 def attach(root: Any) -> None:
-    """Give every command with examples its epilog (the root keeps its own paragraph after them)."""
+    """Give every command with examples its epilog (the root keeps its own paragraph after them); once,
+    however often the tree is built."""
+    import click
+
     for path in EXAMPLES:
         command = root
-        for word in path.split():
-            command = command.commands[word]
-        if "\nExamples:\n" not in (command.epilog or ""):  # once, however often the tree is built
-            command.epilog = epilog(path, command.epilog or "")
+        for word in path.split():  # a command not in this tree (a test's stand-in) gets nothing
+            command = getattr(command, "commands", {}).get(word)
+        if not isinstance(command, click.Command) or "\nExamples:\n" in (command.epilog or ""):
+            continue  # not a command of this tree (a test's stand-in), or done already
+        command.epilog = epilog(path, command.epilog or "")
