@@ -56,7 +56,8 @@ EXIT_MEANINGS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.FAILED: ("it ran, and the thing asked for failed or was refused",
                       "a launch never became ready; a swap was rolled back (the previous model serves "
                       "again); a benchmark with failed requests, or invalid or client-bound; doctor "
-                      "found a problem; a peer refused; a signature did not verify; `agent status`: no agent runs"),
+                      "found a problem; a peer refused; a signature did not verify; `agent status`: no agent runs"
+                      "; `search` matched no recipe"),
     ExitCode.GATE: ("it ran, and a gate said no",
                     "a benchmark or campaign completed and a gate's verdict is fail "
                     "(`--no-fail-on-verdict` turns this into 0)"),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from metralectl.errors import ExitCode, MetralError, NotFound
+from metralectl.wording import count, noun
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -248,7 +249,7 @@ class AgentClient:
                     raise MetralError(f"the agent (pid {self.pid}) stopped while the {job.get('kind')} ran",
                                       "`metralectl ps` shows what it left (`ps --repair` after a swap)") from None
                 if missed:
-                    self._deliver({"kind": "Warning", "message": f"{missed} event(s) were no longer kept by the agent"},
+                    self._deliver({"kind": "Warning", "message": f"{count(missed, 'event')} {noun(missed, 'was', 'were')} no longer kept by the agent"},
                                   on_event, tolerant=interrupted)
                 for data in events:
                     seq = data.get("seq")
