@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from metralectl.seams.ports import port_free  # the one bind probe (doctor uses it too)
-from metralectl.core.labels import LABEL_OWNER, LABEL_RANK, LABEL_RECIPE
+from metralectl.core.labels import LABEL_OWNER, LABEL_RANK, LABEL_RECIPE, LABEL_SPEC_HASH
 from metralectl.core.render import ContainerSpec, owner
-from metralectl.errors import MetralError
+from metralectl.errors import MetralError, NotServed
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -118,9 +118,28 @@ def containers_refusal(recipe: Recipe, spec: ContainerSpec, options: LaunchOptio
                                    "ask its owner to stop it (`metralectl stop`) first"))
     if running and not options.replace:
         names = ", ".join(f"{c.name} ({c.labels.get(LABEL_RECIPE, '?')})" for c in running)
+        if same_launch(spec, running) is not None:  # launch() answers this one itself: served, nothing to start
+            return Refusal(MetralError(f"{recipe.name} is already being served{where} with these settings: {names}",
+                                       f"nothing to start; `metralectl run {recipe.name} --replace` restarts it"))
+        if any(c.labels.get(LABEL_RECIPE) == recipe.name for c in running):
+            return Refusal(MetralError(
+                f"{recipe.name} is already being served by metralectl{where} with other settings: {names}",
+                f"`metralectl swap {recipe.name}` with these --set replaces it with rollback; `run --replace` "
+                "restarts it with them"), None if recipe.multi_rank else "swap")
         hint = ("`run --replace` stops it first" if recipe.multi_rank else
                 f"`metralectl swap {recipe.name}` replaces it with rollback; `run --replace` stops it first")
         return Refusal(MetralError(f"a model is already being served by metralectl{where}: {names}", hint), "swap")
+    return None
+
+
+def same_launch(spec: ContainerSpec, running: Sequence[ContainerInfo]) -> ContainerInfo | None:
+    """The container of ours that runs exactly what `spec` would start: its name, recipe and spec hash (the
+    image, every flag, the environment, the mounts, the port) — `run` of it again is served already."""
+    wanted = spec.labels.get(LABEL_SPEC_HASH)
+    for c in running:
+        if (wanted is not None and c.name == spec.name and c.labels.get(LABEL_SPEC_HASH) == wanted
+                and c.labels.get(LABEL_RECIPE) == spec.labels.get(LABEL_RECIPE)):
+            return c
     return None
 
 
@@ -147,7 +166,7 @@ def swap_refusal(new: Recipe, new_sets: Sequence[str], running: Sequence[Contain
     """Why a swap to `new` cannot start from what is served (ours that run; `served_sets`: the --set overrides
     the served one was started with); None: there is exactly one model to replace, and it is another."""
     if not running:
-        return Refusal(MetralError("metralectl is not serving anything to swap", "`metralectl run RECIPE` starts one"),
+        return Refusal(NotServed(hint=f"`metralectl run {new.name}` serves it (a swap replaces a served model)"),
                        "run")
     if len(running) > 1:
         names = ", ".join(f"{c.labels.get(LABEL_RECIPE, '?')} ({c.name})" for c in running)

@@ -150,7 +150,9 @@ def _stop_plan(recipe: Recipe | None, runtime_factory: Callable[[], Any]) -> Pla
             return Plan("stop", name, "Stop", (), blocked=exc.message,
                         hint="select the recipe of the one to stop in the Library" if name is None else exc.hint)
     if not deployments and not containers:
-        return Plan("stop", name, "Stop", (), blocked="metralectl is serving nothing")
+        from metralectl.errors import NOTHING_SERVED
+
+        return Plan("stop", name, "Stop", (), blocked=NOTHING_SERVED)
     steps: list[str] = []
     for dep in deployments:
         steps.append(f"stop every rank of {dep.recipe}, the head first, each on its node "
