@@ -10,7 +10,7 @@ never promises what the launch would refuse, nor refuses what it would do.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from metralectl.seams.ports import port_free  # the one bind probe (doctor uses it too)
@@ -50,6 +50,17 @@ class Refusal:
 def observe(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec, *,
             cpu_arch: str | None = None, probe_port: bool = False) -> Facts:
     """Look at everything the refusals need; change nothing."""
+    staged = observe_staging(recipe, catalog, runtime, cpu_arch=cpu_arch)
+    others = tuple(c for c in runtime.containers(mine=False) if c.running and c.owner != owner())
+    running = tuple(c for c in runtime.containers() if c.running)
+    free = port_free(spec.bind, spec.port) if probe_port and not running else None
+    return replace(staged, same_name=runtime.inspect(spec.name), others=others, running=running, port_free=free)
+
+
+def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *,
+                    cpu_arch: str | None = None) -> Facts:
+    """The image and the weights only (no container is looked at): what refuses this recipe on this box
+    whatever serves (standing_refusal)."""
     from metralectl.core import images
     from metralectl.seams import machine, weights, weights_state
 
@@ -73,11 +84,14 @@ def observe(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: C
             weights_status, weights_error = "conflict", exc
         except MetralError as exc:
             weights_error = exc
-    others = tuple(c for c in runtime.containers(mine=False) if c.running and c.owner != owner())
-    running = tuple(c for c in runtime.containers() if c.running)
-    free = port_free(spec.bind, spec.port) if probe_port and not running else None
-    return Facts(state, image_error, pullable, weights_status, weights_error, runtime.inspect(spec.name), others,
-                 running, free)
+    return Facts(state, image_error, pullable, weights_status, weights_error, None, (), ())
+
+
+def standing_refusal(recipe: Recipe, options: LaunchOptions, staged: Facts) -> Refusal | None:
+    """What refuses a run of (or a swap to) this recipe on this box whatever serves, with these launch
+    options: the ranks it needs, an image or weights staging cannot bring (or may not: options.pull).
+    The dashboard's Library and the page disable their Run/Swap with it, in the words the launch says."""
+    return multi_rank_refusal(recipe) or staging_refusal(options, staged)
 
 
 def multi_rank_refusal(recipe: Recipe) -> Refusal | None:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 HINTS = {"pull-image": "Esc, then p in the Library pulls it", "pull-weights": "Esc, then p in the Library pulls them",
          "run": "Esc, then r in the Library runs this recipe",
          "swap": "Esc, then w in the Library swaps to this recipe (with rollback), or x stops the served one first"}
+# The same, said under the Library's table (no dialog to close) when r and w are disabled for the chosen recipe.
+LIBRARY_HINTS = {"pull-image": "p pulls it", "pull-weights": "p pulls them"}
 
 
 def dashboard_change(action: Action, name: str | None) -> Any:
