@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Box, free_port
+from tests.integration.conftest import Box
+from tests.ports import PortTaken, run_lost_its_port, start_retrying
 from tests.integration.test_llamacpp_lifecycle import _fail_or_skip, llama_image  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
@@ -96,10 +97,17 @@ def test_the_cpu_demo_as_a_user_runs_it(box: Box, demo_image: str, demo_weights:
         weights = {r["name"]: r for r in _json(box.cli("list", "--json", check=True))["recipes"]}[DEMO]["weights"]
         assert weights == "complete", weights
 
-        port = free_port()  # 8080 may be taken on a shared CI box: the user's `--set` moves it
-        printed = box.cli("run", DEMO, "--set", f"resources.port={port}", "--print", check=True).stdout
-        assert "--gpus" not in printed and demo_image in printed and "--n-gpu-layers 0" in printed, printed
-        run = box.cli("run", DEMO, "--set", f"resources.port={port}", timeout=180)
+        def start(port: int) -> tuple[int, subprocess.CompletedProcess[str]]:
+            """8080 may be taken on a shared CI box: the user's `--set` moves it. llama-server binds the port
+            itself, so a start that lost it to another program is tried again on another."""
+            printed = box.cli("run", DEMO, "--set", f"resources.port={port}", "--print", check=True).stdout
+            assert "--gpus" not in printed and demo_image in printed and "--n-gpu-layers 0" in printed, printed
+            run = box.cli("run", DEMO, "--set", f"resources.port={port}", timeout=180)
+            if run.returncode != 0 and run_lost_its_port(run.stderr):
+                raise PortTaken(run.stderr)
+            return port, run
+
+        port, run = start_retrying(start)
         assert run.returncode == 0, run.stderr
         assert "loading" in run.stderr and "ready" in run.stderr, run.stderr  # llama-server's own log phases
         inspect = json.loads(subprocess.run(["docker", "inspect", container], capture_output=True, text=True,
