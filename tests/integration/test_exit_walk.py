@@ -22,6 +22,7 @@ import pytest
 
 from metralectl.errors import ExitCode
 from tests.integration.conftest import Box
+from tests.ports import HeldPort
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 
@@ -56,9 +57,8 @@ def walk(box: Box, rows: list[Row]) -> None:
 @pytest.fixture()
 def silent_port() -> Iterator[int]:
     """A loopback port this test owns (bound, never listening): a connection to it is refused at once."""
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        yield int(held.getsockname()[1])
+    with HeldPort() as held:
+        yield held.port
 
 
 @pytest.fixture()
@@ -66,6 +66,7 @@ def default_bench_url_refused() -> Iterator[None]:
     """`bench` without --url also looks at http://127.0.0.1:8888 (an engine started by hand): held here,
     bound and not listening, so nothing answers there during the walk."""
     with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tests/ports.HeldPort: a listener still fails
         try:
             held.bind(("127.0.0.1", 8888))
         except OSError:

@@ -15,8 +15,9 @@ from metralectl.errors import ExitCode, MetralError
 from metralectl.lifecycle.launch import LaunchOptions, launch
 from metralectl.lifecycle.preflight import launch_refusal, observe
 from metralectl.seams import machine
-from tests.fakes.lifecycle import Recorder, free_port, gb10_runtime, on_port
+from tests.fakes.lifecycle import Recorder, gb10_runtime, on_port
 from tests.fakes.runtime import Answer, Boot, FakeRuntime, Listen, engine_boot
+from tests.ports import own_port
 from tests.unit.recipe_helpers import catalog
 
 NAME = "qwen3.5-27b"
@@ -35,7 +36,7 @@ def _launch(rt: FakeRuntime, port: int, listener: Recorder | None = None, **opti
 
 
 def test_run_of_what_serves_answers_with_its_endpoint_and_starts_nothing() -> None:
-    rt, port = gb10_runtime(), free_port()
+    rt, port = gb10_runtime(), own_port()
     rt.script(CONTAINER, engine_boot("Qwen/Qwen3.5-27B"))
     first = _launch(rt, port)
     assert first.already_serving is False
@@ -52,12 +53,12 @@ def test_run_of_what_serves_answers_with_its_endpoint_and_starts_nothing() -> No
 
 
 def test_the_same_recipe_with_other_settings_is_refused_unless_replace() -> None:
-    rt, port = gb10_runtime(), free_port()
+    rt, port = gb10_runtime(), own_port()
     rt.script(CONTAINER, engine_boot())
     _launch(rt, port)
     (served,) = rt.all()
     with pytest.raises(MetralError) as refused:
-        _launch(rt, free_port())  # --set resources.port=another: another spec
+        _launch(rt, own_port())  # --set resources.port=another: another spec
     assert refused.value.exit_code == ExitCode.FAILED
     assert refused.value.message.startswith(f"{NAME} is already being served by metralectl with other settings: "
                                             f"{CONTAINER} ({NAME})"), refused.value.message
@@ -70,7 +71,7 @@ def test_the_same_recipe_with_other_settings_is_refused_unless_replace() -> None
 
 
 def test_running_with_these_settings_but_not_ready_is_refused_with_its_health() -> None:
-    rt, port = gb10_runtime(), free_port()
+    rt, port = gb10_runtime(), own_port()
     rt.script(CONTAINER, Boot((Listen(), Answer(200, {"status": "ready", "model": "m"}),
                                Answer(503, {"status": "faulted", "reason": "Xid 79"}, after_s=1.5))))
     _launch(rt, port)
@@ -92,7 +93,7 @@ def test_running_with_these_settings_but_not_ready_is_refused_with_its_health() 
 def test_the_dashboards_plan_says_it_is_served_instead_of_offering_a_swap_to_itself() -> None:
     from metralectl.core.render import spec_for
 
-    rt, port = gb10_runtime(), free_port()
+    rt, port = gb10_runtime(), own_port()
     rt.script(CONTAINER, engine_boot())
     _launch(rt, port)
     recipe, _ = on_port(catalog(), NAME, port)
