@@ -747,6 +747,9 @@ write_unit() {
         say "ExecStart=\"$BIN_LINK\" agent"
         say "Restart=on-failure"
         say "RestartSec=5"
+        # 75: another agent already runs for this configuration (`metralectl agent start`), or its port is
+        # taken by another program: restarting every 5 s would not change that.
+        say "RestartPreventExitStatus=75"
         say "Environment=PYTHONUNBUFFERED=1"
         if [ -n "${METRALECTL_CONFIG_DIR:-}" ]; then
             say "Environment=\"METRALECTL_CONFIG_DIR=$METRALECTL_CONFIG_DIR\""
@@ -765,7 +768,7 @@ explain_no_user_manager() {
     if [ ! -d /run/systemd/system ]; then
         say "The agent's unit is installed ($UNIT_FILE), but systemd is not running on this machine"
         say "(a container, WSL without systemd, or another init system), so nothing can start it."
-        say "Run the agent yourself when you need it:  metralectl agent"
+        say "Start the agent yourself when you need it:  metralectl agent start"
     else
         say "The agent's unit is installed ($UNIT_FILE), but this shell has no systemd user session"
         say "(XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-<unset>}). That happens after 'sudo su -', 'su', or"
@@ -838,13 +841,13 @@ setup_agent() {
     fi
     if [ "$(uname -s)" != Linux ]; then
         say ""
-        say "Background agent: not set up on $(uname -s) (systemd only); run 'metralectl agent' when needed."
+        say "Background agent: not set up on $(uname -s) (systemd only); start it with 'metralectl agent start' when needed."
         return 0
     fi
     if ! command -v systemctl >/dev/null 2>&1; then
         say ""
         say "Background agent: this system has no systemd (no systemctl), so it is not installed as a"
-        say "service. Run it yourself when needed:  metralectl agent"
+        say "service. Start it yourself when needed:  metralectl agent start"
         check_docker_group
         return 0
     fi
