@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from metralectl.atomicfile import place
 from metralectl import paths
 from metralectl.app.agent_control import AgentProc, Note, answers, find, forget
 from metralectl.errors import ExitCode, MetralError
@@ -125,7 +126,7 @@ def _open_log() -> tuple[int, Path]:
     path = agent_files.log_path()
     try:
         if path.stat().st_size > LOG_ROTATE_BYTES:
-            os.replace(path, path.with_name(path.name + ".1"))
+            place(path, path.with_name(path.name + ".1"))  # the rename atomicfile owns
     except FileNotFoundError:
         pass
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -222,7 +222,7 @@ def test_executable_keys_and_bad_recipes_refuse_the_release_with_file_and_line(t
     # the opt-in: the others are installed, the exit status still says some were refused, loudly
     out = _cli("recipes", "sync", "--from", str(release), "--skip-refused", env=env)
     assert out.returncode == ExitCode.DATA, out.stderr
-    assert f"synced set installed WITHOUT 2 refused recipe(s) ({N} added" in out.stderr
+    assert f"synced set installed WITHOUT 2 refused recipes ({N} added" in out.stderr
     installed = {r["name"] for r in json.loads(_cli("list", "--json", env=env).stdout)["recipes"]}
     assert "qwen3.5-35b-a3b-nvfp4" in installed and "post-commands" not in installed and "bad-flag" not in installed
     again = _cli("recipes", "sync", "--from", str(release), "--json", env=env)
