@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -122,3 +123,14 @@ def test_lock_rendering_marks_per_python_pins() -> None:
     assert 'b==3.0 ; python_version == "3.11" or' in text
     assert release.parse_compiled("x==1 \\\n    --hash=sha256:" + "cc" * 32 + "\n") == {"x": ("1", ["cc" * 32])}
 
+
+
+def test_a_python_without_pip_builds_the_same_release(release_dir: Path, tmp_path: Path) -> None:
+    """README's installer line runs `python3 scripts/release.py build` with the system's Python, which on Debian has
+    no pip (python3-pip) and refuses installs (PEP 668). Without hatchling and pip (here: `-S`, no site-packages)
+    the wheel is built by a throwaway venv's pip, nothing goes into that Python, and the release is the same."""
+    out = tmp_path / "release"
+    done = subprocess.run([sys.executable, "-S", str(REPO / "scripts" / "release.py"), "build", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (out / "SHA256SUMS").read_text() == (release_dir / "SHA256SUMS").read_text()
