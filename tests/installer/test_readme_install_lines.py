@@ -353,6 +353,14 @@ def test_install_line_runs_as_written(where: str, command: str, user: User) -> N
         assert os.path.realpath(installed).startswith(str(user.home / ".local" / "share" / "metralectl" / "venvs"))
     listing = user.ours()
     assert _lists_our_catalog(listing), (listing.stdout[-2000:], listing.stderr[-2000:])
+    # the demo's image builds from the install too: `show` names the build script the install carries
+    shown = subprocess.run([*user.prefix, str(installed), "show", "demo-cpu"], env=user.env, cwd=user.home,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    script = re.search(r"\(bash (\S+build-llama-cpp-cpu\.sh)\)", shown.stdout)
+    assert script and Path(script.group(1)).is_file(), shown.stdout[-2000:]
+    assert Path(script.group(1)).resolve().is_relative_to(user.home.resolve()), script.group(1)
+    helped = user.sh(f"bash {script.group(1)} --help", cwd=user.home)
+    assert helped.returncode == 0 and "from scratch" in helped.stdout, helped.stderr
 
 
 @pytest.mark.parametrize("where,command", THEIRS, ids=[w for w, _ in THEIRS])
