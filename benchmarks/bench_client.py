@@ -18,6 +18,9 @@ run), divided by the events the server wrote.
 
 GuideLLM and AIPerf: `pip install guidellm aiperf tokenizers` (a separate venv is fine: --peers-bin).
 They need a local tokenizer offline; without --tokenizer a tiny word-level one is built in a temp dir.
+
+A measurement counts only when the tool exited 0, every request it sent succeeded and was reported, and the
+server wrote the events; otherwise its row says "failed: why" and the script exits 1 (after the table).
 """
 
 from __future__ import annotations
@@ -58,7 +61,9 @@ def as_client(ns: argparse.Namespace) -> None:
     ok = [r for r in out.results if r.ok and r.phase == "measure"]
     matched = errors_vs_truth(ok, fetch_truth(ns.url))  # per token, against the same truth intervals
     rows = [{"ttft": r.ttft_ms, "e2e": r.e2e_ms, "itl": r.tpot_ms} for r in ok]
-    Path(ns.out).write_text(json.dumps({"rows": rows, "errors": len(out.results) - len(ok), "health": out.health,
+    # every request must succeed, warm-up included; only load past the measured window is cut short, by design
+    failed = sum(1 for r in out.results if not r.ok and not (r.phase != "measure" and r.error_kind == "cancelled"))
+    Path(ns.out).write_text(json.dumps({"rows": rows, "errors": failed, "health": out.health,
                                         "matched_p99": percentile([abs(x) for x in matched["token"]], 99)}))
 
 
@@ -119,7 +124,11 @@ class Truth:
                                       "--ttft-ms", str(ns.ttft_ms), "--itl-ms", str(ns.itl_ms)],
                                      stdout=subprocess.PIPE, text=True, cwd=REPO)
         assert self.proc.stdout is not None
-        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline().split()[1])}"
+        said = self.proc.stdout.readline().split()  # "PORT N" once it listens
+        if len(said) != 2 or said[0] != "PORT" or not said[1].isdigit():
+            self.proc.kill()
+            raise SystemExit(f"bench_client: the truth server did not start (exit {self.proc.wait()}): {said}")
+        self.url = f"http://127.0.0.1:{int(said[1])}"
 
     def get(self, path: str) -> Any:
         with urllib.request.urlopen(self.url + path, timeout=60) as resp:
@@ -198,14 +207,22 @@ def measure(ns: argparse.Namespace, tool: str, c: int, n: int, tokens: int) -> d
                               env={**os.environ, "PYTHONPATH": str(REPO)})
         cpu, wall, server_cpu = children_cpu() - cpu0, time.monotonic() - t0, server.cpu_s() - scpu0
         if proc.returncode != 0:
-            return {"tool": tool, "c": c, "failed": (proc.stderr or proc.stdout)[-300:]}
+            said = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+            return {"tool": tool, "c": c, "failed": f"exit {proc.returncode}: {said[-1][-300:] if said else 'no output'}"}
         truth_r, events, span = truth_rows(server.get("/truth"))
-        matched = None
-        if tool.startswith("metralectl"):
-            m = json.loads((tmp / "m.json").read_text())
-            rows, matched = m["rows"], m["matched_p99"]
-        else:
-            rows = aiperf_rows(tmp) if tool == "aiperf" else guidellm_rows(tmp)
+        matched, errors = None, 0
+        try:
+            if tool.startswith("metralectl"):
+                m = json.loads((tmp / "m.json").read_text())
+                rows, matched, errors = m["rows"], m["matched_p99"], m["errors"]
+            else:
+                rows = aiperf_rows(tmp) if tool == "aiperf" else guidellm_rows(tmp)
+        except (OSError, ValueError, KeyError) as exc:
+            return {"tool": tool, "c": c, "failed": f"exit 0 but no per-request results: {exc!r}"}
+        bounded = tool.startswith("metralectl") and tool.partition("@")[2] not in ("", "1")  # by time, not count
+        if errors or not rows or (not bounded and len(rows) < n) or not events:
+            return {"tool": tool, "c": c, "failed": f"{errors} requests failed, {len(rows)} of {n} reported, "
+                                                    f"{events} events written by the server"}
         detail: dict[str, float] = {}
         e50, e99 = quantile_error(rows, truth_r, detail)
         offered = c * tokens / ((ns.ttft_ms + (tokens - 1) * ns.itl_ms) / 1e3)
@@ -245,7 +262,7 @@ def main() -> None:
     if not Path(f"{ns.peers_bin}/aiperf").exists() or not Path(f"{ns.peers_bin}/guidellm").exists():
         print(f"note: no aiperf/guidellm under {ns.peers_bin}; measuring metralectl only", file=sys.stderr)
         tools = [t for t in tools if t.startswith("metralectl")]
-    if ns.tokenizer is None:
+    if ns.tokenizer is None and any(not t.startswith("metralectl") for t in tools):  # the peers' need
         ns.tokenizer = Path(tempfile.mkdtemp(prefix="tok-"))
         make_tokenizer(ns.tokenizer, f"{ns.peers_bin}/python" if Path(f"{ns.peers_bin}/python").exists() else sys.executable)
     load0 = os.getloadavg()
@@ -254,7 +271,11 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     for tool in tools:
         base = measure(ns, tool, 1, 1, 2)  # start-up cost, subtracted from CPU per event
-        startup = base.get("cpu_s", 0.0)
+        if "failed" in base:
+            results.append(base)
+            print(json.dumps(base), file=sys.stderr)
+            continue
+        startup = base["cpu_s"]
         misses = 0
         for c in [int(x) for x in ns.concurrencies.split(",")]:
             r = measure(ns, tool, c, c * ns.rounds, ns.tokens)
@@ -271,6 +292,11 @@ def main() -> None:
     if ns.json:
         ns.json.write_text(json.dumps({"load_start": load0, "load_end": load1, "results": results,
                                        "config": {k: str(v) for k, v in vars(ns).items()}}, indent=1))
+    failed = [r for r in results if "failed" in r]
+    if failed:
+        for r in failed:
+            print(f"NOT MEASURED: {r['tool']} at c={r['c']}: {r['failed']}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _worst_metric(r: dict[str, Any]) -> str:

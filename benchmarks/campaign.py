@@ -10,6 +10,9 @@
    alternating; wall time and the measured tok/s of each (the remote path must not change the number).
 
     python3 benchmarks/campaign.py [--rounds 5] [--instances 400]
+
+A local run that did not exit 0 with a completed record, or a remote unit whose fetched record is not
+completed, is no measurement: the script says which and why, and exits 1 (writing no results).
 """
 
 from __future__ import annotations
@@ -54,6 +57,19 @@ def planning(instances: int, seed: int = 7) -> dict[str, float]:
             "ours_vs_naive_mean": statistics.mean(o / n for o, n in zip(ours, naive))}
 
 
+def fail(reason: str) -> None:
+    raise SystemExit(f"campaign: NOT MEASURED: {reason}")
+
+
+def completed(record: object, what: str) -> dict[str, object]:
+    """The record, if it says the run completed (else the script stops: its time is not of a benchmark)."""
+    status = record.get("status") if isinstance(record, dict) else None
+    if status != "completed":
+        fail(f"{what} ended {status!r}" + ("" if isinstance(record, dict) else f": {str(record)[:300]}"))
+    assert isinstance(record, dict)
+    return record
+
+
 def remote_overhead(rounds: int) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="bench-campaign-"))
     os.environ.update({"METRALECTL_CONFIG_DIR": str(root / "here"), "METRALE_HOME": str(root / "home"),
@@ -82,14 +98,18 @@ def remote_overhead(rounds: int) -> dict[str, object]:
                                   *[x for p in params for x in ("-p", p)], "--format", "json"],
                                  capture_output=True, text=True, cwd=REPO, timeout=120)
             local_s.append(time.perf_counter() - t0)
-            local_tok.append(json.loads(run.stdout)["summary"]["headline"]["decode_tok_s_p50"])
+            if run.returncode != 0 or not run.stdout.strip():
+                said = [line for line in run.stderr.splitlines() if line.strip()]
+                fail(f"the local `bench run decode` exited {run.returncode}: {said[-1] if said else 'no output'}")
+            local = completed(json.loads(run.stdout), "the local `bench run decode`")
+            local_tok.append(local["summary"]["headline"]["decode_tok_s_p50"])  # type: ignore[index]
             key = f"bench-{k}"
             t0 = time.perf_counter()
             handle.submit({"key": key, "suite": "decode", "params": dict(p.split("=") for p in params)})
             handle.follow(key, lambda e: None, lambda n, why: None)
-            record = handle.fetch(key, root / "fetched" / key, "decode")
+            record = completed(handle.fetch(key, root / "fetched" / key, "decode"), f"the remote unit {key}")
             remote_s.append(time.perf_counter() - t0)
-            remote_tok.append(record["summary"]["headline"]["decode_tok_s_p50"])
+            remote_tok.append(record["summary"]["headline"]["decode_tok_s_p50"])  # type: ignore[index]
     finally:
         node.stop()
         double.stop()

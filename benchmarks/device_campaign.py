@@ -7,6 +7,9 @@ thermal reading over the peer protocol against NVML's own, a park and a resume, 
 the fetched (verified) records. Writes $OUT/device_campaign.json.
 
     python3 benchmarks/device_campaign.py          (needs pynvml, torch, cryptography, platformdirs)
+
+Exits 1, saying why, when what it shows did not happen: a unit not accepted or without its verified record,
+or the heater (the load the thermal lines are meant to see) not running to its end.
 """
 
 from __future__ import annotations
@@ -49,7 +52,20 @@ while time.time() < end:
 """
 
 
-def main() -> None:
+def not_run(record: dict, heater: list[subprocess.Popen]) -> list[str]:
+    """Why this run shows nothing (empty: every unit ran and was verified, the heater heated)."""
+    why = [f"unit {u['unit']['id']} on {u['node']}: {u['state']}" + (f" ({u.get('error')})" if u.get("error") else "")
+           for u in record["units"] if u["state"] != "accepted"]
+    why += [f"unit {u['unit']['id']}: no fetched record" for u in record["units"]
+            if u["state"] == "accepted" and not u.get("record_dir")]
+    if not heater:
+        why.append("the heater never started (no unit finished)")
+    elif heater[0].returncode != 0:
+        why.append(f"the heater (a torch matmul on cuda) exited {heater[0].returncode}: the GPU was never loaded")
+    return why
+
+
+def main() -> int:
     out = Path(os.environ.get("OUT", "/tmp/devcamp-out"))
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {}
@@ -104,7 +120,11 @@ def main() -> None:
     started = time.time()
     record = campaign.run()
     for h in heater:
-        h.wait(60)
+        try:
+            h.wait(60)
+        except subprocess.TimeoutExpired:
+            h.kill()
+            h.wait()
     report["campaign_s"] = round(time.time() - started, 1)
     report["thermal_events"] = record["thermal"]
     report["units"] = []
@@ -119,12 +139,16 @@ def main() -> None:
         e = (u.get("energy") or [{}])[0] or {}
         print(u["id"], u["node"], u["state"], u["verdict"], "J/token", e.get("j_per_output_token"), "avg W",
               e.get("average_w"), flush=True)
+    report["not_run"] = not_run(record, heater)
     (out / "device_campaign.json").write_text(json.dumps(report, indent=2, default=str))
     for _, _, server in nodes:
         server.stop()
     for d in doubles:
         d.stop()
+    for why in report["not_run"]:
+        print(f"NOT MEASURED: {why}", file=sys.stderr)
+    return 1 if report["not_run"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

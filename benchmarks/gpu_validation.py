@@ -8,6 +8,9 @@ per window the energy by counter vs by instant-power integral vs by averaged-pow
 Then runs benchmarks/telemetry.py against the real NVML. Needs only stdlib + pynvml (+ torch for load).
 
     PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/gpu_validation.py     # writes under $OUT (or ./out)
+
+Exits 1, saying why, when a window did not see what it is named for: the load (a torch matmul loop) must say
+READY, run to DONE and exit 0, and benchmarks/telemetry.py must exit 0; the files are written either way.
 """
 
 from __future__ import annotations
@@ -275,7 +278,11 @@ def main() -> int:
         time.sleep(max(1.0, LOAD_S - 5))
         windows["load_steady"] = sampler.close_window(steady).result(5)
         if proc is not None:
-            proc.wait(timeout=LOAD_S + 120)
+            try:
+                proc.wait(timeout=LOAD_S + 120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         time.sleep(2)
         windows["load_with_ramps"] = sampler.close_window(full).result(5)
         time.sleep(1)
@@ -285,6 +292,12 @@ def main() -> int:
     stats = sampler.stats()
     results["load_output"] = load_out
     results["load_ready_at_s"] = t_ready
+    problems: list[str] = []
+    if proc is None:
+        problems.append("the load could not start: the load windows saw an idle GPU")
+    elif proc.returncode != 0 or not any(line.startswith("DONE") for line in load_out):
+        problems.append(f"the load (torch matmul) exited {proc.returncode} without finishing: "
+                        f"{' | '.join(load_out[-3:]) or 'no output'}; the load windows saw no steady load")
     results["sampler_stats"] = asdict(stats)
     say(f"load: {' | '.join(load_out[-2:])} (ready at {t_ready:.1f} s)")
     say(f"sampler: {stats.samples} samples, {stats.ticks} ticks over {stats.wall_s:.1f} s, missed {stats.missed_ticks}; "
@@ -338,8 +351,13 @@ def main() -> int:
     say(bench.stdout.rstrip())
     if bench.returncode:
         say(bench.stderr[-3000:])
+        problems.append(f"benchmarks/telemetry.py exited {bench.returncode}")
+    results["not_measured"] = problems
+    for problem in problems:
+        say(f"NOT MEASURED: {problem}")
+    (OUT / "gpu_validation.json").write_text(json.dumps(results, indent=2, default=str))
     (OUT / "gpu_validation.txt").write_text("\n".join(lines) + "\n")
-    return 0
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

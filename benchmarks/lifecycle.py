@@ -7,6 +7,8 @@
 "The engine's own readiness" is measured in the same run by the tightest loop we can write: create
 and start the same container spec through the Docker SDK, then poll /health every 2 ms until 200.
 Targets: run overhead <= 0.3 s, swap overhead <= 0.5 s.
+Every timed start is checked to have happened (the container served /health 200, the launch was ready, the
+swap swapped); otherwise the script says what failed and exits 1, printing no numbers.
 Usage: python3 benchmarks/lifecycle.py [--rounds N]   (needs dockerd; builds the test images)
 """
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -26,11 +27,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "docker_image"))
 
+from tests.ports import HeldPort  # noqa: E402
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+RAW_READY_TIMEOUT_S = 120.0
+
+
+def fail(reason: str) -> None:
+    raise SystemExit(f"lifecycle: NOT MEASURED: {reason}")
 
 
 def health_ok(url: str) -> bool:
@@ -41,7 +44,8 @@ def health_ok(url: str) -> bool:
         return False
 
 
-def setup(home: Path, image: str) -> None:
+def setup(home: Path, image: str) -> list[HeldPort]:
+    """The two recipes, each on a loopback port held until the end (the double listens beside it)."""
     os.environ.update({"METRALECTL_CONFIG_DIR": str(home / "config"), "METRALE_HOME": str(home / "metrale"),
                        "HF_HOME": str(home / "hf"), "METRALECTL_CACHE_DIR": str(home / "cache"),
                        "METRALECTL_LOCK_DIR": str(home)})
@@ -49,10 +53,12 @@ def setup(home: Path, image: str) -> None:
     (home / "config" / "recipes").mkdir(parents=True)
     (home / "config" / "images" / "bench.yaml").write_text(
         f"schema: 1\nid: bench-double\nref: {image}\nengine: metrale\nhardware: [hopper]\nplatform: linux/amd64\n")
-    for name in ("bench-a", "bench-b"):
+    held = [HeldPort(), HeldPort()]
+    for name, port in zip(("bench-a", "bench-b"), held):
         (home / "config" / "recipes" / f"{name}.yaml").write_text(
             f"extends: qwen3.5-35b-a3b-hopper\nname: {name}\ndescription: benchmark\nimage: bench-double\n"
-            f"resources:\n  port: {free_port()}\n  gpus: none\n")
+            f"resources:\n  port: {port.port}\n  gpus: none\n")
+    return held
 
 
 def raw_ready(runtime, spec) -> float:  # noqa: ANN001 - benchmark script
@@ -64,6 +70,12 @@ def raw_ready(runtime, spec) -> float:  # noqa: ANN001 - benchmark script
     info = runtime.create_and_start(spec)
     try:
         while not health_ok(url):
+            state = runtime.inspect(info.id)
+            if state is None or not state.running:
+                fail(f"the container {spec.name} exited before /health said 200: "
+                     + " | ".join(runtime.log_tail(info.id, 5)))
+            if time.perf_counter() - started > RAW_READY_TIMEOUT_S:
+                fail(f"{url}/health not 200 within {RAW_READY_TIMEOUT_S:.0f} s")
             time.sleep(0.002)
         return time.perf_counter() - started
     finally:
@@ -78,8 +90,9 @@ def main() -> None:
 
     image = bundle.build_bundled()
     with tempfile.TemporaryDirectory() as tmp:
-        setup(Path(tmp), image)
+        held = setup(Path(tmp), image)
         from metralectl.core.catalog import load_catalog
+        from metralectl.errors import MetralError
         from metralectl.lifecycle.launch import LaunchOptions, launch
         from metralectl.lifecycle.stop import stop_containers
         from metralectl.lifecycle.swap import swap
@@ -95,10 +108,15 @@ def main() -> None:
             spec_a = render(a, catalog.engines["metrale"], catalog.images[a.image])
             raw.append(raw_ready(runtime, spec_a))
             started = time.perf_counter()
-            launch(a, catalog, runtime, options=options)
-            run.append(time.perf_counter() - started)
-            # the new engine's own readiness on the port the swap will use (a's)
-            result = swap(b, [], catalog, runtime, options=options)
+            try:
+                launch(a, catalog, runtime, options=options)  # returns only once the engine is ready
+                run.append(time.perf_counter() - started)
+                # the new engine's own readiness on the port the swap will use (a's)
+                result = swap(b, [], catalog, runtime, options=options)
+            except MetralError as exc:
+                fail(exc.message)
+            if result.outcome != "swapped":
+                fail(f"the swap to bench-b ended {result.outcome}: {result.message}")
             swap_down.append(result.downtime_s)
             spec_b = render(catalog.recipe("bench-b"), catalog.engines["metrale"], catalog.images[b.image])
             stop_containers(runtime, runtime.containers())
@@ -116,6 +134,8 @@ def main() -> None:
         swap_over = med(swap_down) - med(swap_raw)
         print(f"run overhead  = {run_over:+.3f} s  (target <= 0.3 s: {'ok' if run_over <= 0.3 else 'MISSED'})")
         print(f"swap overhead = {swap_over:+.3f} s  (target <= 0.5 s: {'ok' if swap_over <= 0.5 else 'MISSED'})")
+        for port in held:
+            port.close()
 
 
 if __name__ == "__main__":

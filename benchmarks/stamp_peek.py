@@ -7,6 +7,9 @@ the truth server with the peek and without it (the transport as it was before), 
 the client's CPU per token event and the stamps' true error for both.
 
     PYTHONPATH=. python3 benchmarks/stamp_peek.py [--rounds 5] [--concurrency 64] [--itl-ms 2]
+
+A round in which a measured request failed, or no token event arrived, measured nothing: the script says
+why and exits 1.
 """
 
 from __future__ import annotations
@@ -66,6 +69,11 @@ def one(peek: bool, concurrency: int, itl_ms: float, tokens: int) -> tuple[float
         truth = fetch_truth(url)
     measured = [r for r in out.results if r.phase == "measure"]
     events = sum(r.events for r in out.results)
+    broken = [r for r in measured if not r.ok]
+    if broken or not measured or not events:
+        why = f"{broken[0].error_kind}: {broken[0].error}" if broken else "no request was measured"
+        raise SystemExit(f"stamp_peek: NOT MEASURED ({'peek' if peek else 'no peek'}): {len(broken)} of "
+                         f"{len(measured)} measured requests failed, {events} events ({why})")
     err = errors_vs_truth(measured, truth)
     return cpu / max(events, 1) * 1e6, percentile([abs(x) for x in err["token"]], 99) or 0.0, events
 

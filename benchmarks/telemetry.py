@@ -7,6 +7,9 @@ Configurations: a fake NVML whose energy read sleeps ~3 ms (an H200's p50), and 
 driver is present. Targets: ≤ 1 % of one core at 10 Hz, p99 jitter ≤ 5 ms.
 
     PYTHONPATH=. python3 benchmarks/telemetry.py [--seconds 10] [--json FILE] [--no-real]
+
+A configuration whose sampler took no sample, stopped on an error, or (with NVML) never read the driver
+measured nothing: the script says which and why, and exits 1.
 """
 
 from __future__ import annotations
@@ -46,6 +49,17 @@ class NullProbe:
 
     def close(self) -> None:
         pass
+
+
+def not_measured(label: str, stats: SamplerStats, reads: bool) -> str | None:
+    """Why `stats` are no measurement of `label` (None: they are one). `reads`: the probe reads a driver."""
+    if stats.error:
+        return f"{label}: the sampler stopped: {stats.error}"
+    if stats.samples == 0:
+        return f"{label}: the sampler took no sample in {stats.wall_s:.1f} s"
+    if reads and stats.read_p50_s is None:
+        return f"{label}: no read of the driver was timed"
+    return None
 
 
 def run(probe: Any, seconds: float, **kw: Any) -> SamplerStats:
@@ -96,12 +110,20 @@ def main() -> int:
         print(f"real NVML: skipped ({getattr(real_state, 'reason', 'disabled')})", file=sys.stderr)
 
     results: list[dict[str, Any]] = []
+    broken: list[str] = []
     for label, make, kw in configs:
         stats = run(make(), args.seconds, **kw)
         results.append({"label": label, "config": kw, "stats": asdict(stats)})
         print(f"  ran {label}: {stats.samples} samples", file=sys.stderr)
+        why = not_measured(label, stats, reads=make is not NullProbe)
+        if why:
+            broken.append(why)
     if real is not None:
         real.close()
+    if broken:
+        for why in broken:
+            print(f"NOT MEASURED: {why}", file=sys.stderr)
+        return 1
 
     base = results[0]["stats"]
     print(f"\nsampler at {args.hz:g} Hz (defaults: power ticks auto, detail 1 Hz, energy counter 0.2 Hz), "

@@ -33,7 +33,9 @@ Targets are ratios or absolutes within one run, so a busy machine slows both sid
 `--compare TREE` adds that checkout's `metralectl tui` to the same interleaving (first paint, idle CPU);
 `--installed VENV/bin/python` adds the `metralectl tui` a wheel installed there gives (what a user runs),
 judged against the same targets.
-Exit 1 when a target is missed or a part could not be measured.
+Exit 1 when a target is missed or a part could not be measured. Every timed child must have done what was
+timed: painted its view and exited 0 when asked to quit (`python -c pass`: exited 0), written its frame
+times; otherwise the script prints no number for it, says what the child said last, and exits 1.
 """
 
 from __future__ import annotations
@@ -66,6 +68,28 @@ FRAME_SETTLE_S = 3.0  # the heartbeat starts this long after the app mounts
 FLOOD_IMAGE = "metralectl-test/engine-bundled:latest"  # busybox (tests/docker_image/build.sh)
 SIZE = (120, 40)
 ANSI = re.compile(rb"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]")
+
+
+class NotMeasured(Exception):
+    """A child did not do what was being timed (it crashed, never painted, wrote no result)."""
+
+
+def last_words(text: bytes, lines: int = 3) -> str:
+    """The last lines a child printed (escape sequences gone): usually why it stopped."""
+    said = [ln.strip() for ln in text.decode(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
+    return " | ".join(said[-lines:]) or "it printed nothing"
+
+
+def outcome(argv: list[str], proc: subprocess.Popen[bytes], painted: bool, marker: bytes | None, text: bytes) -> None:
+    """Raise NotMeasured unless the child painted (when a marker is awaited) and exited 0."""
+    name = " ".join(Path(a).name if a.startswith("/") else a for a in argv)
+    if marker is not None and not painted:
+        code = "still running" if proc.returncode is None else f"exit {proc.returncode}"
+        raise NotMeasured(f"{name}: never painted ({code}): {last_words(text)}")
+    if proc.returncode is None:
+        raise NotMeasured(f"{name}: did not exit when asked to quit (killed)")
+    if proc.returncode != 0:
+        raise NotMeasured(f"{name}: exit {proc.returncode}{' after painting' if painted else ''}: {last_words(text)}")
 
 
 # -- the children: the bare baseline and the app itself ------------------------------------------------
@@ -164,10 +188,11 @@ def spawn(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes]
 
 
 def drain_until(proc: subprocess.Popen[bytes], master: int, marker: bytes | None, timeout: float,
-                quit_on_marker: bool = True, cpu_at: list[float] | None = None) -> float | None:
+                quit_on_marker: bool = True, cpu_at: list[float] | None = None,
+                text: bytearray | None = None) -> float | None:
     """Read the pty (so the child never blocks on output); time when the plain text shows `marker`
     (and press q then, unless told not to: the caller keeps the app running). `cpu_at` gets the
-    child's CPU seconds at that moment."""
+    child's CPU seconds at that moment; `text` the last plain text it printed (to say why it failed)."""
     seen = b""
     found: float | None = None
     deadline = time.monotonic() + timeout
@@ -180,6 +205,9 @@ def drain_until(proc: subprocess.Popen[bytes], master: int, marker: bytes | None
                 break
             if not chunk:
                 break
+            if text is not None:
+                text += ANSI.sub(b"", chunk)
+                del text[:-8192]
             if found is None and marker is not None:
                 seen = (seen + ANSI.sub(b"", chunk))[-4096:]
                 if marker in seen:
@@ -202,13 +230,18 @@ def first_paint(argv: list[str], env: dict[str, str], marker: bytes | None) -> t
     start = time.perf_counter()
     proc, master = spawn(argv, env)
     cpu: list[float] = []
-    found = drain_until(proc, master, marker, 30.0, cpu_at=cpu)
+    text = bytearray()
+    found = drain_until(proc, master, marker, 30.0, cpu_at=cpu, text=text)
+    end = found if found is not None else time.perf_counter()
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()
+        proc.returncode = None  # type: ignore[assignment]  # killed by us: not an exit of its own
+    drain_until(proc, master, None, 0.2, text=text)  # what it said while exiting
     os.close(master)
-    end = found if found is not None else time.perf_counter()
+    outcome(argv, proc, found is not None, marker, bytes(text))
     if not cpu:  # no marker (python -c pass): all it used, once reaped
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append(usage.ru_utime + usage.ru_stime - waited.ru_utime - waited.ru_stime)
@@ -237,23 +270,34 @@ def idle_cpu(argv: list[str], env: dict[str, str], marker: bytes, seconds: float
     a metralectl engine ran on the daemon meanwhile (then it was not idle)."""
     served = served_here() > 0
     proc, master = spawn(argv, env)
+    text = bytearray()
     try:
-        if drain_until(proc, master, marker, 30.0, quit_on_marker=False) is None:
-            raise SystemExit(f"{argv}: never painted")
-        drain_until(proc, master, None, IDLE_SETTLE_S)
+        if drain_until(proc, master, marker, 30.0, quit_on_marker=False, text=text) is None:
+            try:
+                proc.wait(5)  # the pty closed: it is exiting
+            except subprocess.TimeoutExpired:
+                pass
+            outcome(argv, proc, False, marker, bytes(text))
+        drain_until(proc, master, None, IDLE_SETTLE_S, text=text)
         before, start = cpu_seconds(proc.pid), time.perf_counter()
-        drain_until(proc, master, None, seconds)
+        drain_until(proc, master, None, seconds, text=text)
         used, wall = cpu_seconds(proc.pid) - before, time.perf_counter() - start
         served = served or served_here() > 0
         if proc.poll() is not None:
-            raise SystemExit(f"{argv}: exited while idle ({proc.returncode})")
+            raise NotMeasured(f"{' '.join(argv)}: exited while idle ({proc.returncode}): {last_words(bytes(text))}")
         os.write(master, b"q")
-        drain_until(proc, master, None, 10.0)
+        drain_until(proc, master, None, 10.0, text=text)
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+            proc.returncode = None  # type: ignore[assignment]
+        outcome(argv, proc, True, marker, bytes(text))
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         os.close(master)
     return 100 * used / wall, served
 
@@ -261,14 +305,31 @@ def idle_cpu(argv: list[str], env: dict[str, str], marker: bytes, seconds: float
 def responsiveness(mode: str, seconds: float, rate: float, env: dict[str, str]) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = tmp.name
-    proc, master = spawn([sys.executable, str(Path(__file__).resolve()), "--child", mode, "--seconds", str(seconds),
-                          "--rate", str(rate), "--out", out], env)
-    drain_until(proc, master, None, seconds + FRAME_SETTLE_S + 30)
-    proc.wait(10)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--seconds", str(seconds),
+            "--rate", str(rate), "--out", out]
+    proc, master = spawn(argv, env)
+    text = bytearray()
+    drain_until(proc, master, None, seconds + FRAME_SETTLE_S + 30, text=text)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        proc.returncode = None  # type: ignore[assignment]
     os.close(master)
-    data = json.loads(Path(out).read_text())
-    os.unlink(out)
+    try:
+        outcome(argv[:4], proc, False, None, bytes(text))
+        try:
+            data = json.loads(Path(out).read_text())
+        except ValueError:
+            raise NotMeasured(f"{mode}: the app exited 0 but wrote no frame times: {last_words(bytes(text))}") from None
+    finally:
+        os.unlink(out)
     gaps = sorted(data["gaps"])
+    if not gaps:
+        raise NotMeasured(f"{mode}: the heartbeat never ticked twice in {seconds:g} s")
+    if mode != "idle" and not data["received"]:
+        raise NotMeasured(f"{mode}: the log tail received no line: the frames were timed without the load")
 
     def q(p: float) -> float:
         return gaps[min(len(gaps) - 1, int(p / 100 * len(gaps)))]
@@ -463,14 +524,21 @@ def main() -> None:
     print(f"tree measured: {repo}; load average before: {load()}")
     failed: list[str] = []
     results: dict[str, Any] = {"tree": str(repo), "load_before": os.getloadavg()}
-    if "paint" in parts:
-        results["first_paint"] = paint_part(args, env, me, failed)
-    if "idle" in parts:
-        results["idle_cpu"] = idle_part(args, env, me, failed)
-    if "frames" in parts:
-        results.update(frames_part(args, env, failed))
-    if "real-log" in parts:
-        results["real_log"] = real_log_part(args, env, failed)
+    try:
+        if "paint" in parts:
+            results["first_paint"] = paint_part(args, env, me, failed)
+        if "idle" in parts:
+            results["idle_cpu"] = idle_part(args, env, me, failed)
+        if "frames" in parts:
+            results.update(frames_part(args, env, failed))
+        if "real-log" in parts:
+            results["real_log"] = real_log_part(args, env, failed)
+    except NotMeasured as exc:  # a number of a program that did not run is no number: none is printed
+        results["not_measured"] = str(exc)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        print(f"NOT MEASURED: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     print(f"load average after: {load()}")
     results["load_after"] = os.getloadavg()
     results["over"] = failed

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.ports import release_owned
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,6 +42,13 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.delenv("FORCE_COLOR", raising=False)
     return home
+
+
+@pytest.fixture(autouse=True)
+def owned_ports() -> Iterator[None]:
+    """The ports a test took with tests.ports.own_port() are its own until it ends (then released)."""
+    yield
+    release_owned()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into each test's id

@@ -164,18 +164,29 @@ if [ ! -s "$WORK/model-$PRESET.json" ]; then  # once per machine: the 1b preset 
 fi
 cp "$WORK/model-$PRESET.json" "$RES/model.json"
 HF_ARG=$("$VENV/bin/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["hf_arg"])' "$RES/model.json")
-PORT=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-URL="http://127.0.0.1:$PORT"
-SERVE=("$BIN" -hf "$HF_ARG" --offline --metrics -ngl "$NGL" --host 127.0.0.1 --port "$PORT" -c "$CTX" -np "$NP")
-note "serving: ${SERVE[*]}"
-echo "${SERVE[*]}" >"$RES/server-command.txt"
-"${SERVE[@]}" >"$RES/server.log" 2>&1 &
-SERVER_PID=$!
-t0=$SECONDS
-until [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ]; do
-  if ! kill -0 "$SERVER_PID" 2>/dev/null; then note "FAILED: llama-server exited"; tail -n 30 "$RES/server.log"; SERVER_PID=""; FAILED=1; exit 1; fi
-  if [ $((SECONDS - t0)) -gt 180 ]; then note "FAILED: /health not 200 within 180 s"; tail -n 30 "$RES/server.log"; FAILED=1; exit 1; fi
-  sleep 0.2
+# llama-server binds the port itself: a number free a moment ago may be another program's by then, so a start
+# that says "couldn't bind" is tried again on another (5 tries)
+for attempt in 1 2 3 4 5; do
+  PORT=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  URL="http://127.0.0.1:$PORT"
+  SERVE=("$BIN" -hf "$HF_ARG" --offline --metrics -ngl "$NGL" --host 127.0.0.1 --port "$PORT" -c "$CTX" -np "$NP")
+  note "serving: ${SERVE[*]}"
+  echo "${SERVE[*]}" >"$RES/server-command.txt"
+  "${SERVE[@]}" >"$RES/server.log" 2>&1 &
+  SERVER_PID=$!
+  t0=$SECONDS
+  until [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ]; do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      SERVER_PID=""
+      if [ "$attempt" -lt 5 ] && grep -q "couldn't bind HTTP server socket" "$RES/server.log"; then
+        note "port $PORT was taken before llama-server bound it: another"; continue 2
+      fi
+      note "FAILED: llama-server exited"; tail -n 30 "$RES/server.log"; FAILED=1; exit 1
+    fi
+    if [ $((SECONDS - t0)) -gt 180 ]; then note "FAILED: /health not 200 within 180 s"; tail -n 30 "$RES/server.log"; FAILED=1; exit 1; fi
+    sleep 0.2
+  done
+  break
 done
 STEPS+=("server-ready 0 $((SECONDS - t0))")
 note "ready after $((SECONDS - t0)) s at $URL"

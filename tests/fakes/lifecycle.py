@@ -1,9 +1,8 @@
-"""What the launch and swap tests share: a catalog recipe on a free loopback port, a recording listener that
-can press Ctrl-C on a chosen event, and the event sequence in a form a test can compare."""
+"""What the launch and swap tests share: a catalog recipe moved to a port the test owns (tests.ports.own_port),
+a recording listener that can press Ctrl-C on a chosen event, and the event sequence in a form a test can compare."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -18,12 +17,6 @@ from tests.fakes.runtime import FakeRuntime, image
 
 E = TypeVar("E", bound=Event)
 GB10_IMAGE = "metrale/metrale-inference-gb10:latest"  # the image of the gb10 recipes used here (linux/arm64)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def on_port(catalog: Catalog, name: str, port: int) -> tuple[Recipe, list[str]]:

@@ -7,7 +7,6 @@ missing daemon is a failure, so a broken setup can never pass as "all skipped".
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.ports import HeldPort
 
 REPO = Path(__file__).resolve().parents[2]
 START_DOCKERD = REPO / "tests" / "docker_image" / "start-dockerd.sh"
@@ -69,12 +70,6 @@ def engine_images(docker_daemon: None) -> dict[str, str]:
     return images
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class Box:
     """One test's machine: its own config dir, HF cache, state, and recipes served by the double."""
 
@@ -82,6 +77,7 @@ class Box:
         self.home = home
         self.images = images
         self.prefix = f"it{uuid.uuid4().hex[:6]}"
+        self.held: list[HeldPort] = []
         self.config = home / "config"
         (self.config / "images").mkdir(parents=True, exist_ok=True)
         (self.config / "recipes").mkdir(parents=True, exist_ok=True)
@@ -93,10 +89,16 @@ class Box:
                 f"schema: 1\nid: double-{name}\nref: {tag}\nengine: metrale\nhardware: [{TEST_HARDWARE}]\n"
                 "platform: linux/amd64\nrevision-label: org.opencontainers.image.revision\n")
 
+    def own_port(self) -> int:
+        """A loopback port this box holds until cleanup (tests/ports.py): the engine double in its container
+        (host network) listens on it beside the held socket; nobody else can take it meanwhile."""
+        self.held.append(HeldPort())
+        return self.held[-1].port
+
     def recipe(self, short: str, image: str = "ok", port: int | None = None, extra: str = "") -> str:
         """A user recipe served by the double (the flagship's settings on the test class, no GPU)."""
         name = f"{self.prefix}-{short}"
-        port = port or free_port()
+        port = port or self.own_port()
         (self.config / "recipes" / f"{name}.yaml").write_text(
             f"extends: qwen3.5-35b-a3b-hopper\nname: {name}\ndescription: served by the engine test double\n"
             f"image: double-{image}\nresources:\n  port: {port}\n  gpus: none\n{extra}")
@@ -149,6 +151,8 @@ class Box:
     def cleanup(self) -> None:
         for name in self.containers():
             subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+        while self.held:
+            self.held.pop().close()
 
 
 def _served_elsewhere() -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import select
-import socket
 import subprocess
 import sys
 import threading
@@ -24,22 +23,18 @@ from metralectl.peers.admission import Facts, GpuFact
 from metralectl.peers.config import BenchConfig, save_bench_config
 from metralectl.peers.listener import Node, PeerServer
 from metralectl.peers.store import PeerStore
+from tests.ports import HeldPort
 
 REPO = Path(__file__).resolve().parents[2]
 DOUBLE = REPO / "tests" / "engine_double" / "metrale_double.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class EngineDouble:
     """The engine double serving on loopback (no container): what a node's units benchmark."""
 
     def __init__(self, itl_ms: float = 2.0) -> None:
-        self.port = free_port()
+        self.held = HeldPort()  # the double listens beside it (SO_REUSEADDR); nobody else can take the port
+        self.port = self.held.port
         env = {k: v for k, v in os.environ.items() if not k.startswith(("METRALE_", "DOUBLE_"))}
         env.update({"DOUBLE_READY_DELAY": "0.1", "DOUBLE_TTFT_MS": "5", "DOUBLE_ITL_MS": str(itl_ms)})
         self.proc = subprocess.Popen([sys.executable, "-u", str(DOUBLE), "serve", "test/model", "--port",
@@ -65,6 +60,7 @@ class EngineDouble:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+        self.held.close()
 
 
 class Thermal:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import REPO, Box, free_port
+from tests.integration.conftest import REPO, Box
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
@@ -38,7 +38,7 @@ class RunningAgent:
 @contextmanager
 def running_agent(box: Box) -> Iterator[RunningAgent]:
     """`metralectl agent` with the box's environment, until it has recorded itself; SIGTERM at the end."""
-    port = free_port()
+    port = box.own_port()  # the agent's API server (SO_REUSEADDR) listens beside the held socket
     log = open(box.home / "agent.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "metralectl", "agent", "--port", str(port), "--no-peer",
                              "--interval", "60", "--no-regroup"], stdout=log, stderr=subprocess.STDOUT,

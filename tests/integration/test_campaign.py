@@ -24,7 +24,8 @@ import pytest
 
 from metralectl.seams import identity, signing
 from metralectl.peers.store import known_keys
-from tests.integration.peer_nodes import REPO, EngineDouble, PeerNode, Thermal, free_port, pair_and_grant
+from tests.integration.peer_nodes import REPO, EngineDouble, PeerNode, Thermal, pair_and_grant
+from tests.ports import own_port
 
 pytestmark = pytest.mark.integration
 
@@ -123,7 +124,7 @@ def test_campaign_parks_a_hot_node_and_resumes_it(fleet: Fleet) -> None:
 
 
 def test_a_node_failing_twice_is_retired_and_its_units_run_elsewhere(tmp_path: Path) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"  # node b benchmarks an endpoint where nothing listens
+    dead = f"http://127.0.0.1:{own_port()}"  # node b benchmarks an endpoint where nothing listens (held: ever)
     f = Fleet(tmp_path, Thermal(50.0), b_endpoint=dead)
     try:
         done = f.cli("--node", f.a.addr, "--node", f.b.addr, "--reference", f.a.addr, "--json",

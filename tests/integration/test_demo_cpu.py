@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Box, free_port
+from tests.integration.conftest import Box
 from tests.integration.test_llamacpp_lifecycle import _fail_or_skip
+from tests.ports import PortTaken, run_lost_its_port, start_retrying
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -38,11 +39,6 @@ DEMO_FILE = "qwen2.5-0.5b-instruct-q4_k_m.gguf"  # the real repository's file na
 def _json(out: subprocess.CompletedProcess[str]) -> Any:
     assert out.stdout.strip(), out.stderr
     return json.loads(out.stdout)
-
-
-def _port_taken(stderr: str) -> bool:
-    text = stderr.lower()
-    return "already allocated" in text or "address already in use" in text or "already taken" in text
 
 
 def readme_build_line() -> str:
@@ -63,7 +59,8 @@ def demo_image(docker_daemon: None) -> str:
     entry = subprocess.run(["bash", str(REPO / "images" / "build-llama-server.sh"), "--print-cache-dir"],
                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     if not (Path(entry) / "bin" / "llama-server").exists() and not os.environ.get("CI"):
-        pytest.skip(f"llama-server is not compiled on this machine yet (~10 CPU-minutes): run `{line.split('#')[0].strip()}`")
+        command = line.split("#")[0].strip()
+        pytest.skip(f"llama-server is not compiled on this machine yet (~10 CPU-minutes): run `{command}`")
     built = subprocess.run(["/bin/sh", "-c", line], cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert built.returncode == 0, f"README's `{line}` failed:\n{built.stderr[-3000:]}"
     ref = load_catalog(use_cache=False, include_user=False).images["llama-cpp-cpu"].ref
@@ -111,15 +108,17 @@ def test_the_cpu_demo_as_a_user_runs_it(box: Box, demo_image: str, demo_weights:
         weights = {r["name"]: r for r in _json(box.cli("list", "--json", check=True))["recipes"]}[DEMO]["weights"]
         assert weights == "complete", weights
 
-        # 8080 may be taken on a shared CI box: the user's `--set` moves it. The port is the daemon's to bind, so a
-        # port another process took between the pick and the bind means another pick (never a wait on it).
-        for _attempt in range(3):
-            port = free_port()
+        def start(port: int) -> tuple[int, subprocess.CompletedProcess[str]]:
+            """8080 may be taken on a shared CI box: the user's `--set` moves it. llama-server binds the port
+            itself, so a start that lost it to another program is tried again on another."""
             printed = box.cli("run", DEMO, "--set", f"resources.port={port}", "--print", check=True).stdout
             assert "--gpus" not in printed and demo_image in printed and "--n-gpu-layers 0" in printed, printed
             run = box.cli("run", DEMO, "--set", f"resources.port={port}", timeout=180)
-            if run.returncode == 0 or not _port_taken(run.stderr):
-                break
+            if run.returncode != 0 and run_lost_its_port(run.stderr):
+                raise PortTaken(run.stderr)
+            return port, run
+
+        port, run = start_retrying(start)
         assert run.returncode == 0, run.stderr
         assert "loading" in run.stderr and "ready" in run.stderr, run.stderr  # llama-server's own log phases
         inspect = json.loads(subprocess.run(["docker", "inspect", container], capture_output=True, text=True,

@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from tests.ports import own_port
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,14 +72,8 @@ def test_docker_host_socket_that_does_not_exist(tmp_path: Path) -> None:
     assert code == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_tcp_port_where_nothing_listens() -> None:
-    doc, code, wall, _ = doctor(env={"DOCKER_HOST": f"tcp://127.0.0.1:{_free_port()}"})
+    doc, code, wall, _ = doctor(env={"DOCKER_HOST": f"tcp://127.0.0.1:{own_port()}"})  # held: refused
     daemon = check(doc, "docker.daemon")
     assert daemon["status"] == "problem" and daemon["data"]["cause"] == "not-running" and wall < ANSWER_S
 
@@ -308,10 +304,8 @@ def test_root_owned_file_in_the_users_hf_cache(user: User) -> None:
 # -- a port held by a listener ----------------------------------------------------------------------
 
 def test_port_taken_by_a_test_listener() -> None:
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen(1)
-        port = held.getsockname()[1]
+    port = own_port()  # held beside the listener, so it is still ours (and free) once the listener is gone
+    with socket.create_server(("127.0.0.1", port), backlog=1):
         doc, code, _, _ = doctor("--port", str(port))
         taken = check(doc, "net.port")
         assert taken["status"] == "problem" and f"port {port} is already taken" in taken["detail"]

@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.ports import own_port
+
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,14 +39,6 @@ def _load_mounts():
 
 
 mounts = _load_mounts()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +92,7 @@ def start(client, image):
     counter = iter(range(1000))
 
     def _start(*args: str, env: dict | None = None, port: int | None = None, serve: bool = True) -> Run:
-        port = port or free_port()
+        port = port or own_port()
         command = list(args)
         if serve:
             command = ["serve", *command, "--port", str(port)]
@@ -282,7 +276,7 @@ def test_undeclared_metrale_env_refused(start):
 
 
 def test_worker_rank_in_container(start):
-    master = str(free_port())
+    master = str(own_port())
     rank = ("--world-size", "2", "--master-addr", "127.0.0.1", "--master-port", master)
     head = start("m", "--rank", "0", *rank)
     r = start("m", "--rank", "1", *rank)

@@ -26,7 +26,7 @@ from metralectl import paths
 from metralectl.core.recipe import CheckpointRef
 from metralectl.seams import hfcache, weights, weights_state
 from tests.fakehub.server import FakeHub, FakeRepo
-from tests.integration.conftest import free_port
+from tests.ports import PortTaken, port_in_use, start_retrying
 
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -87,10 +87,21 @@ def ck(quant: str) -> CheckpointRef:
 
 
 def serve(binary: Path, quant: str, timeout: float = 60) -> tuple[int | None, dict[str, Any] | None, str]:
-    """Start llama-server on the test's HF cache; (exit status or None, /props once healthy, its log)."""
+    """Start llama-server on the test's HF cache; (exit status or None, /props once healthy, its log).
+    llama-server binds the port itself: a start that lost it to another program is tried again on another."""
+
+    def start(port: int) -> tuple[int | None, dict[str, Any] | None, str]:
+        code, props, log = _serve_on(binary, quant, port, timeout)
+        if props is None and port_in_use(log, "llama-cpp"):
+            raise PortTaken(log)
+        return code, props, log
+
+    return start_retrying(start)
+
+
+def _serve_on(binary: Path, quant: str, port: int, timeout: float) -> tuple[int | None, dict[str, Any] | None, str]:
     import httpx
 
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_CACHE", "HF_ENDPOINT")}
     env["HF_HUB_CACHE"] = str(paths.hf_hub_cache())
     log = paths.hf_hub_cache().parent / f"llama-server-{quant}.log"

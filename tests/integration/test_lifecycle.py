@@ -104,10 +104,8 @@ def test_gpu_runtime_missing_is_classified(box: Box) -> None:
 
 
 def test_port_in_use_is_refused_before_starting(box: Box) -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
+    port = box.own_port()  # held beside the listener: the number is ours before, during and after
+    with socket.create_server(("127.0.0.1", port)):
         name = box.recipe("port", port=port)
         box.weights_complete()
         out = box.cli("run", name)

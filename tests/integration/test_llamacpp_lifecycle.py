@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import TEST_HARDWARE, Box, free_port
+from tests.integration.conftest import TEST_HARDWARE, Box
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -118,7 +118,10 @@ def test_llama_server_through_the_whole_lifecycle(box: Box, llama_image: str) ->
         f"schema: 1\nid: llama-test\nref: {llama_image}\nengine: llama-cpp\nhardware: [{TEST_HARDWARE}]\n"
         "platform: linux/amd64\nrevision-label: org.opencontainers.image.version\n")
     model = _install_models(box)
-    port = free_port()
+    # Held for the whole test: every swap stops one engine and starts the next on this port, and in between
+    # nothing listens there. llama-server and the double set SO_REUSEADDR, so each binds beside the held
+    # socket (test_llamacpp_real.py checks llama-server does); no other program can take it meanwhile.
+    port = box.own_port()
     llama = _llama_recipe(box, "llama", model["repo"], port)
     damaged = _llama_recipe(box, "damaged", BAD_REPO, port)
     double = box.recipe("double", port=port)

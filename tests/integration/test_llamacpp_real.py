@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import free_port
+from tests.ports import HeldPort, PortTaken, port_in_use, start_retrying
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -126,24 +126,56 @@ def _watch_startup(srv: Server, timeout: float = 180) -> None:
     raise AssertionError(f"llama-server not ready after {timeout} s; /health said {srv.startup}\n{srv.logs()}")
 
 
-@pytest.fixture(scope="module")
-def server(llama_image: str, hf_cache: tuple[Path, dict[str, Any]]) -> Iterator[Server]:
-    cache, model = hf_cache
-    srv = Server(name=f"metralectl-test-llama-{uuid.uuid4().hex[:8]}", port=free_port(), model=model)
-    # Host networking, as metralectl launches engines (core/render.py), so the server listens on loopback
-    # only. Started with 2 % of a CPU: loading the tiny model then takes long enough to see the server
-    # answer /health before the model is in (lifted as soon as it answers).
-    started = _docker("run", "-d", "--name", srv.name, "--network", "host", "--cpus", "0.02",
+def _run_server(image: str, cache: Path, model: dict[str, Any], port: int, cpus: str = "0.02") -> Server:
+    """`docker run -d` of llama-server on `port`. Host networking, as metralectl launches engines
+    (core/render.py), so the server listens on loopback only."""
+    srv = Server(name=f"metralectl-test-llama-{uuid.uuid4().hex[:8]}", port=port, model=model)
+    started = _docker("run", "-d", "--name", srv.name, "--network", "host", "--cpus", cpus,
                       "-v", f"{cache}:/hf-cache:ro", "-e", "HF_HUB_CACHE=/hf-cache",
-                      llama_image, "-hf", model["hf_arg"], "--offline", "--metrics",
+                      image, "-hf", model["hf_arg"], "--offline", "--metrics",
                       "--host", "127.0.0.1", "--port", str(srv.port), "-c", "4096", "-np", "2",
                       "--alias", "tiny-llama")
     assert started.returncode == 0, started.stderr
+    return srv
+
+
+@pytest.fixture(scope="module")
+def server(llama_image: str, hf_cache: tuple[Path, dict[str, Any]]) -> Iterator[Server]:
+    cache, model = hf_cache
+
+    def start(port: int) -> Server:
+        """Started with 2 % of a CPU: loading the tiny model then takes long enough to see the server answer
+        /health before the model is in (lifted as soon as it answers). llama-server binds the port itself: a
+        start that lost it to another program is tried again on another."""
+        srv = _run_server(llama_image, cache, model, port)
+        try:
+            _watch_startup(srv)
+        except BaseException:
+            said = srv.logs()
+            _docker("rm", "-f", srv.name)
+            if port_in_use(said, "llama-cpp"):
+                raise PortTaken(said) from None
+            raise
+        return srv
+
+    srv = start_retrying(start)
     try:
-        _watch_startup(srv)
         yield srv
     finally:
         _docker("rm", "-f", srv.name)
+
+
+def test_llama_server_listens_beside_a_held_port(llama_image: str, hf_cache: tuple[Path, dict[str, Any]]) -> None:
+    """It sets SO_REUSEADDR, as most servers do: a test may hold its port (tests/ports.py) while llama-server
+    comes and goes on it (test_llamacpp_lifecycle.py swaps on one held port)."""
+    cache, model = hf_cache
+    with HeldPort() as held:
+        srv = _run_server(llama_image, cache, model, held.port, cpus=str(os.cpu_count() or 1))
+        try:
+            _watch_startup(srv)
+            assert srv.startup[-1].startswith("200 "), srv.logs()
+        finally:
+            _docker("rm", "-f", srv.name)
 
 
 def test_help_lists_every_flag_the_adapter_declares(llama_image: str) -> None:

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.integration import node2 as n2
-from tests.integration.conftest import Box, free_port
+from tests.integration.conftest import Box
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
@@ -102,7 +102,7 @@ def ep(box: Box, node2: n2.Node2) -> Iterator[Callable[..., Ep]]:
 
     def make(short: str, image: str = "ep", worker_serve: str = "") -> Ep:
         name = f"{box.prefix}-{short}"
-        port, worker_port, master_port = free_port(), free_port(), free_port()
+        port, worker_port, master_port = box.own_port(), box.own_port(), box.own_port()  # held on this host
         worker = f"{{role: worker, port: {worker_port}{', serve: {' + worker_serve + '}' if worker_serve else ''}}}"
         (box.config / "recipes" / f"{name}.yaml").write_text(
             f"extends: qwen3.5-122b-a10b-ep2\nname: {name}\ndescription: EP=2 served by the engine test double\n"

@@ -28,6 +28,7 @@ from metralectl.peers.config import BenchConfig, save_bench_config
 from metralectl.peers.listener import Node, PeerServer
 from metralectl.peers.protocol import sign_request
 from metralectl.peers.store import PeerKeyChanged, PeerStore
+from tests.ports import own_port
 
 REPO = Path(__file__).resolve().parents[2]
 FACTS = Facts(gpu=lambda: GpuFact("NVIDIA GB10", "gb10"), busy=lambda: None, queued=lambda: 0,
@@ -53,7 +54,7 @@ class Box:
 
 @pytest.fixture()
 def boxes(tmp_path: Path) -> Iterator[tuple[Box, Box, Box]]:
-    made = [Box(tmp_path, n) for n in ("a", "b", "c")]
+    made = [Box(tmp_path, n, own_port()) for n in ("a", "b", "c")]  # held: a restarted peer gets its port back
     yield made[0], made[1], made[2]
     for box in made:
         box.stop()
@@ -175,9 +176,7 @@ def test_revoked_peer_is_refused(boxes: tuple[Box, Box, Box]) -> None:
 
 def test_nothing_listening_is_an_answer(tmp_path: Path) -> None:
     me = identity.load_or_create(tmp_path / "solo")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = own_port()  # held, never listening: refused, and nobody else can start listening there
     PeerStore(tmp_path / "solo").add_paired(me.fingerprint[:0] + identity.fingerprint_of(b"\x07" * 32),
                                             identity.b64(b"\x07" * 32), f"127.0.0.1:{port}", "gone")
     answer = ops.ask_node(f"127.0.0.1:{port}", me, base=tmp_path / "solo", timeout=2)
@@ -185,12 +184,6 @@ def test_nothing_listening_is_an_answer(tmp_path: Path) -> None:
 
 
 # -- two real agents, driven by the CLI -----------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _env(base: Path, home: Path) -> dict[str, str]:
     return {**os.environ, "METRALECTL_CONFIG_DIR": str(base), "METRALE_HOME": str(home),
             "METRALECTL_LOCK_DIR": str(home), "NO_COLOR": "1"}
@@ -216,7 +209,7 @@ def test_two_agent_processes_pair_grant_and_answer(tmp_path: Path) -> None:
     envs, procs, ports = [], [], []
     for name in ("one", "two"):
         env = _env(tmp_path / name / "config", tmp_path / name / "home")
-        api, peer = _free_port(), _free_port()
+        api, peer = own_port(), own_port()  # the agent's servers (SO_REUSEADDR) listen beside the held sockets
         proc = subprocess.Popen([sys.executable, "-m", "metralectl", "agent", "--port", str(api), "--peer-port", str(peer),
                                  "--peer-bind", "127.0.0.1", "--interval", "30", "--no-regroup"],
                                 env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -11,7 +11,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -26,6 +25,7 @@ from metralectl.core import images
 
 from metralectl.seams import machine
 from metralectl.core.hardware import ImageInfo
+from tests.ports import PortTaken, port_in_use, start_retrying
 
 pytestmark = pytest.mark.docker
 
@@ -96,26 +96,29 @@ def registry(tmp_path_factory: pytest.TempPathFactory):
     if binary is None:
         pytest.skip("no docker-registry binary (apt-get install docker-registry)")
     root = tmp_path_factory.mktemp("registry")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = root / "config.yml"
-    config.write_text(yaml.safe_dump({"version": 0.1, "log": {"level": "warn"},
-                                      "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
-                                      "http": {"addr": f"127.0.0.1:{port}"}}))
-    proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     import httpx
 
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    else:
+    def start(port: int) -> tuple[int, subprocess.Popen[bytes]]:
+        """The registry on `port`; PortTaken when another program had it (the registry binds it itself)."""
+        config = root / "config.yml"
+        config.write_text(yaml.safe_dump({"version": 0.1, "log": {"level": "warn"},
+                                          "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
+                                          "http": {"addr": f"127.0.0.1:{port}"}}))
+        proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=1).status_code == 200:
+                    return port, proc
+            except httpx.HTTPError:
+                time.sleep(0.1)
         proc.kill()
-        pytest.fail(f"docker-registry did not answer: {proc.stderr.read().decode() if proc.stderr else ''}")
+        said = proc.communicate()[1].decode(errors="replace")
+        if port_in_use(said):
+            raise PortTaken(said)
+        pytest.fail(f"docker-registry did not answer: {said}")
+
+    port, proc = start_retrying(start)
     yield f"127.0.0.1:{port}"
     proc.terminate()
     proc.wait(10)

@@ -94,7 +94,9 @@ def ensure_model(python: str | None = None, preset: str = "tiny", eos: str = "na
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def free_port() -> int:
+def pick_port() -> int:
+    """A number that was free a moment ago: start() tries again on another when the server could not bind it
+    (another program took it first). Standard library only, so not tests/ports.py's own."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -218,7 +220,7 @@ def _wait_ready(srv: TfServe, timeout: float) -> None:
 def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: str = "hub",
           model_id: str | None = None, device: str = "cpu", extra_args: Sequence[str] = (),
           python: str | None = None, workdir: Path | None = None, ready_timeout: float = 300,
-          threads: int | None = 1, port: int | None = None, attempts: int = 3,
+          threads: int | None = 1, port: int | None = None, attempts: int = 5,
           pidfile: Path | None = None, die_with_parent: bool = True) -> TfServe:
     """Build (once) and serve the model; returns when a request has completed. Call .stop() after.
 
@@ -248,7 +250,7 @@ def start(*, preset: str = "tiny", eos: str = "natural", seed: int = 0, layout: 
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     for attempt in range(attempts):
-        chosen = port or free_port()
+        chosen = port or pick_port()
         log_path = workdir / f"transformers-serve-{chosen}.log"
         # before 5.5 (the serving rewrite) the model to pin is an option, not an argument
         pin = ["--force-model", served] if _version_tuple(versions["transformers"]) < (5, 5) else [served]

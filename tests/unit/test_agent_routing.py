@@ -24,6 +24,7 @@ from metralectl.agent.jobs import JobRunner
 from metralectl.errors import ExitCode, MetralError, UsageError
 from metralectl.lifecycle import events as ev
 from metralectl.seams.store import Busy, lifecycle_lock
+from tests.ports import own_port
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "r" * 43
@@ -372,11 +373,7 @@ def test_discovery(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_an_unreachable_agent(isolated_env: Path) -> None:
-    import socket
-
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = own_port()  # a port nothing listens on (held: nobody else can start listening there)
     with pytest.raises(AgentGone):  # its process is gone: the caller works directly
         AgentClient(port, TOKEN, _dead_pid()).start("run", {"recipe": RECIPE})
     with pytest.raises(MetralError) as stuck:  # alive but not answering: say so, and how to bypass it

@@ -17,6 +17,7 @@ import pytest
 
 from metralectl.errors import ExitCode
 
+from tests.ports import own_port
 from tests.unit.recipe_helpers import REPO
 from tests.unit.test_engine_double_local import MARKER, Double, clean_env
 
@@ -85,9 +86,7 @@ def test_once_json_reads_a_real_engine_over_http(engine: Double) -> None:
 
 
 def test_unreachable_engine_is_one_clear_line() -> None:
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = own_port()  # held, never listening: connections are refused
     out = cli("top", "--once", "--json", "--url", f"http://127.0.0.1:{port}", "--interval", "0.1")
     assert out.returncode == 0 and "Traceback" not in out.stderr
     (e,) = json.loads(out.stdout)["engines"]

@@ -22,14 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.ports import own_port
+
 DOUBLE = Path(__file__).resolve().parents[1] / "engine_double" / "metrale_double.py"
 MARKER = "Listening on"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -43,7 +39,7 @@ class Double:
     """The double in a subprocess, its stdout collected line by line by a reader thread."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, port: int | None = None):
-        self.port = port or free_port()
+        self.port = port or own_port()
         argv = list(args)
         if argv and argv[0] == "serve" and "--port" not in argv:
             argv += ["--port", str(self.port)]
@@ -444,7 +440,7 @@ def _pair_args(master_port: int, rank: int, *extra: str) -> tuple[str, ...]:
 
 def test_worker_rank_serves_no_http(spawn):
     """A real TCP rendezvous: the head listens on master-addr:master-port, the worker joins it."""
-    master = free_port()
+    master = own_port()
     head = spawn(*_pair_args(master, 0))
     worker = spawn(*_pair_args(master, 1))
     assert worker.wait_for("(worker): ready"), worker.text
@@ -465,11 +461,11 @@ def test_worker_rank_serves_no_http(spawn):
 def test_head_rank_and_rendezvous_timeout(spawn):
     """Nobody joins in time: the head (and a worker with no head to reach) time out, exit 1."""
     fast = clean_env(DOUBLE_RENDEZVOUS_TIMEOUT="1")
-    master = free_port()
+    master = own_port()
     head = spawn(*_pair_args(master, 0), env=fast)
     assert head.wait() == 1
     assert "rendezvous timeout" in head.text and MARKER not in head.text
-    lonely = spawn(*_pair_args(free_port(), 1), env=fast)
+    lonely = spawn(*_pair_args(own_port(), 1), env=fast)
     assert lonely.wait() == 1
     assert "rendezvous timeout" in lonely.text and "port blocked" in lonely.text
     bad = spawn("serve", "m", "--rank", "1", "--world-size", "2",
@@ -479,7 +475,7 @@ def test_head_rank_and_rendezvous_timeout(spawn):
 
 
 def test_rendezvous_flag_mismatch_kills_the_worker_and_the_head_keeps_waiting(spawn):
-    master = free_port()
+    master = own_port()
     head = spawn(*_pair_args(master, 0, "--speculative", "--num-drafts", "1", "--mtp-quantization", "nvfp4"))
     assert head.wait_for("waiting for 1 worker(s)")
     odd = spawn(*_pair_args(master, 1, "--speculative", "--num-drafts", "3", "--mtp-quantization", "nvfp4"))
@@ -497,7 +493,7 @@ def test_rendezvous_flag_mismatch_kills_the_worker_and_the_head_keeps_waiting(sp
 
 
 def test_rendezvous_ifname_mismatch_is_stuck_at_all_ranks_ready(spawn):
-    master = free_port()
+    master = own_port()
     head = spawn(*_pair_args(master, 0), env=clean_env(NCCL_SOCKET_IFNAME="enp1s0f0np0"))
     worker = spawn(*_pair_args(master, 1), env=clean_env(NCCL_SOCKET_IFNAME="enp1s0f1np1"))
     assert head.wait_for("all ranks ready") and worker.wait_for("all ranks ready")
@@ -508,7 +504,7 @@ def test_rendezvous_ifname_mismatch_is_stuck_at_all_ranks_ready(spawn):
 
 
 def test_lost_worker_makes_requests_hang_while_health_is_200(spawn):
-    master = free_port()
+    master = own_port()
     head = spawn(*_pair_args(master, 0))
     worker = spawn(*_pair_args(master, 1))
     assert head.wait_for(MARKER), head.text
@@ -524,6 +520,6 @@ def test_lost_worker_makes_requests_hang_while_health_is_200(spawn):
 
 def test_master_addr_must_be_the_heads_own(spawn):
     head = spawn("serve", "m", "--rank", "0", "--world-size", "2", "--master-addr", "203.0.113.7",
-                 "--master-port", str(free_port()))
+                 "--master-port", str(own_port()))
     assert head.wait() == 1
     assert "cannot listen for the rendezvous on 203.0.113.7" in head.text

@@ -9,7 +9,6 @@ import importlib
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import pytest
 
 from metralectl.errors import EXIT_MEANINGS, ExitCode, MetralError
 from tests.bench_truth.helpers import truth_server
+from tests.ports import own_port
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "metralectl"
@@ -39,12 +39,6 @@ def script() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- the table ------------------------------------------------------------------------------------------
@@ -155,7 +149,7 @@ def test_our_own_usage_errors_end_with_usage() -> None:
 
 
 def test_docker_unreachable_ends_with_unavailable() -> None:
-    port = closed_port()
+    port = own_port()  # held, never listening: the daemon's address refuses connections
     out = cli("ps", env={"DOCKER_HOST": f"tcp://127.0.0.1:{port}"})
     assert out.returncode == ExitCode.UNAVAILABLE, out.stderr
     assert f"127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 
 import pytest
 
 from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, ContainerSpec, owner
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, RuntimeFailure
-from tests.fakes.lifecycle import free_port, port_released
+from tests.fakes.lifecycle import port_released
 from tests.fakes.runtime import Boot, Exit, FakeRuntime, Listen, Log, engine_boot, image
+from tests.ports import own_port
 
 PROTOCOL_METHODS = sorted(name for name, value in vars(ContainerRuntime).items()
                           if callable(value) and not name.startswith("_") or name in ("__enter__", "__exit__"))
@@ -89,7 +91,7 @@ def test_names_are_unique_and_images_must_be_present() -> None:
 
 
 def test_the_engines_port_is_bound_while_it_runs_and_freed_when_it_exits() -> None:
-    port = free_port()
+    port = own_port()
     rt = _rt(engine_boot("m"), Boot((Listen(),)))
     started = rt.create_and_start(_spec(port=port))
     assert rt.wait_exit(started.id, 0.5) is None and not port_released(port)
@@ -98,6 +100,10 @@ def test_the_engines_port_is_bound_while_it_runs_and_freed_when_it_exits() -> No
     rt.remove(started.id)
     other = FakeRuntime(images=[image("metrale/x:latest")], default_boot=Boot((Listen(),)))
     squatter = other.create_and_start(_spec(port=port))
+    deadline = time.monotonic() + 5  # the squatter's Listen runs on its own thread: it binds first
+    while other.health_of("metralectl-x") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert other.health_of("metralectl-x") is not None
     rt.create_and_start(_spec(port=port))  # the second start of metralectl-x finds the port taken
     assert rt.wait_exit("metralectl-x", 5) == 1 and "Address already in use" in rt.log_tail("metralectl-x")[-1]
     other.remove(squatter.id, force=True)

@@ -17,9 +17,10 @@ from metralectl.lifecycle import launch as launch_module
 from metralectl.lifecycle.events import ContainerStarted, Event, Failed, LogLine, Phase, Step
 from metralectl.lifecycle.launch import LaunchFailed, LaunchOptions, launch
 from metralectl.seams import machine, store
-from tests.fakes.lifecycle import Recorder, free_port, gb10_runtime, in_order, on_port, port_released
+from tests.fakes.lifecycle import Recorder, gb10_runtime, in_order, on_port, port_released
 from tests.fakes.runtime import PREFIX, Answer, Boot, Chatter, Exit, FakeRuntime, Listen, Log, engine_boot
 from tests.unit.recipe_helpers import catalog
+from tests.ports import own_port
 
 NAME = "qwen3.5-27b"
 CONTAINER = f"metralectl-{NAME}"
@@ -43,7 +44,7 @@ def _runs() -> list[dict[str, Any]]:
 
 
 def _failed(boot: Boot, **options: Any) -> tuple[LaunchFailed, Recorder, FakeRuntime, int]:
-    rt, listener, port = gb10_runtime(), Recorder(), free_port()
+    rt, listener, port = gb10_runtime(), Recorder(), own_port()
     rt.script(CONTAINER, boot)
     with pytest.raises(LaunchFailed) as failure:
         _launch(rt, listener, port, **options)
@@ -51,7 +52,7 @@ def _failed(boot: Boot, **options: Any) -> tuple[LaunchFailed, Recorder, FakeRun
 
 
 def test_a_boot_like_the_engines_is_ready_on_health_200() -> None:
-    rt, listener, port = gb10_runtime(), Recorder(), free_port()
+    rt, listener, port = gb10_runtime(), Recorder(), own_port()
     rt.script(CONTAINER, engine_boot("Qwen/Qwen3.5-27B"))
     launched = _launch(rt, listener, port)
     assert launched.model == "Qwen/Qwen3.5-27B" and launched.url == f"http://127.0.0.1:{port}"
@@ -134,12 +135,12 @@ def test_a_start_the_daemon_refuses_leaves_nothing() -> None:
 def test_a_missing_image_is_refused_before_anything_starts() -> None:
     rt, listener = FakeRuntime(), Recorder()  # no image, and --no-pull
     with pytest.raises(Exception, match="is not here"):
-        _launch(rt, listener, free_port())
+        _launch(rt, listener, own_port())
     assert rt.created == [] and listener.marks() == []  # the preflight's refusal comes before staging begins
 
 
 def test_a_stale_container_of_an_earlier_failed_run_is_replaced() -> None:
-    rt, listener, port = gb10_runtime(), Recorder(), free_port()
+    rt, listener, port = gb10_runtime(), Recorder(), own_port()
     rt.script(CONTAINER, Boot((Exit(1),)), engine_boot())
     with pytest.raises(LaunchFailed):
         _launch(rt, listener, port, keep_failed=True)
@@ -171,7 +172,7 @@ def test_ctrl_c_at_any_phase_leaves_nothing_behind(phase: str, keep_failed: bool
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch_module, "HOLD_S", 30.0)
     accept, boot = PHASES[phase]
-    rt, listener, port = gb10_runtime(), Recorder(interrupt_on=accept), free_port()
+    rt, listener, port = gb10_runtime(), Recorder(interrupt_on=accept), own_port()
     rt.script(CONTAINER, boot)
     with pytest.raises(KeyboardInterrupt):
         _launch(rt, listener, port, keep_failed=keep_failed)  # Ctrl-C always cleans up, --keep-failed or not
@@ -188,7 +189,7 @@ def test_ctrl_c_inside_create_removes_the_container_by_its_run_id() -> None:
     rt, listener = gb10_runtime(), Recorder()
     rt.script(CONTAINER, Boot(interrupt_in_create=True))
     with pytest.raises(KeyboardInterrupt):
-        _launch(rt, listener, free_port())
+        _launch(rt, listener, own_port())
     assert rt.all() == [] and not listener.of(ContainerStarted)
     ((_, (name, labels), _),) = [c for c in rt.calls if c[0] == "remove_if_labelled"]
     assert name == CONTAINER and list(labels) == [LABEL_RUN_ID]

@@ -11,6 +11,7 @@ import pytest
 from metralectl.seams import store
 from metralectl.lifecycle.boot import BootLog, diagnose_exit
 from metralectl.lifecycle.launch import port_free
+from tests.ports import own_port
 from tests.unit.recipe_helpers import catalog
 
 
@@ -57,10 +58,8 @@ def test_exit_diagnosis() -> None:
 
 
 def test_port_free_sees_a_listener() -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
+    port = own_port()  # held beside the listener, so nobody else takes it once the listener is gone
+    with socket.create_server(("127.0.0.1", port)):
         assert not port_free("127.0.0.1", port)
     assert port_free("127.0.0.1", port)
 

@@ -9,13 +9,12 @@ import socket
 import pytest
 
 from metralectl.seams.ports import bind_error, port_free
+from tests.ports import own_port
 
 
 def test_a_listener_makes_the_port_taken_and_closing_it_frees_it() -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
+    port = own_port()  # held beside the listener, so nobody else takes it once the listener is gone
+    with socket.create_server(("127.0.0.1", port)):
         error = bind_error("127.0.0.1", port)
         assert error is not None and error.errno == errno.EADDRINUSE
         assert not port_free("127.0.0.1", port)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from metralectl.lifecycle.readiness import HEALTH_POLL_S, HealthPoller, classify
 from metralectl.core.render import ContainerSpec
 from metralectl.core.yamlsrc import Document
 from tests.fakes.runtime import Action, Boot, Exit, FakeRuntime, Log, image
+from tests.ports import HeldPort
 from tests.unit.recipe_helpers import catalog
 
 PREFIX = "2026-08-26T05:35:05Z  INFO "
@@ -148,9 +148,8 @@ class HealthServer:
     """Binds when told (before that: connection refused), then answers /health with whatever `answer` is."""
 
     def __init__(self) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.held = HeldPort()  # ours until close(): refused until bind(), and nobody else can take it
+        self.port = self.held.port
         self.answer: tuple[int, dict] = (503, {"status": "loading"})
         self.ready_at: float | None = None
         self.server: ThreadingHTTPServer | None = None
@@ -181,6 +180,7 @@ class HealthServer:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+        self.held.close()
 
     @property
     def url(self) -> str:

@@ -27,7 +27,7 @@ from metralectl.errors import MetralError
 from metralectl.lifecycle import events as ev
 from metralectl.lifecycle.memory import NoMemoryWatch
 from metralectl.seams import hfcache, machine
-from tests.fakes.lifecycle import free_port
+from tests.ports import own_port
 from tests.fakes.runtime import PREFIX, Boot, Exit, FakeRuntime, Listen, Log, engine_boot, image
 
 GB10_IMAGE = "metrale/metrale-inference-gb10:latest"
@@ -73,7 +73,7 @@ class Daemons:
 
 @pytest.fixture()
 def box(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemons]:
-    """User recipes fe-old / fe-new (the shipped gb10 ones on free ports, weights verified in the HF cache);
+    """User recipes fe-old / fe-new (the shipped gb10 ones on ports the test owns, weights verified in the HF cache);
     every runtime the code opens is the current fake daemon."""
     from metralectl.core.catalog import load_catalog
 
@@ -81,7 +81,7 @@ def box(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemons
     recipes.mkdir(parents=True, exist_ok=True)
     for name, base in ((OLD, "qwen3.5-27b"), (NEW, "qwen3.5-35b-a3b")):
         (recipes / f"{name}.yaml").write_text(f"extends: {base}\nname: {name}\ndescription: a front-end test\n"
-                                              f"resources:\n  port: {free_port()}\n")
+                                              f"resources:\n  port: {own_port()}\n")
     catalog = load_catalog()
     assert {OLD, NEW} <= set(catalog.recipes), [str(r.path) for r in catalog.refused]
     for name in (OLD, NEW):

@@ -16,9 +16,10 @@ from metralectl.lifecycle.launch import LaunchOptions, launch
 from metralectl.lifecycle.swap import (SwapDegraded, SwapInterrupted, SwapRolledBack, journal_path, repair_if_needed, swap,
                                        swaps_path)
 from metralectl.seams import machine, store
-from tests.fakes.lifecycle import Recorder, free_port, gb10_runtime, in_order, on_port, port_released
+from tests.fakes.lifecycle import Recorder, gb10_runtime, in_order, on_port, port_released
 from tests.fakes.runtime import PREFIX, Boot, Exit, FakeRuntime, Listen, Log, engine_boot
 from tests.unit.recipe_helpers import catalog
+from tests.ports import own_port
 
 OLD, NEW = "qwen3.5-27b", "qwen3.5-35b-a3b"
 OLD_C, NEW_C = f"metralectl-{OLD}", f"metralectl-{NEW}"
@@ -40,7 +41,7 @@ def _serving_old(rt: FakeRuntime, port: int) -> None:
 
 
 def _setup(old: tuple[Boot, ...], new: tuple[Boot, ...]) -> tuple[FakeRuntime, int]:
-    rt, port = gb10_runtime(), free_port()
+    rt, port = gb10_runtime(), own_port()
     rt.script(OLD_C, *old)
     rt.script(NEW_C, *new)
     _serving_old(rt, port)
@@ -160,7 +161,7 @@ def test_ctrl_c_during_run_replace_says_nothing_serves_and_how_to_undo_it() -> N
 
 
 def test_ctrl_c_during_a_plain_run_is_a_plain_interrupt() -> None:
-    rt, port = gb10_runtime(), free_port()
+    rt, port = gb10_runtime(), own_port()
     rt.script(NEW_C, engine_boot("new/model", step_s=0.5))
     listener = Recorder(interrupt_on=lambda e: type(e).__name__ == "ContainerStarted")
     recipe, sets = on_port(catalog(), NEW, port)
@@ -197,7 +198,7 @@ def test_the_swap_after_an_interrupted_one_starts_the_new_model_without_booting_
 def test_repair_keeps_a_kept_failed_container_and_records_the_real_downtime() -> None:
     rt, port = _interrupted_swap((SILENT,))
     rt.script("metralectl-qwen3.6-27b-fp8", CRASH)
-    kept_recipe, kept_sets = on_port(catalog(), "qwen3.6-27b-fp8", free_port())
+    kept_recipe, kept_sets = on_port(catalog(), "qwen3.6-27b-fp8", own_port())
     with pytest.raises(Exception):
         launch(kept_recipe, catalog(), rt, options=LaunchOptions(check_weights=False, pull=False, keep_failed=True,
                                                                  sets=tuple(kept_sets)))

@@ -1,0 +1,142 @@
+"""A benchmark prints a number only for what actually ran (docs/development.md, "Benchmarks").
+
+Each script under benchmarks/ checks that the child it timed did what was timed — painted, exited 0 (or the
+status that is the answer), answered every request — and otherwise exits non-zero with the reason. Here the
+cheap failures: the dashboard harness run by an interpreter that has no Textual (it once printed first-paint
+times of programs that crashed at import), cold_start's commands that fail, a load generator that cannot run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+TIMING = re.compile(r"\d+\.\d{3} s")  # a number of seconds, as the harnesses print them
+
+
+def script(name: str) -> ModuleType:
+    """benchmarks/NAME.py as a module (registered first: its dataclasses look themselves up there)."""
+    if f"bench_{name}" in sys.modules:
+        return sys.modules[f"bench_{name}"]
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def no_textual(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A bare venv's interpreter: the standard library, nothing installed (no Textual, no Typer)."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    assert subprocess.run([python, "-c", "import textual"], capture_output=True).returncode != 0
+    return python
+
+
+# --- benchmarks/tui.py ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("part,child", [("paint", "bare"), ("idle", "bare"), ("frames", "idle")])
+def test_the_tui_harness_without_textual_says_what_did_not_paint_and_prints_no_time(
+        no_textual: str, tmp_path: Path, part: str, child: str) -> None:
+    out = subprocess.run([no_textual, str(BENCH / "tui.py"), "--parts", part, "--runs", "1", "--idle", "0.1",
+                          "--idle-runs", "1", "--seconds", "0.1", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (said,) = [line for line in out.stderr.splitlines() if line.startswith("NOT MEASURED: ")]
+    assert f"--child {child}" in said and "No module named 'textual'" in said, said
+    assert ("never painted" in said) == (part != "frames"), said  # frames: the app crashed, no frame times
+    assert not TIMING.search(out.stdout), out.stdout  # no time of a program that did not run
+    assert json.loads((tmp_path / "r.json").read_text())["not_measured"] == said.removeprefix("NOT MEASURED: ")
+
+
+# --- benchmarks/cold_start.py ---------------------------------------------------------------------------------
+def test_a_cold_start_command_that_fails_stops_the_run_with_its_words(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    cold = script("cold_start")
+    case = cold.Case("metralectl list", [sys.executable, "-c", "import sys; print('no catalog here'); sys.exit(3)"],
+                     {"PATH": "/usr/bin:/bin"})
+    with pytest.raises(SystemExit) as stopped:
+        cold.measure([case], 3, tmp_path)  # the untimed first round already finds it out
+    assert stopped.value.code == 1 and case.samples == []
+    err = capsys.readouterr().err
+    assert "metralectl list: exit 3 (expected 0)" in err and "no catalog here" in err
+
+
+def test_a_crash_is_not_the_answer_of_ps_without_a_daemon(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cold = script("cold_start")
+    crash = cold.Case("metralectl ps (no daemon)", [sys.executable, "-c", "raise SystemExit(70)"],
+                      {"PATH": "/usr/bin:/bin"}, expect=(cold.UNAVAILABLE,))
+    with pytest.raises(SystemExit):
+        crash.once(tmp_path)
+    assert "exit 70 (expected 69)" in capsys.readouterr().err
+    answer = cold.Case("metralectl ps (no daemon)", [sys.executable, "-c", "raise SystemExit(69)"],
+                       {"PATH": "/usr/bin:/bin"}, expect=(cold.UNAVAILABLE,))
+    wall, cpu = answer.once(tmp_path)
+    assert wall > 0 and cpu >= 0 and answer.exit_codes == {69}
+
+
+def test_an_in_process_call_that_raises_is_no_daemon_answer(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    cold = script("cold_start")
+
+    def refused() -> None:
+        raise ConnectionRefusedError("[Errno 111] Connection refused")
+
+    with pytest.raises(SystemExit):
+        cold.Case("daemon answer (in-process)", call=refused).once(tmp_path)
+    assert "daemon answer (in-process): ConnectionRefusedError" in capsys.readouterr().err
+
+
+# --- the others -----------------------------------------------------------------------------------------------
+def test_bench_client_exits_1_when_a_tool_could_not_run(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "bench_client.py"), "--tools", "metralectl:bogus",
+                          "--concurrencies", "1", "--rounds", "1", "--tokens", "2", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 1, out.stderr
+    assert "NOT MEASURED: metralectl:bogus at c=1: exit 1: " in out.stderr and "unknown transport" in out.stderr
+    assert all("failed" in r for r in json.loads((tmp_path / "r.json").read_text())["results"])
+
+
+def test_a_sampler_that_took_no_sample_is_no_measurement() -> None:
+    telemetry = script("telemetry")
+    stats = telemetry.run(telemetry.NullProbe(), 0.3)
+    assert telemetry.not_measured("baseline", stats, reads=False) is None
+    from dataclasses import replace
+
+    assert "took no sample" in telemetry.not_measured("x", replace(stats, samples=0), reads=False)
+    assert "stopped: nvml gone" in telemetry.not_measured("x", replace(stats, error="nvml gone"), reads=True)
+    assert "no read of the driver" in telemetry.not_measured("x", replace(stats, read_p50_s=None), reads=True)
+
+
+def test_a_campaign_run_counts_only_with_a_completed_record() -> None:
+    campaign = script("campaign")
+    assert campaign.completed({"status": "completed"}, "x") == {"status": "completed"}
+    with pytest.raises(SystemExit, match="NOT MEASURED: the remote unit bench-0 ended 'failed'"):
+        campaign.completed({"status": "failed"}, "the remote unit bench-0")
+
+
+def test_the_lifecycle_benchmark_times_only_an_engine_that_became_ready() -> None:
+    from metralectl.core.render import ContainerSpec
+    from tests.fakes.runtime import Boot, Exit, FakeRuntime, Log, engine_boot, image
+    from tests.ports import own_port
+
+    lifecycle = script("lifecycle")
+    rt = FakeRuntime(images=[image("img")])
+    spec = ContainerSpec(name="bench", image="img", command=(), port=own_port())
+    rt.script("bench", Boot((Log("Error: the snapshot has no weight files"), Exit(1))), engine_boot(step_s=0.01))
+    with pytest.raises(SystemExit, match="NOT MEASURED: the container bench exited before /health said 200: "
+                                         "Error: the snapshot has no weight files"):
+        lifecycle.raw_ready(rt, spec)
+    assert rt.all() == []  # removed all the same
+    assert lifecycle.raw_ready(rt, spec) > 0  # the second start boots like the engine
