@@ -107,7 +107,7 @@ function Set-BaseUrl {   # mirrors install.sh: set_base_url
     $url = $env:METRALECTL_DOWNLOAD_URL
     # A directory given as a path (a release built from a checkout) is read as file:///C:/...
     if ($url -notmatch '^[A-Za-z][A-Za-z0-9+.-]*://' -and [System.IO.Path]::IsPathRooted($url)) {
-        $url = ([System.Uri][System.IO.Path]::GetFullPath($url)).AbsoluteUri
+        $url = ([System.Uri]([System.IO.Path]::GetFullPath($url))).AbsoluteUri
     }
     $script:BaseUrl = $url.TrimEnd('/')
     Test-DownloadUrl $script:BaseUrl
