@@ -292,7 +292,8 @@ def user(local_index: str, toolbox: tuple[Path, str]) -> Iterator[User]:
             "METRALECTL_CACHE_DIR": str(home / "mc"), "METRALECTL_CONFIG_DIR": str(home / "cfg"),
             # uv / uvx: this index only; the system Python (no interpreter download)
             "UV_DEFAULT_INDEX": local_index, "UV_PYTHON": python,
-            "UV_PYTHON_DOWNLOADS": "never", "UV_CACHE_DIR": str(home / "uv-cache"), "UV_TOOL_DIR": str(home / "uv-tools"),
+            "UV_PYTHON_DOWNLOADS": "never", "UV_CACHE_DIR": str(home / "uv-cache"),
+            "UV_TOOL_DIR": str(home / "uv-tools"),
             "UV_TOOL_BIN_DIR": str(home / ".local" / "bin"), "UV_NO_PROGRESS": "1",
             # pip (pipx's, the release build's, the installer's): this index only, no machine-wide configuration
             "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": local_index, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
@@ -323,9 +324,11 @@ def test_the_docs_give_each_route_from_a_checkout_and_none_from_an_index() -> No
     assert any(c.startswith("pipx install .") for c in ours), ours
     assert any("scripts/release.py build" in c and "METRALECTL_DOWNLOAD_URL=" in c and "sh install/install.sh" in c
                for c in ours), ours  # fmt: skip
-    assert any(c.startswith("pipx install --suffix") for _, c in THEIRS) and any(c.startswith("uvx ") for _, c in THEIRS)
+    theirs = [c for _, c in THEIRS]
+    assert any(c.startswith("pipx install --suffix") for c in theirs) and any(c.startswith("uvx ") for c in theirs)
     # nothing is published: no line anywhere in the docs installs metralectl-cockpit from an index or a site
-    from_index = re.compile(r"(uv tool install|pipx install|uvx|pip install)\b[^\n`]*metralectl-cockpit|curl[^\n`]*\| *sh")
+    from_index = re.compile(r"(uv tool install|pipx install|uvx|pip install)\b[^\n`]*metralectl-cockpit"
+                            r"|curl[^\n`]*\| *sh")
     for doc in [README, *sorted((REPO / "docs").glob("*.md")), REPO / "images" / "README.md"]:
         for number, line in enumerate(doc.read_text().splitlines(), 1):
             assert not from_index.search(line), f"{doc.relative_to(REPO)}:{number}: {line}"
