@@ -24,7 +24,8 @@
 #   5. the background agent has no service manager here (no systemd): it says how to run it.
 #   (install.sh's setup_completion has no counterpart: `metralectl completion` writes bash, zsh and
 #   fish scripts (they set _METRALECTL_COMPLETE), not PowerShell's; METRALECTL_NO_COMPLETION is
-#   accepted and changes nothing here.)
+#   accepted and changes nothing here. Nor do setup_man and uninstall_man: Windows has no man; the
+#   wheel's man page stays in the venv, and `metralectl COMMAND --help` has the same text.)
 #
 # Options: -Uninstall -AllowRoot (run elevated anyway) -NoStart -NoModifyPath
 # Environment: METRALECTL_DOWNLOAD_URL (required until a release is published), METRALECTL_INSTALL_DIR,

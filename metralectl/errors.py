@@ -56,7 +56,8 @@ EXIT_MEANINGS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.FAILED: ("it ran, and the thing asked for failed or was refused",
                       "a launch never became ready; a swap was rolled back (the previous model serves "
                       "again); a benchmark with failed requests, or invalid or client-bound; doctor "
-                      "found a problem; a peer refused; a signature did not verify"),
+                      "found a problem; a peer refused; a signature did not verify; `agent status`: no agent runs"
+                      "; `search` matched no recipe"),
     ExitCode.GATE: ("it ran, and a gate said no",
                     "a benchmark or campaign completed and a gate's verdict is fail "
                     "(`--no-fail-on-verdict` turns this into 0)"),
@@ -79,7 +80,8 @@ EXIT_MEANINGS: dict[ExitCode, tuple[str, str]] = {
                         "report it)"),
     ExitCode.BUSY: ("busy: try again later (sysexits EX_TEMPFAIL)",
                     "another launch, swap or stop (or a peer's benchmark unit) holds this machine's "
-                    "lifecycle lock; a peer's unit queue is full"),
+                    "lifecycle lock; a peer's unit queue is full; an agent already runs for this "
+                    "configuration, or the agent's port is held by another program"),
     ExitCode.INTERRUPTED: ("interrupted: Ctrl-C or SIGTERM (128 + SIGINT), after cleaning up",
                            "whatever was half-started was removed; a benchmark keeps its partial "
                            "record as `interrupted`"),

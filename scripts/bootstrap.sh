@@ -9,6 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+say() { echo "bootstrap: $*" >&2; }   # what it is doing, before each step that is quiet for a while
+
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 
 # docker.io: the real daemon the lifecycle tests drive; busybox-static: the rootfs of the locally
@@ -40,10 +42,12 @@ command -v node >/dev/null || need+=(nodejs)   # runs the page's safetext.js and
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if as_root true 2>/dev/null; then
+    say "apt-get update, then installing ${#need[@]} Debian packages: ${need[*]} (quiet; a minute or more on a fresh machine)"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    say "Debian packages installed"
   else
-    echo "bootstrap: cannot install ${need[*]} without root; the Docker tests will be skipped" >&2
+    say "cannot install ${need[*]} without root; the Docker tests will be skipped"
   fi
 fi
 
@@ -56,7 +60,13 @@ realengines=(-r tests/realengines/requirements.txt)
 VENV=${METRALECTL_VENV:-.venv}
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
   rm -rf "$VENV"
-  python3 -m venv "$VENV" || { echo "bootstrap: could not create $VENV (Debian/Ubuntu: apt install python3-venv)" >&2; exit 1; }
+  say "creating the virtual environment $VENV ($(python3 --version 2>&1))"
+  python3 -m venv "$VENV" || { say "could not create $VENV (Debian/Ubuntu: apt install python3-venv)"; exit 1; }
+fi
+if [ ${#realengines[@]} -gt 0 ]; then
+  say "pip: installing metralectl (editable) with its test extras and the real-engine tests' packages (CPU torch, transformers: large; minutes on a first run) into $VENV"
+else
+  say "pip: installing metralectl (editable) with its test extras into $VENV"
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' "${realengines[@]}"
-echo "bootstrap: done ($("$VENV/bin/metralectl" --version) in $VENV; tests: $VENV/bin/python -m pytest)" >&2
+say "done ($("$VENV/bin/metralectl" --version) in $VENV; tests: $VENV/bin/python -m pytest)"

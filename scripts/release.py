@@ -264,7 +264,7 @@ def wheel_command(out: Path, scratch: Path) -> list[str]:
 
 
 def check_wheel(wheel: Path, ver: str) -> None:
-    """The wheel must carry the data directories and the console script: `uvx metralectl list`."""
+    """The wheel must carry the data directories and the console script (`uvx metralectl list`), and the man page."""
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         entry_points = zf.read(f"metralectl_cockpit-{ver}.dist-info/entry_points.txt").decode()
@@ -273,6 +273,8 @@ def check_wheel(wheel: Path, ver: str) -> None:
             die(f"{wheel.name} lacks metralectl/_data/{kind}/")
     if "metralectl = metralectl.cli.entry:main" not in entry_points:
         die(f"{wheel.name} lacks the metralectl console script")
+    if f"metralectl_cockpit-{ver}.data/data/share/man/man1/metralectl.1" not in names:
+        die(f"{wheel.name} lacks the man page (share/man/man1/metralectl.1; install.sh installs it)")
 
 
 def sha256(path: Path) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from metralectl.errors import ExitCode, MetralError, NotFound
+from metralectl.wording import count, noun
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -106,7 +107,8 @@ class AgentClient:
                 f"{self.pid if self.pid is not None else '?'}) could not prove it holds this box's agent token, so "
                 "the token was not sent to it",
                 "if your agent runs, restart it (an older agent cannot prove itself, or the token file changed "
-                f"since it started); otherwise start it (`metralectl agent`) or work without it: --direct "
+                "since it started: `metralectl agent stop && metralectl agent start`); otherwise start it (`metralectl agent "
+                f"start`) or work without it: --direct "
                 f"(or {DIRECT_ENV}=1)")
         self.proven = True
 
@@ -147,7 +149,8 @@ class AgentClient:
             return AgentGone(f"the agent (pid {self.pid}) is gone")
         why = type(exc).__name__ if not str(exc) else str(exc)
         return MetralError(f"the agent (pid {self.pid}, {self.url}) does not answer: {why}",
-                           "check it (`metralectl agent` logs, or restart it), or work without it: add --direct "
+                           "check it (`metralectl agent logs`; restart it: `metralectl agent stop && metralectl agent start`), "
+                           "or work without it: add --direct "
                            f"(or set {DIRECT_ENV}=1)")
 
     def _refused(self, status: int, value: Any, what: str) -> MetralError:
@@ -246,7 +249,7 @@ class AgentClient:
                     raise MetralError(f"the agent (pid {self.pid}) stopped while the {job.get('kind')} ran",
                                       "`metralectl ps` shows what it left (`ps --repair` after a swap)") from None
                 if missed:
-                    self._deliver({"kind": "Warning", "message": f"{missed} event(s) were no longer kept by the agent"},
+                    self._deliver({"kind": "Warning", "message": f"{count(missed, 'event')} {noun(missed, 'was', 'were')} no longer kept by the agent"},
                                   on_event, tolerant=interrupted)
                 for data in events:
                     seq = data.get("seq")

@@ -14,6 +14,7 @@ from typing import Any
 
 from metralectl.errors import UsageError
 from metralectl.lifecycle.launch import LaunchOptions
+from metralectl.wording import noun
 
 KINDS = ("run", "swap", "stop")
 SWAP_OPTIONS = ("stall_timeout_s", "boot_timeout_s", "check_weights", "pull")
@@ -147,7 +148,7 @@ def known_keys(obj: dict[str, Any], valid: tuple[str, ...], where: str) -> None:
     """UsageError naming the keys of obj that are not valid (and the valid ones)."""
     unknown = sorted(set(obj) - set(valid))
     if unknown:
-        raise UsageError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} in {where}; "
+        raise UsageError(f"unknown {noun(len(unknown), 'key')} {', '.join(unknown)} in {where}; "
                          f"valid: {', '.join(valid)}")
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from metralectl.bench.run_record import EngineIdentity
 from metralectl.safetext import clean
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.seams.endpoint import EngineClient
@@ -88,7 +89,7 @@ def _metric_signals(text: str | None) -> list[Signal]:
         for prefix, _engine in METRIC_PREFIXES:
             if line.startswith(prefix):
                 counts[prefix] = counts.get(prefix, 0) + 1
-    return [(engine, f"GET /metrics: {counts[prefix]} {prefix}* sample(s)")
+    return [(engine, f"GET /metrics: {count(counts[prefix], prefix + '* sample')}")
             for prefix, engine in METRIC_PREFIXES if counts.get(prefix)]
 
 

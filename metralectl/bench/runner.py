@@ -21,6 +21,7 @@ from metralectl.bench.shard import auto_workers, run_load
 from metralectl.bench.suites import WEATHER_TOOL, Stage, get_suite
 from metralectl.bench.target import Control, Target, describe
 from metralectl.errors import ExitCode, MetralError, UsageError
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.core.contract import EngineContract
@@ -281,7 +282,7 @@ def _stages(req: RunRequest, stages: list[Stage], control: Control, model: str, 
 
     def progress(kind: str, data: dict[str, Any]) -> None:
         if kind == "drain":
-            on_event(Event("progress", f"draining: {data['in_flight']} measured request(s) still running "
+            on_event(Event("progress", f"draining: {count(data['in_flight'], 'measured request')} still running "
                                        f"({data['elapsed_s']:g} s of the {data['timeout_s']:g} s drain timeout)", data))
 
     for k, stage in enumerate(stages):

@@ -17,6 +17,7 @@ from typing import Any
 import typer
 
 from metralectl.cli.state import note, style
+from metralectl.wording import count
 
 
 def campaign(
@@ -76,7 +77,7 @@ def campaign(
         run = Campaign(run_id, units, [h for h, _ in fleet.admitted], ref_name,
                        {h.name: fleet.lines.get(cls or "") for h, cls in fleet.admitted}, directory, options=options,
                        on_event=lambda kind, data: out.event(kind, **data))
-        note(f"campaign {run_id}: {len(units)} unit(s) on {len(fleet.admitted)} node(s); "
+        note(f"campaign {run_id}: {count(len(units), 'unit')} on {count(len(fleet.admitted), 'node')}; "
              f"record: {paths.display(directory)}")
         record = run.run()
     finally:

@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from metralectl.cli.state import SHOWN_PROBLEMS, note, style
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -25,8 +26,8 @@ def _catalog() -> Catalog:
     catalog = load_catalog()
     for refused in catalog.refused:
         errors = [p for p in refused.problems if p.severity == "error"]
-        note(style(f"metralectl: your recipe {printable(str(refused.path))} was refused ({len(errors)} problem"
-                   f"{'s' if len(errors) != 1 else ''}); it is left out:", "33", sys.stderr))
+        note(style(f"metralectl: your recipe {printable(str(refused.path))} was refused "
+                   f"({count(len(errors), 'problem')}); it is left out:", "33", sys.stderr))
         for problem in errors[:5]:
             note("  " + printable(problem.render()).replace("\n", "\n  "))  # it may quote the file
             SHOWN_PROBLEMS.add(id(problem))
@@ -68,7 +69,8 @@ def matches(row: dict[str, Any], words: list[str]) -> bool:
 
 def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: bool, as_json: bool,
                  words: list[str] | None = None) -> ExitCode | None:
-    """The `list` command (and `search`, with words); returns its exit code (None: OK; DATA when a user recipe was refused). The rows come from
+    """The `list` command (and `search`, with words); returns its exit code (None: OK; DATA when a user recipe
+    was refused; FAILED when words matched nothing: no table then, `--json` an empty list). The rows come from
     app/library_cache.py when stored for this catalog and target, else from the catalog (and are stored)."""
     from metralectl.app import library_cache
 
@@ -81,12 +83,14 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         refused = bool(catalog.refused)
     target = view["target"]
     rows = library_cache.select(view["rows"], hardware if only_hardware else None, tag or None)
+    missed = False
     if words:
         rows = [r for r in rows if matches(r, words)]
-        if not rows:
-            note(f"no recipe matches all of: {' '.join(words)}")
+        missed = not rows
     if as_json:
         print(json.dumps({"target": target, "recipes": rows}, indent=2))
+    elif missed:  # like grep: no table, a line on stderr and exit 1 (below)
+        pass
     else:
         table_rows = [[
             r["name"], r["engine"], r["model"], r["quant"], r["hardware"], str(r.get("nodes", 1)),
@@ -113,8 +117,11 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         for ref, (how, names) in built.items():
             note(f"{', '.join(names)}: image {ref} is not pulled: {how.split(' (')[0]} (`metralectl show "
                  f"{names[0]}` says how to build it)")
-    if refused:  # a user recipe failed the checker: shown above, left out of the list
-        from metralectl.errors import ExitCode
+    from metralectl.errors import ExitCode
 
+    if refused:  # a user recipe failed the checker: shown above, left out of the list
         return ExitCode.DATA
+    if missed:  # search ran, and what was asked for is not there
+        note(f"no recipe matches all of: {' '.join(words or ())} (`metralectl list` shows every recipe)")
+        return ExitCode.FAILED
     return None

@@ -17,6 +17,7 @@ import typer
 
 from metralectl.cli.state import note, style
 from metralectl.errors import MetralError, UsageError
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.app.disk_weights import Removal
@@ -99,7 +100,7 @@ def _show(items: list[Removal], verb: str) -> None:
         for line in item.left_alone:
             note(style(f"           {clean(line)}", "33", sys.stderr))
     total = sum(i.bytes for i in items if not i.blocked)
-    note(f"{len([i for i in items if not i.blocked])} item(s), {human_bytes(total)} to free")
+    note(f"{count(len([i for i in items if not i.blocked]), 'item')}, {human_bytes(total)} to free")
 
 
 def _confirm(yes: bool, dry_run: bool, items: list[Removal]) -> bool:
@@ -143,7 +144,7 @@ def _finish(items: list[Removal], as_json: bool, dry_run: bool, went: bool) -> N
     if failed:
         for item in failed:
             note(style(f"  NOT removed {item.kind} {clean(item.name)}: {clean(str(item.error))}", "31", sys.stderr))
-        raise MetralError(f"{len(failed)} of {len(removed) + len(failed)} removal(s) failed; {len(removed)} "
+        raise MetralError(f"{len(failed)} of {count(len(removed) + len(failed), 'removal')} failed; {len(removed)} "
                           "succeeded (listed above)", "fix the cause named above and run the command again")
 
 
@@ -228,7 +229,7 @@ def _run(items: list[Removal], catalog: Any, hub: Path, docker: _Docker, dry_run
     _finish(items, as_json, dry_run, went)
     kept = [i for i in items if i.blocked and i.kind != "left-alone"]  # a link merely said is no failure
     if kept and not dry_run:
-        raise MetralError(f"{len(kept)} item(s) kept (the reasons are above)")
+        raise MetralError(f"{count(len(kept), 'item')} kept (the reasons are above)")
 
 
 def prune(

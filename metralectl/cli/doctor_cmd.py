@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from metralectl.cli.state import color_enabled
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.doctor.model import CheckResult
@@ -36,14 +37,10 @@ def render_text(results: list[CheckResult], elapsed_s: float, *, color: bool = F
         if r.remedy:
             lines.append(f"{INDENT}→ {clean(r.remedy)}")
     n = counts(results)
-    parts = [_count(n["problem"], "problem"), _count(n["warn"], "warning"), f"{n['ok']} ok", f"{n['skipped']} skipped"]
+    parts = [count(n["problem"], "problem"), count(n["warn"], "warning"), f"{n['ok']} ok", f"{n['skipped']} skipped"]
     verdict = "problems found" if exit_code(results) else "no problems"
     lines.append(f"{', '.join(parts)} in {elapsed_s:.2f} s: {verdict}")
     return "\n".join(lines)
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def to_json(results: list[CheckResult], elapsed_s: float, options: dict[str, Any]) -> dict[str, Any]:

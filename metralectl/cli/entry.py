@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from metralectl.cli import state
 
-    state.DEBUG = bool(os.environ.get("METRALECTL_DEBUG"))  # what the app's root callback sets without --debug
+    state.DEBUG = state.debug_from_env()  # what the app's root callback sets without --debug
     state.guarded(lambda: _as_click_ends(answer))
 
 

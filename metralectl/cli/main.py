@@ -81,11 +81,12 @@ def _version(value: bool) -> None:
 @app.callback(invoke_without_command=True)
 def _root(
     ctx: typer.Context,
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks and internal detail on errors."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks and internal detail on errors "
+                                                      "(also: METRALECTL_DEBUG=1)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     """Launch validated recipes, check the machine, watch the GPU, benchmark the endpoint."""
-    state.DEBUG = debug or bool(os.environ.get("METRALECTL_DEBUG"))
+    state.DEBUG = debug or state.debug_from_env()
     if ctx.invoked_subcommand is None:
         if sys.stdin.isatty() and sys.stdout.isatty():  # a person at a terminal: the dashboard (lazily)
             from metralectl.cli.tui_cmd import launch
@@ -120,9 +121,18 @@ def main(argv: list[str] | None = None) -> None:
     state.guarded(lambda: _run(args))
 
 
+def build_command() -> click.Command:
+    """The Click command tree, with each main command's examples in its help (cli/examples.py)."""
+    from metralectl.cli import examples
+
+    root = typer.main.get_command(app)
+    examples.attach(root)
+    return root
+
+
 def _run(args: list[str]) -> int:
     """Click's own ways of ending, as exit codes."""
-    command = typer.main.get_command(app)
+    command = build_command()
     _one_suggestion(command)
     if os.environ.get("_METRALECTL_COMPLETE"):  # a TAB in a shell that sourced `metralectl completion SHELL`
         from typer.completion import completion_init

@@ -9,6 +9,7 @@ import typer
 
 from metralectl.cli.state import note, style
 from metralectl.errors import ExitCode, Problem
+from metralectl.wording import count
 
 app = typer.Typer(help="Check and inspect recipe files.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -97,7 +98,7 @@ def sync(
     _show_sync(report, as_json)
     counts = ", ".join(f"{report.count(s)} {s}" for s in ("added", "changed", "removed", "unchanged", "refused"))
     if report.refused:  # --skip-refused: installed without them, said loudly
-        note(style(f"synced set installed WITHOUT {len(report.refused)} refused recipe(s) ({counts}): "
+        note(style(f"synced set installed WITHOUT {count(len(report.refused), 'refused recipe')} ({counts}): "
                    f"{clean(report.installed)}", "31", sys.stderr))
         raise typer.Exit(ExitCode.DATA)
     note(f"synced set installed ({counts}): {clean(report.installed)}")

@@ -22,6 +22,7 @@ import typer
 
 from metralectl.cli.state import color_enabled, note, style
 from metralectl.safetext import clean, log_line
+from metralectl.wording import count
 
 
 def _sigterm_as_interrupt() -> None:
@@ -156,7 +157,7 @@ def run(
         from metralectl.core.render import docker_run_command, spec_for
 
         if not 0 <= rank < recipe.resources.world_size:
-            raise MetralError(f"{recipe.name} has {recipe.resources.world_size} rank(s); --rank {rank} does not exist")
+            raise MetralError(f"{recipe.name} has {count(recipe.resources.world_size, 'rank')}; --rank {rank} does not exist")
         spec = spec_for(catalog, recipe, rank=rank, master_addr=master_addr, roce_interface=roce_interface,
                         rdma=not no_rdma, rdma_device=rdma_device)
         if as_json:

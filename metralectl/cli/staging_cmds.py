@@ -19,6 +19,7 @@ import typer
 from metralectl.cli.state import note, style
 from metralectl.errors import UsageError
 from metralectl.safetext import clean, markup
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.seams.container_runtime import ContainerRuntime
@@ -76,7 +77,7 @@ class _Renderer:
         size = f"{human_bytes(e.done)}/{human_bytes(e.total)}"
         rate = f"{human_bytes(e.rate_bps)}/s" if e.rate_bps is not None and e.phase != "done" else ""
         eta = f"ETA {human_duration(e.eta_s)}" if e.eta_s is not None and e.phase != "done" else ""
-        files = f"{e.files_done}/{e.files_total} files"
+        files = f"{e.files_done}/{count(e.files_total, 'file')}"
         label = {"download": "downloading", "verify": "verifying", "done": "verified"}.get(e.phase, e.phase)
         if not self.live:
             pct = f" ({100 * e.done / e.total:.0f}%)" if e.total else ""
@@ -141,7 +142,7 @@ def _weights_line(result: Any) -> str:
            else f"{human_bytes(result.downloaded_bytes)} downloaded")
     pinned = "pinned" if result.revision else "main"
     what = f"{result.repo}:{result.quant}" if result.quant is not None else result.repo  # GGUF: that quant's files
-    return (f"weights {clean(what, 200)} complete at {clean(result.commit[:12])} ({pinned}; {result.files} files, "
+    return (f"weights {clean(what, 200)} complete at {clean(result.commit[:12])} ({pinned}; {count(result.files, 'file')}, "
             f"{human_bytes(result.total_bytes)}, {how})")
 
 

@@ -6,6 +6,7 @@ import os
 import sys
 
 from metralectl.present.style import color_enabled, style  # noqa: F401  (re-exported)
+from metralectl.wording import count
 
 TYPE_CHECKING = False  # cli/entry.py's fast answers import this module: no typing, no dataclasses
 if TYPE_CHECKING:
@@ -14,6 +15,12 @@ if TYPE_CHECKING:
     from metralectl.errors import MetralError
 
 DEBUG = False
+DEBUG_ENV = "METRALECTL_DEBUG"  # `1` (or true/yes/on): as --debug, for a command a script or a service runs
+
+
+def debug_from_env() -> bool:
+    """METRALECTL_DEBUG read as METRALECTL_DIRECT is: `0`, `no` or empty leave tracebacks off."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def note(message: str) -> None:
@@ -37,7 +44,7 @@ def report_error(exc: MetralError) -> None:
         for problem in unseen:
             print(style(printable(problem.render()), "31", err), file=err)
         above = " (shown above)" if len(unseen) < len(errors) else ""
-        print(f"metralectl: refused: {len(errors)} problem{'s' if len(errors) != 1 else ''}{above}", file=err)
+        print(f"metralectl: refused: {count(len(errors), 'problem')}{above}", file=err)
         return
     print(style(f"metralectl: {_lines(exc.message)}", "31", err), file=err)
     if exc.hint:
@@ -83,6 +90,6 @@ def guarded(body: Callable[[], int | None]) -> NoReturn:
 
         last = traceback.format_exc().strip().splitlines()[-1]  # may quote what a server or a file said
         print(f"metralectl: internal error: {clean(last, 500)}", file=sys.stderr)
-        print("    hint: run again with --debug for the traceback, and report it", file=sys.stderr)
+        print(f"    hint: run again with --debug (or {DEBUG_ENV}=1) for the traceback, and report it", file=sys.stderr)
         sys.exit(ExitCode.SOFTWARE)
     sys.exit(code)  # None exits 0

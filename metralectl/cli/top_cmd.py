@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import typer
 
 from metralectl.cli.state import note
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.telemetry.view import EngineRow, GpuRow, TopView
@@ -88,7 +89,7 @@ def top(
         finally:
             session.close()
             if recorder is not None and not once:
-                note(f"recorded {recorder.records} record{'s' if recorder.records != 1 else ''} to {record}")
+                note(f"recorded {count(recorder.records, 'record')} to {record}")
 
 
 def _recorder(path: Path | None) -> Any:

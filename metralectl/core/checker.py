@@ -22,6 +22,7 @@ from metralectl.core.hardware import HardwareClass, ImageInfo
 from metralectl.core.recipe import Rank, Recipe, RecipeOrigin, Resources
 from metralectl.core.schema import Checker, did_you_mean, type_name
 from metralectl.core.yamlsrc import Document, KeyPath
+from metralectl.wording import count, noun
 
 __all__ = ["World", "check_recipe", "_add_hint"]
 
@@ -207,7 +208,7 @@ def _resources(check: Checker, top: dict[str, Any], ctx: Context, serve: dict[st
         tp, ep, world = int(sizes["tp-size"] or 1), int(sizes["ep-size"] or 1), len(ranks)
         # The engine's rule: world = tp x ep (orthogonal mesh) or tp == ep == world (overlapping groups).
         if world != tp * ep and not (tp == ep == world):
-            check.error(where + ("ranks",), f"{world} ranks do not fit tp-size {tp} x ep-size {ep}",
+            check.error(where + ("ranks",), f"{count(world, 'rank')} {noun(world, 'does', 'do')} not fit tp-size {tp} x ep-size {ep}",
                         "world size must equal tp x ep, or tp == ep == world size (overlapping groups)")
     if ranks is not None and master_port is not None and master_port in {r.port for r in ranks}:
         check.error(where + ("master-port",), f"master-port {master_port} is also a rank's HTTP port",
@@ -216,7 +217,7 @@ def _resources(check: Checker, top: dict[str, Any], ctx: Context, serve: dict[st
     if ranks is not None and nodes is not None:
         world = len(ranks)
         if nodes > world or world % int(nodes):
-            check.error(where + ("nodes",), f"{int(nodes)} nodes cannot hold {world} rank(s) evenly",
+            check.error(where + ("nodes",), f"{count(int(nodes), 'node')} cannot hold {count(world, 'rank')} evenly",
                         f"write `nodes: {world}` (one rank per node)" if world > 1 else "write `nodes: 1`, or leave it out")
     acknowledged = body.get("expose-acknowledged")
     if acknowledged is not None and acknowledged is not True:  # identity: `1` == True in Python, not in YAML

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from metralectl.core.hardware import HardwareClass, ModelInfo
 from metralectl.core.recipe import Recipe
+from metralectl.wording import count
 
 GB = 1e9
 KV_BLOCK_TOKENS = 16
@@ -115,8 +116,8 @@ def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
     hp = high_precision_layers(serve.get("kv-high-precision-layers", 0), dtype, layers)
     per_layer = heads * dim
     total = tokens * per_layer * (hp * 2 * KV_BYTES["bf16"] + (layers - hp) * (sizes[0] + sizes[1]))
-    hp_note = f", {hp} layers at bf16" if hp else ""
-    basis = (f"{seq} seq × {batch} batch × {layers} attn layers × {heads} kv-heads × {dim} head-dim × 2 (K,V) "
+    hp_note = f", {count(hp, 'layer')} at bf16" if hp else ""
+    basis = (f"{seq} seq × {batch} batch × {count(layers, 'attn layer')} × {count(heads, 'kv-head')} × {dim} head-dim × 2 (K,V) "
              f"× {dtype}{hp_note}")
     return Part("KV pool", total / GB, basis)
 
@@ -135,7 +136,8 @@ def _kv_llamacpp(model: ModelInfo, recipe: Recipe) -> Part:
     k_type, v_type = str(serve.get("cache-type-k", "f16")), str(serve.get("cache-type-v", "f16"))
     assert layers and heads and dim
     total = ctx * layers * heads * dim * (GGML_KV_BYTES[k_type] + GGML_KV_BYTES[v_type])
-    basis = f"{ctx} ctx × {layers} attn layers × {heads} kv-heads × {dim} head-dim × (K {k_type} + V {v_type})"
+    basis = (f"{ctx} ctx × {count(layers, 'attn layer')} × {count(heads, 'kv-head')} × {dim} head-dim "
+             f"× (K {k_type} + V {v_type})")
     return Part("KV cache", total / GB, basis)
 
 

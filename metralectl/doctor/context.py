@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from metralectl.core.gpudata import GpuSample, GpuSystem, GpuUnavailable
     from metralectl.core.recipe import Recipe
     from metralectl.seams.container_runtime import ContainerRuntime
-    from metralectl.seams.docker_runtime import ImageState
+    from metralectl.seams.docker_runtime import ContainerInfo, ImageState
 
 from metralectl.seams.ports import bind_error
 
@@ -255,7 +255,7 @@ def _default_agent_view() -> dict[str, Any] | None:
     if state is None:
         return None
     port = int(state.get("api_port") or 0)
-    view: dict[str, Any] = {"pid": state.get("pid"), "port": port}
+    view: dict[str, Any] = {"pid": state.get("pid"), "port": port, "how": state.get("how")}
     from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge, read_file
 
     try:
@@ -264,6 +264,13 @@ def _default_agent_view() -> dict[str, Any] | None:
     except (OSError, ValueError, RecursionError, TooLarge) as exc:
         view["error"] = str(exc)
     return view
+
+
+def _default_agent_unit() -> bool:
+    """Whether the user's systemd answers and has the agent's unit (then it is what starts the agent)."""
+    from metralectl.seams.user_systemd import unit_loaded
+
+    return unit_loaded()
 
 
 class Context:
@@ -288,6 +295,7 @@ class Context:
         endpoint: Callable[[], tuple[str, str]] = _default_endpoint,
         disk_usage: Callable[[Path], Any] = shutil.disk_usage,
         agent_view: Callable[[], dict[str, Any] | None] | None = None,
+        agent_unit: Callable[[], bool] | None = None,
         path_exists: Callable[[str], bool] = os.path.exists,
         proc_root: Path = Path("/proc"),
         scan_budget_s: float = 0.8,
@@ -310,6 +318,7 @@ class Context:
         self.endpoint = endpoint
         self.disk_usage = disk_usage
         self.agent_view = agent_view or _default_agent_view
+        self.agent_unit = agent_unit or _default_agent_unit
         self.path_exists = path_exists
         self.proc_root = proc_root
         self.scan_budget_s = scan_budget_s
@@ -388,6 +397,12 @@ class Context:
             return ContainerPids(names, pids)
 
         return self._fact("containers", compute, self.fact_budget_s)
+
+    def container(self, container_id: str) -> ContainerInfo | None:
+        """The container with this id as the daemon reports it (any state, anyone's), None when it knows none."""
+        runtime = self.runtime()
+        with self.runtime_lock:
+            return runtime.inspect(container_id)
 
     def image_state(self, ref: str, label: str | None = None) -> ImageState:
         runtime = self.runtime()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from metralectl.core.labels import LABEL_DOCTOR
 from metralectl.doctor.context import Context, Unanswered
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
+from metralectl.wording import noun
 
 if TYPE_CHECKING:
     from metralectl.seams.container_runtime import ContainerRuntime
@@ -158,7 +159,7 @@ def check_nvidia_runtime(ctx: Context) -> Finding:
     local = str(runtime.endpoint.url).startswith("unix://")
     specs = _nvidia_cdi_specs(cdi_dirs) if local else []
     if specs:
-        return ok(f"NVIDIA CDI spec{'s' if len(specs) > 1 else ''} {', '.join(specs)} (CDI dirs: {', '.join(cdi_dirs)})",
+        return ok(f"NVIDIA CDI {noun(len(specs), 'spec')} {', '.join(specs)} (CDI dirs: {', '.join(cdi_dirs)})",
                   **data, cdi_specs=specs)
     hook = ctx.which("nvidia-container-runtime-hook") if local else None
     if hook:

@@ -14,6 +14,7 @@ from metralectl.seams import weights_state
 from metralectl import paths
 from metralectl.doctor.context import Context
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
+from metralectl.wording import count, noun
 
 GB = 1e9
 DISK_MARGIN_GB = 10.0  # below this much to spare after the weights, a warning
@@ -52,7 +53,7 @@ def check_location(ctx: Context) -> Finding:
     except OSError as exc:
         return problem(f"{paths.display(hub)}: cannot list it ({exc.strerror})",
                        f"check its permissions (ls -ld {hub})", **data, exists=True)
-    held = f"{len(models)} model{'s' if len(models) != 1 else ''} cached" if models else \
+    held = f"{count(len(models), 'model')} cached" if models else \
         "empty (no model downloaded yet: an engine started on it downloads, or logs `loaded 0 tensors` with " \
         "--model-from-path)"
     return ok(f"{paths.display(hub)} ({data['source']}); {held}", **data, exists=True, models=models)
@@ -161,18 +162,18 @@ def check_ownership(ctx: Context) -> Finding:
         return ok(f"{', '.join(paths.display(r) for r in roots)} does not exist yet: nothing to own", **data)
     scan = _scan(present, owner_uid, ctx.scan_budget_s)
     data.update(scan)
-    partial = "" if scan["complete"] else f" (scan stopped after {scan['scanned']} entries; there may be more)"
+    partial = "" if scan["complete"] else f" (scan stopped after {count(scan['scanned'], 'entry', 'entries')}; there may be more)"
     where = ", ".join(str(r) for r in present)
     fix = " && ".join(f"sudo chown -R {owner}:{group} {r}" for r in present)
     if scan["root_owned"]:
         shown = ", ".join(scan["root_examples"][:3])
-        return problem(f"{scan['root_owned']} root-owned entr{'ies' if scan['root_owned'] != 1 else 'y'} in {where} "
+        return problem(f"{scan['root_owned']} root-owned {noun(scan['root_owned'], 'entry', 'entries')} in {where} "
                        f"(e.g. {shown}){partial}: left by `sudo metralectl` or a container run as root; the next "
                        f"run as {owner} fails on them", fix, **data)
     if scan["other_owned"]:
-        return warn(f"{scan['other_owned']} entr{'ies' if scan['other_owned'] != 1 else 'y'} in {where} belong to "
+        return warn(f"{count(scan['other_owned'], 'entry', 'entries')} in {where} {noun(scan['other_owned'], 'belongs', 'belong')} to "
                     f"another user (e.g. {scan['other_examples'][0]}){partial}", fix, **data)
-    return ok(f"everything in {where} belongs to {owner} ({scan['scanned']} entries){partial}", **data)
+    return ok(f"everything in {where} belongs to {owner} ({count(scan['scanned'], 'entry', 'entries')}){partial}", **data)
 
 
 def _disk_candidates(ctx: Context) -> tuple[list[Any], str]:

@@ -177,15 +177,21 @@ def _local_platform(ctx: Context, ref: str) -> str | None:
 
 
 def check_agent(ctx: Context) -> Finding:
-    """Whether the background agent runs, and its own answer to "can this machine run models"."""
+    """Whether the background agent runs, and its own answer to "can this machine run models". The remedy is
+    the one that works on this machine: systemd's when its user unit is installed and answers (the
+    installer's), else `metralectl agent start` (a checkout, a container, no user systemd)."""
     view = ctx.agent_view()
     if view is None:
+        systemd = ctx.agent_unit()
+        remedy = ("systemctl --user start metralectl-agent" if systemd else "metralectl agent start")
         return warn("the background agent is not running (the control-plane page and peers need it)",
-                    "systemctl --user start metralectl-agent   (or run `metralectl agent` in a terminal)")
+                    f"{remedy}   (or run `metralectl agent` in a terminal)", systemd_unit=systemd)
     where = f"pid {view.get('pid')}, 127.0.0.1:{view.get('port')}"
     if "error" in view:
+        restart = ("systemctl --user restart metralectl-agent" if view.get("how") == "systemd"
+                   else "metralectl agent stop && metralectl agent start")
         return warn(f"the agent ({where}) does not answer: {view['error']}",
-                    "systemctl --user restart metralectl-agent", pid=view.get("pid"))
+                    f"its log: `metralectl agent logs`; restart it: {restart}", pid=view.get("pid"))
     status = view.get("status") or {}
     summary = str(status.get("summary") or "checking")
     if status.get("can_run") is False:

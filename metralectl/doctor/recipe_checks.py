@@ -123,7 +123,7 @@ def check_fit(ctx: Context) -> Finding:
         data["available_now_gb"] = free
         if free < total:
             return problem(summary + f", but only {free:.1f} GB is free now (other processes hold the rest)",
-                           "free the GPU memory first (see the leaked-memory check)", **data)
+                           "free the GPU memory first (see the gpu.in-use check)", **data)
         if free < budget:
             return warn(summary + f"; {free:.1f} GB is free now, less than the budget the engine reserves",
                         "free the GPU memory first, or lower resources.memory-utilization", **data)

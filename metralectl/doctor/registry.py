@@ -43,7 +43,7 @@ CHECKS: tuple[Check, ...] = (
     Check("gpu.driver", "NVIDIA driver and CUDA version", _gpu(gp.check_driver)),
     Check("gpu.model", "GPU model and hardware class", _gpu(gp.check_model)),
     Check("gpu.memory", "GPU memory", _gpu(gp.check_memory)),
-    Check("gpu.leaked", "GPU memory held by other processes", _gpu(gp.check_leaked)),
+    Check("gpu.in-use", "GPU memory in use by others, or left over", _gpu(gp.check_in_use)),
     Check("cpu.arch", "CPU architecture matches the image", host.check_cpu_arch),
     Check("hf.cache", "Hugging Face cache location", hf.check_location),
     Check("hf.writable", "Hugging Face cache writable", hf.check_writable),

@@ -58,6 +58,7 @@ from metralectl.core.labels import LABEL_ENDPOINT, LABEL_OWNER, LABEL_RUN_ID, LA
 from metralectl.core.render import ContainerSpec, owner, spec_for
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import GPU_CAUSES, ContainerInfo, Endpoint, RuntimeCause, RuntimeFailure
+from metralectl.wording import count
 
 ARCH_NAMES = {"arm64": "aarch64", "aarch64": "aarch64", "amd64": "x86_64", "x86_64": "x86_64"}
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -395,7 +396,7 @@ def launch_multi(recipe: Recipe, catalog: Catalog, head: ContainerRuntime, worke
                           "head and worker are rendered from one recipe; remove per-rank overrides of these settings")
     on_event(Step("symmetry", "both ranks: " + ", ".join(
         f"--{k} {_shown(flag_value(specs[0].command, k))}" for k in catalog.engines[recipe.engine].rank_symmetric)
-        + f"; identical NCCL environment ({len([k for k in specs[0].env if k.startswith('NCCL_')])} variables)"
+        + f"; identical NCCL environment ({count(len([k for k in specs[0].env if k.startswith('NCCL_')]), 'variable')})"
         + (f"; {', '.join(specs[0].devices + tuple('--cap-add ' + c for c in specs[0].cap_add))}"
            if specs[0].devices or specs[0].cap_add else "")))
     replacing = []

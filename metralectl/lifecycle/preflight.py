@@ -17,6 +17,7 @@ from metralectl.seams.ports import port_free  # the one bind probe (doctor uses 
 from metralectl.core.labels import LABEL_OWNER, LABEL_RANK, LABEL_RECIPE
 from metralectl.core.render import ContainerSpec, owner
 from metralectl.errors import MetralError
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -84,7 +85,7 @@ def multi_rank_refusal(recipe: Recipe) -> Refusal | None:
     if not recipe.multi_rank:
         return None
     return Refusal(MetralError(
-        f"{recipe.name} needs {recipe.resources.world_size} ranks on {recipe.resources.nodes} nodes; "
+        f"{recipe.name} needs {count(recipe.resources.world_size, 'rank')} on {count(recipe.resources.nodes, 'node')}; "
         "name the worker node's Docker endpoint",
         f"`metralectl run {recipe.name} --worker CONTEXT|ssh://user@host` (docs/multinode.md); "
         f"`metralectl run {recipe.name} --print --rank N` shows each rank's command"))

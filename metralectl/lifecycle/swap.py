@@ -30,6 +30,7 @@ from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_SETS
 from metralectl.core.render import spec_for
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.wording import count
 
 
 @dataclass(frozen=True)
@@ -106,9 +107,9 @@ def drain(url: str, timeout_s: float, on_event: Listener, active_series: tuple[s
                 break
             if active != shown:  # the count as it falls, so a long drain is never shown as another step
                 shown = active
-                on_event(Step("draining", f"{active:g} request(s) in flight"))
+                on_event(Step("draining", f"{count(active, 'request')} in flight"))
             if time.monotonic() - started > timeout_s:
-                on_event(Warning_(f"{active:g} request(s) still in flight after {timeout_s:g} s; stopping anyway"))
+                on_event(Warning_(f"{count(active, 'request')} still in flight after {timeout_s:g} s; stopping anyway"))
                 break
             time.sleep(0.2)
     return time.monotonic() - started

@@ -16,6 +16,7 @@ from typing import Any
 
 from metralectl import paths
 from metralectl.peers.config import BenchConfig
+from metralectl.wording import count
 
 GB = 1e9
 
@@ -187,7 +188,7 @@ def judge(config: BenchConfig, *, fingerprint: str, name: str, facts: Facts,
     else:
         add(AdmissionCheck("busy", True, "not busy"))
     queued += facts.queued()
-    add(AdmissionCheck("queue", queued == 0, "nothing queued" if queued == 0 else f"{queued} unit(s) queued or running",
+    add(AdmissionCheck("queue", queued == 0, "nothing queued" if queued == 0 else f"{count(queued, 'unit')} queued or running",
                        None if queued == 0 else "try again when the queue has drained"))
     mem = facts.memory()
     if mem is None:

@@ -62,10 +62,12 @@ def _send(addr: PeerAddress, method: str, path: str, body: bytes, headers: dict[
                 content = httpx_body(response, CONTROL_LIMIT, str(addr))  # TooLarge past it (exit 65)
     except httpx.TimeoutException:
         raise PeerUnreachable(f"{addr}: no answer within {timeout:g} s",
-                              "is `metralectl agent` running there, and its peer port open in the firewall?") from None
+                              "is its agent running with the peer listener on (there: `metralectl agent start --peers`), and its "
+                              "peer port open in the firewall?") from None
     except httpx.HTTPError as exc:
         raise PeerUnreachable(f"{addr}: {exc}",
-                              "is `metralectl agent` running there? (peer port: `metralectl agent --peer-port`)") from None
+                              "is its agent running with the peer listener on? (there: `metralectl agent start --peers`; "
+                              "the peer port: `--peer-port`)") from None
     return response.status_code, response.headers, content
 
 

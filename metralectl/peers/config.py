@@ -17,6 +17,7 @@ from typing import Any
 
 from metralectl import paths
 from metralectl.errors import ExitCode, MetralError
+from metralectl.wording import noun
 
 DEFAULT_MEMORY_GB = 16.0
 DEFAULT_DISK_GB = 50.0
@@ -91,7 +92,7 @@ def load_bench_config(base: Path | None = None) -> BenchConfig:
         raise BenchConfigError(f"{paths.display(path)}: expected a mapping of {', '.join(_KEYS)}")
     unknown = sorted(set(doc) - set(_KEYS))
     if unknown:
-        raise BenchConfigError(f"{paths.display(path)}: unknown key(s) {', '.join(map(str, unknown))}",
+        raise BenchConfigError(f"{paths.display(path)}: unknown {noun(len(unknown), 'key')} {', '.join(map(str, unknown))}",
                                f"valid keys: {', '.join(_KEYS)}")
     enabled = doc.get("enabled", False)
     if not isinstance(enabled, bool):
@@ -104,7 +105,7 @@ def load_bench_config(base: Path | None = None) -> BenchConfig:
         raise BenchConfigError(f"{paths.display(path)}: floors must be a mapping of {', '.join(_FLOOR_KEYS)}")
     unknown = sorted(set(floors) - set(_FLOOR_KEYS))
     if unknown:
-        raise BenchConfigError(f"{paths.display(path)}: unknown floor(s) {', '.join(map(str, unknown))}",
+        raise BenchConfigError(f"{paths.display(path)}: unknown {noun(len(unknown), 'floor')} {', '.join(map(str, unknown))}",
                                f"valid floors: {', '.join(_FLOOR_KEYS)}")
     disk_path = doc.get("disk_path")
     if disk_path is not None and not isinstance(disk_path, str):

@@ -27,6 +27,7 @@ from metralectl.peers.client import (TIMEOUT_S, Answer, PeerProtocolError, PeerU
 from metralectl.seams.httpserve import parse_json
 from metralectl.peers.protocol import H_KEY, sign_request, verify_event_line, verify_response
 from metralectl.peers.store import PeerStore, key_changed
+from metralectl.wording import count
 
 MAX_LOSSES = 10  # a follower that lost its link this many times gives up (a harness failure)
 READ_TIMEOUT_S = 10.0  # the node sends a heartbeat every 2 s: silence this long is a lost link
@@ -147,7 +148,7 @@ def follow(me: Identity, node: NodeRef, key: str, on_event: Callable[[dict[str, 
         if on_loss is not None:
             on_loss(losses, why)
         if losses >= max_losses:
-            raise LinkLost(f"{node}: lost the event stream of unit {key} {losses} times (last: {why})",
+            raise LinkLost(f"{node}: lost the event stream of unit {key} {count(losses, 'time')} (last: {why})",
                            "check the link to that node; the unit may still be running there")
         time.sleep(min(0.2 * losses, 2.0))
 

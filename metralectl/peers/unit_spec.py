@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metralectl.errors import ExitCode, MetralError
+from metralectl.wording import noun
 
 KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FIELDS = ("key", "suite", "params", "recipe", "gates", "timeout_s", "campaign")
@@ -78,7 +79,7 @@ class UnitSpec:
             raise UnitSpecError("a unit must be a JSON object", f"fields: {', '.join(FIELDS)}")
         unknown = sorted(set(raw) - set(FIELDS))
         if unknown:
-            raise UnitSpecError(f"unknown unit field(s): {', '.join(map(str, unknown))}", f"fields: {', '.join(FIELDS)}")
+            raise UnitSpecError(f"unknown unit {noun(len(unknown), 'field')}: {', '.join(map(str, unknown))}", f"fields: {', '.join(FIELDS)}")
         key = raw.get("key")
         if not isinstance(key, str) or not KEY_RE.fullmatch(key):
             raise UnitSpecError(f"key: expected 1-128 characters of A-Z a-z 0-9 . _ - (starting alphanumeric), "

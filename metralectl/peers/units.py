@@ -31,6 +31,7 @@ from metralectl import joblog
 from metralectl.seams import store
 from metralectl.errors import ExitCode, MetralError
 from metralectl.peers.unit_spec import KEY_RE, UnitSpec
+from metralectl.wording import count, noun
 
 log = logging.getLogger("metralectl.peers")
 FINAL = frozenset({"completed", "failed", "cancelled"})
@@ -199,7 +200,7 @@ class UnitQueue:
                                        "an idempotency key names one unit: send the same body, or use a new key")
                 return existing, False
             if len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"{len(self._waiting)} units are already waiting on this node",
+                raise QueueFull(f"{count(len(self._waiting), 'unit')} {noun(len(self._waiting), 'is', 'are')} already waiting on this node",
                                 "submit again when the queue has drained")
             unit = Unit(spec, requester)
             self._units[spec.key] = unit

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from metralectl.present.table import render_table
+from metralectl.wording import count
 
 
 def fmt(value: Any, digits: int = 1) -> str:
@@ -99,7 +100,7 @@ def _dialect_lines(record: Mapping[str, Any]) -> list[str]:
     if d and not d.get("output_length_forced", True):
         short = sum((s.get("summary") or {}).get("short_outputs") or 0 for s in record.get("stages") or [])
         ok = sum((s.get("summary") or {}).get("ok") or 0 for s in record.get("stages") or [])
-        out.append(f"output    length not forced: {short} of {ok} outputs ended before the asked length; "
+        out.append(f"output    length not forced: {short} of {count(ok, 'output')} ended before the asked length; "
                    "tok/s is over the outputs as they came")
     methods: dict[str, int] = {}
     for s in record.get("stages") or []:

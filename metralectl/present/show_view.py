@@ -26,6 +26,11 @@ def _estimate(catalog: Catalog, recipe: Recipe) -> MemoryEstimate:
                     memory_meaning=catalog.engines[recipe.engine].memory_meaning, host_ram_gb=ram)
 
 
+def _yaml_word(value: object) -> str:
+    """A serve value as the recipe writes it: `true`/`false`, not Python's `True`/`False`."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _gb(part: Part) -> str:
     return f"{part.gb:7.2f} GB" if part.gb is not None else "      ? GB"
 
@@ -56,7 +61,7 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     if catalog.engines[recipe.engine].has_rule("kernel-targets"):
         lines.append(f"  quant         {recipe.checkpoint.quant} (kernel target {model.target_for(recipe.checkpoint.quant)})")
     else:
-        lines.append(f"  quant         {recipe.checkpoint.quant} ({recipe.checkpoint.format} file(s) of that quant)")
+        lines.append(f"  quant         {recipe.checkpoint.quant} (the {recipe.checkpoint.format} file or files of that quant)")
     lines.append(f"  model         {model.display_name} ({model.model_type or 'model_type unknown'}); "
                  f"MTP {'yes' if model.mtp_supported else 'no' if model.mtp_supported is False else 'unknown'}")
     lines.append(f"  local cache   {cache.status}: {cache.detail}")
@@ -75,8 +80,9 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     if len(image.tags) > 1 or image.tag_pattern:
         lines.append(f"  tags          {tags}; pick one with `image-tag: TAG` or `--set image-tag=TAG`")
     lines += ["", "Serve settings"]
+    width = max([26, *map(len, recipe.serve)]) + 2  # values in one column, at least two spaces after any key
     for key, value in recipe.serve.items():
-        lines.append(f"  {key:<28}{'true' if value is True else value}")
+        lines.append(f"  {key:<{width}}{_yaml_word(value)}")
     r = recipe.resources
     lines += ["", "Resources"]
     util = "none (the engine takes no fraction)" if est_meaning(catalog, recipe) == "none" else f"{r.memory_utilization:g}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from metralectl import paths
+from metralectl import paths, wording
 from metralectl.core.progress import human_bytes
 from metralectl.errors import MetralError
 from metralectl.ownedfs import is_valid
@@ -112,10 +112,10 @@ def quant_state(repo: str, revision: str | None, quant: str, hub: Path | None = 
     if need is not None:
         count = _present(snapshot, need)
         if count == len(need):
-            return _counted("complete", snapshot, f"verified by metralectl pull: {quant}, {count} file"
-                            f"{'s' if count != 1 else ''}, {human_bytes(sum(f.size for f in need))} at {commit[:12]}",
+            return _counted("complete", snapshot, f"verified by metralectl pull: {quant}, "
+                            f"{wording.count(count, 'file')}, {human_bytes(sum(f.size for f in need))} at {commit[:12]}",
                             need)
-        return _counted("partial", snapshot, f"{len(need) - count} of {len(need)} files of {quant} missing or "
+        return _counted("partial", snapshot, f"{len(need) - count} of {wording.count(len(need), 'file')} of {quant} missing or "
                         "changed since they were verified", need)
     expected = read_expected(snapshot)
     if expected is not None:
@@ -131,11 +131,11 @@ def _judged(base: Path, snapshot: Path, quant: str, need: tuple[RepoFile, ...]) 
     count = _present(snapshot, need)
     total = human_bytes(sum(f.size for f in need))
     if count == len(need):
-        return _counted("present", snapshot, f"all {count} files of {quant} present, not verified "
+        return _counted("present", snapshot, f"{'all ' if count > 1 else ''}{wording.count(count, 'file')} of {quant} present, not verified "
                         "(`metralectl pull` verifies them)", need)
     if count or _downloading(base, need):
-        return _counted("partial", snapshot, f"{count} of {len(need)} files of {quant} ({total}) downloaded", need)
-    return _counted("absent", snapshot, f"no file of {quant} ({len(need)} files, {total}) in the cache yet", need)
+        return _counted("partial", snapshot, f"{count} of {wording.count(len(need), 'file')} of {quant} ({total}) downloaded", need)
+    return _counted("absent", snapshot, f"no file of {quant} ({wording.count(len(need), 'file')}, {total}) in the cache yet", need)
 
 
 def local_files(snapshot: Path) -> list[RepoFile]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from metralectl import paths
+from metralectl import paths, wording
 from metralectl.core.progress import human_bytes
 from metralectl.errors import MetralError
 from metralectl.ownedfs import Owned, OutsideOwned, UnsafeName, is_valid  # noqa: F401  (UnsafeName re-exported)
@@ -310,17 +310,17 @@ def cache_state(repo: str, revision: str | None = None, hub: Path | None = None)
     if verified is not None:
         count, size = _judge(verified, snapshot, cache)
         if count == len(verified.files):
-            return _counted("complete", snapshot, f"verified by metralectl pull: {count} files, "
+            return _counted("complete", snapshot, f"verified by metralectl pull: {wording.count(count, 'file')}, "
                             f"{human_bytes(size)} at {commit[:12]}", verified, count, size)
-        return _counted("partial", snapshot, f"{len(verified.files) - count} of {len(verified.files)} files "
+        return _counted("partial", snapshot, f"{len(verified.files) - count} of {wording.count(len(verified.files), 'file')} "
                         "missing or changed since they were verified", verified, count, size)
     expected = read_expected(snapshot)
     if expected is not None:
         count, size = _judge(expected, snapshot, cache)
         if count == len(expected.files):
-            return _counted("present", snapshot, f"all {count} files present, not verified "
+            return _counted("present", snapshot, f"{'all ' if count > 1 else ''}{wording.count(count, 'file')} present, not verified "
                             "(`metralectl pull` verifies them)", expected, count, size)
-        return _counted("partial", snapshot, f"{count} of {len(expected.files)} files, {human_bytes(size)} of "
+        return _counted("partial", snapshot, f"{count} of {wording.count(len(expected.files), 'file')}, {human_bytes(size)} of "
                         f"{human_bytes(expected.total_bytes)} downloaded", expected, count, size)
     names = set(listdir(cache, snapshot))
     has_weights = any(n.endswith(".safetensors") for n in names)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from metralectl import paths
+from metralectl import paths, wording
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class Ownership:
         owners = sorted({_owner_name(p) for p in self.offenders})
         sample = ", ".join(paths.display(p) for p in self.offenders[:3])
         more = f" and {self.count - 3} more" if self.count > 3 else ""
-        return (f"{self.count} path{'s' if self.count != 1 else ''} in your Hugging Face cache "
-                f"belong{'s' if self.count == 1 else ''} to {', '.join(owners)}, not to you: {sample}{more}")
+        return (f"{wording.count(self.count, 'path')} in your Hugging Face cache "
+                f"{wording.noun(self.count, 'belongs', 'belong')} to {', '.join(owners)}, not to you: {sample}{more}")
 
 
 def _owner_name(path: Path) -> str:

@@ -29,6 +29,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from metralectl.wording import count
 
 log = logging.getLogger("metralectl.http")
 MAX_BODY = 1 << 20
@@ -181,8 +182,8 @@ class Server(ThreadingHTTPServer):
                 self._open_total += 1
                 self._open[source] = self._open.get(source, 0) + 1
         if full or crowded:
-            self._turn_away(request, f"{self._open_total} connections open" if full
-                            else f"{source} has {self.max_per_source} connections open")
+            self._turn_away(request, f"{count(self._open_total, 'connection')} open" if full
+                            else f"{source} has {count(self.max_per_source or 0, 'connection')} open")
             return
         try:
             super().process_request(request, client_address)

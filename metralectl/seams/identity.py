@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from metralectl import paths
 from metralectl.atomicfile import fsync_dir
 from metralectl.errors import ExitCode, MetralError, UsageError
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -99,7 +100,7 @@ def parse_fingerprint(text: str) -> str:
         raise InvalidFingerprint(f"malformed fingerprint {text.strip()!r}: dashes go between groups of {GROUP}",
                                  "copy it from `metralectl id` on that machine")
     if len(symbols) != SYMBOLS:
-        raise InvalidFingerprint(f"malformed fingerprint {text.strip()!r}: {len(symbols)} symbols, expected {SYMBOLS}",
+        raise InvalidFingerprint(f"malformed fingerprint {text.strip()!r}: {count(len(symbols), 'symbol')}, expected {SYMBOLS}",
                                  "copy it from `metralectl id` on that machine")
     bad = sorted({c for c in symbols if c not in _VALUE})
     if bad:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from metralectl.errors import ExitCode, MetralError
+from metralectl.wording import noun
 
 HUB_MOUNT = "/metralectl-hub"
 _MARK = "@@metralectl-probe "
@@ -348,7 +349,7 @@ def _only_management(net: NodeNet, roce: Sequence[str]) -> str:
     if mgmt and len(mgmt) == len(net.interfaces):
         return (f"only the management interface ({'; '.join(others)}) has one: NCCL would fall back to it "
                 "(about 10× slower)")
-    return f"only {'; '.join(others)} ha{'s' if len(others) == 1 else 've'} one, none of them a RoCE port"
+    return f"only {'; '.join(others)} {noun(len(others), 'has', 'have')} one, none of them a RoCE port"
 
 
 def choose_roce(roce: Sequence[str], nodes: Sequence[NodeView]) -> RoceChoice:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import ExitCode, MetralError
 from metralectl.seams.identity import b64, fingerprint_of, unb64, verify_signature
+from metralectl.wording import noun
 
 if TYPE_CHECKING:
     from metralectl.seams.identity import Identity
@@ -160,7 +161,7 @@ def verify(envelope: str | bytes | Mapping[str, Any], known_keys: Mapping[str, b
         return _fail(str(exc))
     unknown = set(env) - _FIELDS
     if unknown:
-        return _fail(f"unknown envelope field(s): {', '.join(sorted(unknown))}")
+        return _fail(f"unknown envelope {noun(len(unknown), 'field')}: {', '.join(sorted(unknown))}")
     if env.get("format") != FORMAT:
         return _fail(f"not a {FORMAT} envelope (format {env.get('format')!r})")
     payload_type, names, sigs = env.get("payloadType"), env.get("names"), env.get("signatures")

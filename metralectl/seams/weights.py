@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from metralectl.seams import gguf, gguf_cache, hfcache, hubhttp, resume, weights_state
 
-from metralectl import paths
+from metralectl import paths, wording
 from metralectl.errors import ExitCode
 from metralectl.ownedfs import Owned, check
 from metralectl.safetext import clean
@@ -232,8 +232,8 @@ def _wanted(target: Any, ck: Any, listing: Listing, emit: OnEvent) -> tuple[List
         raise
     weights = [f for f in listing.files if f.path.endswith(".gguf")]
     emit(PullEvent(ck.repo, "note", message=(
-        f"{quant}: {len(model.parts)} file{'s' if len(model.parts) != 1 else ''}, {human_bytes(model.total_bytes)} "
-        f"({model.first}); the repository holds {len(weights)} .gguf files, "
+        f"{quant}: {wording.count(len(model.parts), 'file')}, {human_bytes(model.total_bytes)} "
+        f"({model.first}); the repository holds {wording.count(len(weights), '.gguf file')}, "
         f"{human_bytes(sum(f.size for f in weights))}")))
     return Listing(listing.repo, listing.commit, model.parts), model
 
@@ -280,8 +280,7 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
     try:
         count, freed = drop_dead_downloads(ck.repo, hub)
         if count:
-            plural = "s" if count != 1 else ""
-            emit(PullEvent(ck.repo, "note", message=f"removed {count} unfinished download{plural} "
+            emit(PullEvent(ck.repo, "note", message=f"removed {wording.count(count, 'unfinished download')} "
                                                     f"({human_bytes(freed)}) left by an interrupted run"))
         cache.make_dirs(snapshot)  # refused (exit 65) when the repository folder or snapshots/ is a link
         hfcache.put_json(cache, snapshot / hfcache.EXPECTED_LISTING, listing.to_json())
@@ -309,7 +308,7 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
     for note in notes:
         emit(PullEvent(ck.repo, "note", message=note))
     emit(PullEvent(ck.repo, "done", wanted.total_bytes, wanted.total_bytes, files_done=len(wanted.files),
-                   files_total=len(wanted.files), message=f"verified {len(wanted.files)} files"))
+                   files_total=len(wanted.files), message=f"verified {wording.count(len(wanted.files), 'file')}"))
     return _result(ck, wanted, snapshot, downloaded, False, notes=notes)
 
 

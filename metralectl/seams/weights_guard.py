@@ -18,6 +18,7 @@ from metralectl.core.progress import human_bytes
 from metralectl.seams import hfcache
 from metralectl.seams.hfcache import RepoFile
 from metralectl.seams.weights_errors import WeightsError
+from metralectl import wording
 
 RESERVE_FRACTION = 50  # keep 2 % (at most 1 GiB) free beyond the download itself
 FreeSpace = Callable[[Path], int]
@@ -130,7 +131,7 @@ def preflight_disk(repo: str, hub: Path, todo: list[RepoFile], free_space: FreeS
     if need + reserve > free:
         where = paths.display(hfcache.nearest_existing(hub))
         raise WeightsError(
-            f"not enough disk space for {repo}: {human_bytes(need)} still to download ({len(todo)} files) "
+            f"not enough disk space for {repo}: {human_bytes(need)} still to download ({wording.count(len(todo), 'file')}) "
             f"+ {human_bytes(reserve)} reserve, but only {human_bytes(free)} free at {where} "
             f"(short by {human_bytes(need + reserve - free)})",
             "free some space (`metralectl prune`, `metralectl rm RECIPE`; `hf cache ls` / `hf cache rm` for "

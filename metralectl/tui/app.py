@@ -43,12 +43,14 @@ class MetralectlApp(App[int]):
     CSS_PATH = [STYLES / name for name in ("app.tcss", "widgets.tcss", "views.tcss", "dialogs.tcss")]
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (40, "-tall")]
+    # 1-4 stay out of the footer: the tabs already say "1 Serving" ... "4 Doctor"; ctrl+t too (the palette has
+    # it). The footer lists the focused view's keys first and would otherwise push `q Quit` off 80 columns.
     BINDINGS = [
-        Binding("1", "show_view('serving')", "Serving"),
-        Binding("2", "show_view('library')", "Library"),
-        Binding("3", "show_view('bench')", "Bench"),
-        Binding("4", "show_view('doctor')", "Doctor"),
-        Binding("ctrl+t", "toggle_theme", "Theme"),
+        Binding("1", "show_view('serving')", "Serving", show=False),
+        Binding("2", "show_view('library')", "Library", show=False),
+        Binding("3", "show_view('bench')", "Bench", show=False),
+        Binding("4", "show_view('doctor')", "Doctor", show=False),
+        Binding("ctrl+t", "toggle_theme", "Theme", show=False),
         Binding("q", "quit", "Quit"),
     ]
 

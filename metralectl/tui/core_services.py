@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from metralectl.tui.services import Action, LibraryItem, LibrarySnapshot, Listener, Outcome, Plan
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -76,7 +77,7 @@ class CoreServices:
         catalog = self.catalog(reload=True)
         target = library.choose_target(catalog, self._hardware)
         rows = library.rows(catalog, target)
-        notes = [f"your recipe {r.path} was refused ({len(r.problems)} problems); `metralectl recipes check` "
+        notes = [f"your recipe {r.path} was refused ({count(len(r.problems), 'problem')}); `metralectl recipes check` "
                  "explains" for r in catalog.refused]
         present: dict[str, bool | None] = {}
         serving: set[str] = set()
@@ -147,7 +148,7 @@ class CoreServices:
             image = images.pull(catalog.image_for(recipe), runtime, machine.cpu_arch(), emit)
         got = weights.pull(recipe, emit)
         how = "already complete" if got.already_complete else f"{human_bytes(got.downloaded_bytes)} downloaded"
-        quant = f" ({got.quant}: {got.files} files)" if got.quant is not None else ""  # a GGUF checkpoint's quant
+        quant = f" ({got.quant}: {count(got.files, 'file')})" if got.quant is not None else ""  # a GGUF checkpoint's quant
         return Outcome("pull", recipe.name, "done", f"{recipe.name}: image {image.action}; weights{quant} complete at "
                        f"{got.commit[:12]} ({how})", lines=tuple(got.notes))
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from metralectl.wording import count
+
 DONE, ACTIVE, WARN, FAIL = "✔", "▸", "!", "✘"
 
 
@@ -77,7 +79,7 @@ class ProgressModel:
         done = sum((c or 0) for s, c, t in self.layers.values() if s == "Downloading")
         total = sum((t or 0) for s, c, t in self.layers.values() if s == "Downloading")
         self.bar = Bar(f"image {e.ref}", finished, len(self.layers),
-                       f"{finished}/{len(self.layers)} layers" + (f", {_bytes(done)}/{_bytes(total)} downloading"
+                       f"{finished}/{count(len(self.layers), 'layer')}" + (f", {_bytes(done)}/{_bytes(total)} downloading"
                                                                    if total else ""))
         return True
 
@@ -89,7 +91,7 @@ class ProgressModel:
         rate = f" {_bytes(e.rate_bps)}/s" if e.rate_bps and e.phase != "done" else ""
         eta = f" ETA {_duration(e.eta_s)}" if e.eta_s is not None and e.phase != "done" else ""
         self.bar = Bar(f"{e.repo} {label}", e.done, e.total or None,
-                       f"{_bytes(e.done)}/{_bytes(e.total)}{rate}{eta} · {e.files_done}/{e.files_total} files")
+                       f"{_bytes(e.done)}/{_bytes(e.total)}{rate}{eta} · {e.files_done}/{count(e.files_total, 'file')}")
         if e.phase == "done":
             self._advance(DONE, f"weights    {e.repo}: {e.message or 'verified'}")
         return True

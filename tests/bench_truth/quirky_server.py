@@ -67,6 +67,7 @@ class Seen:
     refused: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stalled: threading.Event = field(default_factory=threading.Event)  # the stall_request is being held
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -143,6 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
         if h.stall_request == number:
+            self.server.seen.stalled.set()
             self.server.stop.wait()
             self.close_connection = True
             return

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.installer.conftest import Box, tree
+from tests.installer.conftest import REPO, Box, tree
 
 PATH_LINE = 'export PATH="$PATH:$HOME/.local/bin"'
 MARKER = "# added by the metralectl installer (install.sh --uninstall removes it)"
@@ -52,6 +52,9 @@ def test_good_install_then_uninstall(make_box) -> None:
     assert Path(os.path.realpath(box.data / "venv")) == generation(box)
     receipt = (box.data / "receipt").read_text()
     assert f"bin={box.link}\n" in receipt
+    # The man page the wheel carries (docs/metralectl.1, share/man/man1 in the venv), in the user's man path.
+    page = box.home / ".local" / "share" / "man" / "man1" / "metralectl.1"
+    assert page.read_bytes() == (REPO / "docs" / "metralectl.1").read_bytes() and f"man={page}\n" in receipt
 
     # PATH: ~/.local/bin is not on the (controlled) PATH: the line is written once to .bashrc and
     # shown to the user.
@@ -87,6 +90,7 @@ def test_good_install_then_uninstall(make_box) -> None:
     assert "--user disable --now metralectl-agent.service" in log.read_text()
     assert not unit.exists()
     assert not box.link.exists() and not box.link.is_symlink()
+    assert not (box.home / ".local" / "share" / "man").exists()
     assert (box.home / ".local" / "bin" / "other-tool").exists()
     assert sorted(p.name for p in box.data.iterdir()) == ["notes.txt"]
     assert (config / "identity").exists()

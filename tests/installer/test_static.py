@@ -77,7 +77,8 @@ def test_ps1_mirrors_every_function() -> None:
     # The systemd and docker-group steps have no Windows counterpart; the ps1 says so.
     no_counterpart = {"write_unit", "explain_no_user_manager", "suggest_linger", "check_docker_group",
                       "need_cmd", "path_line_for_shell", "remove_path_lines",
-                      "setup_completion"}  # fmt: skip  (no PowerShell completion script)
+                      "setup_completion",  # no PowerShell completion script
+                      "setup_man", "uninstall_man"}  # fmt: skip  (no man on Windows)
     for name in no_counterpart:
         assert name in ps1, f"install.ps1 should say what became of {name}"
     missing = [f for f in shell_functions() if f not in mirrored and f not in no_counterpart]

@@ -104,7 +104,7 @@ class PeerNode:
         if agent:
             from metralectl.agent.service import Agent, AgentOptions
 
-            self.agent = Agent(AgentOptions(api_port=0, peer_port=0, peer_host="127.0.0.1", interval_s=30.0,
+            self.agent = Agent(AgentOptions(api_port=0, peer_port=0, peer_host="127.0.0.1", peer=True, interval_s=30.0,
                                             regroup=False, argv=[]),
                                base=self.base, home=self.home, check=_can_run, facts=facts, lock_path=self.lock_path)
             self.agent.start()

@@ -325,7 +325,7 @@ def test_no_nvml_is_the_real_no_driver_path() -> None:
     driver = check(doc, "gpu.driver")
     assert driver["status"] == "problem" and driver["data"]["cause"] in ("LibraryNotFound", None)
     assert "NVIDIA" in driver["detail"] or "nvidia-ml-py" in driver["detail"]
-    assert {check(doc, i)["status"] for i in ("gpu.model", "gpu.memory", "gpu.leaked")} == {"skipped"}
+    assert {check(doc, i)["status"] for i in ("gpu.model", "gpu.memory", "gpu.in-use")} == {"skipped"}
     assert code == 1
 
 

@@ -211,7 +211,7 @@ def test_two_agent_processes_pair_grant_and_answer(tmp_path: Path) -> None:
         env = _env(tmp_path / name / "config", tmp_path / name / "home")
         api, peer = own_port(), own_port()  # the agent's servers (SO_REUSEADDR) listen beside the held sockets
         proc = subprocess.Popen([sys.executable, "-m", "metralectl", "agent", "--port", str(api), "--peer-port", str(peer),
-                                 "--peer-bind", "127.0.0.1", "--interval", "30", "--no-regroup"],
+                                 "--peer-bind", "127.0.0.1", "--peers", "--interval", "30", "--no-regroup"],
                                 env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         envs.append(env)
         procs.append(proc)

@@ -282,7 +282,7 @@ def test_disk_preflight_at_the_seam_counts_only_what_is_missing(hub: FakeHub) ->
     shard.unlink()
     blob.unlink()
     missing = len(hub.repos[REPO].files[SHARD1].data)
-    with pytest.raises(weights.WeightsError, match=r"1\.5 MB still to download \(1 files\)"):
+    with pytest.raises(weights.WeightsError, match=r"1\.5 MB still to download \(1 file\)"):
         weights.pull(ck(), free_space=lambda _p: missing)  # no room for the 2 % reserve
     weights.pull(ck(), free_space=lambda _p: missing * 2)
     assert hfcache.cache_state(REPO).status == "complete"

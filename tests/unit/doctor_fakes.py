@@ -88,10 +88,12 @@ def no_gpu(meminfo: Path) -> Any:
     return probe_factory([], meminfo, init_error=fk.LibraryNotFound)
 
 
-def fake_proc(root: Path, pid: int, comm: str, container_id: str | None = None) -> None:
+def fake_proc(root: Path, pid: int, comm: str, container_id: str | None = None, cmdline: str | None = None) -> None:
     d = root / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     (d / "comm").write_text(comm + "\n")
+    if cmdline is not None:
+        (d / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
     cgroup = f"0::/system.slice/docker-{container_id}.scope\n" if container_id else "0::/user.slice/user-1000.slice\n"
     (d / "cgroup").write_text(cgroup)
 
@@ -158,6 +160,7 @@ def make_ctx(tmp_path: Path, **kw: Any) -> Context:
         endpoint=lambda: ("unix:///var/run/docker.sock", "default"),
         disk_usage=disk(500),
         agent_view=lambda: {"pid": 4321, "port": 8897, "status": {"can_run": True, "summary": "ready: Docker, GPU runtime and GPU answer"}},
+        agent_unit=lambda: False,  # no systemd user unit: `metralectl agent start` is the remedy
         proc_root=proc,
     )
     defaults.update(kw)

@@ -28,7 +28,7 @@ def agent(base: str, limit: int) -> None:
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit // 2, limit))
     check: Any = lambda: {"can_run": True, "summary": "flood test", "problems": [], "checks": []}  # noqa: E731
-    node = Agent(AgentOptions(api_port=0, peer_port=0, peer_host="127.0.0.1", interval_s=30.0, regroup=False),
+    node = Agent(AgentOptions(api_port=0, peer_port=0, peer_host="127.0.0.1", peer=True, interval_s=30.0, regroup=False),
                  base=Path(base), check=check, ops=None, home=Path(base) / "home", lock_path=Path(base) / "lock")
     node.start()
     try:

@@ -102,7 +102,7 @@ def test_llama_cpp_is_known_by_its_props_owner_and_metrics() -> None:
     assert (got["name"], got["source"], got["detected"], got["version"]) == ("llama-cpp", "detected", "llama-cpp",
                                                                             "b6500-1a2b3c4")
     assert got["evidence"] == ('GET /v1/models: owned_by "llamacpp"; GET /props: default_generation_settings; '
-                               "GET /metrics: 3 llamacpp:* sample(s)")
+                               "GET /metrics: 3 llamacpp:* samples")
     # any one signature is enough: llama-server without --metrics, or behind a proxy that hides /props
     assert engine_id.detect(Answers(props=LLAMA_PROPS))["name"] == "llama-cpp"
     assert engine_id.detect(Answers(models=LLAMA_MODELS))["name"] == "llama-cpp"
@@ -204,7 +204,7 @@ def test_describe_detects_the_metrale_double_and_says_it_is_a_double() -> None:
         double.stop()
     assert target.engine is not None and target.engine["name"] == "metrale", target.engine
     evidence = target.engine["evidence"]
-    assert "GET /serve-config: binary_sha256, args_sha256" in evidence and "metrale_* sample(s)" in evidence
+    assert "GET /serve-config: binary_sha256, args_sha256" in evidence and "metrale_* samples" in evidence
     assert "test double" in evidence and target.engine["version"] == "met 1.0.0-beta-preview (test double)"
 
 

@@ -236,14 +236,15 @@ def test_a_stalled_request_is_recorded_as_cancelled_at_drain() -> None:
 
 def test_ctrl_c_writes_every_in_flight_request_as_interrupted() -> None:
     home = Path(os.environ["METRALE_HOME"])
-    with quirky_server(stall_request=2) as (url, _):
+    with quirky_server(stall_request=2) as (url, seen):
         proc = subprocess.Popen([sys.executable, "-m", "metralectl", "bench", "run", "concurrency-sweep", "--url", url,
                                  "-p", "concurrencies=2", "-p", "duration_s=30", "-p", "warmup_s=0", "-p", "isls=16",
                                  "-p", "osl=4"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Ctrl-C only once the server holds the stalled request (a fixed sleep lost that race on a loaded box)
+        assert seen.stalled.wait(60), "the benchmark never sent its second request"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not list(home.glob("runs/concurrency-sweep/*/run.json")):
             time.sleep(0.05)
-        time.sleep(1.0)  # the stalled request is in flight now
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == ExitCode.INTERRUPTED, err  # Ctrl-C's own code, not the run-failed 1

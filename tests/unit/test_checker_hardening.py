@@ -94,7 +94,7 @@ def test_ep2_master_port_must_differ_from_the_ranks_ports(tmp_path: Path) -> Non
 def test_nodes_must_hold_the_ranks(tmp_path: Path) -> None:
     text = EP2.read_text().replace("nodes: 2", "nodes: 3")
     problem = one_error(check(tmp_path, text, EP2.name), "resources.nodes")
-    assert "3 nodes cannot hold 2 rank(s)" in problem.message and "nodes: 2" in (problem.hint or "")
+    assert "3 nodes cannot hold 2 ranks" in problem.message and "nodes: 2" in (problem.hint or "")
 
 
 def _user_dir(tmp_path: Path, files: dict[str, str]) -> Path:

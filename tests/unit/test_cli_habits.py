@@ -50,8 +50,9 @@ def test_ls_and_version_are_list_and_dash_dash_version() -> None:
 
 def names(*words: str) -> list[str]:
     out = cli("search", *words, "--json")
-    assert out.returncode == 0, out.stderr
-    return [r["name"] for r in json.loads(out.stdout)["recipes"]]
+    found = [r["name"] for r in json.loads(out.stdout)["recipes"]]  # a clean document, matches or not
+    assert out.returncode == (0 if found else ExitCode.FAILED), out.stderr
+    return found
 
 
 def test_search_needs_every_word_in_any_case_over_names_models_descriptions_tags() -> None:
@@ -64,8 +65,10 @@ def test_search_needs_every_word_in_any_case_over_names_models_descriptions_tags
     by_description = every[0]["description"].split()[-1]  # a word only its description may hold
     assert every[0]["name"] in names(by_description.upper())
     assert names("qwen", "no-such-word-anywhere") == []
-    empty = cli("search", "no-such-word-anywhere")
-    assert empty.returncode == 0 and "no recipe matches" in empty.stderr and len(empty.stdout.splitlines()) == 1
+    empty = cli("search", "no-such-word-anywhere")  # like grep: said on stderr, no table, exit 1
+    assert (empty.returncode, empty.stdout) == (ExitCode.FAILED, ""), empty
+    assert empty.stderr.splitlines() == ["no recipe matches all of: no-such-word-anywhere (`metralectl list` "
+                                         "shows every recipe)"], empty.stderr
     table = cli("search", "qwen", "llamacpp")
     assert table.stdout.splitlines()[0].split()[:3] == ["RECIPE", "ENGINE", "MODEL"]
     assert sorted(line.split()[0] for line in table.stdout.splitlines()[1:]) == sorted(both)
@@ -155,7 +158,7 @@ def test_completion_refuses_an_unknown_shell() -> None:
 
 # Commands whose output is already a document in its own format, or a screen: no JSON form.
 NO_JSON = {("logs",): "the engine's own log text", ("tui",): "a screen", ("completion",): "a shell script",
-           ("bench", "export"): "CSV/JSONL by --csv"}
+           ("bench", "export"): "CSV/JSONL by --csv", ("agent", "logs"): "the agent's own log text"}
 
 
 def _leaf_commands() -> list[tuple[tuple[str, ...], set[str]]]:

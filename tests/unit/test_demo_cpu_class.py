@@ -185,6 +185,6 @@ def test_doctors_gpu_checks_are_not_needed_for_a_cpu_recipe_and_judge_as_ever_ot
     assert skipped.status == "skipped" and "not needed" in skipped.detail and calls == []
     assert wrapped(_ctx("qwen3.5-35b-a3b")).status == "ok" and wrapped(_ctx(None)).status == "ok"
     assert calls == ["judged", "judged"]
-    gpu_ids = {"docker.nvidia-runtime", "docker.gpu-request", "gpu.driver", "gpu.model", "gpu.memory", "gpu.leaked"}
+    gpu_ids = {"docker.nvidia-runtime", "docker.gpu-request", "gpu.driver", "gpu.model", "gpu.memory", "gpu.in-use"}
     wrapped_ids = {c.id for c in registry.CHECKS if getattr(c.fn, "__qualname__", "").startswith("_gpu.")}
     assert wrapped_ids == gpu_ids

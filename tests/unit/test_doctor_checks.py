@@ -244,11 +244,11 @@ def meminfo(tmp_path: Path) -> Path:
 
 
 def test_gpu_checks_on_an_h200(tmp_path: Path) -> None:
-    got = run(df.make_ctx(tmp_path), "gpu.driver", "gpu.model", "gpu.memory", "gpu.leaked")
+    got = run(df.make_ctx(tmp_path), "gpu.driver", "gpu.model", "gpu.memory", "gpu.in-use")
     assert got["gpu.driver"].status == "ok" and "CUDA 13.0" in got["gpu.driver"].detail
     assert got["gpu.model"].detail == "NVIDIA H200 → hardware class hopper"
     assert got["gpu.memory"].status == "ok" and "140.4 GiB GPU memory, 139.8 GiB free" in got["gpu.memory"].detail
-    assert got["gpu.leaked"].status == "ok"
+    assert got["gpu.in-use"].status == "ok"
 
 
 def test_old_cuda_driver_is_a_problem(tmp_path: Path) -> None:
@@ -260,10 +260,10 @@ def test_old_cuda_driver_is_a_problem(tmp_path: Path) -> None:
 
 def test_no_driver_is_the_real_no_nvml_path(tmp_path: Path) -> None:
     got = run(df.make_ctx(tmp_path, gpu_probe_factory=df.no_gpu(meminfo(tmp_path))),
-              "gpu.driver", "gpu.model", "gpu.memory", "gpu.leaked", "cpu.arch")
+              "gpu.driver", "gpu.model", "gpu.memory", "gpu.in-use", "cpu.arch")
     assert got["gpu.driver"].status == "problem" and "libnvidia-ml.so.1" in got["gpu.driver"].detail
     assert got["gpu.driver"].data["cause"] == "LibraryNotFound"
-    assert {got[i].status for i in ("gpu.model", "gpu.memory", "gpu.leaked", "cpu.arch")} == {"skipped"}
+    assert {got[i].status for i in ("gpu.model", "gpu.memory", "gpu.in-use", "cpu.arch")} == {"skipped"}
 
 
 def test_gb10_memory_is_unified_from_meminfo(tmp_path: Path) -> None:
@@ -284,36 +284,19 @@ def test_unknown_gpu_is_a_warning(tmp_path: Path) -> None:
     assert r.status == "warn" and "A100" in r.detail and "gb10" in r.detail
 
 
-def test_leaked_memory_names_pids_and_containers(tmp_path: Path) -> None:
-    ours = df.container("metralectl-qwen3.5-35b-a3b-hopper", cid="b" * 64)
-    rt = df.FakeRuntime(running=[ours], pids={ours.id: {500}})
-    dev = fk.FakeDevice(compute_procs=[(4242, 60 * GiB), (500, 70 * GiB), (77, None)])
-    ctx = df.make_ctx(tmp_path, runtime=rt, gpu_probe_factory=df.probe_factory([dev], meminfo(tmp_path)))
-    df.fake_proc(ctx.proc_root, 4242, "python3", container_id="d" * 64)
-    df.fake_proc(ctx.proc_root, 77, "Xorg")
-    r = one(ctx, "gpu.leaked")
-    assert r.status == "warn"
-    assert "PID 4242 python3 in container dddddddddddd (60.0 GiB)" in r.detail
-    assert "PID 77 Xorg (? GiB)" in r.detail
-    assert "metralectl's engine holds GPU memory (PID 500 in container metralectl-qwen3.5-35b-a3b-hopper" in r.detail
-    assert "kill 4242 77" in (r.remedy or "")
-    by_pid = {p["pid"]: p for p in r.data["processes"]}
-    assert by_pid[500]["ours"] is True and by_pid[4242]["ours"] is False
-
-
 def test_only_our_engine_on_the_gpu_is_fine(tmp_path: Path) -> None:
     ours = df.container("metralectl-x", cid="b" * 64)
     rt = df.FakeRuntime(running=[ours], pids={ours.id: {500}})
     dev = fk.FakeDevice(compute_procs=[(500, 70 * GiB)])
     r = one(df.make_ctx(tmp_path, runtime=rt, gpu_probe_factory=df.probe_factory([dev], meminfo(tmp_path))),
-            "gpu.leaked")
+            "gpu.in-use")
     assert r.status == "ok" and "metralectl's engine" in r.detail
 
 
 def test_gb10_processes_without_sizes_still_listed(tmp_path: Path) -> None:
     dev = fk.gb10(compute_procs=[(4242, None)])
     ctx = df.make_ctx(tmp_path, gpu_probe_factory=df.probe_factory([dev], meminfo(tmp_path)))
-    r = one(ctx, "gpu.leaked")
+    r = one(ctx, "gpu.in-use")
     assert r.status == "warn" and "PID 4242" in r.detail
 
 
@@ -531,7 +514,15 @@ def test_agent_running_and_its_own_view(tmp_path: Path) -> None:
     r = one(df.make_ctx(tmp_path), "agent")
     assert r.status == "ok" and "pid 4321" in r.detail and "ready" in r.detail
     down = one(df.make_ctx(tmp_path, agent_view=lambda: None), "agent")
-    assert down.status == "warn" and "not running" in down.detail and "systemctl --user start" in (down.remedy or "")
+    assert down.status == "warn" and "not running" in down.detail
+    assert (down.remedy or "").startswith("metralectl agent start") and "systemctl" not in (down.remedy or "")
+    unit = one(df.make_ctx(tmp_path, agent_view=lambda: None, agent_unit=lambda: True), "agent")
+    assert (unit.remedy or "").startswith("systemctl --user start metralectl-agent")
+    silent = {"pid": 1, "port": 8897, "error": "timed out"}
+    detached = one(df.make_ctx(tmp_path, agent_view=lambda: {**silent, "how": "detached"}), "agent")
+    assert detached.status == "warn" and "metralectl agent stop && metralectl agent start" in (detached.remedy or "")
+    by_systemd = one(df.make_ctx(tmp_path, agent_view=lambda: {**silent, "how": "systemd"}), "agent")
+    assert "systemctl --user restart metralectl-agent" in (by_systemd.remedy or "")
     refusing = one(df.make_ctx(tmp_path, agent_view=lambda: {"pid": 1, "port": 8897, "status": {
         "can_run": False, "summary": "Docker: permission denied", "problems": [{"remedy": "sudo usermod -aG docker $USER"}]}}),
         "agent")

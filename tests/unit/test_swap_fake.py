@@ -110,7 +110,7 @@ def test_a_drain_that_does_not_finish_warns_and_goes_on() -> None:
     listener = Recorder()
     result = _swap(rt, listener, drain_timeout_s=0.5)
     warnings = [w.message for w in listener.of(Warning_)]
-    assert any("2 request(s) still in flight after 0.5 s; stopping anyway" in w for w in warnings)
+    assert any("2 requests still in flight after 0.5 s; stopping anyway" in w for w in warnings)
     assert in_order(listener.marks(), ["step:staging", "warning", "step:stopping"])
     assert result.outcome == "swapped" and result.phases["drain"] >= 0.5 and _running(rt) == [(NEW_C, NEW)]
 

@@ -29,7 +29,7 @@ class MainScreen(Screen[None]):
                 yield ServingView(id="serving-view", status_every_s=self._status_every_s)
             for number, (view, title) in enumerate(VIEWS[1:], start=2):
                 yield TabPane(f"{number} {title}", id=view)  # filled after the first paint
-        yield Footer()
+        yield Footer(compact=True)
 
     @property
     def active(self) -> str:

@@ -31,13 +31,14 @@ from metralectl.tui.widgets.history_table import HistoryTable
 from metralectl.tui.widgets.param_form import ParamForm
 from metralectl.tui.widgets.table_fill import fill
 from metralectl.tui.alarm import alarm, caution
+from metralectl.wording import count
 
 
 class BenchView(Horizontal):
-    BINDINGS = [
-        Binding("ctrl+g", "start", "Run suite"),
-        Binding("escape", "cancel", "Cancel run"),
-        Binding("ctrl+r", "reload_history", "Reload history"),
+    BINDINGS = [  # short words: with the history's own keys the footer must still show `q Quit` at 80 columns
+        Binding("ctrl+g", "start", "Run"),
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+r", "reload_history", "Reload"),
         Binding("ctrl+o", "focus_history", "History"),
     ]
 
@@ -109,7 +110,7 @@ class BenchView(Horizontal):
         message.stop()
         self.query_one(HistoryTable).set_runs(message.runs)
         self.query_one("#history-title", Label).update(
-            f"History ({len(message.runs)} runs) — enter opens · space marks · c compares two")
+            f"History ({count(len(message.runs), 'run')}) — enter opens · space marks · c compares two")
 
     # -- the form -------------------------------------------------------------------------------
     async def on_select_changed(self, event: Select.Changed) -> None:

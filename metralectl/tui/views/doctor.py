@@ -17,6 +17,7 @@ from metralectl.tui.views import services_of
 from metralectl.tui.widgets.check_table import CheckTable
 from metralectl.tui.widgets.text_pane import TextPane
 from metralectl.tui.alarm import alarm
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.doctor.model import CheckResult
@@ -25,9 +26,9 @@ if TYPE_CHECKING:
 def summary(results: list[CheckResult], elapsed_s: float) -> Text:
     n = {s: sum(1 for r in results if r.status == s) for s in ("problem", "warn", "ok", "skipped")}
     text = Text()
-    text.append(f"{n['problem']} problem{'s' if n['problem'] != 1 else ''}", style=alarm() if n["problem"] else "")
+    text.append(count(n['problem'], 'problem'), style=alarm() if n["problem"] else "")
     text.append(", ")
-    text.append(f"{n['warn']} warning{'s' if n['warn'] != 1 else ''}", style="yellow" if n["warn"] else "")
+    text.append(count(n['warn'], 'warning'), style="yellow" if n["warn"] else "")
     text.append(f", {n['ok']} ok, {n['skipped']} skipped in {elapsed_s:.2f} s — ")
     text.append("problems found" if n["problem"] else "no problems", style=alarm() if n["problem"] else "bold green")
     return text

@@ -30,6 +30,7 @@ from metralectl.tui.views import services_of
 from metralectl.tui.widgets.chart import Chart
 from metralectl.tui.widgets.log_tail import LogTail
 from metralectl.tui.widgets.serving_card import ServingCard
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from textual.timer import Timer
@@ -207,7 +208,7 @@ class ServingView(Vertical):
             return
         self.query_one(LogTail).append(batch)
         if self.lines.dropped:
-            self.query_one("#log-rate", Label).update(f"{self.lines.dropped} lines skipped to keep up")
+            self.query_one("#log-rate", Label).update(f"{count(self.lines.dropped, 'line')} skipped to keep up")
 
     def action_toggle_follow(self) -> None:
         self.query_one(LogTail).toggle_follow()

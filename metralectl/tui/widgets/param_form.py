@@ -48,11 +48,15 @@ class ParamForm(VerticalScroll):
             await self.mount(Static("no suite", classes="param-form--empty"))
             return
         fields = []
+        # every name whole and two columns before its field, the fields in one column (`show`'s rule)
+        width = max([16, *(len(p.name) for p in suite.params)]) + 2
         for p in suite.params:
             hint = p.help + (f" (one of: {', '.join(p.choices)})" if p.choices else "")
+            label = Label(p.name, classes="param-form--label")
+            label.styles.width = width
             fields.append(Vertical(
                 Horizontal(
-                    Label(p.name, classes="param-form--label"),
+                    label,
                     Input(value=_default_text(p.default), placeholder=hint or p.kind, id=f"param-{p.name}",
                           classes="param-form--input", tooltip=hint or None, compact=True),
                     classes="param-form--row"),

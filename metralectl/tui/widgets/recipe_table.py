@@ -8,12 +8,16 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
+from metralectl.tui.outside import line
 from metralectl.tui.services import LibraryItem
 from metralectl.tui.widgets.table_fill import fill
 
-# At 120 columns the table shows up to WEIGHTS; HW (FITS judges it; `hw:X` filters on it), MTP, IMAGE and MODEL
-# scroll into view.
-COLUMNS = ("", "RECIPE", "ENGINE", "QUANT", "TOK/S", "FITS", "WEIGHTS", "HW", "MTP", "IMAGE", "MODEL")
+# What decides "can I run it here" comes first: with the longest shipped name, RECIPE through WEIGHTS take 64
+# columns, which an 80-column terminal (stacked panes) and the 120-column one (the table's 2fr of the body)
+# both show whole, with 14 to spare; QUANT, TOK/S, HW (FITS judges it; `hw:X` filters on it), MTP, IMAGE and
+# MODEL follow or scroll into view.
+COLUMNS = ("", "RECIPE", "ENGINE", "FITS", "WEIGHTS", "QUANT", "TOK/S", "HW", "MTP", "IMAGE", "MODEL")
+NAME_WIDTH = 36  # a longer name (a user's: up to 64) ends in `…`; the detail pane and the filter have it whole
 
 
 def _yes_no(value: bool | None, yes: str = "yes", no: str = "no") -> Text:
@@ -25,11 +29,13 @@ def _yes_no(value: bool | None, yes: str = "yes", no: str = "no") -> Text:
 def cells(item: LibraryItem) -> tuple[str | Text, ...]:
     r = item.row
     weights_style = {"complete": "green", "present": "yellow", "partial": "yellow", "absent": "dim"}.get(r.weights, "")
+    name = line(r.name)
+    name.truncate(NAME_WIDTH, overflow="ellipsis")
     return (
         Text("●", style="bold green") if item.serving else " ",
-        r.name, r.engine, r.quant,
+        name, r.engine, _yes_no(r.fits), Text(r.weights, style=weights_style), r.quant,
         Text(f"{r.validated_tok_s:g}" if r.validated_tok_s is not None else "-", justify="right"),
-        _yes_no(r.fits), Text(r.weights, style=weights_style), r.hardware, "yes" if r.mtp else "-",
+        r.hardware, "yes" if r.mtp else "-",
         _yes_no(item.image_present, "here", "no"),
         r.model,
     )
