@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum, unique
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -56,8 +57,10 @@ EXIT_MEANINGS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.FAILED: ("it ran, and the thing asked for failed or was refused",
                       "a launch never became ready; a swap was rolled back (the previous model serves "
                       "again); a benchmark with failed requests, or invalid or client-bound; doctor "
-                      "found a problem; a peer refused; a signature did not verify; `agent status`: no agent runs"
-                      "; `search` matched no recipe"),
+                      "found a problem; a peer refused; a signature did not verify; `agent status`: no agent "
+                      "runs; `search` matched no recipe; nothing is served (or not the recipe named) for `logs`, "
+                      "`chat`, `bench` or `swap`: Docker answered, and there is nothing to act on until `run` "
+                      "serves one; `run` of a recipe while another one (or the same one with other settings) serves"),
     ExitCode.GATE: ("it ran, and a gate said no",
                     "a benchmark or campaign completed and a gate's verdict is fail "
                     "(`--no-fail-on-verdict` turns this into 0)"),
@@ -74,7 +77,9 @@ EXIT_MEANINGS: dict[ExitCode, tuple[str, str]] = {
                     "engine contract or kernels file is broken (a bug in this release)"),
     ExitCode.UNAVAILABLE: ("a service it needs cannot be reached (sysexits EX_UNAVAILABLE)",
                            "the Docker daemon is not running, not reachable or refuses this user; the "
-                           "agent or a peer does not answer"),
+                           "agent or a peer does not answer; the Hugging Face Hub (or HF_ENDPOINT) cannot "
+                           "be reached by `pull`, or by `run`/`swap` staging weights; nothing answers at "
+                           "the engine endpoint `chat` or `bench` were pointed at"),
     ExitCode.SOFTWARE: ("internal error: a bug in metralectl (sysexits EX_SOFTWARE)",
                         "an unexpected exception (run again with `--debug` for the traceback, and "
                         "report it)"),
@@ -108,6 +113,28 @@ class UsageError(MetralError):
     """Bad command-line input (unknown recipe, malformed --set, ...)."""
 
     exit_code = ExitCode.USAGE
+
+
+NOTHING_SERVED = "nothing is being served by metralectl"
+RUN_ONE = "`metralectl run RECIPE` serves one; `metralectl ps` shows what runs"
+
+
+class NotServed(MetralError):
+    """A command needs a served model and metralectl serves none, or not the one named: the one answer of
+    `logs`, `chat`, `bench` and `swap` (`top`, `ps` and `stop` say the same words and end 0: showing that
+    nothing serves, or stopping nothing, is what they were asked). Exit 1, not 69: Docker answered, and
+    said nothing serves; 69 is for a service that could not be asked (docs/exit-codes.md)."""
+
+    exit_code = ExitCode.FAILED
+
+    def __init__(self, recipe: str | None = None, served: Sequence[str] = (), hint: str | None = None) -> None:
+        if recipe is None:
+            message = NOTHING_SERVED
+        else:
+            message = f"{recipe} is not being served (served now: {', '.join(sorted(set(served))) or 'nothing'})"
+        default = RUN_ONE if recipe is None else f"`metralectl run {recipe}` serves it; `metralectl ps` shows what runs"
+        super().__init__(message, hint or default)
+        self.recipe = recipe
 
 
 class NotFound(UsageError):

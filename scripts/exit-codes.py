@@ -81,6 +81,24 @@ its work, numbered as BSD `sysexits.h` numbers those reasons, so a script can te
 `degraded` is 3, not a sysexits number: it is an outcome of a swap that ran (like 1 and 2), the worst
 one, and 3 is what the serving docs promised for it before this table. `metralectl --help` lists the
 codes in one line. Each command's page says which codes it can end with and what they mean for it.
+
+One situation, one answer, whichever command meets it (`tests/integration/test_exit_walk.py` walks
+them through the real entry point):
+
+- **Nothing is served** (or not the recipe named): `failed`, with the one message "nothing is being
+  served by metralectl" (`errors.NotServed`) from `logs`, `chat`, `bench` and `swap`. Not `unavailable`:
+  Docker answered, and what it said is that there is nothing to act on until `run` serves a model; a
+  script tells that apart from a daemon, agent, peer or Hub it could not ask at all. `top` and `ps` show
+  the same words and end `ok` (showing what runs is what they were asked), and so does `stop` ("nothing
+  to stop": what it was asked for holds).
+- **A service that does not answer** is `unavailable`: the Docker daemon, the agent, a peer, the
+  Hugging Face Hub (or `HF_ENDPOINT`) when `pull` or a `run`'s staging downloads weights, an engine
+  endpoint `chat` or `bench` was pointed at. `list`, `show` and `doctor` never ask the Hub.
+- **A recipe nobody has** is `usage`, with "did you mean", for every command that takes a recipe
+  (`run`, `show`, `pull`, `swap`, `stop`, `logs`, `chat RECIPE PROMPT`, `bench --self-start`).
+- **`run` of exactly what serves** (the same recipe, the same settings: the same spec hash) is `ok`: it
+  prints the endpoint as a launch does and says nothing was started (`--json`: `"already_serving":
+  true`); the same recipe with other `--set`s is refused (`failed`) unless `--replace`.
 """
 
 

@@ -134,13 +134,30 @@ class LifecycleOps:
             return {"serving": [], **error_json(exc)}
 
     def recipes(self) -> dict[str, Any]:
+        """The library rows, each with `fit_note` (why FITS is not yes, app/library_words) and `blocked`
+        (why Run/Swap cannot go here whatever serves, with the page's launch options — it pulls what is
+        missing — as the launch would say it; None also when Docker cannot be asked: `docker` says why)."""
         from metralectl.app import library
+        from metralectl.app.library_words import fit_words
         from metralectl.core.catalog import load_catalog
+        from metralectl.lifecycle.launch import LaunchOptions
 
         catalog = load_catalog()
         target = library.choose_target(catalog, None)
-        return {"target": {"hardware": target.hardware, "how": target.how},
-                "recipes": [r.to_json() for r in library.rows(catalog, target)]}
+        rows = library.rows(catalog, target)
+        refusals: dict[str, Any] = {}
+        docker: dict[str, Any] | None = None
+        try:
+            with self._runtime() as runtime:
+                refusals = library.blocked(catalog, [r.name for r in rows], runtime, LaunchOptions())
+        except MetralError as exc:
+            docker = error_json(exc)
+        recipes = []
+        for r in rows:
+            refused = refusals.get(r.name)
+            recipes.append({**r.to_json(), "fit_note": fit_words(r.fits, r.fits_reason),
+                            "blocked": error_json(refused.error) if refused is not None else None})
+        return {"target": {"hardware": target.hardware, "how": target.how}, "recipes": recipes, "docker": docker}
 
     def telemetry(self) -> dict[str, Any]:
         return self._telemetry.latest()

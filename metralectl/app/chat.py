@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metralectl.bench.sse import BODY_LIMIT, EventSplitter, EventTooLarge
-from metralectl.errors import ExitCode, MetralError, UsageError
+from metralectl.errors import RUN_ONE, ExitCode, MetralError, UsageError
 from metralectl.safetext import clean
 
 CONNECT_TIMEOUT_S = 5.0
@@ -64,19 +64,16 @@ def resolve(recipe: str | None, url: str | None) -> ChatTarget:
     """The endpoint to chat with: --url as given, else what the daemon's labelled containers say is served."""
     if url:
         return ChatTarget(base_url(url), recipe)
+    from metralectl.app.not_served import not_served
+
     served = served_endpoints()
     if recipe is not None:
         matches = [u for name, u in served if name == recipe]
         if not matches:
-            now = ", ".join(sorted({name for name, _ in served})) or "nothing"
-            raise MetralError(f"{clean(recipe, 120)} is not being served (served now: {clean(now, 300)})",
-                              f"`metralectl run {clean(recipe, 120)}` serves it; `metralectl ps` shows what runs",
-                              exit_code=ExitCode.UNAVAILABLE)
+            raise not_served(clean(recipe, 120), [clean(name, 120) for name, _ in served])
         return ChatTarget(matches[0], recipe)
     if not served:
-        raise MetralError("nothing is being served by metralectl",
-                          "`metralectl run RECIPE` serves a model; `--url URL` chats with another endpoint",
-                          exit_code=ExitCode.UNAVAILABLE)
+        raise not_served(None, [], f"{RUN_ONE}; `--url URL` chats with another endpoint")
     if len({u for _, u in served}) > 1:
         names = ", ".join(sorted(clean(name, 120) for name, _ in served))
         raise UsageError(f"{len(served)} models are served ({names}): which one?",

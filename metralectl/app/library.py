@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metralectl.seams import machine, weights_state
 from metralectl.core.catalog import Catalog
 from metralectl.core.fit import MemoryEstimate, estimate
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.recipe import Recipe
+
+if TYPE_CHECKING:
+    from metralectl.lifecycle.launch import LaunchOptions
+    from metralectl.lifecycle.preflight import Refusal
+    from metralectl.seams.container_runtime import ContainerRuntime
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ def _judge(recipe: Recipe, hardware: HardwareClass, target: Target, est: MemoryE
     if target.hardware and target.hardware != recipe.hardware:
         against.append(f"built for {recipe.hardware}, this is {target.hardware}")
     elif target.hardware is None and not target.gpus_seen:
-        against.append(f"built for {recipe.hardware}, and this box has no NVIDIA GPU (`--hardware` judges a class)")
+        against.append(f"built for {recipe.hardware}, and this box has no NVIDIA GPU")
     if est.fits is False:
         against.append(_memory_reason(est) or "the memory estimate exceeds the budget")
     if against:
@@ -145,4 +150,19 @@ def rows(catalog: Catalog, target: Target, *, hardware: str | None = None, tags:
         if tags and not all(t in recipe.tags for t in tags):
             continue
         out.append(row(catalog, recipe, target))
+    return out
+
+
+def blocked(catalog: Catalog, names: list[str], runtime: ContainerRuntime, options: LaunchOptions) -> dict[str, Refusal]:
+    """Why Run/Swap of each recipe cannot go on this box whatever serves (lifecycle.preflight.standing_refusal,
+    the words the launch itself would say), with the launch options of the front end asking: the dashboard's
+    (it never pulls: a missing image or weights is `p` first) or the agent's (it pulls). Absent: it may go."""
+    from metralectl.lifecycle.preflight import observe_staging, standing_refusal
+
+    out: dict[str, Refusal] = {}
+    for name in names:
+        recipe = catalog.recipes[name]
+        refused = standing_refusal(recipe, options, observe_staging(recipe, catalog, runtime))
+        if refused is not None:
+            out[name] = refused
     return out

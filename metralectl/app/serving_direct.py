@@ -54,6 +54,7 @@ class Stopped:
 
     containers: tuple[StopResult, ...] = ()
     ranks: tuple[RankStopped, ...] = ()
+    why_nothing: str = ""  # nothing stopped: errors.NotServed's words (what serves now, when a recipe was named)
 
     @property
     def nothing(self) -> bool:
@@ -67,6 +68,8 @@ class Stopped:
         out: dict[str, Any] = {"stopped": [asdict(r) for r in self.containers], "ranks": [asdict(r) for r in self.ranks]}
         if self.nothing:
             out["note"] = "nothing to stop"
+            if self.why_nothing:
+                out["why"] = self.why_nothing
         return out
 
     @classmethod
@@ -77,7 +80,8 @@ class Stopped:
             raw = dict(raw)
             raw["result"] = rebuild(StopResult, raw["result"]) if raw.get("result") else None
             ranks.append(rebuild(RankStopped, raw))
-        return cls(tuple(rebuild(StopResult, r) for r in data.get("stopped") or []), tuple(ranks))
+        return cls(tuple(rebuild(StopResult, r) for r in data.get("stopped") or []), tuple(ranks),
+                   str(data.get("why") or ""))
 
 
 if TYPE_CHECKING:
@@ -240,7 +244,8 @@ class DirectServing:
                                                  r.error))
             containers = stop_containers(runtime, chosen, timeout_s=change.stop_timeout_s,
                                          on_event=on_event, memory=self._memory(runtime)) if chosen else []
-        stopped = Stopped(tuple(containers), tuple(ranks))
+            why = "" if deployments or chosen else _why_nothing(runtime, change)
+        stopped = Stopped(tuple(containers), tuple(ranks), why)
         if stopped.failures:
             raise StopIncomplete(stopped)
         return stopped
@@ -276,14 +281,29 @@ class DirectServing:
                 chosen = select(runtime, recipe, all_=False, offer_all=False, missing_ok=True)
                 if not chosen:
                     from metralectl.app.serving_logs import failed_start_log
+                    from metralectl.core.labels import LABEL_RECIPE
 
-                    yield from failed_start_log(recipe, tail)
+                    served = [c.labels.get(LABEL_RECIPE, c.name) for c in runtime.containers() if c.running]
+                    yield from failed_start_log(recipe, tail, served)
                     return
                 container = chosen[0].id
             if follow:
                 yield from runtime.follow_logs(container, tail=tail, stop=stop)
             else:
                 yield from runtime.log_tail(container, tail)
+
+
+def _why_nothing(runtime: ContainerRuntime, change: Change) -> str:
+    """A stop that found nothing to stop: done (exit 0), saying what serves; a name that is no recipe (nor
+    one of our containers) is refused as `run` refuses it (exit 64)."""
+    from metralectl.app.not_served import not_served
+    from metralectl.core.labels import LABEL_RECIPE
+
+    served = [c.labels.get(LABEL_RECIPE, c.name) for c in runtime.containers() if c.running]
+    answer = not_served(None if change.all_ else change.recipe, served)
+    if answer.exit_code is not ExitCode.FAILED:
+        raise answer
+    return answer.message
 
 
 def _expect(change: Change, kind: str) -> None:
@@ -309,5 +329,5 @@ def select_stop(runtime: ContainerRuntime, change: Change) -> tuple[list[Deploym
     if deployments and not change.all_:
         return deployments, []
     ranked = {r.container for d in deployments for r in d.ranks if r.endpoint == runtime.endpoint.url}
-    containers = [c for c in select(runtime, change.recipe, change.all_) if c.name not in ranked]
+    containers = [c for c in select(runtime, change.recipe, change.all_, missing_ok=True) if c.name not in ranked]
     return deployments, containers

@@ -81,17 +81,22 @@ def failed_start_lines(found: FailedStart, tail: int) -> Iterator[str]:
     yield from lines[-tail:] if tail > 0 else lines
 
 
-def failed_start_log(recipe: str | None, tail: int) -> Iterator[str]:
-    """No container: the kept log of the last failed start (of `recipe`), announced on stderr as such."""
+def failed_start_log(recipe: str | None, tail: int, served: list[str] | None = None) -> Iterator[str]:
+    """No container: the kept log of the last failed start (of `recipe`), announced on stderr as such.
+    `served`: what serves now (None: `--last-failed`, which asks for that log only)."""
     import sys
     import time
 
     found = last_failed_start(recipe)
     if found is None:
-        if recipe is not None:
-            raise MetralError(f"no metralectl container serves {recipe!r}, and no failed start of it was kept",
-                              "`metralectl ps` lists what runs")
-        raise MetralError("metralectl is not serving anything", "`metralectl run RECIPE`")
+        of = f" of {recipe}" if recipe is not None else ""
+        if served is None:
+            raise MetralError(f"no failed start{of} was kept", "`metralectl logs` shows the served model's log")
+        from metralectl.app.not_served import not_served
+        from metralectl.errors import RUN_ONE
+
+        run = RUN_ONE if recipe is None else f"`metralectl run {recipe}` serves it; `metralectl ps` shows what runs"
+        raise not_served(recipe, served, f"{run} (no failed start{of} was kept either)")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(found.at))
     print(f"metralectl: no container serves {found.recipe}; this is the log of its failed start at {when} "
           f"(run {found.run_id}, {found.cause}), kept in {found.log}", file=sys.stderr)

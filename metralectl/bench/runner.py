@@ -111,9 +111,13 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> RunOutcome:
         counter(p["tokenizer"])  # a bad path or a missing package is a usage error now, not in a worker
     with Control(req.url, headers=req.headers) as control:
         http_status, body = control.health()
+        if http_status is None:  # as `chat` says it: an endpoint that does not answer is a service not reached
+            raise MetralError(f"nothing answers at {req.url}: {body}",
+                              "`metralectl ps` shows what is served and whether it is healthy",
+                              exit_code=ExitCode.UNAVAILABLE)
         if http_status != 200:
-            raise MetralError(f"{req.url} is not ready: /health answered {http_status if http_status is not None else body}",
-                              "start it (`metralectl run RECIPE`), or pass --url / --self-start RECIPE")
+            raise MetralError(f"{req.url} is not ready: /health answered {http_status}",
+                              "`metralectl ps` shows its health; `metralectl logs` what the engine says")
         target = describe(control, managed=req.managed)
         _name_engine(req, target, on_event)
         if req.unit and req.recipe is not None and target.recipe != req.recipe.name:

@@ -89,17 +89,53 @@ def describe(control: Control, *, managed: dict[str, Any] | None = None) -> Targ
     return target
 
 
+DEFAULT_URL = "http://127.0.0.1:8888"  # where a benchmark looks when metralectl serves nothing: an engine started by hand
+
+
 def managed_container(url: str | None) -> dict[str, Any] | None:
     """The metralectl container serving `url` (or the only one serving, when url is None), from its labels.
     None when Docker is not reachable or nothing matches: benchmarks do not need Docker."""
     try:
-        from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_SPEC_HASH
         from metralectl.seams.docker_runtime import open_runtime
 
         with open_runtime(timeout=5.0) as runtime:
             return _managed_on(runtime, url)
     except (MetralError, ImportError, OSError):
         return None
+
+
+def endpoint_to_measure(url: str | None) -> tuple[str, dict[str, Any] | None]:
+    """The endpoint a benchmark measures and metralectl's container there: `url` when given; else the model
+    metralectl serves; else an engine started by hand at DEFAULT_URL, when one answers there. Else the one
+    answer for nothing served (errors.NotServed, exit 1) — or, when Docker could not be asked, Docker's own
+    error (exit 69): then nothing is known about what serves."""
+    if url:
+        return url, managed_container(url)
+    from metralectl.errors import NotServed, RUN_ONE
+    from metralectl.seams.endpoint import health_once
+
+    docker: MetralError | None = None
+    try:
+        from metralectl.seams.docker_runtime import open_runtime
+
+        with open_runtime(timeout=5.0) as runtime:
+            found = _managed_on(runtime, None)
+            serving = [c for c in runtime.containers(mine=False) if c.running]
+    except MetralError as exc:
+        found, serving, docker = None, [], exc
+    if found is not None:
+        return str(found["url"]), found
+    if health_once(DEFAULT_URL, timeout=2.0).status is not None:
+        return DEFAULT_URL, None
+    if docker is not None:
+        docker.hint = f"{docker.hint or ''}; or `--url URL` benchmarks an endpoint without asking Docker".lstrip("; ")
+        raise docker
+    if serving:  # several models serve, or ours publish no endpoint: which one is for --url to say
+        names = ", ".join(sorted(c.name for c in serving))
+        raise MetralError(f"{len(serving)} metralectl containers run ({names}): which one?",
+                          "`metralectl bench run SUITE --url URL` names it (`metralectl ps` shows the endpoints)")
+    raise NotServed(hint=f"{RUN_ONE}; `--self-start RECIPE` serves one for this run; `--url URL` benchmarks "
+                         f"another endpoint (nothing answers at {DEFAULT_URL} either)")
 
 
 def _managed_on(runtime: ContainerRuntime, url: str | None) -> dict[str, Any] | None:

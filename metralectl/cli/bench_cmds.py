@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(name="bench", help="Benchmark the served endpoint; keep and compare the results.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode=None)
-DEFAULT_URL = "http://127.0.0.1:8888"
+DEFAULT_URL = "http://127.0.0.1:8888"  # bench/target.DEFAULT_URL, spelled here so the help text loads no bench code
 
 
 def _dump(value: Any) -> None:
@@ -166,10 +166,9 @@ def run(
                                      {"recipe": self_start, "url": endpoint}, headers, unit=unit_label)
                 record = run_suite(request, progress).record
         else:
-            from metralectl.bench.target import managed_container
+            from metralectl.bench.target import endpoint_to_measure
 
-            found = managed_container(url)
-            endpoint = url or (found or {}).get("url") or DEFAULT_URL
+            endpoint, found = endpoint_to_measure(url)
             rec = _recipe(recipe or (found or {}).get("recipe"), explicit=recipe is not None)
             record = run_suite(RunRequest(s.id, params, endpoint, source, gates, fail_on_verdict, rec, found,
                                           headers=headers, unit=unit_label), progress).record

@@ -51,14 +51,10 @@ def _overridden(row: dict[str, Any]) -> str:
 HEADERS = ("RECIPE", "ENGINE", "MODEL", "QUANT", "HW", "NODES", "MTP", "TOK/S", "MEM GB", "FITS", "WEIGHTS",
            "SOURCE")
 # What a narrow terminal leaves out first: the model is in the recipe's name, the source in `show`, MTP, the
-# nodes and the memory behind FITS (which judges both, its reason in --json), then the hardware class (FITS
+# nodes and the memory behind FITS (which judges both, its reason in a footnote), then the hardware class (FITS
 # judges it) and the validated tok/s; RECIPE, ENGINE, QUANT, FITS and WEIGHTS always stay (the shipped recipes
 # then fit 80 columns).
 OPTIONAL = ("MODEL", "SOURCE", "MTP", "NODES", "MEM GB", "HW", "TOK/S")
-
-
-def _yes_no(value: bool | None) -> str:
-    return "?" if value is None else ("yes" if value else "no")
 
 
 def matches(row: dict[str, Any], words: list[str]) -> bool:
@@ -92,19 +88,25 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
     elif missed:  # like grep: no table, a line on stderr and exit 1 (below)
         pass
     else:
+        from metralectl.app.library_words import footnote_block, footnotes
+
+        # FITS `no`/`?` carries the mark of its reason; each distinct reason is one footnote below the table
+        fits, notes = footnotes((r["fits"], r["fits_reason"]) for r in rows)
         table_rows = [[
             r["name"], r["engine"], r["model"], r["quant"], r["hardware"], str(r.get("nodes", 1)),
             "yes" if r["mtp"] else "-",
             f"{r['validated_tok_s']:g}" if r["validated_tok_s"] is not None else "-",
             f"{r['memory_gb']:.1f}" if r["memory_gb"] is not None else "?",
-            _yes_no(r["fits"]), r["weights"],
+            fit, r["weights"],
             r["source"] if not r["overrides"] else f"{r['source']} (overrides {_overridden(r)})",
-        ] for r in rows]
+        ] for r, fit in zip(rows, fits)]
         from metralectl.present.table import render_table, terminal_width, to_fit
 
         width = terminal_width()
         hidden = to_fit(HEADERS, table_rows, width, OPTIONAL)
         print(render_table(HEADERS, table_rows, right=(5, 7, 8), hide=hidden))
+        for line in footnote_block(notes):
+            note(line)
         if hidden:
             note(f"{', '.join(hidden)} left out to fit {width} columns; a wider terminal, or `--json`, shows "
                  f"{'them' if len(hidden) > 1 else 'it'}")

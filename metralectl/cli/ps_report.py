@@ -67,7 +67,9 @@ def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, s
         if any(source == "estimate" for _, source in memory):
             note("MEM GB: `est.` is the recipe's estimate (NVML did not report the container's processes)")
     else:
-        note("nothing is being served by metralectl")
+        from metralectl.errors import NOTHING_SERVED
+
+        note(NOTHING_SERVED)
     for line in report.notes:
         note(style(f"! {clean(line, 600)}", "33", sys.stderr))
     if report.degraded:

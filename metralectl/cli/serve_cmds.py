@@ -110,6 +110,9 @@ def print_ready(launched: Any, as_json: bool, details: list[str]) -> None:
 
 
 def _print_ready(launched: Any, as_json: bool) -> None:
+    if launched.already_serving:  # `run` of exactly what serves: done, and said so (--json: "already_serving")
+        note(style(f"✔ {clean(launched.recipe)} is already being served with these settings: nothing was started",
+                   "32", sys.stderr))
     print_ready(launched, as_json, [f"container {launched.container} (run {launched.run_id}; "
                                     f"logs: metralectl logs -f {launched.recipe})"])
 
@@ -259,7 +262,7 @@ def stop(
 
 def _print_stopped(stopped: Any, as_json: bool) -> None:
     if stopped.nothing:
-        note("nothing to stop")
+        note(f"nothing to stop: {stopped.why_nothing}" if stopped.why_nothing else "nothing to stop")
         if as_json:  # a script reads a value either way: the same list, empty
             print("[]")
         return

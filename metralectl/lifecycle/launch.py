@@ -24,7 +24,7 @@ from metralectl.errors import ExitCode, MetralError
 from metralectl.core.contract import Readiness
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, diagnose_exit, message_of
 from metralectl.lifecycle.preflight import (containers_refusal, launch_refusal, multi_rank_refusal, observe,
-                                            port_refusal)
+                                            port_refusal, same_launch)
 from metralectl.lifecycle.events import (ContainerStarted, Failed, Listener, LogLine, Phase, Ready, Step, Transfer,
                                          Warning_, ignore)
 from metralectl.lifecycle.readiness import (BootClock, HealthPoller, StyleGate, fault_diagnosis, stall_diagnosis,
@@ -66,6 +66,7 @@ class Launched:
     phases: dict[str, float] = field(default_factory=dict)
     log_path: str = ""
     ready_at: float = 0.0  # wall-clock time (epoch s) the first /health 200 arrived
+    already_serving: bool = False  # this very recipe, with these settings, was served already: nothing started
 
 
 class LaunchFailed(MetralError):
@@ -143,6 +144,10 @@ def preflight(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec:
 def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, options: LaunchOptions = LaunchOptions(),
            on_event: Listener = ignore, gpus_override: str | int | None = "recipe") -> Launched:
     spec = spec_for(catalog, recipe, gpus_override=gpus_override)
+    if not options.replace:
+        served = already_serving(recipe, catalog, runtime, spec, on_event)
+        if served is not None:
+            return served
     preflight(recipe, catalog, runtime, spec, options, on_event)
     replaced: list[str] = []
     if options.replace:
@@ -166,6 +171,30 @@ def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, optio
             f"interrupted while {recipe.name} was starting: nothing serves now ({', '.join(replaced)} was stopped "
             f"by --replace, {recipe.name}'s container was removed)",
             f"`metralectl run {replaced[0]}` serves it again") from None
+
+
+def already_serving(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec,
+                    on_event: Listener) -> Launched | None:
+    """`run` of exactly what serves (preflight.same_launch) is done already: its endpoint, as a launch would
+    give it, once its engine answers ready; running but not ready is refused (its logs say why). None: not served."""
+    from metralectl.lifecycle.readiness import classify_health
+    from metralectl.seams.endpoint import health_once
+
+    same = same_launch(spec, [c for c in runtime.containers() if c.running])
+    if same is None:
+        return None
+    url = same.labels.get(LABEL_ENDPOINT) or base_url(spec.bind, spec.port)
+    readiness = catalog.engines[recipe.engine].readiness
+    health = classify_health(health_once(url, timeout=5.0, path=readiness.health_path), readiness)
+    if health.kind != "ready":
+        raise MetralError(f"{recipe.name} is already running with these settings ({same.name}), but its engine is "
+                          f"not ready: GET {readiness.health_path}: {health.describe()}",
+                          f"`metralectl logs {recipe.name}` shows why; `metralectl run {recipe.name} --replace` restarts it")
+    on_event(Step("serving", f"{recipe.name} is already served with these settings ({same.name}): nothing to start"))
+    with EngineClient(url) as client:
+        model = client.served_model()
+    return Launched(same.labels.get(LABEL_RUN_ID, ""), recipe.name, same.name, same.id, url, model, 0.0,
+                    already_serving=True)
 
 
 class LaunchInterrupted(MetralError):

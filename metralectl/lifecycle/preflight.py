@@ -10,13 +10,13 @@ never promises what the launch would refuse, nor refuses what it would do.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from metralectl.seams.ports import port_free  # the one bind probe (doctor uses it too)
-from metralectl.core.labels import LABEL_OWNER, LABEL_RANK, LABEL_RECIPE
+from metralectl.core.labels import LABEL_OWNER, LABEL_RANK, LABEL_RECIPE, LABEL_SPEC_HASH
 from metralectl.core.render import ContainerSpec, owner
-from metralectl.errors import MetralError
+from metralectl.errors import MetralError, NotServed
 from metralectl.wording import count
 
 if TYPE_CHECKING:
@@ -51,6 +51,17 @@ class Refusal:
 def observe(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec, *,
             cpu_arch: str | None = None, probe_port: bool = False) -> Facts:
     """Look at everything the refusals need; change nothing."""
+    staged = observe_staging(recipe, catalog, runtime, cpu_arch=cpu_arch)
+    others = tuple(c for c in runtime.containers(mine=False) if c.running and c.owner != owner())
+    running = tuple(c for c in runtime.containers() if c.running)
+    free = port_free(spec.bind, spec.port) if probe_port and not running else None
+    return replace(staged, same_name=runtime.inspect(spec.name), others=others, running=running, port_free=free)
+
+
+def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *,
+                    cpu_arch: str | None = None) -> Facts:
+    """The image and the weights only (no container is looked at): what refuses this recipe on this box
+    whatever serves (standing_refusal)."""
     from metralectl.core import images
     from metralectl.seams import machine, weights, weights_state
 
@@ -74,11 +85,14 @@ def observe(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: C
             weights_status, weights_error = "conflict", exc
         except MetralError as exc:
             weights_error = exc
-    others = tuple(c for c in runtime.containers(mine=False) if c.running and c.owner != owner())
-    running = tuple(c for c in runtime.containers() if c.running)
-    free = port_free(spec.bind, spec.port) if probe_port and not running else None
-    return Facts(state, image_error, pullable, weights_status, weights_error, runtime.inspect(spec.name), others,
-                 running, free)
+    return Facts(state, image_error, pullable, weights_status, weights_error, None, (), ())
+
+
+def standing_refusal(recipe: Recipe, options: LaunchOptions, staged: Facts) -> Refusal | None:
+    """What refuses a run of (or a swap to) this recipe on this box whatever serves, with these launch
+    options: the ranks it needs, an image or weights staging cannot bring (or may not: options.pull).
+    The dashboard's Library and the page disable their Run/Swap with it, in the words the launch says."""
+    return multi_rank_refusal(recipe) or staging_refusal(options, staged)
 
 
 def multi_rank_refusal(recipe: Recipe) -> Refusal | None:
@@ -119,9 +133,28 @@ def containers_refusal(recipe: Recipe, spec: ContainerSpec, options: LaunchOptio
                                    "ask its owner to stop it (`metralectl stop`) first"))
     if running and not options.replace:
         names = ", ".join(f"{c.name} ({c.labels.get(LABEL_RECIPE, '?')})" for c in running)
+        if same_launch(spec, running) is not None:  # launch() answers this one itself: served, nothing to start
+            return Refusal(MetralError(f"{recipe.name} is already being served{where} with these settings: {names}",
+                                       f"nothing to start; `metralectl run {recipe.name} --replace` restarts it"))
+        if any(c.labels.get(LABEL_RECIPE) == recipe.name for c in running):
+            return Refusal(MetralError(
+                f"{recipe.name} is already being served by metralectl{where} with other settings: {names}",
+                f"`metralectl swap {recipe.name}` with these --set replaces it with rollback; `run --replace` "
+                "restarts it with them"), None if recipe.multi_rank else "swap")
         hint = ("`run --replace` stops it first" if recipe.multi_rank else
                 f"`metralectl swap {recipe.name}` replaces it with rollback; `run --replace` stops it first")
         return Refusal(MetralError(f"a model is already being served by metralectl{where}: {names}", hint), "swap")
+    return None
+
+
+def same_launch(spec: ContainerSpec, running: Sequence[ContainerInfo]) -> ContainerInfo | None:
+    """The container of ours that runs exactly what `spec` would start: its name, recipe and spec hash (the
+    image, every flag, the environment, the mounts, the port) — `run` of it again is served already."""
+    wanted = spec.labels.get(LABEL_SPEC_HASH)
+    for c in running:
+        if (wanted is not None and c.name == spec.name and c.labels.get(LABEL_SPEC_HASH) == wanted
+                and c.labels.get(LABEL_RECIPE) == spec.labels.get(LABEL_RECIPE)):
+            return c
     return None
 
 
@@ -148,7 +181,7 @@ def swap_refusal(new: Recipe, new_sets: Sequence[str], running: Sequence[Contain
     """Why a swap to `new` cannot start from what is served (ours that run; `served_sets`: the --set overrides
     the served one was started with); None: there is exactly one model to replace, and it is another."""
     if not running:
-        return Refusal(MetralError("metralectl is not serving anything to swap", "`metralectl run RECIPE` starts one"),
+        return Refusal(NotServed(hint=f"`metralectl run {new.name}` serves it (a swap replaces a served model)"),
                        "run")
     if len(running) > 1:
         names = ", ".join(f"{c.labels.get(LABEL_RECIPE, '?')} ({c.name})" for c in running)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from metralectl.errors import MetralError
+from metralectl.errors import NOTHING_SERVED, MetralError
 from metralectl.seams.gpu import GpuProbe
 from metralectl.core.gpudata import GpuSystem, GpuUnavailable
 from metralectl.core.engine_profile import MetricsMap
@@ -34,8 +34,7 @@ if TYPE_CHECKING:
     from metralectl.seams.container_runtime import ContainerRuntime
     from metralectl.seams.shared_runtime import SharedRuntime
 
-NO_ENGINE = ("no engine: metralectl is serving nothing here "
-             "(`metralectl run RECIPE`, or --url for another engine)")
+NO_ENGINE = f"no engine: {NOTHING_SERVED} (`metralectl run RECIPE`, or --url for another engine)"
 Discovery = Callable[[], "tuple[list[EngineTarget], str | None]"]
 
 

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from metralectl.tui.cancel import CancelToken
 
 KINDS = {"ints": "int-list", "floats": "float-list"}
-DEFAULT_URL = "http://127.0.0.1:8888"
 
 
 def _text(value: Any) -> str:
@@ -66,12 +65,11 @@ class CoreBench:
         from metralectl.bench.runner import RunInterrupted, RunRequest
         from metralectl.bench.runner import run as run_suite
         from metralectl.bench.suites import get_suite
-        from metralectl.bench.target import managed_container
+        from metralectl.bench.target import endpoint_to_measure
         from metralectl.tui.cancel import Cancelled
 
         total = len(get_suite(suite).stages(params))
-        found = managed_container(None)
-        url = (found or {}).get("url") or DEFAULT_URL
+        url, found = endpoint_to_measure(None)
         recipe = None
         if found and found.get("recipe"):
             try:

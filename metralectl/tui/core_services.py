@@ -73,6 +73,7 @@ class CoreServices:
         from metralectl.app import library
         from metralectl.errors import MetralError
         from metralectl.core.render import LABEL_RECIPE
+        from metralectl.tui.plans import LIBRARY_HINTS, dashboard_change
 
         catalog = self.catalog(reload=True)
         target = library.choose_target(catalog, self._hardware)
@@ -81,18 +82,25 @@ class CoreServices:
                  "explains" for r in catalog.refused]
         present: dict[str, bool | None] = {}
         serving: set[str] = set()
+        refused: dict[str, Any] = {}
         try:
             with self._runtime() as runtime:
                 for image in {catalog.recipes[r.name].image for r in rows}:
                     info = catalog.images[image]
                     present[info.ref] = runtime.image_state(info.ref, info.revision_label).present
                 serving = {c.labels.get(LABEL_RECIPE, "") for c in runtime.containers() if c.running}
+                # what the run's and the swap's plan would refuse whatever serves: r/w disabled, with its words
+                refused = library.blocked(catalog, [r.name for r in rows], runtime,
+                                          dashboard_change("run", "-").options)
         except MetralError as exc:
             notes.append(f"Docker not reachable, images unknown: {exc.message}")
         items = []
         for r in rows:
             ref = catalog.image_for(catalog.recipes[r.name]).ref
-            items.append(LibraryItem(r, ref, present.get(ref), r.name in serving))
+            no = refused.get(r.name)
+            items.append(LibraryItem(r, ref, present.get(ref), r.name in serving,
+                                     no.error.message if no else None,
+                                     (LIBRARY_HINTS.get(no.fix or "", no.error.hint) if no else None)))
         judged = f"fit judged on: {target.hardware or 'each recipe’s own class'} ({target.how})"
         return LibrarySnapshot(tuple(items), judged, tuple(notes))
 

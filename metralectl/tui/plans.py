@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 HINTS = {"pull-image": "Esc, then p in the Library pulls it", "pull-weights": "Esc, then p in the Library pulls them",
          "run": "Esc, then r in the Library runs this recipe",
          "swap": "Esc, then w in the Library swaps to this recipe (with rollback), or x stops the served one first"}
+# The same, said under the Library's table (no dialog to close) when r and w are disabled for the chosen recipe.
+LIBRARY_HINTS = {"pull-image": "p pulls it", "pull-weights": "p pulls them"}
 
 
 def dashboard_change(action: Action, name: str | None) -> Any:
@@ -150,7 +152,9 @@ def _stop_plan(recipe: Recipe | None, runtime_factory: Callable[[], Any]) -> Pla
             return Plan("stop", name, "Stop", (), blocked=exc.message,
                         hint="select the recipe of the one to stop in the Library" if name is None else exc.hint)
     if not deployments and not containers:
-        return Plan("stop", name, "Stop", (), blocked="metralectl is serving nothing")
+        from metralectl.errors import NOTHING_SERVED
+
+        return Plan("stop", name, "Stop", (), blocked=NOTHING_SERVED)
     steps: list[str] = []
     for dep in deployments:
         steps.append(f"stop every rank of {dep.recipe}, the head first, each on its node "

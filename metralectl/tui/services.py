@@ -34,6 +34,8 @@ class LibraryItem:
     image_ref: str
     image_present: bool | None  # None: Docker not reachable, so unknown
     serving: bool = False  # a container of this recipe runs now
+    blocked: str | None = None  # why r/w cannot go whatever serves (the launch's words); None: they may
+    blocked_hint: str | None = None  # what to do about it (`p pulls it`, or the launch's own hint)
 
 
 @dataclass(frozen=True)

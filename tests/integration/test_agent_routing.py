@@ -101,8 +101,11 @@ def test_run_swap_stop_through_the_agent(box: Box, agent: RunningAgent) -> None:
     assert box.containers() == []
     assert [(j["kind"], j["state"]) for j in agent.jobs()] == [("run", "done"), ("swap", "done"), ("stop", "done")]
 
-    refused = box.cli("stop", first)  # a refusal inside the job: the same message and exit code as directly
-    assert refused.returncode == 1 and f"no metralectl container serves {first!r}" in refused.stderr
+    nothing = box.cli("stop", first)  # it no longer serves: nothing to do, said as directly (the job's result)
+    assert nothing.returncode == 0 and f"nothing to stop: {first} is not being served (served now: nothing)" \
+        in nothing.stderr, nothing.stderr
+    refused = box.cli("stop", f"{first}-typo")  # a refusal inside the job: the same message and exit code as directly
+    assert refused.returncode == 64 and f"no recipe named '{first}-typo'" in refused.stderr, refused.stderr
     failing = box.recipe("failing", image="exit-at-start")
     failed = box.cli("run", failing)  # an engine failure: classified, its container removed, exit 1
     assert failed.returncode == 1 and "start failed (exited)" in failed.stderr and "Traceback" not in failed.stderr

@@ -32,7 +32,7 @@ RECIPE = "qwen3.5-35b-a3b"
 LAUNCHED = {"run_id": "20250101-000000-abcdef", "recipe": RECIPE, "container": f"metralectl-{RECIPE}",
             "container_id": "c0ffee", "url": "http://127.0.0.1:8888", "model": "Sehyo/Qwen3.5-35B-A3B-NVFP4",
             "ready_s": 12.5, "phases": {"loading": 1.0, "capturing-graphs": 9.5, "ready": 12.5}, "log_path": "/x.log",
-            "ready_at": 1767225600.25}
+            "ready_at": 1767225600.25, "already_serving": False}
 SWAPPED = {"from_recipe": "old", "to_recipe": RECIPE, "outcome": "swapped", "downtime_s": 3.0,
            "phases": {"drain": 0.5, "stop": 1.0, "boot": 1.5}, "message": "", "url": "http://127.0.0.1:8888",
            "model": "m"}

@@ -79,9 +79,10 @@ def test_run_json_gates_and_history() -> None:
     assert "ttft_ms" in cli("bench", "show", record["run_id"]).stdout
 
 
-def test_unreachable_endpoint_fails_with_1() -> None:
+def test_an_endpoint_nothing_answers_at_is_unavailable_as_in_chat() -> None:
     out = cli("bench", "run", "decode", "--url", "http://127.0.0.1:9")
-    assert out.returncode == 1 and "not ready" in out.stderr and out.stdout == ""
+    assert out.returncode == ExitCode.UNAVAILABLE and out.stdout == ""
+    assert out.stderr.startswith("metralectl: nothing answers at http://127.0.0.1:9: "), out.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])

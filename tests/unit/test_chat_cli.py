@@ -324,11 +324,14 @@ def test_nothing_served_another_recipe_or_two_served(served: list[tuple[str, str
 
     with pytest.raises(MetralError, match="nothing is being served") as nothing:
         resolve(None, None)
-    assert nothing.value.exit_code == ExitCode.UNAVAILABLE
+    assert nothing.value.exit_code == ExitCode.FAILED  # Docker answered: nothing serves (docs/exit-codes.md)
     served.append(("qwen3-8b", "http://127.0.0.1:8888"))
-    with pytest.raises(MetralError, match="gemma is not being served \\(served now: qwen3-8b\\)") as other:
-        resolve("gemma", None)
-    assert other.value.exit_code == ExitCode.UNAVAILABLE
+    with pytest.raises(MetralError, match="demo-cpu is not being served \\(served now: qwen3-8b\\)") as other:
+        resolve("demo-cpu", None)
+    assert other.value.exit_code == ExitCode.FAILED
+    with pytest.raises(MetralError, match="no recipe named 'gemma'") as unknown:
+        resolve("gemma", None)  # no recipe at all: as `run gemma` says it
+    assert unknown.value.exit_code == ExitCode.USAGE
     served.append(("gemma", "http://127.0.0.1:8889"))
     with pytest.raises(MetralError, match="2 models are served") as two:
         resolve(None, None)

@@ -32,7 +32,7 @@ def test_ps_closes_its_runtime(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
 
 def test_logs_closes_its_runtime_when_nothing_is_served(monkeypatch: pytest.MonkeyPatch) -> None:
     rt = _cli_runtime(monkeypatch)
-    with pytest.raises(MetralError, match="not serving anything"):
+    with pytest.raises(MetralError, match="nothing is being served by metralectl"):
         serve_cmds.logs(recipe_name=None, follow=False, tail=10, rank=None, last_failed=False)  # type: ignore[arg-type]
     assert rt.closed == 1
 

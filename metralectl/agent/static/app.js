@@ -46,7 +46,7 @@ async function getJSON(path) {
 }
 
 async function post(path, body) {
-  if (!token) { showTokenState("Actions need the agent's token: run `metralectl agent url` and open that address."); return null; }
+  if (!token) { renderToken(); return null; }
   const r = await fetch(path, {
     method: "POST", cache: "no-store", credentials: "same-origin",
     headers: { "Content-Type": "application/json", "Authorization": `Bearer ${token}` },
@@ -141,21 +141,37 @@ async function refreshRecipes() {
   renderRecipeButtons();
 }
 
+// A recipe that cannot run here whatever serves (x.blocked: the launch's own words, the dashboard's too) has
+// its Run/Swap disabled, and the line under its row says why, before anything is asked; FITS no/? says its
+// reason on that line too (x.fit_note: the words of `list`'s footnotes and the dashboard's line).
 function renderRecipeButtons() {
   const busy = currentJob && !FINISHED.includes(currentJob.state);
   const body = $("#recipes tbody");
-  body.replaceChildren(...recipes.map((x) => {
+  body.replaceChildren(...recipes.flatMap((x) => {
     const isServed = serving.some((s) => s.recipe === x.name && s.state.startsWith("running"));
     const action = serving.length ? ["Swap to", "/api/swap"] : ["Run", "/api/run"];
-    return el("tr", {},
+    const blocked = x.blocked ? x.blocked.error + (x.blocked.hint ? ` — ${x.blocked.hint}` : "") : "";
+    const id = `why-${x.name}`;
+    let cell;
+    if (isServed) cell = el("span", { class: "ok" }, "serving");
+    else if (blocked) cell = el("button", { disabled: true, title: blocked, "aria-describedby": id }, action[0]);
+    else {
+      cell = el("button", actionAttrs(() => (serving.length ? askSwap(x.name) : act(action[1], { recipe: x.name })), busy),
+        action[0]);
+    }
+    const row = el("tr", {},
       el("td", { title: x.name }, x.name), el("td", { title: x.model }, x.model), el("td", { class: "short" }, x.quant),
       el("td", { class: "short" }, x.hardware),
       el("td", { class: `short ${x.fits === false ? "bad" : x.fits ? "ok" : "muted"}`, title: x.fits_reason || "" },
         x.fits === null ? "?" : x.fits ? "yes" : "no"),
       el("td", { class: "short" }, x.weights), el("td", { class: "short" }, x.validated_tok_s ?? "-"),
-      el("td", { class: "action" }, isServed ? el("span", { class: "ok" }, "serving")
-        : el("button", actionAttrs(() => (serving.length ? askSwap(x.name) : act(action[1], { recipe: x.name })), busy),
-          action[0])));
+      el("td", { class: "action" }, cell));
+    if (!x.fit_note && !(blocked && !isServed)) return [row];
+    const why = el("td", { colspan: "8", id },
+      x.fit_note ? el("span", { class: "fit" }, `Fits ${x.fits === null ? "?" : "no"}: ${x.fit_note}`) : "",
+      blocked && !isServed ? el("span", { class: "blocked" }, `${action[0]}: ${blocked}`) : "");
+    row.classList.add("has-why");
+    return [row, el("tr", { class: "why" }, why)];
   }));
 }
 
@@ -180,7 +196,7 @@ async function followJob() {
   }
   showJob();
   if (!FINISHED.includes(currentJob.state)) setTimeout(followJob, 1000);
-  else refreshServing();
+  else { refreshServing(); refreshRecipes(); }  // a run may have pulled an image or weights: what can run changed
 }
 
 function showJob() {
@@ -318,8 +334,9 @@ async function refreshHistory() {
 function showTokenState(text) { setText($("#token-state"), text); }
 function renderToken() {
   showTokenState(token ? "Actions are unlocked for this tab." :
-    "Read-only: actions need the agent's token (run `metralectl agent url` on this machine and open that address, or paste the token).");
+    "Run, Swap and Stop need the agent's token: run `metralectl agent url` on this machine and open that address, or paste the token here.");
   $("#token-form").hidden = !!token;
+  $("#token-card").hidden = !!token;  // the notice is for a read-only page: first on it, gone once unlocked
   renderServing();
   renderRecipeButtons();
 }

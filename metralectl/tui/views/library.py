@@ -10,10 +10,11 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Input, Label
 
+from metralectl.app.library_words import fit_cell, fit_words
 from metralectl.tui import library_filter
 from metralectl.tui.outside import line
 from metralectl.tui.messages import DetailLoaded, LibraryLoaded, WorkerFailed
-from metralectl.tui.services import Action, LibrarySnapshot
+from metralectl.tui.services import Action, LibraryItem, LibrarySnapshot
 from metralectl.tui.views import services_of
 from metralectl.tui.widgets.recipe_table import RecipeTable
 from metralectl.tui.widgets.text_pane import TextPane
@@ -48,6 +49,9 @@ class LibraryView(Vertical):
         with Horizontal(id="library-body"):
             yield RecipeTable(id="recipes")
             yield TextPane("loading the catalog…", wrap=False, id="recipe-detail")
+        why = Label("", id="library-why")  # the chosen recipe: why FITS is not yes, why r/w are disabled
+        why.display = False
+        yield why
         yield Label("", id="library-note")
 
     def on_mount(self) -> None:
@@ -90,6 +94,40 @@ class LibraryView(Vertical):
         self.query_one(RecipeTable).set_items(items, keep=self.chosen)
         if not items:
             self.query_one(TextPane).show(f"no recipe matches {query!r}")
+        self._show_why()
+
+    # -- why not ------------------------------------------------------------------------------------
+    def _item_named(self, name: str | None) -> LibraryItem | None:
+        if self.snapshot is None or name is None:
+            return None
+        return next((i for i in self.snapshot.items if i.row.name == name), None)
+
+    def _show_why(self) -> None:
+        """Under the table, for the chosen recipe: FITS's reason (app/library_words: `list`'s footnote, the
+        page's Fits cell) and, when r and w are disabled, why (the launch's words, as the page says them)."""
+        item = self._item_named(self.query_one(RecipeTable).chosen)
+        text = Text()
+        fit = fit_words(item.row.fits, item.row.fits_reason) if item is not None else None
+        if fit is not None and item is not None:
+            text.append_text(line(f"FITS {fit_cell(item.row.fits)}: {fit}", style="dim"))
+        if item is not None and item.blocked:
+            if text:
+                text.append("\n")
+            text.append_text(line(f"✘ run, swap: {item.blocked}", style="red"))
+            if item.blocked_hint:
+                text.append_text(line(f" → {item.blocked_hint}", style="yellow"))
+        why = self.query_one("#library-why", Label)
+        why.update(text)
+        why.display = bool(text)  # no empty row when there is nothing to say (80×24 has none to spare)
+        self.refresh_bindings()  # r and w follow the chosen recipe
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """r and w shown disabled (and doing nothing) for a recipe that cannot run here whatever serves."""
+        if action == "act" and parameters and parameters[0] in ("run", "swap"):
+            item = self._item_named(self.query_one(RecipeTable).chosen) if self.is_mounted else None
+            if item is not None and item.blocked:
+                return None
+        return True
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "library-filter":
@@ -106,6 +144,7 @@ class LibraryView(Vertical):
         if message.name == self.chosen and message.name in self._details:
             return
         self.chosen = message.name
+        self._show_why()
         if message.name in self._details:
             self.query_one(TextPane).show(self._details[message.name])
         else:

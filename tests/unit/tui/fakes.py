@@ -233,7 +233,7 @@ class FakeServices:
                         hint="press w to swap")
         if action == "stop":
             if not self.served:
-                return Plan("stop", name, "Stop", (), blocked="metralectl is serving nothing")
+                return Plan("stop", name, "Stop", (), blocked="nothing is being served by metralectl")
             return Plan("stop", self.served[0], f"Stop {self.served[0]}", ("SIGTERM", "remove"), cancellable=False)
         return Plan(action, name, f"{action.capitalize()} {name}", ("check image", f"start metralectl-{name}"),
                     command=f"docker run -d --name metralectl-{name} IMAGE serve")

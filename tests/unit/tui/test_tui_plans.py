@@ -52,12 +52,12 @@ def test_run_plan_refuses_when_image_absent_or_docker_down() -> None:
 
 def test_swap_and_stop_plans_follow_what_is_served() -> None:
     nothing = plan("swap", "qwen3.5-27b")
-    assert "not serving anything to swap" in nothing.blocked and nothing.hint == "Esc, then r in the Library runs this recipe"
+    assert nothing.blocked == "nothing is being served by metralectl" and nothing.hint == "Esc, then r in the Library runs this recipe"
     served = docker(running=("qwen3.5-27b",))
     assert "already the served model" in plan("swap", "qwen3.5-27b", served).blocked
     stop = plan("stop", None, served)
     assert stop.recipe == "qwen3.5-27b" and not stop.blocked and not stop.cancellable
-    assert "serving nothing" in plan("stop", None).blocked
+    assert plan("stop", None).blocked == "nothing is being served by metralectl"
     pull = plan("pull", "qwen3.5-35b-a3b")
     assert not pull.blocked and any("weights Sehyo/Qwen3.5-35B-A3B-NVFP4" in s for s in pull.steps)
 
