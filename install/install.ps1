@@ -1,7 +1,15 @@
 # metralectl installer for Windows (PowerShell 5.1+ or PowerShell 7).
 #
-#   irm https://metrale.ai/install.ps1 | iex
-#   & ([scriptblock]::Create((irm https://metrale.ai/install.ps1))) -Uninstall
+# No release of metralectl (the distribution metralectl-cockpit) is published yet, so there is no
+# address to download one from: give the installer a release directory, e.g. one built from a
+# checkout (docs/install.md):
+#
+#   python scripts\release.py build --out dist\release\local
+#   $env:METRALECTL_DOWNLOAD_URL = "$PWD\dist\release\local"; powershell -ExecutionPolicy Bypass -File install\install.ps1
+#   powershell -ExecutionPolicy Bypass -File install\install.ps1 -Uninstall
+#
+# Without METRALECTL_DOWNLOAD_URL it stops, says so, and installs nothing. (The installer served on
+# the Metrale engine team's site installs THEIR launcher, also named `metralectl`, not this one.)
 #
 # The same behaviour as install.sh, function for function: each function below names the install.sh
 # function it mirrors ("mirrors install.sh: name"), and where Windows differs the comment says how.
@@ -20,7 +28,7 @@
 #   wheel's man page stays in the venv, and `metralectl COMMAND --help` has the same text.)
 #
 # Options: -Uninstall -AllowRoot (run elevated anyway) -NoStart -NoModifyPath
-# Environment: METRALECTL_DOWNLOAD_URL, METRALECTL_VERSION, METRALECTL_INSTALL_DIR,
+# Environment: METRALECTL_DOWNLOAD_URL (required until a release is published), METRALECTL_INSTALL_DIR,
 #   METRALECTL_PYTHON, METRALECTL_NO_MODIFY_PATH=1, METRALECTL_NO_AGENT=1, METRALECTL_NO_START=1,
 #   and pip's own settings (PIP_INDEX_URL, PIP_FIND_LINKS, pip.ini) for where dependencies come from.
 #
@@ -47,7 +55,7 @@ function Die([string]$Text) { throw [System.Exception]::new("metralectl installe
 
 function Show-Usage {   # mirrors install.sh: usage
     Say "usage: install.ps1 [-Uninstall] [-AllowRoot] [-NoStart] [-NoModifyPath]"
-    Say "  & ([scriptblock]::Create((irm https://metrale.ai/install.ps1))) [options]"
+    Say '  $env:METRALECTL_DOWNLOAD_URL = "RELEASE-DIRECTORY"; powershell -ExecutionPolicy Bypass -File install.ps1 [options]'
 }
 
 # --- arguments and refusals -----------------------------------------------------------------------
@@ -96,11 +104,25 @@ function Set-Paths {
 # --- downloading and verifying --------------------------------------------------------------------
 
 function Set-BaseUrl {   # mirrors install.sh: set_base_url
-    if ($env:METRALECTL_DOWNLOAD_URL) { $url = $env:METRALECTL_DOWNLOAD_URL }
-    elseif ($env:METRALECTL_VERSION) { $url = "https://metrale.ai/releases/v$($env:METRALECTL_VERSION.TrimStart('v'))" }
-    else { $url = 'https://metrale.ai/releases/latest' }
+    if (-not $env:METRALECTL_DOWNLOAD_URL) { Stop-NoRelease }
+    $url = $env:METRALECTL_DOWNLOAD_URL
+    # A directory given as a path (a release built from a checkout) is read as file:///C:/...
+    if ($url -notmatch '^[A-Za-z][A-Za-z0-9+.-]*://' -and [System.IO.Path]::IsPathRooted($url)) {
+        $url = ([System.Uri]([System.IO.Path]::GetFullPath($url))).AbsoluteUri
+    }
     $script:BaseUrl = $url.TrimEnd('/')
     Test-DownloadUrl $script:BaseUrl
+}
+
+# mirrors install.sh: refuse_no_release — no release is published yet, so there is no default address
+# (the engine team's site serves THEIR launcher's installer, also named metralectl).
+function Stop-NoRelease {
+    Die ("no release of metralectl (metralectl-cockpit) is published yet, so there is nothing to download. " +
+        "Install it from a checkout of its repository instead (docs/install.md), in the checkout's top directory: " +
+        "'uv tool install .' or 'pipx install .'; or build a release there and install it with this script: " +
+        "python scripts\release.py build --out dist\release\local, then " +
+        '$env:METRALECTL_DOWNLOAD_URL = "$PWD\dist\release\local"; powershell -ExecutionPolicy Bypass -File install\install.ps1 ' +
+        "(METRALECTL_DOWNLOAD_URL names the release directory: a path, file://, https://, or http:// to this machine)")
 }
 
 # mirrors install.sh: check_download_url, is_loopback_host, printable — the URL is parsed, not matched
@@ -140,6 +162,13 @@ function Test-DownloadUrl([string]$Url) {
 # refuses such a redirect itself; Windows PowerShell 5.1 follows it, so the final address is checked).
 function Get-Download([string]$Url, [string]$Dest) {
     if (Test-Path $Dest) { Remove-Item -Force $Dest }
+    if ($Url.StartsWith('file://', [StringComparison]::Ordinal)) {
+        # PowerShell 7's Invoke-WebRequest has no file:// (HttpClient); a local release is copied
+        $local = ([System.Uri]$Url).LocalPath
+        if (-not (Test-Path -LiteralPath $local -PathType Leaf)) { return $false }
+        Copy-Item -LiteralPath $local -Destination $Dest
+        return (Test-Path $Dest)
+    }
     for ($try = 1; $try -le 4; $try++) {
         try {
             $response = Invoke-WebRequest -Uri $Url -OutFile $Dest -PassThru -UseBasicParsing -TimeoutSec 60

@@ -1,8 +1,16 @@
 #!/bin/sh
 # metralectl installer for Linux and macOS.
 #
-#   curl -fsSL https://metrale.ai/install.sh | sh
-#   curl -fsSL https://metrale.ai/install.sh | sh -s -- --uninstall
+# No release of metralectl (the distribution metralectl-cockpit) is published yet, so there is no
+# address to download one from: give the installer a release directory, e.g. one built from a
+# checkout (docs/install.md):
+#
+#   python3 scripts/release.py build --out dist/release/local
+#   METRALECTL_DOWNLOAD_URL="$PWD/dist/release/local" sh install/install.sh
+#   sh install/install.sh --uninstall
+#
+# Without METRALECTL_DOWNLOAD_URL it stops, says so, and installs nothing. (The installer served on
+# the Metrale engine team's site installs THEIR launcher, also named `metralectl`, not this one.)
 #
 # What it does (docs/install.md says why, in full):
 #   1. downloads SHA256SUMS, the wheel and this platform's dependency lock from the release
@@ -18,8 +26,8 @@
 #
 # Options:  --uninstall  --allow-root  --no-start  --no-modify-path  --no-completion  --help
 # Environment:
-#   METRALECTL_DOWNLOAD_URL   release directory to download from (mirrors, tests)
-#   METRALECTL_VERSION        a release version instead of the latest (ignored with _DOWNLOAD_URL)
+#   METRALECTL_DOWNLOAD_URL   the release directory to install from (required until a release is
+#                             published): a directory, file://, https://, or http:// to this machine
 #   METRALECTL_INSTALL_DIR    where the `metralectl` command goes (default ~/.local/bin)
 #   METRALECTL_PYTHON         the Python to build the environment from
 #   METRALECTL_NO_MODIFY_PATH=1   never edit a shell profile; print the line instead
@@ -50,7 +58,7 @@ die() {
 
 usage() {
     say "usage: install.sh [--uninstall] [--allow-root] [--no-start] [--no-modify-path] [--no-completion]"
-    say "  curl -fsSL https://metrale.ai/install.sh | sh -s -- [options]"
+    say "  METRALECTL_DOWNLOAD_URL=RELEASE-DIRECTORY sh install.sh [options]"
     say "See the comment at the top of this script, or docs/install.md, for the environment variables."
 }
 
@@ -136,14 +144,26 @@ set_paths() {
 # --- downloading and verifying ----------------------------------------------------------------
 
 set_base_url() {
-    if [ -n "${METRALECTL_DOWNLOAD_URL:-}" ]; then
-        BASE_URL=${METRALECTL_DOWNLOAD_URL%/}
-    elif [ -n "${METRALECTL_VERSION:-}" ]; then
-        BASE_URL="https://metrale.ai/releases/v${METRALECTL_VERSION#v}"
-    else
-        BASE_URL="https://metrale.ai/releases/latest"
-    fi
+    [ -n "${METRALECTL_DOWNLOAD_URL:-}" ] || refuse_no_release
+    BASE_URL=${METRALECTL_DOWNLOAD_URL%/}
+    # A directory given as a path (a release built from a checkout) is read as file://.
+    case "$BASE_URL" in
+        /*) BASE_URL="file://$BASE_URL" ;;
+    esac
     check_download_url "$BASE_URL"
+}
+
+# No release is published yet, so there is no default address: this project has no release location
+# of its own, and the one address an older installer used belongs to the engine team's launcher (also
+# named `metralectl`): it would install their tool, not this one.
+refuse_no_release() {
+    die "no release of metralectl (metralectl-cockpit) is published yet, so there is nothing to download.
+  Install it from a checkout of its repository instead (docs/install.md), in the checkout's top directory:
+    uv tool install .
+    pipx install .
+  or build a release there and install it with this script:
+    python3 scripts/release.py build --out dist/release/local && METRALECTL_DOWNLOAD_URL=\"\$PWD/dist/release/local\" sh install/install.sh
+  (METRALECTL_DOWNLOAD_URL names the release directory: a path, file://, https://, or http:// to this machine)"
 }
 
 # printable URL: a URL as it can be shown (every byte outside printable ASCII becomes '?').
@@ -787,7 +807,6 @@ write_unit() {
         say "# Installed by the metralectl installer; \`install.sh --uninstall\` removes it."
         say "[Unit]"
         say "Description=metralectl background agent"
-        say "Documentation=https://metrale.ai/docs/install"
         say ""
         say "[Service]"
         say "Type=simple"

@@ -30,7 +30,10 @@ Where things come from, and why each step is reproducible:
   longer match pyproject.toml: a dependency change without `lock` cannot slip into a release.
 
 `lock` needs uv (`python3 -m pip install uv`) and a package index; `build` and `check` need
-neither (hatchling for the wheel, else `pip wheel`).
+neither: the wheel is built by hatchling where this Python has it, else by `pip wheel` (which
+fetches hatchling into an isolated build environment from pip's index), else by the pip of a
+throwaway virtual environment (a Python without pip, as Debian's without python3-pip; nothing is
+installed into that Python).
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import hashlib
+import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -231,19 +236,31 @@ def cmd_check(_args: argparse.Namespace) -> None:
 
 
 def build_wheel(out: Path) -> Path:
-    try:
-        import hatchling  # noqa: F401
-
-        cmd = [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)]
-    except ModuleNotFoundError:  # pip fetches hatchling into an isolated build env instead
-        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        done = subprocess.run(wheel_command(out, Path(scratch)), cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         die(f"building the wheel failed:\n{done.stdout}{done.stderr}")
     wheels = list(out.glob("metralectl_cockpit-*.whl"))
     if len(wheels) != 1:
         die(f"expected one wheel in {out}, found {wheels}")
     return wheels[0]
+
+
+def wheel_command(out: Path, scratch: Path) -> list[str]:
+    """hatchling here, else pip (hatchling in an isolated build env), else a throwaway venv's pip: a system
+    Python without pip (PEP 668 or not) gets nothing installed into it."""
+    if importlib.util.find_spec("hatchling") is not None:
+        return [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)]
+    pip_wheel = ["-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)]
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, *pip_wheel]
+    venv = scratch / "venv"
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+    if made.returncode != 0:
+        die("building the wheel needs hatchling or pip in this Python, or its venv module to make a throwaway "
+            "environment with pip (Debian/Ubuntu: sudo apt install python3-venv):\n" + made.stderr.strip())
+    python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    return [str(python), *pip_wheel]
 
 
 def check_wheel(wheel: Path, ver: str) -> None:

@@ -1,5 +1,5 @@
 """Hardware classes, per-model kernel facts and images (kernels/, images/). Pure, but for the one look on disk for
-a Dockerfile metralectl ships (shipped_dockerfile).
+a build file metralectl ships (shipped_build_file).
 
 A hardware class may inherit another (hopper and b200 inherit gb10): values it does not state, and
 the models/kernel targets it does not list, come from its parent.
@@ -154,7 +154,8 @@ class ImageInfo:
     min_cuda: str | None
     min_driver: str | None
     revision_label: str
-    build: str | None = None  # a Dockerfile (the engine repository's, or ours in images/): built, never pulled
+    build: str | None = None  # a Dockerfile (the engine repository's, or ours in images/) or our build script: built,
+    # never pulled
     source: str = ""
     tags: dict[str, str] = field(default_factory=dict)  # tags a recipe may pick (`image-tag:`) -> what each is
     tag_pattern: str | None = None  # other tags a recipe may pick (commit / version tags), as a regex
@@ -199,21 +200,25 @@ class ImageInfo:
 
 
 def build_command(info: ImageInfo) -> str:
-    """The command that builds a from-source image under its ref. Its `build:` names a Dockerfile: metralectl's own
-    (shipped beside the description, in images/: built with that directory as the context, from wherever it is
-    installed), else one in the engine repository (built from a checkout of it)."""
+    """The command that builds a from-source image under its ref. Its `build:` names metralectl's own build file,
+    shipped beside the description in images/ and run from wherever it is installed: a script (`.sh`, which tags
+    the image itself) or a Dockerfile (built with that directory as the context); else a Dockerfile in the engine
+    repository (built from a checkout of it)."""
     build = info.build or ""
     if build and " " not in build.strip():
-        ours = shipped_dockerfile(info)
+        ours = shipped_build_file(info)
+        if ours is not None and ours.suffix == ".sh":
+            return f"bash {ours}"
         if ours is not None:
             return f"docker build -f {ours} -t {info.ref} {ours.parent}"
         return f"in a checkout of the engine repository: docker build -f {build} -t {info.ref} ."
     return f"{build} (tag it {info.ref})"
 
 
-def shipped_dockerfile(info: ImageInfo) -> Path | None:
-    """The Dockerfile `build:` names when it is metralectl's own: a path relative to the data directory that holds
-    the image's description (images/x.yaml -> images/x.Dockerfile), present there. None for an engine's."""
+def shipped_build_file(info: ImageInfo) -> Path | None:
+    """The file `build:` names when it is metralectl's own: a path relative to the data directory that holds the
+    image's description (images/x.yaml -> images/x.Dockerfile, images/build-x.sh), present there. None for an
+    engine's."""
     if not info.build or not info.source:
         return None
     from metralectl import paths  # a path lookup, not an import cost: the catalog already imported it

@@ -64,7 +64,8 @@ def check_path(ctx: Context) -> Finding:
                     "find it)", export_line, path=str(installed), install_dir=str(install))
     return warn(f"metralectl is not on PATH (this run came from `python -m`, uvx or a checkout); the installer "
                 f"puts it in {install}",
-                f"curl -fsSL https://metrale.ai/install.sh | sh   (then, if told so: {export_line})",
+                # no release is published yet: the routes from a checkout (docs/install.md)
+                f"in a checkout: uv tool install .  (or pipx install .)   (then, if told so: {export_line})",
                 install_dir=str(install))
 
 

@@ -54,7 +54,7 @@ def lib_sh(tmp_path: Path):
 @pytest.mark.parametrize(
     "url",
     [
-        "https://metrale.ai/releases/latest",
+        "https://releases.example/metralectl/latest",
         "https://mirror.example:8443/metralectl/v1.2.3",
         "http://127.0.0.1:8080/release",
         "http://127.0.0.1",

@@ -184,3 +184,42 @@ def test_refuses_to_replace_a_foreign_metralectl(box: Box) -> None:
 def test_unknown_option(box: Box) -> None:
     run = box.install("--frobnicate")
     assert run.returncode != 0 and "unknown option: --frobnicate" in run.stderr
+
+
+# --- no release is published: no default address -----------------------------------------------
+
+
+def test_without_a_release_directory_it_says_no_release_is_published(box: Box) -> None:
+    """No release exists anywhere yet, and the one address an older installer used serves the engine team's
+    launcher: without METRALECTL_DOWNLOAD_URL the installer downloads nothing, says why and how to install
+    from a checkout, exits non-zero, and HOME and TMPDIR stay exactly as they were."""
+    env = dict(box.env)
+    del env["METRALECTL_DOWNLOAD_URL"]
+    box.env = env
+    requests_before = len(box.server.requests)
+    run = box.install()
+    assert run.returncode == 1, run.output
+    assert "no release of metralectl (metralectl-cockpit) is published yet" in run.stderr, run.stderr
+    for route in ("uv tool install .", "pipx install .", "python3 scripts/release.py build --out dist/release/local",
+                  'METRALECTL_DOWNLOAD_URL="$PWD/dist/release/local" sh install/install.sh'):
+        assert route in run.stderr, route
+    assert "nothing was installed or changed" in run.stderr and "downloading" not in run.output
+    assert "metrale" + ".ai" not in run.output  # the engine team's domain (spelt apart: test_static's guard)
+    assert tree(box.home) == {} and tree(box.tmp) == {}
+    assert len(box.server.requests) == requests_before  # it asked no server anything
+
+
+def test_the_release_directory_may_be_given_as_a_path(box: Box, release_dir: Path) -> None:
+    """A release built from a checkout is a directory: METRALECTL_DOWNLOAD_URL may name it as a path (read as
+    file://), and the install from it is verified as from any other address."""
+    copy = box.base / "dist" / "release" / "local"
+    shutil.copytree(release_dir, copy)
+    run = box.install(env={"METRALECTL_DOWNLOAD_URL": str(copy), "METRALECTL_NO_AGENT": "1"})
+    assert run.returncode == 0, run.output
+    assert f"from file://{copy} " in run.stdout, run.stdout
+    listed = box.run_installed("--version")
+    assert listed.returncode == 0, listed.stderr
+    # the same directory with a bad file is refused as from a server
+    wheel(copy).write_bytes(wheel(copy).read_bytes() + b"\0")
+    again = box.install(env={"METRALECTL_DOWNLOAD_URL": str(copy) + "/", "METRALECTL_NO_AGENT": "1"})
+    assert again.returncode != 0 and "SHA-256 mismatch" in again.stderr, again.output

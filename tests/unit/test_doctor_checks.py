@@ -479,7 +479,9 @@ def test_installed_but_not_on_path(tmp_path: Path) -> None:
 def test_not_installed_at_all(tmp_path: Path) -> None:
     ctx = df.make_ctx(tmp_path, environ={"PATH": "/usr/bin", "SHELL": "/usr/bin/zsh"}, which=df.fake_which({}))
     r = one(ctx, "path.metralectl")
-    assert r.status == "warn" and "install.sh" in (r.remedy or "") and "~/.zshrc" in (r.remedy or "")
+    # no release is published: the remedy is the install from a checkout (never the engine team's installer)
+    assert r.status == "warn" and "uv tool install ." in (r.remedy or "") and "~/.zshrc" in (r.remedy or "")
+    assert "curl" not in (r.remedy or "")
 
 
 def test_port_free_and_taken(tmp_path: Path) -> None:

