@@ -85,8 +85,7 @@ def resolve(recipe: str | None, url: str | None) -> ChatTarget:
 def served_endpoints() -> list[tuple[str, str]]:
     """(recipe, endpoint URL) of every running metralectl container that publishes an endpoint."""
     from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE
-    from metralectl.seams.docker_runtime import open_runtime
-
+    from metralectl.seams.docker.runtime import open_runtime
     with open_runtime(timeout=10.0) as runtime:
         containers = runtime.containers(mine=False)
     return [(c.labels.get(LABEL_RECIPE, "?"), c.labels[LABEL_ENDPOINT].rstrip("/")) for c in containers

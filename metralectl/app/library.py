@@ -14,7 +14,7 @@ from metralectl.core.recipe import Recipe
 if TYPE_CHECKING:
     from metralectl.lifecycle.launch import LaunchOptions
     from metralectl.lifecycle.preflight import Refusal
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 
 @dataclass(frozen=True)

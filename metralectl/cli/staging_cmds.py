@@ -22,7 +22,7 @@ from metralectl.safetext import clean, markup
 from metralectl.wording import count
 
 if TYPE_CHECKING:
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 
 class _Renderer:
@@ -169,8 +169,8 @@ def pull(
     summary: dict[str, dict[str, Any]] = {r.name: {"recipe": r.name, "image": None, "weights": None} for r in recipes}
     with _Renderer() as view:
         if not weights_only:
-            from metralectl.seams.docker_runtime import DockerUnavailable, open_runtime
-
+            from metralectl.seams.docker.errors import DockerUnavailable
+            from metralectl.seams.docker.runtime import open_runtime
             try:
                 runtime = open_runtime()
             except DockerUnavailable as exc:
@@ -216,8 +216,7 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
     runtime: ContainerRuntime | None = None
     docker_error: MetralError | None = None
     try:
-        from metralectl.seams.docker_runtime import open_runtime
-
+        from metralectl.seams.docker.runtime import open_runtime
         runtime = open_runtime()
     except MetralError as exc:
         docker_error = exc

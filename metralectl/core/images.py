@@ -1,6 +1,6 @@
 """Engine images: what is local, what each recipe uses, whether it can run on this machine; pulls.
 
-Orchestration over the runtime seam (seams.container_runtime.ContainerRuntime, or any object with `image_state` and
+Orchestration over the runtime seam (seams.docker.protocol.ContainerRuntime, or any object with `image_state` and
 `pull_image`): no docker import, no printing. Progress is handed to `on_event` per layer.
 """
 
@@ -17,7 +17,7 @@ _ARCH_ALIASES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64
 
 
 class LocalImage(Protocol):
-    """What the daemon says of a tag here (seams.docker_runtime.ImageState has it)."""
+    """What the daemon says of a tag here (seams.docker.images.ImageState has it)."""
 
     @property
     def present(self) -> bool: ...

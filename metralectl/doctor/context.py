@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.core.gpudata import GpuSample, GpuSystem, GpuUnavailable
     from metralectl.core.recipe import Recipe
-    from metralectl.seams.container_runtime import ContainerRuntime
-    from metralectl.seams.docker_runtime import ContainerInfo, ImageState
-
+    from metralectl.seams.docker.containers import ContainerInfo
+    from metralectl.seams.docker.images import ImageState
+    from metralectl.seams.docker.protocol import ContainerRuntime
 from metralectl.seams.ports import bind_error
 
 T = TypeVar("T")
@@ -174,8 +174,7 @@ class Fact(Generic[T]):
 
 
 def _default_runtime() -> ContainerRuntime:
-    from metralectl.seams.docker_runtime import open_runtime
-
+    from metralectl.seams.docker.runtime import open_runtime
     return open_runtime()
 
 
@@ -192,8 +191,7 @@ def _default_catalog() -> Catalog:
 
 
 def _default_container_pids(runtime: ContainerRuntime, container_id: str) -> set[int]:
-    from metralectl.seams.docker_runtime import container_pids
-
+    from metralectl.seams.docker.runtime import container_pids
     return container_pids(runtime, container_id)
 
 
@@ -215,8 +213,7 @@ def _default_endpoint() -> tuple[str, str]:
     if host:
         return host, "DOCKER_HOST"
     try:
-        from metralectl.seams.docker_runtime import resolve_endpoint
-
+        from metralectl.seams.docker.endpoints import resolve_endpoint
         endpoint = resolve_endpoint()
         return endpoint.url, endpoint.source
     except Exception:  # noqa: BLE001 - the SDK missing or a broken CLI config: the default socket

@@ -32,9 +32,9 @@ from metralectl.lifecycle.readiness import (BootClock, HealthPoller, StyleGate, 
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID, LABEL_SETS
 from metralectl.core.render import ContainerSpec, owner, spec_for
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import GPU_CAUSES, ContainerInfo, RuntimeFailure
-
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.errors import GPU_CAUSES, RuntimeFailure
+from metralectl.seams.docker.protocol import ContainerRuntime
 DRAIN_S = 5.0  # after the container is down: how long its last log lines may take to arrive
 POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer within this of the poll
 # A boot that logged a failure signature and still answered 200 must stay up this long before it counts as

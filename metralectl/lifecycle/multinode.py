@@ -56,8 +56,10 @@ from metralectl.lifecycle.stop import StopResult, stop_containers
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_OWNER, LABEL_RUN_ID, LABEL_SETS
 from metralectl.core.render import ContainerSpec, owner, spec_for
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import GPU_CAUSES, ContainerInfo, Endpoint, RuntimeCause, RuntimeFailure
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.endpoints import Endpoint
+from metralectl.seams.docker.errors import GPU_CAUSES, RuntimeCause, RuntimeFailure
+from metralectl.seams.docker.protocol import ContainerRuntime
 from metralectl.wording import count
 
 ARCH_NAMES = {"arm64": "aarch64", "aarch64": "aarch64", "amd64": "x86_64", "x86_64": "x86_64"}

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.core.recipe import Recipe
     from metralectl.lifecycle.launch import LaunchOptions
-    from metralectl.seams.container_runtime import ContainerRuntime
-    from metralectl.seams.docker_runtime import ContainerInfo, ImageState
-
+    from metralectl.seams.docker.containers import ContainerInfo
+    from metralectl.seams.docker.images import ImageState
+    from metralectl.seams.docker.protocol import ContainerRuntime
 @dataclass(frozen=True)
 class Facts:
     """What a launch's refusals depend on, observed once."""

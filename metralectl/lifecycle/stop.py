@@ -9,10 +9,8 @@ from metralectl.errors import MetralError
 from metralectl.lifecycle.events import Listener, Step, ignore
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
 from metralectl.core.labels import LABEL_RECIPE
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import ContainerInfo
-
-
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.protocol import ContainerRuntime
 @dataclass(frozen=True)
 class StopResult:
     name: str

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.doctor.model import CheckResult
     from metralectl.lifecycle.status import StatusReport
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
     from metralectl.tui.cancel import CancelToken
     from metralectl.tui.services import BenchService, TelemetryFeed
 
@@ -30,7 +30,7 @@ class CoreServices:
         self._hardware = hardware
         self._catalog: Catalog | None = None
         self._catalog_lock = threading.Lock()
-        from metralectl.seams.shared_runtime import SharedRuntime  # light: Docker is imported on first use
+        from metralectl.seams.docker.shared import SharedRuntime  # light: Docker is imported on first use
 
         self._shared = SharedRuntime()
         if bench is None:
@@ -59,9 +59,8 @@ class CoreServices:
     @staticmethod
     def _own_runtime() -> ContainerRuntime:
         """A connection of its own for a run, swap, stop or pull: they change the client's timeout while they
-        last (seams/shared_runtime.py says why a shared one must not), and they are one per operator action."""
-        from metralectl.seams.docker_runtime import open_runtime
-
+        last (seams/docker/shared.py says why a shared one must not), and they are one per operator action."""
+        from metralectl.seams.docker.runtime import open_runtime
         return open_runtime()
 
     def close(self) -> None:

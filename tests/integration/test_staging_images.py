@@ -126,8 +126,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def runtime(client):
-    from metralectl.seams.docker_runtime import DockerRuntime
-
+    from metralectl.seams.docker.runtime import DockerRuntime
     rt = DockerRuntime()
     yield rt
     rt.close()

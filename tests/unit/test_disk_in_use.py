@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from metralectl import paths
 from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, LABEL_RECIPE, LABEL_SETS, owner
 from metralectl.seams import hfcache, store
-from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.seams.docker.containers import ContainerInfo
 from tests.fakes.runtime import FakeRuntime
 
 FLAGSHIP = "qwen3.5-35b-a3b"
@@ -65,7 +65,7 @@ def serving(rt: FakeRuntime, name: str, recipe: str, command: tuple[str, ...] = 
 @pytest.fixture
 def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRuntime]:
     runtime = FakeRuntime()
-    monkeypatch.setattr("metralectl.seams.docker_runtime.open_runtime", lambda *a, **kw: runtime)
+    monkeypatch.setattr("metralectl.seams.docker.runtime.open_runtime", lambda *a, **kw: runtime)
     yield runtime
 
 

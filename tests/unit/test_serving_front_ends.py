@@ -89,7 +89,7 @@ def box(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemons
     monkeypatch.setattr(machine, "cpu_arch", lambda: "aarch64")  # the gb10 image is linux/arm64
     monkeypatch.setattr("metralectl.app.serving_direct.memory_watch", lambda runtime: NoMemoryWatch())
     daemons = Daemons()
-    monkeypatch.setattr("metralectl.seams.docker_runtime.open_runtime", daemons.open_runtime)
+    monkeypatch.setattr("metralectl.seams.docker.runtime.open_runtime", daemons.open_runtime)
     handler = signal.getsignal(signal.SIGTERM)  # the CLI turns SIGTERM into Ctrl-C for itself
     try:
         yield daemons
