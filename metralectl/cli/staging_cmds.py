@@ -155,7 +155,7 @@ def pull(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
 ) -> None:
     """Stage recipes: pull the engine image and download + verify the checkpoint into the HF cache."""
-    from metralectl.core import images
+    from metralectl.seams.docker import images as docker_images
     from metralectl.seams import machine, weights
     from metralectl.cli.catalog_cmds import _catalog
 
@@ -181,7 +181,7 @@ def pull(
                 for r in recipes:
                     info = catalog.image_for(r)
                     if info.ref not in pulled:
-                        pulled[info.ref] = images.pull(info, runtime, arch, view.layer, update=update)
+                        pulled[info.ref] = docker_images.pull(info, runtime, arch, view.layer, update=update)
                         view.say(_image_line(pulled[info.ref]))
                     summary[r.name]["image"] = {**pulled[info.ref].status.to_json(), "action": pulled[info.ref].action}
         if not image_only:
@@ -207,6 +207,7 @@ def pull(
 def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """The engine images metralectl knows: which are local, their revision, platform, and the recipes using them."""
     from metralectl.core import images
+    from metralectl.seams.docker import images as docker_images
     from metralectl.seams import machine
     from metralectl.cli.catalog_cmds import _catalog
     from metralectl.errors import MetralError
@@ -221,7 +222,7 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
     except MetralError as exc:
         docker_error = exc
     with runtime or nullcontext():
-        rows = images.statuses(catalog, runtime, arch)
+        rows = docker_images.statuses(catalog, runtime, arch)
     if as_json:
         print(json.dumps({"machine": {"arch": arch, "platform": images.machine_platform(arch)},
                           "docker": {"reachable": runtime is not None,

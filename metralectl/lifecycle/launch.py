@@ -84,7 +84,7 @@ class LaunchFailed(MetralError):
 
 def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: LaunchOptions, on_event: Listener) -> None:
     """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
-    from metralectl.core import images
+    from metralectl.seams.docker import images
     from metralectl.seams import weights
     info = catalog.image_for(recipe)
     arch = machine.cpu_arch()

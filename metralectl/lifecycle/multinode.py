@@ -34,7 +34,7 @@ from pathlib import Path
 
 from metralectl.seams import hfcache, machine, netprobe, store, weights_state
 
-from metralectl.core import images
+from metralectl.seams.docker import images as docker_images
 
 from metralectl import paths
 from metralectl.core.catalog import Catalog
@@ -212,8 +212,8 @@ def _image_on(node: Node, recipe: Recipe, catalog: Catalog, options: LaunchOptio
         state = node.runtime.image_state(info.ref, info.revision_label)
         if not state.present and options.pull:
             on_event(Step("image", f"{info.ref} is not on {node.label}: pulling it there"))
-            images.pull(info, node.runtime, node.arch, lambda layer: on_event(Transfer("image", layer)))
-        images.image_preflight(info, node.runtime, node.arch, recipe.name)
+            docker_images.pull(info, node.runtime, node.arch, lambda layer: on_event(Transfer("image", layer)))
+        docker_images.image_preflight(info, node.runtime, node.arch, recipe.name)
     except MetralError as exc:
         raise MetralError(f"{node.label}: {exc.message}",
                           f"on that node: `docker pull {info.ref}` (or `metralectl pull {recipe.name}` there)"

@@ -63,6 +63,7 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
     """The image and the weights only (no container is looked at): what refuses this recipe on this box
     whatever serves (standing_refusal)."""
     from metralectl.core import images
+    from metralectl.seams.docker import images as docker_images
     from metralectl.seams import machine, weights, weights_state
 
     info = catalog.image_for(recipe)
@@ -72,7 +73,7 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
     pullable = image_error is None and not state.present and info.build is None
     if image_error is None:
         try:
-            images.image_preflight(info, runtime, arch, recipe.name)
+            docker_images.image_preflight(info, runtime, arch, recipe.name)
         except MetralError as exc:
             image_error = exc
     cache = weights_state.checkpoint_state(recipe.checkpoint)

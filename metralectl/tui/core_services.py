@@ -147,7 +147,7 @@ class CoreServices:
         return _stop_outcome(name, result)
 
     def _pull(self, recipe: Any, catalog: Catalog, emit: Listener) -> Outcome:
-        from metralectl.core import images
+        from metralectl.seams.docker import images
         from metralectl.seams import machine, weights
         from metralectl.core.progress import human_bytes
 

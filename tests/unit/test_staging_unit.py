@@ -17,6 +17,7 @@ import pytest
 from metralectl.seams import hfcache, transfer, weights_errors
 
 from metralectl.core import images
+from metralectl.seams.docker import images as docker_images
 from metralectl.core.hardware import ImageInfo
 from metralectl.seams.hfcache import Listing, RepoFile
 from metralectl.core.progress import Meter, human_bytes, human_duration
@@ -248,24 +249,24 @@ def registry(present: bool, platform: str = "linux/arm64") -> FakeRuntime:
 def test_image_pull_over_a_fake_runtime() -> None:
     rt = registry(present=False)
     events: list[images.LayerProgress] = []
-    result = images.pull(image("linux/arm64"), rt, "aarch64", events.append)
+    result = docker_images.pull(image("linux/arm64"), rt, "aarch64", events.append)
     assert result.action == "pulled" and rt.pulls == [("metrale/img:latest", "linux/arm64")]
     assert [(e.layer, e.status) for e in events][:2] == [("abc123", "Downloading"), ("abc123", "Pull complete")]
     assert result.status.revision == "r1" and result.status.digest == "metrale/img@sha256:2"
-    assert images.pull(image("linux/arm64"), rt, "aarch64").action == "present" and len(rt.pulls) == 1
-    assert images.pull(image("linux/arm64"), rt, "aarch64", update=True).action == "pulled"
+    assert docker_images.pull(image("linux/arm64"), rt, "aarch64").action == "present" and len(rt.pulls) == 1
+    assert docker_images.pull(image("linux/arm64"), rt, "aarch64", update=True).action == "pulled"
     with pytest.raises(images.ImageError, match="cannot be pulled: it is built from source"):
-        images.pull(image("linux/amd64", build="docker build ..."), registry(False), "x86_64")
+        docker_images.pull(image("linux/amd64", build="docker build ..."), registry(False), "x86_64")
     wrong = registry(present=False)
     with pytest.raises(images.ImageError, match="built for linux/amd64"):
-        images.pull(image("linux/amd64"), wrong, "aarch64")
+        docker_images.pull(image("linux/amd64"), wrong, "aarch64")
     assert wrong.pulls == []  # refused before pulling anything
 
 
 def test_image_statuses_without_docker_list_recipes() -> None:
     from metralectl.core.catalog import load_catalog
 
-    rows = {r.info.id: r for r in images.statuses(load_catalog(), None, "aarch64")}
+    rows = {r.info.id: r for r in docker_images.statuses(load_catalog(), None, "aarch64")}
     gb10 = rows["metrale-inference-gb10"]
     assert gb10.present is None and "qwen3.5-35b-a3b" in gb10.recipes and gb10.problem is None
     assert "this machine is linux/arm64" in rows["metrale-inference-hopper"].problem

@@ -1,11 +1,16 @@
 """Images on a Docker daemon: their state (present, id, revision, platform, digests), pulls, and disk accounting
-(`rm --image`, `prune`)."""
+(`rm --image`, `prune`); and a catalog's engine image on it (`images`' rows, `pull`, the launch's check), by the
+pure rules of core/images.py. Progress is handed to `on_event` per layer; nothing here prints."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from metralectl.core.hardware import ImageInfo, build_command
+from metralectl.core.images import (ImageError, ImageStatus, LayerProgress, LocalImage, check_platform,
+                                    machine_platform, normalize_platform, recipes_by_image)
 from metralectl.seams.docker.client import Resource
 from metralectl.seams.docker.errors import Refused, RuntimeCause, RuntimeFailure, refused_failure
 
@@ -122,3 +127,82 @@ def _split_ref(ref: str) -> tuple[str, str | None]:
         repository, tag = ref.rsplit(":", 1)
         return repository, tag
     return ref, "latest"
+
+
+class ImageRuntime(Protocol):
+    """What these need of a runtime (protocol.ContainerRuntime has it; tests pass smaller fakes)."""
+
+    def image_state(self, ref: str, revision_label: str | None = ...) -> LocalImage: ...
+    def pull_image(self, ref: str, on_progress: Any = None, platform: str | None = None) -> object: ...
+
+
+# --- a catalog's image on this daemon: its status row, a pull for this machine, the launch's check -------------
+def status(info: ImageInfo, runtime: ImageRuntime | None, cpu_arch: str,
+           recipes: tuple[str, ...] = ()) -> ImageStatus:
+    """One image as `images` shows it; runtime None means Docker is unreachable (local state unknown)."""
+    state = runtime.image_state(info.ref, info.revision_label) if runtime is not None else None
+    problem = check_platform(state, info, cpu_arch)
+    present = None if state is None else bool(state.present)
+    digests = tuple(getattr(state, "digests", ()) or ())
+    return ImageStatus(info, present, getattr(state, "image_id", None), getattr(state, "revision", None),
+                       digests[0] if digests else None, getattr(state, "platform", None), recipes,
+                       problem.message if problem else None)
+
+
+def statuses(catalog: Any, runtime: ImageRuntime | None, cpu_arch: str) -> list[ImageStatus]:
+    users = recipes_by_image(catalog)
+    return [status(info, runtime, cpu_arch, users.get(info.id, ()))
+            for info in sorted(catalog.images.values(), key=lambda i: i.id)]
+
+
+@dataclass(frozen=True)
+class ImagePull:
+    status: ImageStatus
+    action: str  # "present" (nothing to do) | "pulled"
+
+
+def pull(info: ImageInfo, runtime: ImageRuntime, cpu_arch: str,
+         on_event: Callable[[LayerProgress], None] | None = None, *, update: bool = False) -> ImagePull:
+    """Make `info` present locally for this machine's platform; refuse one that cannot run here."""
+    state = runtime.image_state(info.ref, info.revision_label)
+    problem = check_platform(state, info, cpu_arch)
+    if normalize_platform(info.platform) != machine_platform(cpu_arch):
+        assert problem is not None
+        raise problem  # not for this machine at all: nothing to pull
+    if state.present and problem is None and not update:
+        return ImagePull(status(info, runtime, cpu_arch), "present")
+    if info.build is not None:  # nothing to pull from; a local copy for the wrong platform must be rebuilt
+        if state.present and problem is None:
+            return ImagePull(status(info, runtime, cpu_arch), "present")
+        raise problem or ImageError(f"image {info.ref} cannot be pulled: it is built from source"
+                                    + ("; not certified by the engine" if info.certified is False else "")
+                                    + " — and it is not here", f"build it {build_command(info)}")
+    # absent, --update, or a local copy for another platform: `docker pull --platform` replaces the tag
+
+    def relay(layer: str | None, text: str, current: int | None, total: int | None) -> None:
+        if on_event is not None:
+            on_event(LayerProgress(info.ref, layer, text, current, total))
+
+    runtime.pull_image(info.ref, relay, platform=normalize_platform(info.platform))
+    after = status(info, runtime, cpu_arch)
+    if not after.present:
+        raise ImageError(f"pulled {info.ref}, but the daemon does not show it afterwards",
+                         f"check `docker image inspect {info.ref}`")
+    if after.problem:
+        raise ImageError(after.problem)
+    return ImagePull(after, "pulled")
+
+
+def image_preflight(info: ImageInfo, runtime: ImageRuntime, cpu_arch: str, recipe_name: str) -> None:
+    """For `run` before launch: the image is here and can run on this machine."""
+    state = runtime.image_state(info.ref, info.revision_label)
+    problem = check_platform(state, info, cpu_arch)
+    if problem is not None:
+        raise problem
+    if not state.present:
+        if info.build is not None:
+            raise ImageError(f"image {info.ref} is not here, and it cannot be pulled: it is built from source"
+                             + ("; not certified by the engine" if info.certified is False else ""),
+                             f"build it {build_command(info)}")
+        raise ImageError(f"image {info.ref} is not here; run `metralectl pull {recipe_name}`",
+                         f"`metralectl pull {recipe_name}` pulls it (and the weights)")
