@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from metralectl.core.images import LayerProgress
-    from metralectl.seams.weights import PullEvent
+    from metralectl.seams.hf.steps import PullEvent
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _progress(kind: str, body: object) -> LayerProgress | PullEvent:
 
         cls = LayerProgress
     elif kind == "weights":
-        from metralectl.seams.weights import PullEvent
+        from metralectl.seams.hf.steps import PullEvent
 
         cls = PullEvent
     else:

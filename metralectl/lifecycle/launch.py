@@ -16,7 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metralectl.seams import machine, store, weights_state
+from metralectl.seams import machine, store
+from metralectl.seams.hf import state as hfstate
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, base_url
 from metralectl.seams.ports import port_free
@@ -85,7 +86,7 @@ class LaunchFailed(MetralError):
 def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: LaunchOptions, on_event: Listener) -> None:
     """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
     from metralectl.seams.docker import images
-    from metralectl.seams import weights
+    from metralectl.seams.hf import state as hfstate, weights
     info = catalog.image_for(recipe)
     arch = machine.cpu_arch()
     on_event(Step("image", info.ref))
@@ -96,15 +97,15 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: 
     if not options.check_weights:
         return
     on_event(Step("weights", recipe.checkpoint.repo))
-    cache = weights_state.checkpoint_state(recipe.checkpoint)
+    cache = hfstate.checkpoint_state(recipe.checkpoint)
     if cache.status in ("absent", "partial") and options.pull:
         weights.pull(recipe, lambda event: on_event(Transfer("weights", event)))
     elif cache.status == "present":
         on_event(Warning_(f"weights of {recipe.checkpoint.repo} are present but not verified "
                           f"(`metralectl pull {recipe.name}` verifies them)"))
-        weights.serving_preflight(recipe, cache)  # a GGUF quant: llama-server must load these very files
+        hfstate.serving_preflight(recipe, cache)  # a GGUF quant: llama-server must load these very files
         return
-    weights.weights_preflight(recipe)
+    hfstate.weights_preflight(recipe)
 
 
 def check_containers(recipe: Recipe, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions, *,

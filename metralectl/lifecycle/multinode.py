@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from metralectl.seams import hfcache, machine, netprobe, store, weights_state
+from metralectl.seams import machine, netprobe, store
+from metralectl.seams.hf import cache as hfcache, state as hfstate
 
 from metralectl.seams.docker import images as docker_images
 
@@ -231,7 +232,7 @@ def stage_nodes(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node], options
     for node in nodes:
         if node.rank == 0 and node.endpoint.is_local and node.arch == machine.cpu_arch():
             stage(recipe, catalog, node.runtime, options, on_event)  # image and weights, as a single-node run
-            cache = weights_state.checkpoint_state(recipe.checkpoint)
+            cache = hfstate.checkpoint_state(recipe.checkpoint)
             commit = commit or cache.commit
         else:
             on_event(Step("image", f"{info.ref} on {node.label}"))

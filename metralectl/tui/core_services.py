@@ -148,7 +148,8 @@ class CoreServices:
 
     def _pull(self, recipe: Any, catalog: Catalog, emit: Listener) -> Outcome:
         from metralectl.seams.docker import images
-        from metralectl.seams import machine, weights
+        from metralectl.seams import machine
+        from metralectl.seams.hf import weights
         from metralectl.core.progress import human_bytes
 
         with self._own_runtime() as runtime:

@@ -396,7 +396,7 @@ def test_a_wrong_token_is_a_clear_error(agent: tuple[LocalApiServer, RoutingOps,
 # -- the event JSON ------------------------------------------------------------------------------------------
 def test_every_event_survives_json() -> None:
     from metralectl.core.images import LayerProgress
-    from metralectl.seams.weights import PullEvent
+    from metralectl.seams.hf.steps import PullEvent
 
     samples: list[ev.Event] = [
         ev.Step("image", "ref"), ev.Warning_("careful"), ev.ContainerStarted("n", "id", "run"),

@@ -144,7 +144,7 @@ def test_list_rows_from_the_store_are_the_catalogs_and_weights_are_read_live(iso
 
     from metralectl.app import library
     from metralectl.core.catalog import load_catalog
-    from metralectl.seams import hfcache
+    from metralectl.seams.hf import cache as hfcache
 
     computed = run(None, ["list", "--json"])  # nothing stored yet: from the catalog, then stored
     assert list(Path(os.environ["METRALECTL_CACHE_DIR"]).glob("library-*.pickle"))

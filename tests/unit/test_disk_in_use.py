@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from metralectl import paths
 from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, LABEL_RECIPE, LABEL_SETS, owner
-from metralectl.seams import hfcache, store
+from metralectl.seams import store
+from metralectl.seams.hf import cache as hfcache, listing as hflisting
 from metralectl.seams.docker.containers import ContainerInfo
 from tests.fakes.runtime import FakeRuntime
 
@@ -46,10 +47,10 @@ def cached(repo: str, files: dict[str, bytes]) -> Path:
         (base / "blobs" / sha).write_bytes(data)
         (snap / name).parent.mkdir(parents=True, exist_ok=True)
         (snap / name).symlink_to(f"../../blobs/{sha}")
-        listing.append(hfcache.RepoFile(name, len(data), sha))
+        listing.append(hflisting.RepoFile(name, len(data), sha))
     (base / "refs").mkdir(exist_ok=True)
     (base / "refs" / "main").write_text(commit)
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, hfcache.Listing(repo, commit, tuple(listing)).to_json())
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, hflisting.Listing(repo, commit, tuple(listing)).to_json())
     return base
 
 

@@ -26,7 +26,8 @@ from metralectl.cli.serve_cmds import _Progress as PRINTER
 from metralectl.errors import MetralError
 from metralectl.lifecycle import events as ev
 from metralectl.lifecycle.memory import NoMemoryWatch
-from metralectl.seams import hfcache, machine
+from metralectl.seams import machine
+from metralectl.seams.hf import cache as hfcache, listing as hflisting
 from tests.ports import own_port
 from tests.fakes.runtime import PREFIX, Boot, Exit, FakeRuntime, Listen, Log, engine_boot, image
 
@@ -50,8 +51,8 @@ def _weights_complete(repo: str) -> None:
     listing = []
     for name, data in {"config.json": b"{}", "model.safetensors": b"\0" * 16}.items():
         (snap / name).write_bytes(data)
-        listing.append(hfcache.RepoFile(name, len(data), hashlib.sha256(data).hexdigest()))
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, hfcache.Listing(repo, commit, tuple(listing)).to_json())
+        listing.append(hflisting.RepoFile(name, len(data), hashlib.sha256(data).hexdigest()))
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, hflisting.Listing(repo, commit, tuple(listing)).to_json())
 
 
 class Daemons:

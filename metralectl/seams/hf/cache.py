@@ -10,7 +10,7 @@ What a snapshot can carry (written by `metralectl pull`, see weights.py):
 Only the second makes a snapshot "complete"; a snapshot whose files all match a listing but were
 never hashed is "present"; one missing files is "partial". A GGUF checkpoint needs only its quant's
 files: its verified manifest also carries `subsets` (quant -> the files verified for it) and vouches
-for those files only, never for the whole snapshot (gguf_cache.py judges it; weights_state.py picks).
+for those files only, never for the whole snapshot (gguf.py judges it; state.py picks).
 
 The cache is an `ownedfs.Owned` (docs/staging.md, "What is trusted"): every read here walks from the
 hub folder without following a link out of it (a snapshot entry is followed to its blob only while it
@@ -33,10 +33,9 @@ from typing import Any
 from metralectl import paths, wording
 from metralectl.core.progress import human_bytes
 from metralectl.errors import MetralError
-from metralectl.ownedfs import Owned, OutsideOwned, UnsafeName, is_valid  # noqa: F401  (UnsafeName re-exported)
-from metralectl.seams.hfowner import Ownership, free_bytes, nearest_existing, ownership  # noqa: F401  (re-exported)
-from metralectl.seams.listing import (MANIFEST_SCHEMA, MAX_FILE_BYTES, MAX_FILES, Listing,  # noqa: F401 (re-exported)
-                                      ListingRefused, RepoFile, make_listing, repo_file)
+from metralectl.ownedfs import OutsideOwned, Owned, is_valid
+from metralectl.seams.hf.listing import Listing, RepoFile, make_listing, repo_file
+
 
 VERIFIED_MANIFEST = ".metralectl-verified.json"
 EXPECTED_LISTING = ".metralectl-expected.json"
@@ -329,4 +328,3 @@ def cache_state(repo: str, revision: str | None = None, hub: Path | None = None)
                           commit=commit)
     return CacheState("present", snapshot, "files present, not verified (run `metralectl pull` to verify)",
                       commit=commit)
-
