@@ -244,7 +244,6 @@ def listening_process(port: int) -> dict[str, Any]:
 def _default_agent_view() -> dict[str, Any] | None:
     """The running agent's own answer: None when no agent runs; {"pid", "port", "status"|"error"} otherwise."""
     import json
-    import urllib.request
 
     from metralectl.seams.agent_files import read_state
 
@@ -253,12 +252,19 @@ def _default_agent_view() -> dict[str, Any] | None:
         return None
     port = int(state.get("api_port") or 0)
     view: dict[str, Any] = {"pid": state.get("pid"), "port": port, "how": state.get("how")}
-    from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge, read_file
+    from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge
+    from metralectl.seams.httpclient import Failed, loopback
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=1.5) as reply:
-            view["status"] = json.loads(read_file(reply, CONTROL_LIMIT, f"the agent on port {port}"))
-    except (OSError, ValueError, RecursionError, TooLarge) as exc:
+        reply = loopback(port, "GET", "/api/status", headers={"Host": f"127.0.0.1:{port}", "Connection": "close"},
+                         timeout=1.5, limit=CONTROL_LIMIT, what=f"the agent on port {port}")
+        if reply.status != 200:
+            view["error"] = f"HTTP Error {reply.status}: {reply.reason}"
+        else:
+            view["status"] = json.loads(reply.body)
+    except Failed as exc:
+        view["error"] = exc.detail or exc.kind
+    except (ValueError, RecursionError, TooLarge) as exc:
         view["error"] = str(exc)
     return view
 
