@@ -227,8 +227,7 @@ class DirectServing:
         """Stop what the change names (select_stop): a multi-rank deployment on every node, the head first;
         single-node containers here. StopIncomplete (after stopping what it could) when a rank could not be."""
         from metralectl.lifecycle import deployment
-        from metralectl.lifecycle.multinode import RemoteMemory, stop_deployment
-        from metralectl.lifecycle.stop import stop_containers
+        from metralectl.lifecycle.stop import RemoteMemory, stop_containers, stop_deployment
 
         _expect(change, "stop")
         ranks: list[RankStopped] = []

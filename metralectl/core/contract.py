@@ -181,6 +181,12 @@ class Readiness:
     style: str = "marker-then-health"  # engine_profile.READINESS_STYLES
     marker: re.Pattern[str] | None = None  # warm-up-marker: the log line that says warm-up is done
 
+    @property
+    def needs(self) -> str:
+        """What a ready health answer still needs: "health" (nothing more), "marker" (the warm-up line) or
+        "answer" (one real answer): the style's meaning (engine_profile.READINESS_STYLES)."""
+        return P.READINESS_STYLES[self.style]
+
 
 @dataclass(frozen=True)
 class EngineContract:

@@ -14,15 +14,17 @@ from typing import Any
 
 from metralectl.core.schema import Checker
 
-# How an engine says it is ready (lifecycle/readiness.py acts on each):
+# How an engine says it is ready. Every style first waits for its health path to answer ready; the word says
+# what a launch still needs after that (lifecycle/readiness.py acts on that need, never on the word):
 #   marker-then-health      health answers 503 until loaded, then 200; logs a ready line too (Metrale)
 #   port-closed-until-ready the port accepts nothing until the model is loaded, then health 200 (vLLM, TRT-LLM)
 #   http-503-until-loaded   the port answers at once, 503 on every path while loading (llama.cpp)
+#                           these three: nothing more, the 200 is the truth
 #   warm-up-marker          health 200 is not enough: a log line says the warm-up is done (SGLang)
 #   lazy-load               up at once, the model loads on the first request: one request proves it (Ollama,
 #                           `transformers serve`)
-READINESS_STYLES = ("marker-then-health", "port-closed-until-ready", "http-503-until-loaded", "warm-up-marker",
-                    "lazy-load")
+READINESS_STYLES = {"marker-then-health": "health", "port-closed-until-ready": "health",
+                    "http-503-until-loaded": "health", "warm-up-marker": "marker", "lazy-load": "answer"}
 # How the checkpoint reaches the engine's command line (core/render.py):
 #   positional     `serve ORG/NAME` (Metrale)
 #   flag           `--model ORG/NAME` (`model-flag:` names the flag; vLLM's --model, SGLang's --model-path)
