@@ -192,7 +192,8 @@ class DirectServing:
 
     def _run_multi(self, change: Change, multi: MultiRank, recipe: Recipe, catalog: Catalog,
                    on_event: Listener) -> LaunchedMulti:
-        from metralectl.lifecycle.multinode import MultiOptions, launch_multi
+        from metralectl.lifecycle.launch_multi import launch_multi
+        from metralectl.lifecycle.multinode import MultiOptions
         from metralectl.lifecycle.swap import repair_if_needed
 
         if not recipe.multi_rank:

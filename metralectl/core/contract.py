@@ -178,14 +178,8 @@ class Readiness:
     status_key: str = "status"  # the JSON key of a /health answer that names the state
     faulted: str = "faulted"  # its value once a GPU fault is latched
     reason_key: str = "reason"
-    style: str = "marker-then-health"  # engine_profile.READINESS_STYLES
+    style: str = "health-when-loaded"  # engine_profile.READINESS_STYLES
     marker: re.Pattern[str] | None = None  # warm-up-marker: the log line that says warm-up is done
-
-    @property
-    def needs(self) -> str:
-        """What a ready health answer still needs: "health" (nothing more), "marker" (the warm-up line) or
-        "answer" (one real answer): the style's meaning (engine_profile.READINESS_STYLES)."""
-        return P.READINESS_STYLES[self.style]
 
 
 @dataclass(frozen=True)

@@ -1,33 +1,22 @@
-"""Multi-rank (EP=2) launches across two nodes: the topology. Which node runs which rank, what the
-nodes' probes found, the RoCE interface and master address, each rank's arguments, the deployment
-record; the launch itself is N single-rank launches (lifecycle/ranks.py, lifecycle/readiness.py).
+"""Multi-rank (EP=2) deployments across two nodes: the topology, and nothing that starts or waits.
 
-Each node is reached the way the Docker CLI reaches it (a context, ssh://, tcp:// with TLS) through
-the same ContainerRuntime seam a single-node launch uses; nothing new runs on the nodes but the
-engine's own image. The flow (docs/multinode.md):
+Which nodes there are (two distinct Docker daemons, the head first), what each node's probe found (a
+short-lived container of its engine image on the host network: IPv4 interfaces, listening ports,
+verified snapshots), the RoCE interface both nodes have an address on and the head's address there
+(--master-addr), each rank's arguments and environment rendered from the one recipe and checked to
+agree, the ports each rank needs, where this machine reaches the head, and where each rank runs as
+the deployment record keeps it. Each node is reached the way the Docker CLI reaches it (a context,
+ssh://, tcp:// with TLS) through the same ContainerRuntime seam a single-node launch uses.
 
-1. connect to both daemons (distinct daemons, or refuse);
-2. stage (lifecycle/node_stage.py): the image on each node (pulled there when missing), the same
-   image revision on both; the weights verified in each node's HF cache;
-3. probe each node with a short-lived container of its engine image (host network, the HF cache
-   read-only): its IPv4 interfaces, listening ports and verified snapshots (`netprobe`); choose
-   the RoCE interface both nodes have an address on; the head's address there is --master-addr;
-4. render both ranks from the one recipe and refuse unless they agree on the rank-symmetric flags
-   and the NCCL environment;
-5. start the head, then the worker at once (each waits for the other at the rendezvous), as any
-   launch's ranks start: the one waiting loop follows both logs, polls the head's /health and
-   calls it ready only once /health is 200, the engine's readiness style is met AND a real
-   1-token request was answered (a head whose worker is gone stays healthy but hangs requests);
-6. any rank failing (exit, rendezvous timeout, flags mismatch, stuck at "all ranks ready", hung
-   request) tears both down and says which rank and why; Ctrl-C does too.
+The launch built on it is lifecycle/launch_multi.py: N single-rank launches over one start, one
+readiness loop and one clean-up (lifecycle/ranks.py, lifecycle/readiness.py); docs/multinode.md.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from metralectl import paths
 from metralectl.core.catalog import Catalog
@@ -35,15 +24,9 @@ from metralectl.core.contract import EngineContract
 from metralectl.core.recipe import Recipe
 from metralectl.core.render import ContainerSpec, spec_for
 from metralectl.errors import MetralError
-from metralectl.lifecycle import deployment
-from metralectl.lifecycle.deployment import Deployment, RankRecord
+from metralectl.lifecycle.deployment import RankRecord
 from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
-from metralectl.lifecycle.launch import LaunchOptions, check_containers
-from metralectl.lifecycle.node_stage import check_weights, stage_nodes
-from metralectl.lifecycle.ranks import Rank, boot, new_run_id
-from metralectl.lifecycle.rdma import check_rdma
-from metralectl.lifecycle.stop import stop_containers, stop_deployments_on
-from metralectl.seams import hfcache, netprobe, store
+from metralectl.seams import hfcache, netprobe
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import Endpoint, RuntimeCause, RuntimeFailure
 from metralectl.seams.endpoint import base_url
@@ -292,10 +275,9 @@ def check_ports(nodes: Sequence[Node], specs: Sequence[ContainerSpec], master_ad
                                   f"`--set resources.{'master-port' if 'master' in what else 'port'}=N`")
 
 
-# --- launch ------------------------------------------------------------------------------------------
-def launch_multi(recipe: Recipe, catalog: Catalog, head: ContainerRuntime, worker: ContainerRuntime, *,
-                 options: LaunchOptions = LaunchOptions(), multi: MultiOptions = MultiOptions(),
-                 on_event: Listener = ignore, gpus_override: str | int | None = "recipe") -> LaunchedMulti:
+# --- the ranks ----------------------------------------------------------------------------------------
+def refuse_unless_two_ranks(recipe: Recipe, catalog: Catalog) -> None:
+    """metralectl launches two-rank (EP=2) recipes across two nodes, on hardware with multi-node settings."""
     hardware = catalog.hardware[recipe.hardware]
     if not recipe.multi_rank:
         raise MetralError(f"{recipe.name} is a single-node recipe; --worker is for multi-rank recipes")
@@ -305,89 +287,34 @@ def launch_multi(recipe: Recipe, catalog: Catalog, head: ContainerRuntime, worke
     if not (hardware.multi_node or {}).get("roce-interfaces"):
         raise MetralError(f"hardware class {hardware.id} has no multi-node settings (RoCE interfaces, NCCL environment)",
                           "multi-node launches are described for GB10 only")
-    nodes = connect_nodes(head, worker, on_event)
-    url = head_url(nodes[0].endpoint, recipe.resources.bind, recipe.resources.ranks[0].port)
-    commit = stage_nodes(recipe, catalog, nodes, options, on_event)
-    probes = probe_nodes(recipe, catalog, nodes, multi.probe_timeout_s, on_event)
-    interface, master_addr, notes = choose_network(recipe, catalog, nodes, probes, multi, on_event)
-    check_weights(recipe, nodes, commit, options, on_event)
-    hcas = check_rdma(nodes, hardware.rank_profile, interface, rdma=multi.rdma, given_device=multi.rdma_device,
-                      on_event=on_event)
+
+
+def rank_specs(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node], interface: str, master_addr: str,
+               hcas: dict[int, str | None], multi: MultiOptions, on_event: Listener,
+               gpus_override: str | int | None = "recipe") -> list[ContainerSpec]:
+    """Each rank rendered from the one recipe for its node (rank, master address, RoCE interface, RDMA device),
+    the head first; refused unless they agree on the rank-symmetric flags and the NCCL environment."""
     specs = [spec_for(catalog, recipe, rank=n.rank, master_addr=master_addr, roce_interface=interface,
                       gpus_override=gpus_override, rdma=multi.rdma, rdma_device=hcas[n.rank]) for n in nodes]
+    symmetric = catalog.engines[recipe.engine].rank_symmetric
     problems = symmetry_problems(specs, catalog.engines[recipe.engine])
     if problems:
         raise MetralError(f"the two ranks of {recipe.name} do not agree: " + "; ".join(problems),
                           "head and worker are rendered from one recipe; remove per-rank overrides of these settings")
     on_event(Step("symmetry", "both ranks: " + ", ".join(
-        f"--{k} {_shown(flag_value(specs[0].command, k))}" for k in catalog.engines[recipe.engine].rank_symmetric)
+        f"--{k} {_shown(flag_value(specs[0].command, k))}" for k in symmetric)
         + f"; identical NCCL environment ({count(len([k for k in specs[0].env if k.startswith('NCCL_')]), 'variable')})"
         + (f"; {', '.join(specs[0].devices + tuple('--cap-add ' + c for c in specs[0].cap_add))}"
            if specs[0].devices or specs[0].cap_add else "")))
-    replacing = []
-    for node, spec in zip(nodes, specs):
-        replacing += [(node, c) for c in check_containers(recipe, node.runtime, spec, options, where=f" on {node.label}")]
-    master_port = recipe.resources.master_port or 29500
-    if not replacing:
-        check_ports(nodes, specs, master_addr, master_port)
-    if options.replace:
-        for node in nodes:
-            stop_deployments_on(node.runtime, on_event)
-        for node, container in replacing:
-            if node.runtime.inspect(container.id) is None:
-                continue  # went with its deployment
-            for result in stop_containers(node.runtime, [container], on_event=on_event):
-                on_event(Step("replaced", f"{result.name} on {node.label}"))
-        deployment.forget_gone({n.endpoint.url: n.runtime for n in nodes})
-    for node, spec in zip(nodes, specs):
-        stale = node.runtime.inspect(spec.name)
-        if stale is not None:  # ours, not running: a leftover of an earlier failed run
-            node.runtime.remove(stale.id, force=True)
-    return start_and_wait_multi(recipe, catalog, nodes, specs, url, interface, master_addr, master_port, options,
-                                multi, on_event, tuple(notes))
+    return specs
 
 
-def start_and_wait_multi(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node], specs: Sequence[ContainerSpec],
-                         url: str, interface: str, master_addr: str, master_port: int, options: LaunchOptions,
-                         multi: MultiOptions, on_event: Listener, notes: tuple[str, ...] = ()) -> LaunchedMulti:
-    """Every rank on its node, as lifecycle/ranks.py starts any launch's ranks (the head first), with the
-    deployment record written before anything starts, so ps/stop find every rank even if we die mid-launch."""
-    run_id = new_run_id()
-    ranks = [Rank(n.rank, n.runtime, s, store.logs_dir() / f"{run_id}-{recipe.name}-r{n.rank}.log", n.role, n.where)
-             for n, s in zip(nodes, specs)]
-    records = tuple(RankRecord(n.rank, n.role, n.endpoint.url, n.endpoint.source, n.endpoint.spec, n.host, s.name,
-                               "", s.port, master_addr if n.rank == 0 else _address_on(n, interface))
-                    for n, s in zip(nodes, specs))
-    record = _Record(Deployment(run_id, recipe.name, "starting", url, interface, master_addr, master_port, records,
-                                time.time(), tuple(options.sets), notes))
-    booted = boot(recipe, catalog, ranks, run_id, url, options, on_event, record=record,
-                  answer_timeout_s=multi.first_request_timeout_s, network=interface, run_entry={
-                      "ranks": [{"rank": r.rank, "endpoint": r.endpoint, "container": r.container} for r in records],
-                      "roce_interface": interface, "master_addr": master_addr})
-    launched = tuple(RankLaunched(n.rank, n.role, n.endpoint.url, n.host, r.spec.name,
-                                  r.container.id if r.container else "", str(r.log_path)) for n, r in zip(nodes, ranks))
-    return LaunchedMulti(run_id, recipe.name, url, booted.model, booted.ready_s, interface, master_addr, master_port,
-                         launched, booted.phases, notes)
-
-
-class _Record:
-    """The deployment record of a launch: saved before anything starts, each container's id as it starts,
-    "ready" once serving, "failed" when containers were kept (or left), forgotten once every rank is gone."""
-
-    def __init__(self, record: Deployment) -> None:
-        self.record = record
-        deployment.save(record)
-
-    def started(self, rank: int, container_id: str) -> None:
-        self.record = replace(self.record, ranks=tuple(replace(r, container_id=container_id) if r.rank == rank else r
-                                                       for r in self.record.ranks))
-        deployment.save(self.record)
-
-    def settled(self, state: str) -> None:
-        if state == "gone":
-            deployment.forget(self.record.recipe, self.record.run_id)
-        else:
-            deployment.save(self.record.with_state(state))
+def rank_records(nodes: Sequence[Node], specs: Sequence[ContainerSpec], interface: str,
+                 master_addr: str) -> tuple[RankRecord, ...]:
+    """Where each rank runs, as the deployment record keeps it (its container's id comes once it starts)."""
+    return tuple(RankRecord(n.rank, n.role, n.endpoint.url, n.endpoint.source, n.endpoint.spec, n.host, s.name, "",
+                            s.port, master_addr if n.rank == 0 else _address_on(n, interface))
+                 for n, s in zip(nodes, specs))
 
 
 def _address_on(node: Node, interface: str) -> str:

@@ -2,11 +2,11 @@
 
 The one waiting loop of every launch: `wait_ready` watches a launch's ranks (one for a single-node run,
 head and worker for EP=2: the same loop) and is the only place a launch polls /health. Ready is
-`GET /health` = 200 (engine/metrale.yaml `readiness:`), then what the engine's readiness style still
-needs (`Readiness.needs`: nothing, its warm-up line, or one real answer), and in a multi-rank launch
-one real answer always (a head whose worker is gone stays healthy but hangs requests). No log line is
-waited for otherwise (the engine's wording changes between releases; a ready line for another port
-must not count). The poll starts with the containers, every HEALTH_POLL_S, in its own thread; until
+`GET /health` = 200 (engine/metrale.yaml `readiness:`), then what the engine's readiness style
+(engine_profile.READINESS_STYLES) still asks: nothing (health-when-loaded), its warm-up line
+(warm-up-marker) or one real answer (lazy-load); and in a multi-rank launch one real answer always (a
+head whose worker is gone stays healthy but hangs requests). No log line is waited for otherwise (the
+engine's wording changes between releases; a ready line for another port must not count). The poll starts with the containers, every HEALTH_POLL_S, in its own thread; until
 the engine binds its port the answer is "down" (connection refused), which means "not yet".
 
 Progress, for the stall diagnosis, is a new log line OR a change in the health answer (down →
@@ -233,7 +233,7 @@ class _Wait:
         self.head = self.ranks[0]
         self.multi = len(self.ranks) > 1
         self.answer_s = answer_timeout_s if answer_timeout_s is not None else (
-            LAZY_ANSWER_S if readiness.needs == "answer" else None)
+            LAZY_ANSWER_S if readiness.style == "lazy-load" else None)
         self.request: FirstAnswer | None = None
         self.announced = False
         self.hold_until: float | None = None
@@ -276,9 +276,11 @@ class _Wait:
                 raise self.fail(self.head, self._stalled(health))
 
     def _ready(self, now: float, health: HealthState) -> bool:
-        """/health is ready: what the style (and a multi-rank launch) still needs; True once ready."""
+        """/health is ready: what the style (and a multi-rank launch) still asks; True once ready. The style's
+        branches: warm-up-marker here, lazy-load's answer (answer_s, set from the style), health-when-loaded
+        neither."""
         elapsed = now - self.clock.started
-        if self.readiness.needs == "marker" and not self.head.boot.marker_seen:
+        if self.readiness.style == "warm-up-marker" and not self.head.boot.marker_seen:
             if not self.announced:
                 self.announced = True
                 self.on_event(Step("health", "healthy; waiting for the engine's warm-up line"))

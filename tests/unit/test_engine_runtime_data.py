@@ -137,6 +137,29 @@ def test_warm_up_marker_style_waits_for_its_line(engines: dict[str, EngineContra
     assert sum(1 for e in events if "warm-up" in str(e)) == 1
 
 
+FIRED_UP = "The server is fired up and ready to roll!"
+
+
+@pytest.mark.parametrize(("style", "waits_for_the_line", "asks_for_an_answer"), [
+    ("health-when-loaded", False, False), ("warm-up-marker", True, False), ("lazy-load", False, True)])
+def test_each_readiness_style_waits_its_own_way(engines: dict[str, EngineContract], tmp_path: Path, style: str,
+                                                waits_for_the_line: bool, asks_for_an_answer: bool) -> None:
+    """One boot (health ready at once, the warm-up line 2 s later), waited for in each style: health-when-loaded
+    is ready on the health answer, warm-up-marker only after the line, lazy-load once one real request is answered."""
+    base = engines["metrale"]
+    marker = re.compile(re.escape(FIRED_UP)) if style == "warm-up-marker" else None
+    contract = dataclasses.replace(base, readiness=dataclasses.replace(base.readiness, style=style, marker=marker))
+    events: list[Event] = []
+    port = own_port()
+    boot = Boot((Listen(200, {"status": "ready", "model": "m"}), Log("2026-08-26T05:35:06Z  INFO " + FIRED_UP,
+                                                                     after_s=2.0)))
+    _wait(contract, f"http://127.0.0.1:{port}", boot, port, tmp_path, events)
+    said = [str(e) for e in events]
+    assert any(FIRED_UP in e.line for e in events if isinstance(e, LogLine)) == waits_for_the_line
+    assert sum("waiting for the engine's warm-up line" in e for e in said) == (1 if waits_for_the_line else 0)
+    assert sum("asking for one answer" in e for e in said) == (1 if asks_for_an_answer else 0)
+
+
 class _Engine(BaseHTTPRequestHandler):
     """Answers like llama-server: /tokenize reads `content` only; /apply-template renders ChatML."""
 

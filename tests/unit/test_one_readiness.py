@@ -17,7 +17,8 @@ from metralectl.core.catalog import Catalog
 from metralectl.lifecycle import readiness
 from metralectl.lifecycle.events import LogLine, Ready, Step
 from metralectl.lifecycle.launch import LaunchOptions, launch
-from metralectl.lifecycle.multinode import MultiOptions, Node, start_and_wait_multi
+from metralectl.lifecycle.launch_multi import start_and_wait_multi
+from metralectl.lifecycle.multinode import MultiOptions, Node
 from metralectl.core.render import spec_for
 from metralectl.seams import machine
 from metralectl.seams.docker_runtime import Endpoint
@@ -139,3 +140,44 @@ def test_no_module_but_readiness_polls_health_for_a_launch() -> None:
     polling = [p.relative_to(PACKAGE).as_posix() for p in sorted(PACKAGE.rglob("*.py"))
                if {"HealthPoller", "answer_one", "FirstAnswer"} & _used(ast.parse(p.read_text()))]
     assert polling == ["lifecycle/readiness.py"]  # the /health poll and the real first request: the loop's alone
+
+
+# Following a booting engine's log and draining it once its container is down (`logs.drain(...)`; swap's drain
+# of requests in flight is another matter): logfollow's, for the loop alone.
+FOLLOWING = {"follow_logs", "log_tail", "Logs"}
+
+
+def test_no_lifecycle_module_but_logfollow_follows_a_boots_log() -> None:
+    """A second waiting loop would follow the containers' logs itself (or drain them after an exit): only
+    lifecycle/logfollow.py reads a starting engine's log, and only the one loop (readiness.py) drives it."""
+    users: dict[str, set[str]] = {}
+    for path in sorted((PACKAGE / "lifecycle").glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else \
+                node.name if isinstance(node, (ast.alias, ast.FunctionDef, ast.ClassDef)) else ""
+            if name in FOLLOWING or (name == "drain" and isinstance(node, ast.Attribute)):
+                found.add(name)
+        if found:
+            users[path.relative_to(PACKAGE).as_posix()] = found
+    assert users == {"lifecycle/logfollow.py": {"follow_logs", "Logs"}, "lifecycle/readiness.py": {"Logs", "drain"}}, \
+        users
+
+
+# --- multinode.py: the topology --------------------------------------------------------------------------------
+LAUNCHING = {"lifecycle.launch", "lifecycle.launch_multi", "lifecycle.ranks", "lifecycle.readiness",
+             "lifecycle.logfollow", "lifecycle.stop", "lifecycle.node_stage", "lifecycle.rdma", "lifecycle.boot"}
+STARTING = {"create_and_start", "remove", "stop", "kill", "follow_logs", "save", "forget"}
+
+
+def test_multinode_keeps_only_the_topology() -> None:
+    """What ranks exist, on which node, with which arguments and environment: multinode.py imports nothing that
+    stages, starts, waits for, records or stops a launch, and touches no container but its probes."""
+    tree = ast.parse((PACKAGE / "lifecycle" / "multinode.py").read_text())
+    imported = {n.module.removeprefix("metralectl.") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {f"lifecycle.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                 and n.module == "metralectl.lifecycle" for a in n.names}
+    assert imported & LAUNCHING == set()
+    called = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert called & STARTING == set()
+    assert called >= {"run_probe", "daemon_identity"}  # it asks the nodes what they are, through the same seam
