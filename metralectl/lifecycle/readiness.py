@@ -6,8 +6,9 @@ head and worker for EP=2: the same loop) and is the only place a launch polls /h
 (engine_profile.READINESS_STYLES) still asks: nothing (health-when-loaded), its warm-up line
 (warm-up-marker) or one real answer (lazy-load); and in a multi-rank launch one real answer always (a
 head whose worker is gone stays healthy but hangs requests). No log line is waited for otherwise (the
-engine's wording changes between releases; a ready line for another port must not count). The poll starts with the containers, every HEALTH_POLL_S, in its own thread; until
-the engine binds its port the answer is "down" (connection refused), which means "not yet".
+engine's wording changes between releases; a ready line for another port must not count). The poll
+starts with the containers, every HEALTH_POLL_S, in its own thread; until the engine binds its port
+the answer is "down" (connection refused), which means "not yet".
 
 Progress, for the stall diagnosis, is a new log line OR a change in the health answer (down →
 loading → ready/faulted, or another status). A boot that logs nothing and keeps answering the same

@@ -174,7 +174,8 @@ def test_multinode_keeps_only_the_topology() -> None:
     """What ranks exist, on which node, with which arguments and environment: multinode.py imports nothing that
     stages, starts, waits for, records or stops a launch, and touches no container but its probes."""
     tree = ast.parse((PACKAGE / "lifecycle" / "multinode.py").read_text())
-    imported = {n.module.removeprefix("metralectl.") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported = {n.module.removeprefix("metralectl.") for n in ast.walk(tree)
+                if isinstance(n, ast.ImportFrom) and n.module}
     imported |= {f"lifecycle.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                  and n.module == "metralectl.lifecycle" for a in n.names}
     assert imported & LAUNCHING == set()
