@@ -69,6 +69,7 @@ class Node:
         return f"rank {self.rank} ({self.role}) on {self.where}"
 
 
+# The deployment as launched (lifecycle/launch_multi.py returns it): which rank runs where, in which container.
 @dataclass(frozen=True)
 class RankLaunched:
     rank: int
