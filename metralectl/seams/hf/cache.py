@@ -174,7 +174,7 @@ def find_snapshot(base: Path, revision: str | None) -> Path | None:
 
 def read_manifest(snapshot: Path) -> Listing | None:
     """The listing a verified pull of the WHOLE snapshot recorded, if it is readable and for this very commit
-    (a GGUF pull's manifest, with `subsets`, vouches for some files only: gguf_cache reads it)."""
+    (a GGUF pull's manifest, with `subsets`, vouches for some files only: gguf.py reads it)."""
     data = read_json(snapshot / VERIFIED_MANIFEST, owned_of_snapshot(snapshot))
     if isinstance(data, dict) and "subsets" in data:
         return None
@@ -293,7 +293,7 @@ def folder_state(base: Path) -> CacheState | None:
 
 def cache_state(repo: str, revision: str | None = None, hub: Path | None = None) -> CacheState:
     """The whole snapshot's state (a safetensors checkpoint). Callers holding a checkpoint use
-    weights_state.checkpoint_state."""
+    state.checkpoint_state."""
     base = repo_dir(repo, hub)
     cache = owned_of(base)
     absent = folder_state(base)
