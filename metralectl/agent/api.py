@@ -12,8 +12,8 @@
     POST /api/run   {recipe, sets?, options?}                 start serving   -> 202 {job} | 400 | 409 busy
     POST /api/swap  {recipe, sets?, drain_timeout_s?, options?} replace it    -> 202 {job} | 400 | 409 busy
     POST /api/stop  {recipe?, all?, timeout_s?}               stop it         -> 202 {job} | 400 | 409 busy
-                    (each body is app/serving_change.Change.to_json(), its "kind" optional)
-    POST /api/jobs/ID/cancel       cancel a job as Ctrl-C would   -> 202 {job} (200 when it had ended)
+                    (each body is read by app/serving_change.Change.from_json(), its "kind" optional)
+    POST /api/jobs/ID/cancel       cancel a job (its cancel token)  -> 202 {job} (200 when it had ended)
     POST /api/units/KEY/cancel     stop a peer's benchmark unit on this box -> 200 {unit} | 404
 
 Every POST needs the bearer token; GET never changes anything.

@@ -13,9 +13,11 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from metralectl import cancel
 from metralectl.seams import machine, store, weights_state
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, base_url
@@ -91,20 +93,28 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: 
     on_event(Step("image", info.ref))
     state = runtime.image_state(info.ref, info.revision_label)
     if not state.present and options.pull:
-        images.pull(info, runtime, arch, lambda layer: on_event(Transfer("image", layer)))
+        images.pull(info, runtime, arch, _transfer("image", on_event))
     images.image_preflight(info, runtime, arch, recipe.name)
     if not options.check_weights:
         return
     on_event(Step("weights", recipe.checkpoint.repo))
     cache = weights_state.checkpoint_state(recipe.checkpoint)
     if cache.status in ("absent", "partial") and options.pull:
-        weights.pull(recipe, lambda event: on_event(Transfer("weights", event)))
+        weights.pull(recipe, _transfer("weights", on_event))
     elif cache.status == "present":
         on_event(Warning_(f"weights of {recipe.checkpoint.repo} are present but not verified "
                           f"(`metralectl pull {recipe.name}` verifies them)"))
         weights.serving_preflight(recipe, cache)  # a GGUF quant: llama-server must load these very files
         return
     weights.weights_preflight(recipe)
+
+
+def _transfer(kind: str, on_event: Listener) -> Callable[[object], None]:
+    """A pull's progress as Transfer events; each report is also a place a cancel stops the pull."""
+    def progress(value: object) -> None:
+        cancel.checkpoint()
+        on_event(Transfer(kind, value))
+    return progress
 
 
 def check_containers(recipe: Recipe, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions, *,
@@ -131,7 +141,9 @@ def preflight(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec:
                                                            ignore_running=ignore_running)
     if refused is not None:
         raise refused.error
+    cancel.checkpoint()
     stage(recipe, catalog, runtime, options, on_event)
+    cancel.checkpoint()
     running = check_containers(recipe, runtime, spec, options, ignore_running=ignore_running)
     if not check_port:
         return
@@ -215,15 +227,18 @@ def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, 
     started = time.monotonic()
     try:
         on_event(Step("starting", spec.name))
+        cancel.checkpoint()
         try:
             container = runtime.create_and_start(spec, labels)
         except RuntimeFailure as exc:
             cause = "gpu-runtime-missing" if exc.cause in GPU_CAUSES else "start-refused"
             raise LaunchFailed(Diagnosis(cause, exc.message, exc.hint or REMEDIES.get(cause, "")), [], str(log_path)) from None
+        cancel.checkpoint()  # cancelled while the daemon created it: the cleanup below removes it
         on_event(ContainerStarted(spec.name, container.id, run_id))
         log = BootLog(contract, spec.bind, spec.port)
         phases, ready_at = _wait_ready(runtime, container, log, log_path, url, boot_timeout, options.stall_timeout_s,
                                        started, on_event, contract.readiness)
+        cancel.checkpoint()  # a cancel that came before ready was reported wins: the cleanup below
         with EngineClient(url) as client:
             model = client.served_model()
         elapsed = time.monotonic() - started
@@ -286,6 +301,7 @@ def _wait_ready(runtime: ContainerRuntime, container: ContainerInfo, log: BootLo
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         while True:
+            cancel.checkpoint()  # every tick of the wait (POLL_WAIT_S): a silent boot is cancelled within one
             try:
                 line = lines.get(timeout=POLL_WAIT_S)
             except queue.Empty:

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from metralectl import cancel
 from metralectl.core.contract import Readiness
 from metralectl.seams.endpoint import EngineClient, Health
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, clean_line
@@ -148,8 +149,8 @@ class StyleGate:
         if style == "lazy-load":
             if not self._answered:
                 self.on_event(Step("health", "healthy; asking for one answer (the engine loads on first use)"))
-                with EngineClient(self.url, timeout=self.probe_timeout_s) as client:
-                    self._answered = client.answer_one(self.probe_timeout_s).status == 200
+                with EngineClient(self.url, timeout=self.probe_timeout_s) as client:  # a cancel ends the wait for it
+                    self._answered = cancel.call(lambda: client.answer_one(self.probe_timeout_s)).status == 200
             return self._answered
         return True
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from metralectl import cancel
 from metralectl.errors import MetralError
 from metralectl.lifecycle.events import Listener, Step, ignore
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
@@ -31,6 +32,7 @@ def stop_containers(runtime: ContainerRuntime, containers: list[ContainerInfo], 
     for container in containers:
         if not container.managed:
             raise MetralError(f"{container.name} is not metralectl's container; refusing to touch it")
+        cancel.checkpoint()  # between containers: the ones stopped so far stay stopped
         on_event(Step("stopping", container.name))
         watch.before(container)
         started = time.monotonic()

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import Box
-from tests.integration.test_agent_routing import RunningAgent, running_agent
+from tests.integration.test_cli_beside_agent import RunningAgent, running_agent
 from tests.integration.test_page_chromium import assert_no_page_errors, browser, wait_for  # noqa: F401
 from tests.integration.test_page_layout_chromium import set_viewport, wait_for_the_daemon_to_ourselves
 
@@ -88,7 +88,7 @@ def test_what_cannot_run_here_is_disabled_with_the_reason_in_view(browser: Any, 
         (box.config / "images" / "double-ok.yaml").read_text().replace("id: double-ok", "id: double-arm")
         .replace("platform: linux/amd64", "platform: linux/arm64"))
     elsewhere = box.recipe("elsewhere", image="arm")
-    refused = box.cli("run", elsewhere, "--direct")  # what the launch itself says (not as the agent's job)
+    refused = box.cli("run", elsewhere)  # what the launch itself says
     assert refused.returncode == 1 and refused.stderr.startswith("metralectl: image "), refused.stderr
     launch_says = refused.stderr.split("\n")[0].removeprefix("metralectl: ")
     api = page.api_recipes()

@@ -1,0 +1,147 @@
+"""Cooperative cancellation: a token the work checks where stopping is safe, never an exception pushed into
+a thread from outside.
+
+Ctrl-C reaches the CLI's main thread as a signal. Work on another thread (the dashboard's worker, the
+agent's job) is asked to stop through a `CancelToken` instead: whoever runs the work binds the token to
+that thread (`with token.bound():`), and the lifecycle checks it at its phase boundaries (`checkpoint()`)
+and in its waits (`sleep()`, or a wait on `token.event`), which return within their short tick once the
+token is cancelled. A cancelled check raises `Cancelled`, a KeyboardInterrupt, so the cleanup Ctrl-C runs
+(a half-started container removed, a swap's journal kept for the repair) runs for it too.
+
+`Cancelled` is raised once per token: the cleanup after it may pass checkpoints of its own and must not be
+cut short (after that, `sleep()` sleeps its whole length again).
+
+The token is found through a context variable, not passed down every signature between a front end and
+the wait it must end (launch → preflight → stage → pull, swap → drain/stop/boot/restore, stop → the memory
+wait, ...): it is bound once by whoever runs the work, and every wait below honours it, as every wait in
+the CLI honours Ctrl-C. With no token bound (the CLI), checkpoint() does nothing and sleep() sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TypeVar
+
+T = TypeVar("T")
+POLL_S = 0.05  # how often call() looks at the token while the call runs elsewhere
+
+
+class Cancelled(KeyboardInterrupt):
+    """The work was cancelled (the dashboard's Cancel, the agent's job cancel): a KeyboardInterrupt, so
+    every cleanup written for Ctrl-C runs for it."""
+
+    def __init__(self, reason: str = "cancelled") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class CancelToken:
+    """A threading.Event and the reason it was set; raised into the work once, at its next check."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()  # set by cancel(): a wait on it ends at once
+        self.reason = ""
+        self._raised = False
+        self._lock = threading.Lock()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.event.is_set()
+
+    @property
+    def raised(self) -> bool:
+        """Cancelled has been raised into the work: what runs now is its cleanup."""
+        return self._raised
+
+    def cancel(self, reason: str = "cancelled") -> bool:
+        """Ask the work to stop; True the first time (a second call keeps the first reason)."""
+        with self._lock:
+            if self.event.is_set():
+                return False
+            self.reason = reason
+            self.event.set()
+            return True
+
+    def check(self) -> None:
+        """Raise Cancelled when cancel() was called and it has not been raised yet."""
+        if not self.event.is_set():
+            return
+        with self._lock:
+            if self._raised:
+                return
+            self._raised = True
+        raise Cancelled(self.reason or "cancelled")
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, ending at once (with Cancelled) when the token is cancelled; a cleanup's sleep is whole."""
+        if self._raised:
+            time.sleep(seconds)
+            return
+        self.event.wait(max(0.0, seconds))
+        self.check()
+
+    @contextmanager
+    def bound(self) -> Iterator[CancelToken]:
+        """Make this the token checkpoint() and sleep() see on this thread (and in what it runs: asyncio
+        tasks copy it) until the block ends."""
+        reset = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(reset)
+
+
+_current: ContextVar[CancelToken | None] = ContextVar("metralectl_cancel_token", default=None)
+
+
+def current() -> CancelToken | None:
+    """The token bound to this thread's work, or None (the CLI: Ctrl-C is its cancel)."""
+    return _current.get()
+
+
+def checkpoint() -> None:
+    """A phase boundary: raise Cancelled here when the work's token was cancelled."""
+    token = _current.get()
+    if token is not None:
+        token.check()
+
+
+def sleep(seconds: float) -> None:
+    """time.sleep that a cancel ends at once (Cancelled)."""
+    token = _current.get()
+    if token is None:
+        time.sleep(seconds)
+    else:
+        token.sleep(seconds)
+
+
+def call(fn: Callable[[], T]) -> T:
+    """fn() for one blocking call with a long timeout of its own (one HTTP answer). With a token bound it runs
+    on a helper thread and a cancel ends the wait for it at once (Cancelled); the call is left to end by
+    itself, within its timeout, its answer unread. Without one, fn() runs here."""
+    token = _current.get()
+    if token is None or token.raised:
+        return fn()
+    token.check()
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread below
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="metralectl-cancellable-call", daemon=True).start()
+    while not done.wait(POLL_S):
+        token.check()
+    if failure:
+        raise failure[0]
+    return outcome[0]
