@@ -1,8 +1,9 @@
 """Cooperative cancellation: a token the work checks where stopping is safe, never an exception pushed into
 a thread from outside.
 
-Ctrl-C reaches the CLI's main thread as a signal. Work on another thread (the dashboard's worker, the
-agent's job) is asked to stop through a `CancelToken` instead: whoever runs the work binds the token to
+A change of what is served is asked to stop through a `CancelToken`, whoever asks: the CLI's Ctrl-C or
+SIGTERM (its handler only cancels the token: cli/serve_cmds._ctrl_c_cancels), the dashboard's Cancel (its
+worker's thread), the agent's job cancel (the job's thread). Whoever runs the work binds the token to
 that thread (`with token.bound():`), and the lifecycle checks it at its phase boundaries (`checkpoint()`)
 and in its waits (`sleep()`, or a wait on `token.event`), which return within their short tick once the
 token is cancelled. A cancelled check raises `Cancelled`, a KeyboardInterrupt, so the cleanup Ctrl-C runs
@@ -13,8 +14,8 @@ cut short (after that, `sleep()` sleeps its whole length again).
 
 The token is found through a context variable, not passed down every signature between a front end and
 the wait it must end (launch → preflight → stage → pull, swap → drain/stop/boot/restore, stop → the memory
-wait, ...): it is bound once by whoever runs the work, and every wait below honours it, as every wait in
-the CLI honours Ctrl-C. With no token bound (the CLI), checkpoint() does nothing and sleep() sleeps.
+wait, ...): it is bound once by whoever runs the work, and every wait below honours it. With no token bound
+(a command that leaves Ctrl-C to interrupt it where it lands), checkpoint() does nothing and sleep() sleeps.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ _current: ContextVar[CancelToken | None] = ContextVar("metralectl_cancel_token",
 
 
 def current() -> CancelToken | None:
-    """The token bound to this thread's work, or None (the CLI: Ctrl-C is its cancel)."""
+    """The token bound to this thread's work, or None (nothing to check: Ctrl-C interrupts where it lands)."""
     return _current.get()
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -29,6 +31,32 @@ def _sigterm_as_interrupt() -> None:
     from metralectl.seams.process import sigterm_as_interrupt_until_exit
 
     sigterm_as_interrupt_until_exit()
+
+
+@contextmanager
+def _ctrl_c_cancels(cooperative: bool = True) -> Iterator[None]:
+    """Ctrl-C or SIGTERM while the change runs cancels its token (metralectl/cancel.py), as the dashboard's
+    Cancel and the agent's job cancel do: the lifecycle stops at its next phase boundary or wait tick and runs
+    Ctrl-C's cleanup (Cancelled is a KeyboardInterrupt: exit 130). A second one before the work has seen the
+    first (a call blocked in the daemon) leaves at once, as Ctrl-C always did; one during the cleanup is not
+    allowed to cut it short. A cancel that came after the work's last check still ends the command with 130.
+    `cooperative=False`: the signals interrupt as they always did (a multi-rank run's own waits)."""
+    if not cooperative:
+        yield
+        return
+    from metralectl.cancel import CancelToken
+    from metralectl.seams.process import on_stop_signals
+
+    token = CancelToken()
+
+    def interrupted() -> None:
+        if not token.cancel("interrupted") and not token.raised:
+            raise KeyboardInterrupt
+
+    with on_stop_signals(interrupted), token.bound():
+        yield
+    if token.cancelled:
+        raise KeyboardInterrupt
 
 
 def _serving(catalog: Any = None) -> Any:
@@ -186,7 +214,7 @@ def run(
     _sigterm_as_interrupt()
     from metralectl.cli.staging_cmds import _Renderer
 
-    with _Renderer() as view:
+    with _Renderer() as view, _ctrl_c_cancels(cooperative=multi is None):
         launched = serving.run(change, _Progress(not detach, view))
     if multi is not None:
         from metralectl.cli.multirank_cmds import print_ready_multi
@@ -244,7 +272,8 @@ def stop(
 
     _sigterm_as_interrupt()
     try:
-        stopped = _serving().stop(Change.stop(recipe_name, all_=all_, timeout_s=timeout), _Progress(False))
+        with _ctrl_c_cancels():
+            stopped = _serving().stop(Change.stop(recipe_name, all_=all_, timeout_s=timeout), _Progress(False))
     except StopIncomplete as exc:  # what was stopped is printed, then the failure
         _print_stopped(exc.stopped, as_json)
         raise
@@ -299,7 +328,7 @@ def swap(
     from metralectl.lifecycle.swap import SwapDegraded, SwapRolledBack
 
     try:
-        with _Renderer() as view:
+        with _Renderer() as view, _ctrl_c_cancels():
             result = serving.swap(change, _Progress(False, view))
     except (SwapRolledBack, SwapDegraded) as failed:
         if as_json and failed.result is not None:

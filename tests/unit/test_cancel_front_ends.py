@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import hashlib
+import os
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +154,86 @@ def test_the_dashboards_cancel_stops_a_silent_boot_and_cleans_up(box: Box) -> No
     assert status == "cancelled" and reason == "cancelled from the dashboard"
     assert worker_state is WorkerState.CANCELLED  # Textual's own worker cancel, beside the core call's token
     assert _gone(box) and box.injected == []
+
+
+# -- the CLI: Ctrl-C (or SIGTERM) cancels the same token ----------------------------------------------------------------
+def _cli_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`metralectl run NAME` in this process (the command's function, its options at their defaults); the SIGTERM
+    handler it installs for its whole process is left out (it would outlive the test)."""
+    import inspect
+
+    from metralectl.cli import serve_cmds
+
+    monkeypatch.setattr(serve_cmds, "_sigterm_as_interrupt", lambda: None)
+    options = {name: getattr(p.default, "default", p.default)
+               for name, p in inspect.signature(serve_cmds.run).parameters.items()}
+    serve_cmds.run(**{**options, "recipe_name": NAME, "set_": None})
+
+
+def _ctrl_c() -> None:
+    """Ctrl-C at this point of the main thread (Python runs the handler before the next line)."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _on_create(box: Box, then: Callable[[], None]) -> None:
+    create = box.runtime.create_and_start
+
+    def created(*args: Any, **kwargs: Any) -> Any:
+        made = create(*args, **kwargs)
+        then()
+        return made
+
+    box.runtime.create_and_start = created  # type: ignore[method-assign]
+
+
+def test_the_clis_ctrl_c_cancels_the_token_and_the_cleanup_is_not_cut_short(box: Box,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the daemon creates the container (here: just as it returns) is seen at the next phase boundary
+    (Cancelled, the token's, not a KeyboardInterrupt pushed in where the signal landed); a second Ctrl-C during the
+    cleanup that follows does not cut it short: the container is removed, the lock free."""
+    from metralectl.cancel import Cancelled
+
+    _on_create(box, _ctrl_c)
+    remove = box.runtime.remove
+
+    def removing(*args: Any, **kwargs: Any) -> None:
+        _ctrl_c()  # impatient: again, while the half-started container is being removed
+        remove(*args, **kwargs)
+
+    box.runtime.remove = removing  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt) as cancelled:  # (a bare one too: it must fail this test, not the session)
+        _cli_run(monkeypatch)
+    assert isinstance(cancelled.value, Cancelled) and cancelled.value.reason == "interrupted"
+    assert _gone(box) and store.lock_holder() is None and box.injected == []
+
+
+def test_a_second_ctrl_c_before_the_work_sees_the_first_leaves_at_once(box: Box,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call blocked in the daemon does not see the token: a second Ctrl-C interrupts it there, as Ctrl-C always
+    did, and the launch's own cleanup still finds the container it made (by its name and run id)."""
+    from metralectl.cancel import Cancelled
+
+    _on_create(box, lambda: (_ctrl_c(), _ctrl_c()))
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        _cli_run(monkeypatch)
+    assert not isinstance(interrupted.value, Cancelled)
+    assert _gone(box) and store.lock_holder() is None
+
+
+def test_a_ctrl_c_of_the_cli_during_a_silent_boot_ends_it_at_once(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from metralectl.cancel import Cancelled
+
+    asked: list[float] = []
+
+    def later() -> None:
+        asked.append(time.monotonic())
+        _ctrl_c()
+
+    _on_create(box, lambda: threading.Timer(0.5, later).start())  # the signal reaches the main thread, waiting
+    with pytest.raises(KeyboardInterrupt) as cancelled:
+        _cli_run(monkeypatch)
+    assert isinstance(cancelled.value, Cancelled)
+    assert asked and time.monotonic() - asked[0] < PROMPT_S
+    assert _gone(box) and store.lock_holder() is None
