@@ -341,6 +341,21 @@ def test_busy_is_409_naming_the_holder(agent: tuple[LocalApiServer, FakeOps, Api
     assert busy.json()["exit_code"] == 75 and server.jobs.list() == []
 
 
+def test_the_page_is_told_what_change_is_in_progress_whoever_started_it(
+        agent: tuple[LocalApiServer, FakeOps, Api]) -> None:
+    """A CLI command's change is not one of the agent's jobs: GET /api/serving names the lifecycle lock's holder, so
+    the page says what is happening; the holder is written by any local user's metralectl, so it is escaped."""
+    _, _, api = agent
+
+    def in_progress() -> Any:
+        return httpx.get(api.base + "/api/serving", timeout=10, trust_env=False).json()["in_progress"]
+
+    assert in_progress() is None
+    with lifecycle_lock("run qwen3-8b \x1b[2J"):
+        assert in_progress() == f"run qwen3-8b \\x1b[2J (pid {os.getpid()})"
+    assert in_progress() is None
+
+
 # -- the event JSON the page reads ----------------------------------------------------------------------------
 def test_every_event_is_a_json_document_the_page_reads() -> None:
     from metralectl.core.images import LayerProgress
