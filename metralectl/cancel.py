@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TypeVar
-
-T = TypeVar("T")
-POLL_S = 0.05  # how often call() looks at the token while the call runs elsewhere
 
 
 class Cancelled(KeyboardInterrupt):
-    """The work was cancelled (the dashboard's Cancel, the agent's job cancel): a KeyboardInterrupt, so
-    every cleanup written for Ctrl-C runs for it."""
+    """The work was cancelled (Ctrl-C in the CLI, the dashboard's Cancel, the agent's job cancel): a
+    KeyboardInterrupt, so every cleanup written for Ctrl-C runs for it."""
 
     def __init__(self, reason: str = "cancelled") -> None:
         super().__init__(reason)
@@ -118,31 +114,3 @@ def sleep(seconds: float) -> None:
         time.sleep(seconds)
     else:
         token.sleep(seconds)
-
-
-def call(fn: Callable[[], T]) -> T:
-    """fn() for one blocking call with a long timeout of its own (one HTTP answer). With a token bound it runs
-    on a helper thread and a cancel ends the wait for it at once (Cancelled); the call is left to end by
-    itself, within its timeout, its answer unread. Without one, fn() runs here."""
-    token = _current.get()
-    if token is None or token.raised:
-        return fn()
-    token.check()
-    outcome: list[T] = []
-    failure: list[BaseException] = []
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            outcome.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread below
-            failure.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="metralectl-cancellable-call", daemon=True).start()
-    while not done.wait(POLL_S):
-        token.check()
-    if failure:
-        raise failure[0]
-    return outcome[0]

@@ -34,16 +34,12 @@ def _sigterm_as_interrupt() -> None:
 
 
 @contextmanager
-def _ctrl_c_cancels(cooperative: bool = True) -> Iterator[None]:
+def _ctrl_c_cancels() -> Iterator[None]:
     """Ctrl-C or SIGTERM while the change runs cancels its token (metralectl/cancel.py), as the dashboard's
     Cancel and the agent's job cancel do: the lifecycle stops at its next phase boundary or wait tick and runs
     Ctrl-C's cleanup (Cancelled is a KeyboardInterrupt: exit 130). A second one before the work has seen the
     first (a call blocked in the daemon) leaves at once, as Ctrl-C always did; one during the cleanup is not
-    allowed to cut it short. A cancel that came after the work's last check still ends the command with 130.
-    `cooperative=False`: the signals interrupt as they always did (a multi-rank run's own waits)."""
-    if not cooperative:
-        yield
-        return
+    allowed to cut it short. A cancel that came after the work's last check still ends the command with 130."""
     from metralectl.cancel import CancelToken
     from metralectl.seams.process import on_stop_signals
 
@@ -214,7 +210,7 @@ def run(
     _sigterm_as_interrupt()
     from metralectl.cli.staging_cmds import _Renderer
 
-    with _Renderer() as view, _ctrl_c_cancels(cooperative=multi is None):
+    with _Renderer() as view, _ctrl_c_cancels():
         launched = serving.run(change, _Progress(not detach, view))
     if multi is not None:
         from metralectl.cli.multirank_cmds import print_ready_multi

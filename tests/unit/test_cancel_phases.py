@@ -15,7 +15,7 @@ import pytest
 
 from metralectl.cancel import Cancelled, CancelToken
 from metralectl.core.render import LABEL_RECIPE
-from metralectl.lifecycle import launch as launch_module
+from metralectl.lifecycle import readiness
 from metralectl.lifecycle.events import ContainerStarted, Event, Failed, LogLine, Phase, Ready, Step, Transfer
 from metralectl.lifecycle.launch import LaunchOptions, launch
 from metralectl.lifecycle.swap import SwapInterrupted, journal_path, repair_if_needed, swap
@@ -80,7 +80,7 @@ LAUNCH_PHASES: dict[str, tuple[Callable[[Event], bool], Boot, bool]] = {  # (can
 @pytest.mark.parametrize("keep_failed", [False, True])
 def test_a_cancel_at_each_launch_phase_leaves_what_ctrl_c_leaves(phase: str, keep_failed: bool,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launch_module, "HOLD_S", 30.0)
+    monkeypatch.setattr(readiness, "HOLD_S", 30.0)
     cancel_on, boot, made = LAUNCH_PHASES[phase]
     rt, listener, port = gb10_runtime(), Recorder(cancel_on=cancel_on), own_port()
     rt.script(CONTAINER, boot)
