@@ -43,7 +43,7 @@ class CancelToken:
         self.event = threading.Event()  # set by cancel(): a wait on it ends at once
         self.reason = ""
         self._raised = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a signal handler (the CLI's Ctrl-C) may cancel mid-check
 
     @property
     def cancelled(self) -> bool:

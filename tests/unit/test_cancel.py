@@ -89,3 +89,19 @@ def test_asyncio_tasks_see_the_token_of_the_thread_that_runs_them() -> None:
 
     with token.bound():
         assert asyncio.run(inner()) is token
+
+
+def test_a_cancel_that_lands_inside_a_check_does_not_deadlock() -> None:
+    """The CLI's Ctrl-C handler cancels the token on the main thread, between any two bytecodes: possibly while
+    that same thread is inside check(), holding the token's lock."""
+    token = CancelToken()
+    done = threading.Event()
+
+    def signal_lands_mid_check() -> None:
+        with token._lock:  # where check() is when the handler runs
+            token.cancel("interrupted")
+        done.set()
+
+    threading.Thread(target=signal_lands_mid_check, daemon=True).start()
+    assert done.wait(2), "cancel() waited for a lock its own thread held"
+    assert token.cancelled and token.reason == "interrupted"
