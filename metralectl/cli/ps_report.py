@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def ps(as_json: bool) -> None:
-    """The `ps` command without --repair: what app/serving_direct.py's DirectServing.ps() does then (the
+    """The `ps` command without --repair: what app/serving.py's Serving.ps() does then (the
     default runtime, status.collect), without importing the use-case layer (it loads the launch machinery)."""
     from metralectl.seams.docker.runtime import open_runtime
     with open_runtime() as runtime:

@@ -10,8 +10,10 @@ container.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from metralectl import cancel
 from metralectl.seams import machine, store
 from metralectl.seams.hf import state as hfstate
 from metralectl.core.catalog import Catalog
@@ -60,26 +62,33 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: 
     """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
     from metralectl.seams.docker import images
     from metralectl.seams.hf import weights
-
     info = catalog.image_for(recipe)
     arch = machine.cpu_arch()
     on_event(Step("image", info.ref))
     state = runtime.image_state(info.ref, info.revision_label)
     if not state.present and options.pull:
-        images.pull(info, runtime, arch, lambda layer: on_event(Transfer("image", layer)))
+        images.pull(info, runtime, arch, transfer_events("image", on_event))
     images.image_preflight(info, runtime, arch, recipe.name)
     if not options.check_weights:
         return
     on_event(Step("weights", recipe.checkpoint.repo))
     cache = hfstate.checkpoint_state(recipe.checkpoint)
     if cache.status in ("absent", "partial") and options.pull:
-        weights.pull(recipe, lambda event: on_event(Transfer("weights", event)))
+        weights.pull(recipe, transfer_events("weights", on_event))
     elif cache.status == "present":
         on_event(Warning_(f"weights of {recipe.checkpoint.repo} are present but not verified "
                           f"(`metralectl pull {recipe.name}` verifies them)"))
         hfstate.serving_preflight(recipe, cache)  # a GGUF quant: llama-server must load these very files
         return
     hfstate.weights_preflight(recipe)
+
+
+def transfer_events(kind: str, on_event: Listener) -> Callable[[object], None]:
+    """A pull's progress as Transfer events; each report is also a place a cancel stops the pull."""
+    def progress(value: object) -> None:
+        cancel.checkpoint()
+        on_event(Transfer(kind, value))
+    return progress
 
 
 def check_containers(recipe: Recipe, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions, *,
@@ -106,7 +115,9 @@ def preflight(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec:
                                                            ignore_running=ignore_running)
     if refused is not None:
         raise refused.error
+    cancel.checkpoint()
     stage(recipe, catalog, runtime, options, on_event)
+    cancel.checkpoint()
     running = check_containers(recipe, runtime, spec, options, ignore_running=ignore_running)
     if not check_port:
         return

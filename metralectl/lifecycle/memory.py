@@ -11,9 +11,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from metralectl import cancel
 from metralectl.seams.docker.containers import ContainerInfo
 from metralectl.seams.docker.protocol import ContainerRuntime
 from metralectl.seams.docker.runtime import container_pids
+
 WAIT_S = 20.0
 
 
@@ -63,6 +65,6 @@ class NvmlMemoryWatch:
                 if time.monotonic() > deadline:
                     return (f"still held: {sum(held.values()) / 1e9:.1f} GB by PIDs {sorted(held)} {self.wait_s:g} s "
                             "after the stop (`metralectl doctor` lists GPU processes)")
-                time.sleep(self.poll_s)
+                cancel.sleep(self.poll_s)  # the stop's wait: a cancel ends it (the container is gone already)
         finally:
             probe.close()

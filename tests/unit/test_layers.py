@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("core",),
     ("joblog",),
     ("ownedfs", "filecap"),
-    ("errors", "paths", "safetext", "atomicfile", "wording", "__init__"),
+    ("errors", "paths", "safetext", "atomicfile", "wording", "cancel", "__init__"),
 ]
 
 # Inside a layer: its packages, each one outside system (seams/docker: the Docker daemon; seams/hf: the Hugging Face
