@@ -7,8 +7,8 @@ summary from here, so `metralectl --help` imports no command module (the pattern
 own help, and every command a module registers to a row here.
 
 A row's module either defines its commands with Typer and registers them (`register(app)`: the module's
-commands are built when the first of them is asked for) or, where the start itself is timed (`list`, `tui`:
-benchmarks/cold_start.py and benchmarks/tui.py), names a plain Click command (`command=`).
+commands are built when the first of them is asked for) or, where the start itself is timed (`list`, `ps`,
+`tui`: benchmarks/cold_start.py and benchmarks/tui.py), names a plain Click command (`command=`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ COMMANDS: dict[str, Entry] = {
     "doctor": Entry("metralectl.cli.doctor_cmd", "Check this machine for everything that stops a model from being "
                                                  "served, with the fix for each."),
     "run": Entry(_SERVE, "Serve a recipe and wait until it is really ready (--print: show the `docker run` instead)."),
-    "ps": Entry(_SERVE, "What metralectl is serving: recipe, state, health, uptime, endpoint, image revision."),
+    "ps": Entry("metralectl.cli.ps_report", "What metralectl is serving: recipe, state, health, uptime, endpoint, "
+                                            "image revision.", command="ps_command"),
     "logs": Entry(_SERVE, "The engine's log (stdout). With -f, follows and returns when the container exits. With no "
                           "container (a start that failed and was cleaned up), the log metralectl kept of that start."),
     "stop": Entry(_SERVE, "Stop gracefully (kill after --timeout), verify the container is gone and memory came back."),

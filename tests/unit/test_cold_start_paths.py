@@ -1,8 +1,8 @@
 """The console script's start: one command line (cli/main.py's root group, commands loaded from the table in
 cli/commands.py), and what the commands whose start is timed load and answer.
 
-`--help`, `--version`, `list` and `tui` load neither Typer nor YAML nor any command module but their own, in
-every spelling Click accepts; their answers to bad command lines are held to golden expectations (the bytes
+`--help`, `--version`, `list`, `ps` and `tui` load neither Typer nor YAML nor any command module but their own,
+in every spelling Click accepts; their answers to bad command lines are held to golden expectations (the bytes
 Click and the boundary give, exit codes included). Speed is measured in benchmarks/cold_start.py, not here.
 """
 
@@ -38,10 +38,10 @@ def run(args: list[str], columns: str = "100", env: dict[str, str] | None = None
                           env={**os.environ, "COLUMNS": columns, **(env or {})}, stdin=subprocess.DEVNULL, timeout=120)
 
 
-def loaded(args: list[str], watched: tuple[str, ...]) -> str:
+def loaded(args: list[str], watched: tuple[str, ...], env: dict[str, str] | None = None) -> str:
     code = f"WATCHED = {watched!r}\n" + LOADED
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO,
-                         stdin=subprocess.DEVNULL, timeout=120)
+                         env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=120)
     return out.stderr.rsplit("LOADED=", 1)[1].strip()
 
 
@@ -73,6 +73,7 @@ GOLDEN: list[tuple[list[str], int, str, str]] = [
     (["--debug", "lst"], ExitCode.USAGE, "", usage("", "No such command 'lst'. Did you mean 'list'?", ROOT_USAGE)),
     (["show"], ExitCode.USAGE, "", usage("show", "Missing argument 'RECIPE'.", "[OPTIONS] RECIPE")),
     (["ps", "--bogus"], ExitCode.USAGE, "", usage("ps", "No such option '--bogus'.")),
+    (["ps", "--json", "--bogus"], ExitCode.USAGE, "", usage("ps", "No such option '--bogus'.")),
 ]
 
 
@@ -90,6 +91,12 @@ def test_answers_to_bad_and_plain_command_lines(args: list[str], code: int, stdo
 def test_the_timed_starts_load_no_typer_no_yaml_no_other_command(args: list[str]) -> None:
     run(["list"])  # the first `list` parses the YAML and fills the catalog cache
     assert loaded(args, ("typer", "yaml", *COMMAND_MODULES, *HEAVY)) == "", args
+
+
+@pytest.mark.parametrize("args", [["ps"], ["ps", "--json"], ["--debug", "ps", "--json"], ["ps", "-h"]])
+def test_ps_loads_no_typer_no_yaml_no_other_command_and_no_docker_py(args: list[str], tmp_path: Path) -> None:
+    watched = ("typer", "yaml", "docker", "requests", "paramiko", "httpx", "metralectl.app.serving", *COMMAND_MODULES)
+    assert loaded(args, watched, env={"DOCKER_HOST": f"unix://{tmp_path}/nobody.sock"}) == "", args
 
 
 def test_a_typer_command_loads_its_own_module_only() -> None:
