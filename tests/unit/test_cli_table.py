@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -76,3 +78,27 @@ def test_the_printed_help_lists_every_visible_command_once() -> None:
     listed = out.stdout.split("\nCommands:\n", 1)[1].split("\n\n", 1)[0]
     names = [line.split()[0] for line in listed.splitlines() if line.startswith("  ") and not line.startswith("   ")]
     assert names == [name for name, entry in COMMANDS.items() if not entry.hidden]
+
+
+def test_the_roots_help_follows_the_exit_code_table_its_epilog_names(tmp_path: Path) -> None:
+    """The epilog lists errors.ExitCode; a changed table shows in the next `--help` (a help-text cache keyed on
+    cli/*.py kept printing the old one). A copy of the package, its table edited between two calls."""
+    import shutil
+
+    package = tmp_path / "site" / "metralectl"
+    shutil.copytree(REPO / "metralectl", package, ignore=shutil.ignore_patterns("__pycache__", "_data"))
+    env = {**os.environ, "PYTHONPATH": str(package.parent), "METRALECTL_CACHE_DIR": str(tmp_path / "cache"),
+           "COLUMNS": "100"}
+
+    def root_help() -> str:
+        out = subprocess.run([sys.executable, "-m", "metralectl", "--help"], capture_output=True, text=True,
+                             cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, timeout=60)
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+        return " ".join(out.stdout.split())
+
+    assert "75 busy" in root_help()
+    errors = package / "errors.py"
+    assert "    BUSY = 75\n" in errors.read_text()
+    errors.write_text(errors.read_text().replace("    BUSY = 75\n", "    BUSY = 76\n"))
+    after = root_help()
+    assert "76 busy" in after and "75 busy" not in after
