@@ -5,7 +5,6 @@ take most of its budget.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +84,8 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         rows = [r for r in rows if matches(r, words)]
         missed = not rows
     if as_json:
+        import json  # only here: the table needs none of it
+
         print(json.dumps({"target": target, "recipes": rows}, indent=2))
     elif missed:  # like grep: no table, a line on stderr and exit 1 (below)
         pass

@@ -132,7 +132,7 @@ def test_list_rows_from_the_store_are_the_catalogs_and_weights_are_read_live(iso
     from metralectl.seams import hfcache
 
     computed = run(["list", "--json"])  # nothing stored yet: from the catalog, then stored
-    assert list(Path(os.environ["METRALECTL_CACHE_DIR"]).glob("library-*.pickle"))
+    assert list(Path(os.environ["METRALECTL_CACHE_DIR"]).glob("library-*"))
     stored = run(["list", "--json"])
     assert (computed.returncode, computed.stdout, computed.stderr) == (stored.returncode, stored.stdout, stored.stderr)
     catalog = load_catalog()
@@ -163,6 +163,20 @@ def test_list_from_the_store_loads_no_catalog_types() -> None:
     watched = ("typer", "yaml", "metralectl.core.catalog", "metralectl.core.recipe", "metralectl.core.hardware",
                "metralectl.app.library")
     assert loaded(["list"], watched) == ""
+
+
+def test_list_with_nothing_cached_loads_no_cache_reader_and_no_platformdirs(tmp_path: Path) -> None:
+    """The config and cache dirs from XDG (no METRALECTL_* overrides) and no weights in the hub: no platformdirs, no
+    HF cache readers, no pickle or json for the table (each import is part of what `list` costs before it answers)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("METRALECTL_CONFIG_DIR", "METRALECTL_CACHE_DIR")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    watched = ("platformdirs", "pickle", "json", "metralectl.seams.hfcache", "metralectl.seams.gguf_cache",
+               "metralectl.core.catalog")
+    for _ in range(2):  # the first stores the rows (and loads the catalog), the second reads them
+        out = subprocess.run([sys.executable, "-c", f"WATCHED = {watched!r}\n" + LOADED, "list"], capture_output=True,
+                             text=True, cwd=REPO, env=env, stdin=subprocess.DEVNULL, timeout=120)
+    assert out.stderr.rsplit("LOADED=", 1)[1].strip() == ""
+    assert list((tmp_path / "cache" / "metralectl").glob("library-*"))
 
 
 @pytest.mark.parametrize("args", [["list", "--json"], ["--help"], ["show", "demo-cpu", "--json"]])
