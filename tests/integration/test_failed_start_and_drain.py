@@ -27,8 +27,10 @@ def test_a_failed_start_quotes_the_engine_and_its_log_stays_reachable(box: Box) 
     assert f"no container serves {name}; this is the log of its failed start" in logs.stderr
     last = box.cli("logs", "--last-failed")
     assert last.returncode == 0 and last.stdout == logs.stdout
-    never = box.cli("logs", f"{box.prefix}-never-ran")
-    assert never.returncode == 1 and "no failed start of it was kept" in never.stderr
+    never = box.cli("logs", box.recipe("never-ran"))  # a recipe that never ran: nothing served, nothing kept
+    assert never.returncode == 1 and "is not being served" in never.stderr and "no failed start of" in never.stderr, never.stderr
+    unknown = box.cli("logs", f"{box.prefix}-no-such-recipe")  # no recipe at all: the catalog's answer
+    assert unknown.returncode == 64 and "no recipe named" in unknown.stderr, unknown.stderr
 
 
 def test_logs_of_the_one_kept_container_needs_no_name(box: Box) -> None:

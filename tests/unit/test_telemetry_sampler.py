@@ -36,7 +36,8 @@ def test_samples_at_rate_with_a_bounded_ring() -> None:
     assert st.cpu_s > 0 and st.cpu_pct is not None
     assert st.lateness_p50_s is not None and st.lateness_p50_s < 0.1
     energies = [x for x in s.samples() if x.energy is not None]
-    assert energies and all(x.seq % 5 == 0 for x in energies)  # 10 Hz of 50 Hz
+    # 10 Hz of 50 Hz: every 5th tick of the schedule (a late, dropped tick shifts seq, not the schedule)
+    assert energies and all(b.t - a.t >= 0.1 - 0.005 for a, b in zip(energies, energies[1:]))
     assert not s.running
 
 
