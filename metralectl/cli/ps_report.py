@@ -28,12 +28,12 @@ def ps_command(as_json: bool, repair: bool) -> None:
         return
     from metralectl.cli.serve_cmds import _Progress, _serving  # the serving commands' use case and printer
 
-    show(_serving(True).ps(repair=True, on_event=_Progress(False)), as_json)
+    show(_serving().ps(repair=True, on_event=_Progress(False)), as_json)
 
 
 def ps(as_json: bool) -> None:
-    """`ps` without --repair: what app/serving_direct.py's DirectServing.ps() does then (the default runtime,
-    status.collect), without importing the use-case layer (it loads the launch machinery)."""
+    """The `ps` command without --repair: what app/serving.py's Serving.ps() does then (the
+    default runtime, status.collect), without importing the use-case layer (it loads the launch machinery)."""
     from metralectl.seams.docker_runtime import open_runtime
 
     with open_runtime() as runtime:

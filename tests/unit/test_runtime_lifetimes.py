@@ -39,7 +39,7 @@ def test_logs_closes_its_runtime_when_nothing_is_served(monkeypatch: pytest.Monk
 
 def test_stop_closes_its_runtime(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     rt = _cli_runtime(monkeypatch)
-    serve_cmds.stop(recipe_name=None, all_=False, timeout=1.0, as_json=False, direct=True)  # type: ignore[arg-type]
+    serve_cmds.stop(recipe_name=None, all_=False, timeout=1.0, as_json=False)  # type: ignore[arg-type]
     assert rt.closed == 1
 
 
