@@ -1,4 +1,4 @@
-"""`run`, `ps`, `logs`, `stop`, `swap`: the flags become a `Change`, app/serving.py does it, this prints it.
+"""`run`, `logs`, `stop`, `swap` (`ps` is cli/ps_report.py): the flags become a `Change`, app/serving.py does it, this prints it.
 
 The command does the change itself, under the machine's lifecycle lock, whether or not `metralectl agent`
 runs: the lock makes whoever comes second (this command, the agent's job, the dashboard, a peer's
@@ -220,17 +220,6 @@ def run(
         _print_ready(launched, as_json)
 
 
-def ps(
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    repair: bool = typer.Option(False, "--repair", help="Repair an interrupted swap (restore a serving model)."),
-) -> None:
-    """What metralectl is serving: recipe, state, health, uptime, endpoint, image revision."""
-    from metralectl.cli import ps_report
-
-    report = _serving().ps(repair=repair, on_event=_Progress(False))
-    ps_report.show(report, as_json)
-
-
 def logs(
     recipe_name: str = typer.Argument(None, metavar="[RECIPE]", help="Whose logs (default: the one being served)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the container exits."),
@@ -345,7 +334,6 @@ def _print_swap(result: Any, as_json: bool) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
-    app.command("ps")(ps)
     app.command("logs")(logs)
     app.command("stop")(stop)
     app.command("swap")(swap)

@@ -157,7 +157,7 @@ def pull(
     """Stage recipes: pull the engine image and download + verify the checkpoint into the HF cache."""
     from metralectl.seams.docker import images as docker_images
     from metralectl.seams import machine
-    from metralectl.seams.hf import state as hfstate, weights
+    from metralectl.seams.hf import weights
     from metralectl.cli.catalog_cmds import _catalog
 
     if weights_only and image_only:
@@ -188,7 +188,7 @@ def pull(
         if not image_only:
             fetched: dict[tuple[str, str | None, str | None], Any] = {}
             for r in recipes:  # one pull per checkpoint; a GGUF one per quant (each needs its own files)
-                key = (r.checkpoint.repo, r.checkpoint.revision, hfstate.gguf_quant(r.checkpoint))
+                key = (r.checkpoint.repo, r.checkpoint.revision, weights.gguf_quant(r.checkpoint))
                 if key not in fetched:
                     fetched[key] = weights.pull(r, view.weights)
                     view.say(_weights_line(fetched[key]))

@@ -8,7 +8,7 @@ import sys
 from metralectl.present.style import color_enabled, style  # noqa: F401  (re-exported)
 from metralectl.wording import count
 
-TYPE_CHECKING = False  # cli/entry.py's fast answers import this module: no typing, no dataclasses
+TYPE_CHECKING = False  # every command's start imports this module: no dataclasses, no typing at run time
 if TYPE_CHECKING:
     from typing import Callable, NoReturn
 

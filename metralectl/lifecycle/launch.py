@@ -78,9 +78,9 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: 
     elif cache.status == "present":
         on_event(Warning_(f"weights of {recipe.checkpoint.repo} are present but not verified "
                           f"(`metralectl pull {recipe.name}` verifies them)"))
-        hfstate.serving_preflight(recipe, cache)  # a GGUF quant: llama-server must load these very files
+        weights.serving_preflight(recipe, cache)  # a GGUF quant: llama-server must load these very files
         return
-    hfstate.weights_preflight(recipe)
+    weights.weights_preflight(recipe)
 
 
 def transfer_events(kind: str, on_event: Listener) -> Callable[[object], None]:

@@ -33,8 +33,8 @@ class Facts:
     image: ImageState | None  # None: not looked at (Docker unreachable)
     image_error: MetralError | None  # what images.image_preflight says of the image as it is now
     image_pullable: bool  # absent, and a pull would bring it (not built from source, the platform fits)
-    weights_status: str  # cache_state: complete | present | partial | absent; or conflict (hfstate.ServingConflict)
-    weights_error: MetralError | None  # what hfstate.weights_preflight says of the cache as it is now
+    weights_status: str  # cache_state: complete | present | partial | absent; or conflict (weights.ServingConflict)
+    weights_error: MetralError | None  # what weights.weights_preflight says of the cache as it is now
     same_name: ContainerInfo | None  # a container holding the name the recipe renders to
     others: tuple[ContainerInfo, ...]  # another user's models that run
     running: tuple[ContainerInfo, ...]  # ours that run
@@ -65,7 +65,7 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
     from metralectl.core import images
     from metralectl.seams.docker import images as docker_images
     from metralectl.seams import machine
-    from metralectl.seams.hf import state as hfstate
+    from metralectl.seams.hf import state as hfstate, weights
 
     info = catalog.image_for(recipe)
     state = runtime.image_state(info.ref, info.revision_label)
@@ -82,8 +82,8 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
     weights_error: MetralError | None = None
     if cache.status != "complete" or recipe.checkpoint.format == "gguf":  # GGUF: also what llama-server would load
         try:
-            hfstate.weights_preflight(recipe)
-        except hfstate.ServingConflict as exc:
+            weights.weights_preflight(recipe)
+        except weights.ServingConflict as exc:
             weights_status, weights_error = "conflict", exc
         except MetralError as exc:
             weights_error = exc

@@ -136,7 +136,7 @@ def test_llama_server_loads_exactly_the_files_pull_verified(llama_server: Path, 
     result = weights.pull(ck("UD-Q4_K_XL"))
     snapshot = hfcache.snapshot_path(REPO, result.commit)
     assert result.paths == SPLIT and not (snapshot / "mmproj-F16.gguf").exists()
-    hfstate.weights_preflight(SimpleRecipe("UD-Q4_K_XL"))
+    weights.weights_preflight(SimpleRecipe("UD-Q4_K_XL"))
     code, props, log = serve(llama_server, "UD-Q4_K_XL")
     assert props is not None, f"llama-server did not come up (exit {code}):\n{log[-3000:]}"
     assert props["model_path"] == str(snapshot / SPLIT[0]), log[-3000:]  # part 1; part 2 is found by its name
@@ -149,7 +149,7 @@ def test_llama_server_loads_exactly_the_files_pull_verified(llama_server: Path, 
     # a quant metralectl says is absent is one llama-server cannot find either
     assert hfstate.checkpoint_state(ck("Q4_K_M")).status == "absent"
     with pytest.raises(hfhub.WeightsError, match="Q4_K_M is absent"):
-        hfstate.weights_preflight(SimpleRecipe("Q4_K_M"))
+        weights.weights_preflight(SimpleRecipe("Q4_K_M"))
     code, props, log = serve(llama_server, "Q4_K_M")
     assert props is None and code not in (None, 0), log[-3000:]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from metralectl.seams.hf import cache as hfcache, hub as hfhub, state as hfstate, steps as hfsteps, weights
+from metralectl.seams.hf import cache as hfcache, hub as hfhub, steps as hfsteps, weights
 from metralectl.core.recipe import CheckpointRef
 from tests.fakehub.server import FakeHub, demo_repo
 
@@ -295,21 +295,21 @@ def test_list_and_run_preflight_follow_the_cache(hub: FakeHub) -> None:
     recipe = load_catalog().recipe(FLAGSHIP)
     assert list_weights() == "absent"
     with pytest.raises(hfhub.WeightsError, match=f"weights incomplete: .* is absent .*run `metralectl pull {FLAGSHIP}`"):
-        hfstate.weights_preflight(recipe)
+        weights.weights_preflight(recipe)
     out = cli("pull", FLAGSHIP, "--weights-only")
     assert out.returncode == 0 and "ready (weights complete at" in out.stdout, out.stderr
     assert list_weights() == "complete"
-    hfstate.weights_preflight(recipe)  # complete: no complaint
+    weights.weights_preflight(recipe)  # complete: no complaint
     snap = hfcache.cache_state(REPO).snapshot
     (snap / hfcache.VERIFIED_MANIFEST).rename(snap / "manifest.bak")
     assert list_weights() == "present"  # every file there per the listing, but never hashed
     with pytest.raises(hfhub.WeightsError, match="is present"):
-        hfstate.weights_preflight(recipe)
+        weights.weights_preflight(recipe)
     (snap / "manifest.bak").rename(snap / hfcache.VERIFIED_MANIFEST)
     (snap / SHARD1).unlink()
     assert list_weights() == "partial"
     with pytest.raises(hfhub.WeightsError, match="is partial .*1 of 7 files missing"):
-        hfstate.weights_preflight(recipe)
+        weights.weights_preflight(recipe)
 
 
 # --- ownership (SPEC §5: "do not use sudo metralectl") ----------------------------------------------------

@@ -284,7 +284,7 @@ def test_pull_fetches_one_content_once_for_two_paths(hub: FakeHub) -> None:
 def test_pull_of_a_gguf_quant_resumes_its_file_and_records_the_quant(hub: FakeHub) -> None:
     """A GGUF checkpoint takes the same path: the quant's file is a large LFS file like any shard."""
     from metralectl.core.recipe import CheckpointRef
-    from metralectl.seams.hf import state as hfstate, weights
+    from metralectl.seams.hf import weights
 
     gguf_repo = "org/tiny-GGUF"
     q4 = "tiny-Q4_K_M.gguf"
@@ -298,4 +298,4 @@ def test_pull_of_a_gguf_quant_resumes_its_file_and_records_the_quant(hub: FakeHu
     assert result.paths == (q4,) and result.quant == "Q4_K_M"
     snap = hfcache.snapshot_path(gguf_repo, hub.repos[gguf_repo].commit)
     assert (snap / q4).read_bytes() == data and not (snap / "tiny-Q8_0.gguf").exists()
-    assert hfstate.state(checkpoint).status == "complete"
+    assert weights.state(checkpoint).status == "complete"

@@ -135,11 +135,11 @@ def test_click_usage_errors_end_with_usage_not_2(argv: list[str]) -> None:
 
 
 def test_click_usage_errors_end_with_usage_under_the_test_runner_too() -> None:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
-    from metralectl.cli.main import app
+    from metralectl.cli.main import cli
 
-    result = CliRunner().invoke(app, ["show"])
+    result = CliRunner().invoke(cli, ["show"])
     assert result.exit_code == ExitCode.USAGE
 
 

@@ -249,8 +249,8 @@ def test_preflight_refuses_a_missing_quant_when_another_is_complete(hub: FakeHub
     weights.pull(ck("Q8_0"))
     with pytest.raises(hfhub.WeightsError, match=rf"weights incomplete: {REPO}:UD-Q4_K_XL is absent .*"
                                                    r"`metralectl pull my-gguf`"):
-        hfstate.weights_preflight(_recipe("UD-Q4_K_XL"))
-    hfstate.weights_preflight(_recipe("Q8_0"))
+        weights.weights_preflight(_recipe("UD-Q4_K_XL"))
+    weights.weights_preflight(_recipe("Q8_0"))
 
 
 def test_launch_and_swap_facts_follow_the_quant(hub: FakeHub) -> None:
@@ -286,12 +286,12 @@ def test_launch_and_swap_facts_follow_the_quant(hub: FakeHub) -> None:
 
 def test_preflight_refuses_a_cache_where_llama_server_could_pick_another_file(hub: FakeHub) -> None:
     weights.pull(ck("Q4_K_M"))
-    hfstate.weights_preflight(_recipe("Q4_K_M"))
+    weights.weights_preflight(_recipe("Q4_K_M"))
     stray = snapshot(hub) / "extra" / f"{STEM}-Q4_K_M.gguf"  # e.g. left by another tool
     stray.parent.mkdir()
     stray.write_bytes(b"GGUF")
-    with pytest.raises(hfstate.ServingConflict, match=r"could load extra/Qwen3.5-35B-A3B-Q4_K_M.gguf instead"):
-        hfstate.weights_preflight(_recipe("Q4_K_M"))
+    with pytest.raises(weights.ServingConflict, match=r"could load extra/Qwen3.5-35B-A3B-Q4_K_M.gguf instead"):
+        weights.weights_preflight(_recipe("Q4_K_M"))
 
 
 def test_a_pinned_quant_needs_refs_main_to_name_its_commit(hub: FakeHub) -> None:
@@ -300,10 +300,10 @@ def test_a_pinned_quant_needs_refs_main_to_name_its_commit(hub: FakeHub) -> None
     result = weights.pull(ck("Q8_0", commit))
     refs_main = hfcache.repo_dir(REPO) / "refs" / "main"
     assert result.revision == commit and refs_main.read_text() == commit  # no ref named any snapshot
-    hfstate.weights_preflight(_recipe("Q8_0", commit))
+    weights.weights_preflight(_recipe("Q8_0", commit))
     refs_main.write_text("f" * 40)  # an unpinned pull of a newer main moved it
-    with pytest.raises(hfstate.ServingConflict, match=r"refs/main names ffffffffffff") as err:
-        hfstate.weights_preflight(_recipe("Q8_0", commit))
+    with pytest.raises(weights.ServingConflict, match=r"refs/main names ffffffffffff") as err:
+        weights.weights_preflight(_recipe("Q8_0", commit))
     assert commit in (err.value.hint or "")
     notes = weights.pull(ck("Q4_K_M", commit)).notes
     assert refs_main.read_text() == "f" * 40 and "not this pinned commit" in notes[0]  # said, not overwritten

@@ -206,13 +206,13 @@ def test_hub_errors_become_remedies() -> None:
 
 
 def test_weights_preflight_names_the_pull_command() -> None:
-    from metralectl.seams.hf import hub as hfhub, state as hfstate
+    from metralectl.seams.hf import hub as hfhub, weights
     recipe = SimpleNamespace(name="my-recipe", checkpoint=SimpleNamespace(repo=REPO, revision=None))
     with pytest.raises(hfhub.WeightsError, match="weights incomplete: org/model is absent .*`metralectl pull my-recipe`"):
-        hfstate.weights_preflight(recipe)
+        weights.weights_preflight(recipe)
     snap = make_snapshot(FILES)
     hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES).to_json())
-    hfstate.weights_preflight(recipe)
+    weights.weights_preflight(recipe)
 
 
 # --- images ----------------------------------------------------------------------------------------------------

@@ -19,9 +19,10 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from metralectl import paths, wording
+from metralectl.errors import ExitCode
 from metralectl.core.progress import human_bytes
 from metralectl.ownedfs import Owned, check
 from metralectl.safetext import clean
@@ -29,7 +30,6 @@ from metralectl.seams.hf import (cache as hfcache, download as hfdownload, gguf 
                                  listing as hflisting, state as hfstate, steps as hfsteps)
 from metralectl.seams.hf.hub import WeightsError, hub_error
 from metralectl.seams.hf.listing import Listing, ListingRefused
-from metralectl.seams.hf.state import checkpoint_of, gguf_quant
 from metralectl.seams.hf.steps import (FreeSpace, OnEvent, PullEvent, check_ownership, download,
                                        drop_dead_downloads, preflight_disk, pull_lock, verify)
 
@@ -61,6 +61,73 @@ class PullResult:
         if self.quant is not None:
             out.update(quant=self.quant, paths=list(self.paths))
         return out
+
+
+class Checkpoint(Protocol):
+    """What a pull needs of a checkpoint (core.recipe.CheckpointRef has it; `format` is read with a default)."""
+
+    @property
+    def repo(self) -> str: ...
+
+    @property
+    def revision(self) -> str | None: ...
+
+    @property
+    def quant(self) -> str: ...
+
+
+def _checkpoint(target: Any) -> Checkpoint:
+    """A Recipe's checkpoint, or the target itself (a CheckpointRef: anything with .repo and .revision)."""
+    checkpoint: Checkpoint = getattr(target, "checkpoint", target)
+    return checkpoint
+
+
+def gguf_quant(ck: Any) -> str | None:
+    """The quant whose files are all a GGUF checkpoint needs; None for a whole-snapshot checkpoint."""
+    return str(ck.quant) if getattr(ck, "format", "safetensors") == "gguf" else None
+
+
+def state(target: Any, hub: Path | None = None) -> hfcache.CacheState:
+    return hfstate.checkpoint_state(_checkpoint(target), hub)
+
+
+class ServingConflict(WeightsError):
+    """The files are there, but llama-server's `-hf REPO:QUANT` would not load them (or not only them)."""
+
+    exit_code = ExitCode.FAILED
+
+
+def serving_preflight(recipe: Any, found: hfcache.CacheState | None = None, hub: Path | None = None) -> None:
+    """For a GGUF checkpoint present in the cache: raise ServingConflict when llama-server would read another
+    snapshot or could pick another file for the quant. Nothing to check for a whole-snapshot checkpoint."""
+    ck = recipe.checkpoint
+    quant = gguf_quant(ck)
+    if quant is None:
+        return
+    found = found or hfstate.checkpoint_state(ck, hub)
+    problem = hfgguf.serving_problem(ck.repo, quant, found) if found.status in ("complete", "present") else None
+    if problem is not None:
+        raise ServingConflict(*problem)
+
+
+def weights_preflight(recipe: Any, hub: Path | None = None) -> None:
+    """For `run`/`swap` before launch: raise unless what the engine needs of the checkpoint is complete
+    (verified), and, for llama.cpp, unless `-hf REPO:QUANT` would load exactly those files."""
+    ck = recipe.checkpoint
+    quant = gguf_quant(ck)
+    found = hfstate.checkpoint_state(ck, hub)
+    serving_preflight(recipe, found, hub)
+    if found.status == "complete":
+        return
+    where = paths.display(hfcache.repo_dir(ck.repo, hub))
+    pinned = f" at {ck.revision[:12]}" if ck.revision else ""
+    what = f"{ck.repo}:{quant}" if quant is not None else ck.repo
+    raise WeightsError(
+        f"weights incomplete: {what}{pinned} is {found.status} in {where} ({found.detail}); "
+        f"run `metralectl pull {recipe.name}`",
+        f"`metralectl pull {recipe.name}` downloads what is missing and verifies every file"
+        f"{' of the quant' if quant is not None else ''}; "
+        "the engine would otherwise start on a half-downloaded checkpoint or fetch it itself, unverified")
 
 
 def endpoint() -> str | None:
@@ -175,7 +242,7 @@ def _wanted(target: Any, ck: Any, listing: Listing, emit: OnEvent) -> tuple[List
 def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = None,
          free_space: FreeSpace = hfsteps.free_bytes, workers: int = DOWNLOAD_WORKERS) -> PullResult:
     """Make the checkpoint of `target` (a Recipe or CheckpointRef) complete and verified in the cache."""
-    ck = checkpoint_of(target)
+    ck = _checkpoint(target)
     check("repo", ck.repo, "the recipe's checkpoint.repo")
     hub = hub or paths.hf_hub_cache()
     cache = hfcache.owned(hub)
