@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("seams",),
     ("core",),
     ("joblog",),
-    ("ownedfs", "filecap"),
+    ("ownedfs", "names", "filecap"),
     ("errors", "paths", "safetext", "atomicfile", "wording", "cancel", "__init__"),
 ]
 
