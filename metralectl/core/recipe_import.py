@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.core.contract import FlagSpec
     from metralectl.core.engine_revisions import Revision
-    from metralectl.core.hardware import ImageInfo
+    from metralectl.core.image_info import ImageInfo
 
 # Keys the reference launcher refuses because they carry executable content, plus the isolation key
 # only its launch profile may set (Metrale/metralectl crates/metralectl-core/src/recipe/raw.rs@5e6c4dd,
