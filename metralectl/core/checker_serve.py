@@ -7,7 +7,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from metralectl.core.contract import EngineContract, FlagSpec
+from metralectl.core.contract import EngineContract
+from metralectl.core.engine_flags import FlagSpec
 from metralectl.core.engine_revisions import Revision
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.model_info import ModelInfo

@@ -27,7 +27,7 @@ from metralectl.safetext import clean
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
-    from metralectl.core.contract import FlagSpec
+    from metralectl.core.engine_flags import FlagSpec
     from metralectl.core.engine_revisions import Revision
     from metralectl.core.image_info import ImageInfo
 
