@@ -25,7 +25,7 @@ from metralectl.core import images
 from metralectl.seams.docker import images as docker_images
 
 from metralectl.seams import machine
-from metralectl.core.hardware import ImageInfo
+from metralectl.core.image_info import ImageInfo
 from tests.ports import PortTaken, port_in_use, start_retrying
 
 pytestmark = pytest.mark.docker

@@ -18,7 +18,7 @@ from metralectl.seams.hf import cache as hfcache, hub as hfhub, staging as hfsta
 
 from metralectl.core import images
 from metralectl.seams.docker import images as docker_images
-from metralectl.core.hardware import ImageInfo
+from metralectl.core.image_info import ImageInfo
 from metralectl.seams.hf.listing import Listing, RepoFile
 from metralectl.core.progress import Meter, human_bytes, human_duration
 from tests.fakes.runtime import FakeRuntime, image as local_image

@@ -17,7 +17,7 @@ from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, LABEL_RECIPE, own
 from metralectl.seams.docker.containers import ContainerInfo
 from metralectl.seams.docker.errors import DockerUnavailable
 from metralectl.telemetry.thermal import ThermalLines
-from metralectl.telemetry.view import EngineTarget
+from metralectl.telemetry.engine_view import EngineTarget
 from metralectl.telemetry.watch import (
     NO_ENGINE,
     EnginePoller,
@@ -74,7 +74,7 @@ def poller_with(targets: list[EngineTarget], clients: dict[str, FakeClient],
 
 
 def test_poller_keeps_the_trailing_window_and_rates_follow() -> None:
-    from metralectl.telemetry.view import engine_row
+    from metralectl.telemetry.engine_view import engine_row
 
     poller, clock = poller_with([EngineTarget("http://e")], {}, interval_s=1.0, window_s=3.0)
     for _ in range(8):

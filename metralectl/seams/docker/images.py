@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from metralectl.core.hardware import ImageInfo, build_command
+from metralectl.core.image_info import ImageInfo, build_command
 from metralectl.core.images import (ImageError, ImageStatus, LayerProgress, LocalImage, check_platform,
                                     machine_platform, normalize_platform, recipes_by_image)
 from metralectl.seams.docker.client import Resource

@@ -1,6 +1,6 @@
 """The Hugging Face seam: the Hub and the local HF cache (imports nothing here: `list` reads the cache's state
 through state.py without loading httpx or huggingface_hub). Every change in the cache goes through its
-ownedfs.Owned; every name from the Hub, a mirror or a file read back passes ownedfs's grammars first.
+ownedfs.Owned; every name from the Hub, a mirror or a file read back passes its grammar (metralectl/names.py) first.
 
     weights   `pull`: list the repo at a commit, choose what the engine needs, refuse early, download, verify,
               write the manifest (the only importer of huggingface_hub, for the token alone); run/swap's

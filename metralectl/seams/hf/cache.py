@@ -33,7 +33,8 @@ from typing import Any
 from metralectl import paths, wording
 from metralectl.core.progress import human_bytes
 from metralectl.errors import MetralError
-from metralectl.ownedfs import OutsideOwned, Owned, is_valid
+from metralectl.names import is_valid
+from metralectl.ownedfs import OutsideOwned, Owned
 from metralectl.seams.hf.listing import Listing, RepoFile, make_listing, repo_file
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from metralectl import paths, wording
 from metralectl.core.progress import human_bytes
 from metralectl.errors import ExitCode, MetralError
-from metralectl.ownedfs import is_valid
+from metralectl.names import is_valid
 from metralectl.safetext import clean
 from metralectl.seams.hf import cache as hfcache
 from metralectl.seams.hf.cache import (CacheState, VERIFIED_MANIFEST, file_ok, find_snapshot, folder_state,

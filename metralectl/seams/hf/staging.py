@@ -34,7 +34,8 @@ from typing import Any, TypeVar
 
 from metralectl.core.progress import Meter
 from metralectl.errors import MetralError
-from metralectl.ownedfs import OutsideOwned, Owned, is_valid
+from metralectl.names import is_valid
+from metralectl.ownedfs import OutsideOwned, Owned
 from metralectl.seams.hf import cache as hfcache, listing as hflisting
 from metralectl.seams.hf.listing import RepoFile
 

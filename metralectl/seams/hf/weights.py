@@ -24,7 +24,8 @@ from typing import Any, Protocol
 from metralectl import paths, wording
 from metralectl.errors import ExitCode
 from metralectl.core.progress import human_bytes
-from metralectl.ownedfs import Owned, check
+from metralectl.names import check
+from metralectl.ownedfs import Owned
 from metralectl.safetext import clean
 from metralectl.seams.hf import (cache as hfcache, download as hfdownload, gguf as hfgguf, hub as hfhub,
                                  listing as hflisting, state as hfstate, steps as hfsteps)
