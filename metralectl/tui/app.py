@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual import work
@@ -23,6 +22,7 @@ from textual.worker import Worker, WorkerState
 
 from metralectl.errors import MetralError
 from metralectl.safetext import clean, printable
+from metralectl.tui.first_frame import FIRST_FRAME_CSS
 from metralectl.tui.outside import markup
 from metralectl.tui.messages import PlanReady, ServedChanged, WorkerFailed
 from metralectl.tui.screens.main import VIEWS, MainScreen
@@ -34,13 +34,12 @@ if TYPE_CHECKING:  # the other views and the dialogs are imported after the firs
 
     from metralectl.tui.views.library import LibraryView
 
-STYLES = Path(__file__).parent / "styles"  # absolute: subclasses elsewhere (tests, benchmarks) find it too
 WORKER_THREADS = 16  # long-lived feeds (status, telemetry, logs) must never starve an action
 
 
 class MetralectlApp(App[int]):
     TITLE = "metralectl"
-    CSS_PATH = [STYLES / name for name in ("app.tcss", "widgets.tcss", "views.tcss", "dialogs.tcss")]
+    CSS_PATH = FIRST_FRAME_CSS  # the other views' and the dialogs' styles come with them (first_frame.py)
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (40, "-tall")]
     # 1-4 stay out of the footer: the tabs already say "1 Serving" ... "4 Doctor"; ctrl+t too (the palette has

@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, TabbedContent, TabPane
 
+from metralectl.tui.first_frame import add_views_css, resume_gc
 from metralectl.tui.views.serving import ServingView
 
 VIEWS = (("serving", "Serving"), ("library", "Library"), ("bench", "Benchmarks"), ("doctor", "Doctor"))
@@ -56,6 +57,8 @@ class MainScreen(Screen[None]):
         self.call_after_refresh(self.focus_active)
 
     async def _mount_hidden_views(self) -> None:
+        resume_gc()  # paused by tui.run() until the first frame, which is on screen now
+        add_views_css(self.app)
         from metralectl.tui.views.bench import BenchView
         from metralectl.tui.views.doctor import DoctorView
         from metralectl.tui.views.library import LibraryView
