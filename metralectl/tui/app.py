@@ -65,7 +65,21 @@ class MetralectlApp(App[int]):
             ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="metralectl-tui"))
 
     def get_default_screen(self) -> MainScreen:
-        return MainScreen(status_every_s=self._status_every_s)
+        # Textual sets the breakpoint classes on the first Resize, which comes after the first frame: that
+        # frame had the layout of no breakpoint (4 short charts a row at 80 columns) and everything was
+        # styled and laid out again for the next. Given now, from the size the first frame is laid out at.
+        return MainScreen(status_every_s=self._status_every_s, classes=" ".join(self.breakpoint_classes()))
+
+    def breakpoint_classes(self) -> list[str]:
+        """The classes a Textual Screen gives itself on each Resize for the app's breakpoints at the terminal's
+        size: per dimension, the one with the highest threshold the size reaches."""
+        found = []
+        for size, breakpoints in ((self.size.width, self.HORIZONTAL_BREAKPOINTS),
+                                  (self.size.height, self.VERTICAL_BREAKPOINTS)):
+            reached = [(at, name) for at, name in breakpoints or () if size >= at]
+            if reached:
+                found.append(max(reached)[1])
+        return found
 
     # -- views ----------------------------------------------------------------------------------
     @property

@@ -20,8 +20,8 @@ VIEWS = (("serving", "Serving"), ("library", "Library"), ("bench", "Benchmarks")
 
 
 class MainScreen(Screen[None]):
-    def __init__(self, *, status_every_s: float = 2.0) -> None:
-        super().__init__(id="main")
+    def __init__(self, *, status_every_s: float = 2.0, classes: str | None = None) -> None:
+        super().__init__(id="main", classes=classes)  # the breakpoint classes (MetralectlApp.get_default_screen)
         self._status_every_s = status_every_s
 
     def compose(self) -> ComposeResult:

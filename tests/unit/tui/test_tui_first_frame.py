@@ -8,17 +8,26 @@ frame that reaches the terminal and again a second later:
   before the first frame is matched against every node styled for it;
 - nothing of Docker, HTTP, NVML, the Hub, YAML, the catalog, the lifecycle, telemetry or doctor was
   imported, nor the other views, the dialogs or their Textual widgets: they all come after;
+- the screen had the breakpoint classes of the terminal's size (-wide, -tall at 120×50): Textual sets them
+  on its first Resize, after the first frame, which was then laid out without them and everything styled
+  and laid out again for the next;
 - only the Serving view was mounted; the others are there a second later.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from metralectl.tui.app import MetralectlApp
 from tests.unit import ptyterm
+from tests.unit.tui.conftest import until
+from tests.unit.tui.fakes import FakeServices
 
 DRIVER = r"""
 import gc, importlib.abc, importlib.util, json, os, sys
@@ -32,7 +41,7 @@ def collections(phase, info):
 def state(app):
     return {"gc_enabled": gc.isenabled(), "modules": sorted(sys.modules),
             "nodes": [f"{type(n).__name__}#{n.id}" for n in app.screen.walk_children(with_self=True)],
-            "css": [where for where, _ in app.stylesheet.source]}
+            "css": [where for where, _ in app.stylesheet.source], "classes": sorted(app.screen.classes)}
 
 def watch(App):
     display = App._display
@@ -122,6 +131,10 @@ def test_before_the_first_frame_only_the_serving_view_is_imported_styled_and_mou
     if not loaded(later["modules"], ("metralectl.tui.views.library", "textual.widgets._data_table")):
         problems.append("the other views were not imported a second after the first frame")
 
+    if first["classes"] != later["classes"]:
+        problems.append(f"the first frame was laid out for the breakpoint classes {first['classes']}, the terminal's "
+                        f"are {later['classes']}: Textual sets them on its first Resize, after that frame")
+
     if [n for n in first["nodes"] if n in HIDDEN]:
         problems.append(f"mounted before the first frame: {[n for n in first['nodes'] if n in HIDDEN]}")
     if [n for n in later["nodes"] if n in HIDDEN] != list(HIDDEN):
@@ -148,3 +161,26 @@ def test_the_collector_is_resumed_only_by_whoever_paused_it() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (119, 40), (120, 39), (120, 40), (200, 50)])
+def test_the_first_frame_has_the_breakpoint_classes_textual_gives_the_screen_on_resize(
+        services: FakeServices, size: tuple[int, int]) -> None:
+    breakpoints = {name for _, name in (*MetralectlApp.HORIZONTAL_BREAKPOINTS, *MetralectlApp.VERTICAL_BREAKPOINTS)}
+    first: list[set[str]] = []
+
+    class Recorded(MetralectlApp):
+        def _display(self, screen: Any, renderable: Any) -> None:
+            if renderable is not None and not first:
+                first.append(self.main.classes & breakpoints)
+            super()._display(screen, renderable)
+
+    async def scenario() -> set[str]:
+        app = Recorded(services)
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: app.main.query("#library-view"), what="the views mounted after the first frame")
+            await pilot.pause()
+            return set(app.main.classes & breakpoints)  # Textual's own, set on the Resizes since
+
+    settled = asyncio.run(scenario())
+    assert len(settled) == 2 and first == [settled], (first, settled)
