@@ -172,7 +172,7 @@ def test_the_first_frame_has_the_breakpoint_classes_textual_gives_the_screen_on_
     class Recorded(MetralectlApp):
         def _display(self, screen: Any, renderable: Any) -> None:
             if renderable is not None and not first:
-                first.append(self.main.classes & breakpoints)
+                first.append(set(self.main.classes & breakpoints))
             super()._display(screen, renderable)
 
     async def scenario() -> set[str]:
