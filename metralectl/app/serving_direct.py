@@ -192,7 +192,8 @@ class DirectServing:
 
     def _run_multi(self, change: Change, multi: MultiRank, recipe: Recipe, catalog: Catalog,
                    on_event: Listener) -> LaunchedMulti:
-        from metralectl.lifecycle.multinode import MultiOptions, launch_multi
+        from metralectl.lifecycle.launch_multi import launch_multi
+        from metralectl.lifecycle.multinode import MultiOptions
         from metralectl.lifecycle.swap import repair_if_needed
 
         if not recipe.multi_rank:
@@ -227,8 +228,7 @@ class DirectServing:
         """Stop what the change names (select_stop): a multi-rank deployment on every node, the head first;
         single-node containers here. StopIncomplete (after stopping what it could) when a rank could not be."""
         from metralectl.lifecycle import deployment
-        from metralectl.lifecycle.multinode import RemoteMemory, stop_deployment
-        from metralectl.lifecycle.stop import stop_containers
+        from metralectl.lifecycle.stop import RemoteMemory, stop_containers, stop_deployment
 
         _expect(change, "stop")
         ranks: list[RankStopped] = []

@@ -178,7 +178,7 @@ class Readiness:
     status_key: str = "status"  # the JSON key of a /health answer that names the state
     faulted: str = "faulted"  # its value once a GPU fault is latched
     reason_key: str = "reason"
-    style: str = "marker-then-health"  # engine_profile.READINESS_STYLES
+    style: str = "health-when-loaded"  # engine_profile.READINESS_STYLES
     marker: re.Pattern[str] | None = None  # warm-up-marker: the log line that says warm-up is done
 
 

@@ -14,15 +14,18 @@ from typing import Any
 
 from metralectl.core.schema import Checker
 
-# How an engine says it is ready (lifecycle/readiness.py acts on each):
-#   marker-then-health      health answers 503 until loaded, then 200; logs a ready line too (Metrale)
-#   port-closed-until-ready the port accepts nothing until the model is loaded, then health 200 (vLLM, TRT-LLM)
-#   http-503-until-loaded   the port answers at once, 503 on every path while loading (llama.cpp)
-#   warm-up-marker          health 200 is not enough: a log line says the warm-up is done (SGLang)
-#   lazy-load               up at once, the model loads on the first request: one request proves it (Ollama,
-#                           `transformers serve`)
-READINESS_STYLES = ("marker-then-health", "port-closed-until-ready", "http-503-until-loaded", "warm-up-marker",
-                    "lazy-load")
+# How an engine says it is ready; lifecycle/readiness.py has one branch per word. Each first waits for the
+# health path to answer its ready status (a faulted body fails the start), then:
+#   health-when-loaded  nothing more: health answers ready only once the model is loaded (503 or a closed port
+#                       before; a ready log line, if any, is a hint) (Metrale, llama.cpp, vLLM, TRT-LLM)
+#   warm-up-marker      health ready is not enough: a log line says the warm-up is done (SGLang)
+#   lazy-load           health is ready at once, the model loads on the first request: one answer proves it
+#                       (Ollama, `transformers serve`)
+READINESS_STYLES = ("health-when-loaded", "warm-up-marker", "lazy-load")
+# Words an engine file may still name, and the style each now is. They described how an engine looked while
+# loading (a 503 with a ready line, a closed port, a 503 on every path); a launch waits the same on all three.
+RENAMED_READINESS_STYLES = {"marker-then-health": "health-when-loaded", "port-closed-until-ready": "health-when-loaded",
+                            "http-503-until-loaded": "health-when-loaded"}
 # How the checkpoint reaches the engine's command line (core/render.py):
 #   positional     `serve ORG/NAME` (Metrale)
 #   flag           `--model ORG/NAME` (`model-flag:` names the flag; vLLM's --model, SGLang's --model-path)
@@ -104,7 +107,7 @@ class Weights:
 
 @dataclass(frozen=True)
 class ReadinessStyle:
-    style: str = "marker-then-health"
+    style: str = "health-when-loaded"
     marker: re.Pattern[str] | None = None  # warm-up-marker: the line that says warm-up is done
 
 
@@ -126,7 +129,11 @@ def parse_model_argument(check: Checker, raw: Any) -> ModelArgument:
 
 
 def parse_readiness_style(check: Checker, body: dict[str, Any]) -> ReadinessStyle:
-    style = str(body.get("style", "marker-then-health"))
+    style = str(body.get("style", "health-when-loaded"))
+    if style in RENAMED_READINESS_STYLES:  # an older engine file: it still loads, and says what to write now
+        check.warn(("readiness", "style"), f"readiness style {style!r} is now {RENAMED_READINESS_STYLES[style]!r} "
+                   "(the same wait)", f"write `style: {RENAMED_READINESS_STYLES[style]}`")
+        style = RENAMED_READINESS_STYLES[style]
     if style not in READINESS_STYLES:
         check.error(("readiness", "style"), f"unknown readiness style {style!r}",
                     f"use one of {', '.join(READINESS_STYLES)}")

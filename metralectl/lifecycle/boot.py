@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from metralectl.core.contract import EngineContract
+from metralectl.errors import ExitCode, MetralError
 
 # CSI sequences (colours, cursor moves) and the two-byte ESC forms; what tracing writes on a TTY.
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
@@ -42,6 +43,19 @@ class Diagnosis:
     cause: str  # out-of-memory | empty-cache | no-kernel-target | no-gpu | port-in-use | exited | stalled | timeout | ...
     message: str
     remedy: str
+
+
+class LaunchFailed(MetralError):
+    """The engine did not become ready; its diagnosis names the cause and the remedy."""
+
+    exit_code = ExitCode.FAILED
+
+    def __init__(self, diagnosis: Diagnosis, last_lines: list[str], log_path: str, kept: str | None = None) -> None:
+        where = f"; logs kept in {log_path}" + (f"; container {kept} kept" if kept else "")
+        super().__init__(f"start failed ({diagnosis.cause}): {diagnosis.message}{where}", diagnosis.remedy)
+        self.diagnosis = diagnosis
+        self.last_lines = last_lines
+        self.log_path = log_path
 
 
 REMEDIES = {

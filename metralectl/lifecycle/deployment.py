@@ -123,6 +123,14 @@ def forget(recipe: str, run_id: str | None = None) -> None:
     path.unlink(missing_ok=True)
 
 
+def forget_gone(runtimes: dict[str, ContainerRuntime]) -> None:
+    """Drop the records whose containers are all gone from these daemons (by endpoint URL), after a --replace."""
+    for dep in load_all():
+        if all(r.endpoint in runtimes and runtimes[r.endpoint].inspect(r.container_id or r.container) is None
+               for r in dep.ranks):
+            forget(dep.recipe, dep.run_id)
+
+
 class Runtimes:
     """One runtime per endpoint URL, opened on first use; errors are kept per endpoint. A context manager:
     it closes the runtimes it opened itself, never the `local` one it was handed (its caller owns that)."""

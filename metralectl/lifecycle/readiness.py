@@ -1,9 +1,14 @@
 """When a starting engine is ready: /health, polled from container start. And when it is not going to be.
 
-Ready is `GET /health` = 200 (engine/metrale.yaml `readiness:`), nothing else: no log line is waited
-for (the engine's wording changes between releases; a ready line for another port must not count).
-The poll starts with the container, every HEALTH_POLL_S, in its own thread; until the engine binds
-its port the answer is "down" (connection refused), which means "not yet", never an error.
+The one waiting loop of every launch: `wait_ready` watches a launch's ranks (one for a single-node run,
+head and worker for EP=2: the same loop) and is the only place a launch polls /health. Ready is
+`GET /health` = 200 (engine/metrale.yaml `readiness:`), then what the engine's readiness style
+(engine_profile.READINESS_STYLES) still asks: nothing (health-when-loaded), its warm-up line
+(warm-up-marker) or one real answer (lazy-load); and in a multi-rank launch one real answer always (a
+head whose worker is gone stays healthy but hangs requests). No log line is waited for otherwise (the
+engine's wording changes between releases; a ready line for another port must not count). The poll
+starts with the containers, every HEALTH_POLL_S, in its own thread; until the engine binds its port
+the answer is "down" (connection refused), which means "not yet".
 
 Progress, for the stall diagnosis, is a new log line OR a change in the health answer (down →
 loading → ready/faulted, or another status). A boot that logs nothing and keeps answering the same
@@ -15,15 +20,23 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from metralectl.core.contract import Readiness
 from metralectl.seams.endpoint import EngineClient, Health
-from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, clean_line
-from metralectl.lifecycle.events import Listener, Step
+from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, LaunchFailed, clean_line, diagnose_exit
+from metralectl.lifecycle.events import Listener, Phase, Step, Warning_
+from metralectl.lifecycle.logfollow import DRAIN_S, Logs, Watched
 
 HEALTH_POLL_S = 0.05  # well below the 0.3 s within which a ready engine must be seen ready
 HEALTH_TIMEOUT_S = 2.0  # one poll's HTTP timeout (a busy engine answering slowly is still "answering")
+POLL_WAIT_S = 0.02  # the waiting loop's tick: it sees a new /health answer within this of the poll
+# A boot that logged a failure signature and still answered 200 must stay up this long before it counts as
+# ready: the engine's OOM watchdog reads every ~2 s and exits after 3 low readings, and field logs show its
+# first reading before the ready line and the exit 3 s after it (engine-facts §2).
+HOLD_S = 8.0
+LAZY_ANSWER_S = 600.0  # lazy-load: the first answer includes loading the model
 
 
 @dataclass(frozen=True)
@@ -91,7 +104,6 @@ class HealthPoller(threading.Thread):
         self.readiness = readiness
         self.interval_s = interval_s
         self.stop_event = threading.Event()
-        self.changed = threading.Event()  # set on every change; the waiting loop clears it
         self._lock = threading.Lock()
         self._state = NOT_POLLED
         self.ready_at: float | None = None
@@ -114,44 +126,12 @@ class HealthPoller(threading.Thread):
                         if state.kind == "ready":
                             self.ready_at = received
                         self._state = state
-                        self.changed.set()
                 if state.kind in ("ready", "faulted"):
                     return  # final for a boot: the caller takes it from here
                 self.stop_event.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
 
     def stop(self) -> None:
         self.stop_event.set()
-
-
-class StyleGate:
-    """What the engine's readiness style asks beyond a 200 from its health path (engine_profile.READINESS_STYLES):
-    marker-then-health, port-closed-until-ready, http-503-until-loaded: nothing more (the 200 is the truth);
-    warm-up-marker: its warm-up line in the log as well; lazy-load: one real answer, since such an engine is
-    healthy before it has loaded anything. Asked only once health is ready."""
-
-    def __init__(self, readiness: Readiness, url: str, on_event: Listener,
-                 probe_timeout_s: float = 600.0) -> None:
-        self.readiness = readiness
-        self.url = url
-        self.on_event = on_event
-        self.probe_timeout_s = probe_timeout_s
-        self._answered = False
-        self._announced = False
-
-    def satisfied(self, log: BootLog) -> bool:
-        style = self.readiness.style
-        if style == "warm-up-marker":
-            if not log.marker_seen and not self._announced:
-                self._announced = True
-                self.on_event(Step("health", "healthy; waiting for the engine's warm-up line"))
-            return log.marker_seen
-        if style == "lazy-load":
-            if not self._answered:
-                self.on_event(Step("health", "healthy; asking for one answer (the engine loads on first use)"))
-                with EngineClient(self.url, timeout=self.probe_timeout_s) as client:
-                    self._answered = client.answer_one(self.probe_timeout_s).status == 200
-            return self._answered
-        return True
 
 
 class BootClock:
@@ -203,3 +183,199 @@ def warnings_at_ready(log: BootLog, held_s: float) -> list[str]:
         return []
     return [f"the engine logged `{log.failure.message}` while starting ({log.failure.cause}); it became ready and "
             f"stayed up for {held_s:g} s, but may not stay up: {log.failure.remedy}"]
+
+
+def health_now(url: str, readiness: Readiness, timeout_s: float) -> HealthState:
+    """One answer of a serving engine's health, classified (a `run` of what serves already; a swap's repair)."""
+    with EngineClient(url, timeout=timeout_s) as client:
+        return classify_health(client.health(readiness.health_path), readiness)
+
+
+class FirstAnswer(threading.Thread):
+    """One real 1-token request, off the waiting loop (a hung request must not stop it noticing a dead rank)."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        super().__init__(daemon=True, name="first-request")
+        self.url = url
+        self.timeout_s = timeout_s
+        self.result: Health | None = None
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with EngineClient(self.url, timeout=5.0) as client:
+                self.result = client.answer_one(self.timeout_s)
+        finally:
+            self.finished.set()
+
+
+def wait_ready(ranks: Sequence[Watched], url: str, readiness: Readiness, clock: BootClock, on_event: Listener, *,
+               answer_timeout_s: float | None = None, network: str = "") -> tuple[dict[str, float], float]:
+    """Until the head (ranks[0]) is ready, or the launch is known to fail: a faulted /health, any rank's exit, a
+    failed real request, a stall, the boot timeout (LaunchFailed, naming the rank). `answer_timeout_s`: a real
+    request must be answered after /health 200 (multi-rank); `network`: the RoCE interface, for the stuck-NCCL
+    diagnosis. Returns the phases (seconds from clock.started) and the wall-clock time the 200 arrived."""
+    logs = Logs(ranks, clock.started, on_event)
+    logs.follow()
+    poller = HealthPoller(url, readiness)  # only the head serves HTTP
+    poller.start()
+    try:
+        return _Wait(ranks, logs, poller, url, readiness, clock, on_event, answer_timeout_s, network).run()
+    finally:
+        poller.stop()
+        logs.close()
+
+
+class _Wait:
+    def __init__(self, ranks: Sequence[Watched], logs: Logs, poller: HealthPoller, url: str, readiness: Readiness,
+                 clock: BootClock, on_event: Listener, answer_timeout_s: float | None, network: str) -> None:
+        self.ranks, self.logs, self.poller, self.url, self.readiness = list(ranks), logs, poller, url, readiness
+        self.clock, self.on_event, self.network = clock, on_event, network
+        self.head = self.ranks[0]
+        self.multi = len(self.ranks) > 1
+        self.answer_s = answer_timeout_s if answer_timeout_s is not None else (
+            LAZY_ANSWER_S if readiness.style == "lazy-load" else None)
+        self.request: FirstAnswer | None = None
+        self.announced = False
+        self.hold_until: float | None = None
+
+    def run(self) -> tuple[dict[str, float], float]:
+        seen_changes, next_check, ends_seen, last_end = 0, 0.0, 0, -DRAIN_S
+        while True:
+            progressed = self.logs.take(POLL_WAIT_S)
+            now = time.monotonic()
+            if progressed:
+                self.clock.progressed(now)
+            health = self.poller.state
+            if self.poller.changes != seen_changes:
+                seen_changes = self.poller.changes
+                self.clock.progressed(now)
+                if health.kind != "down":
+                    self.on_event(Step("health", f"{'head: ' if self.multi else ''}GET {self.readiness.health_path}: "
+                                                 f"{health.describe()}"))
+            if health.kind == "faulted":
+                raise self.fail(self.head, fault_diagnosis(health, self.url))
+            if health.kind == "ready" and self.hold_until is None and self._ready(now, health):
+                return self.logs.phases, self.poller.ready_at or time.time()
+            if self.hold_until is not None and now >= self.hold_until:
+                for watched in self.ranks:
+                    for warning in warnings_at_ready(watched.boot, HOLD_S):
+                        self.on_event(Warning_(f"rank {watched.rank}: {warning}" if self.multi else warning))
+                return self.logs.phases, self.poller.ready_at or time.time()
+            if len(self.logs.ended) != ends_seen:  # a log that ended: its container is checked at once, then often
+                ends_seen, last_end, next_check = len(self.logs.ended), now, now
+            if now >= next_check:
+                next_check = now + (0.05 if now - last_end < DRAIN_S else 0.5)
+                self._check_running()
+            if self.hold_until is not None:
+                continue  # ready already; only a rank's exit (checked above) can still fail the start
+            if self.clock.timed_out(now):
+                raise self.fail(self.head, timeout_diagnosis(self.head.boot, health, self.url,
+                                                             self.clock.boot_timeout_s,
+                                                             label="head phase" if self.multi else "phase"))
+            if self.request is None and self.clock.stalled(now):
+                raise self.fail(self.head, self._stalled(health))
+
+    def _ready(self, now: float, health: HealthState) -> bool:
+        """/health is ready: what the style (and a multi-rank launch) still asks; True once ready. The style's
+        branches: warm-up-marker here, lazy-load's answer (answer_s, set from the style), health-when-loaded
+        neither."""
+        elapsed = now - self.clock.started
+        if self.readiness.style == "warm-up-marker" and not self.head.boot.marker_seen:
+            if not self.announced:
+                self.announced = True
+                self.on_event(Step("health", "healthy; waiting for the engine's warm-up line"))
+            return False
+        if self.request is None:
+            if "ready" not in self.logs.phases:  # a silent engine: its readiness is its /health answer
+                self.on_event(Phase("ready", f"GET {self.readiness.health_path}: {health.describe()}", elapsed,
+                                    0 if self.multi else None))
+            if self.answer_s is None:
+                self.logs.phases.setdefault("ready", elapsed)
+                return self._settle(now)
+            self.logs.phases.setdefault("healthy", elapsed)
+            self.on_event(Step("request", f"a real request to the head ({self.url}, max_tokens 1, up to "
+                                          f"{self.answer_s:g} s): the worker must take part") if self.multi else
+                          Step("health", "healthy; asking for one answer (the engine loads on first use)"))
+            self.request = FirstAnswer(self.url, self.answer_s)
+            self.request.start()
+        if not self.request.finished.is_set():
+            return False
+        answer = self.request.result or Health(None, "", "no result")
+        if answer.status in (200, 401, 403):
+            if answer.status != 200:
+                self.on_event(Warning_(f"the {'head' if self.multi else 'engine'} wants credentials (HTTP "
+                                       f"{answer.status}): a real request could not be sent, so whether "
+                                       f"{'the worker takes part' if self.multi else 'it has loaded'} is unchecked"))
+            self.logs.phases["ready"] = elapsed
+            return self._settle(now)
+        raise self._unanswered(answer)
+
+    def _settle(self, now: float) -> bool:
+        """Ready, unless a rank logged a failure signature while starting: then it must stay up HOLD_S first
+        (e.g. a first OOM-watchdog reading: it may still exit seconds after ready)."""
+        flagged = [(w, w.boot.failure) for w in self.ranks if w.boot.failure is not None]
+        if not flagged:
+            return True
+        self.hold_until = now + HOLD_S
+        who, signature = flagged[0]
+        self.on_event(Step("holding", f"rank {who.rank} logged `{signature.message}` while starting: checking both "
+                                      f"ranks stay up for {HOLD_S:g} s" if self.multi else
+                           f"the engine logged `{signature.message}` while starting: checking it stays up for "
+                           f"{HOLD_S:g} s"))
+        return False
+
+    def _unanswered(self, answer: Health) -> LaunchFailed:
+        what = f"{self.readiness.health_path} {self.readiness.ready_status}"
+        if answer.status is not None:
+            who = "head" if self.multi else "engine"
+            return self.fail(self.head, Diagnosis("request-failed", f"the {who} answered a 1-token request with HTTP "
+                                                  f"{answer.status}: {answer.body[:200]}",
+                                                  f"see the {who}'s log lines above"))
+        if not self.multi:
+            return self.fail(self.head, Diagnosis("request-failed", f"the engine answers {what}, but a 1-token "
+                                                  f"request got no answer ({answer.error})",
+                                                  "see the engine's log lines above"))
+        worker = self.ranks[-1]
+        return self.fail(worker, Diagnosis(
+            "requests-hang", f"rank {worker.rank} ({worker.role} on {worker.where}) is not taking part: the head "
+            f"answers {what}, but a 1-token request got no answer ({answer.error})", REMEDIES["requests-hang"]))
+
+    def _check_running(self) -> None:
+        down = [(w, w.runtime.inspect(w.container_id)) for w in self.ranks]
+        down = [(w, info) for w, info in down if info is None or not info.running]
+        if not down:
+            return
+        self.logs.drain({w.rank for w, _ in down})
+        down.sort(key=lambda d: (d[0].boot.failure is None, -d[0].rank))  # a rank that said why, else the worker
+        watched, info = down[0]
+        diagnosis = diagnose_exit(info.exit_code if info else None, bool(info and info.oom_killed), watched.boot)
+        if diagnosis.cause == "exited" and self.multi:
+            others = [w for w in self.ranks if all(w is not d[0] for d in down)]
+            waiting = f" while {others[0].label} kept running" if others else ""
+            diagnosis = Diagnosis("rank-exited", f"exited with code {info.exit_code if info else '?'} while "
+                                  f"starting{waiting}", REMEDIES["rank-exited"])
+        raise self.fail(watched, diagnosis)
+
+    def _stalled(self, health: HealthState) -> Diagnosis:
+        head = self.head.boot
+        if self.multi and any(w.boot.phase == "rendezvous" for w in self.ranks) and not head.ready_line_seen \
+                and health.kind != "ready":
+            return Diagnosis("nccl-stuck", f"stuck at \"all ranks ready\" for {self.clock.stall_timeout_s:g} s: NCCL "
+                             f"never finished initialising over {self.network} (the ranks disagree on the "
+                             "interface, or the link is down)", REMEDIES["nccl-stuck"])
+        return stall_diagnosis(head, health, self.url, self.clock.stall_timeout_s,
+                               where=" on any rank" if self.multi else "")
+
+    def fail(self, watched: Watched, diagnosis: Diagnosis) -> LaunchFailed:
+        """The failure, named by rank in a multi-rank launch: its last lines first, then a few of every other's."""
+        if not self.multi:
+            return LaunchFailed(diagnosis, list(watched.boot.tail)[-30:], str(watched.log_path))
+        if not diagnosis.message.startswith("rank "):
+            diagnosis = Diagnosis(diagnosis.cause, f"{watched.label}: {diagnosis.message}", diagnosis.remedy)
+        others = [w for w in self.ranks if w is not watched]
+        tail = [f"r{watched.rank}│ {line}" for line in list(watched.boot.tail)[-30:]]
+        for other in others:
+            tail += [f"r{other.rank}│ {line}" for line in list(other.boot.tail)[-5:]]
+        paths = "; ".join(f"{w.log_path} (rank {w.rank})" for w in [watched, *others])
+        return LaunchFailed(diagnosis, tail, paths)

@@ -1,14 +1,19 @@
-"""`stop`: graceful stop, kill after a timeout, verify it is gone, and that memory came back."""
+"""`stop`: graceful stop, kill after a timeout, verify it is gone, and that memory came back; a multi-rank
+deployment's every rank, on its node (lifecycle/deployment.py says where), the head first."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from metralectl.errors import MetralError
-from metralectl.lifecycle.events import Listener, Step, ignore
+from metralectl.lifecycle import deployment
+from metralectl.lifecycle.deployment import Deployment, Runtimes
+from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
-from metralectl.core.labels import LABEL_RECIPE
+from metralectl.core.labels import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID
+from metralectl.core.render import owner
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import ContainerInfo
 
@@ -77,3 +82,69 @@ def select(runtime: ContainerRuntime, recipe: str | None, all_: bool, *, offer_a
     if not chosen and not missing_ok:
         raise MetralError(f"no metralectl container serves {recipe!r}", "`metralectl ps` lists them")
     return chosen
+
+
+class RemoteMemory:
+    """NVML is read on this machine only: another node's GPU memory is not checked from here."""
+
+    def before(self, container: ContainerInfo) -> None:
+        pass
+
+    def after(self, container: ContainerInfo) -> str:
+        return "not checked (another node; `metralectl doctor` there checks it)"
+
+
+@dataclass(frozen=True)
+class RankStop:
+    rank: int
+    role: str
+    endpoint: str
+    container: str
+    result: StopResult | None
+    error: str | None  # why it could not be stopped ("" when it was already gone)
+
+
+def stop_deployment(dep: Deployment, runtimes: Runtimes, *, timeout_s: float = 30.0, on_event: Listener = ignore,
+                    memory_for: Callable[[ContainerRuntime], MemoryWatch] | None = None) -> list[RankStop]:
+    """Stop every rank, the head first (clients then get refused connections rather than hung requests);
+    forget the deployment once no rank is left anywhere."""
+    out = []
+    for record in sorted(dep.ranks, key=lambda r: r.rank):
+        runtime = runtimes.get(record)
+        if runtime is None:
+            error = runtimes.errors[record.endpoint]
+            out.append(RankStop(record.rank, record.role, record.endpoint, record.container, None,
+                                f"unreachable: {error.message}"))
+            continue
+        info = runtime.inspect(record.container_id) if record.container_id else None
+        if info is None:
+            info = runtime.inspect(record.container)
+            if info is not None and info.labels.get(LABEL_RUN_ID) not in (dep.run_id, None):
+                info = None  # a newer run's container of the same name: not this deployment's
+        if info is None:
+            out.append(RankStop(record.rank, record.role, record.endpoint, record.container, None, ""))
+            continue
+        if info.labels.get(LABEL_OWNER) != owner():
+            out.append(RankStop(record.rank, record.role, record.endpoint, record.container, None,
+                                f"belongs to {info.labels.get(LABEL_OWNER)}; not touched"))
+            continue
+        watch = memory_for(runtime) if memory_for is not None else NoMemoryWatch()
+        [result] = stop_containers(runtime, [info], timeout_s=timeout_s, on_event=on_event, memory=watch)
+        out.append(RankStop(record.rank, record.role, record.endpoint, record.container, result, None))
+    if all(s.error == "" or (s.result is not None and s.result.removed) for s in out):
+        deployment.forget(dep.recipe, dep.run_id)
+    return out
+
+
+def stop_deployments_on(runtime: ContainerRuntime, on_event: Listener = ignore) -> None:
+    """Before a --replace on this daemon: stop, on every node, the recorded deployments that have a rank here."""
+    found = [d for d in deployment.load_all() if any(r.endpoint == runtime.endpoint.url for r in d.ranks)]
+    if not found:
+        return
+    with Runtimes(runtime) as runtimes:
+        for dep in found:
+            for stopped in stop_deployment(dep, runtimes, on_event=on_event):
+                if stopped.error:
+                    on_event(Warning_(f"rank {stopped.rank} of {dep.recipe} on {stopped.endpoint}: {stopped.error}"))
+                elif stopped.result is not None:
+                    on_event(Step("replaced", f"{stopped.container} (rank {stopped.rank} of {dep.recipe})"))

@@ -306,5 +306,7 @@ def _healthy(container: ContainerInfo) -> bool:
     url = container.labels.get(LABEL_ENDPOINT)
     if not url:
         return False
-    with EngineClient(url, timeout=1.0) as client:
-        return client.health().ready
+    from metralectl.core.contract import Readiness
+    from metralectl.lifecycle.readiness import health_now
+
+    return health_now(url, Readiness(), 1.0).kind == "ready"

@@ -92,6 +92,15 @@ def engine_handler(c: Any) -> Callable[..., BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def do_POST(self) -> None:  # noqa: N802 - a real request (max_tokens 1), answered once the engine is ready
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            ready = (c.health or (503, {}))[0] == 200 and self.path.startswith("/v1/chat/completions")
+            body = json.dumps({"choices": [{"message": {"role": "assistant", "content": "x"}}]} if ready else {}).encode()
+            self.send_response(200 if ready else 503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def log_message(self, *args: object) -> None:
             pass
 

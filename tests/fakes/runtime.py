@@ -348,17 +348,16 @@ class FakeRuntime:
     def _listen(self, c: FakeContainer, answer: tuple[int, dict[str, Any]]) -> bool:
         assert c.spec is not None
         host = "127.0.0.1" if c.spec.bind in ("0.0.0.0", "", "::") else c.spec.bind  # loopback only, always
-        try:
-            server = ThreadingHTTPServer((host, c.spec.port), engine_handler(c))
-        except OSError:
-            return False
-        with self._cond:
-            gone = c.status != "running"  # stopped or removed while binding: a dead process holds no port
-            if not gone:  # serving before _exit can see it (its shutdown() waits for serve_forever to run)
-                c.server, c.health = server, answer
-                threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-        if gone:
-            server.server_close()
+        with self._cond:  # bound only while running: a container removed meanwhile never holds its port after
+            if c.status != "running":  # its removal returned (a test's next start on that port would be refused)
+                return True
+            try:
+                server = ThreadingHTTPServer((host, c.spec.port), engine_handler(c))
+            except OSError:
+                return False
+            # serving before _exit can see it (its shutdown() waits for serve_forever to run)
+            c.server, c.health = server, answer
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         return True
 
     def _exit(self, c: FakeContainer, code: int, oom: bool = False) -> None:

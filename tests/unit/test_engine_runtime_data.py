@@ -1,5 +1,6 @@
 """What the engine files drive at run time: log prefixes and failure signatures, the metrics mapping, the
-readiness style's extra condition, and prompt sizing on an engine whose /tokenize reads no `messages`.
+readiness style's extra condition (through the one waiting loop), and prompt sizing on an engine whose
+/tokenize reads no `messages`.
 The llama.cpp lines and series are the real server's (tests/real_llamacpp/README.md); the HTTP server
 here is ours, a fake for the unit level."""
 
@@ -8,8 +9,10 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import dataclasses
@@ -17,11 +20,15 @@ import pytest
 
 from metralectl.core.catalog import load_catalog
 from metralectl.core.contract import EngineContract
+from metralectl.core.render import ContainerSpec
 from metralectl.lifecycle.boot import BootLog
-from metralectl.lifecycle.events import Event
-from metralectl.lifecycle.readiness import StyleGate
+from metralectl.lifecycle.events import Event, LogLine
+from metralectl.lifecycle.logfollow import Watched
+from metralectl.lifecycle.readiness import BootClock, wait_ready
 from metralectl.seams.endpoint import EngineClient, requests_active
 from metralectl.telemetry.engine_metrics import engine_rates, mapping_for, parse_metrics
+from tests.fakes.runtime import Boot, FakeRuntime, Listen, Log, image
+from tests.ports import own_port
 
 LLAMA_LOAD_FAILURE = """\
 0.00.006.672 I srv    load_model: loading model 'metralectl-test/damaged-llama-gguf:Q8_0'
@@ -105,25 +112,61 @@ def test_swap_drain_reads_the_engines_own_active_series(engines: dict[str, Engin
     assert requests_active(_llama_text(active=4), engines["metrale"].metrics.names("requests-active")) is None
 
 
-def test_warm_up_marker_style_waits_for_its_line(engines: dict[str, EngineContract]) -> None:
+def _wait(contract: EngineContract, url: str, boot: Boot, port: int, tmp_path: Path, events: list[Event]) -> None:
+    """A container running `boot`, waited for by the one readiness loop (lifecycle/readiness.py) on `url`."""
+    runtime = FakeRuntime(images=[image("img")])
+    runtime.script("c", boot)
+    container = runtime.create_and_start(ContainerSpec(name="c", image="img", command=(), port=port))
+    watched = Watched(0, runtime, container.id, BootLog(contract, "127.0.0.1", port), tmp_path / "boot.log")
+    wait_ready([watched], url, contract.readiness, BootClock(time.monotonic(), 30.0, 30.0), events.append)
+
+
+def test_warm_up_marker_style_waits_for_its_line(engines: dict[str, EngineContract], tmp_path: Path) -> None:
     base = engines["metrale"]
     marker = re.compile(r"The server is fired up and ready to roll!")
     contract = dataclasses.replace(base, readiness=dataclasses.replace(base.readiness, style="warm-up-marker",
                                                                         marker=marker))
     events: list[Event] = []
-    gate = StyleGate(contract.readiness, "http://127.0.0.1:1", events.append)
-    log = BootLog(contract, "127.0.0.1", 8888)
-    log.feed("2026-08-26T05:35:05Z  INFO Server live and ready at 127.0.0.1:8888 running m")
-    assert gate.satisfied(log) is False
-    log.feed("2026-08-26T05:35:06Z  INFO The server is fired up and ready to roll!")
-    assert gate.satisfied(log) is True
+    port = own_port()
+    boot = Boot((Listen(200, {"status": "ready"}), Log("2026-08-26T05:35:05Z  INFO Server live and ready at "
+                                                       "127.0.0.1:{port} running m", after_s=0.1),
+                 Log("2026-08-26T05:35:06Z  INFO The server is fired up and ready to roll!", after_s=0.8)))
+    _wait(contract, f"http://127.0.0.1:{port}", boot, port, tmp_path, events)
+    lines = [e.line for e in events if isinstance(e, LogLine)]
+    assert "fired up" in lines[-1]  # healthy and its ready line logged: still not ready until the marker
     assert sum(1 for e in events if "warm-up" in str(e)) == 1
+
+
+FIRED_UP = "The server is fired up and ready to roll!"
+
+
+@pytest.mark.parametrize(("style", "waits_for_the_line", "asks_for_an_answer"), [
+    ("health-when-loaded", False, False), ("warm-up-marker", True, False), ("lazy-load", False, True)])
+def test_each_readiness_style_waits_its_own_way(engines: dict[str, EngineContract], tmp_path: Path, style: str,
+                                                waits_for_the_line: bool, asks_for_an_answer: bool) -> None:
+    """One boot (health ready at once, the warm-up line 2 s later), waited for in each style: health-when-loaded
+    is ready on the health answer, warm-up-marker only after the line, lazy-load once one real request is answered."""
+    base = engines["metrale"]
+    marker = re.compile(re.escape(FIRED_UP)) if style == "warm-up-marker" else None
+    contract = dataclasses.replace(base, readiness=dataclasses.replace(base.readiness, style=style, marker=marker))
+    events: list[Event] = []
+    port = own_port()
+    boot = Boot((Listen(200, {"status": "ready", "model": "m"}), Log("2026-08-26T05:35:06Z  INFO " + FIRED_UP,
+                                                                     after_s=2.0)))
+    _wait(contract, f"http://127.0.0.1:{port}", boot, port, tmp_path, events)
+    said = [str(e) for e in events]
+    assert any(FIRED_UP in e.line for e in events if isinstance(e, LogLine)) == waits_for_the_line
+    assert sum("waiting for the engine's warm-up line" in e for e in said) == (1 if waits_for_the_line else 0)
+    assert sum("asking for one answer" in e for e in said) == (1 if asks_for_an_answer else 0)
 
 
 class _Engine(BaseHTTPRequestHandler):
     """Answers like llama-server: /tokenize reads `content` only; /apply-template renders ChatML."""
 
     answered = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._send(200 if self.path == "/health" else 404, {"status": "ok"})
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
@@ -169,11 +212,10 @@ def test_prompt_sizing_uses_the_engines_template_when_tokenize_ignores_messages(
     assert count == 8  # <|im_start|> user three little words <|im_end|> <|im_start|> assistant: 8 words
 
 
-def test_lazy_load_style_asks_for_one_answer(engines: dict[str, EngineContract], fake_engine: str) -> None:
+def test_lazy_load_style_asks_for_one_answer(engines: dict[str, EngineContract], fake_engine: str,
+                                             tmp_path: Path) -> None:
     base = engines["llama-cpp"]
-    readiness = dataclasses.replace(base.readiness, style="lazy-load")
+    contract = dataclasses.replace(base, readiness=dataclasses.replace(base.readiness, style="lazy-load"))
     before = _Engine.answered
-    gate = StyleGate(readiness, fake_engine, lambda _e: None)
-    log = BootLog(base, "127.0.0.1", 8080)
-    assert gate.satisfied(log) and gate.satisfied(log)
+    _wait(contract, fake_engine, Boot(), own_port(), tmp_path, [])
     assert _Engine.answered == before + 1  # asked once, remembered

@@ -37,7 +37,7 @@ def test_both_engines_load_in_one_schema() -> None:
     engines = load_catalog(use_cache=False, include_user=False).engines
     assert {"metrale", "llama-cpp"} <= set(engines)
     metrale, llama = engines["metrale"], engines["llama-cpp"]
-    assert metrale.readiness.style == "marker-then-health" and llama.readiness.style == "http-503-until-loaded"
+    assert metrale.readiness.style == llama.readiness.style == "health-when-loaded"
     assert metrale.model_argument.words("O/N", "nvfp4") == ["O/N"]
     assert llama.model_argument.words("O/N", "Q8_0") == ["--hf-repo", "O/N:Q8_0"]
     assert metrale.memory_meaning == "fraction-of-total" and llama.memory_meaning == "none"
@@ -48,7 +48,7 @@ def test_both_engines_load_in_one_schema() -> None:
 
 
 @pytest.mark.parametrize(("edit", "expected"), [
-    (("style: http-503-until-loaded", "style: when-it-feels-ready"), "unknown readiness style 'when-it-feels-ready'"),
+    (("style: health-when-loaded", "style: when-it-feels-ready"), "unknown readiness style 'when-it-feels-ready'"),
     (("  form: hf-repo-quant", "  form: templated"), "unknown model-argument form 'templated'"),
     (("memory-utilization: none ", "memory-utilization: some "), "unknown memory-utilization meaning 'some'"),
     (("    requests-active: llamacpp:requests_processing", "    requests-activ: llamacpp:requests_processing"),
@@ -62,6 +62,22 @@ def test_both_engines_load_in_one_schema() -> None:
 def test_the_schema_refuses_what_the_code_cannot_act_on(tmp_path: Path, edit: tuple[str, str], expected: str) -> None:
     contract, errors = _llama_copy(tmp_path, edit)
     assert contract is None and any(expected in e for e in errors), errors
+
+
+@pytest.mark.parametrize("old", ["marker-then-health", "port-closed-until-ready", "http-503-until-loaded"])
+def test_an_engine_file_naming_a_merged_readiness_style_loads_as_health_when_loaded(tmp_path: Path, old: str) -> None:
+    """The three words a launch waited on the same way are one style now; a file naming an old one still loads
+    (the same wait) and its check says what to write instead."""
+    engine = tmp_path / "engine"
+    (engine / "llama-cpp" / "11434.0.0").mkdir(parents=True)
+    shutil.copy(LLAMA_HELP, engine / "llama-cpp" / "11434.0.0" / "help.txt")
+    text = (ENGINE / "llama-cpp.yaml").read_text()
+    (engine / "llama-cpp.yaml").write_text(text.replace("style: health-when-loaded", f"style: {old}"))
+    contract, check = parse_contract(load_file(engine / "llama-cpp.yaml"), engine)
+    assert contract is not None and contract.readiness.style == "health-when-loaded"
+    [warning] = [p.render() for p in check.problems]
+    assert f"readiness style {old!r} is now 'health-when-loaded'" in warning
+    assert "write `style: health-when-loaded`" in warning
 
 
 def test_a_flag_the_pinned_help_lacks_is_refused_with_its_line(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from metralectl.core.render import LABEL_RECIPE, LABEL_RUN_ID
-from metralectl.lifecycle import launch as launch_module
+from metralectl.lifecycle import readiness
 from metralectl.lifecycle.events import ContainerStarted, Event, Failed, LogLine, Phase, Step
 from metralectl.lifecycle.launch import LaunchFailed, LaunchOptions, launch
 from metralectl.seams import machine, store
@@ -170,7 +170,7 @@ PHASES: dict[str, tuple[Callable[[Event], bool], Boot]] = {
 @pytest.mark.parametrize("keep_failed", [False, True])
 def test_ctrl_c_at_any_phase_leaves_nothing_behind(phase: str, keep_failed: bool,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launch_module, "HOLD_S", 30.0)
+    monkeypatch.setattr(readiness, "HOLD_S", 30.0)
     accept, boot = PHASES[phase]
     rt, listener, port = gb10_runtime(), Recorder(interrupt_on=accept), own_port()
     rt.script(CONTAINER, boot)

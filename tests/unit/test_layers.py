@@ -47,9 +47,6 @@ ALLOWED_CYCLES: dict[frozenset[str], str] = {
     _cycle("core.catalog", "core.synced_set"):
         "the catalog loads a synced engine release through synced_set, which checks those recipes "
         "with the catalog's own loader (both imports are lazy)",
-    _cycle("lifecycle.launch", "lifecycle.multinode"):
-        "`run --replace` on one node must also stop a multi-rank deployment there; multinode is "
-        "built on launch's stages (launch's import is lazy, only on --replace)",
     _cycle("bench.transport", "bench.transport_alt"):
         "the transport factory picks an alternative client only when asked (lazy); those clients "
         "share the base transport's stream parser",

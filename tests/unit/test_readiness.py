@@ -16,10 +16,11 @@ import pytest
 
 from metralectl.core.contract import Readiness, parse_contract
 from metralectl.seams.endpoint import Health
-from metralectl.lifecycle import launch
+from metralectl.lifecycle import launch, readiness
 from metralectl.lifecycle.boot import BootLog, clean_line, diagnose_exit, message_of
 from metralectl.lifecycle.events import Event, Phase, Step, Warning_
-from metralectl.lifecycle.readiness import HEALTH_POLL_S, HealthPoller, classify_health
+from metralectl.lifecycle.logfollow import Watched
+from metralectl.lifecycle.readiness import HEALTH_POLL_S, BootClock, HealthPoller, classify_health
 from metralectl.core.render import ContainerSpec
 from metralectl.core.yamlsrc import Document
 from tests.fakes.runtime import Action, Boot, Exit, FakeRuntime, Log, image
@@ -201,7 +202,7 @@ def _later(seconds: float, action) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_the_poll_interval_is_well_below_the_readiness_promise() -> None:
-    assert HEALTH_POLL_S <= 0.1 and launch.POLL_WAIT_S <= 0.05
+    assert HEALTH_POLL_S <= 0.1 and readiness.POLL_WAIT_S <= 0.05
 
 
 def test_poller_sees_refused_then_loading_then_ready(engine: HealthServer) -> None:
@@ -240,8 +241,8 @@ def _wait(runtime: FakeRuntime, url: str, tmp_path: Path, *, stall: float = 30.0
     container = runtime.create_and_start(ContainerSpec(name="c", image="img", command=()))
     log = BootLog(catalog().engines["metrale"], "127.0.0.1", int(url.rsplit(":", 1)[1]))
     sink = events if events is not None else []
-    return launch._wait_ready(runtime, container, log, tmp_path / "boot.log", url, boot, stall,
-                              time.monotonic(), sink.append, READINESS)
+    return readiness.wait_ready([Watched(0, runtime, container.id, log, tmp_path / "boot.log")], url, READINESS,
+                                BootClock(time.monotonic(), boot, stall), sink.append)
 
 
 def test_silent_engine_is_ready_on_health_alone(engine: HealthServer, tmp_path: Path) -> None:
@@ -322,7 +323,7 @@ WATCHDOG = "2026-08-26T05:35:05Z ERROR OOM watchdog: GPU free memory critically 
 def test_a_watchdog_reading_before_ready_holds_then_warns(engine: HealthServer, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine can say ready and die of its OOM watchdog seconds later: ready only once it has stayed up."""
-    monkeypatch.setattr(launch, "HOLD_S", 1.0)
+    monkeypatch.setattr(readiness, "HOLD_S", 1.0)
     runtime = scripted([(0.05, WATCHDOG.format(1))])
     engine.bind()
     _later(0.4, engine.turn_ready)
@@ -338,7 +339,7 @@ def test_a_watchdog_reading_before_ready_holds_then_warns(engine: HealthServer, 
 
 def test_an_engine_that_dies_while_held_is_a_failed_start(engine: HealthServer, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launch, "HOLD_S", 30.0)
+    monkeypatch.setattr(readiness, "HOLD_S", 30.0)
     lines = [(0.05, WATCHDOG.format(1)), (0.6, WATCHDOG.format(2)), (0.3, WATCHDOG.format(3)),
              (0.1, "2026-08-26T05:35:06Z ERROR OOM watchdog: 3 consecutive readings below threshold. Terminating.")]
     runtime = scripted(lines, exit_at=1.4)
