@@ -10,7 +10,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widget import Widget
+from textual.widget import MountError, Widget
 from textual.widgets import Footer, TabbedContent, TabPane
 
 from metralectl.tui.first_frame import add_views_css, resume_gc
@@ -65,7 +65,10 @@ class MainScreen(Screen[None]):
 
         for view in (LibraryView(id="library-view"), BenchView(id="bench-view"), DoctorView(id="doctor-view")):
             pane_id = (view.id or "").removesuffix("-view")
-            await self.query_one(f"#{pane_id}", TabPane).mount(view)
+            try:
+                await self.query_one(f"#{pane_id}", TabPane).mount(view)
+            except (MountError, NoMatches):  # quit as the first frame came: the panes are going, and so are we
+                return
         self.focus_active()  # a key pressed before they were there switched to an empty pane
 
     def on_screen_resume(self) -> None:

@@ -184,3 +184,21 @@ def test_the_first_frame_has_the_breakpoint_classes_textual_gives_the_screen_on_
 
     settled = asyncio.run(scenario())
     assert len(settled) == 2 and first == [settled], (first, settled)
+
+
+def test_quitting_as_the_first_frame_comes_ends_cleanly(services: FakeServices) -> None:
+    """q pressed as the first frame shows (benchmarks/tui.py does): the other views, mounted after that frame,
+    find their panes going; the dashboard still ends with 0 (it ended with MountError, exit 1)."""
+    class QuitAtOnce(MetralectlApp):
+        def _display(self, screen: Any, renderable: Any) -> None:
+            super()._display(screen, renderable)
+            if renderable is not None and self.return_code is None:
+                self.exit(0)
+
+    async def scenario() -> QuitAtOnce:
+        app = QuitAtOnce(services)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.2)
+        return app
+
+    assert asyncio.run(scenario()).return_code == 0
