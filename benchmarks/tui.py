@@ -33,7 +33,8 @@ Targets are ratios or absolutes within one run, so a busy machine slows both sid
 `--compare TREE` adds that checkout's `metralectl tui` to the same interleaving (first paint, idle CPU);
 `--installed VENV/bin/python` adds the `metralectl tui` a wheel installed there gives (what a user runs),
 judged against the same targets; `--baseline OTHER_VENV/bin/python` adds another wheel's (e.g. main's, the
-before of a change) to the same interleaving, reported and not judged. Each round starts one case later.
+before of a change) to the same interleaving, reported and not judged. Each round runs the cases in a new
+order (seeded): a case that always followed the same one would carry what that one left behind.
 Exit 1 when a target is missed or a part could not be measured. Every timed child must have done what was
 timed: painted its view and exited 0 when asked to quit (`python -c pass`: exited 0), written its frame
 times; otherwise the script prints no number for it, says what the child said last, and exits 1.
@@ -46,6 +47,7 @@ import fcntl
 import json
 import os
 import pty
+import random
 import re
 import resource
 import select
@@ -381,10 +383,11 @@ def paint_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: l
         first_paint(argv, case_env, marker)
     times: dict[str, list[float]] = {name: [] for name in cases}
     cpus: dict[str, list[float]] = {name: [] for name in cases}
-    order = list(cases.items())
-    for round_no in range(args.runs):  # round-robin, starting one case later each round: no case always first
-        shift = round_no % len(order)
-        for name, (argv, marker, case_env) in order[shift:] + order[:shift]:
+    shuffle = random.Random(0).shuffle  # the same orders every time the script runs
+    for _ in range(args.runs):
+        order = list(cases.items())
+        shuffle(order)  # a new order each round: no case always runs first, or always right after the same one
+        for name, (argv, marker, case_env) in order:
             wall, cpu = first_paint(argv, case_env, marker)
             times[name].append(wall)
             cpus[name].append(cpu)
