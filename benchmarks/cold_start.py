@@ -7,8 +7,10 @@ kind) into another fresh venv, so neither tool's dependencies touch the other. T
 scripts are then timed directly (no pyenv shim), interleaved round-robin with `python -c pass`, so
 the noise of this shared machine hits every case alike. Each tool runs with an empty HOME and XDG
 dirs of its own (no user recipes, an empty RamaLama store); the first, untimed round fills
-metralectl's caches (the checked catalog, the rendered --help), as any earlier run would have; the
-", no ... cache" cases get an empty cache dir every run and show the cost without them. "cpu s" is the
+metralectl's caches (the checked catalog, `list`'s rows), as any earlier run would have; the
+", no caches" case gets an empty cache dir every run and shows the cost without them. `--baseline REF`
+(e.g. main) also builds the wheel of that git commit into a venv of its own and times it in the same
+rounds ("metralectl@REF"): a before/after table from one run. "cpu s" is the
 process's own user+system time: on a busy machine wall time grows with the queue, CPU time much less. `ps` runs with the Docker daemon reachable (the default socket) and with
 DOCKER_HOST at a socket nobody listens on; "daemon answer" is the same requests `ps` makes
 (/version, /_ping, the labelled container list, one inspect per container and image), timed
@@ -21,10 +23,10 @@ Every run of every case must give the answer being timed (exit 0; `ps` with no d
 `doctor`: 0 or 1; the in-process daemon answer: no error), the untimed first round included: otherwise the
 script stops at once with the command, its exit status and what it printed, and exits 1.
 
-    python3 benchmarks/cold_start.py [--runs 21] [--json FILE|-] [--check] [--fresh] [--doctor]
+    python3 benchmarks/cold_start.py [--runs 21] [--baseline REF] [--json FILE|-] [--check] [--fresh] [--doctor]
 
 The venvs are kept under ~/.cache/metralectl-bench/cold_start (metralectl's keyed by the wheel's
-sha256) so a rerun only rebuilds the wheel; --fresh builds both in a temp dir and removes them.
+sha256) so a rerun only rebuilds the wheel; --fresh builds every venv in a temp dir and removes them.
 """
 
 from __future__ import annotations
@@ -86,9 +88,22 @@ def source_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def build_wheel(into: Path) -> tuple[Path, str]:
-    run_quiet([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(into), str(REPO)],
-              "building the wheel")
+def commit_of(ref: str) -> str:
+    return run_quiet(["git", "-C", str(REPO), "rev-parse", "--verify", f"{ref}^{{commit}}"], f"finding {ref}").strip()
+
+
+def export_tree(commit: str, into: Path) -> Path:
+    """The files of `commit` (what a clone of it holds), to build its wheel from."""
+    into.mkdir(parents=True)
+    archive = into.with_suffix(".tar")
+    run_quiet(["git", "-C", str(REPO), "archive", "--format=tar", "-o", str(archive), commit], f"exporting {commit}")
+    run_quiet(["tar", "-xf", str(archive), "-C", str(into)], f"unpacking {archive}")
+    return into
+
+
+def build_wheel(into: Path, source: Path = REPO) -> tuple[Path, str]:
+    run_quiet([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(into), str(source)],
+              f"building the wheel of {source}")
     wheels = sorted(into.glob("metralectl_cockpit-*.whl"))
     if len(wheels) != 1:
         fail(f"expected one metralectl wheel in {into}, found {[w.name for w in wheels]}")
@@ -255,7 +270,9 @@ def targets(by_name: dict[str, Case]) -> list[dict[str, Any]]:
 
 
 def rival_of(name: str) -> str:
-    return name.split(",")[0].replace("metralectl", "ramalama").replace(" (no daemon)", " (daemon)")
+    """`metralectl list, no caches` and `metralectl@main list` are held to `ramalama list`."""
+    head = name.split(",")[0].replace(" (no daemon)", " (daemon)")
+    return "ramalama " + head.split(" ", 1)[1]
 
 
 def print_table(cases: list[Case], goals: list[dict[str, Any]], header: str) -> None:
@@ -265,7 +282,7 @@ def print_table(cases: list[Case], goals: list[dict[str, Any]], header: str) -> 
     print(f"{'case':<34}{'median s':>9}{'p90 s':>8}{'min s':>8}{'x python':>9}{'x ramalama':>11}{'cpu s':>8}")
     for case in cases:
         med = statistics.median(case.samples)
-        rival = by_name.get(rival_of(case.name)) if case.name.startswith("metralectl") else None
+        rival = by_name.get(rival_of(case.name)) if case.name.startswith("metralectl") and case.argv else None
         versus = f"{med / statistics.median(rival.samples):.2f}" if rival else ""
         cpu = f"{statistics.median(case.cpu):.3f}" if case.call is None else "-"
         print(f"{case.name:<34}{med:>9.3f}{pct(case.samples, 0.9):>8.3f}{min(case.samples):>8.3f}"
@@ -281,7 +298,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=21, help="timed rounds (default 21)")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE (- for stdout)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    parser.add_argument("--fresh", action="store_true", help="build both venvs in a temp dir, not the cache")
+    parser.add_argument("--fresh", action="store_true", help="build every venv in a temp dir, not the cache")
+    parser.add_argument("--baseline", metavar="REF", help="also time the wheel of this git commit (e.g. main), "
+                                                           "in the same rounds: a before/after table")
     parser.add_argument("--doctor", action="store_true", help="also time `metralectl doctor` (no target)")
     parser.add_argument("--ramalama", default=RAMALAMA_SPEC, help=f"RamaLama's requirement (default {RAMALAMA_SPEC})")
     args = parser.parse_args()
@@ -293,10 +312,20 @@ def main() -> int:
         where = tmp / "venvs" if args.fresh else cache
         print("building the wheel and the venvs ...", file=sys.stderr)
         wheel, digest = build_wheel(tmp / "wheel")
+        baseline: dict[str, Any] = {}
+        if args.baseline:
+            base_commit = commit_of(args.baseline)
+            base_wheel, base_digest = build_wheel(tmp / "wheel-baseline", export_tree(base_commit, tmp / "baseline"))
+            baseline = {"ref": args.baseline, "commit": base_commit, "wheel_sha256": base_digest}
+        keep = {f"metralectl-{d[:16]}" for d in (digest, baseline.get("wheel_sha256", digest))}
         for old in where.glob("metralectl-*") if where.is_dir() else []:
-            if old.name != f"metralectl-{digest[:16]}":  # a venv of an older wheel
+            if old.name not in keep:  # a venv of an older wheel
                 shutil.rmtree(old, ignore_errors=True)
         ours, ours_reused = venv(where / f"metralectl-{digest[:16]}", str(wheel), args.fresh)
+        if baseline:
+            base_bin, base_reused = venv(where / f"metralectl-{baseline['wheel_sha256'][:16]}", str(base_wheel),
+                                         args.fresh)
+            baseline["venv"] = "reused" if base_reused else "new"
         rival_dir = "ramalama-" + hashlib.sha256(args.ramalama.encode()).hexdigest()[:8]
         theirs, theirs_reused = venv(where / rival_dir, args.ramalama, args.fresh)
         versions = {"metralectl": installed_version(ours, "metralectl-cockpit"), "ramalama": installed_version(theirs, "ramalama")}
@@ -307,7 +336,6 @@ def main() -> int:
         cases = [
             Case("python -c pass", [str(ours / "python"), "-c", "pass"], mine),
             Case("metralectl --help", [m, "--help"], mine),
-            Case("metralectl --help, no help cache", [m, "--help"], mine, fresh_cache=True),
             Case("ramalama --help", [r, "--help"], rivals),
             Case("metralectl --version", [m, "--version"], mine),
             Case("ramalama --version", [r, "--version"], rivals),
@@ -319,6 +347,15 @@ def main() -> int:
         if daemon["reachable"]:
             cases += [Case("metralectl ps (daemon)", [m, "ps"], mine), Case("ramalama ps (daemon)", [r, "ps"], rivals),
                       Case("daemon answer (in-process)", call=daemon_answer)]
+        if baseline:
+            b, before = f"metralectl@{args.baseline}", home_env(tmp / "home-baseline")
+            exe = str(base_bin / "metralectl")
+            cases += [Case(f"{b} --help", [exe, "--help"], before), Case(f"{b} --version", [exe, "--version"], before),
+                      Case(f"{b} list", [exe, "list"], before),
+                      Case(f"{b} list, no caches", [exe, "list"], before, fresh_cache=True),
+                      Case(f"{b} ps (no daemon)", [exe, "ps"], {**before, **no_daemon}, expect=(UNAVAILABLE,))]
+            if daemon["reachable"]:
+                cases.append(Case(f"{b} ps (daemon)", [exe, "ps"], before))
         if args.doctor:
             cases.append(Case("metralectl doctor", [m, "doctor"], mine, expect=(0, 1)))  # 1: it found problems
         load_before = os.getloadavg()
@@ -329,8 +366,11 @@ def main() -> int:
     goals = targets(by_name)
     seen = "reachable, Docker {version} at {socket}, {metralectl_containers} metralectl containers".format(**daemon) \
         if daemon["reachable"] else f"NOT reachable ({daemon['error']}): ps with a daemon not timed"
+    than = (f"; metralectl@{baseline['ref']} = {baseline['commit'][:12]} (wheel {baseline['wheel_sha256'][:12]}, "
+            f"venv {baseline['venv']})" if baseline else "")
     header = (f"cold start: median of {args.runs} interleaved runs; metralectl {versions['metralectl']} "
-              f"(wheel {digest[:12]}, venv {'reused' if ours_reused else 'new'}) vs ramalama {versions['ramalama']} "
+              f"{source_commit()[:12]} (wheel {digest[:12]}, venv {'reused' if ours_reused else 'new'}){than} "
+              f"vs ramalama {versions['ramalama']} "
               f"(venv {'reused' if theirs_reused else 'new'}); python {platform.python_version()}; "
               f"{os.cpu_count()} CPUs, load {load_before[0]:.2f} -> {load_after[0]:.2f}; daemon {seen}")
     print_table(cases, goals, header)
@@ -338,7 +378,8 @@ def main() -> int:
         result = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": args.runs,
                   "python": platform.python_version(), "cpus": os.cpu_count(),
                   "load_1m": {"before": load_before[0], "after": load_after[0]}, "versions": versions,
-                  "wheel_sha256": digest, "commit": source_commit(), "ramalama_requirement": args.ramalama, "daemon": daemon,
+                  "wheel_sha256": digest, "commit": source_commit(), "baseline": baseline or None,
+                  "ramalama_requirement": args.ramalama, "daemon": daemon,
                   "cases": {c.name: {"argv": [Path(a).name if a.startswith("/") else a for a in c.argv],
                                      "median_s": statistics.median(c.samples), "p90_s": pct(c.samples, 0.9),
                                      "min_s": min(c.samples), "cpu_median_s": statistics.median(c.cpu),

@@ -1,3 +1,3 @@
-from metralectl.cli.entry import main
+from metralectl.cli.main import main
 
 main()

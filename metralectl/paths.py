@@ -1,12 +1,13 @@
 """Where things live. The only module that reads the location environment variables.
 
-Honours METRALECTL_CONFIG_DIR, METRALE_HOME, HF_HOME, HF_HUB_CACHE; tests isolate these with
-fixtures.
+Honours METRALECTL_CONFIG_DIR, METRALECTL_CACHE_DIR, METRALE_HOME, HF_HOME, HF_HUB_CACHE (and on Linux
+XDG_CONFIG_HOME, XDG_CACHE_HOME); tests isolate these with fixtures.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -26,9 +27,7 @@ def config_dir() -> Path:
     override = os.environ.get("METRALECTL_CONFIG_DIR")
     if override:
         return Path(override).expanduser()
-    from platformdirs import user_config_dir
-
-    return Path(user_config_dir("metralectl", appauthor=False))
+    return _user_dir("XDG_CONFIG_HOME", "~/.config", "user_config_dir")
 
 
 def user_data_dir(kind: str) -> Path:
@@ -41,9 +40,29 @@ def cache_dir() -> Path:
     override = os.environ.get("METRALECTL_CACHE_DIR")
     if override:
         return Path(override).expanduser()
-    from platformdirs import user_cache_dir
+    return _user_dir("XDG_CACHE_HOME", "~/.cache", "user_cache_dir")
 
-    return Path(user_cache_dir("metralectl", appauthor=False))
+
+def _user_dir(variable: str, default: str, platformdirs_name: str) -> Path:
+    """The user's config or cache dir for metralectl, as platformdirs gives it. On Linux that is the XDG Base
+    Directory rule (the variable when it holds an absolute path, else the default under an absolute home),
+    applied here: `list` and `ps` read both dirs, and importing platformdirs costs a tenth of their start
+    (tests/unit/test_paths.py holds the two to each other). macOS and Windows ask platformdirs."""
+    if sys.platform.startswith("linux"):
+        value, home = os.environ.get(variable, ""), os.environ.get("HOME")
+        if os.path.isabs(value):
+            return Path(value) / "metralectl"
+        if home is None or os.path.isabs(home):  # an empty or relative HOME: platformdirs decides
+            return Path(os.path.expanduser(default)) / "metralectl"  # HOME, else the password database
+    import platformdirs
+
+    return Path(getattr(platformdirs, platformdirs_name)("metralectl", appauthor=False))
+
+
+def hf_repo_folder(repo: str) -> str:
+    """A repository's folder in the hub cache, `models--ORG--NAME`: one path component whatever the repo says
+    ("/" becomes "--")."""
+    return "models--" + repo.replace("/", "--")
 
 
 def metrale_home() -> Path:

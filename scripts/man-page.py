@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The man page, metralectl.1, generated from the CLI itself: every command of the Click tree (the one
-`--help` renders, cli/main.py's build_command), its usage, help, arguments and options (Click's own help
-records, as `--help` prints them) and examples (cli/examples.py); the exit codes from metralectl.errors;
-the environment from README.md's Environment table.
+`--help` renders: cli/main.py's root group, each command loaded from its module), its usage, help, arguments
+and options (Click's own help records, as `--help` prints them) and examples (cli/examples.py); the exit
+codes from metralectl.errors; the environment from README.md's Environment table.
 
   scripts/man-page.py generate   write docs/metralectl.1 (the wheel carries it as share/man/man1/metralectl.1;
                                  install/install.sh puts it in ~/.local/share/man/man1)
@@ -80,8 +80,8 @@ def command_section(path: list[str], command: click.Command, ctx: click.Context)
 def walk(group: click.Group, ctx: click.Context, path: list[str]) -> Iterator[tuple[list[str], click.Command,
                                                                                    click.Context]]:
     for name in group.list_commands(ctx):
-        command = group.commands[name]
-        if command.hidden:
+        command = group.get_command(ctx, name)  # the root loads each command's module here, on first use
+        if command is None or command.hidden:
             continue  # an alias (`ls`, `paths`): its command is listed under its own name
         sub = command.make_context(name, [], parent=ctx, resilient_parsing=True)  # as `--help` makes it
         if isinstance(command, click.Group):

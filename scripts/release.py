@@ -271,7 +271,7 @@ def check_wheel(wheel: Path, ver: str) -> None:
     for kind in ("engine", "kernels", "images", "recipes"):
         if not any(n.startswith(f"metralectl/_data/{kind}/") for n in names):
             die(f"{wheel.name} lacks metralectl/_data/{kind}/")
-    if "metralectl = metralectl.cli.entry:main" not in entry_points:
+    if "metralectl = metralectl.cli.main:main" not in entry_points:
         die(f"{wheel.name} lacks the metralectl console script")
     if f"metralectl_cockpit-{ver}.data/data/share/man/man1/metralectl.1" not in names:
         die(f"{wheel.name} lacks the man page (share/man/man1/metralectl.1; install.sh installs it)")

@@ -2,7 +2,8 @@
 
     GET  /                         the control-plane page (static HTML + JS + CSS served from here, no CDN)
     GET  /api/status               can this machine run models (the agent's own, re-checked answer)
-    GET  /api/serving              what is serving (lifecycle.status.collect)
+    GET  /api/serving              what is serving (lifecycle.status.collect), and what change is in progress,
+                                   whoever started it (the lifecycle lock's holder)
     GET  /api/recipes              the library rows
     GET  /api/telemetry            the newest GPU sample, or why there is none
     GET  /api/history              recorded benchmark runs
@@ -12,8 +13,8 @@
     POST /api/run   {recipe, sets?, options?}                 start serving   -> 202 {job} | 400 | 409 busy
     POST /api/swap  {recipe, sets?, drain_timeout_s?, options?} replace it    -> 202 {job} | 400 | 409 busy
     POST /api/stop  {recipe?, all?, timeout_s?}               stop it         -> 202 {job} | 400 | 409 busy
-                    (each body is app/serving_change.Change.to_json(), its "kind" optional)
-    POST /api/jobs/ID/cancel       cancel a job as Ctrl-C would   -> 202 {job} (200 when it had ended)
+                    (each body is read by app/serving_change.Change.from_json(), its "kind" optional)
+    POST /api/jobs/ID/cancel       cancel a job (its cancel token)  -> 202 {job} (200 when it had ended)
     POST /api/units/KEY/cancel     stop a peer's benchmark unit on this box -> 200 {unit} | 404
 
 Every POST needs the bearer token; GET never changes anything.
@@ -54,6 +55,18 @@ PAGE_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",
 }
+
+
+def in_progress() -> str | None:
+    """Who holds the machine's lifecycle lock now ("run qwen3-8b (pid 4242)"; "... (agent) ..." for one of our
+    jobs), or None: the page shows a change the CLI, the dashboard or a peer's unit is making, which are not its
+    jobs. The holder is written by any local user's metralectl: escaped like any text from outside."""
+    from metralectl.seams.store import lock_holder
+
+    holder = lock_holder()
+    return None if holder is None else clean(holder, 200)
+
+
 STOP_GRACE_S = 60.0  # how long stopping the agent waits for a cancelled job's cleanup
 STATIC = {"/": "index.html", "/index.html": "index.html", "/safetext.js": "safetext.js", "/joblog.js": "joblog.js",
           "/app.js": "app.js", "/app.css": "app.css"}
@@ -120,7 +133,7 @@ class ApiHandler(Handler):
         ops = self.server.ops  # each read looked up only when asked (GET /api/agent needs none of them)
         reads: dict[str, Callable[[], Any]] = {
             "/api/status": lambda: ops.capability(),
-            "/api/serving": lambda: ops.serving(),
+            "/api/serving": lambda: {**ops.serving(), "in_progress": in_progress()},
             "/api/recipes": lambda: ops.recipes(),
             "/api/telemetry": lambda: ops.telemetry(),
             "/api/history": lambda: ops.history(),

@@ -4,17 +4,16 @@ A POST starts a job and answers at once (202 + the job), or 409 when the lock is
 or by a CLI `run`/`swap`/`stop` on the box). Every event gets a sequence number (`seq` 1, 2, ...), so a
 follower asks for "what came after N" (`wait_events`, a long-poll) and never sees a gap or a repeat.
 
-Cancelling works as Ctrl-C does in the CLI: the job's thread gets exactly one KeyboardInterrupt, and
-the lifecycle's own cleanup runs (the half-started container is removed; an interrupted swap leaves
-its journal for the next run to repair). It is raised from the event listener at the job's next
-event; a job that emits nothing for GRACE_S (an engine loading silently, a drain) gets it delivered
-into its thread at the next Python instruction it executes (as tui/cancel.py does). Never twice: a
-second interrupt could cut the cleanup the first one started.
+Cancelling works as Ctrl-C does in the CLI, cooperatively: it cancels the job's token (metralectl/cancel.py),
+which is bound to the job's thread, and the work stops at its next check — its next event, or the
+lifecycle's next phase boundary or wait tick (an engine loading silently is polled every few tens of ms).
+The check raises Cancelled, a KeyboardInterrupt, once, so the lifecycle's own cleanup runs (the
+half-started container is removed; an interrupted swap leaves its journal for the next run to repair)
+and is never cut short by a second one.
 """
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import threading
 import time
@@ -23,12 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from metralectl.cancel import CancelToken
 from metralectl.errors import ExitCode, MetralError
+from metralectl.seams.store import AGENT_JOB
 
 MAX_EVENTS = 2000
 MAX_JOBS = 20
 MAX_WAIT_S = 25.0
-GRACE_S = 1.0
 ACTIVE_STATES = ("starting", "running")
 
 
@@ -54,12 +54,10 @@ class Job:
     cancel_requested: bool = False
     cancelled_by: str | None = None  # "a client" (POST .../cancel) | "the agent stopping"
     seq: int = 0  # the last event's number
-    grace_s: float = GRACE_S
     who: str = "a local API client"  # for the agent's log (metralectl/joblog.py)
     what: str = ""  # ... what it does, escaped (joblog.describe); default: kind and target
+    token: CancelToken = field(default_factory=CancelToken, repr=False, compare=False)  # bound to the job's thread
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
-    _thread_id: int | None = field(default=None, repr=False, compare=False)
-    _delivered: bool = field(default=False, repr=False, compare=False)
 
     def to_json(self, *, events: bool = True) -> dict[str, Any]:
         with self._cond:
@@ -73,9 +71,8 @@ class Job:
 
     # -- events -----------------------------------------------------------------------------------
     def emit(self, event: Any) -> None:
-        """The lifecycle's on_event: record the event, or raise the cancel's KeyboardInterrupt."""
-        if self._take_delivery():
-            raise KeyboardInterrupt
+        """The lifecycle's on_event: record the event; every event is also a place the cancel stops the job."""
+        self.token.check()
         body = event_json(event)
         with self._cond:
             self.seq += 1
@@ -102,44 +99,15 @@ class Job:
         with self._cond:
             if self.finished is not None:
                 return False
-            first = not self.cancel_requested
             self.cancel_requested = True
             self.cancelled_by = self.cancelled_by or by
             self._cond.notify_all()
-        if first:
-            timer = threading.Timer(self.grace_s, self._inject)
-            timer.daemon = True
-            timer.start()
+        self.token.cancel(f"cancelled by {self.cancelled_by}")
         return True
 
     def wait_finished(self, timeout_s: float) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: self.finished is not None, timeout_s)
-
-    def _take_delivery(self) -> bool:
-        with self._cond:
-            if self.cancel_requested and not self._delivered and self._thread_id == threading.get_ident():
-                self._delivered = True
-                return True
-            return False
-
-    def _inject(self) -> None:
-        with self._cond:
-            if not self.cancel_requested or self._delivered or self._thread_id is None:
-                return
-            self._delivered = True
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id),
-                                                       ctypes.py_object(KeyboardInterrupt))
-
-    def _bind(self) -> None:
-        with self._cond:
-            self._thread_id = threading.get_ident()
-
-    def _unbind(self) -> None:
-        with self._cond:
-            tid, self._thread_id = self._thread_id, None
-            if tid is not None and self._delivered:  # scheduled just as the work ended: withdraw it
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
 
     def _finish(self, state: str, *, result: Any = None, error: str | None = None, hint: str | None = None,
                 exit_code: ExitCode) -> None:
@@ -153,13 +121,12 @@ Work = Callable[[Callable[[Any], None]], Any]  # work(on_event) -> a JSON-ready 
 
 
 class JobRunner:
-    def __init__(self, lock: Callable[[str], Any] | None = None, *, grace_s: float = GRACE_S) -> None:
+    def __init__(self, lock: Callable[[str], Any] | None = None) -> None:
         if lock is None:
             from metralectl.seams.store import lifecycle_lock
 
             lock = lifecycle_lock
         self._lock_factory = lock
-        self.grace_s = grace_s
         self._jobs: dict[str, Job] = {}
         self._order: deque[str] = deque()
         self._ids = itertools.count(1)
@@ -194,7 +161,7 @@ class JobRunner:
         from metralectl import joblog
 
         with self._mutex:
-            job = Job(f"{kind}-{int(time.time())}-{next(self._ids)}", kind, target, grace_s=self.grace_s, who=who,
+            job = Job(f"{kind}-{int(time.time())}-{next(self._ids)}", kind, target, who=who,
                       what=what if what is not None else joblog.describe(kind, target))
         got = threading.Event()
         refused: list[BaseException] = []
@@ -202,27 +169,21 @@ class JobRunner:
         def run() -> None:
             outcome: list[Any] = []  # [result] once the work has returned
             try:
-                with self._lock_factory(f"{kind} {target or ''} (agent)".replace("  ", " ")):
+                with self._lock_factory(f"{kind} {target or ''}".strip() + AGENT_JOB):  # store.busy_because says so
                     with job._cond:
                         job.state = "running"
-                    job._bind()  # before anyone can know the job: a cancel always finds its thread
                     joblog.started(job.id, job.who, job.what)
                     got.set()
-                    try:
+                    with job.token.bound():  # the lifecycle's checkpoints and waits see the job's cancel
                         outcome.append(work(job.emit))
-                    finally:
-                        job._unbind()
                 job._finish("done", result=outcome[0], exit_code=ExitCode.OK)
-            except KeyboardInterrupt:
-                if outcome:  # the cancel landed after the work had returned: it is done
-                    job._finish("done", result=outcome[0], exit_code=ExitCode.OK)
-                else:
-                    job._finish("cancelled", error=f"cancelled by {job.cancelled_by}; what it had started was "
-                                "cleaned up", exit_code=ExitCode.INTERRUPTED)
+            except KeyboardInterrupt:  # the token's Cancelled (signals reach the main thread, never a job's)
+                job._finish("cancelled", error=f"cancelled by {job.cancelled_by}; what it had started was cleaned up",
+                            exit_code=ExitCode.INTERRUPTED)
             except MetralError as exc:
                 if not got.is_set():
                     refused.append(exc)
-                if job._delivered:
+                if job.token.raised:  # what the cancel became (a swap's SwapInterrupted says what serves)
                     job._finish("cancelled", error=f"cancelled by {job.cancelled_by} ({exc.message})", hint=exc.hint,
                                 exit_code=ExitCode.INTERRUPTED)
                 else:

@@ -2,7 +2,7 @@
 
 Reads answer quickly with values (an unreachable Docker is an answer: {"error", "hint"}). Changes
 (run, swap, stop) arrive as a `Change` (app/serving_change.py, read from the POST body) and are done by
-app/serving.py's DirectServing — the same code the CLI and the dashboard run — called by JobRunner
+app/serving.py's Serving — the same code the CLI and the dashboard run — called by JobRunner
 with the lifecycle lock already held.
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from metralectl.errors import MetralError
 
 if TYPE_CHECKING:
-    from metralectl.app.serving import Change, DirectServing
+    from metralectl.app.serving import Change, Serving
     from metralectl.seams.container_runtime import ContainerRuntime
 
 Emit = Callable[[Any], None]
@@ -110,10 +110,10 @@ class LifecycleOps:
     """The real operations: doctor-based capability, the Docker runtime, the catalog, the lifecycle."""
 
     def __init__(self, capability: Callable[[], dict[str, Any] | None], telemetry: TelemetryFeed | None = None,
-                 serving: DirectServing | None = None) -> None:
+                 serving: Serving | None = None) -> None:
         self._capability = capability
         self._telemetry = telemetry or TelemetryFeed()
-        self._direct = serving  # built on first use (lock_held: JobRunner holds the lifecycle lock)
+        self._changes = serving  # built on first use (lock_held: JobRunner holds the lifecycle lock)
 
     def capability(self) -> dict[str, Any]:
         answer = self._capability()
@@ -165,12 +165,12 @@ class LifecycleOps:
     def history(self) -> dict[str, Any]:
         return bench_history()
 
-    def _serving(self) -> DirectServing:
-        if self._direct is None:
-            from metralectl.app.serving import DirectServing
+    def _serving(self) -> Serving:
+        if self._changes is None:
+            from metralectl.app.serving import Serving
 
-            self._direct = DirectServing(lock_held=True)  # JobRunner holds the lifecycle lock for the job
-        return self._direct
+            self._changes = Serving(lock_held=True)  # JobRunner holds the lifecycle lock for the job
+        return self._changes
 
     def check(self, change: Change) -> None:
         if change.kind != "stop":

@@ -6,13 +6,14 @@ the HF cache. So the rows are stored, as the plain dicts `list --json` prints, u
 cache's own key plus the target's inputs and the stamps of the code that computes them; the weights
 are read anew on every call. A catalog that refused a user recipe is never stored: its refusals are
 reported from the catalog itself. Loading the ~25 dataclass types a cached catalog unpickles into
-cost `list` more than everything else it does.
+cost `list` more than everything else it does. The rows are plain dicts, kept with marshal (built in:
+no import, unlike pickle; a file another Python wrote only misses).
 """
 
 from __future__ import annotations
 
+import marshal
 import os
-import pickle
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,7 +45,7 @@ def _key(hardware: str | None) -> str:
 
 
 def _path(hardware: str | None) -> Path:
-    return paths.cache_dir() / f"library-{zlib.crc32(repr(hardware).encode()):08x}.pickle"
+    return paths.cache_dir() / f"library-{zlib.crc32(repr(hardware).encode()):08x}.marshal"
 
 
 def read(hardware: str | None) -> tuple[dict[str, Any] | None, str]:
@@ -54,7 +55,7 @@ def read(hardware: str | None) -> tuple[dict[str, Any] | None, str]:
     key = _key(hardware)
     try:
         with open(_path(hardware), "rb") as handle:
-            stored_key, view = pickle.load(handle)
+            stored_key, view = marshal.load(handle)
         if stored_key != key:
             return None, key
         rows, checkpoints = view["rows"], view["checkpoints"]
@@ -62,8 +63,8 @@ def read(hardware: str | None) -> tuple[dict[str, Any] | None, str]:
         return None, key
     from metralectl.seams import weights_state
 
-    for row, checkpoint in zip(rows, checkpoints):  # plain dicts: unpickling no recipe types
-        row["weights"] = weights_state.checkpoint_state(SimpleNamespace(**checkpoint)).status
+    for row, checkpoint in zip(rows, checkpoints):  # plain dicts: no recipe types
+        row["weights"] = weights_state.status(SimpleNamespace(**checkpoint))
     return {"target": view["target"], "rows": rows}, key
 
 
@@ -90,7 +91,7 @@ def _write(hardware: str | None, key: str, view: dict[str, Any]) -> None:
     from metralectl.atomicfile import write_atomic
 
     try:
-        write_atomic(_path(hardware), pickle.dumps((key, view), protocol=pickle.HIGHEST_PROTOCOL))
+        write_atomic(_path(hardware), marshal.dumps((key, view)))
     except OSError:
         pass  # a read-only or full cache dir costs speed, never correctness
 
@@ -103,7 +104,7 @@ def engines_by_recipe() -> dict[str, str]:
     try:
         key = _key(None)
         with open(_path(None), "rb") as handle:
-            stored_key, view = pickle.load(handle)
+            stored_key, view = marshal.load(handle)
         if stored_key == key:
             return {str(row["name"]): str(row["engine"]) for row in view["rows"]}
     except Exception:  # noqa: BLE001 - missing, torn, foreign or older rows: only means "ask the catalog"

@@ -2,7 +2,7 @@
 footnotes, the line under the dashboard's Library, the page's Fits cell) and why Run/Swap cannot be
 asked for (the dashboard's disabled keys, the page's disabled buttons; app/library.blocked computes it).
 
-Pure and import-free: `list`'s fast path (cli/entry.py) reads its rows from app/library_cache.py and
+Pure and import-free: `list` (cli/catalog_list.py) reads its rows from app/library_cache.py and
 calls this without loading the catalog.
 """
 

@@ -1,8 +1,8 @@
 """A change of what is served, as one frozen value: `run`, `swap` or `stop`, with everything it needs.
 
-The CLI builds it from its flags, the dashboard from the chosen action, the agent from a POST body;
-each hands it to app/serving.py. `to_json()` is the agent's job body (POST /api/run|swap|stop) and
-`from_json()` reads one back, strictly: a wrong type or an unknown key is a UsageError naming it.
+The CLI builds it from its flags, the dashboard from the chosen action, the agent from a POST body
+(POST /api/run|swap|stop, from its page): `from_json()` reads that body strictly, a wrong type or an
+unknown key a UsageError naming it. Each hands it to app/serving.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ DEFAULTS = LaunchOptions()
 
 @dataclass(frozen=True)
 class MultiRank:
-    """`run RECIPE --worker NODE`: where the ranks of a multi-rank recipe go (never a job of the agent)."""
+    """`run RECIPE --worker NODE`: where the ranks of a multi-rank recipe go (the CLI's: the page's body has no
+    such key, since the other node is reached with the operator's own Docker contexts)."""
 
     worker: str  # the worker node's Docker endpoint (a context name, ssh://user@host, tcp://host:2376)
     head: str | None = None  # default: this machine's endpoint
@@ -86,20 +87,6 @@ class Change:
         return cls("stop", recipe, all_=all_, stop_timeout_s=timeout_s)
 
     # -- the agent's job body ------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        """The body of POST /api/KIND (with its kind); from_json(to_json()) gives this value back."""
-        if self.multi is not None:
-            raise UsageError("a multi-rank run is not a job of the agent: its nodes are reached with your own "
-                             "Docker contexts")
-        if self.kind == "stop":
-            return {"kind": "stop", "recipe": self.recipe, "all": self.all_, "timeout_s": self.stop_timeout_s}
-        keys = RUN_OPTIONS if self.kind == "run" else SWAP_OPTIONS
-        out: dict[str, Any] = {"kind": self.kind, "recipe": self.recipe, "sets": list(self.sets),
-                               "options": {k: getattr(self.options, k) for k in keys}}
-        if self.kind == "swap":
-            out["drain_timeout_s"] = self.drain_timeout_s
-        return out
-
     @classmethod
     def from_json(cls, body: Any, *, kind: str | None = None) -> Change:
         """A job body, checked (`kind`: the route's, when the body came to POST /api/KIND)."""

@@ -4,7 +4,8 @@ Workers are spawned (not forked: the parent may hold a telemetry thread), each o
 connection pool, reports ready, and starts at one absolute perf_counter_ns instant chosen by the
 parent (CLOCK_MONOTONIC is system-wide on Linux, so every worker's stamps share one time base).
 Each parses its own results after the load, so parsing is parallel too. Ctrl-C / SIGTERM reach the
-parent, which tells the workers to stop; they return what they have.
+parent, which tells the workers to stop; they return what they have. A cancel token bound to the
+caller's thread (the dashboard's, metralectl/cancel.py) ends an in-process run the way SIGTERM does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from metralectl import cancel
 from metralectl.bench.loadgen import LoadSpec, Planned, Progress, WorkerOutcome, run_worker
 
 STREAMS_PER_PROCESS = 256  # one process stayed within the error budget to 384 streams at 10 ms ITL (docs/bench.md)
@@ -50,11 +52,22 @@ async def _in_process(spec: LoadSpec, url: str, path: str, plan: Callable[[int],
             installed = True
         except (ValueError, RuntimeError, NotImplementedError):
             pass  # not the main thread
+    token = cancel.current()
+    watcher = asyncio.ensure_future(_cancel_on(token, task)) if token is not None and task is not None else None
     try:
         return await run_worker(spec, url, path, plan, headers=headers, on_progress=on_progress)
     finally:
+        if watcher is not None:
+            watcher.cancel()
         if installed:
             loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _cancel_on(token: cancel.CancelToken, task: asyncio.Task[Any], tick_s: float = 0.1) -> None:
+    """Cancel the run's task once the token is cancelled: its requests end as on SIGTERM (kept, marked)."""
+    while not token.cancelled:
+        await asyncio.sleep(tick_s)
+    task.cancel()
 
 
 def _share(total: int, n: int, k: int) -> int:

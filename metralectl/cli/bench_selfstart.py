@@ -13,13 +13,13 @@ from metralectl.bench.runner import Event
 
 @contextmanager
 def served(recipe_name: str, progress: Any) -> Iterator[tuple[str, dict[str, Any], Any]]:
-    from metralectl.app.serving import Change, DirectServing
+    from metralectl.app.serving import Change, Serving
     from metralectl.cli.catalog_cmds import _catalog
     from metralectl.cli.serve_cmds import _Progress as LifecycleProgress
     from metralectl.core.labels import LABEL_SPEC_HASH
     from metralectl.lifecycle.launch import Launched
 
-    serving = DirectServing(catalog=_catalog, lock_note="(bench --self-start)")
+    serving = Serving(catalog=_catalog, lock_note="(bench --self-start)")
     recipe = serving.resolve(Change.run(recipe_name))
     launched = serving.run(Change.run(recipe_name), LifecycleProgress(False))
     assert isinstance(launched, Launched)  # --self-start takes single-node recipes (a multi-rank one is refused)

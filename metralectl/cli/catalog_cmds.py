@@ -1,4 +1,5 @@
-"""`list` and `show`: the recipe catalog, no container engine needed (`run --print` is in serve_cmds)."""
+"""`show`: a recipe of the catalog, no container engine needed (`list` is in catalog_list, `run --print` in
+serve_cmds)."""
 
 from __future__ import annotations
 
@@ -6,20 +7,7 @@ import json
 
 import typer
 
-from metralectl.cli import catalog_list
 from metralectl.cli.catalog_list import _catalog  # noqa: F401  (other commands load the catalog from here)
-
-
-def list_recipes(
-    hardware: str = typer.Option(None, "--hardware", help="Judge fit against this hardware class (gb10, hopper, b200)."),
-    tag: list[str] = typer.Option(None, "--tag", help="Only recipes with this tag (repeatable)."),
-    only_hardware: bool = typer.Option(False, "--only", help="With --hardware: list only that class's recipes."),
-    as_json: bool = typer.Option(False, "--json", help='Print JSON: {"target": {"hardware", "how"}, "recipes": [one object per recipe]}.'),
-) -> None:
-    """List the recipes: engine, model, quant, hardware, MTP, validated tok/s, memory, fit, cached weights (alias: ls)."""
-    code = catalog_list.list_recipes(hardware, tag, only_hardware, as_json)
-    if code is not None:
-        raise typer.Exit(code)
 
 
 def show(
@@ -40,6 +28,4 @@ def show(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("list")(list_recipes)
-    app.command("ls", hidden=True, help="Same as `list`.")(list_recipes)
     app.command("show")(show)

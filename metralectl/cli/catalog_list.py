@@ -1,14 +1,14 @@
-"""`list`'s body, and the catalog loading every command shares; no Typer here.
-
-cli/entry.py calls list_recipes directly for the plain forms of `list` (no Click, no Typer: most of
-the command's start); cli/catalog_cmds.py declares the same options for Typer and calls it too.
+"""`list` (and its alias `ls`): a plain Click command and its body, and the catalog loading every command
+shares. No Typer here: `list`'s start is timed (benchmarks/cold_start.py), and Typer's import alone would
+take most of its budget.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import TYPE_CHECKING, Any
+
+import click
 
 from metralectl.cli.state import SHOWN_PROBLEMS, note, style
 from metralectl.wording import count
@@ -84,6 +84,8 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         rows = [r for r in rows if matches(r, words)]
         missed = not rows
     if as_json:
+        import json  # only here: the table needs none of it
+
         print(json.dumps({"target": target, "recipes": rows}, indent=2))
     elif missed:  # like grep: no table, a line on stderr and exit 1 (below)
         pass
@@ -127,3 +129,20 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         note(f"no recipe matches all of: {' '.join(words or ())} (`metralectl list` shows every recipe)")
         return ExitCode.FAILED
     return None
+
+
+@click.command("list")
+@click.option("--hardware", help="Judge fit against this hardware class (gb10, hopper, b200).")
+@click.option("--tag", multiple=True, help="Only recipes with this tag (repeatable).")
+@click.option("--only", "only_hardware", is_flag=True, help="With --hardware: list only that class's recipes.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print JSON: {"target": {"hardware", "how"}, "recipes": [one object per recipe]}.')
+def list_command(hardware: str | None, tag: tuple[str, ...], only_hardware: bool, as_json: bool) -> None:
+    """List the recipes: engine, model, quant, hardware, MTP, validated tok/s, memory, fit, cached weights (alias: ls)."""
+    code = list_recipes(hardware, list(tag), only_hardware, as_json)
+    if code is not None:
+        raise click.exceptions.Exit(code)
+
+
+ls_command = click.Command("ls", params=list_command.params, callback=list_command.callback, help="Same as `list`.",
+                           hidden=True)

@@ -1,8 +1,7 @@
 """Examples for `--help` (and the man page, scripts/man-page.py): a few real command lines per main command,
 each with what it does.
 
-Kept here, in cli/, so the help text cache (cli/help_cache.py, keyed on this directory's files) notices a
-change. tests/unit/test_cli_help_examples.py parses every line with the command's own Click parser and runs
+tests/unit/test_cli_help_examples.py parses every line with the command's own Click parser and runs
 the ones that need no Docker, GPU or network.
 """
 
@@ -101,15 +100,12 @@ def epilog(path: str, rest: str = "") -> str:
     return "\n\n".join(p for p in (block, rest) if p)
 
 
-def attach(root: Any) -> None:
-    """Give every command with examples its epilog (the root keeps its own paragraph after them); once,
-    however often the tree is built."""
+def attach(command: Any, path: str) -> None:
+    """Give `command` (at `path`, e.g. "bench") and its sub-commands with examples their epilog (the root keeps
+    its own paragraph after them); once, however often the tree is built."""
     import click
 
-    for path in EXAMPLES:
-        command = root
-        for word in path.split():  # a command not in this tree (a test's stand-in) gets nothing
-            command = getattr(command, "commands", {}).get(word)
-        if not isinstance(command, click.Command) or "\nExamples:\n" in (command.epilog or ""):
-            continue  # not a command of this tree (a test's stand-in), or done already
+    if path in EXAMPLES and isinstance(command, click.Command) and "\nExamples:\n" not in (command.epilog or ""):
         command.epilog = epilog(path, command.epilog or "")
+    for name, sub in getattr(command, "commands", {}).items():
+        attach(sub, f"{path} {name}")

@@ -1,7 +1,7 @@
 """Commands users of other tools type by habit: `version`, `search WORDS`, `completion SHELL`.
 
-(`ls` is `list`'s alias, declared in cli/catalog_cmds.py; `version` and plain `ls` are also answered by
-cli/entry.py without Click.)
+(`ls` is `list`'s alias, declared in cli/catalog_list.py; `--version` is the root group's option,
+cli/main.py.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a multi-rank (EP=2) `run` prints once both ranks serve (docs/multinode.md). The launch itself, and
-`logs --rank N` and `stop` of every rank, are app/serving.py's (always direct: serving.routable)."""
+`logs --rank N` and `stop` of every rank, are app/serving.py's."""
 
 from __future__ import annotations
 

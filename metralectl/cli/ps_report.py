@@ -1,7 +1,6 @@
-"""`ps`'s report, printed; no Typer here.
-
-cli/entry.py calls ps() directly for `ps` and `ps --json` (no Click, no Typer: most of the command's
-start); cli/serve_cmds.py declares the command for Typer (with --repair) and prints through show().
+"""`ps`: a plain Click command and its report, printed. No Typer here: `ps`'s start is timed
+(benchmarks/cold_start.py); without --repair it reads the daemon through the default runtime and
+lifecycle/status.py, never importing the use-case layer (it loads the launch machinery).
 """
 
 from __future__ import annotations
@@ -10,6 +9,8 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+import click
+
 from metralectl.cli.state import note, style
 
 if TYPE_CHECKING:
@@ -17,8 +18,21 @@ if TYPE_CHECKING:
     from metralectl.seams.container_runtime import ContainerRuntime
 
 
+@click.command("ps")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--repair", is_flag=True, help="Repair an interrupted swap (restore a serving model).")
+def ps_command(as_json: bool, repair: bool) -> None:
+    """What metralectl is serving: recipe, state, health, uptime, endpoint, image revision."""
+    if not repair:
+        ps(as_json)
+        return
+    from metralectl.cli.serve_cmds import _Progress, _serving  # the serving commands' use case and printer
+
+    show(_serving().ps(repair=True, on_event=_Progress(False)), as_json)
+
+
 def ps(as_json: bool) -> None:
-    """The `ps` command without --repair: what app/serving_direct.py's DirectServing.ps() does then (the
+    """The `ps` command without --repair: what app/serving.py's Serving.ps() does then (the
     default runtime, status.collect), without importing the use-case layer (it loads the launch machinery)."""
     from metralectl.seams.docker_runtime import open_runtime
 

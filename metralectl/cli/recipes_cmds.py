@@ -125,3 +125,7 @@ def _show_sync(report: object, as_json: bool) -> None:
             note(style("\n".join(clean(line) for line in problem.render().splitlines()), "31", sys.stderr))
     for warning in report.warnings:
         note(style(f"warning: {clean(warning)}", "33", sys.stderr))
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="recipes")

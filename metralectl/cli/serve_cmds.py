@@ -1,9 +1,8 @@
-"""`run`, `ps`, `logs`, `stop`, `swap`: the flags become a `Change`, app/serving.py does it, this prints it.
+"""`run`, `logs`, `stop`, `swap` (`ps` is cli/ps_report.py): the flags become a `Change`, app/serving.py does it, this prints it.
 
-While `metralectl agent` runs it owns run/swap/stop on the box: app/serving.py hands the change to it as a
-job and its events come back rendered exactly as the direct path renders them; `--direct` (or
-METRALECTL_DIRECT=1) works without it. `run --print`, multi-rank runs and stops, `ps` and `logs` are
-always direct (serving.routable says why).
+The command does the change itself, under the machine's lifecycle lock, whether or not `metralectl agent`
+runs: the lock makes whoever comes second (this command, the agent's job, the dashboard, a peer's
+benchmark unit) wait its turn with exit 75 and the holder named (docs/serving.md, "One executor").
 
 The engine's log lines (`logs`, the followed log of `run`, a failed start's last lines) go through
 safetext.log_line: its colours kept only when we colour, every other control escaped; what else came from the
@@ -15,6 +14,8 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -32,13 +33,32 @@ def _sigterm_as_interrupt() -> None:
     sigterm_as_interrupt_until_exit()
 
 
-DIRECT_HELP = "Work directly, not through the running agent (also: METRALECTL_DIRECT=1)."
+@contextmanager
+def _ctrl_c_cancels() -> Iterator[None]:
+    """Ctrl-C or SIGTERM while the change runs cancels its token (metralectl/cancel.py), as the dashboard's
+    Cancel and the agent's job cancel do: the lifecycle stops at its next phase boundary or wait tick and runs
+    Ctrl-C's cleanup (Cancelled is a KeyboardInterrupt: exit 130). A second one before the work has seen the
+    first (a call blocked in the daemon) leaves at once, as Ctrl-C always did; one during the cleanup is not
+    allowed to cut it short. A cancel that came after the work's last check still ends the command with 130."""
+    from metralectl.cancel import CancelToken
+    from metralectl.seams.process import on_stop_signals
+
+    token = CancelToken()
+
+    def interrupted() -> None:
+        if not token.cancel("interrupted") and not token.raised:
+            raise KeyboardInterrupt
+
+    with on_stop_signals(interrupted), token.bound():
+        yield
+    if token.cancelled:
+        raise KeyboardInterrupt
 
 
-def _serving(direct: bool, catalog: Any = None) -> Any:
-    """app/serving.py's Serving: through the running agent unless --direct (serving_for decides), with the
-    catalog this command already loaded (its notes about refused user recipes are printed once)."""
-    from metralectl.app.serving import serving_for
+def _serving(catalog: Any = None) -> Any:
+    """app/serving.py's Serving, with the catalog this command already loaded (its notes about refused user
+    recipes are printed once)."""
+    from metralectl.app.serving import Serving
     from metralectl.cli.catalog_cmds import _catalog
 
     loaded = [catalog] if catalog is not None else []
@@ -48,7 +68,7 @@ def _serving(direct: bool, catalog: Any = None) -> Any:
             loaded.append(_catalog())
         return loaded[0]
 
-    return serving_for(direct=direct, say=note, catalog=once)
+    return Serving(catalog=once)
 
 
 class _Progress:
@@ -137,12 +157,8 @@ def run(
     no_rdma: bool = typer.Option(False, "--no-rdma", help="Multi-rank: no RDMA devices (/dev/infiniband); NCCL over TCP sockets on the RoCE interface (slower)."),
     rdma_device: str = typer.Option(None, "--rdma-device", metavar="DEV", help="Multi-rank: NCCL_IB_HCA on every rank (with --print; or instead of the RDMA device detected behind the RoCE interface)."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout (the spec with --print, the endpoint otherwise)."),
-    direct: bool = typer.Option(False, "--direct", help=DIRECT_HELP),
 ) -> None:
     """Serve a recipe and wait until it is really ready (--print: show the `docker run` instead).
-
-    While `metralectl agent` runs, a single-node run is its job (it owns launch/swap/stop on the box);
-    the output is the same. `--direct` works without it.
 
     A multi-rank (EP=2) recipe runs on two nodes: `--worker NODE` names the worker's Docker endpoint;
     the RoCE interface and the head's address on it are detected on both nodes (docs/multinode.md).
@@ -190,11 +206,11 @@ def run(
         raise typer.BadParameter(f"{recipe.name} is a single-node recipe; --worker/--head/--no-rdma/--rdma-device are "
                                  "for multi-rank recipes")
     change = Change.run(recipe_name, set_ or [], options, multi)
-    serving = _serving(direct, catalog)
+    serving = _serving(catalog)
     _sigterm_as_interrupt()
     from metralectl.cli.staging_cmds import _Renderer
 
-    with _Renderer() as view:
+    with _Renderer() as view, _ctrl_c_cancels():
         launched = serving.run(change, _Progress(not detach, view))
     if multi is not None:
         from metralectl.cli.multirank_cmds import print_ready_multi
@@ -202,17 +218,6 @@ def run(
         print_ready_multi(launched, as_json)
     else:
         _print_ready(launched, as_json)
-
-
-def ps(
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    repair: bool = typer.Option(False, "--repair", help="Repair an interrupted swap (restore a serving model)."),
-) -> None:
-    """What metralectl is serving: recipe, state, health, uptime, endpoint, image revision."""
-    from metralectl.cli import ps_report
-
-    report = _serving(True).ps(repair=repair, on_event=_Progress(False))
-    ps_report.show(report, as_json)
 
 
 def logs(
@@ -229,7 +234,7 @@ def logs(
 
         lines = failed_start_log(recipe_name, tail)
     else:
-        lines = _serving(True).logs(recipe_name, rank=rank, follow=follow, tail=tail)
+        lines = _serving().logs(recipe_name, rank=rank, follow=follow, tail=tail)
     color = color_enabled(sys.stdout)
     for line in lines:  # the engine's own output: its colours pass when we colour, no other control does
         print(log_line(line, color), flush=follow)
@@ -246,14 +251,14 @@ def stop(
     all_: bool = typer.Option(False, "--all", help="Every metralectl container."),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds between SIGTERM and SIGKILL."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    direct: bool = typer.Option(False, "--direct", help=DIRECT_HELP),
 ) -> None:
     """Stop gracefully (kill after --timeout), verify the container is gone and memory came back."""
     from metralectl.app.serving import Change, StopIncomplete
 
     _sigterm_as_interrupt()
     try:
-        stopped = _serving(direct).stop(Change.stop(recipe_name, all_=all_, timeout_s=timeout), _Progress(False))
+        with _ctrl_c_cancels():
+            stopped = _serving().stop(Change.stop(recipe_name, all_=all_, timeout_s=timeout), _Progress(False))
     except StopIncomplete as exc:  # what was stopped is printed, then the failure
         _print_stopped(exc.stopped, as_json)
         raise
@@ -292,7 +297,6 @@ def swap(
     no_weights_check: bool = typer.Option(False, "--no-weights-check", help="Do not require the new weights in the cache."),
     no_pull: bool = typer.Option(False, "--no-pull", help="Refuse instead of staging a missing image or weights."),
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
-    direct: bool = typer.Option(False, "--direct", help=DIRECT_HELP),
 ) -> None:
     """Replace the served model; if the new one does not become ready, restore the previous one."""
     from metralectl.app.serving import Change
@@ -301,7 +305,7 @@ def swap(
     change = Change.swap(recipe_name, set_ or [], LaunchOptions(stall_timeout_s=stall_timeout, boot_timeout_s=boot_timeout,
                                                                 check_weights=not no_weights_check, pull=not no_pull),
                          drain_timeout)
-    serving = _serving(direct)
+    serving = _serving()
     serving.resolve(change)  # an unknown recipe or a bad --set is refused here, before anything is released
     _sigterm_as_interrupt()
     from metralectl.cli.staging_cmds import _Renderer
@@ -309,7 +313,7 @@ def swap(
     from metralectl.lifecycle.swap import SwapDegraded, SwapRolledBack
 
     try:
-        with _Renderer() as view:
+        with _Renderer() as view, _ctrl_c_cancels():
             result = serving.swap(change, _Progress(False, view))
     except (SwapRolledBack, SwapDegraded) as failed:
         if as_json and failed.result is not None:
@@ -330,7 +334,6 @@ def _print_swap(result: Any, as_json: bool) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
-    app.command("ps")(ps)
     app.command("logs")(logs)
     app.command("stop")(stop)
     app.command("swap")(swap)

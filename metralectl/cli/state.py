@@ -8,7 +8,7 @@ import sys
 from metralectl.present.style import color_enabled, style  # noqa: F401  (re-exported)
 from metralectl.wording import count
 
-TYPE_CHECKING = False  # cli/entry.py's fast answers import this module: no typing, no dataclasses
+TYPE_CHECKING = False  # every command's start imports this module: no dataclasses, no typing at run time
 if TYPE_CHECKING:
     from typing import Callable, NoReturn
 
@@ -19,7 +19,7 @@ DEBUG_ENV = "METRALECTL_DEBUG"  # `1` (or true/yes/on): as --debug, for a comman
 
 
 def debug_from_env() -> bool:
-    """METRALECTL_DEBUG read as METRALECTL_DIRECT is: `0`, `no` or empty leave tracebacks off."""
+    """`1`, `true`, `yes` or `on` turn tracebacks on; `0`, `no` or empty leave them off."""
     return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 

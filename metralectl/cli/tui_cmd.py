@@ -1,18 +1,12 @@
 """`tui`: open the dashboard (also what `metralectl` with no arguments does on a terminal).
 
-Textual and the dashboard are imported inside the command, never at registration.
+A plain Click command, so its first paint waits for neither Typer nor a command module (benchmarks/tui.py);
+Textual and the dashboard are imported inside the command.
 """
 
 from __future__ import annotations
 
-import typer
-
-
-def tui(
-    hardware: str = typer.Option(None, "--hardware", help="Judge recipe fit against this hardware class."),
-) -> None:
-    """Open the dashboard: Serving, Library, Benchmarks and Doctor views (keyboard first; ctrl+p for commands)."""
-    launch(hardware)
+import click
 
 
 def launch(hardware: str | None = None) -> None:
@@ -21,8 +15,11 @@ def launch(hardware: str | None = None) -> None:
 
     code = dashboard.open_on_terminal(hardware)
     if code != ExitCode.OK:
-        raise typer.Exit(code)
+        raise click.exceptions.Exit(code)
 
 
-def register(app: typer.Typer) -> None:
-    app.command("tui")(tui)
+@click.command("tui")
+@click.option("--hardware", help="Judge recipe fit against this hardware class.")
+def tui(hardware: str | None) -> None:
+    """Open the dashboard: Serving, Library, Benchmarks and Doctor views (keyboard first; ctrl+p for commands)."""
+    launch(hardware)

@@ -9,7 +9,6 @@ atomically; any unreadable or stale entry is simply rebuilt.
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 import zlib
 from pathlib import Path
@@ -57,6 +56,8 @@ def _path(key: str) -> Path:
 
 
 def read(key: str) -> object:  # whatever was pickled: the caller checks it is a catalog
+    import pickle  # here, not above: `list` reads this module's fingerprint, not its file
+
     try:
         with open(_path(key), "rb") as handle:
             stored_key, value = pickle.load(handle)
@@ -66,6 +67,8 @@ def read(key: str) -> object:  # whatever was pickled: the caller checks it is a
 
 
 def write(key: str, value: Any) -> None:
+    import pickle
+
     target = _path(key)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

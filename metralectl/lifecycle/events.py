@@ -1,14 +1,11 @@
-"""What the lifecycle reports while it works. The CLI renders these on stderr; the TUI posts them."""
+"""What the lifecycle reports while it works. The CLI renders these on stderr; the TUI posts them; the agent
+numbers them in its job log (to_json) for its page."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from metralectl.core.images import LayerProgress
-    from metralectl.seams.weights import PullEvent
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -83,13 +80,9 @@ def ignore(_: Event) -> None:
     pass
 
 
-# -- JSON: how the agent hands events to the CLI and the dashboard ------------------------------------
+# -- JSON: the agent's job log, numbered events its page follows (docs/agent.md, Events) ---------------------
 # {"kind": CLASS (Warning_ is "Warning"), **fields}; Transfer is {"kind": "Transfer", "transfer": "image" |
 # "weights", "progress": {the LayerProgress / PullEvent fields}} (its own `kind` field would collide).
-EVENT_CLASSES: dict[str, type[Event]] = {cls.__name__.rstrip("_"): cls for cls in (
-    Step, Warning_, Transfer, ContainerStarted, Phase, LogLine, Ready, Failed)}
-
-
 def to_json(event: Any) -> dict[str, Any]:
     """A JSON-ready dict for any lifecycle event (anything else: {"kind": its type, "text": str(it)})."""
     from dataclasses import asdict, is_dataclass
@@ -103,48 +96,3 @@ def to_json(event: Any) -> dict[str, Any]:
     if isinstance(event, Event):
         return {"kind": kind, **asdict(event)}
     return {"kind": kind, "text": str(event)}
-
-
-def _progress(kind: str, body: object) -> LayerProgress | PullEvent:
-    from dataclasses import fields
-
-    cls: type[LayerProgress] | type[PullEvent]
-    if kind == "image":  # images and weights are light at import (their seams are imported inside functions)
-        from metralectl.core.images import LayerProgress
-
-        cls = LayerProgress
-    elif kind == "weights":
-        from metralectl.seams.weights import PullEvent
-
-        cls = PullEvent
-    else:
-        raise ValueError(f"unknown transfer kind {kind!r}")
-    if not isinstance(body, dict):
-        raise ValueError(f"a {kind} transfer without its progress")
-    names = {f.name for f in fields(cls)}
-    try:
-        return cls(**{k: v for k, v in body.items() if k in names})
-    except TypeError as exc:
-        raise ValueError(f"a {kind} transfer's progress does not fit: {exc}") from None
-
-
-def from_json(data: dict[str, Any]) -> Event:
-    """The typed event back from to_json's dict; ValueError for a kind or shape this version does not know.
-
-    Keys this version does not know (seq, t, fields of a newer agent) are ignored."""
-    cls = EVENT_CLASSES.get(str(data.get("kind")))
-    if cls is None:
-        raise ValueError(f"unknown event kind {data.get('kind')!r}")
-    if cls is Transfer:
-        kind = str(data.get("transfer"))
-        return Transfer(kind, _progress(kind, data.get("progress")))
-    from dataclasses import fields
-
-    names = {f.name for f in fields(cls)}
-    values = {k: v for k, v in data.items() if k in names}
-    if cls is Failed:
-        values["last_lines"] = tuple(values.get("last_lines") or ())
-    try:
-        return cls(**values)
-    except TypeError as exc:
-        raise ValueError(f"a {cls.__name__} event that does not fit: {exc}") from None

@@ -10,8 +10,10 @@ container.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from metralectl import cancel
 from metralectl.seams import machine, store, weights_state
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, base_url
@@ -64,20 +66,28 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: 
     on_event(Step("image", info.ref))
     state = runtime.image_state(info.ref, info.revision_label)
     if not state.present and options.pull:
-        images.pull(info, runtime, arch, lambda layer: on_event(Transfer("image", layer)))
+        images.pull(info, runtime, arch, transfer_events("image", on_event))
     images.image_preflight(info, runtime, arch, recipe.name)
     if not options.check_weights:
         return
     on_event(Step("weights", recipe.checkpoint.repo))
     cache = weights_state.checkpoint_state(recipe.checkpoint)
     if cache.status in ("absent", "partial") and options.pull:
-        weights.pull(recipe, lambda event: on_event(Transfer("weights", event)))
+        weights.pull(recipe, transfer_events("weights", on_event))
     elif cache.status == "present":
         on_event(Warning_(f"weights of {recipe.checkpoint.repo} are present but not verified "
                           f"(`metralectl pull {recipe.name}` verifies them)"))
         weights.serving_preflight(recipe, cache)  # a GGUF quant: llama-server must load these very files
         return
     weights.weights_preflight(recipe)
+
+
+def transfer_events(kind: str, on_event: Listener) -> Callable[[object], None]:
+    """A pull's progress as Transfer events; each report is also a place a cancel stops the pull."""
+    def progress(value: object) -> None:
+        cancel.checkpoint()
+        on_event(Transfer(kind, value))
+    return progress
 
 
 def check_containers(recipe: Recipe, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions, *,
@@ -104,7 +114,9 @@ def preflight(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec:
                                                            ignore_running=ignore_running)
     if refused is not None:
         raise refused.error
+    cancel.checkpoint()
     stage(recipe, catalog, runtime, options, on_event)
+    cancel.checkpoint()
     running = check_containers(recipe, runtime, spec, options, ignore_running=ignore_running)
     if not check_port:
         return

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from metralectl import cancel
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import ContainerInfo, container_pids
 
@@ -63,6 +64,6 @@ class NvmlMemoryWatch:
                 if time.monotonic() > deadline:
                     return (f"still held: {sum(held.values()) / 1e9:.1f} GB by PIDs {sorted(held)} {self.wait_s:g} s "
                             "after the stop (`metralectl doctor` lists GPU processes)")
-                time.sleep(self.poll_s)
+                cancel.sleep(self.poll_s)  # the stop's wait: a cancel ends it (the container is gone already)
         finally:
             probe.close()

@@ -12,8 +12,8 @@ from metralectl.core import images
 from metralectl.core.catalog import Catalog
 from metralectl.core.recipe import Recipe
 from metralectl.errors import MetralError
-from metralectl.lifecycle.events import Listener, Step, Transfer, Warning_
-from metralectl.lifecycle.launch import LaunchOptions, stage
+from metralectl.lifecycle.events import Listener, Step, Warning_
+from metralectl.lifecycle.launch import LaunchOptions, stage, transfer_events
 from metralectl.seams import machine, netprobe, weights_state
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def _image_on(node: Node, recipe: Recipe, catalog: Catalog, options: LaunchOptio
         state = node.runtime.image_state(info.ref, info.revision_label)
         if not state.present and options.pull:
             on_event(Step("image", f"{info.ref} is not on {node.label}: pulling it there"))
-            images.pull(info, node.runtime, node.arch, lambda layer: on_event(Transfer("image", layer)))
+            images.pull(info, node.runtime, node.arch, transfer_events("image", on_event))
         images.image_preflight(info, node.runtime, node.arch, recipe.name)
     except MetralError as exc:
         raise MetralError(f"{node.label}: {exc.message}",

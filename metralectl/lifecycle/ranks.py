@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from metralectl import cancel
 from metralectl.core.catalog import Catalog
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID, LABEL_SETS
 from metralectl.core.recipe import Recipe
@@ -106,6 +107,7 @@ def boot(recipe: Recipe, catalog: Catalog, ranks: Sequence[Rank], run_id: str, u
                            r.role, r.where) for r in ranks if r.container is not None]
         phases, ready_at = readiness.wait_ready(watched, url, contract.readiness, clock, on_event,
                                                 answer_timeout_s=answer_timeout_s, network=network)
+        cancel.checkpoint()  # a cancel that came before ready was reported wins: the cleanup below
         with EngineClient(url) as client:
             model = client.served_model()
         elapsed = time.monotonic() - clock.started
@@ -150,6 +152,7 @@ def boot(recipe: Recipe, catalog: Catalog, ranks: Sequence[Rank], run_id: str, u
 
 def _start(rank: Rank, labels: dict[str, str], run_id: str, on_event: Listener) -> None:
     on_event(Step("starting", rank.shown))
+    cancel.checkpoint()
     try:
         rank.container = rank.runtime.create_and_start(rank.spec, labels)
     except RuntimeFailure as exc:
@@ -157,6 +160,7 @@ def _start(rank: Rank, labels: dict[str, str], run_id: str, on_event: Listener) 
         where = f"{rank.label}: " if rank.label else ""
         raise LaunchFailed(Diagnosis(cause, where + exc.message, exc.hint or REMEDIES.get(cause, "")), [],
                            str(rank.log_path)) from None
+    cancel.checkpoint()  # cancelled while the daemon created it: boot's cleanup removes it
     on_event(ContainerStarted(rank.spec.name, rank.container.id, run_id))
 
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from metralectl import cancel
 from metralectl.core.contract import Readiness
 from metralectl.seams.endpoint import EngineClient, Health
 from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, LaunchFailed, clean_line, diagnose_exit
@@ -242,6 +243,7 @@ class _Wait:
     def run(self) -> tuple[dict[str, float], float]:
         seen_changes, next_check, ends_seen, last_end = 0, 0.0, 0, -DRAIN_S
         while True:
+            cancel.checkpoint()  # every tick of the wait (POLL_WAIT_S): a silent boot is cancelled within one
             progressed = self.logs.take(POLL_WAIT_S)
             now = time.monotonic()
             if progressed:

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from metralectl import cancel
 from metralectl.seams import store
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, requests_active
@@ -111,7 +112,7 @@ def drain(url: str, timeout_s: float, on_event: Listener, active_series: tuple[s
             if time.monotonic() - started > timeout_s:
                 on_event(Warning_(f"{count(active, 'request')} still in flight after {timeout_s:g} s; stopping anyway"))
                 break
-            time.sleep(0.2)
+            cancel.sleep(0.2)
     return time.monotonic() - started
 
 
@@ -141,6 +142,7 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerR
     url = old_container.labels.get(LABEL_ENDPOINT, "")
     active_series = catalog.engines[old.engine].metrics.names("requests-active")
     phases["drain"] = drain(url, drain_timeout_s, on_event, active_series) if url and active_series else 0.0
+    cancel.checkpoint()  # the last place a cancel leaves the old model serving
     body["stopped_at"] = time.time()  # wall clock: a repair in another process measures the downtime from it
     _journal("stopping-old", body)
     down_from = time.monotonic()
@@ -176,6 +178,7 @@ def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, ru
              body: dict[str, Any], phases: dict[str, float], down_from: float, failure: LaunchFailed,
              options: LaunchOptions, on_event: Listener) -> SwapResult:
     _journal("restoring", body)
+    cancel.checkpoint()  # cancelled before the rollback boots: the journal says what `ps --repair` restores
     on_event(Warning_(f"{new.name} did not become ready ({failure.diagnosis.cause}); restoring {old.name}"))
     restore_from = time.monotonic()
     spec = spec_for(catalog, old)

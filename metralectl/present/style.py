@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-TYPE_CHECKING = False  # imported on `--help`'s fast path (cli/state.py): typing is not free
+TYPE_CHECKING = False  # imported by every command's start (cli/state.py)
 if TYPE_CHECKING:
     from typing import TextIO
 

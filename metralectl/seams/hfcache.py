@@ -78,8 +78,8 @@ def owned_of_snapshot(snapshot: Path) -> Owned:
 
 
 def folder_name(repo: str) -> str:
-    """`models--ORG--NAME`: one path component whatever the repo says ("/" becomes "--")."""
-    return "models--" + repo.replace("/", "--")
+    """`models--ORG--NAME`: one path component whatever the repo says (paths.hf_repo_folder)."""
+    return paths.hf_repo_folder(repo)
 
 
 def repo_of_folder(name: str) -> str:

@@ -87,6 +87,7 @@ def lock_path() -> Path:
 
 
 UNIT_HOLDER = "bench unit "  # how a peer's benchmark unit names itself as the lock's holder
+AGENT_JOB = " (agent)"  # how the agent's job (one its page started) marks itself: "run qwen (agent)"
 
 
 def busy_because(holder: str) -> Busy:
@@ -94,6 +95,10 @@ def busy_because(holder: str) -> Busy:
         key = holder[len(UNIT_HOLDER):].split(" ", 1)[0]
         return Busy(f"busy: {holder} is in progress on this machine",
                     f"wait for it to finish, or stop it: `metralectl peer units --cancel {key}`")
+    if AGENT_JOB + " (pid " in holder:
+        return Busy(f"busy: {holder} is in progress on this machine",
+                    "wait for the agent's job to finish, or cancel it on the agent's page (`metralectl agent status` "
+                    "shows where)")
     return Busy(f"busy: {holder} is in progress on this machine",
                 "wait for it to finish (`metralectl ps` shows what is serving)")
 

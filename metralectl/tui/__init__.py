@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def open_on_terminal(hardware: str | None = None) -> int:
     """`metralectl tui`: the dashboard on this terminal, or a usage error without one. Typer-free, so the
-    console script's fast path (cli/entry.py) opens it without building the command tree."""
+    plain Click `tui` command (cli/tui_cmd.py) opens it without Typer or any other command module."""
     import sys
 
     from metralectl.errors import ExitCode, UsageError

@@ -198,7 +198,7 @@ class MetralectlApp(App[int]):
         running = [s for s in self.screen_stack if isinstance(s, ProgressScreen) and s.outcome is None]
         for screen in running:
             if screen.plan.cancellable:
-                screen.token.cancel()  # the core cleans up (removes a half-started container) before we exit
+                screen.cancel()  # the core cleans up (removes a half-started container) before we exit
         if running:
             self.notify("cancelling the running action, then quitting…", severity="warning")
         self.exit(0)

@@ -17,7 +17,7 @@ from metralectl.errors import MetralError
 from metralectl.tui.services import BenchProgress, RunDetail, RunSummary, SuiteInfo
 
 if TYPE_CHECKING:
-    from metralectl.tui.cancel import CancelToken
+    from metralectl.cancel import CancelToken
     from metralectl.tui.services import BenchService
 
 NOT_READY = ("running benchmarks from the dashboard needs metralectl.bench's runner, which this build does not "

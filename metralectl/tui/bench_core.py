@@ -13,7 +13,7 @@ from metralectl.tui.bench_adapter import read_detail, read_history, summary_of
 from metralectl.tui.services import BenchProgress, ParamSpec, RunDetail, RunSummary, SuiteInfo
 
 if TYPE_CHECKING:
-    from metralectl.tui.cancel import CancelToken
+    from metralectl.cancel import CancelToken
 
 KINDS = {"ints": "int-list", "floats": "float-list"}
 
@@ -66,7 +66,7 @@ class CoreBench:
         from metralectl.bench.runner import run as run_suite
         from metralectl.bench.suites import get_suite
         from metralectl.bench.target import endpoint_to_measure
-        from metralectl.tui.cancel import Cancelled
+        from metralectl.cancel import Cancelled
 
         total = len(get_suite(suite).stages(params))
         url, found = endpoint_to_measure(None)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from metralectl.doctor.model import CheckResult
     from metralectl.lifecycle.status import StatusReport
     from metralectl.seams.container_runtime import ContainerRuntime
-    from metralectl.tui.cancel import CancelToken
+    from metralectl.cancel import CancelToken
     from metralectl.tui.services import BenchService, TelemetryFeed
 
 LOCK_NOTE = "(dashboard)"
@@ -119,28 +119,22 @@ class CoreServices:
         return make_plan(action, recipe, catalog, self._runtime)
 
     def perform(self, action: Action, name: str | None, on_event: Listener, cancel: CancelToken) -> Outcome:
-        """pull here; run/swap/stop through app/serving.py (the running agent's job when one runs), as the CLI."""
-        from metralectl.app.serving import serving_for
-        from metralectl.tui.cancel import Cancelled
+        """pull here; run/swap/stop through app/serving.py under the lifecycle lock, as the CLI does. `cancel` is
+        bound to this thread: the lifecycle stops at its next event or phase boundary (Cancelled) and cleans up."""
+        from metralectl.app.serving import Serving
         from metralectl.tui.plans import dashboard_change
 
         def emit(event: Any) -> None:
-            cancel.check()
+            cancel.check()  # every event is a place to stop, as every phase boundary is
             on_event(event)
 
-        if action == "pull":
-            catalog = self.catalog()
-            assert name is not None
-            return self._pull(catalog.recipe(name), catalog, emit)
-        change = dashboard_change(action, name)
-        serving = serving_for(catalog=self.catalog, runtime=self._own_runtime, lock_note=LOCK_NOTE,
-                              cancelled=lambda: cancel.cancelled)
-        try:
-            result = serving.apply(change, emit)
-        except KeyboardInterrupt:
-            if cancel.cancelled:
-                raise Cancelled() from None
-            raise
+        with cancel.bound():
+            if action == "pull":
+                catalog = self.catalog()
+                assert name is not None
+                return self._pull(catalog.recipe(name), catalog, emit)
+            serving = Serving(catalog=self.catalog, runtime=self._own_runtime, lock_note=LOCK_NOTE)
+            result = serving.apply(dashboard_change(action, name), emit)
         if action == "run":
             return _run_outcome(result)
         if action == "swap":
@@ -162,14 +156,14 @@ class CoreServices:
 
     # -- serving --------------------------------------------------------------------------------
     def status(self) -> StatusReport:
-        from metralectl.app.serving import DirectServing
+        from metralectl.app.serving import Serving
 
-        return DirectServing(runtime=self._runtime).ps()
+        return Serving(runtime=self._runtime).ps()
 
     def follow_logs(self, container: str, stop: threading.Event) -> Iterator[str]:
-        from metralectl.app.serving import DirectServing
+        from metralectl.app.serving import Serving
 
-        yield from DirectServing(runtime=self._runtime).logs(container=container, follow=True, tail=200, stop=stop)
+        yield from Serving(runtime=self._runtime).logs(container=container, follow=True, tail=200, stop=stop)
 
     def telemetry(self) -> TelemetryFeed:
         from metralectl.tui.telemetry_feed import TopFeed
@@ -187,7 +181,7 @@ class CoreServices:
             ctx.close()
 
 
-# -- outcomes, the same whether the change ran here or as the agent's job --------------------------------
+# -- outcomes --------------------------------------------------------------------------------------------------
 def _run_outcome(launched: Any) -> Outcome:
     return Outcome("run", launched.recipe, "done", f"{launched.recipe} serves on {launched.url}/v1 (model "
                    f"{launched.model or '-'}); ready in {launched.ready_s:.1f} s")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from metralectl.app.library import LibraryRow
     from metralectl.lifecycle.status import StatusReport
     from metralectl.telemetry.view import TopView
-    from metralectl.tui.cancel import CancelToken
+    from metralectl.cancel import CancelToken
 
 Action = Literal["pull", "run", "swap", "stop"]
 ACTIONS: tuple[Action, ...] = ("pull", "run", "swap", "stop")

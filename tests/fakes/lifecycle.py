@@ -1,5 +1,6 @@
 """What the launch and swap tests share: a catalog recipe moved to a port the test owns (tests.ports.own_port),
-a recording listener that can press Ctrl-C on a chosen event, and the event sequence in a form a test can compare."""
+a recording listener that can press Ctrl-C, or cancel a token, on a chosen event, and the event sequence in a
+form a test can compare."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from metralectl.cancel import CancelToken
 from metralectl.core.catalog import Catalog
 from metralectl.core.overrides import apply_sets
 from metralectl.core.recipe import Recipe
@@ -31,17 +33,25 @@ def gb10_runtime() -> FakeRuntime:
 
 @dataclass
 class Recorder:
-    """The listener: keeps every event; raises KeyboardInterrupt (Ctrl-C) at the first event `interrupt_on` accepts."""
+    """The listener: keeps every event; raises KeyboardInterrupt (Ctrl-C) at the first event `interrupt_on` accepts,
+    or cancels `token` there (`cancel_on`: it raises nothing itself; the lifecycle's next check of the token does)."""
 
     interrupt_on: Callable[[Event], bool] | None = None
     events: list[Event] = field(default_factory=list)
     interrupted: Event | None = None
+    cancel_on: Callable[[Event], bool] | None = None
+    token: CancelToken = field(default_factory=CancelToken)
 
     def __call__(self, event: Event) -> None:
         self.events.append(event)
-        if self.interrupt_on is not None and self.interrupted is None and self.interrupt_on(event):
+        if self.interrupted is not None:
+            return
+        if self.interrupt_on is not None and self.interrupt_on(event):
             self.interrupted = event
             raise KeyboardInterrupt
+        if self.cancel_on is not None and self.cancel_on(event):
+            self.interrupted = event
+            self.token.cancel("cancelled by the test")
 
     def marks(self) -> list[str]:
         """The events as short marks, log lines and /health answers left out (how many arrive depends on timing)."""

@@ -58,7 +58,7 @@ def test_a_swap_in_the_middle_of_a_sweep_invalidates_it(box: Box) -> None:
         while time.monotonic() < deadline and not list(runs.glob("*/run.json")):
             time.sleep(0.1)
         time.sleep(2.0)  # the swap's outage and its new model land inside the sweep's three 8 s rungs
-        swapped = box.cli("swap", second, "--direct", timeout=180)
+        swapped = box.cli("swap", second, timeout=180)
         assert swapped.returncode == 0, swapped.stderr
         out, err = sweep.communicate(timeout=180)
     finally:

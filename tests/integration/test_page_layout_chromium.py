@@ -30,7 +30,7 @@ import pytest
 
 from tests.integration.conftest import REPO, Box
 from tests.integration.pngread import near, png_pixels
-from tests.integration.test_agent_routing import RunningAgent, running_agent
+from tests.integration.test_cli_beside_agent import RunningAgent, running_agent
 from tests.integration.test_page_chromium import assert_no_page_errors, browser, wait_for  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]

@@ -6,6 +6,8 @@ real `metralectl agent` on the test Docker daemon (as test_page_layout_chromium.
   without scrolling (element rects inside the viewport at 1280×800 and 1920×1080); clicking it asks nothing
   and sends nothing;
 * FITS `no` shows its reason in the cell (the words of `list`'s footnotes and the dashboard's line);
+* a change the CLI makes itself (not one of the agent's jobs) is said on the Serving card, from the
+  lifecycle lock's holder, while it runs;
 * without the token, the read-only notice is the first card of the page, on its first screen; with it,
   the notice is gone and the runnable recipe's Run is enabled.
 
@@ -14,6 +16,7 @@ Chromium, chromedriver or selenium missing: skipped, except under CI (CI=true), 
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +26,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import Box
-from tests.integration.test_agent_routing import RunningAgent, running_agent
+from tests.integration.test_cli_beside_agent import RunningAgent, running_agent
 from tests.integration.test_page_chromium import assert_no_page_errors, browser, wait_for  # noqa: F401
 from tests.integration.test_page_layout_chromium import set_viewport, wait_for_the_daemon_to_ourselves
 
@@ -88,7 +91,7 @@ def test_what_cannot_run_here_is_disabled_with_the_reason_in_view(browser: Any, 
         (box.config / "images" / "double-ok.yaml").read_text().replace("id: double-ok", "id: double-arm")
         .replace("platform: linux/amd64", "platform: linux/arm64"))
     elsewhere = box.recipe("elsewhere", image="arm")
-    refused = box.cli("run", elsewhere, "--direct")  # what the launch itself says (not as the agent's job)
+    refused = box.cli("run", elsewhere)  # what the launch itself says
     assert refused.returncode == 1 and refused.stderr.startswith("metralectl: image "), refused.stderr
     launch_says = refused.stderr.split("\n")[0].removeprefix("metralectl: ")
     api = page.api_recipes()
@@ -156,4 +159,29 @@ def test_the_read_only_notice_is_the_first_thing_on_the_page(browser: Any, page:
         assert runs, "without the token every action is disabled"
     driver.get(f"{page.origin}/#token={page.token}")
     wait_for(driver, 30, lambda d: not d.execute_script(NOTICE)["shown"], "the notice did not go with the token")
+    assert_no_page_errors(driver)
+
+
+def test_a_change_the_cli_makes_is_said_on_the_page(browser: Any, page: Page) -> None:  # noqa: F811
+    """The CLI does its change itself, not as one of the agent's jobs: the page still says what is happening on
+    this machine (the lifecycle lock's holder, from GET /api/serving), and stops saying it once it has ended."""
+    driver, box = browser, page.box
+    slow = box.recipe("slow", image="slow")  # loads for 30 s without a word
+    driver.get("about:blank")
+    driver.get_log("browser")
+    driver.get(f"{page.origin}/#token={page.token}")
+    wait_for(driver, 30, lambda d: d.execute_script(ROW, TWO_RANKS) is not None, "the recipes")
+    assert not driver.find_element("id", "serving-busy").is_displayed()
+    run = box.popen("run", slow)
+    try:
+        box.wait_for_container()
+        said = wait_for(driver, 10, lambda d: d.find_element("id", "serving-busy").is_displayed()
+                        and d.find_element("id", "serving-busy").text, "the CLI's run shown as in progress")
+        assert said == f"In progress on this machine: run {slow} (pid {run.pid})", said
+    finally:
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    wait_for(driver, 10, lambda d: not d.find_element("id", "serving-busy").is_displayed(), "the line gone once it ended")
+    assert page.agent.jobs() == [] and box.containers() == []
     assert_no_page_errors(driver)

@@ -99,7 +99,7 @@ def test_ps_shows_hostile_labels_escaped(containers: list[str], busybox: str, ho
         LABEL_RECIPE: "recipe " + HOSTILE, LABEL_RUN_ID: "run " + HOSTILE, LABEL_ENDPOINT: hostile_endpoint,
         LABEL_ENGINE: "engine " + HOSTILE, LABEL_SPEC_HASH: HOSTILE, LABEL_SETS: "a=1\x1fb=" + HOSTILE}))
     _start(containers, busybox, {**_labels(**{LABEL_RECIPE: "owner", LABEL_ENDPOINT: "-"}), LABEL_OWNER: HOSTILE})
-    for args in (["ps"], ["ps", "--repair"]):  # the fast path (no Typer) and the Typer one
+    for args in (["ps"], ["ps", "--repair"]):  # the report alone, and through the serving use case
         ran = ptyterm.run(args, env)
         assert ran.code == 0, ran.text
         assert_safe(ran, color=color, shows=("recipe \\x1b]0;PWNED\\x07", "\\u202eevil\\u200bname"))

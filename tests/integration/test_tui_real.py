@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from metralectl.seams import store
 from tests.integration.conftest import Box
 from tests.unit.tui.conftest import until
 
@@ -91,6 +92,7 @@ def test_cancel_a_silent_boot_removes_the_container(tui_box: Box) -> None:
             await until(pilot, lambda: progress.outcome is not None, timeout=30, what="cancelled")
             assert progress.outcome.status == "cancelled"
         assert tui_box.containers() == []
+        assert store.lock_holder() is None  # the lock the action took is free again
 
     asyncio.run(scenario())
 

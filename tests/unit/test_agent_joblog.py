@@ -193,20 +193,6 @@ def test_without_the_quieting_httpx_would_log_each_request(caplog: pytest.LogCap
     assert [r for r in caplog.records if r.name == "httpx"]
 
 
-def test_the_cli_names_itself_to_the_agent(server: tuple[LocalApiServer, Ops], caplog: pytest.LogCaptureFixture) -> None:
-    """A job the CLI or the dashboard started through the agent is logged with metralectl's own client name."""
-    import os
-
-    from metralectl.app.agent_client import AgentClient
-
-    api, ops = server
-    ops.release.set()
-    caplog.set_level(logging.INFO, logger="metralectl")
-    job = AgentClient(api.port, TOKEN, os.getpid()).start("run", {"recipe": "qwen3-8b"})
-    start, end = _job_lines(caplog, str(job["id"]), 2)
-    assert "(metralectl/" in start.getMessage() and f"(pid {os.getpid()}))" in end.getMessage()
-
-
 def test_a_change_refused_before_any_job_is_logged(server: tuple[LocalApiServer, Ops],
                                                    caplog: pytest.LogCaptureFixture) -> None:
     api, _ = server

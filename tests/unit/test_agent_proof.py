@@ -107,7 +107,7 @@ def test_a_stale_agent_json_never_hands_the_token_to_another_listener(token: str
         client = running_agent()
         assert client is not None and client.token == token
         with pytest.raises(NotOurAgent) as refused:
-            client.start("run", {"recipe": "some-recipe"})
+            client.cancel_unit("some-unit")
         _no_token_sent(impostor, token)
         assert "could not prove it holds this box's agent token" in refused.value.message
         assert "the token was not sent" in refused.value.message
@@ -124,7 +124,7 @@ def test_a_relay_to_the_real_agent_on_another_port_fails_the_proof(token: str) -
     impostor = Impostor(relay_to=agent.port)
     try:
         with pytest.raises(NotOurAgent):
-            AgentClient(impostor.port, token, os.getpid()).start("run", {"recipe": "some-recipe"})
+            AgentClient(impostor.port, token, os.getpid()).cancel_unit("some-unit")
         _no_token_sent(impostor, token)
         assert impostor.seen[0][1].startswith("/api/agent?challenge=")  # it did relay the challenge
     finally:
@@ -158,7 +158,8 @@ def test_the_cli_refuses_in_words_and_sends_nothing(token: str, isolated_env: Pa
     impostor = Impostor()
     try:
         _record(impostor.port, os.getpid())
-        out = subprocess.run([sys.executable, "-m", "metralectl", "stop"], capture_output=True, text=True, cwd=REPO,
+        out = subprocess.run([sys.executable, "-m", "metralectl", "peer", "units", "--cancel", "some-unit"],
+                             capture_output=True, text=True, cwd=REPO,
                              timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert out.returncode == 69, out.stderr
         assert "could not prove it holds this box's agent token" in out.stderr

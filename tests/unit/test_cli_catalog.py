@@ -192,19 +192,17 @@ def test_debug_shows_traceback_only_when_asked(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_says_interrupted_and_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Typer turns KeyboardInterrupt into a silent Exit(130); the boundary still tells the operator."""
-    import click
-    import typer
-
+    """Ctrl-C inside a command, a plain Click one (`list`) or one Typer built (`show`): one line, exit 130."""
+    from metralectl.cli import catalog_list
     from metralectl.cli import main as cli_main
-    class Interrupted:
-        def main(self, **kw: object) -> None:
-            try:
-                raise KeyboardInterrupt
-            except KeyboardInterrupt as exc:
-                raise click.exceptions.Exit(130) from exc
+    from metralectl.present import show_view
 
-    monkeypatch.setattr(typer.main, "get_command", lambda app: Interrupted())
-    with pytest.raises(SystemExit) as exited:
-        cli_main.main(["list"])
-    assert exited.value.code == 130 and "metralectl: interrupted" in capsys.readouterr().err
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(catalog_list, "list_recipes", interrupted)
+    monkeypatch.setattr(show_view, "as_text", interrupted)
+    for argv in (["list"], ["show", "demo-cpu"]):
+        with pytest.raises(SystemExit) as exited:
+            cli_main.main(argv)
+        assert exited.value.code == 130 and capsys.readouterr().err == "metralectl: interrupted\n", argv

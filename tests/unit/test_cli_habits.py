@@ -41,7 +41,7 @@ def test_a_typo_gets_one_suggestion() -> None:
 
 def test_ls_and_version_are_list_and_dash_dash_version() -> None:
     assert cli("ls", "--json").stdout == cli("list", "--json").stdout
-    # through Typer too (an option the fast path leaves to Click)
+    # with a root option before the command too
     assert json.loads(cli("--debug", "ls", "--json").stdout) == json.loads(cli("list", "--json").stdout)
     version = cli("version")
     assert version.returncode == 0 and version.stdout == cli("--version").stdout
@@ -163,9 +163,8 @@ NO_JSON = {("logs",): "the engine's own log text", ("tui",): "a screen", ("compl
 
 def _leaf_commands() -> list[tuple[tuple[str, ...], set[str]]]:
     import click
-    import typer.main
 
-    from metralectl.cli.main import app
+    from metralectl.cli.main import build_command
 
     found: list[tuple[tuple[str, ...], set[str]]] = []
 
@@ -176,7 +175,7 @@ def _leaf_commands() -> list[tuple[tuple[str, ...], set[str]]]:
         else:
             found.append((path, {o for p in command.params for o in getattr(p, "opts", [])}))
 
-    walk(typer.main.get_command(app), ())
+    walk(build_command(), ())
     return found
 
 

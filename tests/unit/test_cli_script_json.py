@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from metralectl.app.serving_direct import Stopped
+from metralectl.app.serving import Stopped
 from metralectl.cli import ps_report
 from metralectl.cli.serve_cmds import _print_stopped
 from metralectl.lifecycle import ps_memory

@@ -1,12 +1,14 @@
-"""cli/entry.py's fast answers (`--version`, cached `--help`, plain `list`) against the Typer app itself.
+"""The console script's start: one command line (cli/main.py's root group, commands loaded from the table in
+cli/commands.py), and what the commands whose start is timed load and answer.
 
-Each case runs twice as a real process: once through cli/main.py (Click and Typer, as before the fast
-paths existed) and once through `python -m metralectl` (cli/entry.py); stdout, stderr and the exit
-code must be the same bytes. Speed is measured in benchmarks/cold_start.py, not here.
+`--help`, `--version`, `list`, `ps` and `tui` load neither Typer nor YAML nor any command module but their own,
+in every spelling Click accepts; their answers to bad command lines are held to golden expectations (the bytes
+Click and the boundary give, exit codes included). Speed is measured in benchmarks/cold_start.py, not here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -15,115 +17,99 @@ from pathlib import Path
 
 import pytest
 
+from metralectl import __version__
+from metralectl.errors import ExitCode
+
 from tests.unit.recipe_helpers import REPO
 
-FULL = "import sys\nfrom metralectl.cli.main import main\nmain(sys.argv[1:])\n"
 LOADED = ("import sys, runpy\n"
           "sys.argv = ['metralectl', *sys.argv[1:]]\n"
           "try:\n    runpy.run_module('metralectl', run_name='__main__')\n"
           "except SystemExit:\n    pass\n"
-          "print('LOADED=' + ','.join(m for m in ('click', 'typer', 'yaml') if m in sys.modules), file=sys.stderr)\n")
+          "print('LOADED=' + ','.join(m for m in WATCHED if m in sys.modules), file=sys.stderr)\n")
+COMMAND_MODULES = ("metralectl.cli.catalog_cmds", "metralectl.cli.serve_cmds", "metralectl.cli.staging_cmds",
+                   "metralectl.cli.habit_cmds", "metralectl.cli.bench_cmds", "metralectl.cli.agent_cmds",
+                   "metralectl.cli.doctor_cmd", "metralectl.cli.top_cmd")
+HEAVY = ("docker", "textual", "httpx", "huggingface_hub", "pynvml")
 
 
-def run(code: str | None, args: list[str], columns: str = "100") -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "metralectl", *args]
-    env = {**os.environ, "COLUMNS": columns}
-    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+def run(args: list[str], columns: str = "100", env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "metralectl", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "COLUMNS": columns, **(env or {})}, stdin=subprocess.DEVNULL, timeout=120)
 
 
-def loaded(args: list[str]) -> str:
-    out = run(LOADED, args)
+def loaded(args: list[str], watched: tuple[str, ...], env: dict[str, str] | None = None) -> str:
+    code = f"WATCHED = {watched!r}\n" + LOADED
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=120)
     return out.stderr.rsplit("LOADED=", 1)[1].strip()
 
 
-def same(left: subprocess.CompletedProcess[str], right: subprocess.CompletedProcess[str]) -> None:
-    assert (left.returncode, left.stdout, left.stderr) == (right.returncode, right.stdout, right.stderr)
+def usage(path: str, error: str, usage_line: str = "[OPTIONS]") -> str:
+    command = f"metralectl {path}".strip()
+    return f"Usage: {command} {usage_line}\nTry '{command} --help' for help.\n\nError: {error}\n"
+
+
+ROOT_USAGE = "[OPTIONS] [COMMAND] [ARGS]..."
+# argv -> (exit code, stdout, stderr): what the Typer app answered before the root became plain Click
+GOLDEN: list[tuple[list[str], int, str, str]] = [
+    (["--version"], 0, f"metralectl {__version__}\n", ""),
+    (["version"], 0, f"metralectl {__version__}\n", ""),
+    (["list", "--hardware"], ExitCode.USAGE, "", "Error: Option '--hardware' requires an argument.\n"),
+    (["list", "--bogus"], ExitCode.USAGE, "", usage("list", "No such option '--bogus'.")),
+    (["list", "extra"], ExitCode.USAGE, "", usage("list", "Got unexpected extra argument (extra)")),
+    (["ls", "--bogus"], ExitCode.USAGE, "", usage("ls", "No such option '--bogus'.")),
+    (["list", "--hardware", "h100"], ExitCode.USAGE, "",
+     "metralectl: unknown hardware class 'h100'\n    hint: known: cpu, gb10, hopper, b200\n"),
+    (["list", "--hardware", "--json"], ExitCode.USAGE, "",
+     "metralectl: unknown hardware class '--json'\n    hint: known: cpu, gb10, hopper, b200\n"),
+    (["tui"], ExitCode.USAGE, "",
+     "metralectl: the dashboard needs a terminal (stdin and stdout)\n    hint: the other commands work without one\n"),
+    (["tui", "--hardware"], ExitCode.USAGE, "", "Error: Option '--hardware' requires an argument.\n"),
+    (["tui", "--bogus"], ExitCode.USAGE, "", usage("tui", "No such option '--bogus'.")),
+    (["--bogus"], ExitCode.USAGE, "", usage("", "No such option '--bogus'.", ROOT_USAGE)),
+    (["--version", "--bogus"], ExitCode.USAGE, "", usage("", "No such option '--bogus'.", ROOT_USAGE)),
+    (["bogus"], ExitCode.USAGE, "", usage("", "No such command 'bogus'. Did you mean 'logs'?", ROOT_USAGE)),
+    (["--debug", "lst"], ExitCode.USAGE, "", usage("", "No such command 'lst'. Did you mean 'list'?", ROOT_USAGE)),
+    (["show"], ExitCode.USAGE, "", usage("show", "Missing argument 'RECIPE'.", "[OPTIONS] RECIPE")),
+    (["ps", "--bogus"], ExitCode.USAGE, "", usage("ps", "No such option '--bogus'.")),
+    (["ps", "--json", "--bogus"], ExitCode.USAGE, "", usage("ps", "No such option '--bogus'.")),
+]
+
+
+@pytest.mark.parametrize("args,code,stdout,stderr", GOLDEN, ids=[" ".join(g[0]) for g in GOLDEN])
+def test_answers_to_bad_and_plain_command_lines(args: list[str], code: int, stdout: str, stderr: str) -> None:
+    out = run(args)
+    assert (out.returncode, out.stdout, out.stderr) == (code, stdout, stderr)
 
 
 @pytest.mark.parametrize("args", [
-    ["--version"], ["list"], ["list", "--json"], ["list", "--hardware", "hopper", "--only"],
-    ["list", "--hardware=hopper", "--tag", "ep2", "--json"], ["list", "--tag=", "--json"],
-    ["list", "--hardware", "h100"],  # a MetralError through the shared boundary: its code, the same words
-    ["list", "--hardware"], ["list", "--hardware", "--json"], ["list", "--bogus"], ["list", "extra"],
-    ["version"], ["ls"], ["ls", "--json", "--tag", "ep2"], ["ls", "--bogus"],  # the aliases docker/ollama users type
-    ["tui"], ["tui", "--hardware", "gb10"], ["tui", "--hardware=gb10"],  # no terminal here: the same usage error
+    ["--help"], ["-h"], ["--version"], [],  # no terminal: the root's help
+    ["list"], ["ls"], ["list", "--json", "--hardware", "gb10"], ["list", "--hardware=hopper", "--tag", "ep2", "--only"],
+    ["--debug", "list"], ["list", "--bogus"], ["list", "-h"], ["tui", "--help"], ["tui", "--hardware=gb10"], ["bogus"],
 ])
-def test_fast_answers_are_the_apps_answers(args: list[str]) -> None:
-    same(run(FULL, args), run(None, args))
+def test_the_timed_starts_load_no_typer_no_yaml_no_other_command(args: list[str]) -> None:
+    run(["list"])  # the first `list` parses the YAML and fills the catalog cache
+    assert loaded(args, ("typer", "yaml", *COMMAND_MODULES, *HEAVY)) == "", args
 
 
-def test_help_from_the_cache_is_clicks_help_and_follows_the_width() -> None:
-    clicks = run(FULL, ["--help"])
-    assert clicks.returncode == 0 and "Usage: metralectl" in clicks.stdout
-    same(clicks, run(None, ["--help"]))  # cli/main.py filled the cache: this one was read from it
-    assert loaded(["--help"]) == ""  # ... without Click
-    same(clicks, run(None, ["-h"]))
-    narrow = run(None, ["--help"], columns="60")  # another width: a miss, rendered by Click for 60 columns
-    same(run(FULL, ["--help"], columns="60"), narrow)
-    assert narrow.stdout != clicks.stdout
+@pytest.mark.parametrize("args", [["ps"], ["ps", "--json"], ["--debug", "ps", "--json"], ["ps", "-h"]])
+def test_ps_loads_no_typer_no_yaml_no_other_command_and_no_docker_py(args: list[str], tmp_path: Path) -> None:
+    watched = ("typer", "yaml", "docker", "requests", "paramiko", "httpx", "metralectl.app.serving", *COMMAND_MODULES)
+    assert loaded(args, watched, env={"DOCKER_HOST": f"unix://{tmp_path}/nobody.sock"}) == "", args
 
 
-def test_a_refused_user_recipe_gives_the_same_exit_and_words(isolated_env: Path) -> None:
+def test_a_typer_command_loads_its_own_module_only() -> None:
+    assert loaded(["show", "demo-cpu", "--json"], ("typer", *COMMAND_MODULES)) == "typer,metralectl.cli.catalog_cmds"
+    assert loaded(["bench", "list", "--help"], COMMAND_MODULES) == "metralectl.cli.bench_cmds"
+
+
+def test_a_refused_user_recipe_gives_its_exit_and_words(isolated_env: Path) -> None:
     user = isolated_env / "config" / "recipes"
     user.mkdir(parents=True)
     (user / "broken.yaml").write_text("extends: qwen3.5-35b-a3b\nname: broken\nserve:\n  max-seq-len: lots\n")
-    fast = run(None, ["list"])
-    from metralectl.errors import ExitCode
-
-    assert fast.returncode == ExitCode.DATA and "must be an integer" in fast.stderr
-    same(run(FULL, ["list"]), fast)
-
-
-def test_fast_answers_load_neither_click_nor_typer_nor_yaml() -> None:
-    run(None, ["--help"])
-    run(None, ["list"])  # the first `list` parses the YAML and fills the catalog cache
-    for args in (["--help"], ["--version"], ["version"], ["list"], ["ls"], ["list", "--json", "--hardware", "gb10"]):
-        assert loaded(args) == "", args
-    assert loaded(["list", "--debug"]) == "click,typer", "anything else goes through the Typer app"
-
-
-def test_list_options_as_click_reads_them() -> None:
-    from metralectl.cli.entry import _list_options
-
-    assert _list_options(["list"]) == {"hardware": None, "tag": [], "only_hardware": False, "as_json": False}
-    assert _list_options(["list", "--tag", "a", "--tag=b", "--hardware", "x", "--hardware=y", "--only"]) == \
-        {"hardware": "y", "tag": ["a", "b"], "only_hardware": True, "as_json": False}
-    for undecided in (["show"], ["list", "--hardware"], ["list", "--tag", "-x"], ["list", "--json=1"],
-                      ["list", "--help"], ["list", "-h"], ["list", "--", "x"], ["--debug", "list"]):
-        assert _list_options(undecided) is None, undecided
-
-
-def test_tui_options_as_click_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    from metralectl.cli.entry import _tui_options
-
-    assert _tui_options(["tui"]) == {"hardware": None}
-    assert _tui_options(["tui", "--hardware", "gb10"]) == _tui_options(["tui", "--hardware=gb10"]) == {"hardware": "gb10"}
-    for undecided in (["tui", "--hardware"], ["tui", "--hardware="], ["tui", "--hardware", "-x"], ["tui", "--help"],
-                      ["tui", "extra"], ["tui", "--hardware", "a", "--hardware", "b"], ["--debug", "tui"], ["top"]):
-        assert _tui_options(undecided) is None, undecided
-    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: False, raising=False)
-    assert _tui_options([]) is None  # no terminal: the root prints its help, through Typer
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
-    assert _tui_options([]) == {"hardware": None}
-
-
-def test_help_cache_key_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from metralectl.cli import help_cache
-
-    (tmp_path / "a.py").write_text("x = 1\n")
-    before = help_cache.key(tmp_path)
-    (tmp_path / "a.py").write_text("x = 22\n")
-    assert help_cache.key(tmp_path) != before  # a command module changed: its help may have
-    monkeypatch.setenv("COLUMNS", "100")
-    help_cache.write("wide\n")
-    assert help_cache.read() == "wide\n"
-    monkeypatch.setenv("COLUMNS", "61")
-    assert help_cache.read() is None
-    stored = next(Path(os.environ["METRALECTL_CACHE_DIR"]).glob("help-*.txt"))
-    monkeypatch.setenv("COLUMNS", "100")
-    stored.write_text("someone else's key\nwide\n")  # a file under our name but not our key
-    assert help_cache.read() is None
+    out = run(["list"])
+    assert out.returncode == ExitCode.DATA and "must be an integer" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_catalog_cache_checks_the_whole_key(tmp_path: Path) -> None:
@@ -139,17 +125,16 @@ def test_catalog_cache_checks_the_whole_key(tmp_path: Path) -> None:
     assert catalog_cache.read("key one") is None
 
 
-def test_list_rows_from_the_store_are_the_catalogs_and_weights_are_read_live(isolated_env: Path) -> None:
-    import json
-
+def test_list_rows_from_the_store_are_the_catalogs_and_weights_are_read_live(isolated_env: Path,
+                                                                            tmp_path: Path) -> None:
     from metralectl.app import library
     from metralectl.core.catalog import load_catalog
     from metralectl.seams import hfcache
 
-    computed = run(None, ["list", "--json"])  # nothing stored yet: from the catalog, then stored
-    assert list(Path(os.environ["METRALECTL_CACHE_DIR"]).glob("library-*.pickle"))
-    stored = run(None, ["list", "--json"])
-    same(computed, stored)
+    computed = run(["list", "--json"])  # nothing stored yet: from the catalog, then stored
+    assert list(Path(os.environ["METRALECTL_CACHE_DIR"]).glob("library-*"))
+    stored = run(["list", "--json"])
+    assert (computed.returncode, computed.stdout, computed.stderr) == (stored.returncode, stored.stdout, stored.stderr)
     catalog = load_catalog()
     expected = [json.loads(json.dumps(r.to_json())) for r in library.rows(catalog, library.choose_target(catalog, None))]
     assert json.loads(stored.stdout)["recipes"] == expected  # what app/library.py computes, field for field
@@ -157,35 +142,50 @@ def test_list_rows_from_the_store_are_the_catalogs_and_weights_are_read_live(iso
     blobs = hfcache.repo_dir(flagship) / "blobs"
     blobs.mkdir(parents=True)
     (blobs / "x.incomplete").write_bytes(b"")  # a download under way: the weights column must say so now
-    weights = {r["name"]: r["weights"] for r in json.loads(run(None, ["list", "--json"]).stdout)["recipes"]}
+    weights = {r["name"]: r["weights"] for r in json.loads(run(["list", "--json"]).stdout)["recipes"]}
     assert weights["qwen3.5-35b-a3b"] == "partial" and "partial" not in {
         r["weights"] for r in json.loads(stored.stdout)["recipes"] if r["repo"] == flagship}
     user = isolated_env / "config" / "recipes"
     user.mkdir(parents=True)
     (user / "mine.yaml").write_text("extends: qwen3.5-35b-a3b\nname: mine\n")  # new data: the store misses
-    names = [r["name"] for r in json.loads(run(None, ["list", "--json"]).stdout)["recipes"]]
+    names = [r["name"] for r in json.loads(run(["list", "--json"]).stdout)["recipes"]]
     assert "mine" in names
-    same(run(FULL, ["list", "--tag", "ep2"]), run(None, ["list", "--tag", "ep2"]))
+    from_store = run(["list", "--tag", "ep2"])
+    empty = tmp_path / "empty-cache"
+    empty.mkdir()
+    from_catalog = run(["list", "--tag", "ep2"], env={"METRALECTL_CACHE_DIR": str(empty)})
+    assert (from_store.returncode, from_store.stdout, from_store.stderr) == \
+        (from_catalog.returncode, from_catalog.stdout, from_catalog.stderr)
 
 
 def test_list_from_the_store_loads_no_catalog_types() -> None:
-    run(None, ["list"])
-    code = LOADED.replace("('click', 'typer', 'yaml')", "('click', 'typer', 'yaml', 'metralectl.core.catalog', "
-                          "'metralectl.core.recipe', 'metralectl.core.hardware', 'metralectl.app.library')")
-    out = run(code, ["list"])
+    run(["list"])
+    watched = ("typer", "yaml", "metralectl.core.catalog", "metralectl.core.recipe", "metralectl.core.hardware",
+               "metralectl.app.library")
+    assert loaded(["list"], watched) == ""
+
+
+def test_list_with_nothing_cached_loads_no_cache_reader_and_no_platformdirs(tmp_path: Path) -> None:
+    """The config and cache dirs from XDG (no METRALECTL_* overrides) and no weights in the hub: no platformdirs, no
+    HF cache readers, no pickle or json for the table (each import is part of what `list` costs before it answers)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("METRALECTL_CONFIG_DIR", "METRALECTL_CACHE_DIR")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    watched = ("platformdirs", "pickle", "json", "metralectl.seams.hfcache", "metralectl.seams.gguf_cache",
+               "metralectl.core.catalog")
+    for _ in range(2):  # the first stores the rows (and loads the catalog), the second reads them
+        out = subprocess.run([sys.executable, "-c", f"WATCHED = {watched!r}\n" + LOADED, "list"], capture_output=True,
+                             text=True, cwd=REPO, env=env, stdin=subprocess.DEVNULL, timeout=120)
     assert out.stderr.rsplit("LOADED=", 1)[1].strip() == ""
+    assert list((tmp_path / "cache" / "metralectl").glob("library-*"))
 
 
-def test_a_reader_that_left_ends_both_paths_alike() -> None:
-    """The reader leaves before a byte is written (`list --json` is bigger than a pipe's buffer when it
-    is; here the pipe is closed first): the fast answer ends as Click ends the Typer app's."""
-    big = ["list", "--json"]
-    ends = []
-    for argv in ([sys.executable, "-c", FULL, *big], [sys.executable, "-m", "metralectl", *big],
-                 [sys.executable, "-c", FULL, "--help"], [sys.executable, "-m", "metralectl", "--help"]):
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
-        assert proc.stdout is not None and proc.stderr is not None
-        proc.stdout.close()
-        err = proc.stderr.read().decode()
-        ends.append((proc.wait(timeout=120), "Traceback" in err, "Exception ignored" in err))
-    assert ends[0] == ends[1] and ends[2] == ends[3], ends
+@pytest.mark.parametrize("args", [["list", "--json"], ["--help"], ["show", "demo-cpu", "--json"]])
+def test_a_reader_that_left_ends_with_failed_and_no_traceback(args: list[str]) -> None:
+    """The reader leaves before a byte is written (the pipe is closed first): exit 1, nothing on stderr, as
+    Click ends a command whose output has nowhere to go."""
+    proc = subprocess.Popen([sys.executable, "-m", "metralectl", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert (proc.wait(timeout=120), err) == (ExitCode.FAILED, "")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from metralectl import paths
 from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, LABEL_RECIPE, LABEL_SETS, owner
@@ -70,9 +70,9 @@ def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRuntime]:
 
 
 def invoke(*args: str) -> tuple[int, dict[str, Any], str]:
-    from metralectl.cli.main import app
+    from metralectl.cli.main import cli
 
-    out = CliRunner().invoke(app, [*args, "--yes", "--json"])
+    out = CliRunner().invoke(cli, [*args, "--yes", "--json"])
     return out.exit_code, json.loads(out.stdout), out.stderr
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from metralectl.doctor import CHECKS, CheckResult, exit_code, run_checks
 from metralectl.doctor.model import Check, Finding, counts, ok, problem, skipped, warn
@@ -100,9 +100,9 @@ def _patch(monkeypatch: pytest.MonkeyPatch, results: list[CheckResult]) -> None:
 
 
 def invoke(*args: str) -> Any:
-    from metralectl.cli.main import app
+    from metralectl.cli.main import cli
 
-    return CliRunner().invoke(app, ["doctor", *args])
+    return CliRunner().invoke(cli, ["doctor", *args])
 
 
 def test_cli_exit_code_and_text(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,7 +41,7 @@ def readme_table() -> set[str]:
 
 def test_the_readme_table_names_every_variable_the_package_reads() -> None:
     read = read_by_the_package()
-    assert {"METRALECTL_CONFIG_DIR", "METRALECTL_DEBUG", "METRALECTL_DIRECT"} <= read, read  # the scan sees them
+    assert {"METRALECTL_CONFIG_DIR", "METRALECTL_DEBUG", "METRALECTL_LOCK_DIR"} <= read, read  # the scan sees them
     missing = sorted(read - readme_table() - set(INTERNAL))
     assert not missing, f"README.md's Environment table lacks {missing}"
     assert not set(INTERNAL) & readme_table()
@@ -52,10 +52,10 @@ FAIL = ("import sys\n"
         "import metralectl.present.show_view as show\n"
         "def boom(*a, **k):\n    raise ZeroDivisionError('planted')\n"
         "listing.list_recipes = boom\nshow.as_text = boom\n"
-        "from metralectl.cli.entry import main\nmain(sys.argv[1:])\n")
+        "from metralectl.cli.main import main\nmain(sys.argv[1:])\n")
 
 
-@pytest.mark.parametrize("args", [["list"], ["show", "qwen3.5-35b-a3b"]], ids=["fast path", "typer path"])
+@pytest.mark.parametrize("args", [["list"], ["show", "qwen3.5-35b-a3b"]], ids=["click command", "typer command"])
 @pytest.mark.parametrize("value, traceback", [("1", True), ("yes", True), ("0", False), ("", False)])
 def test_metralectl_debug(args: list[str], value: str, traceback: bool) -> None:
     out = subprocess.run([sys.executable, "-c", FAIL, *args], capture_output=True, text=True, cwd=REPO,

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("core",),
     ("joblog",),
     ("ownedfs", "filecap"),
-    ("errors", "paths", "safetext", "atomicfile", "wording", "__init__"),
+    ("errors", "paths", "safetext", "atomicfile", "wording", "cancel", "__init__"),
 ]
 
 # Cycles between modules that are deliberate; each says why (docs/ARCHITECTURE.md, "Cycles").

@@ -1,7 +1,7 @@
 """`list` says why FITS is not yes (issue 28, item 6): each `no`/`?` cell carries the mark of its reason and each
 distinct reason is one footnote under the table (stderr, with the other notes) — the words of `--json`'s
 `fits_reason`, of the dashboard's line and of the page (app/library_words.py). A plain `list` answered from
-the stored rows (cli/entry.py, app/library_cache.py) says them too, without loading the catalog."""
+the stored rows (cli/catalog_list.py, app/library_cache.py) says them too, without loading the catalog."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from metralectl.cli import serve_cmds
+from metralectl.cli import ps_report, serve_cmds
 from metralectl.errors import MetralError
 from metralectl.lifecycle import deployment
 from metralectl.seams import docker_runtime
@@ -26,7 +26,7 @@ def _cli_runtime(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
 
 def test_ps_closes_its_runtime(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     rt = _cli_runtime(monkeypatch)
-    serve_cmds.ps(as_json=True, repair=False)
+    ps_report.ps(as_json=True)
     assert '"serving": []' in capsys.readouterr().out and rt.closed == 1
 
 
@@ -39,7 +39,7 @@ def test_logs_closes_its_runtime_when_nothing_is_served(monkeypatch: pytest.Monk
 
 def test_stop_closes_its_runtime(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     rt = _cli_runtime(monkeypatch)
-    serve_cmds.stop(recipe_name=None, all_=False, timeout=1.0, as_json=False, direct=True)  # type: ignore[arg-type]
+    serve_cmds.stop(recipe_name=None, all_=False, timeout=1.0, as_json=False)  # type: ignore[arg-type]
     assert rt.closed == 1
 
 

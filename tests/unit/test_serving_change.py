@@ -1,4 +1,5 @@
-"""The Change value (the agent's job body), the one routing rule, and a stop's one meaning (app/serving.py)."""
+"""The Change value (read from the agent's job body, as its page sends it), and a stop's one meaning
+(app/serving.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from metralectl.app.serving import Change, DirectServing, MultiRank, Stopped, routable, select_stop
+from metralectl.app.serving import Change, MultiRank, Serving, Stopped, select_stop
 from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, LABEL_RANK, LABEL_RECIPE, LABEL_RUN_ID, owner
 from metralectl.errors import ExitCode, UsageError
 from metralectl.lifecycle import deployment
@@ -17,17 +18,20 @@ from metralectl.seams.docker_runtime import ContainerInfo
 from tests.fakes.runtime import FakeRuntime
 
 
-@pytest.mark.parametrize("change", [
-    Change.run("r", ["serve.max-seq-len=4096"], LaunchOptions(replace=True, keep_failed=True, stall_timeout_s=12,
-                                                              boot_timeout_s=50, check_weights=False, pull=False)),
-    Change.run("r"),
-    Change.swap("r", ("a=1",), LaunchOptions(stall_timeout_s=5, boot_timeout_s=None, pull=False), drain_timeout_s=7),
-    Change.stop(), Change.stop("r", all_=True, timeout_s=2),
+@pytest.mark.parametrize("body,change", [
+    ({"kind": "run", "recipe": "r", "sets": ["serve.max-seq-len=4096"],
+      "options": {"replace": True, "keep_failed": True, "stall_timeout_s": 12, "boot_timeout_s": 50,
+                  "check_weights": False, "pull": False}},
+     Change.run("r", ["serve.max-seq-len=4096"], LaunchOptions(replace=True, keep_failed=True, stall_timeout_s=12,
+                                                               boot_timeout_s=50, check_weights=False, pull=False))),
+    ({"kind": "run", "recipe": "r"}, Change.run("r")),
+    ({"kind": "swap", "recipe": "r", "sets": ["a=1"], "drain_timeout_s": 7,
+      "options": {"stall_timeout_s": 5, "boot_timeout_s": None, "pull": False}},
+     Change.swap("r", ("a=1",), LaunchOptions(stall_timeout_s=5, boot_timeout_s=None, pull=False), drain_timeout_s=7)),
+    ({"kind": "stop"}, Change.stop()), ({"kind": "stop", "recipe": "r", "all": True, "timeout_s": 2},
+                                        Change.stop("r", all_=True, timeout_s=2)),
 ])
-def test_a_change_survives_its_json(change: Change) -> None:
-    import json
-
-    body = json.loads(json.dumps(change.to_json()))
+def test_a_job_body_reads_as_the_change_it_names(body: dict[str, Any], change: Change) -> None:
     assert Change.from_json(body) == change == Change.from_json(body, kind=change.kind)
     assert change.options.sets == change.sets  # recorded on the container, so a swap can restore it exactly
 
@@ -39,7 +43,7 @@ def test_a_change_survives_its_json(change: Change) -> None:
     (lambda: Change("stop", sets=("a=1",)), "a stop takes no sets"),
     (lambda: Change.run("r", options=LaunchOptions(stall_timeout_s=-1)), "options.stall_timeout_s must be"),
     (lambda: Change("swap", "r", multi=MultiRank("w")), "only a run places"),
-    (lambda: Change.run("r", multi=MultiRank("w")).to_json(), "not a job of the agent"),
+    (lambda: Change.from_json({"kind": "run", "recipe": "r", "worker": "ssh://w"}), "unknown key worker in the run body"),
     (lambda: Change.from_json({"kind": "swap", "recipe": "r"}, kind="run"), "kind must be run"),
     (lambda: Change.from_json(["run"]), "must be a JSON object"),
     (lambda: Change.from_json({"kind": "run", "recipe": "r", "options": {"drain_timeout_s": 1}}),
@@ -51,7 +55,7 @@ def test_a_wrong_change_is_a_usage_error_naming_what(make: Any, named: str) -> N
     assert named in refused.value.message and refused.value.exit_code == ExitCode.USAGE
 
 
-# -- multi-rank deployments: routed never, stopped whole by whoever stops them ---------------------------------
+# -- multi-rank deployments: stopped whole by whoever stops them ------------------------------------------------
 def _rank(rt: FakeRuntime, recipe: str, rank: int, run_id: str) -> ContainerInfo:
     name = f"metralectl-{recipe}-r{rank}"
     info = ContainerInfo(f"id-{name}", name, "img", "running", None, False, None, None,
@@ -72,16 +76,8 @@ def _deployment(rt: FakeRuntime, recipe: str = "ep2") -> deployment.Deployment:
     return dep
 
 
-def test_a_multi_rank_run_and_a_stop_beside_a_deployment_are_never_routed() -> None:
-    rt = FakeRuntime()
-    assert routable(Change.run("r")) and routable(Change.swap("r")) and routable(Change.stop())
-    assert not routable(Change.run("r", multi=MultiRank("ssh://w")))
-    _deployment(rt)
-    assert not routable(Change.stop()) and not routable(Change.stop("other"))
-
-
 def test_every_front_end_stops_every_rank(isolated_env: Any) -> None:
-    """The agent used to refuse a multi-rank stop; DirectServing.stop — what the agent's job runs, as the CLI's
+    """The agent used to refuse a multi-rank stop; Serving.stop — what the agent's job runs, as the CLI's
     and the dashboard's — stops every rank, the head first, and forgets the deployment."""
     rt = FakeRuntime()
     _deployment(rt)
@@ -89,14 +85,14 @@ def test_every_front_end_stops_every_rank(isolated_env: Any) -> None:
     assert [d.recipe for d in select_stop(rt, Change.stop("ep2"))[0]] == ["ep2"]
     deps, containers = select_stop(rt, Change.stop(all_=True))
     assert [d.recipe for d in deps] == ["ep2"] and [c.name for c in containers] == [single.name]  # ranks once
-    agent_like = DirectServing(lock_held=True, runtime=lambda: rt, memory=lambda _rt: NoMemoryWatch())
+    agent_like = Serving(lock_held=True, runtime=lambda: rt, memory=lambda _rt: NoMemoryWatch())
     events: list[Any] = []
     stopped = agent_like.stop(Change.stop("ep2"), events.append)
     assert [(r.rank, r.role, r.result is not None and r.result.removed) for r in stopped.ranks] == [
         (0, "head", True), (1, "worker", True)]
     assert [e.detail for e in events] == ["metralectl-ep2-r0", "metralectl-ep2-r1"]
     assert deployment.load_all() == [] and [c.name for c in rt.all()] == [single.name]
-    assert Stopped.from_json(stopped.to_json()) == stopped  # what the agent's job hands back
+    assert stopped.to_json()["ranks"][1]["result"]["removed"] is True  # what the agent's job records
     nothing = agent_like.stop(Change.stop("solo"), events.append)
     assert [c.name for c in nothing.containers] == [single.name] and rt.all() == []
     assert Stopped().to_json()["note"] == "nothing to stop"

@@ -117,6 +117,11 @@ async function refreshServing() {
   err.hidden = !s.error;
   setText(err, s.error ? `${s.error}${s.hint ? " — " + s.hint : ""}` : "");
   serving = s.serving || [];
+  // A change in progress on this machine, whoever started it (a CLI command, the dashboard, a peer's unit; its
+  // lifecycle lock's holder), said here: the job card shows only this page's own jobs (it says those already).
+  const ours = currentJob && !FINISHED.includes(currentJob.state);
+  $("#serving-busy").hidden = !s.in_progress || ours;
+  setText($("#serving-busy"), s.in_progress ? `In progress on this machine: ${s.in_progress}` : "");
   renderServing();
   $("#serving-empty").hidden = serving.length > 0 || !!s.error;
   if (s.degraded) { err.hidden = false; setText(err, `DEGRADED: ${s.degraded}`); }

@@ -2,7 +2,9 @@
 log, live; cancel (c) stops it the way Ctrl-C stops the CLI (a half-started container is removed).
 
 The core call runs in a thread worker; core events come back as ActionEvent messages, log lines
-through a Coalescer (one message per burst), and the end as ActionFinished.
+through a Coalescer (one message per burst), and the end as ActionFinished. Cancel is Textual's own
+worker.cancel() plus the token of the core call the worker runs (metralectl/cancel.py): the core stops at
+its next event or phase boundary and cleans up, and the worker's thread then reports the outcome.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import work
+from textual.worker import Worker
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -18,7 +21,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, ProgressBar, Static
 
 from metralectl.errors import MetralError
-from metralectl.tui.cancel import Cancelled, CancelToken
+from metralectl.cancel import Cancelled, CancelToken
 from metralectl.tui.coalesce import Coalescer, Throttle
 from metralectl.tui.first_frame import DIALOGS_CSS
 from metralectl.tui.messages import ActionEvent, ActionFinished, LinesReady, ServedChanged
@@ -47,6 +50,7 @@ class ProgressScreen(ModalScreen[Outcome]):
         self.plan = plan
         self.model = ProgressModel()
         self.token = CancelToken()
+        self.worker: Worker[None] | None = None
         self.outcome: Outcome | None = None
         self.lines: Coalescer[str] = Coalescer(lambda: self.post_message(LinesReady()), maxlen=2000)
         self._log_throttle = Throttle(self, 0.05, self._drain_lines)
@@ -67,11 +71,11 @@ class ProgressScreen(ModalScreen[Outcome]):
 
     def on_mount(self) -> None:
         self.query_one("#progress-bar-row").display = False
-        self.perform()
+        self.worker = self.perform()
 
     # -- the worker -----------------------------------------------------------------------------
     def _on_event(self, event: Any) -> None:
-        self.token.check()  # every core event is a cancellation point
+        self.token.check()  # every core event is a cancellation point (and the core checks at its phase boundaries)
         if type(event).__name__ == "LogLine":
             self.lines.push(event.line)
         else:
@@ -81,8 +85,7 @@ class ProgressScreen(ModalScreen[Outcome]):
     def perform(self) -> None:
         plan = self.plan
         try:
-            with self.token.bound():
-                outcome = self.services.perform(plan.action, plan.recipe, self._on_event, self.token)
+            outcome = self.services.perform(plan.action, plan.recipe, self._on_event, self.token)
         except Cancelled:
             hint = None
             if plan.action == "swap":  # as after Ctrl-C in the CLI: the journal says what to restore
@@ -151,11 +154,19 @@ class ProgressScreen(ModalScreen[Outcome]):
         if not self.plan.cancellable:
             self.notify("a stop cannot be cancelled; it ends within its timeout", severity="warning")
             return
-        if not self.token.cancelled:
-            self.token.cancel()
+        if self.cancel():
             self.query_one("#progress-outcome", Static).update(
                 Text("cancelling… (removing whatever was started)", style="bold yellow"))
             self.query_one("#cancel", Button).disabled = True
+
+    def cancel(self) -> bool:
+        """Cancel the running action (False: it was cancelled already): the worker, and the core call in it."""
+        if self.token.cancelled:
+            return False
+        self.token.cancel("cancelled from the dashboard")
+        if self.worker is not None:
+            self.worker.cancel()
+        return True
 
     def action_close(self) -> None:
         if self.outcome is not None:

@@ -12,9 +12,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Label, ProgressBar, Select
+from textual.worker import Worker
 
 from metralectl.errors import MetralError
-from metralectl.tui.cancel import Cancelled, CancelToken
+from metralectl.cancel import Cancelled, CancelToken
 from metralectl.tui.coalesce import Coalescer
 from metralectl.tui.messages import (
     BenchFinished,
@@ -49,6 +50,7 @@ class BenchView(Horizontal):
         self.suite: SuiteInfo | None = None
         self.errors: dict[str, str] = {}
         self.token: CancelToken | None = None
+        self.worker: Worker[None] | None = None
         self.progress: Coalescer[BenchProgress] = Coalescer(lambda: self.post_message(BenchTick()), maxlen=1)
 
     def compose(self) -> ComposeResult:
@@ -165,11 +167,13 @@ class BenchView(Horizontal):
             old.remove()
         self.query_one("#bench-run").mount(ProgressBar(id="bench-progress", show_eta=False), after="#bench-buttons")
         self.query_one("#bench-status", Label).update(line(f"running {self.suite.id}…", style="bold"))
-        self.run_suite(self.suite.id, params, self.token)
+        self.worker = self.run_suite(self.suite.id, params, self.token)
 
     def action_cancel(self) -> None:
-        if self.token is not None:
-            self.token.cancel()
+        if self.token is not None:  # Textual's worker, and the benchmark it runs (its token)
+            self.token.cancel("cancelled from the dashboard")
+            if self.worker is not None:
+                self.worker.cancel()
             self.query_one("#bench-status", Label).update(Text("cancelling…", style="yellow"))
 
     @work(thread=True, exclusive=True, group="bench-run", exit_on_error=False)
@@ -206,7 +210,7 @@ class BenchView(Horizontal):
 
     def on_bench_finished(self, message: BenchFinished) -> None:
         message.stop()
-        self.token = None
+        self.token = self.worker = None
         self.query_one("#bench-cancel", Button).disabled = True
         for bar in self.query("#bench-progress"):
             bar.remove()

@@ -22,7 +22,7 @@ from metralectl.lifecycle.status import Serving, StatusReport
 from metralectl.telemetry.engine_metrics import EngineSnapshot
 from metralectl.telemetry.thermal import ThermalLines, ThermalStatus
 from metralectl.telemetry.view import EnergyRate, EngineRow, EngineTarget, GpuRow, TopView
-from metralectl.tui.cancel import CancelToken
+from metralectl.cancel import CancelToken
 from metralectl.tui.services import (
     Action,
     BenchProgress,

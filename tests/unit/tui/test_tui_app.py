@@ -111,10 +111,9 @@ def test_no_arguments_on_a_terminal_opens_the_dashboard(monkeypatch: pytest.Monk
     assert opened == [None, "gb10"]
 
 
-def test_the_console_scripts_fast_path_opens_the_dashboard(monkeypatch: pytest.MonkeyPatch) -> None:
-    """cli/entry.py opens it without the Typer tree (first paint); the same calls as cli/main.py."""
+def test_every_spelling_of_tui_opens_the_dashboard(monkeypatch: pytest.MonkeyPatch) -> None:
     import metralectl.tui as dashboard
-    from metralectl.cli.entry import main
+    from metralectl.cli.main import main
 
     opened: list[str | None] = []
     monkeypatch.setattr(dashboard, "run", lambda services=None, *, hardware=None: opened.append(hardware) or 0)

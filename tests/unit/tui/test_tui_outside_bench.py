@@ -16,7 +16,7 @@ from textual.widgets import Button, Input
 from metralectl.errors import MetralError
 from metralectl.tui.app import MetralectlApp
 from metralectl.tui.bench_adapter import RecordsBench
-from metralectl.tui.cancel import CancelToken
+from metralectl.cancel import CancelToken
 from metralectl.tui.screens.run_detail import RunDetailScreen
 from metralectl.tui.services import BenchProgress, RunSummary
 from metralectl.tui.views.bench import BenchView

@@ -22,7 +22,7 @@ from metralectl.lifecycle import events as ev
 from metralectl.lifecycle.status import Serving, StatusReport
 from metralectl.telemetry.view import EngineTarget
 from metralectl.tui.app import MetralectlApp
-from metralectl.tui.cancel import CancelToken
+from metralectl.cancel import CancelToken
 from metralectl.tui.screens.confirm import ConfirmScreen
 from metralectl.tui.screens.progress import ProgressScreen
 from metralectl.tui.services import Action, Outcome, Plan
