@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
 
 _PACKAGE = Path(__file__).resolve().parents[1]
-_CODE = ("app/library.py", "core/fit.py", "core/hardware.py", "core/recipe.py")  # what a row is computed by
+# what a row is computed by: a change to any of them makes the stored rows miss
+_CODE = ("app/library.py", "core/fit.py", "core/hardware.py", "core/model_info.py", "core/image_info.py",
+         "core/recipe.py")
 
 
 def _key(hardware: str | None) -> str:

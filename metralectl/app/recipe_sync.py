@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from metralectl import ownedfs
+from metralectl import names
 from metralectl.app import sync_install
 from metralectl.core import release_archive as ra
 from metralectl.core import serve_options, synced_set
@@ -174,7 +174,7 @@ def _plan(label: str, converted: list[tuple[ra.IndexEntry, Imported]], previous:
     for entry, result in converted:
         name = result.name or entry.id
         where = f"{label}:{entry.path}"
-        if result.ok and not ownedfs.is_valid("recipe name", name):
+        if result.ok and not names.is_valid("recipe name", name):
             result.problems.append(Problem(where, 0, 0, "", f"{clean(name)!r} is not a recipe name "
                                                             "(lower-case letters, digits, . _ -)"))
         elif result.ok and name in seen:

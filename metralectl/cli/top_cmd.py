@@ -21,7 +21,8 @@ from metralectl.cli.state import note
 from metralectl.wording import count
 
 if TYPE_CHECKING:
-    from metralectl.telemetry.view import EngineRow, GpuRow, TopView
+    from metralectl.telemetry.engine_view import EngineRow
+    from metralectl.telemetry.view import GpuRow, TopView
 
 GiB = 1024**3
 REFRESH_HZ = 4.0  # the display; the sampler runs at 10 Hz on its own thread

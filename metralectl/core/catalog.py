@@ -13,7 +13,9 @@ from pathlib import Path
 from metralectl import paths
 from metralectl.core.contract import EngineContract, parse_contract
 from metralectl.errors import DataError, NotFound, Problem, RecipeInvalid
-from metralectl.core.hardware import HardwareClass, ImageInfo, ModelInfo, parse_hardware, parse_image, parse_model
+from metralectl.core.hardware import HardwareClass, parse_hardware
+from metralectl.core.image_info import ImageInfo, parse_image
+from metralectl.core.model_info import ModelInfo, parse_model
 from metralectl.core.recipe import Recipe, RecipeOrigin
 from metralectl.core.schema import did_you_mean
 from metralectl.core.yamlsrc import Document, YamlSyntax, load_file, load_text

@@ -18,7 +18,8 @@ from metralectl.core.checker_serve import Context, _add_hint, _is_set, check_ser
 from metralectl.core.contract import EngineContract
 from metralectl.core.engine_revisions import Revision
 from metralectl.errors import Problem
-from metralectl.core.hardware import HardwareClass, ImageInfo
+from metralectl.core.hardware import HardwareClass
+from metralectl.core.image_info import ImageInfo
 from metralectl.core.recipe import Rank, Recipe, RecipeOrigin, Resources
 from metralectl.core.schema import Checker, did_you_mean, type_name
 from metralectl.core.yamlsrc import Document, KeyPath

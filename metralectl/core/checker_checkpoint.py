@@ -8,7 +8,9 @@ from typing import Any, Protocol
 from metralectl.core import checker_text as text
 from metralectl.core.checker_serve import Context
 from metralectl.core.contract import EngineContract
-from metralectl.core.hardware import HardwareClass, ImageInfo, ModelInfo
+from metralectl.core.hardware import HardwareClass
+from metralectl.core.image_info import ImageInfo
+from metralectl.core.model_info import ModelInfo
 from metralectl.core.recipe import CheckpointRef
 from metralectl.core.schema import Checker, did_you_mean
 from metralectl.core.yamlsrc import KeyPath

@@ -7,9 +7,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from metralectl.core.contract import EngineContract, FlagSpec
+from metralectl.core.contract import EngineContract
+from metralectl.core.engine_flags import FlagSpec
 from metralectl.core.engine_revisions import Revision
-from metralectl.core.hardware import HardwareClass, ModelInfo
+from metralectl.core.hardware import HardwareClass
+from metralectl.core.model_info import ModelInfo
 from metralectl.core.schema import Checker, did_you_mean
 from metralectl.core.yamlsrc import KeyPath
 

@@ -12,7 +12,7 @@ import re
 import unicodedata
 from typing import Any
 
-from metralectl import ownedfs
+from metralectl import names
 from metralectl.core.schema import Checker, type_name
 from metralectl.core.yamlsrc import KeyPath
 
@@ -24,7 +24,7 @@ PROSE: tuple[KeyPath, ...] = (("description",), ("validated", "source"), ("valid
 GRAMMAR_KEYS: frozenset[KeyPath] = frozenset({("name",), ("extends",), ("checkpoint", "repo"), ("checkpoint", "revision"),
                                               ("validated", "date"), ("provenance", "commit"), ("provenance", "sha256"),
                                               ("provenance", "taken")})
-_HIDDEN = ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")  # ownedfs's: nothing a one-line value needs
+_HIDDEN = ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")  # metralectl.names': nothing a one-line value needs
 _BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
 _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -70,12 +70,12 @@ def check_text(check: Checker, data: Any, keypath: KeyPath = ()) -> None:
 
 
 def name_problem(kind: str, value: str) -> str | None:
-    """Why `value` is not a `kind` (ownedfs's grammar, matched in full: no trailing newline)."""
-    return ownedfs.problem(kind, value)
+    """Why `value` is not a `kind` (metralectl.names' grammar, matched in full: no trailing newline)."""
+    return names.problem(kind, value)
 
 
 def recipe_name(check: Checker, keypath: KeyPath, value: Any, what: str = "recipe name") -> str | None:
-    """`value` when it is a recipe name (ownedfs "recipe name": lower-case letters, digits, '.', '_', '-')."""
+    """`value` when it is a recipe name (its grammar: lower-case letters, digits, '.', '_', '-')."""
     if not isinstance(value, str) or name_problem("recipe name", value) is not None:
         shown = repr(value) if isinstance(value, str) else type_name(value)
         hidden = hidden_character(value) if isinstance(value, str) else None
@@ -87,7 +87,7 @@ def recipe_name(check: Checker, keypath: KeyPath, value: Any, what: str = "recip
 
 
 def checkpoint_repo(check: Checker, keypath: KeyPath, value: str) -> str | None:
-    """A Hub repository id as ORG/NAME: ownedfs's "repo" grammar, with the organisation required (every
+    """A Hub repository id as ORG/NAME: the "repo" grammar (names), with the organisation required (every
     checkpoint a recipe pulls lives under one; a bare legacy id such as `gpt2` names no owner)."""
     hidden = hidden_character(value)
     why = f"it holds {hidden}" if hidden else None

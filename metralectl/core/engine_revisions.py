@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from metralectl.core import serve_options
-from metralectl.core.contract import FlagSpec, Lever
+from metralectl.core.engine_flags import FlagSpec, Lever
 from metralectl.core.schema import Checker
 
 if TYPE_CHECKING:

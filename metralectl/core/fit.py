@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from metralectl.core.hardware import HardwareClass, ModelInfo
+from metralectl.core.hardware import HardwareClass
+from metralectl.core.model_info import ModelInfo
 from metralectl.core.recipe import Recipe
 from metralectl.wording import count
 

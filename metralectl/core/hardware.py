@@ -1,5 +1,6 @@
-"""Hardware classes, per-model kernel facts and images (kernels/, images/). Pure, but for the one look on disk for
-a build file metralectl ships (shipped_build_file).
+"""Hardware classes (kernels/<class>/hardware.yaml): memory SKUs, thermal lines, the CPU architecture, and
+what each rank's container gets in a multi-rank launch. Pure. The models on a class are core.model_info's,
+the images core.image_info's.
 
 A hardware class may inherit another (hopper and b200 inherit gb10): values it does not state, and
 the models/kernel targets it does not list, come from its parent.
@@ -8,8 +9,7 @@ the models/kernel targets it does not list, come from its parent.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from metralectl.core.schema import Checker
@@ -18,14 +18,7 @@ from metralectl.core.yamlsrc import Document
 _HW_KEYS = ("schema", "id", "display-name", "inherits", "vendor", "accelerator", "arch", "cpu-arch", "gpu-names",
             "memory", "defaults", "boot-timeout-s", "thermal", "image", "multi-node")
 ACCELERATORS = ("gpu", "none")  # none: the engine runs on the host's CPUs, in its RAM (docs/recipes.md)
-_MODEL_KEYS = ("schema", "id", "display-name", "family", "model-type", "architecture", "params-b", "active-params-b",
-               "hidden-size", "layers", "attention-layers", "kv-heads", "head-dim", "vision", "mtp", "tool-call-parser",
-               "kv-advice", "checkpoints", "targets", "quant-targets", "provenance", "notes")
-_IMAGE_KEYS = ("schema", "id", "ref", "engine", "hardware", "platform", "min-cuda", "min-driver", "revision-label",
-               "tags", "tag-pattern", "build", "certified", "notes")
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # Docker's rule for a tag
 CPU_ARCHES = ("aarch64", "x86_64")
-PLATFORM_OF_ARCH = {"aarch64": "linux/arm64", "x86_64": "linux/amd64"}
 
 
 @dataclass(frozen=True)
@@ -102,143 +95,6 @@ class HardwareClass:
         return min(sizes) if sizes else None
 
 
-@dataclass(frozen=True)
-class Checkpoint:
-    repo: str
-    quant: str
-    size_gb: float | None = None
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    id: str
-    display_name: str
-    hardware: str  # the class directory it was declared under
-    model_type: str | None
-    params_b: float | None
-    active_params_b: float | None
-    hidden_size: int | None
-    layers: int | None
-    attention_layers: int | None
-    kv_heads: int | None
-    head_dim: int | None
-    vision: bool
-    mtp_supported: bool | None
-    default_num_drafts: int | None
-    tool_call_parser: str | None
-    checkpoints: tuple[Checkpoint, ...]
-    targets: tuple[str, ...]
-    quant_targets: dict[str, str] = field(default_factory=dict)
-    kv_advice: str | None = None
-    source: str = ""
-
-    def target_for(self, quant: str) -> str | None:
-        """The kernel target quant a checkpoint of this quant runs on (FP8 runs on nvfp4's), if shipped."""
-        target = self.quant_targets.get(quant, quant)
-        return target if target in self.targets else None
-
-    def checkpoint(self, repo: str) -> Checkpoint | None:
-        for ckpt in self.checkpoints:
-            if ckpt.repo.lower() == repo.lower():
-                return ckpt
-        return None
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    id: str
-    ref: str
-    engine: str
-    hardware: tuple[str, ...]
-    platform: str
-    min_cuda: str | None
-    min_driver: str | None
-    revision_label: str
-    build: str | None = None  # a Dockerfile (the engine repository's, or ours in images/) or our build script: built,
-    # never pulled
-    source: str = ""
-    tags: dict[str, str] = field(default_factory=dict)  # tags a recipe may pick (`image-tag:`) -> what each is
-    tag_pattern: str | None = None  # other tags a recipe may pick (commit / version tags), as a regex
-    certified: bool | None = None  # the engine's own recipes run this image (None: not stated, e.g. your own)
-    notes: str = ""
-
-    @property
-    def tag(self) -> str:
-        last = self.ref.rsplit("/", 1)[-1]
-        return last.rsplit(":", 1)[1] if ":" in last and "@" not in self.ref else "latest"
-
-    @property
-    def pullable(self) -> bool:
-        return self.build is None
-
-    def with_tag(self, tag: str | None) -> ImageInfo:
-        """This image under another tag (a recipe's `image-tag:`); itself when tag is None or already its own."""
-        if not tag or tag == self.tag or "@" in self.ref:
-            return self
-        last = self.ref.rsplit("/", 1)[-1]
-        repository = self.ref.rsplit(":", 1)[0] if ":" in last else self.ref
-        return replace(self, ref=f"{repository}:{tag}")
-
-    def tag_problem(self, tag: str) -> str | None:
-        """Why `tag` cannot be picked for this image (None: it can)."""
-        if not TAG_RE.fullmatch(tag):
-            return f"{tag!r} is not a Docker tag (letters, digits, '_', '.', '-'; at most 128)"
-        if tag in self.tags or tag == self.tag:
-            return None
-        if self.tag_pattern and re.fullmatch(self.tag_pattern, tag):
-            return None
-        listed = ", ".join(self.tags) or self.tag
-        other = " (or a commit / version tag)" if self.tag_pattern else ""
-        return f"image {self.id} has no tag {tag!r}; its tags are {listed}{other}"
-
-    def availability(self) -> str:
-        """How to get it, in a line: pulled, or built from source (and whether the engine certifies it)."""
-        if self.build is not None:
-            return ("build from source; not certified by the engine" if self.certified is False
-                    else "build from source") + f" ({build_command(self)})"
-        return "pulled from its registry" + ("; the engine's own image" if self.certified else "")
-
-
-def build_command(info: ImageInfo) -> str:
-    """The command that builds a from-source image under its ref. Its `build:` names metralectl's own build file,
-    shipped beside the description in images/ and run from wherever it is installed: a script (`.sh`, which tags
-    the image itself) or a Dockerfile (built with that directory as the context); else a Dockerfile in the engine
-    repository (built from a checkout of it)."""
-    build = info.build or ""
-    if build and " " not in build.strip():
-        ours = shipped_build_file(info)
-        if ours is not None and ours.suffix == ".sh":
-            return f"bash {ours}"
-        if ours is not None:
-            return f"docker build -f {ours} -t {info.ref} {ours.parent}"
-        return f"in a checkout of the engine repository: docker build -f {build} -t {info.ref} ."
-    return f"{build} (tag it {info.ref})"
-
-
-def shipped_build_file(info: ImageInfo) -> Path | None:
-    """The file `build:` names when it is metralectl's own: a path relative to the data directory that holds the
-    image's description (images/x.yaml -> images/x.Dockerfile, images/build-x.sh), present there. None for an
-    engine's."""
-    if not info.build or not info.source:
-        return None
-    from metralectl import paths  # a path lookup, not an import cost: the catalog already imported it
-
-    described = Path(info.source)
-    if not described.is_absolute():  # a shipped description is named relative to the data root
-        described = paths.data_root() / described
-    candidate = described.parent.parent / info.build
-    return candidate if candidate.is_file() else None
-
-
-def _num(check: Checker, data: dict[str, Any], where: tuple, key: str) -> float | None:
-    return check.number(data, where, key, required=False, nullable=True, minimum=0)
-
-
-def _whole(check: Checker, data: dict[str, Any], where: tuple, key: str) -> int | None:
-    value = check.number(data, where, key, required=False, nullable=True, minimum=0, integer=True)
-    return None if value is None else int(value)  # checked to be an int already
-
-
 def parse_hardware(doc: Document, parent: HardwareClass | None) -> tuple[HardwareClass | None, Checker]:
     check = Checker(doc)
     top = check.mapping(doc.data, (), "a hardware class")
@@ -268,10 +124,12 @@ def parse_hardware(doc: Document, parent: HardwareClass | None) -> tuple[Hardwar
                         "remove `multi-node`")
     skus = []
     for i, raw in enumerate(memory.get("skus") or []):
-        body = check.mapping(raw, ("memory", "skus", i), "a memory SKU")
-        check.known_keys(body, ("memory", "skus", i), ("match", "total-gb", "bandwidth-gb-s"), "a memory SKU")
-        skus.append(Sku(str(body.get("match", "")), _num(check, body, ("memory", "skus", i), "total-gb"),
-                        _num(check, body, ("memory", "skus", i), "bandwidth-gb-s")))
+        where: tuple = ("memory", "skus", i)
+        body = check.mapping(raw, where, "a memory SKU")
+        check.known_keys(body, where, ("match", "total-gb", "bandwidth-gb-s"), "a memory SKU")
+        total, bandwidth = (check.number(body, where, key, required=False, nullable=True, minimum=0)
+                            for key in ("total-gb", "bandwidth-gb-s"))
+        skus.append(Sku(str(body.get("match", "")), total, bandwidth))
     if not skus and parent is not None:
         skus = list(parent.skus)
     thermal = check.mapping(top.get("thermal", {}), ("thermal",), "thermal")
@@ -351,89 +209,3 @@ def _rank_profile(check: Checker, raw: Any) -> RankProfile | None:
                             "NCCL_SOCKET_IFNAME and NCCL_IB_HCA come from the detected link, never from data")
         envs.append(tuple((str(k), "" if v is None else str(v)) for k, v in table.items()))
     return RankProfile(base, rdma, None if shm is None else str(shm), envs[0], envs[1])
-
-
-def parse_model(doc: Document, hardware: str) -> tuple[ModelInfo | None, Checker]:
-    check = Checker(doc)
-    top = check.mapping(doc.data, (), "a model description")
-    check.known_keys(top, (), _MODEL_KEYS, "a model description")
-    model_id = check.string(top, (), "id")
-    mtp = check.mapping(top.get("mtp") or {}, ("mtp",), "mtp")
-    checkpoints = []
-    for i, raw in enumerate(top.get("checkpoints") or []):
-        body = check.mapping(raw, ("checkpoints", i), "a checkpoint")
-        check.known_keys(body, ("checkpoints", i), ("repo", "quant", "size-gb", "revision"), "a checkpoint")
-        repo = check.string(body, ("checkpoints", i), "repo")
-        quant = check.string(body, ("checkpoints", i), "quant")
-        if repo and quant:
-            checkpoints.append(Checkpoint(repo, quant, _num(check, body, ("checkpoints", i), "size-gb")))
-    targets = tuple(check.string_list(top, (), "targets", required=True))
-    vision = check.boolean(top, (), "vision", default=False)  # bool("no") would be True
-    mtp_supported = check.boolean(mtp, ("mtp",), "supported", nullable=True)  # null: unknown
-    quant_targets = check.mapping(top.get("quant-targets") or {}, ("quant-targets",), "quant-targets")
-    ints = {k: _whole(check, top, (), k)
-            for k in ("hidden-size", "layers", "attention-layers", "kv-heads", "head-dim")}
-    if not check.ok or model_id is None:
-        return None, check
-    return ModelInfo(
-        id=model_id, display_name=str(top.get("display-name", model_id)), hardware=hardware,
-        model_type=top.get("model-type"), params_b=_num(check, top, (), "params-b"),
-        active_params_b=_num(check, top, (), "active-params-b"), hidden_size=ints["hidden-size"],
-        layers=ints["layers"], attention_layers=ints["attention-layers"] or ints["layers"],
-        kv_heads=ints["kv-heads"], head_dim=ints["head-dim"], vision=vision is True,
-        mtp_supported=mtp_supported, default_num_drafts=mtp.get("default-num-drafts"),
-        tool_call_parser=top.get("tool-call-parser"), checkpoints=tuple(checkpoints), targets=targets,
-        quant_targets={str(k): str(v) for k, v in quant_targets.items()}, kv_advice=top.get("kv-advice"),
-        source=doc.path,
-    ), check
-
-
-def parse_image(doc: Document) -> tuple[ImageInfo | None, Checker]:
-    check = Checker(doc)
-    top = check.mapping(doc.data, (), "an image description")
-    check.known_keys(top, (), _IMAGE_KEYS, "an image description")
-    image_id = check.string(top, (), "id")
-    ref = check.string(top, (), "ref")
-    platform = check.string(top, (), "platform")
-    if platform and platform not in PLATFORM_OF_ARCH.values():
-        check.error(("platform",), f"unknown platform {platform!r}", f"use one of {', '.join(PLATFORM_OF_ARCH.values())}")
-    hardware = check.string_list(top, (), "hardware", required=True)
-    tags = _image_tags(check, top.get("tags"))
-    pattern = _opt_str(top.get("tag-pattern"))
-    if pattern is not None:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            check.error(("tag-pattern",), f"not a valid regular expression: {exc}")
-    certified = top.get("certified")
-    if certified is not None and not isinstance(certified, bool):
-        check.error(("certified",), f"certified is true or false, not {certified!r}")
-    if not check.ok or image_id is None or ref is None or platform is None:
-        return None, check
-    return ImageInfo(
-        id=image_id, ref=ref, engine=str(top.get("engine", "metrale")), hardware=tuple(hardware), platform=platform,
-        min_cuda=_opt_str(top.get("min-cuda")), min_driver=_opt_str(top.get("min-driver")),
-        revision_label=str(top.get("revision-label", "org.opencontainers.image.revision")),
-        build=_opt_str(top.get("build")), source=doc.path, tags=tags, tag_pattern=pattern,
-        certified=certified if isinstance(certified, bool) else None, notes=str(top.get("notes") or ""),
-    ), check
-
-
-def _image_tags(check: Checker, raw: Any) -> dict[str, str]:
-    """`tags:` as a list of names, or a mapping of name -> what the tag is."""
-    if raw is None:
-        return {}
-    items = list(raw.items()) if isinstance(raw, dict) else [(t, "") for t in raw] if isinstance(raw, list) else None
-    if items is None:
-        check.error(("tags",), "tags is a list of tag names or a mapping of tag -> what it is")
-        return {}
-    out = {}
-    for name, meaning in items:
-        if not TAG_RE.fullmatch(str(name)):
-            check.error(("tags", str(name)), f"{name!r} is not a Docker tag")
-        out[str(name)] = "" if meaning is None else str(meaning)
-    return out
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from metralectl.errors import ExitCode, MetralError
-from metralectl.core.hardware import PLATFORM_OF_ARCH, ImageInfo, build_command
+from metralectl.core.image_info import PLATFORM_OF_ARCH, ImageInfo, build_command
 
 _ARCH_ALIASES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
 

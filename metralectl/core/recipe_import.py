@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from metralectl import ownedfs
+from metralectl import names
 from metralectl.errors import Problem
 from metralectl.core.recipe import Recipe, RecipeOrigin
 from metralectl.core.schema import did_you_mean, type_name
@@ -27,9 +27,9 @@ from metralectl.safetext import clean
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
-    from metralectl.core.contract import FlagSpec
+    from metralectl.core.engine_flags import FlagSpec
     from metralectl.core.engine_revisions import Revision
-    from metralectl.core.hardware import ImageInfo
+    from metralectl.core.image_info import ImageInfo
 
 # Keys the reference launcher refuses because they carry executable content, plus the isolation key
 # only its launch profile may set (Metrale/metralectl crates/metralectl-core/src/recipe/raw.rs@5e6c4dd,
@@ -151,7 +151,7 @@ def _document(conv: _Conversion, top: dict[str, Any], upstream: UpstreamFile, re
     if str(top.get("recipe_version")) != "2":
         conv.error(("recipe_version",), f"recipe_version {top.get('recipe_version')!r}: this importer reads \"2\"")
     name = upstream.id.rsplit("/", 1)[-1].lower()
-    if not ownedfs.is_valid("recipe name", name):  # it becomes a file name: `<name>.yaml` in the synced set
+    if not names.is_valid("recipe name", name):  # it becomes a file name: `<name>.yaml` in the synced set
         conv.error((), f"recipe id {clean(upstream.id)!r} does not make a recipe name (lower-case letters, digits, "
                        ". _ -)")
     result.name = name

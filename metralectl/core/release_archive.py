@@ -3,8 +3,8 @@
 Each asset comes with a `<name>.sha256` sidecar in sha256sum format (`<64 hex>  <name>`); index.json
 also lists the archives' digests (`assets:`) and every recipe's own path, sha256 and size. All of it
 must agree, or the release is refused as a whole. Every name in it (recipe ids, paths, the commit,
-asset and member names) passes its ownedfs grammar before any use. The archive is read in memory as a
-stream, member by member, through a decompressor that counts what it produces: the whole archive, its
+asset and member names) passes its grammar (names.check) before any use. The archive is read in memory
+as a stream, member by member, through a decompressor that counts what it produces: the whole archive, its
 headers and the members index.json does not list included, may unpack to at most MAX_UNPACKED bytes in
 at most MAX_MEMBERS entries, checked while it is read (a gzip bomb stops at the cap). Regular files and
 directories only, under well-formed relative names.
@@ -20,7 +20,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from metralectl import ownedfs
+from metralectl import names
 from metralectl.core.bounded_gzip import BoundedGunzip, TooLarge, Truncated
 from metralectl.errors import ExitCode, MetralError
 from metralectl.safetext import clean
@@ -74,7 +74,7 @@ def parse_sidecar(text: bytes, asset: str) -> str:
     if match is None:
         raise ReleaseError(f"{asset}.sha256 is not one sha256sum line (`<64 hex>  {asset}`)",
                            "the release's sidecar is malformed; it is refused rather than trusted")
-    named = ownedfs.check("asset name", match.group(2), f"{asset}.sha256")
+    named = names.check("asset name", match.group(2), f"{asset}.sha256")
     if named != asset:
         raise ReleaseError(f"{asset}.sha256 names {clean(named)!r}, not {asset}")
     return match.group(1)
@@ -91,7 +91,7 @@ def verify(name: str, data: bytes, sidecar: bytes) -> str:
 
 
 def parse_index(data: bytes) -> ReleaseIndex:
-    """index.json, every name in it checked against its grammar (ownedfs) before anything uses it."""
+    """index.json, every name in it checked against its grammar (metralectl.names) before anything uses it."""
     try:
         top = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -101,13 +101,13 @@ def parse_index(data: bytes) -> ReleaseIndex:
         raise ReleaseError(f"index.json has schema_version {clean(repr(stated), 40)}; this metralectl reads 1")
     if not isinstance(top.get("commit"), str):
         raise ReleaseError("index.json names no 40-character engine `commit`")
-    commit = ownedfs.check("commit", top["commit"], "index.json `commit`")
+    commit = names.check("commit", top["commit"], "index.json `commit`")
     assets = top.get("assets")
     if not isinstance(assets, dict):
         raise ReleaseError("index.json has no `assets` mapping of file name to sha256")
     for name, digest in assets.items():
-        ownedfs.check("asset name", name, "index.json `assets`")
-        ownedfs.check("sha256", digest, f"index.json `assets` ({clean(name)})")
+        names.check("asset name", name, "index.json `assets`")
+        names.check("sha256", digest, f"index.json `assets` ({clean(name)})")
     entries = []
     raw_recipes = top.get("recipes") or []
     if not isinstance(raw_recipes, list) or len(raw_recipes) > MAX_MEMBERS:
@@ -119,21 +119,21 @@ def parse_index(data: bytes) -> ReleaseIndex:
         if not (isinstance(size, int) and not isinstance(size, bool) and 0 <= size <= MAX_MEMBER):
             raise ReleaseError(f"index.json recipes[{i}] needs id, path, sha256 and bytes (at most {MAX_MEMBER})")
         where = f"index.json recipes[{i}]"
-        entries.append(IndexEntry(ownedfs.check("recipe id", raw.get("id"), f"{where} `id`"),
-                                  ownedfs.check("release path", raw.get("path"), f"{where} `path`"),
-                                  ownedfs.check("sha256", raw.get("sha256"), f"{where} `sha256`"), size))
+        entries.append(IndexEntry(names.check("recipe id", raw.get("id"), f"{where} `id`"),
+                                  names.check("release path", raw.get("path"), f"{where} `path`"),
+                                  names.check("sha256", raw.get("sha256"), f"{where} `sha256`"), size))
     files = top.get("files", {})
     if not isinstance(files, dict):
         raise ReleaseError("index.json `files` is not a mapping of recipe id to text")
     for rid, text in files.items():
-        ownedfs.check("recipe id", rid, "index.json `files`")
+        names.check("recipe id", rid, "index.json `files`")
         if not isinstance(text, str):
             raise ReleaseError(f"index.json `files` gives {clean(rid)} no text")
     release = top.get("release")
     if release is not None:
-        release = ownedfs.check("version", release, "index.json `release`")
+        release = names.check("version", release, "index.json `release`")
     version = top.get("engine_version")
-    version = "" if version in (None, "") else ownedfs.check("version", version, "index.json `engine_version`")
+    version = "" if version in (None, "") else names.check("version", version, "index.json `engine_version`")
     return ReleaseIndex(commit, version, dict(assets), entries, dict(files), release)
 
 
@@ -157,7 +157,7 @@ def _member_name(member: tarfile.TarInfo) -> str | None:
     name = member.name.removeprefix("./")
     if member.isdir() and name in ("", "."):
         return None
-    return ownedfs.check("release path", name, "recipes.tar.gz")
+    return names.check("release path", name, "recipes.tar.gz")
 
 
 def read_recipes(archive: bytes, index: ReleaseIndex) -> dict[str, bytes]:

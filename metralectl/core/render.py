@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from metralectl import paths
 from metralectl.core.contract import EngineContract
-from metralectl.core.hardware import HardwareClass, ImageInfo
+from metralectl.core.hardware import HardwareClass
+from metralectl.core.image_info import ImageInfo
 # The label table lives in core.labels; these names stay importable from here for older callers.
 from metralectl.core.labels import LABEL_ENGINE
 from metralectl.core.labels import LABEL_MANAGED as LABEL_MANAGED

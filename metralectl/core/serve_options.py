@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from metralectl.core.contract import FlagSpec
+    from metralectl.core.engine_flags import FlagSpec
 
 SCHEMA_VERSIONS = (2,)  # the shape of serve-options.json this reader understands
 LEVER_CLASSES = ("runtime", "dev", "tool", "build", "harness")

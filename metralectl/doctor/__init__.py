@@ -10,7 +10,8 @@ Nothing here prints, and nothing imports docker or pynvml at module level.
 
 from __future__ import annotations
 
-from metralectl.doctor.context import Context, Identity, current_identity
+from metralectl.doctor.context import Context
+from metralectl.doctor.identity import Identity, current_identity
 from metralectl.doctor.model import Check, CheckResult, Finding, Status, counts, exit_code, has_problem
 from metralectl.doctor.registry import CHECKS, RECIPE_CHECKS, select
 from metralectl.doctor.runner import run_checks

@@ -1,24 +1,21 @@
 """What the checks look at, gathered once and shared: who we are, the catalog, the Docker daemon, the GPUs.
 
-Every source of facts is injectable (tests pass fakes; the defaults are the real seams). Facts that
-may block (the daemon, NVML) are computed in their own daemon thread with an absolute deadline
-counted from the start of the run: a check that needs one gets the value, the error it raised, or
-`Unanswered` once the deadline has passed. Nothing here imports docker or pynvml; the seams do,
-lazily, when a fact is first asked for.
+Every source of facts is injectable (tests pass fakes; the defaults, here, are the real seams). Facts
+that may block (the daemon, NVML) are each a `facts.Fact`: computed in its own daemon thread with an
+absolute deadline counted from the start of the run, `Unanswered` once it has passed. Who runs doctor
+is `identity.Identity`. Nothing here imports docker or pynvml; the seams do, lazily, when a fact is
+first asked for.
 """
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -27,6 +24,8 @@ if TYPE_CHECKING:
     from metralectl.seams.container_runtime import ContainerRuntime
     from metralectl.seams.docker_runtime import ContainerInfo, ImageState
 
+from metralectl.doctor.facts import ContainerPids, Fact, GpuFacts
+from metralectl.doctor.identity import Identity, current_identity
 from metralectl.seams.ports import bind_error
 
 T = TypeVar("T")
@@ -36,141 +35,12 @@ FACT_BUDGET_S = 2.4  # NVML, docker info, the labelled containers
 DEFAULT_PORT = 8888
 
 
-class Unanswered(Exception):
-    """A fact did not arrive before its deadline."""
-
-    def __init__(self, name: str, budget_s: float) -> None:
-        super().__init__(f"{name} did not answer within {budget_s:g} s")
-        self.name = name
-        self.budget_s = budget_s
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who runs doctor, as the kernel and /etc/group see it."""
-
-    uid: int
-    euid: int
-    gid: int
-    user: str
-    group: str  # primary group's name
-    home: Path
-    groups: tuple[int, ...]  # os.getgroups(): the groups this process really has
-    docker_gid: int | None  # None: no docker group on this machine
-    docker_listed: bool  # /etc/group names us in the docker group (or it is our primary group)
-    sudo_user: str | None = None
-    sudo_uid: int | None = None
-    sudo_gid: int | None = None
-    sudo_home: Path | None = None
-    sudo_group: str | None = None  # the invoking user's primary group's name
-
-    @property
-    def root(self) -> bool:
-        return self.euid == 0
-
-    @property
-    def docker_active(self) -> bool:
-        """This process carries the docker group (a shell started before `usermod -aG` does not)."""
-        return self.docker_gid is not None and (self.docker_gid in self.groups or self.gid == self.docker_gid)
-
-
-def current_identity(environ: Mapping[str, str] | None = None) -> Identity:
-    env = os.environ if environ is None else environ
-    uid, euid, gid = os.getuid(), os.geteuid(), os.getgid()
-    try:
-        entry = pwd.getpwuid(uid)
-        user, home = entry.pw_name, Path(entry.pw_dir)
-    except KeyError:
-        user, home = str(uid), Path.home()
-    try:
-        group = grp.getgrgid(gid).gr_name
-    except KeyError:
-        group = str(gid)
-    try:
-        docker = grp.getgrnam("docker")
-        docker_gid: int | None = docker.gr_gid
-        listed = user in docker.gr_mem or gid == docker.gr_gid
-    except KeyError:
-        docker_gid, listed = None, False
-    sudo_user = env.get("SUDO_USER") or None
-    sudo_uid = _int(env.get("SUDO_UID"))
-    sudo_gid = _int(env.get("SUDO_GID"))
-    sudo_home, sudo_group = None, None
-    if sudo_user:
-        try:
-            sudo_entry = pwd.getpwnam(sudo_user)
-            sudo_home = Path(sudo_entry.pw_dir)
-            sudo_uid = sudo_uid if sudo_uid is not None else sudo_entry.pw_uid
-            sudo_gid = sudo_gid if sudo_gid is not None else sudo_entry.pw_gid
-        except KeyError:
-            pass
-        try:
-            sudo_group = grp.getgrgid(sudo_gid).gr_name if sudo_gid is not None else None
-        except KeyError:
-            sudo_group = str(sudo_gid)
-    return Identity(uid, euid, gid, user, group, home, tuple(os.getgroups()), docker_gid, listed,
-                    sudo_user, sudo_uid, sudo_gid, sudo_home, sudo_group)
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text else None
-    except ValueError:
-        return None
-
-
 class GpuProbeLike(Protocol):
     def open(self) -> GpuSystem | GpuUnavailable: ...
 
     def sample(self) -> tuple[GpuSample, ...]: ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class GpuFacts:
-    system: Any  # GpuSystem | GpuUnavailable (metralectl.core.gpudata)
-    samples: tuple[Any, ...] = ()  # GpuSample per GPU, taken right after opening
-
-
-@dataclass(frozen=True)
-class ContainerPids:
-    """Running labelled (metralectl's) containers, and which host PIDs belong to which."""
-
-    names: dict[str, str] = field(default_factory=dict)  # container id -> name
-    pid_to_container: dict[int, str] = field(default_factory=dict)  # host pid -> container name
-
-
-class Fact(Generic[T]):
-    """A value computed once, in its own daemon thread, that callers wait for until an absolute deadline."""
-
-    def __init__(self, name: str, compute: Callable[[], T], deadline: float, budget_s: float) -> None:
-        self.name = name
-        self.budget_s = budget_s
-        self._deadline = deadline
-        self._done = threading.Event()
-        self._value: T | None = None
-        self._error: BaseException | None = None
-        threading.Thread(target=self._run, args=(compute,), name=f"doctor-fact-{name}", daemon=True).start()
-
-    def settled(self) -> T | None:
-        """The value, when it was computed without error by now; else None (still running, or failed)."""
-        return self._value if self._done.is_set() and self._error is None else None
-
-    def _run(self, compute: Callable[[], T]) -> None:
-        try:
-            self._value = compute()
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever asks, who judges it
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def get(self) -> T:
-        if not self._done.wait(max(0.0, self._deadline - time.monotonic())):
-            raise Unanswered(self.name, self.budget_s)
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[return-value]
 
 
 def _default_runtime() -> ContainerRuntime:

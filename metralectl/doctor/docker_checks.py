@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from metralectl.core.labels import LABEL_DOCTOR
-from metralectl.doctor.context import Context, Unanswered
+from metralectl.doctor.context import Context
+from metralectl.doctor.facts import Unanswered
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 from metralectl.wording import noun
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from metralectl.core.labels import LABEL_DOCTOR, LABEL_MANAGED, LABEL_OWNER, LABEL_PROBE, owner
-from metralectl.doctor.context import Context, Unanswered
+from metralectl.doctor.context import Context
+from metralectl.doctor.facts import Unanswered
 from metralectl.doctor.host_checks import container_id_of_pid, process_name
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 

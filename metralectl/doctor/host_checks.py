@@ -137,7 +137,7 @@ def check_rdma(ctx: Context) -> Finding:
 
 
 def check_cpu_arch(ctx: Context) -> Finding:
-    from metralectl.core.hardware import PLATFORM_OF_ARCH, ImageInfo
+    from metralectl.core.image_info import PLATFORM_OF_ARCH, ImageInfo
 
     cpu = ctx.cpu_arch()
     hw_id, how = ctx.target_hardware()

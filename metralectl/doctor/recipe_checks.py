@@ -21,7 +21,7 @@ def _recipe(ctx: Context) -> Recipe:
 
 
 def check_image(ctx: Context) -> Finding:
-    from metralectl.core.hardware import PLATFORM_OF_ARCH, build_command
+    from metralectl.core.image_info import PLATFORM_OF_ARCH, build_command
 
     recipe = _recipe(ctx)
     catalog = ctx.catalog()

@@ -11,7 +11,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from metralectl.doctor.context import Context, Unanswered
+from metralectl.doctor.context import Context
+from metralectl.doctor.facts import Unanswered
 from metralectl.doctor.model import Check, CheckResult, Finding
 from metralectl.errors import MetralError
 

@@ -27,6 +27,7 @@ from metralectl.errors import MetralError
 from metralectl.lifecycle.deployment import RankRecord
 from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
 from metralectl.seams import hfcache, netprobe
+from metralectl.seams.roce import NodeView, RoceRefused, check_given, choose_roce, describe
 from metralectl.seams.container_runtime import ContainerRuntime
 from metralectl.seams.docker_runtime import Endpoint, RuntimeCause, RuntimeFailure
 from metralectl.seams.endpoint import base_url
@@ -225,7 +226,7 @@ def choose_network(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node],
         answer = probes[node.rank]
         if isinstance(answer, netprobe.ProbeReport):
             node.probe = answer
-            views.append(netprobe.NodeView(node.label, answer.net))
+            views.append(NodeView(node.label, answer.net))
     given = multi.roce_interface and multi.master_addr
     if failed and not given:
         detail = "; ".join(f"{nodes[r].label}: {e.message}" for r, e in failed.items())
@@ -237,9 +238,9 @@ def choose_network(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node],
         for rank, error in failed.items():
             on_event(Warning_(f"{nodes[rank].label}: detection could not run ({error.message}); using the given "
                               f"--roce-interface {multi.roce_interface} --master-addr {multi.master_addr}"))
-        notes = netprobe.check_given(multi.roce_interface, multi.master_addr, views) if not failed else []
+        notes = check_given(multi.roce_interface, multi.master_addr, views) if not failed else []
         for view in views:
-            on_event(Step("network", f"{view.label}: {netprobe.describe(view.net, roce, multi.roce_interface)}"))
+            on_event(Step("network", f"{view.label}: {describe(view.net, roce, multi.roce_interface)}"))
         for note in notes:
             on_event(Warning_(note))
         on_event(Step("roce", f"NCCL_SOCKET_IFNAME={multi.roce_interface} (given), master {multi.master_addr}"))
@@ -247,13 +248,13 @@ def choose_network(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node],
     if multi.roce_interface or multi.master_addr:
         raise MetralError("--roce-interface and --master-addr go together (or neither: metralectl detects both)")
     try:
-        choice = netprobe.choose_roce(roce, views)
-    except netprobe.RoceRefused:
+        choice = choose_roce(roce, views)
+    except RoceRefused:
         for view in views:
-            on_event(Step("network", f"{view.label}: {netprobe.describe(view.net, roce)}"))
+            on_event(Step("network", f"{view.label}: {describe(view.net, roce)}"))
         raise
     for view in views:
-        on_event(Step("network", f"{view.label}: {netprobe.describe(view.net, roce, choice.interface)}"))
+        on_event(Step("network", f"{view.label}: {describe(view.net, roce, choice.interface)}"))
     for note in choice.notes:
         on_event(Warning_(note))
     on_event(Step("roce", f"NCCL_SOCKET_IFNAME={choice.interface} on both nodes; --master-addr {choice.master_addr} "

@@ -27,7 +27,7 @@ from typing import Any
 from metralectl import paths, wording
 from metralectl.core.progress import human_bytes
 from metralectl.errors import MetralError
-from metralectl.ownedfs import is_valid
+from metralectl.names import is_valid
 from metralectl.safetext import clean
 from metralectl.seams import gguf, hfcache
 from metralectl.seams.hfcache import (VERIFIED_MANIFEST, CacheState, Listing, RepoFile, file_ok, find_snapshot,

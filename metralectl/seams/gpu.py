@@ -3,7 +3,8 @@
 Every NVML call goes through `NvmlProbe._call`, which turns "this field is not available here"
 errors into None (unknown) and remembers, per GPU and field, what the driver answered; errors that
 mean the GPU or driver is gone raise `GpuLost`. No NVML library / no driver is a value
-(`GpuUnavailable`), not an exception.
+(`GpuUnavailable`), not an exception. What NVML's answers mean (fatal, permanent, their names) is
+seams.nvml_answers'.
 """
 
 from __future__ import annotations
@@ -36,22 +37,21 @@ from metralectl.core.gpudata import (
     match_hw_class,
     parse_meminfo,
 )
+from metralectl.seams.nvml_answers import (
+    FATAL,
+    FIELD_NAMES,
+    PERMANENT,
+    UNAVAILABLE_HINTS,
+    Never,
+    as_int,
+    as_text,
+    code_name,
+    error_name,
+    field_value,
+    scaled,
+)
 
 T = TypeVar("T")
-
-# NVML errors after which the device or library is unusable: stop sampling instead of answering None.
-_FATAL = frozenset({"GpuIsLost", "Uninitialized", "DriverNotLoaded", "LibraryNotFound", "LibRmVersionMismatch",
-                    "ResetRequired"})
-# Answers that will not change while the driver stays loaded: the field is not asked for again.
-_PERMANENT = frozenset({"NotSupported", "FunctionNotFound", "LibraryMismatch"})
-_UNAVAILABLE_HINTS = {
-    "LibraryNotFound": ("no NVIDIA driver: libnvidia-ml.so.1 was not found",
-                        "install the NVIDIA driver (or run inside a container started with --gpus all)"),
-    "DriverNotLoaded": ("the NVIDIA driver is not loaded", "check `nvidia-smi`; a reboot after a driver update may be due"),
-    "NoPermission": ("no permission to use the NVIDIA driver", "check the permissions of /dev/nvidia*"),
-    "LibRmVersionMismatch": ("the NVIDIA library and kernel driver versions differ",
-                             "reboot after the driver update, or reload the nvidia kernel modules"),
-}
 
 
 class GpuLost(MetralError):
@@ -123,19 +123,19 @@ class NvmlProbe:
     # -- the choke point ------------------------------------------------------------------------
     def _call(self, dev: _Device | None, name: str, fn: Callable[..., T], *args: Any) -> T | None:
         nv = self._nv
-        if dev is not None and dev.support.get(name) in _PERMANENT:
+        if dev is not None and dev.support.get(name) in PERMANENT:
             return None  # asking again costs time (an unsupported fan read: ~150 µs on an H200) for nothing
         try:
             value = fn(*args)
         except nv.NVMLError as exc:
-            kind = _error_name(exc)
-            if kind in _FATAL:
+            kind = error_name(exc)
+            if kind in FATAL:
                 where = f"GPU {dev.index} ({dev.uuid})" if dev else "NVML"
                 raise GpuLost(f"{where}: NVML says {kind} while reading {name}",
                               "check `nvidia-smi`; the driver may need a reload or the machine a reboot") from exc
             self._note(dev, name, kind)
             return None
-        except getattr(nv, "NVMLLibraryMismatchError", _Never):
+        except getattr(nv, "NVMLLibraryMismatchError", Never):
             self._note(dev, name, "LibraryMismatch")  # pynvml newer than the driver: the function is absent
             return None
         self._note(dev, name, "ok")
@@ -164,16 +164,16 @@ class NvmlProbe:
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            kind = _error_name(exc)
-            reason, hint = _UNAVAILABLE_HINTS.get(kind, (f"NVML could not start ({kind})", "check `nvidia-smi`"))
+            kind = error_name(exc)
+            reason, hint = UNAVAILABLE_HINTS.get(kind, (f"NVML could not start ({kind})", "check `nvidia-smi`"))
             return GpuUnavailable(reason, hint, kind)
         self._open = True
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as exc:
             self.close()
-            return GpuUnavailable(f"NVML could not count GPUs ({_error_name(exc)})", "check `nvidia-smi`",
-                                  _error_name(exc))
+            return GpuUnavailable(f"NVML could not count GPUs ({error_name(exc)})", "check `nvidia-smi`",
+                                  error_name(exc))
         if count == 0:
             self.close()
             return GpuUnavailable("the NVIDIA driver is loaded but sees no GPU", "check `nvidia-smi`")
@@ -198,11 +198,11 @@ class NvmlProbe:
         self.sample()
         self.energy()
         infos = [replace(i, support=dict(d.support)) for i, d in zip(infos, self._devices)]
-        return GpuSystem(_text(driver), cuda, tuple(infos))
+        return GpuSystem(as_text(driver), cuda, tuple(infos))
 
     def _describe(self, dev: _Device, host_total: int | None) -> GpuInfo:
         nv = self._nv
-        name = _text(self._call(dev, "name", nv.nvmlDeviceGetName, dev.handle))
+        name = as_text(self._call(dev, "name", nv.nvmlDeviceGetName, dev.handle))
         pci = self._call(dev, "pci", nv.nvmlDeviceGetPciInfo, dev.handle)
         hw_class = match_hw_class(name, self._gpu_classes)
         mem = self._call(dev, "memory", nv.nvmlDeviceGetMemoryInfo, dev.handle)
@@ -214,7 +214,7 @@ class NvmlProbe:
         instant = self._fields(dev, [self._instant_field]).get(self._instant_field) if self._instant_field else None
         average = self._call(dev, "power.average", nv.nvmlDeviceGetPowerUsage, dev.handle)
         source: PowerSource | None = "instant" if instant is not None else ("average" if average is not None else None)
-        return GpuInfo(index=dev.index, uuid=dev.uuid, name=name, pci_bus_id=_text(getattr(pci, "busId", None)),
+        return GpuInfo(index=dev.index, uuid=dev.uuid, name=name, pci_bus_id=as_text(getattr(pci, "busId", None)),
                        hw_class=hw_class, memory_kind="unified" if dev.unified else "discrete",
                        power_source=source)
 
@@ -252,7 +252,7 @@ class NvmlProbe:
         t = self._clock()
         instant_mw = self._fields(dev, [self._instant_field]).get(self._instant_field) if self._instant_field else None
         average_mw = self._call(dev, "power.average", self._nv.nvmlDeviceGetPowerUsage, dev.handle)
-        return PowerReading(dev.uuid, t, _scale(instant_mw, 1e-3), _scale(average_mw, 1e-3))
+        return PowerReading(dev.uuid, t, scaled(instant_mw, 1e-3), scaled(average_mw, 1e-3))
 
     def energy(self) -> tuple[EnergyReading, ...]:
         """The expensive read (3-16 ms per GPU on an H200): the total-energy counter, in mJ."""
@@ -301,8 +301,8 @@ class NvmlProbe:
         processes = self._processes(dev)
         discrete = not dev.unified
         return _Detail(
-            t=t, temp_mem_c=_int(mem_temp),
-            power_limit_w=_scale(self._call(dev, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h), 1e-3),
+            t=t, temp_mem_c=as_int(mem_temp),
+            power_limit_w=scaled(self._call(dev, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h), 1e-3),
             memory=self._memory(dev, host, processes), processes=processes,
             pcie_gen=self._call(dev, "pcie_gen", nv.nvmlDeviceGetCurrPcieLinkGeneration, h) if discrete else None,
             pcie_width=self._call(dev, "pcie_width", nv.nvmlDeviceGetCurrPcieLinkWidth, h) if discrete else None,
@@ -331,7 +331,7 @@ class NvmlProbe:
             if procs is None:
                 continue
             answered = True
-            found.extend(ProcessMemory(int(p.pid), _int(getattr(p, "usedGpuMemory", None)), kind)  # type: ignore[arg-type]
+            found.extend(ProcessMemory(int(p.pid), as_int(getattr(p, "usedGpuMemory", None)), kind)  # type: ignore[arg-type]
                          for p in procs)
         return tuple(found) if answered else None
 
@@ -340,17 +340,17 @@ class NvmlProbe:
         costs only itself."""
         nv = self._nv
         out: dict[int, float | int | None] = {i: None for i in ids if i is not None}
-        wanted = [i for i in out if dev.support.get(_FIELD_NAMES.get(i, f"field.{i}")) not in _PERMANENT]
+        wanted = [i for i in out if dev.support.get(FIELD_NAMES.get(i, f"field.{i}")) not in PERMANENT]
         if not wanted:
             return out
         values = self._call(dev, "fields", nv.nvmlDeviceGetFieldValues, dev.handle, wanted)
         for v in values or ():
-            name = _FIELD_NAMES.get(v.fieldId, f"field.{v.fieldId}")
+            name = FIELD_NAMES.get(v.fieldId, f"field.{v.fieldId}")
             if v.nvmlReturn != 0:
-                self._note(dev, name, _code_name(nv, v.nvmlReturn))
+                self._note(dev, name, code_name(nv, v.nvmlReturn))
                 continue
             self._note(dev, name, "ok")
-            out[v.fieldId] = _field_value(v)
+            out[v.fieldId] = field_value(v)
         return out
 
     def _meminfo(self) -> dict[str, int]:
@@ -358,49 +358,3 @@ class NvmlProbe:
             return parse_meminfo(self._meminfo_path.read_text())
         except OSError:
             return {}  # not Linux, or /proc hidden: unified memory totals become unknown
-
-
-_FIELD_NAMES = {186: "power.instant", 82: "temp_mem"}  # NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_MEMORY_TEMP
-# c_nvmlValue_t member by NVML_VALUE_TYPE_*: double, uint, ulong, ulonglong, slonglong, sint, ushort
-_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-
-
-class _Never(Exception):
-    """Stands in for an exception class a pynvml version does not define."""
-
-
-def _error_name(exc: BaseException) -> str:
-    name = type(exc).__name__
-    return name[len("NVMLError_"):] if name.startswith("NVMLError_") else f"code {getattr(exc, 'value', '?')}"
-
-
-def _code_name(nv: Any, code: int) -> str:
-    try:
-        name = str(nv.nvmlExceptionClass(code).__name__)
-    except (ValueError, AttributeError):
-        return f"code {code}"
-    return name.removeprefix("NVMLError_")
-
-
-def _field_value(v: Any) -> float | int | None:
-    try:
-        value = getattr(v.value, _VALUE_MEMBERS[int(v.valueType)])
-    except (IndexError, AttributeError, ValueError):
-        return None
-    return value if isinstance(value, (int, float)) else None
-
-
-def _scale(value: float | None, factor: float) -> float | None:
-    return None if value is None else value * factor
-
-
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-

@@ -33,7 +33,8 @@ from typing import Any
 from metralectl import paths, wording
 from metralectl.core.progress import human_bytes
 from metralectl.errors import MetralError
-from metralectl.ownedfs import Owned, OutsideOwned, UnsafeName, is_valid  # noqa: F401  (UnsafeName re-exported)
+from metralectl.names import is_valid
+from metralectl.ownedfs import Owned, OutsideOwned
 from metralectl.seams.hfowner import Ownership, free_bytes, nearest_existing, ownership  # noqa: F401  (re-exported)
 from metralectl.seams.listing import (MANIFEST_SCHEMA, MAX_FILE_BYTES, MAX_FILES, Listing,  # noqa: F401 (re-exported)
                                       ListingRefused, RepoFile, make_listing, repo_file)

@@ -2,7 +2,7 @@
 
 A listing comes from outside: a Hub or mirror (weights.hub_listing), or a file read back from the cache
 (our manifests, huggingface_hub's trees/*.json, a partial download's sidecar). Whatever its source, each
-path passes ownedfs's "repo path" grammar, each hash its own ("sha256", "git oid"), the repo and the commit
+path passes its "repo path" grammar (names.check), each hash its own ("sha256", "git oid"), the repo and the commit
 theirs, every size is an int from 0 to MAX_FILE_BYTES, no path comes twice or is both a file and a folder,
 and there are at most MAX_FILES files. A listing from the Hub that fails is refused (exit 65, nothing
 written); a file read back that fails is ignored, as if it were not there.
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from metralectl.errors import ExitCode, MetralError
-from metralectl.ownedfs import check
+from metralectl.names import check
 from metralectl.safetext import clean
 from metralectl.seams.weights_errors import WeightsError
 
@@ -47,7 +47,7 @@ class RepoFile:
 
 def repo_file(path: object, size: object, sha256: object, git_oid: object, source: str,
               need_hash: bool = True) -> RepoFile:
-    """One listed file with every name checked (ownedfs grammars) and a sane size; else UnsafeName /
+    """One listed file with every name checked (names.check) and a sane size; else UnsafeName /
     ListingRefused (exit 65). `need_hash=False`: a listing only judged by sizes (`list`), not downloaded."""
     name = check("repo path", path, source)
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE_BYTES:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metralectl.errors import MetralError
-from metralectl.ownedfs import OutsideOwned, is_valid
+from metralectl.names import is_valid
+from metralectl.ownedfs import OutsideOwned
 from metralectl.seams import hfcache
 
 PARTIAL_DIR = hfcache.PARTIAL_DIR

@@ -1,7 +1,7 @@
 """Every file of a pull, downloaded by metralectl itself: huggingface_hub's downloader names blobs by the
 server's ETag header and snapshots by its X-Repo-Commit header, unchecked, so a hostile mirror could make
 it write outside the cache; and it deletes its temporary file on Ctrl-C, so a multi-GB file would start
-again from zero. Here names come only from the validated listing (weights.hub_listing: ownedfs grammars),
+again from zero. Here names come only from the validated listing (weights.hub_listing: names' grammars),
 every change goes through the cache's `Owned`, and nothing is placed before its size and hash match.
 
 One file (`fetch`):

@@ -25,7 +25,8 @@ from metralectl.seams import gguf, gguf_cache, hfcache, hubhttp, resume, weights
 
 from metralectl import paths, wording
 from metralectl.errors import ExitCode
-from metralectl.ownedfs import Owned, check
+from metralectl.names import check
+from metralectl.ownedfs import Owned
 from metralectl.safetext import clean
 from metralectl.seams.hfcache import Listing, ListingRefused, RepoFile  # noqa: F401  (RepoFile: re-exported)
 from metralectl.core.progress import human_bytes

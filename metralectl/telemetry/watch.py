@@ -21,14 +21,8 @@ from metralectl.core.engine_profile import MetricsMap
 from metralectl.telemetry.engine_metrics import parse_metrics
 from metralectl.telemetry.sampler import Sample, Sampler
 from metralectl.telemetry.thermal import ThermalLines
-from metralectl.telemetry.view import (
-    RATE_WINDOW_S,
-    EngineObservation,
-    EngineState,
-    EngineTarget,
-    TopModel,
-    TopView,
-)
+from metralectl.telemetry.engine_view import EngineObservation, EngineState, EngineTarget
+from metralectl.telemetry.view import RATE_WINDOW_S, TopModel, TopView
 
 if TYPE_CHECKING:
     from metralectl.seams.container_runtime import ContainerRuntime

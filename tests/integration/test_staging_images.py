@@ -24,7 +24,7 @@ import yaml
 from metralectl.core import images
 
 from metralectl.seams import machine
-from metralectl.core.hardware import ImageInfo
+from metralectl.core.image_info import ImageInfo
 from tests.ports import PortTaken, port_in_use, start_retrying
 
 pytestmark = pytest.mark.docker

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from metralectl.core.catalog import Catalog
-from metralectl.doctor.context import Context, Identity
+from metralectl.doctor.context import Context
+from metralectl.doctor.identity import Identity
 from metralectl.seams.gpu import NvmlProbe
 from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER
 from metralectl.core.render import owner

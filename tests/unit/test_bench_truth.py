@@ -61,10 +61,13 @@ def test_multi_token_chunks_are_spread_and_counted_exactly() -> None:
         truth = fetch_truth(url)
     measured = [r for r in out.results if r.phase == "measure"]
     assert all(r.ok and r.output_tokens == 31 and r.count_method == "continuous-usage" for r in measured)
-    # ITL is per token (12 ms per chunk of 3 -> 4 ms), and the first chunk's 3 tokens share TTFT
-    assert all(r.first_n == 3 and abs(r.tpot_ms - 4.0) < 0.5 for r in measured if r.tpot_ms is not None)
+    # the first chunk's 3 tokens share TTFT, and TPOT is per token: judged against the server's own write
+    # stamps (a chunk of 3 every 12 ms is 4 ms a token on a quiet box; a busy box stretches the schedule, and
+    # the truth with it). Counted per chunk, TPOT would be 3x the truth: an error of ~8 ms, not <= 0.5.
+    assert all(r.first_n == 3 for r in measured)
     err = errors_vs_truth(measured, truth)
     assert set(err["count_diff"]) == {0} and percentile([abs(x) for x in err["token"]], 99) <= 2.0
+    assert len(err["tpot"]) == len(measured) and percentile([abs(x) for x in err["tpot"]], 50) <= 0.5, err["tpot"]
 
 
 def test_without_continuous_usage_the_final_usage_is_spread() -> None:

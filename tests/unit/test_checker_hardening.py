@@ -78,7 +78,7 @@ def test_an_invalid_value_is_not_also_reported_missing(tmp_path: Path) -> None:
 def test_hints_never_propose_a_value_the_next_rule_refuses(tmp_path: Path) -> None:
     """Under a revision that refuses `false` on a presence-only flag, a missing one is not hinted as `false`."""
     from metralectl.core.checker import _add_hint
-    from metralectl.core.contract import FlagSpec
+    from metralectl.core.engine_flags import FlagSpec
 
     spec = FlagSpec("check-kernels", "flag", "setting", default=False)
     assert "false" not in _add_hint(spec, false_allowed=False)

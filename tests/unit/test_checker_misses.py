@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from metralectl.core.catalog import check_files, load_catalog
-from metralectl.core.hardware import parse_hardware, parse_model
+from metralectl.core.hardware import parse_hardware
+from metralectl.core.model_info import parse_model
 from metralectl.core.overrides import parse_set
 from metralectl.core.yamlsrc import load_text
 from metralectl.errors import ExitCode, UsageError

@@ -11,7 +11,8 @@ import pytest
 
 from metralectl.core import help_dump
 from metralectl.core.catalog import load_catalog
-from metralectl.core.contract import EngineContract, FlagSpec, parse_contract
+from metralectl.core.contract import EngineContract, parse_contract
+from metralectl.core.engine_flags import FlagSpec
 from metralectl.core.render import spec_for
 from metralectl.core.yamlsrc import load_file
 from tests.unit.recipe_helpers import REPO

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("seams",),
     ("core",),
     ("joblog",),
-    ("ownedfs", "filecap"),
+    ("ownedfs", "names", "filecap"),
     ("errors", "paths", "safetext", "atomicfile", "wording", "cancel", "__init__"),
 ]
 
@@ -41,9 +41,6 @@ def _cycle(*names: str) -> frozenset[str]:
 
 
 ALLOWED_CYCLES: dict[frozenset[str], str] = {
-    _cycle("core.contract", "core.engine_revisions"):
-        "one parser split for size: the contract hands its revisions: section to engine_revisions, "
-        "which builds on the contract's flag and lever types (the contract's import is lazy)",
     _cycle("core.catalog", "core.synced_set"):
         "the catalog loads a synced engine release through synced_set, which checks those recipes "
         "with the catalog's own loader (both imports are lazy)",

@@ -67,3 +67,19 @@ def test_the_stored_rows_say_the_same_without_the_catalog() -> None:
     assert warm.stderr.rsplit("LOADED=", 1)[1].strip() == ""  # neither the catalog nor YAML nor the row code
     assert warm.stdout == first.stdout
     assert FOOTNOTE.findall(warm.stderr) == FOOTNOTE.findall(first.stderr) != []
+
+
+def test_the_stored_rows_are_keyed_on_every_module_that_computes_a_row() -> None:
+    """A row is built from the hardware class, the model and the image of a recipe (app/library.py); a change
+    to the code of any of them must make the stored rows miss, never answer with the old wording."""
+    from metralectl.app import library, library_cache
+    from metralectl.core import fit, recipe
+    from metralectl.core.hardware import HardwareClass
+    from metralectl.core.image_info import ImageInfo
+    from metralectl.core.model_info import ModelInfo
+
+    package = library_cache._PACKAGE
+    computing = {library.__file__, fit.__file__, recipe.__file__,
+                 *(sys.modules[t.__module__].__file__ for t in (HardwareClass, ModelInfo, ImageInfo))}
+    keyed = {str(package / name) for name in library_cache._CODE}
+    assert {str(f) for f in computing} <= keyed

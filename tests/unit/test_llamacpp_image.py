@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from metralectl.core.hardware import build_command, shipped_build_file
+from metralectl.core.image_info import build_command, shipped_build_file
 from tests.unit.llamacpp_image_helpers import (BUILD_SH, GB10_DOCKERFILE, build_script_call, expand, labels,
                                                pinned_version, stage_args, stages)
 from tests.unit.recipe_helpers import REPO, catalog

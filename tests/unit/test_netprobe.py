@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from metralectl.seams import netprobe
-from metralectl.seams.netprobe import IfAddr, NodeNet, NodeView, RoceRefused, choose_roce
+from metralectl.seams import roce
+from metralectl.seams.netprobe import IfAddr, NodeNet
+from metralectl.seams.roce import NodeView, RoceRefused, choose_roce
 
 DATA = Path(__file__).parent / "data"
 ROCE = ("enp1s0f0np0", "enp1s0f1np1")
@@ -147,7 +149,7 @@ def test_a_class_without_roce_interfaces_is_refused() -> None:
 
 def test_describe_marks_the_choice_the_candidates_and_management() -> None:
     report = netprobe.parse_probe(HEAD_PROBE)
-    line = netprobe.describe(report.net, ROCE, "enp1s0f0np0")
+    line = roce.describe(report.net, ROCE, "enp1s0f0np0")
     assert line.startswith("enp1s0f0np0 10.0.0.1/24 (RoCE, chosen)")
     assert "enP7s7 192.168.1.10/24 (management: default route)" in line and "no IPv4 on enp1s0f1np1" in line
 
@@ -155,10 +157,10 @@ def test_describe_marks_the_choice_the_candidates_and_management() -> None:
 def test_operator_given_values_are_checked_not_refused() -> None:
     head = NodeView("head", net({"enp1s0f0np0": "10.0.0.1/24"}))
     worker = NodeView("worker", net({"enp1s0f1np1": "10.0.1.2/24"}))
-    notes = netprobe.check_given("enp1s0f0np0", "10.0.0.9", [head, worker])
+    notes = roce.check_given("enp1s0f0np0", "10.0.0.9", [head, worker])
     assert any("--master-addr 10.0.0.9 is not head's address" in n for n in notes)
     assert any("worker has no IPv4 address on enp1s0f0np0" in n for n in notes)
-    assert netprobe.check_given("enp1s0f0np0", "10.0.0.1", [head]) == []
+    assert roce.check_given("enp1s0f0np0", "10.0.0.1", [head]) == []
 
 
 def test_hub_summary() -> None:

@@ -1,5 +1,5 @@
-"""metralectl.ownedfs: names from outside against their grammars, and changes inside an owned directory
-tried as an attacker would (symlinks on the way, `..`, links that leave, FIFOs, directories swapped)."""
+"""metralectl.names and metralectl.ownedfs: names from outside against their grammars, and changes inside an owned
+directory tried as an attacker would (symlinks on the way, `..`, links that leave, FIFOs, directories swapped)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from metralectl.errors import ExitCode
-from metralectl.ownedfs import Owned, OutsideOwned, UnsafeName, check, is_valid
+from metralectl.names import UnsafeName, check, is_valid
+from metralectl.ownedfs import Owned, OutsideOwned
 
 SHA = "a" * 64
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

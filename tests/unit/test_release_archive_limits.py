@@ -16,7 +16,7 @@ import pytest
 
 from metralectl.core import release_archive as ra
 from metralectl.errors import ExitCode, MetralError
-from metralectl.ownedfs import UnsafeName
+from metralectl.names import UnsafeName
 from tests.unit.release_fixture import fixture_recipes, reseal_index, sha, write_release
 
 RECIPE = b'recipe_version: "2"\nmodel: x\n'

@@ -17,7 +17,7 @@ import pytest
 from metralectl.seams import hfcache, transfer, weights_errors
 
 from metralectl.core import images
-from metralectl.core.hardware import ImageInfo
+from metralectl.core.image_info import ImageInfo
 from metralectl.seams.hfcache import Listing, RepoFile
 from metralectl.core.progress import Meter, human_bytes, human_duration
 from tests.fakes.runtime import FakeRuntime, image as local_image

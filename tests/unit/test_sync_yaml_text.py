@@ -23,7 +23,7 @@ from metralectl.core.catalog import load_catalog
 from metralectl.core.recipe_import import ImportContext, UpstreamFile, convert
 from metralectl.core.yamlsrc import load_text
 from metralectl.errors import ExitCode, MetralError
-from metralectl.ownedfs import UnsafeName
+from metralectl.names import UnsafeName
 from metralectl.seams.sync_fetch import Source
 from tests.unit.recipe_helpers import REPO
 from tests.unit.release_fixture import COMMIT_61E6559, fixture_recipes, reseal, reseal_index, sha, write_release

@@ -14,16 +14,8 @@ from metralectl.core.gpudata import GpuSystem, GpuUnavailable
 from metralectl.telemetry.engine_metrics import parse_metrics
 from metralectl.telemetry.sampler import Sample
 from metralectl.telemetry.thermal import ThermalLines
-from metralectl.telemetry.view import (
-    UNIFIED_LABEL,
-    EngineObservation,
-    EngineTarget,
-    TopModel,
-    energy_rates,
-    engine_row,
-    finite,
-    thermal_lines_from,
-)
+from metralectl.telemetry.engine_view import EngineObservation, EngineTarget, engine_row
+from metralectl.telemetry.view import UNIFIED_LABEL, TopModel, energy_rates, finite, thermal_lines_from
 from tests.unit import fake_pynvml as fk
 from tests.unit.test_engine_metrics import METRICS, later
 

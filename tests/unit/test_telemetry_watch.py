@@ -16,7 +16,7 @@ from metralectl.lifecycle.launch import LABEL_ENDPOINT
 from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, LABEL_RECIPE, owner
 from metralectl.seams.docker_runtime import ContainerInfo, DockerUnavailable
 from metralectl.telemetry.thermal import ThermalLines
-from metralectl.telemetry.view import EngineTarget
+from metralectl.telemetry.engine_view import EngineTarget
 from metralectl.telemetry.watch import (
     NO_ENGINE,
     EnginePoller,
@@ -73,7 +73,7 @@ def poller_with(targets: list[EngineTarget], clients: dict[str, FakeClient],
 
 
 def test_poller_keeps_the_trailing_window_and_rates_follow() -> None:
-    from metralectl.telemetry.view import engine_row
+    from metralectl.telemetry.engine_view import engine_row
 
     poller, clock = poller_with([EngineTarget("http://e")], {}, interval_s=1.0, window_s=3.0)
     for _ in range(8):

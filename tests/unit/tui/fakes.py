@@ -21,7 +21,8 @@ from metralectl.lifecycle import events as ev
 from metralectl.lifecycle.status import Serving, StatusReport
 from metralectl.telemetry.engine_metrics import EngineSnapshot
 from metralectl.telemetry.thermal import ThermalLines, ThermalStatus
-from metralectl.telemetry.view import EnergyRate, EngineRow, EngineTarget, GpuRow, TopView
+from metralectl.telemetry.engine_view import EngineRow, EngineTarget
+from metralectl.telemetry.view import EnergyRate, GpuRow, TopView
 from metralectl.cancel import CancelToken
 from metralectl.tui.services import (
     Action,

@@ -20,7 +20,7 @@ from metralectl.doctor.model import CheckResult
 from metralectl.errors import MetralError
 from metralectl.lifecycle import events as ev
 from metralectl.lifecycle.status import Serving, StatusReport
-from metralectl.telemetry.view import EngineTarget
+from metralectl.telemetry.engine_view import EngineTarget
 from metralectl.tui.app import MetralectlApp
 from metralectl.cancel import CancelToken
 from metralectl.tui.screens.confirm import ConfirmScreen
