@@ -26,12 +26,12 @@ from metralectl.tui.first_frame import FIRST_FRAME_CSS
 from metralectl.tui.outside import markup
 from metralectl.tui.messages import PlanReady, ServedChanged, WorkerFailed
 from metralectl.tui.screens.main import VIEWS, MainScreen
-from metralectl.tui.services import Action, Outcome, Services
 from metralectl.tui.views.serving import ServingView
 
-if TYPE_CHECKING:  # the other views and the dialogs are imported after the first paint (screens/main.py)
+if TYPE_CHECKING:  # the other views, the dialogs and services.py's values come after the first frame
     from textual.notifications import SeverityLevel
 
+    from metralectl.tui.services import Action, Outcome, Services
     from metralectl.tui.views.library import LibraryView
 
 WORKER_THREADS = 16  # long-lived feeds (status, telemetry, logs) must never starve an action

@@ -7,7 +7,8 @@ frame that reaches the terminal and again a second later:
 - no style of a view not shown or of a dialog was parsed (views.tcss, dialogs.tcss): every rule parsed
   before the first frame is matched against every node styled for it;
 - nothing of Docker, HTTP, NVML, the Hub, YAML, the catalog, the lifecycle, telemetry or doctor was
-  imported, nor the other views, the dialogs or their Textual widgets: they all come after;
+  imported, nor the other views, the dialogs or their Textual widgets, nor services.py's values (~6 ms of
+  dataclasses) or the bench service: they all come after;
 - the screen had the breakpoint classes of the terminal's size (-wide, -tall at 120×50): Textual sets them
   on its first Resize, after the first frame, which was then laid out without them and everything styled
   and laid out again for the next;
@@ -85,7 +86,8 @@ runpy.run_module("metralectl", run_name="__main__")
 # Not before the first frame: what the feeds, the other views and the dialogs load, and what they show with.
 LATER = ("docker", "httpx", "requests", "urllib3", "pynvml", "huggingface_hub", "yaml", "metralectl.core.catalog",
          "metralectl.lifecycle", "metralectl.telemetry", "metralectl.doctor", "metralectl.seams.docker_runtime",
-         "metralectl.app", "metralectl.tui.plans", "metralectl.tui.views.library", "metralectl.tui.views.bench",
+         "metralectl.app", "metralectl.tui.plans", "metralectl.tui.services", "metralectl.tui.bench_adapter",
+         "metralectl.tui.bench_core", "metralectl.bench", "metralectl.tui.views.library", "metralectl.tui.views.bench",
          "metralectl.tui.views.doctor", "metralectl.tui.screens.confirm", "metralectl.tui.screens.progress",
          "metralectl.tui.screens.run_detail", "metralectl.tui.screens.message", "metralectl.tui.widgets.param_form",
          "metralectl.tui.widgets.recipe_table", "metralectl.tui.widgets.history_table",
