@@ -85,7 +85,7 @@ def last_words(text: bytes, lines: int = 3) -> str:
 
 def outcome(argv: list[str], proc: subprocess.Popen[bytes], painted: bool, marker: bytes | None, text: bytes) -> None:
     """Raise NotMeasured unless the child painted (when a marker is awaited) and exited 0."""
-    name = " ".join(Path(a).name if a.startswith("/") else a for a in argv)
+    name = " ".join([argv[0]] + [Path(a).name if a.startswith("/") else a for a in argv[1:]])  # which interpreter
     if marker is not None and not painted:
         code = "still running" if proc.returncode is None else f"exit {proc.returncode}"
         raise NotMeasured(f"{name}: never painted ({code}): {last_words(text)}")
