@@ -3,7 +3,7 @@
 measured in the same run — first paint, idle CPU, and UI responsiveness while the Serving view's log
 tail receives thousands of lines per second.
 
-Everything runs in a pseudo-terminal (120×40), so terminal output is part of the cost. The baseline is
+Everything runs in a pseudo-terminal (120×40), so terminal output is part of the cost. The yardstick is
 a bare Textual app (Header, TabbedContent with two tabs, Footer): what any Textual dashboard pays.
 Targets are ratios or absolutes within one run, so a busy machine slows both sides alike.
 - First paint: wall time from spawning the process until its output shows the view tabs, median of
@@ -27,12 +27,14 @@ Targets are ratios or absolutes within one run, so a busy machine slows both sid
 
     PYTHONPATH=. python3 benchmarks/tui.py [--runs 7] [--idle 15] [--idle-runs 3] [--seconds 10]
         [--rate 2000] [--parts paint,idle,frames,real-log] [--repo TREE] [--compare TREE]
-        [--installed VENV/bin/python] [--json FILE]
+        [--installed VENV/bin/python] [--baseline OTHER_VENV/bin/python] [--json FILE]
 
 `--repo TREE` measures another checkout's dashboard (e.g. the code before a change) with this harness;
 `--compare TREE` adds that checkout's `metralectl tui` to the same interleaving (first paint, idle CPU);
 `--installed VENV/bin/python` adds the `metralectl tui` a wheel installed there gives (what a user runs),
-judged against the same targets.
+judged against the same targets; `--baseline OTHER_VENV/bin/python` adds another wheel's (e.g. main's, the
+before of a change) to the same interleaving, reported and not judged. Each round runs the cases in a new
+order (seeded): a case that always followed the same one would carry what that one left behind.
 Exit 1 when a target is missed or a part could not be measured. Every timed child must have done what was
 timed: painted its view and exited 0 when asked to quit (`python -c pass`: exited 0), written its frame
 times; otherwise the script prints no number for it, says what the child said last, and exits 1.
@@ -45,6 +47,7 @@ import fcntl
 import json
 import os
 import pty
+import random
 import re
 import resource
 import select
@@ -82,7 +85,7 @@ def last_words(text: bytes, lines: int = 3) -> str:
 
 def outcome(argv: list[str], proc: subprocess.Popen[bytes], painted: bool, marker: bytes | None, text: bytes) -> None:
     """Raise NotMeasured unless the child painted (when a marker is awaited) and exited 0."""
-    name = " ".join(Path(a).name if a.startswith("/") else a for a in argv)
+    name = " ".join([argv[0]] + [Path(a).name if a.startswith("/") else a for a in argv[1:]])  # which interpreter
     if marker is not None and not painted:
         code = "still running" if proc.returncode is None else f"exit {proc.returncode}"
         raise NotMeasured(f"{name}: never painted ({code}): {last_words(text)}")
@@ -345,6 +348,7 @@ def load() -> str:
 
 
 TUI = [sys.executable, "-m", "metralectl", "tui"]
+BASELINE = "metralectl tui (baseline wheel)"
 
 
 def compared(env: dict[str, str], tree: str | None) -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -355,14 +359,15 @@ def compared(env: dict[str, str], tree: str | None) -> dict[str, tuple[list[str]
     return {f"metralectl tui @ {Path(other).name}": (TUI, {**env, "PYTHONPATH": other, "TUI_BENCH_REPO": other})}
 
 
-def installed(env: dict[str, str], python: str | None) -> dict[str, tuple[list[str], dict[str, str]]]:
+def installed(env: dict[str, str], python: str | None, baseline: str | None = None
+              ) -> dict[str, tuple[list[str], dict[str, str]]]:
     """`--installed PYTHON`: the `metralectl tui` installed in that interpreter's environment (a wheel in a
-    fresh venv, as a user has it), run from a directory holding no checkout, with no PYTHONPATH."""
-    if not python:
-        return {}
+    fresh venv, as a user has it), run from a directory holding no checkout, with no PYTHONPATH.
+    `--baseline PYTHON`: the same for another wheel (the code before a change), reported, not judged."""
     clean = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     clean["TUI_BENCH_REPO"] = str(Path(env["METRALE_HOME"]).parent)  # the cwd of the child: no metralectl/ there
-    return {"metralectl tui (wheel)": ([python, "-m", "metralectl", "tui"], clean)}
+    cases = {"metralectl tui (wheel)": python, BASELINE: baseline}
+    return {name: ([py, "-m", "metralectl", "tui"], clean) for name, py in cases.items() if py}
 
 
 def paint_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: list[str]) -> dict[str, Any]:
@@ -372,14 +377,17 @@ def paint_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: l
         "dashboard (fake services)": ([sys.executable, me, "--child", "paint"], b"Serving", env),
         "metralectl tui": (TUI, b"Serving", env),
         **{name: (argv, b"Serving", other) for name, (argv, other) in compared(env, args.compare).items()},
-        **{name: (argv, b"Serving", other) for name, (argv, other) in installed(env, args.installed).items()},
+        **{name: (argv, b"Serving", other) for name, (argv, other) in installed(env, args.installed, args.baseline).items()},
     }
     for argv, marker, case_env in cases.values():  # warm the page cache and the byte code once
         first_paint(argv, case_env, marker)
     times: dict[str, list[float]] = {name: [] for name in cases}
     cpus: dict[str, list[float]] = {name: [] for name in cases}
+    shuffle = random.Random(0).shuffle  # the same orders every time the script runs
     for _ in range(args.runs):
-        for name, (argv, marker, case_env) in cases.items():
+        order = list(cases.items())
+        shuffle(order)  # a new order each round: no case always runs first, or always right after the same one
+        for name, (argv, marker, case_env) in order:
             wall, cpu = first_paint(argv, case_env, marker)
             times[name].append(wall)
             cpus[name].append(cpu)
@@ -397,7 +405,7 @@ def paint_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: l
         if name in ("metralectl tui", "metralectl tui (wheel)"):
             if verdict == "  OVER":
                 failed.append(f"{name}: first paint {med / base:.2f}× the bare app")
-        print(f"  {name:<28}{med:7.3f} s  (min {min(samples):.3f} s)  {med / base:5.2f}× bare   "
+        print(f"  {name:<32}{med:7.3f} s  (min {min(samples):.3f} s)  {med / base:5.2f}× bare   "
               f"CPU {cpu:6.3f} s  (min {min(cpus[name]):.3f} s)  {cpu / base_cpu:5.2f}× bare{verdict}")
     return out
 
@@ -406,7 +414,7 @@ def idle_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: li
     print(f"idle CPU, % of one core over {args.idle:g} s from {IDLE_SETTLE_S:g} s after first paint, "
           f"median of {args.idle_runs} interleaved runs; target: metralectl tui ≤ {IDLE_CPU_TARGET_PCT:g} %")
     cases = {"bare Textual app": ([sys.executable, me, "--child", "bare"], env), "metralectl tui": (TUI, env),
-             **compared(env, args.compare), **installed(env, args.installed)}
+             **compared(env, args.compare), **installed(env, args.installed, args.baseline)}
     idle: dict[str, list[float]] = {name: [] for name in cases}
     busy: dict[str, list[bool]] = {name: [] for name in cases}
     for _ in range(args.idle_runs):
@@ -425,7 +433,7 @@ def idle_part(args: argparse.Namespace, env: dict[str, str], me: str, failed: li
             if verdict == "  OVER":
                 failed.append(f"{name}: idle CPU {med:.1f} %")
         runs = ", ".join(f"{v:.1f}{'*' if b else ''}" for v, b in zip(samples, busy[name]))
-        print(f"  {name:<28}{med:5.1f} %  (runs: {runs}){verdict}")
+        print(f"  {name:<32}{med:5.1f} %  (runs: {runs}){verdict}")
     if any(any(b) for b in busy.values()):
         print("  * a metralectl engine (another session's) ran on this Docker daemon during the run: the dashboard "
               "showed it, followed its log and scraped it — not idle")
@@ -502,6 +510,9 @@ def main() -> None:
     parser.add_argument("--compare", help="also measure this checkout's `metralectl tui`, interleaved (before/after)")
     parser.add_argument("--installed", metavar="PYTHON",
                         help="also measure the metralectl installed for this interpreter (a wheel in a fresh venv)")
+    parser.add_argument("--baseline", metavar="PYTHON",
+                        help="also measure the metralectl installed for this interpreter (a wheel of the code before a "
+                             "change, in its own fresh venv), interleaved with the rest; reported, not judged")
     parser.add_argument("--parts", default="paint,idle,frames,real-log", help="which measurements (comma-separated)")
     parser.add_argument("--json")
     parser.add_argument("--child")

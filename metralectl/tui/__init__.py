@@ -26,6 +26,16 @@ def open_on_terminal(hardware: str | None = None) -> int:
 
 def run(services: Services | None = None, *, hardware: str | None = None) -> int:
     """Open the dashboard on this terminal; returns the exit code."""
+    from metralectl.tui.first_frame import pause_gc, resume_gc
+
+    pause_gc()  # until the first frame (MainScreen resumes it), or until the app ends without one
+    try:
+        return _run(services, hardware)
+    finally:
+        resume_gc()
+
+
+def _run(services: Services | None, hardware: str | None) -> int:
     if services is None:
         from metralectl.tui.core_services import CoreServices
 

@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual import work
@@ -23,24 +22,24 @@ from textual.worker import Worker, WorkerState
 
 from metralectl.errors import MetralError
 from metralectl.safetext import clean, printable
+from metralectl.tui.first_frame import FIRST_FRAME_CSS
 from metralectl.tui.outside import markup
 from metralectl.tui.messages import PlanReady, ServedChanged, WorkerFailed
 from metralectl.tui.screens.main import VIEWS, MainScreen
-from metralectl.tui.services import Action, Outcome, Services
 from metralectl.tui.views.serving import ServingView
 
-if TYPE_CHECKING:  # the other views and the dialogs are imported after the first paint (screens/main.py)
+if TYPE_CHECKING:  # the other views, the dialogs and services.py's values come after the first frame
     from textual.notifications import SeverityLevel
 
+    from metralectl.tui.services import Action, Outcome, Services
     from metralectl.tui.views.library import LibraryView
 
-STYLES = Path(__file__).parent / "styles"  # absolute: subclasses elsewhere (tests, benchmarks) find it too
 WORKER_THREADS = 16  # long-lived feeds (status, telemetry, logs) must never starve an action
 
 
 class MetralectlApp(App[int]):
     TITLE = "metralectl"
-    CSS_PATH = [STYLES / name for name in ("app.tcss", "widgets.tcss", "views.tcss", "dialogs.tcss")]
+    CSS_PATH = FIRST_FRAME_CSS  # the other views' and the dialogs' styles come with them (first_frame.py)
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (40, "-tall")]
     # 1-4 stay out of the footer: the tabs already say "1 Serving" ... "4 Doctor"; ctrl+t too (the palette has
@@ -66,7 +65,21 @@ class MetralectlApp(App[int]):
             ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="metralectl-tui"))
 
     def get_default_screen(self) -> MainScreen:
-        return MainScreen(status_every_s=self._status_every_s)
+        # Textual sets the breakpoint classes on the first Resize, which comes after the first frame: that
+        # frame had the layout of no breakpoint (4 short charts a row at 80 columns) and everything was
+        # styled and laid out again for the next. Given now, from the size the first frame is laid out at.
+        return MainScreen(status_every_s=self._status_every_s, classes=" ".join(self.breakpoint_classes()))
+
+    def breakpoint_classes(self) -> list[str]:
+        """The classes a Textual Screen gives itself on each Resize for the app's breakpoints at the terminal's
+        size: per dimension, the one with the highest threshold the size reaches."""
+        found = []
+        for size, breakpoints in ((self.size.width, self.HORIZONTAL_BREAKPOINTS),
+                                  (self.size.height, self.VERTICAL_BREAKPOINTS)):
+            reached = [(at, name) for at, name in breakpoints or () if size >= at]
+            if reached:
+                found.append(max(reached)[1])
+        return found
 
     # -- views ----------------------------------------------------------------------------------
     @property

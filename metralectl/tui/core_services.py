@@ -1,7 +1,8 @@
 """The real services: the same core calls the CLI makes (lifecycle, status, doctor, telemetry, bench).
 
 Every import of the core happens inside the method that needs it (on a worker thread), so the
-dashboard paints before Docker, httpx or NVML are even loaded.
+dashboard paints before Docker, httpx or NVML are even loaded. services.py's values (ten frozen
+dataclasses: ~6 ms to define) and the bench service come the same way: the first frame needs neither.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from metralectl.tui.services import Action, LibraryItem, LibrarySnapshot, Listener, Outcome, Plan
 from metralectl.wording import count
 
 if TYPE_CHECKING:
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from metralectl.lifecycle.status import StatusReport
     from metralectl.seams.docker.protocol import ContainerRuntime
     from metralectl.cancel import CancelToken
-    from metralectl.tui.services import BenchService, TelemetryFeed
+    from metralectl.tui.services import (Action, BenchService, LibrarySnapshot, Listener, Outcome, Plan,
+                                         TelemetryFeed)
 
 LOCK_NOTE = "(dashboard)"
 
@@ -33,11 +34,18 @@ class CoreServices:
         from metralectl.seams.docker.shared import SharedRuntime  # light: Docker is imported on first use
 
         self._shared = SharedRuntime()
-        if bench is None:
-            from metralectl.tui.bench_adapter import make_bench
+        self._bench = bench
+        self._bench_lock = threading.Lock()
 
-            bench = make_bench()
-        self.bench = bench
+    @property
+    def bench(self) -> BenchService:
+        """Made when the Benchmarks view first asks for it (on a worker, after the first frame)."""
+        with self._bench_lock:
+            if self._bench is None:
+                from metralectl.tui.bench_adapter import make_bench
+
+                self._bench = make_bench()
+            return self._bench
 
     # -- helpers --------------------------------------------------------------------------------
     def now(self) -> float:
@@ -59,7 +67,7 @@ class CoreServices:
     @staticmethod
     def _own_runtime() -> ContainerRuntime:
         """A connection of its own for a run, swap, stop or pull: they change the client's timeout while they
-        last (seams/shared_runtime.py says why a shared one must not), and they are one per operator action."""
+        last (seams/docker/shared.py says why a shared one must not), and they are one per operator action."""
         from metralectl.seams.docker.runtime import open_runtime
 
         return open_runtime()
@@ -70,6 +78,7 @@ class CoreServices:
 
     # -- library --------------------------------------------------------------------------------
     def library(self) -> LibrarySnapshot:
+        from metralectl.tui.services import LibraryItem, LibrarySnapshot
         from metralectl.app import library
         from metralectl.errors import MetralError
         from metralectl.core.render import LABEL_RECIPE
@@ -142,6 +151,7 @@ class CoreServices:
         return _stop_outcome(name, result)
 
     def _pull(self, recipe: Any, catalog: Catalog, emit: Listener) -> Outcome:
+        from metralectl.tui.services import Outcome
         from metralectl.seams import machine
         from metralectl.seams.docker import images
         from metralectl.seams.hf import weights
@@ -184,17 +194,23 @@ class CoreServices:
 
 # -- outcomes --------------------------------------------------------------------------------------------------
 def _run_outcome(launched: Any) -> Outcome:
+    from metralectl.tui.services import Outcome
+
     return Outcome("run", launched.recipe, "done", f"{launched.recipe} serves on {launched.url}/v1 (model "
                    f"{launched.model or '-'}); ready in {launched.ready_s:.1f} s")
 
 
 def _swap_outcome(result: Any) -> Outcome:
+    from metralectl.tui.services import Outcome
+
     split = ", ".join(f"{k} {v:.1f} s" for k, v in result.phases.items())
     return Outcome("swap", result.to_recipe, "done", f"swapped {result.from_recipe} → {result.to_recipe}: downtime "
                    f"{result.downtime_s:.1f} s ({split})")
 
 
 def _stop_outcome(name: str | None, stopped: Any) -> Outcome:
+    from metralectl.tui.services import Outcome
+
     if stopped.nothing:
         return Outcome("stop", name, "done", "nothing to stop")
     results = [r.result for r in stopped.ranks if r.result is not None] + list(stopped.containers)

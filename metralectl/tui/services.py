@@ -150,7 +150,8 @@ class BenchService(Protocol):
 
 
 class Services(Protocol):
-    bench: BenchService
+    @property
+    def bench(self) -> BenchService: ...
 
     def now(self) -> float:
         """Wall-clock time for display (fixed in snapshot tests)."""

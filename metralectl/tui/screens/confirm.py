@@ -9,11 +9,13 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
+from metralectl.tui.first_frame import DIALOGS_CSS
 from metralectl.tui.outside import line, prose
 from metralectl.tui.services import Plan
 
 
 class ConfirmScreen(ModalScreen[bool]):
+    CSS_PATH = DIALOGS_CSS  # read when the first dialog opens, not before the first frame
     BINDINGS = [
         Binding("y", "confirm", "Confirm"),
         Binding("n,escape", "cancel", "Cancel"),

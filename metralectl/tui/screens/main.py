@@ -10,17 +10,18 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widget import Widget
+from textual.widget import MountError, Widget
 from textual.widgets import Footer, TabbedContent, TabPane
 
+from metralectl.tui.first_frame import add_views_css, resume_gc
 from metralectl.tui.views.serving import ServingView
 
 VIEWS = (("serving", "Serving"), ("library", "Library"), ("bench", "Benchmarks"), ("doctor", "Doctor"))
 
 
 class MainScreen(Screen[None]):
-    def __init__(self, *, status_every_s: float = 2.0) -> None:
-        super().__init__(id="main")
+    def __init__(self, *, status_every_s: float = 2.0, classes: str | None = None) -> None:
+        super().__init__(id="main", classes=classes)  # the breakpoint classes (MetralectlApp.get_default_screen)
         self._status_every_s = status_every_s
 
     def compose(self) -> ComposeResult:
@@ -56,13 +57,18 @@ class MainScreen(Screen[None]):
         self.call_after_refresh(self.focus_active)
 
     async def _mount_hidden_views(self) -> None:
+        resume_gc()  # paused by tui.run() until the first frame, which is on screen now
+        add_views_css(self.app)
         from metralectl.tui.views.bench import BenchView
         from metralectl.tui.views.doctor import DoctorView
         from metralectl.tui.views.library import LibraryView
 
         for view in (LibraryView(id="library-view"), BenchView(id="bench-view"), DoctorView(id="doctor-view")):
             pane_id = (view.id or "").removesuffix("-view")
-            await self.query_one(f"#{pane_id}", TabPane).mount(view)
+            try:
+                await self.query_one(f"#{pane_id}", TabPane).mount(view)
+            except (MountError, NoMatches):  # quit as the first frame came: the panes are going, and so are we
+                return
         self.focus_active()  # a key pressed before they were there switched to an empty pane
 
     def on_screen_resume(self) -> None:

@@ -11,10 +11,12 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
+from metralectl.tui.first_frame import DIALOGS_CSS
 from metralectl.tui.outside import line, log, prose
 
 
 class MessageScreen(ModalScreen[None]):
+    CSS_PATH = DIALOGS_CSS  # read when the first dialog opens, not before the first frame
     BINDINGS = [Binding("escape,enter,q", "close", "Close")]
 
     def __init__(self, title: str, message: str, hint: str | None = None, lines: Sequence[str] = ()) -> None:

@@ -23,6 +23,7 @@ from textual.widgets import Button, Label, ProgressBar, Static
 from metralectl.errors import MetralError
 from metralectl.cancel import Cancelled, CancelToken
 from metralectl.tui.coalesce import Coalescer, Throttle
+from metralectl.tui.first_frame import DIALOGS_CSS
 from metralectl.tui.messages import ActionEvent, ActionFinished, LinesReady, ServedChanged
 from metralectl.tui.outside import line, log, prose
 from metralectl.tui.progress_model import ProgressModel
@@ -37,6 +38,7 @@ VERBS = {"pull": "Pulling", "run": "Starting", "swap": "Swapping to", "stop": "S
 
 
 class ProgressScreen(ModalScreen[Outcome]):
+    CSS_PATH = DIALOGS_CSS  # read when the first dialog opens, not before the first frame
     BINDINGS = [
         Binding("c,escape", "cancel_or_close", "Cancel / close"),
         Binding("enter", "close", "Close", show=False),

@@ -14,6 +14,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Label, Static
 
+from metralectl.tui.first_frame import DIALOGS_CSS
 from metralectl.tui.outside import line
 from metralectl.tui.services import RunDetail
 from metralectl.tui.widgets.history_table import when
@@ -33,6 +34,7 @@ def compare_rows(a: RunDetail, b: RunDetail) -> list[tuple[str, str, str]]:
 
 
 class RunDetailScreen(ModalScreen[None]):
+    CSS_PATH = DIALOGS_CSS  # read when the first dialog opens, not before the first frame
     BINDINGS = [Binding("escape,q", "close", "Close")]
 
     def __init__(self, details: Sequence[RunDetail]) -> None:
