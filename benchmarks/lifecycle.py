@@ -97,8 +97,7 @@ def main() -> None:
         from metralectl.lifecycle.stop import stop_containers
         from metralectl.lifecycle.swap import swap
         from metralectl.core.render import render
-        from metralectl.seams.docker_runtime import DockerRuntime
-
+        from metralectl.seams.docker.runtime import DockerRuntime
         catalog = load_catalog()
         runtime = DockerRuntime()
         a, b = catalog.recipe("bench-a"), catalog.recipe("bench-b")

@@ -6,7 +6,8 @@
     ops         what the API reads and does (the real one drives the lifecycle over Docker)
     capability  "can this machine run models", re-checked by itself every few seconds
     service     `metralectl agent`: wiring, state file, signals
-    client      how the CLI and the dashboard reach a running agent (stdlib http.client; run/swap/stop as its jobs)
+    (client)    app/agent_client.py: what the CLI asks of a running agent (a peer's unit cancelled), over
+                seams/httpclient's loopback
 
 docs/agent.md describes the security model.
 """

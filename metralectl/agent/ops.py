@@ -18,7 +18,7 @@ from metralectl.errors import MetralError
 
 if TYPE_CHECKING:
     from metralectl.app.serving import Change, Serving
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 Emit = Callable[[Any], None]
 
@@ -120,7 +120,7 @@ class LifecycleOps:
         return answer if answer is not None else {"can_run": None, "summary": "checking…", "problems": [], "checks": []}
 
     def _runtime(self, timeout: float = 10.0) -> ContainerRuntime:
-        from metralectl.seams.docker_runtime import open_runtime
+        from metralectl.seams.docker.runtime import open_runtime
 
         return open_runtime(timeout=timeout)
 

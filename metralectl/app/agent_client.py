@@ -9,18 +9,20 @@ asks GET /api/agent?challenge=N and checks the HMAC the agent answers (seams/age
 agent.json can be stale (the agent died, its pid was reused by another process of ours, and another
 user's server took the port); that server gets a challenge, never the token.
 
-stdlib only (http.client to 127.0.0.1).
+Over the one HTTP client's loopback request (seams/httpclient.py: http.client to 127.0.0.1).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metralectl.errors import ExitCode, MetralError, NotFound
+
+if TYPE_CHECKING:
+    from metralectl.seams.httpclient import Failed
 
 REQUEST_TIMEOUT_S = 15.0
 PROOF_TIMEOUT_S = 10.0  # the agent answers its challenge at once
@@ -104,29 +106,26 @@ class AgentClient:
                 self.verify()
             headers.update({"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
             data = json.dumps(body if body is not None else {}).encode()
-        from metralectl.seams.bounded import CONTROL_LIMIT, read_file
+        from metralectl.seams.bounded import CONTROL_LIMIT
+        from metralectl.seams.httpclient import Failed, loopback
 
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request(method, path, body=data, headers=headers)
-            answer = conn.getresponse()
-            raw = read_file(answer, CONTROL_LIMIT, f"the agent at {self.url}")  # a job's events: far less
-        except (OSError, http.client.HTTPException) as exc:
+        try:  # its answers are far less than the cap
+            answer = loopback(self.port, method, path, headers=headers, body=data, timeout=timeout,
+                              limit=CONTROL_LIMIT, what=f"the agent at {self.url}")
+        except Failed as exc:
             raise self._unreachable(exc) from None
-        finally:
-            conn.close()
         try:
-            value = json.loads(raw) if raw else None
+            value = json.loads(answer.body) if answer.body else None
         except (ValueError, RecursionError):
             value = None
         return answer.status, value
 
-    def _unreachable(self, exc: BaseException) -> MetralError:
+    def _unreachable(self, exc: Failed) -> MetralError:
         from metralectl.seams.process import pid_is_ours
 
         if not pid_is_ours(self.pid):  # another user's process took the pid: not our agent
             return AgentGone(f"the agent (pid {self.pid}) is gone")
-        why = type(exc).__name__ if not str(exc) else str(exc)
+        why = exc.detail or exc.kind
         return MetralError(f"the agent (pid {self.pid}, {self.url}) does not answer: {why}",
                            "check it (`metralectl agent logs`; restart it: `metralectl agent stop && metralectl agent start`)")
 

@@ -10,7 +10,6 @@ process is never signalled. "Answers" means the listener proved it holds this bo
 from __future__ import annotations
 
 import hmac
-import http.client
 import json
 import os
 import secrets
@@ -122,19 +121,18 @@ def answers(agent: AgentProc, base: Path | None = None, timeout_s: float = PROBE
         return exc.message
     if token is None:
         return "there is no agent token to check it with"
+    from metralectl.seams.bounded import PEEK_LIMIT
+    from metralectl.seams.httpclient import Failed, loopback
+
     challenge = secrets.token_urlsafe(24)
-    conn = http.client.HTTPConnection("127.0.0.1", agent.api_port, timeout=timeout_s)
     try:
-        conn.request("GET", f"/api/agent?challenge={challenge}",
-                     headers={"Host": f"127.0.0.1:{agent.api_port}", "Connection": "close"})
-        reply = conn.getresponse()
-        body = reply.read(64 << 10)
-    except (OSError, http.client.HTTPException) as exc:
-        return f"nothing answers on {agent.url} ({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})"
-    finally:
-        conn.close()
+        reply = loopback(agent.api_port, "GET", f"/api/agent?challenge={challenge}",
+                         headers={"Host": f"127.0.0.1:{agent.api_port}", "Connection": "close"},
+                         timeout=timeout_s, limit=PEEK_LIMIT, what=None)  # a proof is a few bytes: the rest unread
+    except Failed as exc:
+        return f"nothing answers on {agent.url} ({exc.named})"
     try:
-        proof = json.loads(body).get("proof") if reply.status == 200 else None
+        proof = json.loads(reply.body).get("proof") if reply.status == 200 else None
     except (ValueError, AttributeError, RecursionError):
         proof = None
     expected = agent_files.agent_proof(token, agent.api_port, challenge)

@@ -3,10 +3,11 @@
 The target is `--url`, else the container serving RECIPE, else the one model metralectl serves (the
 endpoint label `ps` reads). An answer is complete only when the stream says so (a `finish_reason`, or
 `data: [DONE]`); a stream that ends before, an error event, an HTTP error and an engine that does not
-answer are failures, each a MetralError with its exit code. httpx and docker are imported here, lazily.
+answer are failures, each a MetralError with its exit code. The request goes through the one HTTP client
+(seams/httpclient.py); it and docker are imported here, lazily.
 What is read is bounded (docs/serving.md): one SSE event at most sse.EVENT_LIMIT, one answer's stream at
 most sse.BODY_LIMIT, /v1/models and an error's body to their caps (seams/bounded.py); past one, the answer
-fails (exit 65) rather than the client growing. A target URL httpx cannot use (a label that is no URL) is a
+fails (exit 65) rather than the client growing. A target URL that cannot be used (a label that is no URL) is a
 clear error too.
 """
 
@@ -85,8 +86,7 @@ def resolve(recipe: str | None, url: str | None) -> ChatTarget:
 def served_endpoints() -> list[tuple[str, str]]:
     """(recipe, endpoint URL) of every running metralectl container that publishes an endpoint."""
     from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE
-    from metralectl.seams.docker_runtime import open_runtime
-
+    from metralectl.seams.docker.runtime import open_runtime
     with open_runtime(timeout=10.0) as runtime:
         containers = runtime.containers(mine=False)
     return [(c.labels.get(LABEL_RECIPE, "?"), c.labels[LABEL_ENDPOINT].rstrip("/")) for c in containers
@@ -105,12 +105,10 @@ class ChatClient:
     """One engine's chat endpoint; `ask` streams one answer."""
 
     def __init__(self, target: ChatTarget, headers: dict[str, str] | None = None) -> None:
-        import httpx
+        from metralectl.seams.httpclient import Client
 
         self.target = target
-        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-        # trust_env=False: the engine is local or on the RoCE link, never behind the user's HTTP proxy
-        self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers or {})
+        self._http = Client(timeout=READ_TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S, headers=headers)
         self.model: str | None = None
 
     def close(self) -> None:
@@ -124,20 +122,19 @@ class ChatClient:
 
     def served_model(self) -> str | None:
         """The model id the engine serves (/v1/models), for the request's `model`; None when it names none."""
-        import httpx
-
-        from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge, httpx_body
+        from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge
+        from metralectl.seams.httpclient import Failed
 
         url = self.target.url
         data: Any = None
         try:
-            with self._http.stream("GET", url + "/v1/models", timeout=CONNECT_TIMEOUT_S * 2) as response:
-                if response.status_code == 200:
-                    data = json.loads(httpx_body(response, CONTROL_LIMIT, f"{url}/v1/models"))
-        except httpx.InvalidURL as exc:
-            raise _not_a_url(url, exc) from None
-        except httpx.HTTPError as exc:
-            raise MetralError(f"nothing answers at {clean(url, 200)}: {clean(str(exc), 200) or type(exc).__name__}",
+            with self._http.stream("GET", url + "/v1/models", timeout=CONNECT_TIMEOUT_S * 2) as reply:
+                if reply.status == 200:
+                    data = json.loads(reply.body(CONTROL_LIMIT, f"{url}/v1/models"))
+        except Failed as exc:
+            if exc.bad_url:
+                raise _not_a_url(url, exc) from None
+            raise MetralError(f"nothing answers at {clean(url, 200)}: {clean(exc.detail, 200) or exc.kind}",
                               "`metralectl ps` shows what is served and whether it is healthy",
                               exit_code=ExitCode.UNAVAILABLE) from None
         except (ValueError, RecursionError, TooLarge):  # not JSON, or more than a list of models: none named
@@ -152,7 +149,7 @@ class ChatClient:
             on_reasoning: Callable[[str], None] = lambda _: None) -> Answer:
         """Stream one answer, calling on_content / on_reasoning with each piece as it arrives. Raises
         MetralError when it fails or ends incomplete; KeyboardInterrupt closes the stream and passes on."""
-        import httpx
+        from metralectl.seams.httpclient import Failed
 
         body: dict[str, Any] = {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
         if self.model:
@@ -161,17 +158,14 @@ class ChatClient:
             body["max_tokens"] = options.max_tokens
         if options.temperature is not None:
             body["temperature"] = options.temperature
-        from metralectl.seams.bounded import peek
-
         url = self.target.url + "/v1/chat/completions"
         answer = Answer()
         try:
-            with self._http.stream("POST", url, json=body) as response:
-                if response.status_code != 200:
-                    raise MetralError(f"the engine answered HTTP {response.status_code}: "
-                                      f"{_error_text(peek(response.iter_bytes()))}",
+            with self._http.stream("POST", url, json=body) as reply:
+                if reply.status != 200:
+                    raise MetralError(f"the engine answered HTTP {reply.status}: {_error_text(reply.peek())}",
                                       "`metralectl logs` shows the engine's side")
-                for event in _events(_capped(response.iter_bytes(), url)):
+                for event in _events(_capped(reply.chunks(), url)):
                     _take(event, answer, on_content, on_reasoning)
                     if answer.done:
                         break
@@ -179,15 +173,15 @@ class ChatClient:
             raise MetralError(f"{clean(url, 200)}: {exc}", "the engine sent an event without its end: it is not "
                               "streaming server-sent events as an OpenAI-compatible server does",
                               exit_code=ExitCode.DATA) from None
-        except httpx.InvalidURL as exc:
-            raise _not_a_url(self.target.url, exc) from None
-        except httpx.TimeoutException:
-            raise MetralError(f"no answer from {url} within {READ_TIMEOUT_S:g} s"
-                              + (" (the answer stopped mid-way)" if answer.pieces else ""),
-                              "`metralectl logs` shows what the engine is doing") from None
-        except httpx.HTTPError as exc:
+        except Failed as exc:
+            if exc.bad_url:
+                raise _not_a_url(self.target.url, exc) from None
+            if exc.timed_out:
+                raise MetralError(f"no answer from {url} within {READ_TIMEOUT_S:g} s"
+                                  + (" (the answer stopped mid-way)" if answer.pieces else ""),
+                                  "`metralectl logs` shows what the engine is doing") from None
             code = ExitCode.FAILED if answer.pieces else ExitCode.UNAVAILABLE
-            raise MetralError(f"the connection to {url} failed: {clean(str(exc), 200) or type(exc).__name__}",
+            raise MetralError(f"the connection to {url} failed: {clean(exc.detail, 200) or exc.kind}",
                               "`metralectl ps` shows whether the engine still runs", exit_code=code) from None
         if not answer.complete:
             raise MetralError("the stream ended before the answer finished (no finish_reason, no [DONE])",

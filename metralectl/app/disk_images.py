@@ -4,7 +4,7 @@ An image counts as the catalog's when its repository is one a catalog image name
 images/*.yaml and your own): `metrale/metrale-inference-gb10:<any tag>` is, `ubuntu:24.04` never is.
 An image a container runs (any owner's: the daemon is shared) is refused, and nothing is forced: the
 daemon's own refusal (another container, created or stopped, still uses it) is reported as it is. The daemon
-is reached only through the Docker seam (seams/docker_runtime.py: image_record, image_tags, images_in_use,
+is reached only through the Docker seam (seams/docker/images.py: image_record, image_tags, images_in_use,
 remove_image).
 """
 

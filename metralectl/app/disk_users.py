@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from metralectl.safetext import clean
-from metralectl.seams import hfcache
+from metralectl.seams.hf import cache as hfcache
 
 if TYPE_CHECKING:
     from metralectl.app.disk_weights import Removal

@@ -4,7 +4,7 @@ Only repository folders (`models--ORG--NAME`) are ever touched: a recipe's repos
 for a safetensors checkpoint; for a GGUF one only its quant's files, with the snapshot's verified
 manifest kept in step), a repository metralectl pulled that no recipe names any more (its snapshots
 carry metralectl's manifest), and dead downloads in those folders: `.incomplete` blobs and metralectl's
-own resumable partials (`.metralectl-partial/`, seams/partials.py). A folder holding another user's files
+own resumable partials (`.metralectl-partial/`, seams/hf/staging.py). A folder holding another user's files
 is refused, never half-removed. Everything is planned first (what goes, and the bytes it frees) so
 `--dry-run` shows exactly what a real run would do.
 
@@ -26,9 +26,10 @@ from metralectl import paths
 from metralectl.errors import MetralError
 from metralectl.ownedfs import Owned
 from metralectl.safetext import clean
-from metralectl.seams import gguf, gguf_cache, hfcache, partials
-from metralectl.seams.hfcache import EXPECTED_LISTING, VERIFIED_MANIFEST, Listing, RepoFile
-from metralectl.seams.weights_guard import lock_free
+from metralectl.seams.hf import cache as hfcache, gguf as hfgguf, staging as hfstaging
+from metralectl.seams.hf.cache import EXPECTED_LISTING, VERIFIED_MANIFEST
+from metralectl.seams.hf.listing import Listing, RepoFile
+from metralectl.seams.hf.steps import lock_free
 
 DEAD_DOWNLOAD_IDLE_S = 120.0  # an `.incomplete` blob nobody wrote to for this long, whose lock is free
 
@@ -157,9 +158,9 @@ def _links(cache: Owned, base: Path) -> dict[Path, Path | None]:
 def quant_paths(snapshot: Path, quant: str) -> set[str]:
     """The quant's model files in a snapshot: as its manifest's subset records them, and as the files on disk
     name themselves (sidecars such as mmproj are shared by every quant: never included)."""
-    key = gguf_cache.subset_key(quant)
-    found = {f.path for m in gguf.models(gguf_cache.local_files(snapshot)) if m.label.upper() == key for f in m.parts}
-    verified = gguf_cache.read_verified(snapshot)
+    key = hfgguf.subset_key(quant)
+    found = {f.path for m in hfgguf.models(hfgguf.local_files(snapshot)) if m.label.upper() == key for f in m.parts}
+    verified = hfgguf.read_verified(snapshot)
     if verified is not None and verified.subsets is not None:
         found |= set(verified.subsets.get(key, ()))
     return found
@@ -226,17 +227,17 @@ def partial_downloads(repo_folder: Path, hub: Path, recipes: tuple[str, ...] = (
     cache = hfcache.owned(hub)
     if not lock_free(cache, Path(".locks") / repo_folder.name / "metralectl-pull.lock"):
         return []
-    where = f"{repo_folder.name}/{partials.PARTIAL_DIR}"
-    if hfcache.is_link(cache, partials.folder(repo_folder)):
-        return [Removal("left-alone", where, 0, [], recipes, f"{clean(paths.display(partials.folder(repo_folder)))} "
+    where = f"{repo_folder.name}/{hfcache.PARTIAL_DIR}"
+    if hfcache.is_link(cache, hfstaging.partial_folder(repo_folder)):
+        return [Removal("left-alone", where, 0, [], recipes, f"{clean(paths.display(hfstaging.partial_folder(repo_folder)))} "
                         "is a symbolic link: not followed, nothing in it removed")]
     out = []
-    for found in partials.listed(repo_folder):
+    for found in hfstaging.partials_listed(repo_folder):
         item = Removal("download", f"{where}/{found.part.name} (partial {clean(found.path)}, {human_bytes(found.have)} "
                        f"of {human_bytes(found.size)}; `metralectl pull` would resume it)", found.have, found.files,
                        recipes, repo=found.repo)  # removed under the pull lock: never under a pull's feet
         out.append(item)
-    for stray in partials.orphans(repo_folder):
+    for stray in hfstaging.orphan_partials(repo_folder):
         link = hfcache.is_link(cache, stray)
         out.append(Removal("download", f"{where}/{clean(stray.name)}", _size(cache, stray), [stray], recipes,
                            left_alone=[f"left alone: what {clean(stray.name)} points to (the link itself goes)"]
@@ -296,14 +297,14 @@ def plan_prune(hub: Path, named: dict[str, tuple[str, ...]]) -> list[Removal]:
 def forget_quant(snapshot: Path, quant: str, removed: set[str]) -> None:
     """Keep the verified manifest true after a quant's files went: its subset goes, and the files no other subset
     names. A whole-snapshot manifest is first split into the subsets of the complete models it vouched for."""
-    verified = gguf_cache.read_verified(snapshot)
+    verified = hfgguf.read_verified(snapshot)
     if verified is None:
         return
     cache = hfcache.owned_of_snapshot(snapshot)
     subsets = dict(verified.subsets) if verified.subsets is not None else {
-        gguf_cache.subset_key(m.label): tuple(f.path for f in m.parts)
-        for m in gguf.models(verified.files.values()) if m.complete}
-    subsets.pop(gguf_cache.subset_key(quant), None)
+        hfgguf.subset_key(m.label): tuple(f.path for f in m.parts)
+        for m in hfgguf.models(verified.files.values()) if m.complete}
+    subsets.pop(hfgguf.subset_key(quant), None)
     still = {p for members in subsets.values() for p in members}
     files: list[RepoFile] = [f for f in verified.files.values() if f.path in still or f.path not in removed]
     data = hfcache.read_json(snapshot / VERIFIED_MANIFEST, cache)
@@ -316,7 +317,7 @@ def forget_quant(snapshot: Path, quant: str, removed: set[str]) -> None:
 
 def remove(item: Removal, hub: Path) -> None:
     """Remove one planned item under its repository's pull lock; item.done / item.error say what happened."""
-    from metralectl.seams.weights_guard import pull_lock
+    from metralectl.seams.hf.steps import pull_lock
 
     cache = hfcache.owned(hub)
     lock = None

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from metralectl.seams import machine, weights_state
+from metralectl.seams import machine
+from metralectl.seams.hf import state as hfstate
 from metralectl.core.catalog import Catalog
 from metralectl.core.fit import MemoryEstimate, estimate
 from metralectl.core.hardware import HardwareClass
@@ -14,7 +15,7 @@ from metralectl.core.recipe import Recipe
 if TYPE_CHECKING:
     from metralectl.lifecycle.launch import LaunchOptions
     from metralectl.lifecycle.preflight import Refusal
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
                                    target.gpu_name if target.hardware == recipe.hardware else None,
                                    catalog.engines[recipe.engine].memory_meaning, host_ram_gb=target.host_ram_gb)
     fits, reason = _judge(recipe, hardware, target, est)
-    cache = weights_state.checkpoint_state(recipe.checkpoint)
+    cache = hfstate.checkpoint_state(recipe.checkpoint)
     image = catalog.image_for(recipe)
     return LibraryRow(
         name=recipe.name, engine=recipe.engine, model=model.display_name, repo=recipe.checkpoint.repo, quant=recipe.checkpoint.quant,

@@ -63,10 +63,10 @@ def read(hardware: str | None) -> tuple[dict[str, Any] | None, str]:
         rows, checkpoints = view["rows"], view["checkpoints"]
     except Exception:  # noqa: BLE001 - missing, torn or foreign: only means "compute"
         return None, key
-    from metralectl.seams import weights_state
+    from metralectl.seams.hf import state as hfstate
 
     for row, checkpoint in zip(rows, checkpoints):  # plain dicts: no recipe types
-        row["weights"] = weights_state.status(SimpleNamespace(**checkpoint))
+        row["weights"] = hfstate.status(SimpleNamespace(**checkpoint))
     return {"target": view["target"], "rows": rows}, key
 
 

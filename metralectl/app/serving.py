@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from metralectl.lifecycle.multinode import LaunchedMulti
     from metralectl.lifecycle.status import StatusReport
     from metralectl.lifecycle.swap import SwapResult
-    from metralectl.seams.container_runtime import ContainerRuntime
-    from metralectl.seams.docker_runtime import ContainerInfo
+    from metralectl.seams.docker.containers import ContainerInfo
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 LockFactory = Callable[[str], AbstractContextManager[Any]]
 
@@ -103,14 +103,15 @@ def result_json(result: ChangeResult) -> dict[str, Any]:
 
 
 def docker_runtime() -> ContainerRuntime:
-    from metralectl.seams.docker_runtime import open_runtime
+    from metralectl.seams.docker.runtime import open_runtime
 
     return open_runtime()
 
 
 def node_runtime(spec: str, role: str) -> ContainerRuntime:
     """Another node's Docker daemon, from what the operator named (a context, ssh://, tcp://)."""
-    from metralectl.seams.docker_runtime import endpoint_for, open_runtime
+    from metralectl.seams.docker.endpoints import endpoint_for
+    from metralectl.seams.docker.runtime import open_runtime
 
     return open_runtime(endpoint_for(spec, role))
 

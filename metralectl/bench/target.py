@@ -15,7 +15,7 @@ from metralectl.seams.endpoint import EngineClient
 from metralectl.errors import MetralError
 
 if TYPE_CHECKING:
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 
 class Control(EngineClient):
@@ -96,8 +96,7 @@ def managed_container(url: str | None) -> dict[str, Any] | None:
     """The metralectl container serving `url` (or the only one serving, when url is None), from its labels.
     None when Docker is not reachable or nothing matches: benchmarks do not need Docker."""
     try:
-        from metralectl.seams.docker_runtime import open_runtime
-
+        from metralectl.seams.docker.runtime import open_runtime
         with open_runtime(timeout=5.0) as runtime:
             return _managed_on(runtime, url)
     except (MetralError, ImportError, OSError):
@@ -116,8 +115,7 @@ def endpoint_to_measure(url: str | None) -> tuple[str, dict[str, Any] | None]:
 
     docker: MetralError | None = None
     try:
-        from metralectl.seams.docker_runtime import open_runtime
-
+        from metralectl.seams.docker.runtime import open_runtime
         with open_runtime(timeout=5.0) as runtime:
             found = _managed_on(runtime, None)
             serving = [c for c in runtime.containers(mine=False) if c.running]

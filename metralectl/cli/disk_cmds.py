@@ -47,8 +47,8 @@ class _Docker:
 
     def open(self) -> Any:
         if self.runtime is None and self.error is None:
-            from metralectl.seams.docker_runtime import DockerUnavailable, open_runtime
-
+            from metralectl.seams.docker.errors import DockerUnavailable
+            from metralectl.seams.docker.runtime import open_runtime
             try:
                 self.runtime = open_runtime()
             except DockerUnavailable as exc:

@@ -15,7 +15,7 @@ from metralectl.cli.state import note, style
 
 if TYPE_CHECKING:
     from metralectl.lifecycle.status import StatusReport
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 
 @click.command("ps")
@@ -34,8 +34,7 @@ def ps_command(as_json: bool, repair: bool) -> None:
 def ps(as_json: bool) -> None:
     """The `ps` command without --repair: what app/serving.py's Serving.ps() does then (the
     default runtime, status.collect), without importing the use-case layer (it loads the launch machinery)."""
-    from metralectl.seams.docker_runtime import open_runtime
-
+    from metralectl.seams.docker.runtime import open_runtime
     with open_runtime() as runtime:
         report = collect(runtime)
     show(report, as_json)
@@ -102,8 +101,7 @@ def _memory(report: StatusReport) -> list[tuple[float | None, str | None]]:
     measured: dict[str, int] = {}
     if local:
         try:
-            from metralectl.seams.docker_runtime import open_runtime
-
+            from metralectl.seams.docker.runtime import open_runtime
             with open_runtime() as runtime:
                 measured = ps_memory.measured_bytes(local, runtime.container_pids)
         except MetralError:

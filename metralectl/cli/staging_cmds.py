@@ -22,7 +22,7 @@ from metralectl.safetext import clean, markup
 from metralectl.wording import count
 
 if TYPE_CHECKING:
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 
 class _Renderer:
@@ -155,8 +155,9 @@ def pull(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
 ) -> None:
     """Stage recipes: pull the engine image and download + verify the checkpoint into the HF cache."""
-    from metralectl.core import images
-    from metralectl.seams import machine, weights
+    from metralectl.seams.docker import images as docker_images
+    from metralectl.seams import machine
+    from metralectl.seams.hf import weights
     from metralectl.cli.catalog_cmds import _catalog
 
     if weights_only and image_only:
@@ -169,8 +170,8 @@ def pull(
     summary: dict[str, dict[str, Any]] = {r.name: {"recipe": r.name, "image": None, "weights": None} for r in recipes}
     with _Renderer() as view:
         if not weights_only:
-            from metralectl.seams.docker_runtime import DockerUnavailable, open_runtime
-
+            from metralectl.seams.docker.errors import DockerUnavailable
+            from metralectl.seams.docker.runtime import open_runtime
             try:
                 runtime = open_runtime()
             except DockerUnavailable as exc:
@@ -181,7 +182,7 @@ def pull(
                 for r in recipes:
                     info = catalog.image_for(r)
                     if info.ref not in pulled:
-                        pulled[info.ref] = images.pull(info, runtime, arch, view.layer, update=update)
+                        pulled[info.ref] = docker_images.pull(info, runtime, arch, view.layer, update=update)
                         view.say(_image_line(pulled[info.ref]))
                     summary[r.name]["image"] = {**pulled[info.ref].status.to_json(), "action": pulled[info.ref].action}
         if not image_only:
@@ -207,6 +208,7 @@ def pull(
 def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """The engine images metralectl knows: which are local, their revision, platform, and the recipes using them."""
     from metralectl.core import images
+    from metralectl.seams.docker import images as docker_images
     from metralectl.seams import machine
     from metralectl.cli.catalog_cmds import _catalog
     from metralectl.errors import MetralError
@@ -216,13 +218,12 @@ def images_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")
     runtime: ContainerRuntime | None = None
     docker_error: MetralError | None = None
     try:
-        from metralectl.seams.docker_runtime import open_runtime
-
+        from metralectl.seams.docker.runtime import open_runtime
         runtime = open_runtime()
     except MetralError as exc:
         docker_error = exc
     with runtime or nullcontext():
-        rows = images.statuses(catalog, runtime, arch)
+        rows = docker_images.statuses(catalog, runtime, arch)
     if as_json:
         print(json.dumps({"machine": {"arch": arch, "platform": images.machine_platform(arch)},
                           "docker": {"reachable": runtime is not None,

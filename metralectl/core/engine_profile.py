@@ -38,7 +38,7 @@ MEMORY_MEANINGS = {
     "fraction-of-free-after-weights": "a fraction of the memory left free once the weights are loaded",
     "none": "the engine takes no memory fraction: it sizes the KV cache from the context and slots",
 }
-# Checkpoint formats, for the weights a recipe needs from the HF cache (seams/weights.py):
+# Checkpoint formats, for the weights a recipe needs from the HF cache (seams/hf/weights.py):
 #   safetensors  the repository's files (a snapshot)
 #   gguf         only the .gguf file(s) whose name holds the recipe's quant (a GGUF repo holds many quants)
 WEIGHT_FORMATS = ("safetensors", "gguf")

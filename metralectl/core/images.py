@@ -1,12 +1,12 @@
-"""Engine images: what is local, what each recipe uses, whether it can run on this machine; pulls.
+"""Engine images, pure: whether one can run on this machine (its declared platform, and the platform of the copy
+the daemon holds), what each recipe uses, the status row `images` shows, a pull's progress event.
 
-Orchestration over the runtime seam (seams.container_runtime.ContainerRuntime, or any object with `image_state` and
-`pull_image`): no docker import, no printing. Progress is handed to `on_event` per layer.
+Asking a daemon and pulling are the Docker seam's (seams/docker/images.py: status, statuses, pull,
+image_preflight), over these rules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,7 +17,7 @@ _ARCH_ALIASES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64
 
 
 class LocalImage(Protocol):
-    """What the daemon says of a tag here (seams.docker_runtime.ImageState has it)."""
+    """What the daemon says of a tag here (seams.docker.images.ImageState has it)."""
 
     @property
     def present(self) -> bool: ...
@@ -29,11 +29,6 @@ class LocalImage(Protocol):
     def platform(self) -> str | None: ...  # os/arch
     @property
     def digests(self) -> tuple[str, ...]: ...
-
-
-class ImageRuntime(Protocol):
-    def image_state(self, ref: str, revision_label: str | None = ...) -> LocalImage: ...
-    def pull_image(self, ref: str, on_progress: Any = None, platform: str | None = None) -> object: ...
 
 
 class ImageError(MetralError):
@@ -116,74 +111,3 @@ def recipes_by_image(catalog: Any) -> dict[str, tuple[str, ...]]:
     for recipe in sorted(catalog.recipes.values(), key=lambda r: r.name):
         out.setdefault(recipe.image, []).append(recipe.name)
     return {k: tuple(v) for k, v in out.items()}
-
-
-def status(info: ImageInfo, runtime: ImageRuntime | None, cpu_arch: str,
-           recipes: tuple[str, ...] = ()) -> ImageStatus:
-    """One image as `images` shows it; runtime None means Docker is unreachable (local state unknown)."""
-    state = runtime.image_state(info.ref, info.revision_label) if runtime is not None else None
-    problem = check_platform(state, info, cpu_arch)
-    present = None if state is None else bool(state.present)
-    digests = tuple(getattr(state, "digests", ()) or ())
-    return ImageStatus(info, present, getattr(state, "image_id", None), getattr(state, "revision", None),
-                       digests[0] if digests else None, getattr(state, "platform", None), recipes,
-                       problem.message if problem else None)
-
-
-def statuses(catalog: Any, runtime: ImageRuntime | None, cpu_arch: str) -> list[ImageStatus]:
-    users = recipes_by_image(catalog)
-    return [status(info, runtime, cpu_arch, users.get(info.id, ()))
-            for info in sorted(catalog.images.values(), key=lambda i: i.id)]
-
-
-@dataclass(frozen=True)
-class ImagePull:
-    status: ImageStatus
-    action: str  # "present" (nothing to do) | "pulled"
-
-
-def pull(info: ImageInfo, runtime: ImageRuntime, cpu_arch: str,
-         on_event: Callable[[LayerProgress], None] | None = None, *, update: bool = False) -> ImagePull:
-    """Make `info` present locally for this machine's platform; refuse one that cannot run here."""
-    state = runtime.image_state(info.ref, info.revision_label)
-    problem = check_platform(state, info, cpu_arch)
-    if normalize_platform(info.platform) != machine_platform(cpu_arch):
-        assert problem is not None
-        raise problem  # not for this machine at all: nothing to pull
-    if state.present and problem is None and not update:
-        return ImagePull(status(info, runtime, cpu_arch), "present")
-    if info.build is not None:  # nothing to pull from; a local copy for the wrong platform must be rebuilt
-        if state.present and problem is None:
-            return ImagePull(status(info, runtime, cpu_arch), "present")
-        raise problem or ImageError(f"image {info.ref} cannot be pulled: it is built from source"
-                                    + ("; not certified by the engine" if info.certified is False else "")
-                                    + " — and it is not here", f"build it {build_command(info)}")
-    # absent, --update, or a local copy for another platform: `docker pull --platform` replaces the tag
-
-    def relay(layer: str | None, text: str, current: int | None, total: int | None) -> None:
-        if on_event is not None:
-            on_event(LayerProgress(info.ref, layer, text, current, total))
-
-    runtime.pull_image(info.ref, relay, platform=normalize_platform(info.platform))
-    after = status(info, runtime, cpu_arch)
-    if not after.present:
-        raise ImageError(f"pulled {info.ref}, but the daemon does not show it afterwards",
-                         f"check `docker image inspect {info.ref}`")
-    if after.problem:
-        raise ImageError(after.problem)
-    return ImagePull(after, "pulled")
-
-
-def image_preflight(info: ImageInfo, runtime: ImageRuntime, cpu_arch: str, recipe_name: str) -> None:
-    """For `run` before launch: the image is here and can run on this machine."""
-    state = runtime.image_state(info.ref, info.revision_label)
-    problem = check_platform(state, info, cpu_arch)
-    if problem is not None:
-        raise problem
-    if not state.present:
-        if info.build is not None:
-            raise ImageError(f"image {info.ref} is not here, and it cannot be pulled: it is built from source"
-                             + ("; not certified by the engine" if info.certified is False else ""),
-                             f"build it {build_command(info)}")
-        raise ImageError(f"image {info.ref} is not here; run `metralectl pull {recipe_name}`",
-                         f"`metralectl pull {recipe_name}` pulls it (and the weights)")

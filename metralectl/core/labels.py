@@ -24,7 +24,7 @@ LABEL_SETS = f"{LABEL_PREFIX}.sets"  # the `--set` overrides, joined by \x1f (sw
 LABEL_ENGINE = f"{LABEL_PREFIX}.engine"  # the engine file's name (metrale, llama-cpp): ps/bench/top name it
 
 # Short-lived helper containers, never taken for engines.
-LABEL_PROBE = f"{LABEL_PREFIX}.probe"  # the network/HF-cache probe (docker_runtime.probe)
+LABEL_PROBE = f"{LABEL_PREFIX}.probe"  # the network/HF-cache probe (seams/docker/containers.run_probe)
 LABEL_DOCTOR = f"{LABEL_PREFIX}.doctor"  # doctor's GPU probe container
 
 ALL = (LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH, LABEL_OWNER, LABEL_RANK, LABEL_RUN_ID, LABEL_ENDPOINT,

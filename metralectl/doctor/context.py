@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.core.gpudata import GpuSample, GpuSystem, GpuUnavailable
     from metralectl.core.recipe import Recipe
-    from metralectl.seams.container_runtime import ContainerRuntime
-    from metralectl.seams.docker_runtime import ContainerInfo, ImageState
+    from metralectl.seams.docker.protocol import ContainerRuntime
+    from metralectl.seams.docker.containers import ContainerInfo
+    from metralectl.seams.docker.images import ImageState
 
 from metralectl.doctor.facts import ContainerPids, Fact, GpuFacts
 from metralectl.doctor.identity import Identity, current_identity
@@ -44,7 +45,7 @@ class GpuProbeLike(Protocol):
 
 
 def _default_runtime() -> ContainerRuntime:
-    from metralectl.seams.docker_runtime import open_runtime
+    from metralectl.seams.docker.runtime import open_runtime
 
     return open_runtime()
 
@@ -62,7 +63,7 @@ def _default_catalog() -> Catalog:
 
 
 def _default_container_pids(runtime: ContainerRuntime, container_id: str) -> set[int]:
-    from metralectl.seams.docker_runtime import container_pids
+    from metralectl.seams.docker.runtime import container_pids
 
     return container_pids(runtime, container_id)
 
@@ -85,7 +86,7 @@ def _default_endpoint() -> tuple[str, str]:
     if host:
         return host, "DOCKER_HOST"
     try:
-        from metralectl.seams.docker_runtime import resolve_endpoint
+        from metralectl.seams.docker.endpoints import resolve_endpoint
 
         endpoint = resolve_endpoint()
         return endpoint.url, endpoint.source
@@ -117,7 +118,6 @@ def listening_process(port: int) -> dict[str, Any]:
 def _default_agent_view() -> dict[str, Any] | None:
     """The running agent's own answer: None when no agent runs; {"pid", "port", "status"|"error"} otherwise."""
     import json
-    import urllib.request
 
     from metralectl.seams.agent_files import read_state
 
@@ -126,12 +126,19 @@ def _default_agent_view() -> dict[str, Any] | None:
         return None
     port = int(state.get("api_port") or 0)
     view: dict[str, Any] = {"pid": state.get("pid"), "port": port, "how": state.get("how")}
-    from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge, read_file
+    from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge
+    from metralectl.seams.httpclient import Failed, loopback
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=1.5) as reply:
-            view["status"] = json.loads(read_file(reply, CONTROL_LIMIT, f"the agent on port {port}"))
-    except (OSError, ValueError, RecursionError, TooLarge) as exc:
+        reply = loopback(port, "GET", "/api/status", headers={"Host": f"127.0.0.1:{port}", "Connection": "close"},
+                         timeout=1.5, limit=CONTROL_LIMIT, what=f"the agent on port {port}")
+        if reply.status != 200:
+            view["error"] = f"HTTP Error {reply.status}: {reply.reason}"
+        else:
+            view["status"] = json.loads(reply.body)
+    except Failed as exc:
+        view["error"] = exc.detail or exc.kind
+    except (ValueError, RecursionError, TooLarge) as exc:
         view["error"] = str(exc)
     return view
 

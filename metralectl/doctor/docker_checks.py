@@ -18,7 +18,7 @@ from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 from metralectl.wording import noun
 
 if TYPE_CHECKING:
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 TOOLKIT_REMEDY = ("install the NVIDIA container toolkit, then `sudo nvidia-ctk runtime configure --runtime=docker "
                   "&& sudo systemctl restart docker`")
@@ -75,8 +75,7 @@ def _permission_remedy(ctx: Context) -> tuple[str, str]:
 
 
 def check_daemon(ctx: Context) -> Finding:
-    from metralectl.seams.docker_runtime import DockerUnavailable
-
+    from metralectl.seams.docker.errors import DockerUnavailable
     try:
         runtime = ctx.runtime()
     except Unanswered:
@@ -232,8 +231,7 @@ def _remove(runtime: ContainerRuntime, name: str) -> str | None:
 
 
 def _run_probe(runtime: Any, spec: Any, ref: str, data: dict[str, Any]) -> Finding:
-    from metralectl.seams.docker_runtime import GPU_CAUSES, RuntimeFailure
-
+    from metralectl.seams.docker.errors import GPU_CAUSES, RuntimeFailure
     try:
         started = runtime.create_and_start(spec)
     except RuntimeFailure as exc:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from metralectl.seams import weights_state
+from metralectl.seams.hf import state as hfstate
 
 from metralectl import paths
 from metralectl.doctor.context import Context
@@ -192,7 +192,7 @@ def _disk_candidates(ctx: Context) -> tuple[list[Any], str]:
 def _need(ctx: Context, recipe: Any) -> tuple[float | None, str]:
     from metralectl.core.fit import weights_part
 
-    state = weights_state.checkpoint_state(recipe.checkpoint)
+    state = hfstate.checkpoint_state(recipe.checkpoint)
     if state.status in ("complete", "present"):
         return 0.0, f"{recipe.checkpoint.repo} already cached"
     if state.status == "absent" and state.bytes_total:  # a GGUF quant the cached listing sizes exactly

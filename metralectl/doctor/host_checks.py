@@ -110,8 +110,7 @@ def check_port(ctx: Context) -> Finding:
 
 def check_rdma(ctx: Context) -> Finding:
     """The RDMA devices an EP=2 rank gets on this class (multi-node.container.rdma-devices): present or not."""
-    from metralectl.seams.docker_runtime import RDMA_HINT
-
+    from metralectl.seams.docker.errors import RDMA_HINT
     hw_id, how = ctx.target_hardware()
     if hw_id is None:
         return skipped(f"{how}, so no multi-node profile to check against")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from metralectl.seams import hfcache, weights_state
+from metralectl.seams.hf import cache as hfcache, state as hfstate
 from metralectl.doctor.context import Context
 from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 
@@ -57,7 +57,7 @@ def check_weights(ctx: Context) -> Finding:
     recipe = _recipe(ctx)
     ck = recipe.checkpoint
     repo, revision = ck.repo, ck.revision
-    state = weights_state.checkpoint_state(ck)
+    state = hfstate.checkpoint_state(ck)
     data: dict[str, Any] = {"repo": repo, "revision": revision, "status": state.status,
                             "snapshot": str(state.snapshot) if state.snapshot else None}
     if ck.format == "gguf":

@@ -17,9 +17,9 @@ from typing import Any
 
 from metralectl.seams import store
 from metralectl.errors import MetralError
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import Endpoint, endpoint_for, open_runtime
-
+from metralectl.seams.docker.endpoints import Endpoint, endpoint_for
+from metralectl.seams.docker.protocol import ContainerRuntime
+from metralectl.seams.docker.runtime import open_runtime
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 

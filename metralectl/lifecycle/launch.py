@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from metralectl import cancel
-from metralectl.seams import machine, store, weights_state
+from metralectl.seams import machine, store
+from metralectl.seams.hf import state as hfstate
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, base_url
 from metralectl.seams.ports import port_free
@@ -27,8 +28,8 @@ from metralectl.lifecycle.ranks import Rank, boot, new_run_id
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID
 from metralectl.core.render import ContainerSpec, owner, spec_for
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.protocol import ContainerRuntime
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ class Launched:
 
 def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: LaunchOptions, on_event: Listener) -> None:
     """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
-    from metralectl.core import images
-    from metralectl.seams import weights
+    from metralectl.seams.docker import images
+    from metralectl.seams.hf import weights
     info = catalog.image_for(recipe)
     arch = machine.cpu_arch()
     on_event(Step("image", info.ref))
@@ -71,7 +72,7 @@ def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: 
     if not options.check_weights:
         return
     on_event(Step("weights", recipe.checkpoint.repo))
-    cache = weights_state.checkpoint_state(recipe.checkpoint)
+    cache = hfstate.checkpoint_state(recipe.checkpoint)
     if cache.status in ("absent", "partial") and options.pull:
         weights.pull(recipe, transfer_events("weights", on_event))
     elif cache.status == "present":

@@ -30,7 +30,7 @@ from metralectl.lifecycle.ranks import Rank, boot, new_run_id
 from metralectl.lifecycle.rdma import check_rdma
 from metralectl.lifecycle.stop import stop_containers, stop_deployments_on
 from metralectl.seams import store
-from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker.protocol import ContainerRuntime
 
 
 def launch_multi(recipe: Recipe, catalog: Catalog, head: ContainerRuntime, worker: ContainerRuntime, *,

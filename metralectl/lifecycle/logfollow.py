@@ -19,7 +19,7 @@ from pathlib import Path
 from metralectl.errors import MetralError
 from metralectl.lifecycle.boot import BootLog, message_of
 from metralectl.lifecycle.events import Listener, LogLine, Phase
-from metralectl.seams.container_runtime import ContainerRuntime
+from metralectl.seams.docker.protocol import ContainerRuntime
 
 DRAIN_S = 5.0  # after a container is down: how long its last log lines may take to arrive
 

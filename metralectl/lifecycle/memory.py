@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from metralectl import cancel
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import ContainerInfo, container_pids
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.protocol import ContainerRuntime
+from metralectl.seams.docker.runtime import container_pids
 
 WAIT_S = 20.0
 

@@ -26,10 +26,12 @@ from metralectl.core.render import ContainerSpec, spec_for
 from metralectl.errors import MetralError
 from metralectl.lifecycle.deployment import RankRecord
 from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
-from metralectl.seams import hfcache, netprobe
+from metralectl.seams import netprobe
+from metralectl.seams.hf import cache as hfcache
 from metralectl.seams.roce import NodeView, RoceRefused, check_given, choose_roce, describe
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import Endpoint, RuntimeCause, RuntimeFailure
+from metralectl.seams.docker.protocol import ContainerRuntime
+from metralectl.seams.docker.endpoints import Endpoint
+from metralectl.seams.docker.errors import RuntimeCause, RuntimeFailure
 from metralectl.seams.endpoint import base_url
 from metralectl.wording import count
 

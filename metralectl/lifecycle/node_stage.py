@@ -8,13 +8,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from metralectl import paths
-from metralectl.core import images
 from metralectl.core.catalog import Catalog
 from metralectl.core.recipe import Recipe
 from metralectl.errors import MetralError
 from metralectl.lifecycle.events import Listener, Step, Warning_
 from metralectl.lifecycle.launch import LaunchOptions, stage, transfer_events
-from metralectl.seams import machine, netprobe, weights_state
+from metralectl.seams import machine, netprobe
+from metralectl.seams.docker import images as docker_images
+from metralectl.seams.hf import state as hfstate
 
 if TYPE_CHECKING:
     from metralectl.lifecycle.multinode import Node
@@ -26,8 +27,8 @@ def _image_on(node: Node, recipe: Recipe, catalog: Catalog, options: LaunchOptio
         state = node.runtime.image_state(info.ref, info.revision_label)
         if not state.present and options.pull:
             on_event(Step("image", f"{info.ref} is not on {node.label}: pulling it there"))
-            images.pull(info, node.runtime, node.arch, transfer_events("image", on_event))
-        images.image_preflight(info, node.runtime, node.arch, recipe.name)
+            docker_images.pull(info, node.runtime, node.arch, transfer_events("image", on_event))
+        docker_images.image_preflight(info, node.runtime, node.arch, recipe.name)
     except MetralError as exc:
         raise MetralError(f"{node.label}: {exc.message}",
                           f"on that node: `docker pull {info.ref}` (or `metralectl pull {recipe.name}` there)"
@@ -43,7 +44,7 @@ def stage_nodes(recipe: Recipe, catalog: Catalog, nodes: Sequence[Node], options
     for node in nodes:
         if node.rank == 0 and node.endpoint.is_local and node.arch == machine.cpu_arch():
             stage(recipe, catalog, node.runtime, options, on_event)  # image and weights, as a single-node run
-            cache = weights_state.checkpoint_state(recipe.checkpoint)
+            cache = hfstate.checkpoint_state(recipe.checkpoint)
             commit = commit or cache.commit
         else:
             on_event(Step("image", f"{info.ref} on {node.label}"))

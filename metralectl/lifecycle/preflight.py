@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.core.recipe import Recipe
     from metralectl.lifecycle.launch import LaunchOptions
-    from metralectl.seams.container_runtime import ContainerRuntime
-    from metralectl.seams.docker_runtime import ContainerInfo, ImageState
-
+    from metralectl.seams.docker.containers import ContainerInfo
+    from metralectl.seams.docker.images import ImageState
+    from metralectl.seams.docker.protocol import ContainerRuntime
 @dataclass(frozen=True)
 class Facts:
     """What a launch's refusals depend on, observed once."""
@@ -33,7 +33,7 @@ class Facts:
     image: ImageState | None  # None: not looked at (Docker unreachable)
     image_error: MetralError | None  # what images.image_preflight says of the image as it is now
     image_pullable: bool  # absent, and a pull would bring it (not built from source, the platform fits)
-    weights_status: str  # hfcache: complete | present | partial | absent; or conflict (weights.ServingConflict)
+    weights_status: str  # cache_state: complete | present | partial | absent; or conflict (weights.ServingConflict)
     weights_error: MetralError | None  # what weights.weights_preflight says of the cache as it is now
     same_name: ContainerInfo | None  # a container holding the name the recipe renders to
     others: tuple[ContainerInfo, ...]  # another user's models that run
@@ -63,7 +63,9 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
     """The image and the weights only (no container is looked at): what refuses this recipe on this box
     whatever serves (standing_refusal)."""
     from metralectl.core import images
-    from metralectl.seams import machine, weights, weights_state
+    from metralectl.seams.docker import images as docker_images
+    from metralectl.seams import machine
+    from metralectl.seams.hf import state as hfstate, weights
 
     info = catalog.image_for(recipe)
     state = runtime.image_state(info.ref, info.revision_label)
@@ -72,10 +74,10 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
     pullable = image_error is None and not state.present and info.build is None
     if image_error is None:
         try:
-            images.image_preflight(info, runtime, arch, recipe.name)
+            docker_images.image_preflight(info, runtime, arch, recipe.name)
         except MetralError as exc:
             image_error = exc
-    cache = weights_state.checkpoint_state(recipe.checkpoint)
+    cache = hfstate.checkpoint_state(recipe.checkpoint)
     weights_status = cache.status
     weights_error: MetralError | None = None
     if cache.status != "complete" or recipe.checkpoint.format == "gguf":  # GGUF: also what llama-server would load

@@ -28,8 +28,9 @@ from metralectl.lifecycle.events import ContainerStarted, Failed, Listener, Read
 from metralectl.lifecycle.logfollow import Watched, rank_label
 from metralectl.lifecycle import readiness
 from metralectl.seams import store
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import GPU_CAUSES, ContainerInfo, RuntimeFailure
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.errors import GPU_CAUSES, RuntimeFailure
+from metralectl.seams.docker.protocol import ContainerRuntime
 from metralectl.seams.endpoint import EngineClient
 
 if TYPE_CHECKING:

@@ -18,9 +18,8 @@ from metralectl.errors import MetralError
 from metralectl.core.hardware import RankProfile
 from metralectl.lifecycle.events import Listener, Step, Warning_
 from metralectl.seams.netprobe import ProbeReport
-from metralectl.seams.docker_runtime import RDMA_HINT, Endpoint
-
-
+from metralectl.seams.docker.endpoints import Endpoint
+from metralectl.seams.docker.errors import RDMA_HINT
 class RdmaNode(Protocol):
     rank: int
     probe: ProbeReport | None

@@ -11,10 +11,8 @@ from typing import Any
 from metralectl.seams import store
 from metralectl.seams.endpoint import health_once
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_RUN_ID
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import ContainerInfo
-
-
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.protocol import ContainerRuntime
 @dataclass(frozen=True)
 class Serving:
     recipe: str

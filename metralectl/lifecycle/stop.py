@@ -15,8 +15,8 @@ from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
 from metralectl.lifecycle.memory import MemoryWatch, NoMemoryWatch
 from metralectl.core.labels import LABEL_OWNER, LABEL_RECIPE, LABEL_RUN_ID
 from metralectl.core.render import owner
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.protocol import ContainerRuntime
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from metralectl.core.overrides import apply_sets
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_SETS
 from metralectl.core.render import spec_for
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.protocol import ContainerRuntime
 from metralectl.wording import count
 
 

@@ -6,7 +6,7 @@
     protocol  signed requests (created/expires/nonce) and responses; the seen-nonce store
     admission the checks behind "admitted or refused, and why"
     listener  the peer HTTP listener (separate from the local API)
-    client    the requesting side (httpx, imported lazily)
+    client    the requesting side (over seams/httpclient.py, imported lazily)
 
 docs/agent.md describes the protocol and the trust model.
 """

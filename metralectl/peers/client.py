@@ -1,4 +1,5 @@
-"""The requesting side of the peer protocol (httpx, imported inside the functions)."""
+"""The requesting side of the peer protocol, over the one HTTP client (seams/httpclient.py, imported inside the
+functions)."""
 
 from __future__ import annotations
 
@@ -51,24 +52,23 @@ class Answer:
 
 def _send(addr: PeerAddress, method: str, path: str, body: bytes, headers: dict[str, str],
           timeout: float) -> tuple[int, Mapping[str, str], bytes]:
-    import httpx
-
-    from metralectl.seams.bounded import CONTROL_LIMIT, httpx_body
+    from metralectl.seams.bounded import CONTROL_LIMIT
+    from metralectl.seams.httpclient import Client, Failed
 
     url = addr.url(path)
     try:
-        with httpx.Client(timeout=timeout, trust_env=False) as client:
-            with client.stream(method, url, content=body, headers=headers) as response:
-                content = httpx_body(response, CONTROL_LIMIT, str(addr))  # TooLarge past it (exit 65)
-    except httpx.TimeoutException:
-        raise PeerUnreachable(f"{addr}: no answer within {timeout:g} s",
-                              "is its agent running with the peer listener on (there: `metralectl agent start --peers`), and its "
-                              "peer port open in the firewall?") from None
-    except httpx.HTTPError as exc:
+        with Client(timeout=timeout) as client:
+            with client.stream(method, url, content=body, headers=headers) as reply:
+                content = reply.body(CONTROL_LIMIT, str(addr))  # TooLarge past it (exit 65)
+    except Failed as exc:
+        if exc.timed_out:
+            raise PeerUnreachable(f"{addr}: no answer within {timeout:g} s",
+                                  "is its agent running with the peer listener on (there: `metralectl agent start "
+                                  "--peers`), and its peer port open in the firewall?") from None
         raise PeerUnreachable(f"{addr}: {exc}",
                               "is its agent running with the peer listener on? (there: `metralectl agent start --peers`; "
                               "the peer port: `--peer-port`)") from None
-    return response.status_code, response.headers, content
+    return reply.status, reply.headers, content
 
 
 class StreamBroken(PeerUnreachable):
@@ -88,25 +88,22 @@ class Stream:
 @contextmanager
 def open_stream(addr: PeerAddress, path: str, headers: dict[str, str], *, read_timeout: float) -> Iterator[Stream]:
     """GET a streamed answer; a transport failure at any point is StreamBroken (or PeerUnreachable before it began)."""
-    import httpx
-
     from metralectl.seams import bounded
+    from metralectl.seams.httpclient import Client, Failed, Reply
 
-    def lines(response: Any) -> Iterator[bytes]:
+    def lines(reply: Reply) -> Iterator[bytes]:
         try:  # one event per line, each at most LINE_LIMIT (TooLarge, exit 65, past it)
-            yield from bounded.lines(response.iter_bytes(), bounded.LINE_LIMIT, str(addr))
-        except httpx.TransportError as exc:
-            raise StreamBroken(f"{addr}: {type(exc).__name__}: {exc}" if str(exc) else
-                               f"{addr}: {type(exc).__name__}") from None
+            yield from reply.lines(bounded.LINE_LIMIT, str(addr))
+        except Failed as exc:
+            raise StreamBroken(f"{addr}: {exc.named}") from None
 
     try:
-        with httpx.Client(timeout=httpx.Timeout(TIMEOUT_S, read=read_timeout), trust_env=False) as client:
-            with client.stream("GET", addr.url(path), headers=headers) as response:
-                yield Stream(response.status_code, response.headers, lines(response),
-                             lambda: bounded.httpx_body(response, bounded.CONTROL_LIMIT, str(addr)))
-    except httpx.TransportError as exc:
-        raise StreamBroken(f"{addr}: {type(exc).__name__}: {exc}" if str(exc) else
-                           f"{addr}: {type(exc).__name__}") from None
+        with Client(timeout=TIMEOUT_S, read_timeout=read_timeout) as client:
+            with client.stream("GET", addr.url(path), headers=headers) as reply:
+                yield Stream(reply.status, reply.headers, lines(reply),
+                             lambda: reply.body(bounded.CONTROL_LIMIT, str(addr)))
+    except Failed as exc:
+        raise StreamBroken(f"{addr}: {exc.named}") from None
 
 
 def _decode(addr: object, body: bytes) -> object:  # JSON: callers check its shape; addr names the node

@@ -36,7 +36,7 @@ def _gb(part: Part) -> str:
 
 
 def as_text(catalog: Catalog, recipe: Recipe) -> str:
-    from metralectl.seams import weights_state
+    from metralectl.seams.hf import state as hfstate
     model = catalog.model_of(recipe)
     hw = catalog.hardware[recipe.hardware]
     image = catalog.image_for(recipe)
@@ -55,7 +55,7 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
         lines.append(f"  source        {v.source}")
     for key, old, new in recipe.deviations:
         lines.append(f"  DEVIATION     {key}: {old} -> {new} (not what was validated)")
-    cache = weights_state.checkpoint_state(recipe.checkpoint)
+    cache = hfstate.checkpoint_state(recipe.checkpoint)
     lines += ["", "Checkpoint"]
     lines.append(f"  repo          {recipe.checkpoint.repo} @ {recipe.checkpoint.revision or 'unpinned'}")
     if catalog.engines[recipe.engine].has_rule("kernel-targets"):

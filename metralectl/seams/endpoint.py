@@ -1,4 +1,5 @@
-"""The served engine over HTTP: health, models, metrics, serve-config. httpx lives here (lazily)."""
+"""The served engine over HTTP: health, models, metrics, serve-config, tokenize — over the one HTTP client
+(seams/httpclient.py)."""
 
 from __future__ import annotations
 
@@ -30,15 +31,16 @@ def base_url(bind: str, port: int) -> str:
 
 def health_once(url: str, timeout: float, path: str = "/health") -> Health:
     """One GET of the engine's health, as EngineClient(url, timeout).health() answers it (status, first 500
-    characters of the body), for `ps`: a plain http:// URL goes through http.client, since importing httpx
-    costs `ps` more than all its other work. Anything else (https://) goes through EngineClient. When nothing
-    answers, `error` names the socket's error (httpx would name its own exception for it). The URL is a
-    container's label, anyone's on a shared daemon: one that is no http(s) URL is an answer that says so,
-    and no more of the body than PEEK_LIMIT is read."""
+    characters of the body), for `ps`: a plain http:// URL goes through httpclient.get_once (http.client), since
+    importing httpx costs `ps` more than all its other work. Anything else (https://) goes through
+    EngineClient. When nothing answers, `error` names the socket's error (httpx would name its own exception
+    for it). The URL is a container's label, anyone's on a shared daemon: one that is no http(s) URL is an
+    answer that says so, and no more of the body than PEEK_LIMIT is read."""
     from urllib.parse import urlsplit
 
     from metralectl.safetext import clean
     from metralectl.seams.bounded import PEEK_LIMIT
+    from metralectl.seams.httpclient import Failed, get_once
 
     try:
         parts = urlsplit(url.rstrip("/") + path)
@@ -50,68 +52,57 @@ def health_once(url: str, timeout: float, path: str = "/health") -> Health:
     if parts.scheme != "http":
         with EngineClient(url, timeout=timeout) as client:
             return client.health(path)
-    import http.client
-
-    try:
-        conn = http.client.HTTPConnection(parts.hostname, port or 80, timeout=timeout)
-    except (ValueError, http.client.InvalidURL) as exc:  # a control character or a space in the host
-        return Health(None, "", f"{clean(url, 120)!r} is not a URL ({clean(str(exc), 120)})")
-    try:
-        conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
-                     headers={"Accept": "*/*", "Connection": "close"})
-        reply = conn.getresponse()
-        body = reply.read(PEEK_LIMIT)  # only the first 500 characters are kept
-    except (ValueError, http.client.InvalidURL) as exc:  # a control character in the path
-        return Health(None, "", f"{clean(url, 120)!r} is not a URL ({clean(str(exc), 120)})")
-    except (OSError, http.client.HTTPException) as exc:
-        return Health(None, "", f"{type(exc).__name__}: {exc}")
-    finally:
-        conn.close()
-    charset = reply.headers.get_content_charset() or "utf-8"  # httpx: the declared charset, else UTF-8
-    try:
-        text = body.decode(charset, "replace")
+    try:  # only the first 500 characters are kept
+        reply = get_once(parts.hostname, port or 80, parts.path + (f"?{parts.query}" if parts.query else ""),
+                         timeout, limit=PEEK_LIMIT, headers={"Accept": "*/*", "Connection": "close"})
+    except Failed as exc:
+        if exc.bad_url:  # a control character or a space in the host or the path
+            return Health(None, "", f"{clean(url, 120)!r} is not a URL ({clean(exc.detail, 120)})")
+        return Health(None, "", f"{exc.kind}: {exc.detail}")
+    try:  # httpx: the declared charset, else UTF-8
+        text = reply.body.decode(reply.charset or "utf-8", "replace")
     except LookupError:
-        text = body.decode("utf-8", "replace")
+        text = reply.body.decode("utf-8", "replace")
     return Health(reply.status, text[:500])
 
 
 class EngineClient:
-    """A small synchronous client for the engine's control endpoints (not the benchmark hot path). Every body
-    is read streamed and capped (seams/bounded.py): a health or a first request's answer to its first
-    characters, JSON to CONTROL_LIMIT (more is unreadable: None), /metrics to METRICS_LIMIT (more is an error).
-    A URL httpx cannot use (a label that is no URL) is an answer that says so, never an exception."""
+    """A small synchronous client for the engine's control endpoints (not the benchmark hot path), over the one
+    HTTP client (seams/httpclient.py). Every body is read streamed and capped (seams/bounded.py): a health or a
+    first request's answer to its first characters, JSON to CONTROL_LIMIT (more is unreadable: None), /metrics
+    to METRICS_LIMIT (more is an error). A URL that cannot be used (a label that is no URL) is an answer that
+    says so, never an exception."""
 
     def __init__(self, url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> None:
-        import httpx
+        from metralectl.seams.httpclient import Client
 
         self.url = url.rstrip("/")
-        # trust_env=False: the engine is local or on the RoCE link, never behind the user's HTTP proxy
-        self._http = httpx.Client(timeout=timeout, trust_env=False, headers=headers or {})
-        self._failed = (httpx.HTTPError, httpx.InvalidURL, ValueError)  # ValueError: a URL or header not ASCII
+        self._http = Client(timeout=timeout, headers=headers)
 
     def _peek(self, method: str, path: str, **kw: Any) -> Health:
-        from metralectl.seams.bounded import peek
-
-        with self._http.stream(method, self.url + path, **kw) as response:
-            text = peek(response.iter_bytes()).decode(response.encoding or "utf-8", "replace")
-            return Health(response.status_code, text[:500])
+        with self._http.stream(method, self.url + path, **kw) as reply:
+            text = reply.peek().decode(reply.encoding, "replace")
+            return Health(reply.status, text[:500])
 
     def _json(self, method: str, path: str, **kw: Any) -> object:
-        from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge, httpx_body
+        from metralectl.seams.bounded import CONTROL_LIMIT, TooLarge
+        from metralectl.seams.httpclient import Failed
 
         try:
-            with self._http.stream(method, self.url + path, **kw) as response:
-                if response.status_code != 200:
+            with self._http.stream(method, self.url + path, **kw) as reply:
+                if reply.status != 200:
                     return None
-                return json.loads(httpx_body(response, CONTROL_LIMIT, f"{self.url}{path}"))
-        except (*self._failed, TooLarge, RecursionError):
+                return json.loads(reply.body(CONTROL_LIMIT, f"{self.url}{path}"))
+        except (Failed, ValueError, TooLarge, RecursionError):
             return None
 
     def health(self, path: str = "/health") -> Health:
+        from metralectl.seams.httpclient import Failed
+
         try:
             return self._peek("GET", path)
-        except self._failed as exc:
-            return Health(None, "", f"{type(exc).__name__}: {exc}")
+        except Failed as exc:
+            return Health(None, "", f"{exc.kind}: {exc.detail}")
 
     def served_model(self) -> str | None:
         data = self.get_json("/v1/models")
@@ -121,14 +112,15 @@ class EngineClient:
         return None
 
     def metrics_text(self) -> str:
-        from metralectl.seams.bounded import METRICS_LIMIT, httpx_body
+        from metralectl.seams.bounded import METRICS_LIMIT
+        from metralectl.seams.httpclient import Failed
 
         try:
-            with self._http.stream("GET", self.url + "/metrics") as response:
-                response.raise_for_status()
-                data = httpx_body(response, METRICS_LIMIT, f"{self.url}/metrics")
-                return data.decode(response.encoding or "utf-8", "replace")
-        except self._failed as exc:
+            with self._http.stream("GET", self.url + "/metrics") as reply:
+                reply.raise_for_status()
+                data = reply.body(METRICS_LIMIT, f"{self.url}/metrics")
+                return data.decode(reply.encoding, "replace")
+        except Failed as exc:
             raise MetralError(f"cannot read {self.url}/metrics: {exc}") from None
 
     def serve_config(self) -> dict[str, Any]:
@@ -141,16 +133,16 @@ class EngineClient:
         A healthy multi-rank head whose worker is missing keeps answering /health but hangs every
         request (its first collective waits for the worker); only a request tells them apart.
         """
-        import httpx
+        from metralectl.seams.httpclient import Failed
 
         body = {"model": model or "metralectl-check", "messages": [{"role": "user", "content": "ping"}],
                 "max_tokens": 1, "temperature": 0}
         try:
             return self._peek("POST", "/v1/chat/completions", json=body, timeout=timeout_s)
-        except httpx.TimeoutException:
-            return Health(None, "", f"no answer within {timeout_s:g} s")
-        except self._failed as exc:
-            return Health(None, "", f"{type(exc).__name__}: {exc}")
+        except Failed as exc:
+            if exc.timed_out:
+                return Health(None, "", f"no answer within {timeout_s:g} s")
+            return Health(None, "", f"{exc.kind}: {exc.detail}")
 
     def get_json(self, path: str) -> object:
         """The JSON a GET answers with 200 (callers check its shape), else None (not offered, not ready,

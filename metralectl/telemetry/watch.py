@@ -25,8 +25,8 @@ from metralectl.telemetry.engine_view import EngineObservation, EngineState, Eng
 from metralectl.telemetry.view import RATE_WINDOW_S, TopModel, TopView
 
 if TYPE_CHECKING:
-    from metralectl.seams.container_runtime import ContainerRuntime
-    from metralectl.seams.shared_runtime import SharedRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
+    from metralectl.seams.docker.shared import SharedRuntime
 
 NO_ENGINE = f"no engine: {NOTHING_SERVED} (`metralectl run RECIPE`, or --url for another engine)"
 Discovery = Callable[[], "tuple[list[EngineTarget], str | None]"]
@@ -47,8 +47,7 @@ def discover_engines(
 
     try:
         if runtime_factory is None:
-            from metralectl.seams.docker_runtime import open_runtime
-
+            from metralectl.seams.docker.runtime import open_runtime
             runtime_factory = open_runtime
         with runtime_factory() as runtime:
             containers = runtime.containers(mine=False, all_states=False)
@@ -72,7 +71,7 @@ class EngineDiscovery:
 
     def __init__(self, runtime_factory: Callable[[], ContainerRuntime] | None = None, *,
                  runtime: SharedRuntime | None = None) -> None:
-        from metralectl.seams.shared_runtime import SharedRuntime
+        from metralectl.seams.docker.shared import SharedRuntime
 
         self._owned = runtime is None
         self.runtime = runtime if runtime is not None else SharedRuntime(runtime_factory)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
     from metralectl.doctor.model import CheckResult
     from metralectl.lifecycle.status import StatusReport
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
     from metralectl.cancel import CancelToken
     from metralectl.tui.services import (Action, BenchService, LibrarySnapshot, Listener, Outcome, Plan,
                                          TelemetryFeed)
@@ -31,7 +31,7 @@ class CoreServices:
         self._hardware = hardware
         self._catalog: Catalog | None = None
         self._catalog_lock = threading.Lock()
-        from metralectl.seams.shared_runtime import SharedRuntime  # light: Docker is imported on first use
+        from metralectl.seams.docker.shared import SharedRuntime  # light: Docker is imported on first use
 
         self._shared = SharedRuntime()
         self._bench = bench
@@ -67,8 +67,8 @@ class CoreServices:
     @staticmethod
     def _own_runtime() -> ContainerRuntime:
         """A connection of its own for a run, swap, stop or pull: they change the client's timeout while they
-        last (seams/shared_runtime.py says why a shared one must not), and they are one per operator action."""
-        from metralectl.seams.docker_runtime import open_runtime
+        last (seams/docker/shared.py says why a shared one must not), and they are one per operator action."""
+        from metralectl.seams.docker.runtime import open_runtime
 
         return open_runtime()
 
@@ -152,8 +152,9 @@ class CoreServices:
 
     def _pull(self, recipe: Any, catalog: Catalog, emit: Listener) -> Outcome:
         from metralectl.tui.services import Outcome
-        from metralectl.core import images
-        from metralectl.seams import machine, weights
+        from metralectl.seams import machine
+        from metralectl.seams.docker import images
+        from metralectl.seams.hf import weights
         from metralectl.core.progress import human_bytes
 
         with self._own_runtime() as runtime:

@@ -68,13 +68,13 @@ def _image_line(facts: Facts | None, docker_note: str | None) -> str:
 
 
 def _pull_plan(recipe: Recipe, catalog: Catalog, facts: Facts | None, docker_note: str | None) -> Plan:
-    from metralectl.seams import weights_state
+    from metralectl.seams.hf import state as hfstate
 
     info = catalog.image_for(recipe)
     present = facts is not None and facts.image is not None and facts.image.present
     fetch = "" if present else (f" → build it locally: {info.build}" if info.build
                                 else f" → docker pull --platform {info.platform}")
-    cache = weights_state.checkpoint_state(recipe.checkpoint)
+    cache = hfstate.checkpoint_state(recipe.checkpoint)
     steps = (f"image {info.ref}: {_image_line(facts, docker_note)}{fetch}",
              (f"weights {recipe.checkpoint.repo}@{recipe.checkpoint.revision or 'main'}"
               f"{':' + recipe.checkpoint.quant if recipe.checkpoint.format == 'gguf' else ''}: {cache.status} → "

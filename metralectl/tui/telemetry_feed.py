@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from metralectl.seams.shared_runtime import SharedRuntime
+    from metralectl.seams.docker.shared import SharedRuntime
     from metralectl.telemetry.view import TopView
     from metralectl.telemetry.watch import TopSession
 

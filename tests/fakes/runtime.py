@@ -25,8 +25,10 @@ from typing import Any
 
 from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER
 from metralectl.core.render import ContainerSpec, owner
-from metralectl.seams.docker_runtime import (ContainerInfo, Endpoint, ImageState, RuntimeCause, RuntimeFailure,
-                                             refusal_cause)
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.endpoints import Endpoint
+from metralectl.seams.docker.errors import RuntimeCause, RuntimeFailure, refusal_cause
+from metralectl.seams.docker.images import ImageState
 from tests.fakes.boot import PREFIX, Action, Answer, Boot, Chatter, Exit, Listen, Log, engine_boot, engine_handler
 
 __all__ = ["PREFIX", "Action", "Answer", "Boot", "Chatter", "Exit", "FakeContainer", "FakeRuntime", "Listen", "Log",
@@ -73,7 +75,7 @@ class FakeContainer:
 
 
 class FakeRuntime:
-    """Implements metralectl.seams.container_runtime.ContainerRuntime (tests/unit/test_fake_runtime.py checks)."""
+    """Implements metralectl.seams.docker.protocol.ContainerRuntime (tests/unit/test_fake_runtime.py checks)."""
 
     def __init__(self, *, images: Iterable[ImageState] | dict[str, ImageState] = (),
                  pullable: Iterable[ImageState] = (), endpoint: Endpoint | None = None, version: str = "27.3.1",

@@ -108,7 +108,7 @@ class Box:
         """A verified snapshot in this box's HF cache, exactly as `metralectl pull` leaves one."""
         import hashlib
 
-        from metralectl.seams import hfcache
+        from metralectl.seams.hf import cache as hfcache, listing as hflisting
         commit = "0" * 40
         base = self.home / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
         snap = base / "snapshots" / commit
@@ -119,9 +119,9 @@ class Box:
         listing = []
         for name, data in files.items():
             (snap / name).write_bytes(data)
-            listing.append(hfcache.RepoFile(name, len(data), hashlib.sha256(data).hexdigest()))
+            listing.append(hflisting.RepoFile(name, len(data), hashlib.sha256(data).hexdigest()))
         hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST,
-                                  hfcache.Listing(repo, commit, tuple(listing)).to_json())
+                                  hflisting.Listing(repo, commit, tuple(listing)).to_json())
 
     def cli(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
         out = subprocess.run([sys.executable, "-m", "metralectl", *args], capture_output=True, text=True,

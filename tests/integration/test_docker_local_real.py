@@ -1,4 +1,5 @@
-"""docker_local.LocalAPI and docker-py side by side on the real daemon: the same answers to `ps`'s reads.
+"""The Docker client's two transports side by side on the real daemon: the socket reader and docker-py give the
+runtime the same answers to `ps`'s reads, and the same errors.
 
 Containers of other tests come and go on this daemon meanwhile, so each pair of calls is compared on
 what both saw (the listing's ids are compared only when they agree with a second docker-py listing).
@@ -10,25 +11,25 @@ from typing import Any
 
 import pytest
 
-from metralectl.seams.docker_local import LocalAPI
-from metralectl.seams.docker_runtime import DEFAULT_SOCKET
+from metralectl.seams.docker.client import DaemonClient
+from metralectl.seams.docker.endpoints import DEFAULT_SOCKET, Endpoint
+from metralectl.seams.docker.errors import Refused
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
 
-def _error(call: Any) -> tuple[str, str, Any]:
+def _error(call: Any) -> tuple[str, str, Any, bool]:
     try:
         call()
-    except Exception as exc:  # noqa: BLE001 - the comparison is the point
-        return type(exc).__name__, str(exc), getattr(exc, "status_code", None)
+    except Refused as exc:
+        return type(exc).__name__, str(exc), exc.status, exc.image_missing
     raise AssertionError("no error")
 
 
-def test_localapi_reads_as_docker_py(docker_daemon: None) -> None:
-    import docker
-
-    ours = LocalAPI(f"unix://{DEFAULT_SOCKET}", 30, lambda: None)
-    theirs = docker.APIClient(base_url=f"unix://{DEFAULT_SOCKET}", version="auto", timeout=30)
+def test_the_socket_reads_as_docker_py(docker_daemon: None) -> None:
+    endpoint = Endpoint(f"unix://{DEFAULT_SOCKET}", "default")
+    ours = DaemonClient(endpoint, 30)
+    theirs = DaemonClient(endpoint, 30, socket_reads=False)
     try:
         assert ours.ping() is True and theirs.ping() is True
         assert ours.version()["ApiVersion"] == theirs.version()["ApiVersion"]
@@ -49,7 +50,9 @@ def test_localapi_reads_as_docker_py(docker_daemon: None) -> None:
         for call in (lambda api: api.inspect_container("metralectl-no-such-container"),
                      lambda api: api.inspect_image("metralectl-test/no-such-image:never")):
             assert _error(lambda: call(ours)) == _error(lambda: call(theirs))
-        assert _error(lambda: ours.inspect_container("metralectl-no-such-container"))[0] == "NotFound"
+        assert _error(lambda: ours.inspect_container("metralectl-no-such-container"))[2] == 404
+        assert _error(lambda: ours.inspect_image("metralectl-test/no-such-image:never"))[3] is True
+        assert ours._docker is None  # every read above went over the socket
     finally:
         ours.close()
         theirs.close()

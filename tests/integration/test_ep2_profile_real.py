@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from metralectl.core.render import LABEL_RUN_ID
-from metralectl.seams.docker_runtime import MEMLOCK_HINT, RDMA_HINT, DockerRuntime, RuntimeFailure
+from metralectl.seams.docker.errors import MEMLOCK_HINT, RDMA_HINT, RuntimeFailure
+from metralectl.seams.docker.runtime import DockerRuntime
 from tests.unit.recipe_helpers import catalog
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]

@@ -24,7 +24,7 @@ import pytest
 
 from metralectl import paths
 from metralectl.core.recipe import CheckpointRef
-from metralectl.seams import hfcache, weights, weights_state
+from metralectl.seams.hf import cache as hfcache, hub as hfhub, state as hfstate, weights
 from tests.fakehub.server import FakeHub, FakeRepo
 from tests.ports import PortTaken, port_in_use, start_retrying
 
@@ -147,8 +147,8 @@ def test_llama_server_loads_exactly_the_files_pull_verified(llama_server: Path, 
     assert props is not None and props["model_path"] == str(snapshot / Q8), log[-3000:]
 
     # a quant metralectl says is absent is one llama-server cannot find either
-    assert weights_state.checkpoint_state(ck("Q4_K_M")).status == "absent"
-    with pytest.raises(weights.WeightsError, match="Q4_K_M is absent"):
+    assert hfstate.checkpoint_state(ck("Q4_K_M")).status == "absent"
+    with pytest.raises(hfhub.WeightsError, match="Q4_K_M is absent"):
         weights.weights_preflight(SimpleRecipe("Q4_K_M"))
     code, props, log = serve(llama_server, "Q4_K_M")
     assert props is None and code not in (None, 0), log[-3000:]
@@ -158,7 +158,7 @@ def test_a_missing_part_is_partial_for_metralectl_and_fatal_for_llama_server(lla
                                                                               hub: FakeHub) -> None:
     result = weights.pull(ck("UD-Q4_K_XL"))
     (hfcache.snapshot_path(REPO, result.commit) / SPLIT[1]).unlink()
-    assert weights_state.checkpoint_state(ck("UD-Q4_K_XL")).status == "partial"
+    assert hfstate.checkpoint_state(ck("UD-Q4_K_XL")).status == "partial"
     code, props, log = serve(llama_server, "UD-Q4_K_XL")
     assert props is None and code not in (None, 0), log[-3000:]
 

@@ -58,14 +58,14 @@ def llama_image(docker_daemon: None) -> str:
 
 def _verified(hub: Path, repo: str) -> None:
     """Record the snapshot's files as verified, exactly as `metralectl pull` leaves them."""
-    from metralectl.seams import hfcache
+    from metralectl.seams.hf import cache as hfcache, listing as hflisting
 
     base = hub / ("models--" + repo.replace("/", "--"))
     commit = (base / "refs" / "main").read_text().strip()
     snap = base / "snapshots" / commit
-    files = [hfcache.RepoFile(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+    files = [hflisting.RepoFile(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
              for p in sorted(snap.iterdir())]
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, hfcache.Listing(repo, commit, tuple(files)).to_json())
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, hflisting.Listing(repo, commit, tuple(files)).to_json())
 
 
 def _install_models(box: Box) -> dict[str, Any]:

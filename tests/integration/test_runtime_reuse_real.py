@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from metralectl.seams.docker_runtime import DockerUnavailable
-
+from metralectl.seams.docker.errors import DockerUnavailable
 pytestmark = pytest.mark.usefixtures("docker_daemon")
 DAEMON = "/var/run/docker.sock"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from metralectl.seams import hfcache, weights
+from metralectl.seams.hf import cache as hfcache, hub as hfhub, steps as hfsteps, weights
 from metralectl.core.recipe import CheckpointRef
 from tests.fakehub.server import FakeHub, demo_repo
 
@@ -66,7 +66,7 @@ def snapshot_files(hub: FakeHub) -> dict[str, bytes]:
 # --- the happy path --------------------------------------------------------------------------------
 def test_full_download_is_verified_complete_with_progress(hub: FakeHub) -> None:
     hub.fault(SHARD1, "slow", rate=1_000_000)  # ~1.5 s, so progress carries a rate and an ETA
-    events: list[weights.PullEvent] = []
+    events: list[hfsteps.PullEvent] = []
     result = weights.pull(ck(), events.append)
     fake = hub.repos[REPO]
     assert result.commit == fake.commit and not result.already_complete
@@ -110,7 +110,7 @@ def test_unreachable_hub_is_explained_and_a_complete_copy_kept(hub: FakeHub, mon
     result = weights.pull(ck())  # unpinned: asks for main, cannot, keeps the verified copy
     assert result.already_complete and not result.checked_hub and "unreachable" in result.notes[0]
     monkeypatch.setenv("HF_HOME", tempfile.mkdtemp())
-    with pytest.raises(weights.WeightsError, match="cannot reach the Hugging Face Hub at http://127.0.0.1") as err:
+    with pytest.raises(hfhub.WeightsError, match="cannot reach the Hugging Face Hub at http://127.0.0.1") as err:
         weights.pull(ck())
     assert "HF_ENDPOINT" in (err.value.hint or "")
 
@@ -175,7 +175,7 @@ def test_interrupted_pull_is_partial_and_the_next_pull_finishes(hub: FakeHub, ho
 @pytest.mark.parametrize("fault,why", [("corrupt", "sha256"), ("truncate", "size")])
 def test_corrupt_or_truncated_file_is_rejected(hub: FakeHub, fault: str, why: str) -> None:
     hub.fault(SHARD1, fault)
-    with pytest.raises(weights.WeightsError, match="failed verification") as err:
+    with pytest.raises(hfhub.WeightsError, match="failed verification") as err:
         weights.pull(ck())
     assert SHARD1 in err.value.message and why in err.value.message and "not marked complete" in err.value.message
     state = hfcache.cache_state(REPO)
@@ -189,7 +189,7 @@ def test_corrupt_or_truncated_file_is_rejected(hub: FakeHub, fault: str, why: st
 
 def test_a_transfer_that_keeps_breaking_fails_clearly(hub: FakeHub) -> None:
     hub.fault(SHARD1, "kill", at=0.3)  # every attempt: huggingface_hub retries 5 times, then gives up
-    with pytest.raises(weights.WeightsError, match=f"{SHARD1} kept breaking off"):
+    with pytest.raises(hfhub.WeightsError, match=f"{SHARD1} kept breaking off"):
         weights.pull(ck())
     assert hfcache.cache_state(REPO).status == "partial"
 
@@ -205,7 +205,7 @@ def test_gated_repo_is_explained(hub: FakeHub, monkeypatch: pytest.MonkeyPatch, 
     hub.repos[REPO].gated = "manual"
     if token:
         monkeypatch.setenv("HF_TOKEN", token)
-    with pytest.raises(weights.WeightsError, match=text) as err:
+    with pytest.raises(hfhub.WeightsError, match=text) as err:
         weights.pull(ck())
     if token != "hf_bogus":
         assert f"(the Hub answered {status})" in err.value.message
@@ -232,9 +232,9 @@ def test_gated_message_through_the_cli(hub: FakeHub) -> None:
 
 
 def test_unknown_repo_and_revision(hub: FakeHub) -> None:
-    with pytest.raises(weights.WeightsError, match="no repository nobody/nothing on the Hub"):
+    with pytest.raises(hfhub.WeightsError, match="no repository nobody/nothing on the Hub"):
         weights.pull(ck(repo="nobody/nothing"))
-    with pytest.raises(weights.WeightsError, match=f"{REPO} has no revision {'0' * 40}"):
+    with pytest.raises(hfhub.WeightsError, match=f"{REPO} has no revision {'0' * 40}"):
         weights.pull(ck("0" * 40))
 
 
@@ -261,7 +261,7 @@ def tmpfs(tmp_path: Path):
 
 def test_too_small_disk_is_refused_before_downloading(hub: FakeHub, tmpfs, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmpfs("1m")))
-    with pytest.raises(weights.WeightsError, match=r"not enough disk space for .*: 2\.5 MB still to download "
+    with pytest.raises(hfhub.WeightsError, match=r"not enough disk space for .*: 2\.5 MB still to download "
                                                    r"\(7 files\) .* but only 1\.0 MB free at .*small-disk") as err:
         weights.pull(ck())
     assert "short by" in err.value.message and "HF_HUB_CACHE" in (err.value.hint or "")
@@ -282,7 +282,7 @@ def test_disk_preflight_at_the_seam_counts_only_what_is_missing(hub: FakeHub) ->
     shard.unlink()
     blob.unlink()
     missing = len(hub.repos[REPO].files[SHARD1].data)
-    with pytest.raises(weights.WeightsError, match=r"1\.5 MB still to download \(1 file\)"):
+    with pytest.raises(hfhub.WeightsError, match=r"1\.5 MB still to download \(1 file\)"):
         weights.pull(ck(), free_space=lambda _p: missing)  # no room for the 2 % reserve
     weights.pull(ck(), free_space=lambda _p: missing * 2)
     assert hfcache.cache_state(REPO).status == "complete"
@@ -294,7 +294,7 @@ def test_list_and_run_preflight_follow_the_cache(hub: FakeHub) -> None:
 
     recipe = load_catalog().recipe(FLAGSHIP)
     assert list_weights() == "absent"
-    with pytest.raises(weights.WeightsError, match=f"weights incomplete: .* is absent .*run `metralectl pull {FLAGSHIP}`"):
+    with pytest.raises(hfhub.WeightsError, match=f"weights incomplete: .* is absent .*run `metralectl pull {FLAGSHIP}`"):
         weights.weights_preflight(recipe)
     out = cli("pull", FLAGSHIP, "--weights-only")
     assert out.returncode == 0 and "ready (weights complete at" in out.stdout, out.stderr
@@ -303,12 +303,12 @@ def test_list_and_run_preflight_follow_the_cache(hub: FakeHub) -> None:
     snap = hfcache.cache_state(REPO).snapshot
     (snap / hfcache.VERIFIED_MANIFEST).rename(snap / "manifest.bak")
     assert list_weights() == "present"  # every file there per the listing, but never hashed
-    with pytest.raises(weights.WeightsError, match="is present"):
+    with pytest.raises(hfhub.WeightsError, match="is present"):
         weights.weights_preflight(recipe)
     (snap / "manifest.bak").rename(snap / hfcache.VERIFIED_MANIFEST)
     (snap / SHARD1).unlink()
     assert list_weights() == "partial"
-    with pytest.raises(weights.WeightsError, match="is partial .*1 of 7 files missing"):
+    with pytest.raises(hfhub.WeightsError, match="is partial .*1 of 7 files missing"):
         weights.weights_preflight(recipe)
 
 
@@ -341,7 +341,7 @@ def test_root_owned_file_in_a_users_cache_is_found_with_the_fix(user_cache: Path
     rootfile.write_text("x")  # we are root: this file is root's
     os.seteuid(USER_UID)
     try:
-        with pytest.raises(weights.WeightsError) as err:
+        with pytest.raises(hfhub.WeightsError) as err:
             weights.pull(ck())
     finally:
         os.seteuid(0)
@@ -353,7 +353,7 @@ def test_root_owned_file_in_a_users_cache_is_found_with_the_fix(user_cache: Path
 
 @needs_root
 def test_root_refuses_to_write_into_a_users_cache(user_cache: Path, hub: FakeHub) -> None:
-    with pytest.raises(weights.WeightsError, match="refusing to download as root into .*belongs to uid 4242"):
+    with pytest.raises(hfhub.WeightsError, match="refusing to download as root into .*belongs to uid 4242"):
         weights.pull(ck())
     assert not hub.log
 
@@ -367,14 +367,14 @@ def test_ownership_scan_reports_other_owners(tmp_path: Path) -> None:
     other = repo / "blobs" / "theirs"
     other.write_text("x")
     os.chown(other, USER_UID, USER_UID)
-    found = hfcache.ownership(REPO, hub_dir, uid=0)
+    found = hfsteps.ownership(REPO, hub_dir, uid=0)
     assert found.count == 1 and found.offenders == (other,) and found.fix_path == repo
-    assert hfcache.ownership(REPO, hub_dir, uid=0).fix == f"sudo chown -R $USER: {repo}"
+    assert hfsteps.ownership(REPO, hub_dir, uid=0).fix == f"sudo chown -R $USER: {repo}"
 
 
 def test_gated_api_as_the_hub_once_answered(hub: FakeHub) -> None:
     hub.repos[REPO].gated = "manual"
     hub.repos[REPO].gate_api = True  # the listing itself is refused (401 GatedRepo on /api/models/...)
-    with pytest.raises(weights.WeightsError, match="gated repository and no Hugging Face token is set"):
+    with pytest.raises(hfhub.WeightsError, match="gated repository and no Hugging Face token is set"):
         weights.pull(ck())
     assert not hub.gets()

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from metralectl.core import images
+from metralectl.seams.docker import images as docker_images
 
 from metralectl.seams import machine
 from metralectl.core.image_info import ImageInfo
@@ -126,8 +127,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def runtime(client):
-    from metralectl.seams.docker_runtime import DockerRuntime
-
+    from metralectl.seams.docker.runtime import DockerRuntime
     rt = DockerRuntime()
     yield rt
     rt.close()
@@ -152,7 +152,7 @@ def pushed(client, registry) -> str:
 def test_pull_from_a_local_registry_with_layer_progress(pushed: str, runtime, client) -> None:
     events: list[images.LayerProgress] = []
     assert runtime.image_state(pushed).present is False
-    result = images.pull(info(pushed), runtime, ARCH, events.append)
+    result = docker_images.pull(info(pushed), runtime, ARCH, events.append)
     assert result.action == "pulled"
     s = result.status
     assert s.present and s.revision == f"rev-{RUN}" and s.local_platform == HERE and s.problem is None
@@ -160,7 +160,7 @@ def test_pull_from_a_local_registry_with_layer_progress(pushed: str, runtime, cl
     layers = {e.layer for e in events if e.layer and e.status == "Pull complete"}
     assert len(layers) == 2, events
     assert any(e.status == "Downloading" and e.current and e.total for e in events)
-    again = images.pull(info(pushed), runtime, ARCH, events.append)
+    again = docker_images.pull(info(pushed), runtime, ARCH, events.append)
     assert again.action == "present"  # staged already: nothing to do without --update
 
 
@@ -206,23 +206,23 @@ def test_local_image_for_another_platform_is_refused_before_launch(client, runti
     assert problem is not None and f"the local {ref} is a {OTHER} image, but this machine is {HERE}" in problem.message
     assert f"docker pull --platform {HERE} {ref}" in (problem.hint or "")
     with pytest.raises(images.ImageError, match="exec format error"):
-        images.pull(declared_here, runtime, ARCH)
+        docker_images.pull(declared_here, runtime, ARCH)
     with pytest.raises(images.ImageError, match=f"is a {OTHER} image"):
-        images.image_preflight(declared_here, runtime, ARCH, "some-recipe")
+        docker_images.image_preflight(declared_here, runtime, ARCH, "some-recipe")
 
 
 def test_image_declared_for_another_platform_is_refused(client, runtime) -> None:
     ref = f"metralectl-test/other-{RUN}:latest"
     load(client, ref, OTHER, "rev-other")
     with pytest.raises(images.ImageError, match=f"built for {OTHER} .*this machine is {HERE} \\({ARCH}\\)"):
-        images.pull(info(ref, OTHER), runtime, ARCH)
+        docker_images.pull(info(ref, OTHER), runtime, ARCH)
 
 
 def test_present_image_passes_preflight_and_absent_one_names_pull(client, runtime) -> None:
     ref = f"metralectl-test/ok-{RUN}:latest"
     load(client, ref, HERE, "rev-ok")
-    images.image_preflight(info(ref), runtime, ARCH, "some-recipe")
+    docker_images.image_preflight(info(ref), runtime, ARCH, "some-recipe")
     with pytest.raises(images.ImageError, match="run `metralectl pull some-recipe`"):
-        images.image_preflight(info(f"metralectl-test/absent-{RUN}:latest"), runtime, ARCH, "some-recipe")
+        docker_images.image_preflight(info(f"metralectl-test/absent-{RUN}:latest"), runtime, ARCH, "some-recipe")
     with pytest.raises(images.ImageError, match="cannot be pulled: it is built from source"):
-        images.pull(info(f"metralectl-test/absent-{RUN}:latest", build="docker build ..."), runtime, ARCH)
+        docker_images.pull(info(f"metralectl-test/absent-{RUN}:latest", build="docker build ..."), runtime, ARCH)

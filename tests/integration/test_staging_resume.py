@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 
 from metralectl.core.progress import human_bytes
-from metralectl.seams import hfcache, partials, resume
+from metralectl.seams.hf import cache as hfcache, download as hfdownload, staging as hfstaging
 from tests.fakehub.server import FakeHub, FakeRepo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FLAGSHIP = "qwen3.5-35b-a3b"
 REPO = "Sehyo/Qwen3.5-35B-A3B-NVFP4"
 SHARD = "model.safetensors"
-SIZE = 18_000_000  # above resume.RESUMABLE_MIN_BYTES: our downloader, not huggingface_hub's
+SIZE = 18_000_000  # above hfdownload.RESUMABLE_MIN_BYTES: our downloader, not huggingface_hub's
 N = 5_000_000  # what the first pull gets before it is interrupted
 CONFIG = b'{"model_type": "qwen3_5_moe"}'
 
@@ -41,7 +41,7 @@ def repo_with(shard: bytes) -> FakeRepo:
 
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch):
-    assert SIZE >= resume.RESUMABLE_MIN_BYTES
+    assert SIZE >= hfdownload.RESUMABLE_MIN_BYTES
     with FakeHub([repo_with(random.Random(7).randbytes(SIZE))]) as fake:
         monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
         monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
@@ -75,7 +75,7 @@ def sha(hub: FakeHub) -> str:
 
 
 def part_of(hub: FakeHub) -> Path:
-    return partials.folder(base()) / f"{sha(hub)}.part"
+    return hfstaging.partial_folder(base()) / f"{sha(hub)}.part"
 
 
 def interrupted_pull(hub: FakeHub) -> Path:
@@ -102,7 +102,7 @@ def interrupted_pull(hub: FakeHub) -> Path:
             in err), err
     assert "Traceback" not in err
     assert part.stat().st_size == N  # kept, not deleted on the way out
-    assert part.stat().st_mode & 0o777 == 0o600 and partials.folder(base()).stat().st_mode & 0o777 == 0o700
+    assert part.stat().st_mode & 0o777 == 0o600 and hfstaging.partial_folder(base()).stat().st_mode & 0o777 == 0o700
     hub.clear_faults()
     return part
 
@@ -117,7 +117,7 @@ def assert_placed(hub: FakeHub) -> None:
     link = snap / SHARD
     assert link.is_symlink() and link.resolve() == base() / "blobs" / sha(hub)
     assert hashlib.sha256(link.read_bytes()).hexdigest() == sha(hub)
-    assert partials.listed(base()) == [] and not part_of(hub).exists()
+    assert hfstaging.partials_listed(base()) == [] and not part_of(hub).exists()
     assert list_weights() == "complete"
 
 
@@ -242,7 +242,7 @@ def ck() -> object:
 
 
 def test_pull_continues_a_dropped_connection_from_the_bytes_on_disk(hub: FakeHub) -> None:
-    from metralectl.seams import weights
+    from metralectl.seams.hf import weights
 
     hub.fault(SHARD, "kill", times=2, at=0.5)
     result = weights.pull(ck())
@@ -255,12 +255,12 @@ def test_pull_continues_a_dropped_connection_from_the_bytes_on_disk(hub: FakeHub
 
 
 def test_pull_of_an_object_of_the_wrong_size_fails_and_places_nothing(hub: FakeHub) -> None:
-    from metralectl.seams import weights
+    from metralectl.seams.hf import hub as hfhub, weights
 
     hub.fault(SHARD, "truncate")  # the CDN serves half the object
     try:
         weights.pull(ck())
-    except weights.WeightsError as exc:
+    except hfhub.WeightsError as exc:
         assert f"{SHARD}: the server's object is {SIZE // 2} bytes, the Hub lists {SIZE}" in exc.message
         assert "nothing was placed in the cache" in exc.message
     else:
@@ -270,7 +270,7 @@ def test_pull_of_an_object_of_the_wrong_size_fails_and_places_nothing(hub: FakeH
 
 
 def test_pull_fetches_one_content_once_for_two_paths(hub: FakeHub) -> None:
-    from metralectl.seams import weights
+    from metralectl.seams.hf import weights
 
     data = shard(hub)
     hub.repos[REPO] = FakeRepo.build(REPO, {"config.json": CONFIG, SHARD: data, "consolidated.safetensors": data})
@@ -284,7 +284,7 @@ def test_pull_fetches_one_content_once_for_two_paths(hub: FakeHub) -> None:
 def test_pull_of_a_gguf_quant_resumes_its_file_and_records_the_quant(hub: FakeHub) -> None:
     """A GGUF checkpoint takes the same path: the quant's file is a large LFS file like any shard."""
     from metralectl.core.recipe import CheckpointRef
-    from metralectl.seams import weights
+    from metralectl.seams.hf import weights
 
     gguf_repo = "org/tiny-GGUF"
     q4 = "tiny-Q4_K_M.gguf"

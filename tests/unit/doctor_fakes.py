@@ -15,7 +15,10 @@ from metralectl.doctor.identity import Identity
 from metralectl.seams.gpu import NvmlProbe
 from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER
 from metralectl.core.render import owner
-from metralectl.seams.docker_runtime import ContainerInfo, DockerUnavailable, Endpoint, ImageState
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.endpoints import Endpoint
+from metralectl.seams.docker.errors import DockerUnavailable
+from metralectl.seams.docker.images import ImageState
 from tests.fakes.runtime import Boot, Exit, Log
 from tests.fakes.runtime import FakeRuntime as SharedFakeRuntime
 from tests.unit import fake_pynvml as fk

@@ -359,7 +359,7 @@ def test_the_page_is_told_what_change_is_in_progress_whoever_started_it(
 # -- the event JSON the page reads ----------------------------------------------------------------------------
 def test_every_event_is_a_json_document_the_page_reads() -> None:
     from metralectl.core.images import LayerProgress
-    from metralectl.seams.weights import PullEvent
+    from metralectl.seams.hf.steps import PullEvent
 
     samples: list[tuple[ev.Event, dict[str, Any]]] = [
         (ev.Step("image", "ref"), {"kind": "Step", "name": "image", "detail": "ref"}),

@@ -20,7 +20,8 @@ import pytest
 
 from metralectl import paths
 from metralectl.lifecycle.memory import NoMemoryWatch
-from metralectl.seams import hfcache, machine, store
+from metralectl.seams import machine, store
+from metralectl.seams.hf import cache as hfcache, listing as hflisting
 from tests.fakes.lifecycle import GB10_IMAGE, port_released
 from tests.fakes.runtime import PREFIX, Answer, Boot, FakeRuntime, Listen, Log, image
 from tests.ports import own_port
@@ -44,8 +45,8 @@ def _weights_complete(repo: str) -> None:
     listing = []
     for name, data in {"config.json": b"{}", "model.safetensors": b"\0" * 16}.items():
         (snap / name).write_bytes(data)
-        listing.append(hfcache.RepoFile(name, len(data), hashlib.sha256(data).hexdigest()))
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, hfcache.Listing(repo, commit, tuple(listing)).to_json())
+        listing.append(hflisting.RepoFile(name, len(data), hashlib.sha256(data).hexdigest()))
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, hflisting.Listing(repo, commit, tuple(listing)).to_json())
 
 
 class Box:
@@ -73,7 +74,7 @@ def box(isolated_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Box]:
     rt.script(CONTAINER, SILENT)
     monkeypatch.setattr(machine, "cpu_arch", lambda: "aarch64")  # the gb10 image is linux/arm64
     monkeypatch.setattr("metralectl.app.serving.memory_watch", lambda runtime: NoMemoryWatch())
-    monkeypatch.setattr("metralectl.seams.docker_runtime.open_runtime", lambda *a, **k: rt)
+    monkeypatch.setattr("metralectl.seams.docker.runtime.open_runtime", lambda *a, **k: rt)
     made = Box(rt, port)
     monkeypatch.setattr(ctypes.pythonapi, "PyThreadState_SetAsyncExc", lambda *args: made.injected.append(args) or 1)
     yield made

@@ -129,7 +129,7 @@ def test_list_rows_from_the_store_are_the_catalogs_and_weights_are_read_live(iso
                                                                             tmp_path: Path) -> None:
     from metralectl.app import library
     from metralectl.core.catalog import load_catalog
-    from metralectl.seams import hfcache
+    from metralectl.seams.hf import cache as hfcache
 
     computed = run(["list", "--json"])  # nothing stored yet: from the catalog, then stored
     assert list(Path(os.environ["METRALECTL_CACHE_DIR"]).glob("library-*"))
@@ -170,7 +170,7 @@ def test_list_with_nothing_cached_loads_no_cache_reader_and_no_platformdirs(tmp_
     HF cache readers, no pickle or json for the table (each import is part of what `list` costs before it answers)."""
     env = {k: v for k, v in os.environ.items() if k not in ("METRALECTL_CONFIG_DIR", "METRALECTL_CACHE_DIR")}
     env.update(XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_CACHE_HOME=str(tmp_path / "cache"))
-    watched = ("platformdirs", "pickle", "json", "metralectl.seams.hfcache", "metralectl.seams.gguf_cache",
+    watched = ("platformdirs", "pickle", "json", "metralectl.seams.hf.cache", "metralectl.seams.hf.gguf",
                "metralectl.core.catalog")
     for _ in range(2):  # the first stores the rows (and loads the catalog), the second reads them
         out = subprocess.run([sys.executable, "-c", f"WATCHED = {watched!r}\n" + LOADED, "list"], capture_output=True,

@@ -21,8 +21,9 @@ from click.testing import CliRunner
 
 from metralectl import paths
 from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, LABEL_RECIPE, LABEL_SETS, owner
-from metralectl.seams import hfcache, store
-from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.seams import store
+from metralectl.seams.hf import cache as hfcache, listing as hflisting
+from metralectl.seams.docker.containers import ContainerInfo
 from tests.fakes.runtime import FakeRuntime
 
 FLAGSHIP = "qwen3.5-35b-a3b"
@@ -46,10 +47,10 @@ def cached(repo: str, files: dict[str, bytes]) -> Path:
         (base / "blobs" / sha).write_bytes(data)
         (snap / name).parent.mkdir(parents=True, exist_ok=True)
         (snap / name).symlink_to(f"../../blobs/{sha}")
-        listing.append(hfcache.RepoFile(name, len(data), sha))
+        listing.append(hflisting.RepoFile(name, len(data), sha))
     (base / "refs").mkdir(exist_ok=True)
     (base / "refs" / "main").write_text(commit)
-    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, hfcache.Listing(repo, commit, tuple(listing)).to_json())
+    hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, hflisting.Listing(repo, commit, tuple(listing)).to_json())
     return base
 
 
@@ -65,7 +66,7 @@ def serving(rt: FakeRuntime, name: str, recipe: str, command: tuple[str, ...] = 
 @pytest.fixture
 def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRuntime]:
     runtime = FakeRuntime()
-    monkeypatch.setattr("metralectl.seams.docker_runtime.open_runtime", lambda *a, **kw: runtime)
+    monkeypatch.setattr("metralectl.seams.docker.runtime.open_runtime", lambda *a, **kw: runtime)
     yield runtime
 
 

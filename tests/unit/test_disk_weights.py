@@ -20,7 +20,7 @@ from metralectl.app import disk_weights
 from metralectl.core.recipe import CheckpointRef
 from metralectl.errors import ExitCode
 from metralectl.ownedfs import Owned
-from metralectl.seams import hfcache, weights, weights_state
+from metralectl.seams.hf import cache as hfcache, state as hfstate, weights
 from tests.fakehub.server import FakeHub, FakeRepo
 from tests.unit.test_gguf_weights import Q4, RECIPE, REPO, SPLIT, repo_files, serve
 
@@ -65,7 +65,7 @@ def test_rm_of_a_gguf_recipe_removes_its_quant_only_and_keeps_the_manifest_true(
     assert plan["dry_run"] is True and plan["would_free_bytes"] == 75_000 and plan["freed_bytes"] == 0
     assert [(i["kind"], i["name"], i["removed"]) for i in plan["items"]] == [("quant", f"{REPO}:UD-Q4_K_XL", False)]
     assert "75.0 kB" in dry.stderr and "would go" in dry.stderr
-    assert weights_state.checkpoint_state(gguf("UD-Q4_K_XL")).status == "complete"  # a dry run removes nothing
+    assert hfstate.checkpoint_state(gguf("UD-Q4_K_XL")).status == "complete"  # a dry run removes nothing
 
     out = cli("rm", RECIPE, "--yes", "--json")
     assert out.returncode == 0, out.stderr
@@ -78,8 +78,8 @@ def test_rm_of_a_gguf_recipe_removes_its_quant_only_and_keeps_the_manifest_true(
     assert len({p.name for p in (base / "blobs").iterdir()}) == len(blobs_before) - 2  # the split's two blobs
     data = json.loads((snap / hfcache.VERIFIED_MANIFEST).read_text())
     assert data["subsets"] == {"Q4_K_M": [Q4]} and [f["path"] for f in data["files"]] == [Q4]
-    assert weights_state.checkpoint_state(gguf("UD-Q4_K_XL")).status == "absent"
-    assert weights_state.checkpoint_state(gguf("Q4_K_M")).status == "complete"  # the other quant: untouched
+    assert hfstate.checkpoint_state(gguf("UD-Q4_K_XL")).status == "absent"
+    assert hfstate.checkpoint_state(gguf("Q4_K_M")).status == "complete"  # the other quant: untouched
 
     again = cli("rm", RECIPE, "--yes")
     assert again.returncode == 0 and "no weights of" in again.stderr and "nothing to remove" in again.stderr
@@ -139,7 +139,7 @@ def test_prune_removes_unnamed_pulls_and_dead_downloads_only(hub: FakeHub) -> No
     assert out.returncode == 0, out.stderr
     assert not hfcache.repo_dir(GONE).exists() and not dead.exists()
     assert live.exists() and (foreign / "blobs" / "abc").exists()
-    assert weights_state.checkpoint_state(gguf("Q4_K_M")).status == "complete"
+    assert hfstate.checkpoint_state(gguf("Q4_K_M")).status == "complete"
     assert "removed weights someone/Retired-Model" in out.stdout
 
 

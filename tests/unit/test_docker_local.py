@@ -1,7 +1,6 @@
-"""docker_local.LocalAPI against docker-py's own APIClient, on the same fake daemon and on the real one.
-
-LocalAPI stands in for docker-py on a local socket so that `ps` need not import it; everything it
-returns or raises must be what docker-py returns or raises for the same answers of the daemon.
+"""The Docker client's two transports, on the same fake daemon: the socket reader (reads of a local daemon, so
+that `ps` need not import docker-py) and docker-py. The runtime over either must answer alike: the same values,
+the same URLs asked, the same errors (cause, message, hint) for the same answers of the daemon.
 """
 
 from __future__ import annotations
@@ -20,9 +19,11 @@ from typing import Any
 
 import pytest
 
-from metralectl.seams import docker_runtime
-from metralectl.seams.docker_local import LocalAPI
-from metralectl.seams.docker_runtime import DockerRuntime, DockerUnavailable, Endpoint, RuntimeFailure
+from metralectl.seams.docker import endpoints, runtime as docker_runtime
+from metralectl.seams.docker.client import DaemonClient
+from metralectl.seams.docker.endpoints import Endpoint
+from metralectl.seams.docker.errors import DockerUnavailable, RuntimeFailure
+from metralectl.seams.docker.runtime import DockerRuntime
 from tests.unit.recipe_helpers import REPO
 
 CONTAINER = {"Id": "abc123", "Name": "/metralectl-x", "State": {"Status": "running", "StartedAt": "0001-01-01T00:00:00Z"},
@@ -97,28 +98,32 @@ def daemon(tmp_path: Path) -> Iterator[FakeDaemon]:
     server.server_close()
 
 
-def both(path: str) -> tuple[Any, Any]:
-    import docker
+def over_docker_py(endpoint: Endpoint, timeout: float | None) -> DaemonClient:
+    return DaemonClient(endpoint, timeout, socket_reads=False)
 
-    return LocalAPI(f"unix://{path}", 5, lambda: None), docker.APIClient(base_url=f"unix://{path}", version="auto",
-                                                                          timeout=5)
+
+def runtime_over(path: str, use_docker_py: bool) -> DockerRuntime:
+    with pytest.MonkeyPatch.context() as patch:
+        if use_docker_py:
+            patch.setattr(docker_runtime, "connect", over_docker_py)
+        return DockerRuntime(Endpoint(f"unix://{path}", "DOCKER_HOST"))
 
 
 def outcome(call: Any) -> tuple[str, Any]:
     try:
         return "value", call()
     except Exception as exc:  # noqa: BLE001 - the comparison is the point
-        return type(exc).__name__, (str(exc), getattr(exc, "explanation", None), getattr(exc, "status_code", None))
+        return type(exc).__name__, (str(getattr(exc, "cause", None)), str(exc), getattr(exc, "hint", None))
 
 
-def test_reads_answer_and_fail_as_docker_pys(daemon: FakeDaemon) -> None:
-    ours, theirs = both(daemon.server_address)  # type: ignore[arg-type]
-    filters = {"label": ["ai.metrale.metralectl.managed=true", "ai.metrale.metralectl.owner=me"]}
-    calls = [lambda api: api.ping(), lambda api: api.version(), lambda api: api.info(),
-             lambda api: api.containers(all=True, filters=filters), lambda api: api.containers(),
-             lambda api: api.inspect_container("abc123"), lambda api: api.inspect_container("gone"),
-             lambda api: api.inspect_image("img:1"), lambda api: api.inspect_image("missing:2"),
-             lambda api: api.inspect_image("busy")]
+def test_reads_answer_and_fail_as_over_docker_py(daemon: FakeDaemon) -> None:
+    ours, theirs = runtime_over(daemon.server_address, False), runtime_over(daemon.server_address, True)  # type: ignore[arg-type]
+    assert ours.api._reader is not None and theirs.api._reader is None
+    calls = [lambda rt: rt.server_version(), lambda rt: rt.info(), lambda rt: rt.daemon_identity(),
+             lambda rt: rt.containers(), lambda rt: rt.containers(mine=False, all_states=False),
+             lambda rt: rt.inspect("abc123"), lambda rt: rt.inspect("gone"),
+             lambda rt: rt.image_state("img:1"), lambda rt: rt.image_state("missing:2"),
+             lambda rt: rt.image_state("busy"), lambda rt: rt.image_record("missing:2")]
     for call in calls:
         daemon.seen.clear()
         mine = outcome(lambda: call(ours))
@@ -126,16 +131,15 @@ def test_reads_answer_and_fail_as_docker_pys(daemon: FakeDaemon) -> None:
         daemon.seen.clear()
         assert mine == outcome(lambda: call(theirs))
         assert asked_by_us[-1] == daemon.seen[-1]  # the same URL, query string included
-    assert outcome(lambda: ours.inspect_image("busy"))[0] == "APIError"
-    assert outcome(lambda: ours.inspect_container("gone"))[0] == "NotFound"
-    assert outcome(lambda: ours.inspect_image("missing:2"))[0] == "ImageNotFound"
+    assert ours.api._docker is None  # every read went over the socket
+    assert outcome(lambda: ours.image_state("busy"))[0] == "RuntimeFailure"
+    assert ours.inspect("gone") is None and ours.image_state("missing:2").present is False
     ours.close()
     theirs.close()
 
 
-def test_the_runtime_over_localapi(daemon: FakeDaemon) -> None:
+def test_the_runtime_over_the_socket(daemon: FakeDaemon) -> None:
     runtime = DockerRuntime(Endpoint(f"unix://{daemon.server_address}", "DOCKER_HOST"))
-    assert isinstance(runtime.api, LocalAPI)
     assert [c.name for c in runtime.containers(mine=False)] == ["metralectl-x"]
     assert runtime.inspect("gone") is None
     assert runtime.image_state("missing:2").present is False and runtime.image_state("img:1").present
@@ -145,27 +149,23 @@ def test_the_runtime_over_localapi(daemon: FakeDaemon) -> None:
     runtime.close()
 
 
-def test_what_it_does_not_answer_goes_to_docker_py(daemon: FakeDaemon) -> None:
-    made: list[int] = []
-
-    class Real:
-        timeout: float | None = None
-
-        def images(self) -> list[str]:
-            return ["from docker-py"]
-
-    api = LocalAPI(f"unix://{daemon.server_address}", 7, lambda: made.append(1) or Real())
-    assert api.ping() and not made
-    assert api.images() == ["from docker-py"] and made == [1] and api._docker.timeout == 7
-    api.timeout = 9
-    assert api._docker.timeout == 9
-    api.images()
-    assert made == [1]
+def test_what_the_socket_does_not_carry_goes_to_docker_py(daemon: FakeDaemon) -> None:
+    client = DaemonClient(Endpoint(f"unix://{daemon.server_address}", "DOCKER_HOST"), 7)
+    assert client.ping() and client._docker is None
+    with pytest.raises(Exception) as refused:  # the fake daemon has no image list: its 404, as ours
+        client.images()
+    assert type(refused.value).__name__ == "Refused" and refused.value.status == 404  # type: ignore[attr-defined]
+    assert client._docker is not None and client._docker.timeout == 7
+    client.timeout = 9
+    assert client._docker.timeout == 9
+    client.close()
 
 
-def test_threads_first_calls_build_one_docker_py_client(daemon: FakeDaemon) -> None:
-    """`top` and the dashboard share one runtime across threads (seams/shared_runtime): two first calls at once
+def test_threads_first_calls_build_one_docker_py_client(daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`top` and the dashboard share one runtime across threads (seams/docker/shared): two first calls at once
     must not each build a docker-py client (the second would leak its connection pool)."""
+    import docker
+
     made: list[int] = []
     second_call = threading.Event()
 
@@ -175,16 +175,17 @@ def test_threads_first_calls_build_one_docker_py_client(daemon: FakeDaemon) -> N
         def images(self) -> list[str]:
             return ["from docker-py"]
 
-    def make() -> Real:
+    def make(**_: Any) -> Real:
         made.append(1)
         second_call.wait(1.0)  # the first build stays open long enough for the other thread to arrive
         return Real()
 
-    api = LocalAPI(f"unix://{daemon.server_address}", 7, make)  # type: ignore[arg-type]
-    answers: list[list[str]] = []
+    monkeypatch.setattr(docker, "APIClient", make)
+    client = DaemonClient(Endpoint(f"unix://{daemon.server_address}", "DOCKER_HOST"), 7)
+    answers: list[list[Any]] = []
 
     def call() -> None:
-        answers.append(api.images())
+        answers.append(client.images())
 
     first = threading.Thread(target=call)
     first.start()
@@ -202,7 +203,7 @@ def test_threads_first_calls_build_one_docker_py_client(daemon: FakeDaemon) -> N
 def unreachable(endpoint: Endpoint, use_docker_py: bool) -> tuple[str, str, str]:
     with pytest.MonkeyPatch.context() as patch:
         if use_docker_py:
-            patch.setattr(docker_runtime, "_api_client", docker_runtime._docker_api_client)
+            patch.setattr(docker_runtime, "connect", over_docker_py)
         try:
             DockerRuntime(endpoint)
         except DockerUnavailable as exc:
@@ -226,10 +227,7 @@ def test_an_unreachable_socket_is_classified_as_with_docker_py(tmp_path: Path) -
 def test_a_daemon_lost_mid_way_is_classified_alike(tmp_path: Path, use_docker_py: bool) -> None:
     daemon = FakeDaemon(str(tmp_path / "docker.sock"))
     threading.Thread(target=daemon.serve_forever, daemon=True).start()
-    with pytest.MonkeyPatch.context() as patch:
-        if use_docker_py:
-            patch.setattr(docker_runtime, "_api_client", docker_runtime._docker_api_client)
-        runtime = DockerRuntime(Endpoint(f"unix://{daemon.server_address}", "DOCKER_HOST"))
+    runtime = runtime_over(daemon.server_address, use_docker_py)  # type: ignore[arg-type]
     daemon.die()
     with pytest.raises(DockerUnavailable) as lost:
         runtime.containers()
@@ -246,18 +244,18 @@ def test_the_current_context_as_docker_pys_context_api(tmp_path: Path, monkeypat
     monkeypatch.setenv("HOME", str(tmp_path))
     config = tmp_path / "dockercfg"
     monkeypatch.setenv("DOCKER_CONFIG", str(config))
-    assert docker_runtime.resolve_endpoint().source == "default"  # no config file at all
+    assert endpoints.resolve_endpoint().source == "default"  # no config file at all
     config.mkdir()
     (config / "config.json").write_text(json.dumps({"currentContext": "node2"}))
     meta = config / "contexts" / "meta" / hashlib.sha256(b"node2").hexdigest()
     meta.mkdir(parents=True)
     (meta / "meta.json").write_text(json.dumps({"Name": "node2", "Metadata": {},
                                                 "Endpoints": {"docker": {"Host": "ssh://op@node2"}}}))
-    ours = docker_runtime.resolve_endpoint()
+    ours = endpoints.resolve_endpoint()
     theirs = ContextAPI.get_current_context()
     assert (ours.url, ours.source) == (theirs.Host, f"context {theirs.name}") == ("ssh://op@node2", "context node2")
     (config / "config.json").write_text("not json")
-    assert docker_runtime.resolve_endpoint().source == "default"
+    assert endpoints.resolve_endpoint().source == "default"
 
 
 def test_ps_imports_no_docker_py(daemon: FakeDaemon) -> None:

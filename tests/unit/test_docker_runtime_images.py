@@ -3,8 +3,7 @@ benchmark's target read, knowing no entry). tests/integration/test_demo_cpu.py c
 
 from __future__ import annotations
 
-from metralectl.seams.docker_runtime import IMAGE_REVISION_LABELS, image_revision
-
+from metralectl.seams.docker.images import IMAGE_REVISION_LABELS, image_revision
 REVISION, VERSION = IMAGE_REVISION_LABELS
 
 

@@ -13,7 +13,7 @@ import pytest
 from metralectl import paths
 from metralectl.doctor import CHECKS, RECIPE_CHECKS, CheckResult, run_checks, select
 from metralectl.doctor.context import Context
-from metralectl.seams.docker_runtime import Endpoint
+from metralectl.seams.docker.endpoints import Endpoint
 from tests.unit import doctor_fakes as df
 from tests.unit import fake_pynvml as fk
 

@@ -12,7 +12,7 @@ from metralectl.core.render import owner
 from metralectl.doctor import CheckResult, run_checks
 from metralectl.doctor.context import Context
 from metralectl.doctor.registry import CHECKS
-from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.seams.docker.containers import ContainerInfo
 from tests.unit import doctor_fakes as df
 from tests.unit import fake_pynvml as fk
 

@@ -16,7 +16,8 @@ from metralectl.core.hardware import parse_hardware
 from metralectl.lifecycle import rdma
 from metralectl.seams.netprobe import ProbeReport, RdmaView, parse_probe, probe_script
 from metralectl.core.render import docker_run_command, render, spec_for
-from metralectl.seams.docker_runtime import Endpoint, profile_kwargs
+from metralectl.seams.docker.containers import profile_kwargs
+from metralectl.seams.docker.endpoints import Endpoint
 from metralectl.core.yamlsrc import Document
 from tests.unit.recipe_helpers import REPO, catalog
 
@@ -94,8 +95,7 @@ def test_the_sdk_gets_what_the_command_shows() -> None:
 
 
 def test_create_and_start_passes_the_profile() -> None:
-    from metralectl.seams.docker_runtime import DockerRuntime
-
+    from metralectl.seams.docker.runtime import DockerRuntime
     seen: dict = {}
 
     class FakeApi:
@@ -131,10 +131,14 @@ def test_the_daemons_profile_errors_are_translated(text: str, hint: str) -> None
     """The daemon's own words (both seen from Docker 20.10 on this test box) become the node's fix."""
     import docker.errors
 
-    from metralectl.seams import docker_runtime as rt
-    runtime = rt.DockerRuntime.__new__(rt.DockerRuntime)
+    from metralectl.seams.docker import errors as rt
+    from metralectl.seams.docker.client import translate
+
     response = type("R", (), {"status_code": 500, "reason": "Server Error", "url": "x"})()
-    failure = runtime._translate(docker.errors.APIError("500", response=response, explanation=text))
+    refused = translate(Endpoint("unix:///nowhere.sock", "test"),
+                        docker.errors.APIError("500", response=response, explanation=text))
+    assert isinstance(refused, rt.Refused)
+    failure = rt.refused_failure(refused)
     assert isinstance(failure, rt.RuntimeFailure) and failure.hint == getattr(rt, hint)
     assert "--no-rdma" in (failure.hint or "")
 

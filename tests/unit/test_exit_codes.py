@@ -289,11 +289,13 @@ def test_the_seam_reads_a_refusals_cause_once(status: int, text: str, cause: str
     """The first two texts are Docker 20.10's own, read from this box's daemon."""
     import docker.errors
 
-    from metralectl.seams import docker_runtime as rt
+    from metralectl.seams.docker import errors as rt
+    from metralectl.seams.docker.client import translate
 
-    runtime = rt.DockerRuntime.__new__(rt.DockerRuntime)
     response = type("R", (), {"status_code": status, "reason": "x", "url": "x"})()
-    failure = runtime._translate(docker.errors.APIError(str(status), response=response, explanation=text))
+    refused = translate(rt_endpoint(), docker.errors.APIError(str(status), response=response, explanation=text))
+    assert isinstance(refused, rt.Refused)
+    failure = rt.refused_failure(refused)
     assert isinstance(failure, rt.RuntimeFailure) and failure.cause == cause and failure.cause is rt.RuntimeCause(cause)
     assert failure.exit_code is ExitCode.FAILED
 
@@ -301,12 +303,21 @@ def test_the_seam_reads_a_refusals_cause_once(status: int, text: str, cause: str
 def test_an_image_not_found_is_image_missing() -> None:
     import docker.errors
 
-    from metralectl.seams import docker_runtime as rt
+    from metralectl.seams.docker import errors as rt
+    from metralectl.seams.docker.client import translate
 
-    runtime = rt.DockerRuntime.__new__(rt.DockerRuntime)
     response = type("R", (), {"status_code": 404, "reason": "x", "url": "x"})()
-    failure = runtime._translate(docker.errors.ImageNotFound("404", response=response, explanation="No such image: x"))
+    refused = translate(rt_endpoint(), docker.errors.ImageNotFound("404", response=response,
+                                                                   explanation="No such image: x"))
+    assert isinstance(refused, rt.Refused)
+    failure = rt.refused_failure(refused)
     assert isinstance(failure, rt.RuntimeFailure) and failure.cause is rt.RuntimeCause.IMAGE_MISSING
+
+
+def rt_endpoint() -> Any:
+    from metralectl.seams.docker.endpoints import Endpoint
+
+    return Endpoint("unix:///nowhere.sock", "test")
 
 
 def _message_matches(tree: ast.AST) -> Iterator[int]:
@@ -330,7 +341,7 @@ def _message_matches(tree: ast.AST) -> Iterator[int]:
 def test_no_caller_reads_a_runtime_failures_words() -> None:
     found = [f"{p.relative_to(REPO)}:{line}" for p in sorted(PACKAGE.rglob("*.py"))
              for line in _message_matches(ast.parse(p.read_text()))]
-    assert found == [], "test failure.cause (seams.docker_runtime.RuntimeCause), not the message"
+    assert found == [], "test failure.cause (seams.docker.errors.RuntimeCause), not the message"
 
 
 def test_the_scan_for_message_matching_can_fail() -> None:

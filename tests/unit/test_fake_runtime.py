@@ -12,8 +12,10 @@ import time
 import pytest
 
 from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, ContainerSpec, owner
-from metralectl.seams.container_runtime import ContainerRuntime
-from metralectl.seams.docker_runtime import ContainerInfo, DockerRuntime, RuntimeFailure
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.errors import RuntimeFailure
+from metralectl.seams.docker.protocol import ContainerRuntime
+from metralectl.seams.docker.runtime import DockerRuntime
 from tests.fakes.lifecycle import port_released
 from tests.fakes.runtime import Boot, Exit, FakeRuntime, Listen, Log, engine_boot, image
 from tests.ports import own_port

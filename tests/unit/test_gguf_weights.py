@@ -24,8 +24,8 @@ import pytest
 
 from metralectl.core.recipe import CheckpointRef
 from metralectl.errors import ExitCode
-from metralectl.seams import gguf, gguf_cache, hfcache, weights, weights_state
-from metralectl.seams.hfcache import RepoFile
+from metralectl.seams.hf import cache as hfcache, gguf as hfgguf, hub as hfhub, state as hfstate, steps as hfsteps, weights
+from metralectl.seams.hf.listing import RepoFile
 from tests.fakehub.server import FakeHub, FakeRepo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -98,36 +98,36 @@ def manifest(hub: FakeHub) -> dict:  # type: ignore[type-arg]
     (f"{STEM}-Q8_0.bin", "Q8_0", False),
 ])
 def test_which_file_a_quant_names(path: str, quant: str, hit: bool) -> None:
-    assert gguf.matches(path, quant) is hit
+    assert hfgguf.matches(path, quant) is hit
 
 
 def test_quants_are_named_from_the_files_with_parts_and_sizes() -> None:
     files = [RepoFile(p, len(d)) for p, d in repo_files().items()]
-    assert [m.label for m in gguf.models(files)] == ["Q4_K_M", "Q8_0", "UD-Q4_K_XL"]  # no mmproj, no imatrix
-    assert gguf.available(files) == "Q4_K_M (50.0 kB), Q8_0 (90.0 kB), UD-Q4_K_XL (2 parts, 75.0 kB)"
-    split = gguf.select(REPO, "c" * 40, files, "ud-q4_k_xl")
+    assert [m.label for m in hfgguf.models(files)] == ["Q4_K_M", "Q8_0", "UD-Q4_K_XL"]  # no mmproj, no imatrix
+    assert hfgguf.available(files) == "Q4_K_M (50.0 kB), Q8_0 (90.0 kB), UD-Q4_K_XL (2 parts, 75.0 kB)"
+    split = hfgguf.select(REPO, "c" * 40, files, "ud-q4_k_xl")
     assert [f.path for f in split.parts] == list(SPLIT) and split.first == SPLIT[0]
 
 
 def test_an_exact_name_wins_and_a_true_tie_is_refused() -> None:
     files = [RepoFile(f"{STEM}-Q4_K_XL.gguf", 10), RepoFile(f"{STEM}-UD-Q4_K_XL.gguf", 20)]
-    assert gguf.select(REPO, "c" * 40, files, "Q4_K_XL").first == f"{STEM}-Q4_K_XL.gguf"
-    assert gguf.select(REPO, "c" * 40, files, "UD-Q4_K_XL").first == f"{STEM}-UD-Q4_K_XL.gguf"
+    assert hfgguf.select(REPO, "c" * 40, files, "Q4_K_XL").first == f"{STEM}-Q4_K_XL.gguf"
+    assert hfgguf.select(REPO, "c" * 40, files, "UD-Q4_K_XL").first == f"{STEM}-UD-Q4_K_XL.gguf"
     twins = [RepoFile(f"a/{STEM}-Q8_0.gguf", 1), RepoFile(f"b/{STEM}-Q8_0.gguf", 1)]
-    with pytest.raises(weights.WeightsError, match=r"quant Q8_0 is ambiguous .* 2 models \(a/.*, b/.*\)") as err:
-        gguf.select(REPO, "c" * 40, twins, "Q8_0")
+    with pytest.raises(hfhub.WeightsError, match=r"quant Q8_0 is ambiguous .* 2 models \(a/.*, b/.*\)") as err:
+        hfgguf.select(REPO, "c" * 40, twins, "Q8_0")
     assert err.value.exit_code == ExitCode.DATA
 
 
 def test_a_split_the_listing_lacks_a_part_of_is_refused() -> None:
     files = [RepoFile(SPLIT[0], 10)]
-    with pytest.raises(weights.WeightsError, match=r"lists only 1 of the 2 parts of UD-Q4_K_XL/"):
-        gguf.select(REPO, "c" * 40, files, "UD-Q4_K_XL")
+    with pytest.raises(hfhub.WeightsError, match=r"lists only 1 of the 2 parts of UD-Q4_K_XL/"):
+        hfgguf.select(REPO, "c" * 40, files, "UD-Q4_K_XL")
 
 
 # --- pull over HTTP -----------------------------------------------------------------------------------------
 def test_pull_fetches_and_verifies_only_the_quants_files(hub: FakeHub) -> None:
-    events: list[weights.PullEvent] = []
+    events: list[hfsteps.PullEvent] = []
     result = weights.pull(ck("UD-Q4_K_XL"), events.append)
     assert fetched(hub) == set(SPLIT)  # not the other quants, not mmproj/imatrix/preset/README
     data = repo_files()
@@ -144,9 +144,9 @@ def test_pull_fetches_and_verifies_only_the_quants_files(hub: FakeHub) -> None:
     assert manifest(hub)["subsets"] == {"UD-Q4_K_XL": list(SPLIT)}
     assert {f["path"] for f in manifest(hub)["files"]} == set(SPLIT)
 
-    state = weights_state.checkpoint_state(ck("UD-Q4_K_XL"))
+    state = hfstate.checkpoint_state(ck("UD-Q4_K_XL"))
     assert state.status == "complete" and state.files_total == 2 and state.paths == SPLIT
-    assert weights_state.checkpoint_state(ck("Q4_K_M")).status == "absent"
+    assert hfstate.checkpoint_state(ck("Q4_K_M")).status == "absent"
     # the whole snapshot is not what was verified: a safetensors-style judgement does not call it complete
     assert hfcache.cache_state(REPO).status == "partial"
 
@@ -167,22 +167,22 @@ def test_a_second_quant_adds_to_the_manifest_and_keeps_the_first(hub: FakeHub) -
     assert second["subsets"] == {"Q4_K_M": [Q4], "UD-Q4_K_XL": list(SPLIT)}
     assert [f for f in second["files"] if f["path"] in SPLIT] == [f for f in first["files"]]
     for quant in ("UD-Q4_K_XL", "Q4_K_M"):
-        assert weights_state.checkpoint_state(ck(quant)).status == "complete"
-    assert weights_state.checkpoint_state(ck("Q8_0")).status == "absent"
+        assert hfstate.checkpoint_state(ck(quant)).status == "complete"
+    assert hfstate.checkpoint_state(ck("Q8_0")).status == "absent"
     assert not list(snapshot(hub).glob(f".{hfcache.VERIFIED_MANIFEST}*.tmp"))  # atomic writes leave no temp file
 
 
 def test_a_failed_second_quant_leaves_the_first_verified(hub: FakeHub) -> None:
     weights.pull(ck("UD-Q4_K_XL"))
     hub.fault(Q8, "corrupt")
-    with pytest.raises(weights.WeightsError, match="failed verification"):
+    with pytest.raises(hfhub.WeightsError, match="failed verification"):
         weights.pull(ck("Q8_0"))
     assert manifest(hub)["subsets"] == {"UD-Q4_K_XL": list(SPLIT)}
-    assert weights_state.checkpoint_state(ck("UD-Q4_K_XL")).status == "complete"
-    assert weights_state.checkpoint_state(ck("Q8_0")).status in ("absent", "partial")
+    assert hfstate.checkpoint_state(ck("UD-Q4_K_XL")).status == "complete"
+    assert hfstate.checkpoint_state(ck("Q8_0")).status in ("absent", "partial")
     hub.clear_faults()
     assert not weights.pull(ck("Q8_0")).already_complete
-    assert weights_state.checkpoint_state(ck("Q8_0")).status == "complete"
+    assert hfstate.checkpoint_state(ck("Q8_0")).status == "complete"
 
 
 def test_without_the_hub_a_verified_quant_is_kept_and_a_pinned_one_needs_no_network(hub: FakeHub) -> None:
@@ -194,12 +194,12 @@ def test_without_the_hub_a_verified_quant_is_kept_and_a_pinned_one_needs_no_netw
     assert kept.already_complete and not kept.checked_hub and kept.paths == SPLIT and "unreachable" in kept.notes[0]
     pinned = weights.pull(ck("Q8_0", commit))
     assert pinned.already_complete and not pinned.checked_hub and not pinned.notes and pinned.paths == (Q8,)
-    with pytest.raises(weights.WeightsError, match="cannot reach the Hugging Face Hub"):
+    with pytest.raises(hfhub.WeightsError, match="cannot reach the Hugging Face Hub"):
         weights.pull(ck("Q4_K_M"))  # never pulled: nothing to keep
 
 
 def test_a_quant_the_repository_lacks_is_refused_with_the_quants_it_has(hub: FakeHub) -> None:
-    with pytest.raises(weights.WeightsError) as err:
+    with pytest.raises(hfhub.WeightsError) as err:
         weights.pull(ck("IQ2_XXS"))
     message = str(err.value)
     assert f"{REPO}@{hub.repos[REPO].commit[:12]} has no .gguf file for quant IQ2_XXS" in message
@@ -212,16 +212,16 @@ def test_damage_to_one_quant_leaves_the_other_complete(hub: FakeHub) -> None:
     weights.pull(ck("UD-Q4_K_XL"))
     weights.pull(ck("Q4_K_M"))
     (snapshot(hub) / SPLIT[1]).unlink()
-    state = weights_state.checkpoint_state(ck("UD-Q4_K_XL"))
+    state = hfstate.checkpoint_state(ck("UD-Q4_K_XL"))
     assert state.status == "partial" and "1 of 2 files of UD-Q4_K_XL missing" in state.detail
-    assert weights_state.checkpoint_state(ck("Q4_K_M")).status == "complete"
+    assert hfstate.checkpoint_state(ck("Q4_K_M")).status == "complete"
     blob = hfcache.repo_dir(REPO) / "blobs" / hub.repos[REPO].files[SPLIT[0]].sha256
     blob.write_bytes(blob.read_bytes()[:-1])  # and the other part's content shrank
-    state = weights_state.checkpoint_state(ck("UD-Q4_K_XL"))
+    state = hfstate.checkpoint_state(ck("UD-Q4_K_XL"))
     assert state.status == "partial" and "2 of 2 files of UD-Q4_K_XL missing or changed" in state.detail
     n_gets = len(hub.gets())
     weights.pull(ck("UD-Q4_K_XL"))  # re-links the part whose blob is whole, fetches the damaged one
-    assert weights_state.checkpoint_state(ck("UD-Q4_K_XL")).status == "complete"
+    assert hfstate.checkpoint_state(ck("UD-Q4_K_XL")).status == "complete"
     again = [r.path for r in hub.gets()[n_gets:]]
     assert any(SPLIT[0] in g or hub.repos[REPO].files[SPLIT[0]].sha256 in g for g in again)
     assert not any(SPLIT[1] in g or hub.repos[REPO].files[SPLIT[1]].sha256 in g for g in again)
@@ -234,10 +234,10 @@ def test_a_lost_link_to_a_finished_blob_is_restored_not_failed(hub: FakeHub, ggu
     target = ck(gguf_quant) if gguf_quant else CheckpointRef(repo=REPO, quant="x", revision=None)
     weights.pull(target)
     (snapshot(hub) / Q8).unlink()
-    assert weights_state.checkpoint_state(target).status == "partial"
+    assert hfstate.checkpoint_state(target).status == "partial"
     result = weights.pull(target)
     assert not result.already_complete and result.downloaded_bytes == 0
-    assert weights_state.checkpoint_state(target).status == "complete"
+    assert hfstate.checkpoint_state(target).status == "complete"
 
 
 # --- preflight ----------------------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def _recipe(quant: str, revision: str | None = None) -> SimpleNamespace:
 
 def test_preflight_refuses_a_missing_quant_when_another_is_complete(hub: FakeHub) -> None:
     weights.pull(ck("Q8_0"))
-    with pytest.raises(weights.WeightsError, match=rf"weights incomplete: {REPO}:UD-Q4_K_XL is absent .*"
+    with pytest.raises(hfhub.WeightsError, match=rf"weights incomplete: {REPO}:UD-Q4_K_XL is absent .*"
                                                    r"`metralectl pull my-gguf`"):
         weights.weights_preflight(_recipe("UD-Q4_K_XL"))
     weights.weights_preflight(_recipe("Q8_0"))
@@ -315,23 +315,23 @@ def test_a_manifest_entry_naming_unverified_files_vouches_for_nothing(hub: FakeH
     data = json.loads(path.read_text())
     data["subsets"]["Q4_K_M"] = [Q4]  # a hand-edited or foreign entry: Q4 is not among the verified files
     path.write_text(json.dumps(data))
-    assert weights_state.checkpoint_state(ck("Q4_K_M")).status == "absent"
-    assert weights_state.checkpoint_state(ck("Q8_0")).status == "complete"
+    assert hfstate.checkpoint_state(ck("Q4_K_M")).status == "absent"
+    assert hfstate.checkpoint_state(ck("Q8_0")).status == "complete"
 
 
 def test_a_whole_snapshot_manifest_vouches_for_every_quant(hub: FakeHub) -> None:
     whole = weights.pull(CheckpointRef(repo=REPO, quant="x", revision=None))  # safetensors-style: every file
     assert whole.files == len(repo_files()) and whole.quant is None and "paths" not in whole.to_json()
     for quant in ("UD-Q4_K_XL", "Q4_K_M", "Q8_0"):
-        assert weights_state.checkpoint_state(ck(quant)).status == "complete"
+        assert hfstate.checkpoint_state(ck(quant)).status == "complete"
     n_gets = len(hub.gets())
     assert weights.pull(ck("Q8_0")).already_complete and len(hub.gets()) == n_gets
-    assert gguf_cache.read_verified(snapshot(hub)).subsets is None  # type: ignore[union-attr]
+    assert hfgguf.read_verified(snapshot(hub)).subsets is None  # type: ignore[union-attr]
     (snapshot(hub) / Q4).unlink()  # a quant pulled afresh turns the manifest into one of quants ...
     weights.pull(ck("Q4_K_M"))
     assert set(manifest(hub)["subsets"]) == {"Q4_K_M", "Q8_0", "UD-Q4_K_XL"}  # ... keeping what it vouched for
     for quant in ("UD-Q4_K_XL", "Q4_K_M", "Q8_0"):
-        assert weights_state.checkpoint_state(ck(quant)).status == "complete"
+        assert hfstate.checkpoint_state(ck(quant)).status == "complete"
 
 
 # --- the CLI ------------------------------------------------------------------------------------------------

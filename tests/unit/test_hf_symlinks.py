@@ -19,7 +19,7 @@ import pytest
 
 from metralectl import paths
 from metralectl.core.recipe import CheckpointRef
-from metralectl.seams import hfcache, partials, weights
+from metralectl.seams.hf import cache as hfcache, staging as hfstaging, weights
 from tests.fakehub.server import FakeHub, FakeRepo
 from tests.unit import test_gguf_weights as g
 from tests.unit.test_pull_hostile import tree
@@ -183,7 +183,7 @@ def test_rm_of_a_quant_does_not_follow_a_blobs_link(hub: FakeHub, outside: Path)
 
 def test_pull_refuses_to_write_through_a_partial_folder_link(hub: FakeHub, outside: Path) -> None:
     base().mkdir(parents=True)
-    partials.folder(base()).symlink_to(outside / "dir")
+    hfstaging.partial_folder(base()).symlink_to(outside / "dir")
     before = tree(outside)
     out = cli("pull", FLAGSHIP, "--weights-only")
     assert out.returncode == 65 and "'.metralectl-partial' is a symlink or not a directory" in out.stderr, out.stderr
@@ -195,7 +195,7 @@ def test_pull_refuses_to_write_through_a_partial_folder_link(hub: FakeHub, outsi
 
 def test_a_part_that_is_a_link_is_replaced_never_written_through(hub: FakeHub, outside: Path) -> None:
     sha = hub.repos[REPO].files[BIG].sha256
-    folder = partials.folder(base())
+    folder = hfstaging.partial_folder(base())
     folder.mkdir(parents=True)
     (folder / f"{sha}.part").symlink_to(outside / "sentinel")  # with a sidecar that says "resume me"
     (folder / f"{sha}.json").write_text(json.dumps({"repo": REPO, "path": BIG, "sha256": sha,

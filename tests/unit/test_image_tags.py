@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from metralectl.core import images
+from metralectl.seams.docker import images as docker_images
 from metralectl.core.catalog import check_files
 from metralectl.errors import RecipeInvalid
 from metralectl.core.overrides import apply_sets
@@ -94,12 +95,12 @@ def test_pull_of_a_built_image_says_it_cannot_and_how_to_build_it() -> None:
     info = catalog().images["metrale-inference-hopper"]
     runtime = Absent()
     with pytest.raises(images.ImageError) as refused:
-        images.pull(info, runtime, "x86_64")
+        docker_images.pull(info, runtime, "x86_64")
     assert "cannot be pulled: it is built from source; not certified by the engine" in refused.value.message
     assert "docker build -f docker/hopper/Dockerfile -t metrale/metrale-inference-hopper:latest ." in refused.value.hint
     assert runtime.pulls == []  # nothing was asked of a registry
     with pytest.raises(images.ImageError, match="cannot be pulled") as preflight:
-        images.image_preflight(info, runtime, "x86_64", "qwen3.5-35b-a3b-hopper")
+        docker_images.image_preflight(info, runtime, "x86_64", "qwen3.5-35b-a3b-hopper")
     assert "metralectl pull" not in preflight.value.message + (preflight.value.hint or "")
 
 

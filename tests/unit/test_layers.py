@@ -34,6 +34,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors", "paths", "safetext", "atomicfile", "wording", "cancel", "__init__"),
 ]
 
+# Inside a layer: its packages, each one outside system (seams/docker: the Docker daemon; seams/hf: the Hugging Face
+# Hub and cache), are siblings that may not import each other, and they sit above the layer's flat modules (the
+# shared ones: seams/httpclient.py, bounded.py, store.py, ...), which may not import them.
+SUBPACKAGES: dict[str, tuple[str, ...]] = {"seams": ("docker", "hf")}
+
+
 # Cycles between modules that are deliberate; each says why (docs/ARCHITECTURE.md, "Cycles").
 # Imports under `if TYPE_CHECKING:` never run, so they make no cycle (they still count for the layers).
 def _cycle(*names: str) -> frozenset[str]:
@@ -130,6 +136,26 @@ def violations(graph: dict[str, list[tuple[str, int]]], files: dict[str, Path]) 
     return found
 
 
+def sub_violations(graph: dict[str, list[tuple[str, int]]], files: dict[str, Path]) -> list[str]:
+    """Imports inside a layer against SUBPACKAGES: between two of its packages, or from its flat modules into one."""
+    found = []
+    for source, edges in graph.items():
+        s_parts = source.split(".")
+        if len(s_parts) < 3 or s_parts[1] not in SUBPACKAGES:
+            continue
+        layer, packages = s_parts[1], SUBPACKAGES[s_parts[1]]
+        s_package = s_parts[2] if s_parts[2] in packages and len(s_parts) > 3 else None
+        for target, line in edges:
+            t_parts = target.split(".")
+            if len(t_parts) < 4 or t_parts[1] != layer or t_parts[2] not in packages or t_parts[2] == s_package:
+                continue
+            where = files[source].relative_to(PACKAGE.parent) if source in files else source
+            kind = (f"sideways: {layer}.{s_package} -> {layer}.{t_parts[2]}" if s_package is not None
+                    else f"upward: {layer}'s flat modules -> {layer}.{t_parts[2]}")
+            found.append(f"{where}:{line}: imports {target} ({kind})")
+    return found
+
+
 def cycles(graph: dict[str, list[tuple[str, int]]]) -> list[frozenset[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative enough for this size)."""
     index: dict[str, int] = {}
@@ -175,6 +201,23 @@ def test_no_module_imports_upward_or_sideways() -> None:
     graph, files = build_graph()
     found = violations(graph, files)
     assert not found, "imports against the layers (docs/ARCHITECTURE.md):\n" + "\n".join(found)
+
+
+def test_the_packages_inside_a_layer_keep_apart() -> None:
+    graph, files = build_graph()
+    found = sub_violations(graph, files)
+    assert not found, "imports against a layer's packages (SUBPACKAGES, docs/ARCHITECTURE.md):\n" + "\n".join(found)
+
+
+def test_the_check_catches_a_package_reaching_into_its_sibling() -> None:
+    graph = {"metralectl.seams.hf.weights": [("metralectl.seams.docker.runtime", 4), ("metralectl.seams.bounded", 5)],
+             "metralectl.seams.endpoint": [("metralectl.seams.hf.cache", 9)],
+             "metralectl.seams.docker.images": [("metralectl.seams.docker.client", 2)]}
+    found = sub_violations(graph, {})
+    assert found == ["metralectl.seams.hf.weights:4: imports metralectl.seams.docker.runtime (sideways: seams.hf -> "
+                     "seams.docker)",
+                     "metralectl.seams.endpoint:9: imports metralectl.seams.hf.cache (upward: seams's flat modules -> "
+                     "seams.hf)"], found
 
 
 def test_no_unexplained_import_cycles() -> None:

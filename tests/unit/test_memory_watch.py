@@ -6,7 +6,7 @@ import itertools
 
 from metralectl.seams.gpu import NvmlProbe
 from metralectl.lifecycle.memory import NvmlMemoryWatch
-from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.seams.docker.containers import ContainerInfo
 from tests.fakes.runtime import FakeRuntime
 from tests.unit import fake_pynvml as fk
 
@@ -47,8 +47,7 @@ def test_no_nvml_is_not_a_failure() -> None:
 
 
 def test_the_docker_runtime_reads_the_pids_from_docker_top() -> None:
-    from metralectl.seams.docker_runtime import DockerRuntime
-
+    from metralectl.seams.docker.runtime import DockerRuntime
     class Api:
         def top(self, _: str, ps_args: str = "") -> dict[str, object]:
             return {"Titles": ["UID", "PID"], "Processes": [["0", "4242"], ["0", "4243"], ["0", "?"]]}

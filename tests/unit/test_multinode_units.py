@@ -15,7 +15,7 @@ from metralectl.errors import MetralError
 from metralectl.lifecycle import deployment
 from metralectl.lifecycle.multinode import flag_value, head_url, symmetry_problems
 from metralectl.core.render import spec_for
-from metralectl.seams.docker_runtime import Endpoint, endpoint_for
+from metralectl.seams.docker.endpoints import Endpoint, endpoint_for
 from tests.unit.recipe_helpers import catalog
 
 
@@ -135,8 +135,9 @@ def test_endpoint_for_reads_docker_cli_contexts(tmp_path: Path, monkeypatch: pyt
 def test_ssh_endpoints_without_paramiko_say_what_to_install() -> None:
     import importlib.util
 
-    from metralectl.seams.docker_runtime import DockerRuntime, DockerUnavailable
+    from metralectl.seams.docker.errors import DockerUnavailable
 
+    from metralectl.seams.docker.runtime import DockerRuntime
     if importlib.util.find_spec("paramiko") is not None:
         pytest.skip("paramiko is installed here: docker-py's ssh transport loads")
     with pytest.raises(DockerUnavailable) as err:

@@ -21,7 +21,7 @@ from metralectl.lifecycle.launch_multi import start_and_wait_multi
 from metralectl.lifecycle.multinode import MultiOptions, Node
 from metralectl.core.render import spec_for
 from metralectl.seams import machine
-from metralectl.seams.docker_runtime import Endpoint
+from metralectl.seams.docker.endpoints import Endpoint
 from metralectl.seams.endpoint import base_url
 from tests.fakes.lifecycle import GB10_IMAGE, Recorder, gb10_runtime, on_port
 from tests.fakes.runtime import PREFIX, Answer, Boot, FakeRuntime, Listen, Log, engine_boot, image

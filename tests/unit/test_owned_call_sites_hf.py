@@ -1,7 +1,7 @@
 """The Hugging Face cache's modules change the filesystem only through ownedfs.Owned (issue 27, class 1).
 
-For each module of `pull` (seams/weights*, resume, partials, transfer, hfcache, gguf_cache, ...) and of
-`rm`/`prune` (app/disk_weights, app/disk_users, cli/disk_cmds), tests/unit/owned_scan.py finds no write,
+For every module of the Hugging Face seam (seams/hf/, found by listing the package, so a new module is scanned
+too) and of `rm`/`prune` (app/disk_weights, app/disk_users, cli/disk_cmds), tests/unit/owned_scan.py finds no write,
 rename, link, removal, mkdir, chmod or truncation that bypasses Owned, and the Owned call sites are
 enumerated (printed with `-s`, and pinned below) so a reviewer sees every place the cache is changed.
 """
@@ -15,24 +15,28 @@ import pytest
 from tests.unit.owned_scan import direct_changes, owned_calls
 
 PACKAGE = Path(__file__).resolve().parents[2] / "metralectl"
-MODULES = ["seams/weights.py", "seams/weights_fetch.py", "seams/resume.py", "seams/partials.py",
-           "seams/transfer.py", "seams/hfcache.py", "seams/listing.py", "seams/hubhttp.py", "seams/hfowner.py",
-           "seams/gguf_cache.py", "seams/weights_guard.py", "seams/weights_state.py", "seams/openfiles.py",
-           "app/disk_weights.py", "app/disk_users.py", "cli/disk_cmds.py"]
+HF_MODULES = sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "seams" / "hf").glob("*.py"))
+MODULES = [*HF_MODULES, "seams/openfiles.py", "app/disk_weights.py", "app/disk_users.py", "cli/disk_cmds.py"]
 
 # The methods each module calls on the cache's Owned (reads included): a change here is a change in what
 # touches the cache, and is reviewed as one.
 CHANGES = {"put", "open_write", "make_dirs", "move", "link", "remove_file", "remove_dir", "remove_tree", "chmod",
            "make_root"}
 EXPECTED_CHANGES = {
-    "seams/weights.py": {"make_dirs", "put", "remove_file"},
-    "seams/weights_fetch.py": {"remove_file"},
-    "seams/resume.py": {"open_write", "make_dirs", "remove_file", "remove_dir", "chmod", "move", "link"},
-    "seams/partials.py": {"put", "remove_file"},
-    "seams/hfcache.py": {"put"},
-    "seams/weights_guard.py": {"make_root", "open_write", "remove_file"},
+    "seams/hf/weights.py": {"make_dirs", "put", "remove_file"},
+    "seams/hf/steps.py": {"make_root", "open_write", "remove_file"},
+    "seams/hf/download.py": {"open_write", "make_dirs", "remove_file", "remove_dir", "chmod", "move", "link"},
+    "seams/hf/staging.py": {"put", "remove_file"},
+    "seams/hf/cache.py": {"put"},
     "app/disk_weights.py": {"remove_file", "remove_tree"},
 }
+
+
+def test_every_module_of_the_hf_seam_is_scanned() -> None:
+    """The package is listed, not named by hand: each of its modules (and only real ones) is in the scan."""
+    assert {"seams/hf/weights.py", "seams/hf/cache.py", "seams/hf/download.py", "seams/hf/steps.py",
+            "seams/hf/staging.py", "seams/hf/gguf.py"} <= set(HF_MODULES)
+    assert all((PACKAGE / m).is_file() for m in MODULES)
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -11,7 +11,7 @@ from typing import Any
 
 from metralectl.core.images import LayerProgress
 from metralectl.lifecycle import events as ev
-from metralectl.seams.weights import PullEvent
+from metralectl.seams.hf.steps import PullEvent
 from tests.unit.test_peer_text import STATIC, _node
 
 INTERNAL = {"Step", "Transfer", "ContainerStarted", "Phase", "LogLine", "Ready", "Failed", "Warning", "Warning_"}

@@ -82,9 +82,11 @@ def test_a_stale_agent_json_whose_pid_is_another_users_is_no_agent(foreign_pid: 
 
 def test_the_agent_client_calls_a_foreign_pid_gone(foreign_pid: int) -> None:
     from metralectl.app.agent_client import AgentClient, AgentGone
+    from metralectl.seams.httpclient import Failed
 
-    assert isinstance(AgentClient(1, "t" * 43, foreign_pid)._unreachable(OSError("refused")), AgentGone)
-    assert not isinstance(AgentClient(1, "t" * 43, os.getpid())._unreachable(OSError("refused")), AgentGone)
+    refused = Failed("ConnectionRefusedError", "refused")  # what the one HTTP client raises when nothing answers
+    assert isinstance(AgentClient(1, "t" * 43, foreign_pid)._unreachable(refused), AgentGone)
+    assert not isinstance(AgentClient(1, "t" * 43, os.getpid())._unreachable(refused), AgentGone)
 
 
 def test_a_run_record_of_another_users_live_process_stays_running(foreign_pid: int) -> None:

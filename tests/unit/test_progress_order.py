@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from metralectl.seams.weights import PullEvent
+from metralectl.seams.hf.steps import PullEvent
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from metralectl import paths
-from metralectl.seams import hfcache
+from metralectl.seams.hf import cache as hfcache, listing as hflisting
 from tests.fakehub.server import FakeHub, FakeRepo
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -173,14 +173,14 @@ def test_a_crafted_listing_is_refused_and_nothing_is_written(hub: FakeHub, tmp_p
 
 
 def test_a_listing_with_too_many_files_is_refused_unread(hub: FakeHub, tmp_path: Path, outside: Path) -> None:
-    many = [{"rfilename": f"f{i}.json", "size": 1, "blobId": "a" * 40} for i in range(hfcache.MAX_FILES + 1)]
+    many = [{"rfilename": f"f{i}.json", "size": 1, "blobId": "a" * 40} for i in range(hflisting.MAX_FILES + 1)]
     hub.info_edit = top("siblings", lambda s: many)
-    refused(pull_and_compare(tmp_path, expect_cache_unchanged=True), 65, f"more than {hfcache.MAX_FILES}")
+    refused(pull_and_compare(tmp_path, expect_cache_unchanged=True), 65, f"more than {hflisting.MAX_FILES}")
 
 
 def test_a_listing_larger_than_the_cap_is_not_read(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    outside: Path) -> None:
-    hub.info_edit = top("padding", "x" * (65 << 20))  # 65 MiB of JSON: beyond hubhttp.MAX_LISTING_BYTES
+    hub.info_edit = top("padding", "x" * (65 << 20))  # 65 MiB of JSON: beyond hfhub.MAX_LISTING_BYTES
     refused(pull_and_compare(tmp_path, expect_cache_unchanged=True), 65, "larger than")
 
 
@@ -271,8 +271,8 @@ def test_nothing_of_the_mirror_is_cached_beside_the_hub_cache(hub: FakeHub, tmp_
                                             ("https://hub.example/x", "file:///etc/passwd"),
                                             ("http://127.0.0.1:1/x", "ftp://127.0.0.1/y")])
 def test_a_redirect_off_https_or_off_http_is_refused(start: str, location: str) -> None:
-    from metralectl.seams import hubhttp
+    from metralectl.seams.hf import hub as hfhub
 
-    with pytest.raises(hubhttp.HubDataError) as caught:  # checked before anything is sent there
-        hubhttp._next(start, location)
+    with pytest.raises(hfhub.HubDataError) as caught:  # checked before anything is sent there
+        hfhub._next(start, location)
     assert caught.value.exit_code == 65 and "nothing was placed" in caught.value.message

@@ -131,8 +131,7 @@ def test_multi_rank_carries_the_classes_nccl_environment_on_every_rank() -> None
 
 def test_gpu_device_request_reaches_the_daemon_api() -> None:
     """create_and_start turns spec.gpus into a Docker device request (unit-tested: no GPU here)."""
-    from metralectl.seams.docker_runtime import DockerRuntime
-
+    from metralectl.seams.docker.runtime import DockerRuntime
     calls: dict = {}
 
     class FakeApi:
@@ -161,8 +160,7 @@ def test_gpu_device_request_reaches_the_daemon_api() -> None:
 
 def test_ctrl_c_inside_create_removes_the_container_the_daemon_made() -> None:
     """An interrupt can land after the daemon created the container but before its id came back."""
-    from metralectl.seams.docker_runtime import DockerRuntime
-
+    from metralectl.seams.docker.runtime import DockerRuntime
     removed: list[str] = []
     spec = _flagship_spec()
 

@@ -11,8 +11,8 @@ import pytest
 from metralectl.cli import ps_report, serve_cmds
 from metralectl.errors import MetralError
 from metralectl.lifecycle import deployment
-from metralectl.seams import docker_runtime
-from metralectl.seams.docker_runtime import Endpoint
+from metralectl.seams.docker import runtime as docker_runtime
+from metralectl.seams.docker.endpoints import Endpoint
 from tests.fakes.runtime import FakeRuntime
 from tests.unit import doctor_fakes as df
 

@@ -11,8 +11,9 @@ import pytest
 
 from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, owner
 from metralectl.lifecycle.launch import LABEL_ENDPOINT
-from metralectl.seams import docker_runtime
-from metralectl.seams.docker_runtime import ContainerInfo, DockerUnavailable
+from metralectl.seams.docker import runtime as docker_runtime
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.errors import DockerUnavailable
 from tests.fakes.runtime import FakeRuntime
 
 pytest.importorskip("textual")

@@ -14,7 +14,7 @@ from metralectl.errors import ExitCode, UsageError
 from metralectl.lifecycle import deployment
 from metralectl.lifecycle.launch import LaunchOptions
 from metralectl.lifecycle.memory import NoMemoryWatch
-from metralectl.seams.docker_runtime import ContainerInfo
+from metralectl.seams.docker.containers import ContainerInfo
 from tests.fakes.runtime import FakeRuntime
 
 

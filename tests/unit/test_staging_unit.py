@@ -14,11 +14,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from metralectl.seams import hfcache, transfer, weights_errors
+from metralectl.seams.hf import cache as hfcache, hub as hfhub, staging as hfstaging, steps as hfsteps
 
 from metralectl.core import images
+from metralectl.seams.docker import images as docker_images
 from metralectl.core.image_info import ImageInfo
-from metralectl.seams.hfcache import Listing, RepoFile
+from metralectl.seams.hf.listing import Listing, RepoFile
 from metralectl.core.progress import Meter, human_bytes, human_duration
 from tests.fakes.runtime import FakeRuntime, image as local_image
 
@@ -124,8 +125,8 @@ def test_missing_counts_finished_blobs_as_present() -> None:
 def test_ownership_names_the_smallest_folder_to_chown() -> None:
     snap = make_snapshot(FILES)
     me = os.geteuid()
-    assert hfcache.ownership(REPO, hub(), uid=me).ok
-    other = hfcache.ownership(REPO, hub(), uid=me + 1)  # everything looks foreign to another uid
+    assert hfsteps.ownership(REPO, hub(), uid=me).ok
+    other = hfsteps.ownership(REPO, hub(), uid=me + 1)  # everything looks foreign to another uid
     assert other.count > 5 and other.fix_path == Path(os.environ["HF_HOME"])
     assert other.fix == f"sudo chown -R $USER: {os.environ['HF_HOME']}"
     assert "not to you" in other.describe() and snap.exists()
@@ -137,12 +138,12 @@ def test_file_problem_checks_size_sha256_and_git_oid(tmp_path: Path) -> None:
     f.write_bytes(b"hello")
     sha = hashlib.sha256(b"hello").hexdigest()
     oid = hashlib.sha1(b"blob 5\0hello").hexdigest()
-    assert transfer.file_problem(f, RepoFile("f", 5, sha)) is None
-    assert transfer.file_problem(f, RepoFile("f", 5, git_oid=oid)) is None
-    assert "sha256" in transfer.file_problem(f, RepoFile("f", 5, "0" * 64))
-    assert "git blob id" in transfer.file_problem(f, RepoFile("f", 5, git_oid="0" * 40))
-    assert transfer.file_problem(f, RepoFile("f", 6, sha)) == "size 5 bytes, the Hub lists 6"
-    assert transfer.file_problem(tmp_path / "nope", RepoFile("nope", 1)) == "missing"
+    assert hfstaging.file_problem(f, RepoFile("f", 5, sha)) is None
+    assert hfstaging.file_problem(f, RepoFile("f", 5, git_oid=oid)) is None
+    assert "sha256" in hfstaging.file_problem(f, RepoFile("f", 5, "0" * 64))
+    assert "git blob id" in hfstaging.file_problem(f, RepoFile("f", 5, git_oid="0" * 40))
+    assert hfstaging.file_problem(f, RepoFile("f", 6, sha)) == "size 5 bytes, the Hub lists 6"
+    assert hfstaging.file_problem(tmp_path / "nope", RepoFile("nope", 1)) == "missing"
 
 
 def test_meter_rate_and_eta() -> None:
@@ -165,9 +166,9 @@ def test_parallel_reports_the_real_failure_first() -> None:
         if i == 3:
             raise ValueError("boom")
         if cancel.wait(2):
-            raise transfer.Cancelled()
+            raise hfstaging.Cancelled()
 
-    failures = transfer.parallel(list(range(6)), work, 3, lambda: ticks.append(1), cancel)
+    failures = hfstaging.parallel(list(range(6)), work, 3, lambda: ticks.append(1), cancel)
     assert isinstance(failures[0][1], ValueError) and cancel.is_set()
 
 
@@ -183,31 +184,31 @@ def _http_error(name: str, status: int, server_message: str | None = None, base:
 def test_hub_errors_become_remedies() -> None:
     repo_not_found = type("RepositoryNotFoundError", (OSError,), {})
     gated = _http_error("GatedRepoError", 401, base=repo_not_found)
-    msg = weights_errors.hub_error(gated, REPO, "main", token=False)
+    msg = hfhub.hub_error(gated, REPO, "main", token=False)
     assert "gated repository and no Hugging Face token" in str(msg) and "HF_TOKEN" in msg.hint
-    assert "not been granted access" in str(weights_errors.hub_error(gated, REPO, "main", token=True))
+    assert "not been granted access" in str(hfhub.hub_error(gated, REPO, "main", token=True))
     bad = _http_error("HfHubHTTPError", 401, "Invalid credentials in Authorization header")
-    assert "token was refused" in str(weights_errors.hub_error(bad, REPO, "main", token=True))
+    assert "token was refused" in str(hfhub.hub_error(bad, REPO, "main", token=True))
     missing = _http_error("RepositoryNotFoundError", 401)
-    assert "no repository org/model" in str(weights_errors.hub_error(missing, REPO, "main", token=False))
+    assert "no repository org/model" in str(hfhub.hub_error(missing, REPO, "main", token=False))
     rev = _http_error("RevisionNotFoundError", 404)
-    assert "has no revision abc" in str(weights_errors.hub_error(rev, REPO, "abc", token=False))
+    assert "has no revision abc" in str(hfhub.hub_error(rev, REPO, "abc", token=False))
     connect = type("ConnectError", (Exception,), {})("refused")
     wrapped = type("LocalEntryNotFoundError", (FileNotFoundError,), {})("cannot find")
     wrapped.__cause__ = connect
-    net = weights_errors.hub_error(wrapped, REPO, "main", token=False, endpoint="http://mirror")
+    net = hfhub.hub_error(wrapped, REPO, "main", token=False, endpoint="http://mirror")
     assert net.network and "cannot reach the Hugging Face Hub at http://mirror" in str(net)
-    short = weights_errors.hub_error(OSError("Consistency check failed: file should be of size 5"), REPO, "c",
+    short = hfhub.hub_error(OSError("Consistency check failed: file should be of size 5"), REPO, "c",
                                      token=False, file="a.bin")
     assert "org/model/a.bin: the download ended at a different size" in str(short)
     odd = KeyError("x")
-    assert weights_errors.hub_error(odd, REPO, "main", token=False) is odd  # not ours to explain: a bug
+    assert hfhub.hub_error(odd, REPO, "main", token=False) is odd  # not ours to explain: a bug
 
 
 def test_weights_preflight_names_the_pull_command() -> None:
-    from metralectl.seams import weights
+    from metralectl.seams.hf import hub as hfhub, weights
     recipe = SimpleNamespace(name="my-recipe", checkpoint=SimpleNamespace(repo=REPO, revision=None))
-    with pytest.raises(weights.WeightsError, match="weights incomplete: org/model is absent .*`metralectl pull my-recipe`"):
+    with pytest.raises(hfhub.WeightsError, match="weights incomplete: org/model is absent .*`metralectl pull my-recipe`"):
         weights.weights_preflight(recipe)
     snap = make_snapshot(FILES)
     hfcache.write_json_atomic(snap / hfcache.VERIFIED_MANIFEST, listing_of(FILES).to_json())
@@ -248,24 +249,24 @@ def registry(present: bool, platform: str = "linux/arm64") -> FakeRuntime:
 def test_image_pull_over_a_fake_runtime() -> None:
     rt = registry(present=False)
     events: list[images.LayerProgress] = []
-    result = images.pull(image("linux/arm64"), rt, "aarch64", events.append)
+    result = docker_images.pull(image("linux/arm64"), rt, "aarch64", events.append)
     assert result.action == "pulled" and rt.pulls == [("metrale/img:latest", "linux/arm64")]
     assert [(e.layer, e.status) for e in events][:2] == [("abc123", "Downloading"), ("abc123", "Pull complete")]
     assert result.status.revision == "r1" and result.status.digest == "metrale/img@sha256:2"
-    assert images.pull(image("linux/arm64"), rt, "aarch64").action == "present" and len(rt.pulls) == 1
-    assert images.pull(image("linux/arm64"), rt, "aarch64", update=True).action == "pulled"
+    assert docker_images.pull(image("linux/arm64"), rt, "aarch64").action == "present" and len(rt.pulls) == 1
+    assert docker_images.pull(image("linux/arm64"), rt, "aarch64", update=True).action == "pulled"
     with pytest.raises(images.ImageError, match="cannot be pulled: it is built from source"):
-        images.pull(image("linux/amd64", build="docker build ..."), registry(False), "x86_64")
+        docker_images.pull(image("linux/amd64", build="docker build ..."), registry(False), "x86_64")
     wrong = registry(present=False)
     with pytest.raises(images.ImageError, match="built for linux/amd64"):
-        images.pull(image("linux/amd64"), wrong, "aarch64")
+        docker_images.pull(image("linux/amd64"), wrong, "aarch64")
     assert wrong.pulls == []  # refused before pulling anything
 
 
 def test_image_statuses_without_docker_list_recipes() -> None:
     from metralectl.core.catalog import load_catalog
 
-    rows = {r.info.id: r for r in images.statuses(load_catalog(), None, "aarch64")}
+    rows = {r.info.id: r for r in docker_images.statuses(load_catalog(), None, "aarch64")}
     gb10 = rows["metrale-inference-gb10"]
     assert gb10.present is None and "qwen3.5-35b-a3b" in gb10.recipes and gb10.problem is None
     assert "this machine is linux/arm64" in rows["metrale-inference-hopper"].problem

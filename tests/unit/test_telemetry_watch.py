@@ -14,7 +14,8 @@ from metralectl.errors import MetralError
 from metralectl.seams.gpu import NvmlProbe
 from metralectl.lifecycle.launch import LABEL_ENDPOINT
 from metralectl.core.render import LABEL_MANAGED, LABEL_OWNER, LABEL_RECIPE, owner
-from metralectl.seams.docker_runtime import ContainerInfo, DockerUnavailable
+from metralectl.seams.docker.containers import ContainerInfo
+from metralectl.seams.docker.errors import DockerUnavailable
 from metralectl.telemetry.thermal import ThermalLines
 from metralectl.telemetry.engine_view import EngineTarget
 from metralectl.telemetry.watch import (

@@ -124,7 +124,7 @@ def test_pull_escapes_the_hubs_error_message(refusing_hub: str, env: dict[str, s
 RENDER = """
 import sys, types
 from metralectl.cli.staging_cmds import _Renderer
-from metralectl.seams.weights import PullEvent
+from metralectl.seams.hf.steps import PullEvent
 from tests.unit.ptyterm import HOSTILE
 repo = "org/model"
 with _Renderer() as view:

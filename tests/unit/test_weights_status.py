@@ -1,4 +1,4 @@
-"""seams/weights_state.status, `list`'s weights column: the status checkpoint_state gives, whatever the hub holds,
+"""seams/hf/state.status, `list`'s weights column: the status checkpoint_state gives, whatever the hub holds,
 though it answers a repository without a folder from one lstat (tests/unit/test_cold_start_paths.py: then it loads
 none of the cache's readers)."""
 
@@ -12,7 +12,7 @@ from typing import Callable
 import pytest
 
 from metralectl import paths
-from metralectl.seams import hfcache, weights_state
+from metralectl.seams.hf import cache as hfcache, state as hfstate
 
 SAFETENSORS = SimpleNamespace(repo="org/model", revision=None, quant=None, format="safetensors")
 GGUF = SimpleNamespace(repo="org/model-GGUF", revision=None, quant="Q4_K_M", format="gguf")
@@ -62,16 +62,16 @@ LAYOUTS: dict[str, Callable[[Path], None]] = {
 def test_status_is_checkpoint_states(layout: str, checkpoint: SimpleNamespace, tmp_path: Path) -> None:
     hub = tmp_path / "hub"
     LAYOUTS[layout](hub)
-    expected = weights_state.checkpoint_state(checkpoint, hub).status
-    assert weights_state.status(checkpoint, hub) == expected
+    expected = hfstate.checkpoint_state(checkpoint, hub).status
+    assert hfstate.status(checkpoint, hub) == expected
     if layout in ("no hub", "the hub is a file", "no folder", "the folder is a link"):
         assert expected == "absent"
 
 
 def test_status_reads_the_hub_paths_names(isolated_env: Path) -> None:
     hub = paths.hf_hub_cache()
-    assert weights_state.status(SAFETENSORS) == "absent"
+    assert hfstate.status(SAFETENSORS) == "absent"
     _download_under_way(hub)
-    assert weights_state.status(SAFETENSORS) == "partial" == weights_state.checkpoint_state(SAFETENSORS).status
+    assert hfstate.status(SAFETENSORS) == "partial" == hfstate.checkpoint_state(SAFETENSORS).status
     assert hfcache.repo_dir(SAFETENSORS.repo) == hub / paths.hf_repo_folder(SAFETENSORS.repo)
     assert os.path.isdir(hfcache.repo_dir(SAFETENSORS.repo))

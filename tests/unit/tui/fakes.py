@@ -249,7 +249,7 @@ class FakeServices:
                 self.served = [s for s in self.served if s != name]
                 return Outcome("stop", name, "done", f"stopped metralectl-{name}")
             if action == "pull":
-                from metralectl.seams.weights import PullEvent
+                from metralectl.seams.hf.steps import PullEvent
 
                 for done in (0, 50, 100):
                     on_event(PullEvent(f"Org/{name}", "download", done, 100, 10.0, 1.0, 0, 2))

@@ -85,7 +85,7 @@ runpy.run_module("metralectl", run_name="__main__")
 
 # Not before the first frame: what the feeds, the other views and the dialogs load, and what they show with.
 LATER = ("docker", "httpx", "requests", "urllib3", "pynvml", "huggingface_hub", "yaml", "metralectl.core.catalog",
-         "metralectl.lifecycle", "metralectl.telemetry", "metralectl.doctor", "metralectl.seams.docker_runtime",
+         "metralectl.lifecycle", "metralectl.telemetry", "metralectl.doctor", "metralectl.seams.docker.runtime",
          "metralectl.app", "metralectl.tui.plans", "metralectl.tui.services", "metralectl.tui.bench_adapter",
          "metralectl.tui.bench_core", "metralectl.bench", "metralectl.tui.views.library", "metralectl.tui.views.bench",
          "metralectl.tui.views.doctor", "metralectl.tui.screens.confirm", "metralectl.tui.screens.progress",

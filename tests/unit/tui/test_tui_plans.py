@@ -76,7 +76,7 @@ def test_a_plan_refuses_what_the_launch_refuses(monkeypatch: pytest.MonkeyPatch)
     from metralectl.lifecycle.launch import LaunchOptions
     from metralectl.lifecycle.preflight import launch_refusal, observe
 
-    monkeypatch.setattr("metralectl.seams.hfcache.cache_state", lambda *a, **k: SimpleNamespace(status="complete"))
+    monkeypatch.setattr("metralectl.seams.hf.cache.cache_state", lambda *a, **k: SimpleNamespace(status="complete"))
     served = docker(running=("qwen3.5-27b",))
     run = plan("run", "qwen3.5-35b-a3b", served)
     catalog = load_catalog()

@@ -39,7 +39,7 @@ def test_filter_words_keywords_fields_and_negation() -> None:
 
 def test_progress_model_steps_phases_and_bars() -> None:
     from metralectl.core.images import LayerProgress
-    from metralectl.seams.weights import PullEvent
+    from metralectl.seams.hf.steps import PullEvent
 
     m = ProgressModel()
     assert m.apply(ev.Step("image", "img:latest"))

@@ -37,7 +37,7 @@ def runtime() -> FakeRuntime:
 
 
 class Shared:
-    """In place of the dashboard's kept Docker connection (seams/shared_runtime.SharedRuntime)."""
+    """In place of the dashboard's kept Docker connection (seams/docker/shared.SharedRuntime)."""
 
     def __call__(self) -> FakeRuntime:
         return runtime()

@@ -5,11 +5,11 @@
 `with` does not close it. The connection is opened on first use, and dropped (closed) when a call on it
 fails to reach the daemon (DockerUnavailable: the daemon restarted or went away), so the next lease
 opens a new one. `close()` ends it. Thread-safe: the dashboard's workers poll from several threads; the
-runtime underneath is itself safe to share (docker_local.LocalAPI locks its one kept-alive connection,
-docker-py's requests pool hands each thread its own socket).
+runtime underneath is itself safe to share (client.DaemonClient: the socket reader locks its one kept-alive
+connection, docker-py's requests pool hands each thread its own socket).
 
 Not for the long actions (run, swap, stop, pull): they change the client's timeout while they run
-(docker_runtime: `api.timeout` for pulls and waits), which a concurrent poll would inherit; they open
+(`api.timeout` for pulls and waits), which a concurrent poll would inherit; they open
 their own connection, as the CLI does.
 """
 
@@ -21,11 +21,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from metralectl.seams.container_runtime import ContainerRuntime
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 
 def _open_default() -> ContainerRuntime:
-    from metralectl.seams.docker_runtime import open_runtime  # looked up at call time (tests replace it)
+    from metralectl.seams.docker.runtime import open_runtime  # looked up at call time (tests replace it)
 
     return open_runtime()
 
@@ -75,7 +75,7 @@ def _close_quietly(runtime: ContainerRuntime) -> None:
 
 
 def _is_connection_failure(exc: BaseException) -> bool:
-    from metralectl.seams.docker_runtime import DockerUnavailable  # no docker-py import: the module is light
+    from metralectl.seams.docker.errors import DockerUnavailable  # no docker-py import: the module is light
 
     return isinstance(exc, DockerUnavailable)
 

@@ -1,13 +1,13 @@
 """Checkpoint weights: the Hugging Face seam. The only module that imports huggingface_hub, and only
 inside the functions that talk to the Hub (`list` and `run` preflight stay filesystem-only).
 
-`pull` = list the repo at a commit (sizes, sha256; every name checked: hfcache.repo_file/make_listing)
+`pull` = list the repo at a commit (sizes, sha256; every name checked: listing.repo_file/make_listing)
 -> choose what the engine needs (the whole snapshot; for a GGUF checkpoint only its quant's files,
 gguf.py) -> refuse early (ownership, disk) -> download the missing files with metralectl's own
-downloader (resume.py: names from the listing only, never from a server's headers; large files
-resumable) -> hash every file against the listing (resume.py hashes what it places) -> only then write
-the manifest that makes `weights_state.checkpoint_state` say "complete". Every change in the cache goes
-through its `ownedfs.Owned` (hfcache.owned): nothing is written, renamed, linked or removed through a
+downloader (download.py: names from the listing only, never from a server's headers; large files
+resumable) -> hash every file against the listing (download.py hashes what it places) -> only then write
+the manifest that makes `state.checkpoint_state` say "complete". Every change in the cache goes
+through its `ownedfs.Owned` (cache.owned): nothing is written, renamed, linked or removed through a
 symlink, or outside the hub folder. Progress and notes are events handed to `on_event`, always from the
 calling thread; nothing here prints.
 """
@@ -21,18 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from metralectl.seams import gguf, gguf_cache, hfcache, hubhttp, resume, weights_state
-
 from metralectl import paths, wording
 from metralectl.errors import ExitCode
+from metralectl.core.progress import human_bytes
 from metralectl.names import check
 from metralectl.ownedfs import Owned
 from metralectl.safetext import clean
-from metralectl.seams.hfcache import Listing, ListingRefused, RepoFile  # noqa: F401  (RepoFile: re-exported)
-from metralectl.core.progress import human_bytes
-from metralectl.seams.weights_errors import WeightsError, hub_error
-from metralectl.seams.weights_fetch import OnEvent, PullEvent, download, verify
-from metralectl.seams.weights_guard import FreeSpace, check_ownership, drop_dead_downloads, preflight_disk, pull_lock
+from metralectl.seams.hf import (cache as hfcache, download as hfdownload, gguf as hfgguf, hub as hfhub,
+                                 listing as hflisting, state as hfstate, steps as hfsteps)
+from metralectl.seams.hf.hub import WeightsError, hub_error
+from metralectl.seams.hf.listing import Listing, ListingRefused
+from metralectl.seams.hf.steps import (FreeSpace, OnEvent, PullEvent, check_ownership, download,
+                                       drop_dead_downloads, preflight_disk, pull_lock, verify)
+
 
 DOWNLOAD_WORKERS = 8  # as snapshot_download: parallel files hide per-connection CDN limits
 
@@ -88,7 +89,7 @@ def gguf_quant(ck: Any) -> str | None:
 
 
 def state(target: Any, hub: Path | None = None) -> hfcache.CacheState:
-    return weights_state.checkpoint_state(_checkpoint(target), hub)
+    return hfstate.checkpoint_state(_checkpoint(target), hub)
 
 
 class ServingConflict(WeightsError):
@@ -104,8 +105,8 @@ def serving_preflight(recipe: Any, found: hfcache.CacheState | None = None, hub:
     quant = gguf_quant(ck)
     if quant is None:
         return
-    found = found or weights_state.checkpoint_state(ck, hub)
-    problem = gguf_cache.serving_problem(ck.repo, quant, found) if found.status in ("complete", "present") else None
+    found = found or hfstate.checkpoint_state(ck, hub)
+    problem = hfgguf.serving_problem(ck.repo, quant, found) if found.status in ("complete", "present") else None
     if problem is not None:
         raise ServingConflict(*problem)
 
@@ -115,7 +116,7 @@ def weights_preflight(recipe: Any, hub: Path | None = None) -> None:
     (verified), and, for llama.cpp, unless `-hf REPO:QUANT` would load exactly those files."""
     ck = recipe.checkpoint
     quant = gguf_quant(ck)
-    found = weights_state.checkpoint_state(ck, hub)
+    found = hfstate.checkpoint_state(ck, hub)
     serving_preflight(recipe, found, hub)
     if found.status == "complete":
         return
@@ -132,7 +133,7 @@ def weights_preflight(recipe: Any, hub: Path | None = None) -> None:
 
 def endpoint() -> str | None:
     """HF_ENDPOINT read now, not when a module was imported (tests and mirrors set it late)."""
-    return hubhttp.endpoint_named()
+    return hfhub.endpoint_named()
 
 
 def token_present() -> bool:
@@ -151,7 +152,7 @@ def hub_headers() -> dict[str, str]:
     token = None if implicit_off else _token()
     if token:
         sent["Authorization"] = f"Bearer {token}"
-    return hubhttp.checked_headers(sent)
+    return hfhub.checked_headers(sent)
 
 
 def _token() -> str | None:
@@ -169,10 +170,10 @@ def hub_listing(repo: str, revision: str | None) -> Listing:
     check("repo", repo, "the recipe's checkpoint.repo")
     rev = revision or "main"
     try:
-        data = hubhttp.get_json(repo, rev, hub_headers())
+        data = hfhub.get_json(repo, rev, hub_headers())
     except Exception as exc:  # noqa: BLE001 - translated (or re-raised) by hub_error
         raise hub_error(exc, repo, rev, token_present(), endpoint=endpoint()) from None
-    return parse_listing(repo, rev, data, f"the Hub at {hubhttp.endpoint()}")
+    return parse_listing(repo, rev, data, f"the Hub at {hfhub.endpoint()}")
 
 
 def parse_listing(repo: str, rev: str, data: object, source: str) -> Listing:
@@ -181,9 +182,9 @@ def parse_listing(repo: str, rev: str, data: object, source: str) -> Listing:
     if not isinstance(data, dict) or not isinstance(siblings, list) or "sha" not in data:
         raise ListingRefused(f"{source} answered for {repo}@{rev} with something a Hub does not send: without a "
                              "commit or a file list; nothing was written",
-                             f"check HF_ENDPOINT ({hubhttp.endpoint()}) points at a Hugging Face Hub")
-    if len(siblings) > hfcache.MAX_FILES:
-        raise ListingRefused(f"{source} listed {len(siblings)} files for {repo}: more than {hfcache.MAX_FILES}; "
+                             f"check HF_ENDPOINT ({hfhub.endpoint()}) points at a Hugging Face Hub")
+    if len(siblings) > hflisting.MAX_FILES:
+        raise ListingRefused(f"{source} listed {len(siblings)} files for {repo}: more than {hflisting.MAX_FILES}; "
                              "nothing was written", "check HF_ENDPOINT points at a Hugging Face Hub")
     files = []
     for entry in siblings:
@@ -192,9 +193,9 @@ def parse_listing(repo: str, rev: str, data: object, source: str) -> Listing:
             raise ListingRefused(f"{source} listed a file of {repo} that is not one ({type(entry).__name__}); "
                                  "nothing was written", "check HF_ENDPOINT points at a Hugging Face Hub")
         size = lfs.get("size") if lfs is not None else entry.get("size")
-        files.append(hfcache.repo_file(entry.get("rfilename"), size, lfs.get("sha256") if lfs is not None else None,
+        files.append(hflisting.repo_file(entry.get("rfilename"), size, lfs.get("sha256") if lfs is not None else None,
                                        entry.get("blobId"), source))
-    return hfcache.make_listing(repo, data["sha"], files, source)
+    return hflisting.make_listing(repo, data["sha"], files, source)
 
 
 def _result(ck: Any, listing: Listing, snapshot: Path, downloaded: int, already: bool,
@@ -213,18 +214,18 @@ def _local(ck: Any, found: hfcache.CacheState) -> Listing:
         manifest = hfcache.read_manifest(found.snapshot)
         assert manifest is not None
         return manifest
-    verified = gguf_cache.read_verified(found.snapshot)
+    verified = hfgguf.read_verified(found.snapshot)
     assert verified is not None
     return Listing(ck.repo, found.snapshot.name, tuple(verified.files[p] for p in found.paths))
 
 
-def _wanted(target: Any, ck: Any, listing: Listing, emit: OnEvent) -> tuple[Listing, gguf.Model | None]:
+def _wanted(target: Any, ck: Any, listing: Listing, emit: OnEvent) -> tuple[Listing, hfgguf.Model | None]:
     """The files to fetch and verify: the listing, or the quant's model file(s) in it (all split parts)."""
     quant = gguf_quant(ck)
     if quant is None:
         return listing, None
     try:
-        model = gguf.select(ck.repo, listing.commit, listing.files, quant)
+        model = hfgguf.select(ck.repo, listing.commit, listing.files, quant)
     except WeightsError as exc:
         origin = getattr(getattr(target, "origin", None), "path", None)
         if origin is not None and "checkpoint.quant" in (exc.hint or ""):  # name the recipe file to edit
@@ -240,7 +241,7 @@ def _wanted(target: Any, ck: Any, listing: Listing, emit: OnEvent) -> tuple[List
 
 
 def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = None,
-         free_space: FreeSpace = hfcache.free_bytes, workers: int = DOWNLOAD_WORKERS) -> PullResult:
+         free_space: FreeSpace = hfsteps.free_bytes, workers: int = DOWNLOAD_WORKERS) -> PullResult:
     """Make the checkpoint of `target` (a Recipe or CheckpointRef) complete and verified in the cache."""
     ck = _checkpoint(target)
     check("repo", ck.repo, "the recipe's checkpoint.repo")
@@ -249,7 +250,7 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
     emit: OnEvent = on_event or (lambda _e: None)
     check_ownership(ck.repo, hub)
     quant = gguf_quant(ck)
-    local = weights_state.checkpoint_state(ck, hub)
+    local = hfstate.checkpoint_state(ck, hub)
     base = hfcache.repo_dir(ck.repo, hub)
     if ck.revision and local.status == "complete" and local.snapshot is not None:
         return _result(ck, _local(ck, local), local.snapshot, 0, True, checked_hub=False)  # a commit never changes
@@ -265,8 +266,8 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
     wanted, model = _wanted(target, ck, listing, emit)
     snapshot = base / "snapshots" / listing.commit
     if model is not None:
-        trusted = gguf_cache.trusted(snapshot, wanted.files)
-        already = len(trusted) == len(wanted.files) and gguf_cache.recorded(snapshot, ck.quant, wanted.files)
+        trusted = hfgguf.trusted(snapshot, wanted.files)
+        already = len(trusted) == len(wanted.files) and hfgguf.recorded(snapshot, ck.quant, wanted.files)
     else:
         previous = hfcache.read_manifest(snapshot) if hfcache.is_dir(cache, snapshot) else None
         trusted = {f.path for f in previous.files if hfcache.file_ok(snapshot, f, cache)} if previous else set()
@@ -298,7 +299,7 @@ def pull(target: Any, on_event: OnEvent | None = None, *, hub: Path | None = Non
         check_now = [f for f in wanted.files if f.path not in trusted | placed | {s.path for s, _ in failed}]
         verify(ck.repo, wanted, snapshot, base, cache, check_now, failed, emit, min(workers, os.cpu_count() or 2))
         if model is not None:  # add this quant to what the manifest vouches for (other quants kept)
-            gguf_cache.record(snapshot, listing, ck.quant, model, _stamp(ck.revision))
+            hfgguf.record(snapshot, listing, ck.quant, model, _stamp(ck.revision))
         else:
             hfcache.put_json(cache, snapshot / hfcache.VERIFIED_MANIFEST, {**listing.to_json(), **_stamp(ck.revision)})
         notes = _write_ref(cache, base, ck.revision, listing.commit, quant)
@@ -326,7 +327,7 @@ def _repair(cache: Owned, base: Path, commit: str, listing: Listing, note: Calla
         if st is None:
             continue
         if st.st_size == spec.size and stat.S_ISREG(st.st_mode):
-            resume.link_snapshot(cache, base, commit, spec, note)
+            hfdownload.link_snapshot(cache, base, commit, spec, note)
         elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
             cache.remove_file(base / "blobs" / spec.etag)
             cache.remove_file(snapshot / spec.path)
@@ -362,7 +363,7 @@ def _write_ref(cache: Owned, base: Path, revision: str | None, commit: str, quan
         return said
     if quant is None:
         return ()
-    served = gguf_cache.served_commit(base)
+    served = hfgguf.served_commit(base)
     if served is None:
         cache.put(ref, commit)
         return said

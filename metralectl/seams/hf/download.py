@@ -6,12 +6,12 @@ every change goes through the cache's `Owned`, and nothing is placed before its 
 
 One file (`fetch`):
   1. a finished blob of the listed size is only linked (the caller verifies it);
-  2. large LFS files (>= RESUMABLE_MIN_BYTES, with a sha256) go to a part kept across runs (partials.py):
+  2. large LFS files (>= RESUMABLE_MIN_BYTES, with a sha256) go to a part kept across runs (staging.py):
      reused when its sidecar names the same content, else started afresh; the rest go to
      blobs/<etag>.<random>.incomplete (huggingface_hub's name, so its lock and clean-ups apply), deleted
      on any failure;
   3. GET {endpoint}/{repo}/resolve/{commit}/{path}, from the bytes on disk (`Range`, `If-Range` with the
-     ETag that served them), redirects by hand (hubhttp: no token to another host, no https->http);
+     ETag that served them), redirects by hand (hub.py: no token to another host, no https->http);
   4. 206 from exactly those bytes of exactly the listed total, or 200 of exactly the listed size (a
      resumed part then starts over, said); anything else, more bytes than listed, or a compressed body is
      a lie: nothing is placed (exit 65);
@@ -39,20 +39,18 @@ from metralectl import paths
 from metralectl.core.progress import human_bytes
 from metralectl.ownedfs import Owned
 from metralectl.safetext import clean
-from metralectl.seams import hfcache, hubhttp, partials
-from metralectl.seams.hfcache import RepoFile
-from metralectl.seams.hubhttp import HubHTTPError  # noqa: F401  (weights.py names it from here)
-from metralectl.seams.partials import Partial
-from metralectl.seams.transfer import Account, Cancelled, stream_problem
-from metralectl.seams.weights_errors import WeightsError
+from metralectl.seams.hf import cache as hfcache, hub as hfhub, staging as hfstaging
+from metralectl.seams.hf.hub import WeightsError
+from metralectl.seams.hf.listing import RepoFile
+from metralectl.seams.hf.staging import Account, Cancelled, Partial, stream_problem
 
 if TYPE_CHECKING:
     import httpx  # imported where it is used: `list` reaches this module and must not load httpx
 
+
 RESUMABLE_MIN_BYTES = 16 << 20
 FSYNC_EVERY = 64 << 20
 RETRIES = 5  # attempts in a row that bring no new byte
-
 Note = Callable[[str], None]
 
 
@@ -100,7 +98,7 @@ class Mismatch(Exception):
 def kept(base: Path, spec: RepoFile) -> int:
     """Bytes of `spec` already on disk in a reusable part (0 when none)."""
     assert spec.sha256 is not None
-    found = partials.read(partials.folder(base) / f"{spec.sha256}.part")
+    found = hfstaging.read_partial(hfstaging.partial_folder(base) / f"{spec.sha256}.part")
     if found is None or (found.sha256, found.size) != (spec.sha256, spec.size):
         return 0
     return min(found.have, spec.size)
@@ -110,10 +108,10 @@ def drop_superseded(repo: str, base: Path, wanted: list[RepoFile], note: Note) -
     """Parts of a wanted path downloaded for another version of it (the file changed on the Hub): deleted."""
     by_path = {f.path: f for f in wanted if f.sha256}
     contents = {f.sha256 for f in wanted}
-    for old in partials.listed(base):
+    for old in hfstaging.partials_listed(base):
         new = by_path.get(old.path)
         if old.repo == repo and new is not None and old.sha256 not in contents:
-            partials.discard(old)
+            hfstaging.discard_partial(old)
             note(f"discarded {human_bytes(old.have)} of {old.path} downloaded earlier: the file changed on the "
                  f"Hub (sha256 {old.sha256[:12]}… then, {str(new.sha256)[:12]}… now); downloading it afresh")
 
@@ -151,19 +149,19 @@ def _fetch_part(job: Job, spec: RepoFile) -> bool:
     try:
         _fill(job, spec, target)
     except Mismatch as exc:
-        partials.discard(found)
-        raise hubhttp.fail_data(f"{spec.path}: {exc.why}; the partial download was deleted and nothing was placed "
+        hfstaging.discard_partial(found)
+        raise hfhub.fail_data(f"{spec.path}: {exc.why}; the partial download was deleted and nothing was placed "
                                 "in the cache") from None
     problem = _check(job, spec, target)
     if problem is not None:
-        partials.discard(found)
+        hfstaging.discard_partial(found)
         raise WeightsError(
             f"{spec.path}: the downloaded file's {' is '.join(problem.why.split(' ', 1))}; the partial download was "
             "deleted and nothing was placed in the cache",
             "pull again to fetch it afresh; if it repeats, the disk, a proxy or the CDN is corrupting data")
     _place(job, spec, target)
     job.cache.remove_file(found.meta)
-    job.cache.remove_dir(partials.folder(job.base))  # the last partial of the repository: no empty folder left
+    job.cache.remove_dir(hfstaging.partial_folder(job.base))  # the last partial of the repository: no empty folder left
     return True
 
 
@@ -213,10 +211,10 @@ def _open_part(job: Job, spec: RepoFile) -> Partial:
     """The part to continue (same content: sha256 and size), or a fresh empty one with its sidecar. Whatever
     else holds the part's names (a link, a stale part) is removed as an entry: a link's target is left alone."""
     assert spec.sha256 is not None
-    folder = partials.folder(job.base)
+    folder = hfstaging.partial_folder(job.base)
     job.cache.make_dirs(folder, mode=0o700)
     part = folder / f"{spec.sha256}.part"
-    found = partials.read(part)
+    found = hfstaging.read_partial(part)
     if found is not None and (found.sha256, found.size) == (spec.sha256, spec.size) and found.have <= spec.size:
         return found
     for entry in (part, part.with_suffix(".json")):
@@ -227,7 +225,7 @@ def _open_part(job: Job, spec: RepoFile) -> Partial:
         job.cache.remove_file(entry)
     os.close(job.cache.open_write(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
     fresh = Partial(part, part.with_suffix(".json"), job.repo, spec.path, spec.sha256, spec.size, 0)
-    partials.write_meta(fresh, job.commit)
+    hfstaging.write_partial_meta(fresh, job.commit)
     return fresh
 
 
@@ -245,7 +243,7 @@ def _fill(job: Job, spec: RepoFile, target: Target) -> None:
 
     idle = 0
     last: BaseException | None = None
-    with hubhttp.client() as http:
+    with hfhub.client() as http:
         while (have := _size(job, target)) < spec.size:
             if idle >= RETRIES:
                 if last is not None:
@@ -268,8 +266,8 @@ def _transfer(http: httpx.Client, job: Job, spec: RepoFile, target: Target, have
         sent["Range"] = f"bytes={have}-"
         if target.validator and not target.validator.startswith("W/"):
             sent["If-Range"] = target.validator
-    url = hubhttp.file_url(job.repo, job.commit, spec.path)
-    response = hubhttp.open_get(http, url, sent, head_first=not resumable(spec))
+    url = hfhub.file_url(job.repo, job.commit, spec.path)
+    response = hfhub.open_get(http, url, sent, head_first=not resumable(spec))
     try:
         if response.status_code == 206:
             have = _ranged(response, spec, have)
@@ -285,17 +283,17 @@ def _transfer(http: httpx.Client, job: Job, spec: RepoFile, target: Target, have
                 job.account.restart(spec.path)
                 have = 0
         else:
-            raise hubhttp.http_error(response, spec.path)
+            raise hfhub.http_error(response, spec.path)
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             raise Mismatch(f"the server compressed the file (Content-Encoding {clean(encoding, 40)!r}) though asked "
                            "not to")
-        etag = partials.header_safe(response.headers.get("ETag"))
+        etag = hfstaging.header_safe(response.headers.get("ETag"))
         if etag != target.validator:
             target.validator = etag
             if target.partial is not None:
                 p = target.partial
-                partials.write_meta(Partial(p.part, p.meta, p.repo, p.path, p.sha256, p.size, have, etag), job.commit)
+                hfstaging.write_partial_meta(Partial(p.part, p.meta, p.repo, p.path, p.sha256, p.size, have, etag), job.commit)
         _append(job, spec, target, have, response)
     finally:
         response.close()
@@ -303,7 +301,7 @@ def _transfer(http: httpx.Client, job: Job, spec: RepoFile, target: Target, have
 
 def _ranged(response: httpx.Response, spec: RepoFile, have: int) -> int:
     raw = response.headers.get("Content-Range", "")
-    found = hubhttp.content_range(raw)
+    found = hfhub.content_range(raw)
     if found is not None and found[2] != spec.size:
         raise Mismatch(f"the server's object is {found[2]} bytes, the Hub lists {spec.size}", found[2])
     if found is None or found[0] != have or found[1] != spec.size - 1:
@@ -387,7 +385,7 @@ def kept_message(base: Path, todo: list[RepoFile], again: str) -> list[str]:
         if not resumable(spec):
             continue
         have = kept(base, spec)
-        there = hfcache.lstat(cache, partials.folder(base) / f"{spec.sha256}.part") is not None
+        there = hfcache.lstat(cache, hfstaging.partial_folder(base) / f"{spec.sha256}.part") is not None
         if 0 < have < spec.size or (have == spec.size and there):
             out.append(f"kept {human_bytes(have)} of {human_bytes(spec.size)} of {spec.path}; {again} resumes it")
     return out
@@ -395,6 +393,5 @@ def kept_message(base: Path, todo: list[RepoFile], again: str) -> list[str]:
 
 def _content_range(value: str) -> tuple[int, int]:
     """`bytes START-END/TOTAL` -> (START, TOTAL); (-1, -1) when it is not exactly that."""
-    found = hubhttp.content_range(value)
+    found = hfhub.content_range(value)
     return (found[0], found[2]) if found is not None else (-1, -1)
-

@@ -1,5 +1,5 @@
 """The container seam's contract: what the lifecycle, doctor, telemetry, bench and the front ends may ask
-of a container runtime. `DockerRuntime` (seams/docker_runtime.py) is the real one; the tests share one
+of a container runtime. `DockerRuntime` (runtime.py) is the real one; the tests share one
 fake (tests/fakes/runtime.py). Callers type against this Protocol, never the concrete class, so a
 launch or a swap can be unit-tested on every failure path without a daemon.
 
@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from metralectl.core.render import ContainerSpec
-    from metralectl.seams.docker_runtime import ContainerInfo, Endpoint, ImageState
+    from metralectl.seams.docker.containers import ContainerInfo
+    from metralectl.seams.docker.endpoints import Endpoint
+    from metralectl.seams.docker.images import ImageState
 
 # on_progress(layer_id, status, current_bytes, total_bytes), once per daemon event of a pull
 PullProgress = Callable[[str, str, int | None, int | None], None]

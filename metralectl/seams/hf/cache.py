@@ -10,7 +10,7 @@ What a snapshot can carry (written by `metralectl pull`, see weights.py):
 Only the second makes a snapshot "complete"; a snapshot whose files all match a listing but were
 never hashed is "present"; one missing files is "partial". A GGUF checkpoint needs only its quant's
 files: its verified manifest also carries `subsets` (quant -> the files verified for it) and vouches
-for those files only, never for the whole snapshot (gguf_cache.py judges it; weights_state.py picks).
+for those files only, never for the whole snapshot (gguf.py judges it; state.py picks).
 
 The cache is an `ownedfs.Owned` (docs/staging.md, "What is trusted"): every read here walks from the
 hub folder without following a link out of it (a snapshot entry is followed to its blob only while it
@@ -34,10 +34,9 @@ from metralectl import paths, wording
 from metralectl.core.progress import human_bytes
 from metralectl.errors import MetralError
 from metralectl.names import is_valid
-from metralectl.ownedfs import Owned, OutsideOwned
-from metralectl.seams.hfowner import Ownership, free_bytes, nearest_existing, ownership  # noqa: F401  (re-exported)
-from metralectl.seams.listing import (MANIFEST_SCHEMA, MAX_FILE_BYTES, MAX_FILES, Listing,  # noqa: F401 (re-exported)
-                                      ListingRefused, RepoFile, make_listing, repo_file)
+from metralectl.ownedfs import OutsideOwned, Owned
+from metralectl.seams.hf.listing import Listing, RepoFile, make_listing, repo_file
+
 
 VERIFIED_MANIFEST = ".metralectl-verified.json"
 EXPECTED_LISTING = ".metralectl-expected.json"
@@ -176,7 +175,7 @@ def find_snapshot(base: Path, revision: str | None) -> Path | None:
 
 def read_manifest(snapshot: Path) -> Listing | None:
     """The listing a verified pull of the WHOLE snapshot recorded, if it is readable and for this very commit
-    (a GGUF pull's manifest, with `subsets`, vouches for some files only: gguf_cache reads it)."""
+    (a GGUF pull's manifest, with `subsets`, vouches for some files only: gguf.py reads it)."""
     data = read_json(snapshot / VERIFIED_MANIFEST, owned_of_snapshot(snapshot))
     if isinstance(data, dict) and "subsets" in data:
         return None
@@ -295,7 +294,7 @@ def folder_state(base: Path) -> CacheState | None:
 
 def cache_state(repo: str, revision: str | None = None, hub: Path | None = None) -> CacheState:
     """The whole snapshot's state (a safetensors checkpoint). Callers holding a checkpoint use
-    weights_state.checkpoint_state."""
+    state.checkpoint_state."""
     base = repo_dir(repo, hub)
     cache = owned_of(base)
     absent = folder_state(base)
@@ -330,4 +329,3 @@ def cache_state(repo: str, revision: str | None = None, hub: Path | None = None)
                           commit=commit)
     return CacheState("present", snapshot, "files present, not verified (run `metralectl pull` to verify)",
                       commit=commit)
-

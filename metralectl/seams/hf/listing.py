@@ -17,7 +17,8 @@ from typing import Any
 from metralectl.errors import ExitCode, MetralError
 from metralectl.names import check
 from metralectl.safetext import clean
-from metralectl.seams.weights_errors import WeightsError
+from metralectl.seams.hf.hub import WeightsError
+
 
 MANIFEST_SCHEMA = 1
 MAX_FILES = 100_000  # files in one listing: the largest Hub repositories hold a few thousand

@@ -1,7 +1,8 @@
-"""What the local HF cache holds of what a checkpoint's engine needs — filesystem only (`list` calls it).
+"""What the local HF cache holds of what a checkpoint's engine needs — filesystem only (`list` calls it, for every
+recipe: the cache's readers are imported only when a repository has a folder in the hub).
 
-A safetensors checkpoint (Metrale) needs its whole snapshot (hfcache.cache_state); a GGUF checkpoint
-(llama.cpp) only its quant's files (gguf_cache.quant_state). Every caller holding a checkpoint asks here.
+A safetensors checkpoint (Metrale) needs its whole snapshot (cache.cache_state); a GGUF checkpoint
+(llama.cpp) only its quant's files (gguf.quant_state). Every caller holding a checkpoint asks here.
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ from typing import TYPE_CHECKING, Any
 from metralectl import paths
 
 if TYPE_CHECKING:
-    from metralectl.seams.hfcache import CacheState
+    from metralectl.seams.hf.cache import CacheState
 
 
 def checkpoint_state(checkpoint: Any, hub: Path | None = None) -> CacheState:
     """`checkpoint` has repo, revision, quant and format (core.recipe.CheckpointRef; format defaults to
     safetensors)."""
-    from metralectl.seams import gguf_cache, hfcache
+    from metralectl.seams.hf import cache as hfcache, gguf as hfgguf
 
     if getattr(checkpoint, "format", "safetensors") == "gguf":
-        return gguf_cache.quant_state(checkpoint.repo, checkpoint.revision, checkpoint.quant, hub)
+        return hfgguf.quant_state(checkpoint.repo, checkpoint.revision, checkpoint.quant, hub)
     return hfcache.cache_state(checkpoint.repo, checkpoint.revision, hub)
 
 
