@@ -189,7 +189,14 @@ def test_lost_link_mid_stream_resumes_from_the_last_event(pair: tuple[Path, iden
         proxy.close()
     assert followed.losses == 2 and len(losses) == 2 and proxy.connections >= 3, losses
     assert [e["seq"] for e in seen] == list(range(1, followed.last_seq + 1))  # no gap, no repeat
-    assert seen[-1]["kind"] == "end" and seen[-1]["data"]["state"] == "completed"
+    end = seen[-1]
+    assert end["kind"] == "end", end
+    # The unit's outcome is the benchmark's own: on a box busy enough that the load generator, not the server, set
+    # the numbers, the bench fails it as client-bound, honestly (seen in CI beside another test worker). That is
+    # not this test's subject; any other failure is.
+    assert end["data"]["state"] == "completed" or (
+        end["data"]["state"] == "failed" and "client-bound" in end["message"]), end
+    assert end["data"]["state"] == node.node.units.get("certify-r2-node1-decode").state
     # the events a follower saw are exactly the node's own log
     node_events = node.node.units.get("certify-r2-node1-decode").events
     assert [(e["seq"], e["kind"]) for e in node_events] == [(e["seq"], e["kind"]) for e in seen]

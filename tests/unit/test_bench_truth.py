@@ -22,6 +22,7 @@ from metralectl.bench.stats import percentile
 from tests.bench_truth.helpers import errors_vs_truth, fetch_truth, truth_server
 
 PATH = "/v1/chat/completions"
+SWITCH_S = 0.03  # a loaded client's longest pause between reads (> the 10 ms between a stream's tokens)
 
 
 @pytest.mark.parametrize("concurrency", [1, 64])
@@ -137,28 +138,39 @@ def test_sharded_over_two_processes() -> None:
 
 
 def _guard_vs_truth(concurrency: int, hogs: int) -> tuple[bool, float, dict[str, Any]]:
-    """One count-bounded stage against the truth server with `hogs` busy loops sharing the client's CPU:
-    (did the guard flag it, the true p99 stamp error in ms, the estimate)."""
-    import os
-    import subprocess
+    """One count-bounded stage against the truth server with `hogs` busy threads in the client's own process:
+    (did the guard flag it, the true p99 stamp error in ms, the estimate).
+
+    The hogs hold the GIL for SWITCH_S at a time (sys.setswitchinterval), so the client's event loop cannot read
+    for longer than a stream's 10 ms between tokens, whatever the kernel's scheduler does: two events reach one
+    read and share its stamp. (Busy processes pinned to the client's CPU did this only now and then: on loopback
+    the kernel stamps an arrival in the sender's write, and a waking reader preempts a hog at once.)"""
     import sys
+    import threading
 
     from metralectl.bench import gates as G
     with truth_server("--record", "--ttft-ms", "25", "--itl-ms", "10", "--reasoning", "3", "--tail-ms", "15") as url:
-        allowed = os.sched_getaffinity(0)
-        cpu = min(allowed)
-        hog = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
-        procs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(hogs)]
+        stop = threading.Event()
+
+        def hog() -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1  # pure Python: holds the GIL until the interpreter asks it to switch
+
+        threads = [threading.Thread(target=hog, daemon=True) for _ in range(hogs)]
+        interval = sys.getswitchinterval()
+        if hogs:
+            sys.setswitchinterval(SWITCH_S)
+        for t in threads:
+            t.start()
         try:
-            if hogs:
-                os.sched_setaffinity(0, {cpu})  # the client shares its one CPU with the hogs
             spec = LoadSpec(concurrency=concurrency, warmup_requests=concurrency, requests=concurrency * 4)
             out = run_load(spec, url, PATH, RequestFactory(model="m", max_tokens=30, text="hello there"))
         finally:
-            os.sched_setaffinity(0, allowed)
-            for p in procs:
-                p.kill()
-                p.wait()
+            stop.set()
+            for t in threads:
+                t.join()
+            sys.setswitchinterval(interval)
         truth = fetch_truth(url)
     measured = [r for r in out.results if r.phase == "measure"]
     err = errors_vs_truth(measured, truth)
@@ -170,9 +182,9 @@ def _guard_vs_truth(concurrency: int, hogs: int) -> tuple[bool, float, dict[str,
 
 
 def test_client_bound_guard_fires_on_the_loaded_client_and_not_on_the_quiet_one() -> None:
-    # Loaded: four busy loops share the client's CPU, so it is descheduled for longer than a stream's 10 ms
-    # between tokens and reads two of them at once: the truth server shows stamps off by ~10 ms.
-    flagged, true_p99, estimate = _guard_vs_truth(64, hogs=4)
+    # Loaded: busy threads keep the client's loop from reading for longer than a stream's 10 ms between tokens,
+    # so it reads two of them at once: the truth server shows stamps off by ~10 ms.
+    flagged, true_p99, estimate = _guard_vs_truth(64, hogs=1)
     assert true_p99 > 4.0, "the hogs did not disturb the client: this machine cannot show the loaded case"
     assert flagged and estimate["late"] > 0
     # Quiet: the same load alone. The loop's own delay may exceed 2 ms here (it did, in the field); the
