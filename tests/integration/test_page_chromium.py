@@ -201,9 +201,23 @@ def browser() -> Iterator[Any]:
                 "--window-size=1280,1000"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = webdriver.ChromeService(executable_path=str(CHROMEDRIVER))
+    from tests.ports import PortTaken, start_retrying
+
+    def start(port: int) -> Any:
+        # chromedriver binds the port it is given itself (selenium picks one the same way when not given one):
+        # a busy box may take it first; chromedriver then says so in its log and exits, and we pick again
+        log = Path(profile) / f"chromedriver-{port}.log"
+        service = webdriver.ChromeService(executable_path=str(CHROMEDRIVER), port=port, log_output=str(log))
+        try:
+            return webdriver.Chrome(options=options, service=service)
+        except Exception:
+            said = log.read_text(errors="replace") if log.exists() else ""
+            if "Address already in use" in said or "bind() failed" in said:
+                raise PortTaken(said[-300:]) from None
+            raise
+
     try:
-        driver = webdriver.Chrome(options=options, service=service)
+        driver = start_retrying(start)
     except Exception as exc:  # noqa: BLE001 - a browser that cannot start is the set-up's fault
         shutil.rmtree(profile, ignore_errors=True)
         unavailable(f"headless Chromium did not start: {type(exc).__name__}: {exc}")
