@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +267,8 @@ def test_stop_and_swap_ask_first_and_stay_inside_their_cards(browser: Any, serve
     wait_for(page, 15, lambda d: button_in_row(d, "#serving", long) is not None, "no Stop for what serves")
     wait_for(page, 15, lambda d: button_in_row(d, "#recipes", other) is not None
              and button_in_row(d, "#recipes", other).text == "Swap to", "Run did not turn to Swap to")
+    wait_for(page, 15, lambda d: d.execute_script("return document.getElementById('serving-busy').innerText") == "",
+             "the finished run is still shown in progress")  # its line goes at a later poll, moving the card
 
     # -- layout: every action button inside its card, painted where its rect says ---------------------
     for width, height in SIZES:
@@ -287,7 +289,8 @@ def test_stop_and_swap_ask_first_and_stay_inside_their_cards(browser: Any, serve
             page.save_screenshot(str(tmp_path / f"page-{table[1:]}-{width}x{height}.png"))  # for a person to look at
             mine = next(g for g in geometry if g["row"] == recipe)
             assert mine["onTop"], mine
-            look_at_the_button(page, mine, colour, tmp_path / f"{table[1:]}-{width}x{height}.png")
+            look_at_the_button(page, lambda: next(g for g in page.execute_script(GEOMETRY) if g["row"] == recipe),
+                               colour, tmp_path / f"{table[1:]}-{width}x{height}.png")
     set_viewport(page, 1280, 800)
 
     # -- Stop asks; Cancel and Escape leave everything ---------------------------------------------------
@@ -379,17 +382,31 @@ def test_stop_and_swap_ask_first_and_stay_inside_their_cards(browser: Any, serve
     assert_no_page_errors(page)
 
 
-def look_at_the_button(page: Any, g: dict[str, Any], colour: tuple[int, int, int], path: Path) -> None:
+def look_at_the_button(page: Any, measure: Callable[[], dict[str, Any]], colour: tuple[int, int, int],
+                       path: Path) -> None:
     """A screenshot of the button's card, decoded: the button's pixels are its colour, the card's corner
-    is the card's background (so the coordinates really match)."""
-    c, b = g["card"], g["button"]
-    top = math.ceil(max(c["top"], 0))
-    bottom = math.floor(min(c["bottom"], page.execute_script("return window.innerHeight")))
-    left, right = math.ceil(c["left"]), math.floor(c["right"])  # whole pixels, inside the card
-    clip = {"x": left, "y": top, "width": right - left, "height": bottom - top, "scale": 1}
-    scroll_x, scroll_y = page.execute_script("return [window.scrollX, window.scrollY]")  # a clip is in page coordinates
-    shot = page.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "clip": {
-        **clip, "x": clip["x"] + scroll_x, "y": clip["y"] + scroll_y}})
+    is the card's background (so the coordinates really match). The rects are measured before and after the
+    screenshot and the pair must agree: a page that re-renders between the two (its poll, a reflow after a
+    resize) is shot again, since a rect is only worth comparing with the frame it was measured in."""
+    for _ in range(10):
+        page.execute_async_script(  # two frames: what is measured next has been painted
+            "const done = arguments[0]; requestAnimationFrame(() => requestAnimationFrame(() => done(true)));")
+        g = measure()
+        scroll = page.execute_script("return [window.scrollX, window.scrollY, window.innerHeight]")
+        c, b = g["card"], g["button"]
+        top = math.ceil(max(c["top"], 0))
+        bottom = math.floor(min(c["bottom"], scroll[2]))
+        left, right = math.ceil(c["left"]), math.floor(c["right"])  # whole pixels, inside the card
+        clip = {"x": left, "y": top, "width": right - left, "height": bottom - top, "scale": 1}
+        shot = page.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "clip": {  # page coordinates
+            **clip, "x": clip["x"] + scroll[0], "y": clip["y"] + scroll[1]}})
+        after = measure()
+        if (after["card"], after["button"]) == (c, b) and \
+                page.execute_script("return [window.scrollX, window.scrollY, window.innerHeight]") == scroll:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"{path.name}: the layout moved between every measurement and its screenshot")
     data = base64.b64decode(shot["data"])
     path.write_bytes(data)
     width, height, rows, bpp = png_pixels(data)
