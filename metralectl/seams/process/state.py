@@ -87,7 +87,7 @@ def read(name: str, store: Owned | None = None) -> dict[str, Any] | None:
     owned = store or states_dir()
     if not valid_name(name):
         return None
-    st = owned.lstat(_file(name)) if owned.is_dir("") else None
+    st = owned.lstat(_file(name)) if os.path.isdir(owned.root) else None
     if st is None or st.st_uid != os.geteuid():
         return None
     try:
@@ -127,7 +127,7 @@ def update(name: str, launch: str, changes: dict[str, Any], store: Owned | None 
 
 def names(store: Owned | None = None) -> list[str]:
     owned = store or states_dir()
-    if not owned.is_dir(""):
+    if not os.path.isdir(owned.root):
         return []
     return [entry[:-5] for entry in owned.listdir() if entry.endswith(".json") and valid_name(entry[:-5])]
 
