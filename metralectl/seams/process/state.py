@@ -159,20 +159,20 @@ def status(state: dict[str, Any]) -> str:
 def info(state: dict[str, Any]) -> ContainerInfo:
     """What a state says now, as a container's inspect would."""
     now = status(state)
-    ended = _typed(state.get("exit"), dict, {})
+    ended = _mapping(state.get("exit"))
     code = ended.get("code") if now == "exited" else None
-    argv = _typed(state.get("argv"), list, [])
-    labels = _typed(state.get("labels"), dict, {})
+    argv = state.get("argv") if isinstance(state.get("argv"), list) else []
+    labels = _mapping(state.get("labels"))
     return ContainerInfo(
         id=engine_id(state), name=str(state.get("name", "")), image=str(state.get("image", "")), status=now,
         exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
         oom_killed=bool(ended.get("oom_killed")), started_at=_text(state.get("started_at")),
         finished_at=_text(ended.get("finished_at")), labels={str(k): str(v) for k, v in labels.items()},
-        command=tuple(str(a) for a in argv))
+        command=tuple(str(a) for a in argv or ()))
 
 
-def _typed(value: Any, kind: type, default: Any) -> Any:
-    return value if isinstance(value, kind) else default
+def _mapping(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _text(value: object) -> str | None:
