@@ -31,7 +31,7 @@ from metralectl.seams.process import group
 
 SCHEMA = 1
 STATE_LIMIT = 1 << 20  # a state holds an argv and labels; far more is not ours
-# What an engine gets from the caller's environment besides what its spec states (docs/processes.md).
+# What an engine gets from the caller's environment besides what its spec states (docs/security.md).
 ENV_ALLOWED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR")
 ENV_ALLOWED_PREFIXES = ("LC_",)
 # Docker's rule for a container's name; here it is also a file name.
