@@ -180,6 +180,60 @@ def test_a_leader_that_exits_takes_its_group_down_as_a_containers_init_does(rt: 
     assert not proc_alive(child)
 
 
+# --- the kernel's OOM killer ---------------------------------------------------------------------------------------
+def _memory_cgroup() -> tuple[Path, str, str] | None:
+    """This process's memory cgroup, if a child with a limit can be made in it: (dir, limit file, swap file)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        number, controllers, where = (line.split(":", 2) + ["", ""])[:3]
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / where.lstrip("/"), "memory.limit_in_bytes", \
+                "memory.memsw.limit_in_bytes"
+        if number == "0" and controllers == "" and (Path("/sys/fs/cgroup") / where.lstrip("/") / "memory.max").exists():
+            return Path("/sys/fs/cgroup") / where.lstrip("/"), "memory.max", "memory.swap.max"
+    return None
+
+
+def test_an_engine_the_oom_killer_ends_is_reported_oom_killed(rt: ProcessRuntime) -> None:
+    """The launch runs in a memory cgroup of its own with a 160 MiB limit; the engine asks for 512 MiB."""
+    found = _memory_cgroup()
+    if found is None or not os.access(found[0], os.W_OK):
+        pytest.skip("no memory cgroup this user may make a child in")
+    parent, limit_file, swap_file = found
+    cage = parent / f"metralectl-oom-{os.getpid()}"
+    try:
+        cage.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup here: {exc}")
+    try:
+        (cage / limit_file).write_text(str(160 << 20))
+        if (cage / swap_file).exists():
+            (cage / swap_file).write_text(str(160 << 20) if swap_file.startswith("memory.memsw") else "0")
+        hog = "import time; x = b'x' * (512 << 20); time.sleep(60)"
+        launcher = (f"import os, sys\nopen({str(cage / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+                    "from metralectl.core.render import ContainerSpec\n"
+                    "from metralectl.seams.process.runtime import ProcessRuntime\n"
+                    f"ProcessRuntime().create_and_start(ContainerSpec(name='metralectl-pr-oom', image='process:'"
+                    f" + sys.executable, command=(sys.executable, '-c', {hog!r}), labels={LABELS!r}))\n")
+        subprocess.run([sys.executable, "-c", launcher], check=True, timeout=60)
+        assert rt.wait_exit("metralectl-pr-oom", 60) == 137
+        info = rt.inspect("metralectl-pr-oom")
+        assert info is not None and info.oom_killed and info.exit_code == 137, info
+        rt.remove("metralectl-pr-oom")
+        _until(lambda: not (cage / "cgroup.procs").read_text().strip(), 20)  # the supervisor has ended too
+    finally:
+        try:
+            cage.rmdir()
+        except OSError:
+            pass
+
+
+def test_a_sigkill_that_is_no_oom_kill_is_not_reported_as_one(rt: ProcessRuntime) -> None:
+    started = rt.create_and_start(_spec(name="metralectl-pr-kill9"))
+    os.kill(int(started.id.split("-")[0]), signal.SIGKILL)
+    assert rt.wait_exit(started.id, 10) == 137
+    assert rt.inspect(started.id).oom_killed is False  # type: ignore[union-attr]
+
+
 # --- environment --------------------------------------------------------------------------------------------------
 def test_the_engine_gets_its_spec_environment_and_the_allow_list_only(rt: ProcessRuntime,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
