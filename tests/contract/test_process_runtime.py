@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -263,6 +264,9 @@ def test_the_log_is_bounded_rotated_and_the_last_launches_are_kept(monkeypatch: 
     name = "metralectl-pr-logs"
     try:
         rt.create_and_start(_spec("--chatter", "2000,0.1", name=name))
+        followed: list[str] = []
+        follower = threading.Thread(target=lambda: followed.extend(rt.follow_logs(name)), daemon=True)
+        follower.start()
         time.sleep(3.5)  # about 70 KB written, the bound looked at every second
         folder = Path(os.environ["METRALE_HOME"]) / "logs" / "processes" / name
         files = sorted(p.name for p in folder.iterdir())
@@ -273,7 +277,12 @@ def test_the_log_is_bounded_rotated_and_the_last_launches_are_kept(monkeypatch: 
         last = rt.log_tail(name, 1)[0]
         assert last.startswith("chatter ")
         assert len(rt.log_tail(name, 300)) == 300  # across the piece and the file
-        rt.remove(name, force=True)
+        rt.stop(name, timeout_s=5)
+        follower.join(10)
+        numbers = [int(line.split()[1]) for line in followed if line.startswith("chatter ")]
+        assert numbers == list(range(len(numbers))) and len(numbers) > 800  # followed across every rotation
+        assert followed[0] == "workload up" and followed[-1] == "drained"
+        rt.remove(name)
         for _ in range(3):
             rt.create_and_start(_spec("--exit", "0", name=name))
             rt.wait_exit(name, 20)
