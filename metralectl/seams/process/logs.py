@@ -4,7 +4,8 @@ The engine writes its stdout and stderr straight into `<launch>.log` (O_APPEND),
 becomes of its supervisor. The supervisor bounds the file: past `limit` bytes it copies it to `<launch>.log.1`
 (replacing the older piece) and truncates it (logrotate's copytruncate: the lines written between the copy and
 the truncation, a moment's worth, are lost). A launch's log is kept after it exits or fails, as a kept
-container's is; a name keeps its last KEEP_LAUNCHES launches' logs, older ones go when a new one starts.
+container's is; a name keeps its last KEEP_LAUNCHES launches' logs (by launch id, which sorts as the launches
+were made), older ones go when a new one starts.
 
 Reading: `tail` (the last lines, across the rotated piece) and `follow` (lines as they are written, until the
 engine's group is gone or the caller stops), as Docker's logs calls give them. The files are read as regular
@@ -34,17 +35,19 @@ def launch_log(name: str, launch: str) -> str:
 
 
 def prepare(name: str, launch: str, keep: int = KEEP_LAUNCHES, store: Owned | None = None) -> str:
-    """Create the new launch's (empty) log file, and drop the oldest launches' beyond `keep`; its path under
-    the logs directory."""
+    """Create the new launch's (empty) log file, and drop the logs of the oldest other launches of `name`, so that
+    `keep` are left with this one; its path under the logs directory."""
     owned = store or logs_dir()
     owned.make_root(0o700)
     owned.make_dirs(name, 0o700)
     rel = launch_log(name, launch)
     os.close(owned.open_write(rel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
-    launches = sorted({entry.split(".log", 1)[0] for entry in owned.listdir(name) if ".log" in entry})
-    for old in launches[:max(0, len(launches) - max(1, keep))]:
-        for suffix in (".log", ".log.1"):
-            owned.remove_file(f"{name}/{old}{suffix}")
+    entries = owned.listdir(name)
+    others = sorted({entry.split(".log", 1)[0] for entry in entries if ".log" in entry} - {launch})
+    dropped = set(others[:max(0, len(others) - (max(1, keep) - 1))])  # never this launch's own, whatever the clock
+    for entry in entries:
+        if entry.split(".log", 1)[0] in dropped:
+            owned.remove_file(f"{name}/{entry}")
     return rel
 
 

@@ -60,9 +60,17 @@ def now_iso() -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
 
 
+_last_launch_ns = 0
+
+
 def new_launch_id() -> str:
-    """One launch's id: sortable by time (log files are kept by it), unique."""
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + os.urandom(4).hex()
+    """One launch's id, unique, whose text sorts as the launches were made (their logs are kept and pruned in that
+    order): the UTC time to the nanosecond in a fixed width, then a random suffix. Two launches within one second
+    used to sort by that suffix, so "keep the last N" could keep an older one and drop the newest."""
+    global _last_launch_ns
+    now = _last_launch_ns = max(time.time_ns(), _last_launch_ns + 1)  # two made within a clock tick still sort
+    return (time.strftime("%Y%m%dT%H%M%S", time.gmtime(now // 1_000_000_000)) + f"{now % 1_000_000_000:09d}"
+            + "-" + os.urandom(4).hex())
 
 
 @contextmanager
