@@ -164,6 +164,29 @@ def status(state: dict[str, Any]) -> str:
     return "created" if group.is_running(supervisor) else "exited"
 
 
+def ended(state: dict[str, Any]) -> bool:
+    """Whether the launch is over, its log included: exited, and either its exit recorded (its supervisor lets the
+    log writer write the last lines first) or, its supervisor gone, its log writer done too."""
+    if status(state) != "exited":
+        return False
+    return isinstance(state.get("exit"), dict) or not group.is_running(state.get("logger"))
+
+
+def log_note(state: dict[str, Any]) -> str | None:
+    """What the log cannot say itself: that it stopped while the engine runs, because nothing reads the engine's
+    output any more (its log writer and its supervisor, which would have started another, were both killed)."""
+    logger = state.get("logger")
+    if not isinstance(logger, dict) or isinstance(state.get("exit"), dict):
+        return None
+    if group.is_running(logger) or group.is_running(state.get("supervisor")):
+        return None
+    engine = state.get("engine")
+    if not (group.is_running(engine) or group.members(engine)):
+        return None
+    return (f"metralectl: the log stops here: its writer (pid {logger.get('pid')}) and the launch's supervisor were "
+            "killed, so what the engine writes from now on is lost; the engine still runs, and stopping it still works")
+
+
 def info(state: dict[str, Any]) -> ContainerInfo:
     """What a state says now, as a container's inspect would."""
     now = status(state)
