@@ -112,7 +112,7 @@ def test_a_follower_reads_every_line_in_order_across_rotations(runtimes: Any) ->
     sizes = {file: (_folder(name) / file).stat().st_size for file in _pieces(name)}
     assert all(size <= limit for size in sizes.values()), sizes
     tailed = rt.log_tail(name, 150)
-    assert len(_numbers(tailed)) == 150  # a piece's worth, across the two pieces
+    assert len(tailed) == 150 and len(_numbers(tailed[:-1])) == 149  # across the pieces (the last one may be in writing)
     rt.stop(name, timeout_s=30)
     follower.join(60)
     assert not follower.is_alive()

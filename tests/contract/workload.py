@@ -22,6 +22,15 @@ import sys
 import time
 
 
+def say(text: str) -> None:
+    """Whole lines, each in one write(2) where it fits (the rest after a partial one): `print` under -u writes the
+    text and its newline apart, and a signal handler that printed in between (SIGTERM's) glued its line to the
+    unfinished one."""
+    data = (text + "\n").encode()
+    while data:
+        data = data[os.write(1, data):]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--exit", type=int, default=None)
@@ -35,32 +44,31 @@ def main() -> int:
 
     def term(signum: int, frame: object) -> None:
         if args.ignore_sigterm:
-            print("SIGTERM ignored", flush=True)
+            say("SIGTERM ignored")
             return
-        print("SIGTERM seen, draining", flush=True)
+        say("SIGTERM seen, draining")
         draining.append(time.monotonic())
 
     signal.signal(signal.SIGTERM, term)
-    print("workload up", flush=True)  # only now: a test that saw it may send SIGTERM and get the workload's answer
+    say("workload up")  # only now: a test that saw it may send SIGTERM and get the workload's answer
     if args.exit is not None:
-        print(f"exiting with {args.exit}", flush=True)
+        say(f"exiting with {args.exit}")
         return args.exit
     if args.child:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", args.mark])
-        print(f"child {child.pid}", flush=True)
+        say(f"child {child.pid}")
     size, period = (int(args.chatter.split(",")[0]), float(args.chatter.split(",")[1])) if args.chatter else (0, 0.1)
     line = 0
     while True:
         if draining and time.monotonic() - draining[0] >= 0.3:
-            print("drained", flush=True)
+            say("drained")
             return 0
-        written = 0
-        while written < size and line != args.lines:
-            text = f"chatter {line:08d} " + "x" * 60
-            print(text, flush=False)
-            written += len(text) + 1
+        burst = []
+        while len(burst) * 78 < size and line != args.lines:
+            burst.append(f"chatter {line:08d} " + "x" * 60 + "\n")
             line += 1
-        sys.stdout.flush()
+        if burst:
+            say("".join(burst)[:-1])
         if line == args.lines:
             return 0
         time.sleep(period)

@@ -53,7 +53,7 @@ class _Log:
         """The current file (opened, created if missing) and its size; (None, 0) when it cannot be opened."""
         if self.fd is None:
             try:
-                self.fd = self.store.open_write(self.rel, os.O_WRONLY | os.O_CREAT, 0o600)
+                self.fd = self.store.open_write(self.rel, os.O_RDWR | os.O_CREAT, 0o600)
             except OSError as exc:
                 self.why = exc.strerror or str(exc)
                 return None, 0
@@ -100,13 +100,24 @@ class _Log:
         return bool(data)
 
     def _owe(self, fd: int, size: int) -> int:
-        note = f"\nmetralectl: {self.lost} bytes of the engine's output could not be written ({self.why})\n".encode()
+        if self._say(fd, size, f"{self.lost} bytes of the engine's output could not be written ({self.why})"):
+            self.lost = 0
+        return os.fstat(fd).st_size
+
+    @staticmethod
+    def _say(fd: int, size: int, text: str) -> bool:
+        """A line of ours at the end of the file, on a line of its own (after a line the engine has not finished)."""
         try:
-            os.pwrite(fd, note, size)
+            cut = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+            os.pwrite(fd, f"{chr(10) if cut else ''}metralectl: {text}\n".encode(), size)
+            return True
         except OSError:
-            return size
-        self.lost = 0
-        return size + len(note)
+            return False
+
+    def say(self, text: str) -> None:
+        fd, size = self._current()
+        if fd is not None:
+            self._say(fd, size, text)
 
     def rotate(self, size: int) -> None:
         """The current file becomes piece N (a rename: nothing in flight is lost), a new one is started, and the
@@ -133,10 +144,12 @@ class _Log:
             self.fd = None
 
 
-def run(pipe: int, rel: str, limit: int, store: Owned) -> None:
-    """Move the pipe into the launch's log until every writer has closed it."""
+def run(pipe: int, rel: str, limit: int, store: Owned, first: str | None = None) -> None:
+    """Move the pipe into the launch's log until every writer has closed it; `first`: a line of ours, said before."""
     log = _Log(rel, limit, store)
     try:
+        if first is not None:
+            log.say(first)
         while log.move(pipe):
             pass
     finally:

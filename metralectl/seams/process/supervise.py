@@ -85,7 +85,8 @@ class Supervisor:
 
     # -- the start -------------------------------------------------------------------------------------------
     def note(self, text: str) -> None:
-        """A line of ours in the engine's log (what the operator reads beside the engine's own lines)."""
+        """A line of ours in the engine's log (what the operator reads beside the engine's own lines). Only while no
+        log writer runs: before the first, or with none left."""
         fd = logs.append_fd(self.log, self.logs)
         try:
             size = os.fstat(fd).st_size
@@ -116,8 +117,10 @@ class Supervisor:
         except OSError:
             pass  # the system's default (64 KiB) then
 
-    def start_writer(self) -> int:
-        """Fork the log writer (its pid): it reads the pipe into the log until no one writes to the pipe any more."""
+    def start_writer(self, first: str | None = None) -> int:
+        """Fork the log writer (its pid): it moves the pipe into the log until no one writes to the pipe any more;
+        `first`, a line of ours it writes before (the log's one writer: never beside it, whose next write would land
+        on it)."""
         assert self.pipe is not None
         limit = int(self.request.get("log_limit") or logs.LOG_LIMIT)
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # our SIGTERM handler is not the writer's
@@ -134,7 +137,8 @@ class Supervisor:
                     os.dup2(devnull, fd)  # not the pipes to the CLI that started the supervisor
                 if self.pipe_in is not None:
                     os.close(self.pipe_in)
-                logwriter.run(self.pipe, self.log, limit, self.logs)
+                logwriter.run(self.pipe, self.log, limit, self.logs,
+                              first.replace("{pid}", str(os.getpid())) if first else None)
                 code = 0
             finally:
                 os._exit(code)
@@ -169,14 +173,13 @@ class Supervisor:
         if self.owed is None or self.writer is not None or self.pipe is None:
             return
         try:
-            pid = self.start_writer()
+            pid = self.start_writer(self.owed + "; pid {pid} carries on: nothing was lost")
         except OSError as exc:
-            if not self.owed_said:  # said once; tried again at every look
+            if not self.owed_said:  # said once (no writer runs: this line is the log's only writer); tried again
                 self.owed_said = True
                 self.note(f"{self.owed} and another could not be started ({exc}): the engine's output waits in its "
                           "pipe, and the engine with it once the pipe is full")
             return
-        self.note(f"{self.owed}; pid {pid} carries on: nothing was lost")
         self.owed, self.owed_said = None, False
         state.update(self.name, self.launch, {"logger": group.identity_of(pid)}, self.states)
 
