@@ -1,9 +1,9 @@
 """An engine's log as a host process, with real processes: bounded and rotated without losing a byte, whatever the
 engine's pace and the machine's load; followed across rotations (and a follower that fell behind is told what it
-missed); a killed log writer replaced with nothing lost; with the writer and the supervisor both killed the engine
-runs on and `logs` says why its log stopped; a name keeps its last launches' logs, the newest ones, whatever the
-clock. Every wait is for a state the test can see, never for a time (docs/development.md, "Tests that hold on a
-busy box")."""
+missed); a killed log writer replaced with nothing lost, one that keeps ending not replaced forever; with the writer
+and the supervisor both killed the engine runs on and `logs` says why its log stopped; a name keeps its last
+launches' logs, the newest ones, whatever the clock. Every wait is for a state the test can see, never for a time
+(docs/development.md, "Tests that hold on a busy box")."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from metralectl.core.render import ContainerSpec
-from metralectl.seams.process import group, logs, state
+from metralectl.seams.process import group, logs, state, supervise
 from metralectl.seams.process.runtime import ProcessRuntime
 from tests.contract.test_process_runtime import LABELS, _spec, _until, unique
 
@@ -209,6 +209,35 @@ def test_with_its_writer_and_supervisor_killed_the_engine_runs_on_and_logs_says_
     after = rt.inspect(name)
     assert after is not None and after.status == "exited" and after.exit_code is None
     assert said not in rt.log_tail(name, 5)  # it has ended: nothing more to say about its log
+
+
+def test_a_log_writer_that_keeps_ending_is_not_started_again_and_again(runtimes: Any, tmp_path: Path) -> None:
+    """Each killed writer is replaced, up to the launch's WRITERS; then the supervisor lets go of the pipe and says
+    so, and the engine runs on, its writes failing (a pipe that nobody reads must not stop the engine)."""
+    rt = runtimes()
+    name = unique("writers")
+    count = tmp_path / "count"
+    loop = f'n=0; while :; do n=$((n+1)); echo "tick $n"; echo $n > {count}; sleep 0.02; done'
+    rt.create_and_start(ContainerSpec(name=name, image="process:/bin/sh", command=("/bin/sh", "-c", loop, name),
+                                      labels=LABELS))
+    _until(lambda: "tick 3" in rt.log_tail(name, 10))
+    for _ in range(supervise.WRITERS - 1):
+        killed = state.read(name)["logger"]  # type: ignore[index]
+        os.kill(killed["pid"], signal.SIGKILL)
+        _until(lambda killed=killed: state.read(name)["logger"] != killed)  # type: ignore[index]
+    last = state.read(name)["logger"]  # type: ignore[index]
+    os.kill(last["pid"], signal.SIGKILL)
+    said = (f"metralectl: the log writer (pid {last['pid']}) ended (signal 9), the {supervise.WRITERS}th to end: no "
+            "other is started, and the engine's output from here on is lost (the engine runs on)")
+    _until(lambda: said in rt.log_tail(name, 5))
+    written = int(count.read_text() or 0)
+    _until(lambda: int(count.read_text() or 0) >= written + 5)
+    assert rt.inspect(name).running  # type: ignore[union-attr]
+    log = rt.log_tail(name, 1_000)
+    assert len([line for line in log if line.startswith("metralectl:")]) == supervise.WRITERS
+    assert log[-1] == said and state.read(name)["logger"] == last  # type: ignore[index]
+    rt.stop(name, timeout_s=30)
+    assert rt.inspect(name).exit_code == 143  # type: ignore[union-attr]
 
 
 def test_a_name_keeps_its_last_launches_logs_the_newest_ones(tmp_path: Path) -> None:

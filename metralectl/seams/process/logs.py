@@ -171,13 +171,17 @@ class _Reader:
         self.fd: int | None = None
         self.number, self.pos = 0, 0
         self.complete = False  # a rotated piece: nothing more is written to it
+        self.after = 0  # while no piece is open: the last one read (the next to read comes after it)
+        self.skipped = 0  # pieces rotated away unread since the caller last looked (a reader that fell behind)
 
     def _take(self, fd: int | None, number: int, complete: bool) -> None:
         self.close()
         self.fd, self.number, self.pos, self.complete = fd, number, 0, complete
 
     def open_current(self) -> None:
+        """Start at the current file (where the log is now: nothing before it counts as missed)."""
         self._take(*_open_current(self.owned, self.rel), complete=False)
+        self.after = self.number - 1
 
     def open_oldest(self) -> None:
         for _ in range(_TRIES):
@@ -193,9 +197,10 @@ class _Reader:
     def read(self) -> bytes:
         """What the piece holds past what was read; `complete` tells, after, whether that was all it will hold."""
         if self.fd is None:
-            self.open_current()  # not there (yet)
+            self._advance(self.after)  # the current file was missing (a rotation under way, or no log yet)
             if self.fd is None:
                 return b""
+        assert self.fd is not None
         if not self.complete:  # decided before the read: once renamed, the writer writes to it no more
             now, held = self.owned.lstat(self.rel), os.fstat(self.fd)
             self.complete = now is None or (now.st_ino, now.st_dev) != (held.st_ino, held.st_dev)
@@ -203,10 +208,14 @@ class _Reader:
         self.pos += len(data)
         return data
 
-    def next_piece(self) -> int:
-        """From a piece read to its end to the one after it; how many pieces were rotated away in between, unread
-        (a follower that fell that far behind)."""
-        after = self.number
+    def next_piece(self) -> None:
+        """From a piece read to its end to the one after it."""
+        self._advance(self.number)
+
+    def _advance(self, after: int) -> None:
+        """To the first piece after piece `after` still there: a rotated one, else the current file (which may be
+        missing a moment: then `after` is kept for the next try). Those in between, rotated away unread, are
+        counted in `skipped`."""
         for _ in range(_TRIES):
             later = [n for n in pieces(self.owned, self.rel) if n > after]
             if not later:
@@ -214,9 +223,13 @@ class _Reader:
             fd = _open(self.owned, piece(self.rel, later[0]))
             if fd is not None:
                 self._take(fd, later[0], complete=True)
-                return later[0] - after - 1
-        self.open_current()
-        return max(0, self.number - after - 1)
+                self.skipped += later[0] - after - 1
+                return
+        self._take(*_open_current(self.owned, self.rel), complete=False)
+        if self.fd is None:
+            self.after = after
+        else:
+            self.skipped += max(0, self.number - after - 1)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -263,18 +276,19 @@ def _follow(reader: _Reader, tail_lines: int | str, alive: Callable[[], bool], s
         if stop is not None and stop.is_set():
             return
         fresh = reader.read()
+        if reader.skipped:  # said before the next piece's lines; the line the skipped pieces ended goes alone
+            if buffer:
+                yield _decode(buffer).rstrip("\r")
+                buffer = b""
+            yield (f"metralectl: {reader.skipped} rotated piece(s) of this log were gone before they could be read "
+                   "(this reader fell behind the engine's output)")
+            reader.skipped = 0
         buffer += fresh
         *complete, buffer = buffer.split(b"\n")
         for line in complete:
             yield _decode(line).rstrip("\r")
         if reader.complete:
-            skipped = reader.next_piece()
-            if skipped:
-                if buffer:  # its end went with the pieces skipped
-                    yield _decode(buffer).rstrip("\r")
-                    buffer = b""
-                yield (f"metralectl: {skipped} rotated piece(s) of this log were gone before they could be read "
-                       "(this reader fell behind the engine's output)")
+            reader.next_piece()
             continue
         if fresh:
             continue

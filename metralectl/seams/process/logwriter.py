@@ -30,7 +30,7 @@ from __future__ import annotations
 import errno
 import os
 
-from metralectl.ownedfs import Owned
+from metralectl.ownedfs import Owned, OutsideOwned
 from metralectl.seams.process import logs
 
 _CHUNK = 1 << 16
@@ -54,8 +54,8 @@ class _Log:
         if self.fd is None:
             try:
                 self.fd = self.store.open_write(self.rel, os.O_RDWR | os.O_CREAT, 0o600)
-            except OSError as exc:
-                self.why = exc.strerror or str(exc)
+            except (OSError, OutsideOwned) as exc:  # the directory gone, or a link planted in it
+                self.why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
                 return None, 0
         return self.fd, os.fstat(self.fd).st_size  # the supervisor's own notes are appended to it too
 
@@ -125,7 +125,7 @@ class _Log:
         number = self.rotations + 1
         try:
             self.store.move(self.rel, logs.piece(self.rel, number))
-        except OSError:
+        except (OSError, OutsideOwned):
             self.bound = size + self.limit  # the directory went away: keep writing where we are, try again later
             return
         self.rotations, self.bound = number, self.limit
@@ -135,7 +135,7 @@ class _Log:
         if number > 1:
             try:
                 self.store.remove_file(logs.piece(self.rel, number - 1))
-            except OSError:
+            except (OSError, OutsideOwned):
                 pass
 
     def close(self) -> None:

@@ -45,6 +45,7 @@ TICK_S = 1.0  # how often the engine and the log writer are looked at without a 
 LOG_DRAIN_S = 5.0  # after the engine's group is gone: the writer's last lines (longer only if an escaped process
 #                   still holds the pipe; the writer then goes on logging it, and the exit is recorded meanwhile)
 PIPE_SIZE = 1 << 20  # the engine's output held while no writer reads it (the system's pipe-max-size allowing)
+WRITERS = 8  # log writers a launch may start: one that keeps failing is not started again and again
 _RLIMITS = {"core": "RLIMIT_CORE", "cpu": "RLIMIT_CPU", "data": "RLIMIT_DATA", "fsize": "RLIMIT_FSIZE",
             "locks": "RLIMIT_LOCKS", "memlock": "RLIMIT_MEMLOCK", "msgqueue": "RLIMIT_MSGQUEUE",
             "nice": "RLIMIT_NICE", "nofile": "RLIMIT_NOFILE", "nproc": "RLIMIT_NPROC", "rss": "RLIMIT_RSS",
@@ -67,6 +68,7 @@ class Supervisor:
         self.writer_fd: int | None = None
         self.owed: str | None = None  # a killed writer not replaced yet: why
         self.owed_said = False
+        self.writers = 0
 
     # -- signals ---------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -123,6 +125,7 @@ class Supervisor:
         on it)."""
         assert self.pipe is not None
         limit = int(self.request.get("log_limit") or logs.LOG_LIMIT)
+        self.writers += 1
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # our SIGTERM handler is not the writer's
         pid = os.fork()
         if pid == 0:  # the writer: no handler of ours, no descriptor but the pipe's read end and the log
@@ -171,6 +174,12 @@ class Supervisor:
             how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
             self.owed = f"the log writer (pid {old}) ended ({how})"
         if self.owed is None or self.writer is not None or self.pipe is None:
+            return
+        if self.writers >= WRITERS:  # no reader left at all: the engine's writes fail rather than wait forever
+            self.note(f"{self.owed}, the {WRITERS}th to end: no other is started, and the engine's output from here "
+                      "on is lost (the engine runs on)")
+            os.close(self.pipe)
+            self.pipe, self.owed = None, None
             return
         try:
             pid = self.start_writer(self.owed + "; pid {pid} carries on: nothing was lost")
