@@ -105,11 +105,13 @@ def spec_for(runtime: ContainerRuntime, runtime_kind: str, launched: list[str]) 
     return make
 
 
-def proc_alive(pid: int) -> bool:
-    """Whether a process runs (a zombie does not)."""
+def proc_alive(pid: int, ticks: int | None = None) -> bool:
+    """Whether a process runs (a zombie does not; one exiting still does); with `ticks`, only the one that started
+    then (its start time in clock ticks): a pid freed and taken again by another process is not it."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
+    fields = stat[stat.rfind(")") + 2:].split()
+    return fields[0] not in ("Z", "X") and (ticks is None or int(fields[19]) == ticks)
 

@@ -176,6 +176,7 @@ def test_with_its_supervisor_killed_ps_tells_the_truth_and_stop_still_works(rt: 
     assert os.getsid(engine["pid"]) == engine["pid"] == os.getpgid(engine["pid"])  # its own session and group
     assert os.getsid(supervisor["pid"]) != os.getsid(0) and os.getsid(engine["pid"]) != os.getsid(0)
     child = int(_until(lambda: [ln for ln in rt.log_tail(started.id) if ln.startswith("child ")])[0].split()[1])
+    child_ticks = group.start_ticks(child)
 
     os.kill(supervisor["pid"], signal.SIGKILL)
     _until(lambda: not group.is_running(supervisor))
@@ -184,7 +185,8 @@ def test_with_its_supervisor_killed_ps_tells_the_truth_and_stop_still_works(rt: 
     assert rt.container_pids(started.id) == {engine["pid"], child}
 
     rt.stop(started.id, timeout_s=10)
-    assert not proc_alive(engine["pid"]) and not proc_alive(child)  # no process of the group is left
+    # no process of the group is left (judged by start time too: a pid freed may be another process's already)
+    assert not proc_alive(engine["pid"], engine["start_ticks"]) and not proc_alive(child, child_ticks)
     after = rt.inspect(started.id)
     assert after is not None and after.status == "exited"
     assert after.exit_code is None  # nobody recorded how it ended: unknown, not made up
@@ -221,6 +223,21 @@ def test_after_stop_no_process_of_the_group_is_left(rt: ProcessRuntime) -> None:
     assert rt.inspect(started.id).exit_code == 137  # type: ignore[union-attr]
     assert not any(group.is_running(identity) for identity in identities)
     assert _until(lambda: _pids_running(name) == [])  # the supervisor and its writer end as well
+
+
+def test_a_leader_that_is_exiting_still_leads_its_group(rt: ProcessRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a process exits its executable cannot be read (/proc/PID/exe), so it is no longer "running" as recorded,
+    yet it is no other process either (same pid, same start time) and its group may still have members: stop must
+    wait for them. Here the moment is made to last: the leader's executable reads as gone."""
+    name = unique("exiting")
+    started = rt.create_and_start(_spec("--child", name=name))
+    child = int(_until(lambda: [ln for ln in rt.log_tail(started.id) if ln.startswith("child ")])[0].split()[1])
+    engine = state.read(name)["engine"]  # type: ignore[index]
+    real = group.executable
+    monkeypatch.setattr(group, "executable", lambda pid: None if pid == engine["pid"] else real(pid))
+    assert not group.is_running(engine)
+    assert group.members(engine) == {engine["pid"], child}
+    assert rt.inspect(name).running and rt.container_pids(name) == {engine["pid"], child}  # type: ignore[union-attr]
 
 
 def test_a_leader_that_exits_takes_its_group_down_as_a_containers_init_does(rt: ProcessRuntime) -> None:
