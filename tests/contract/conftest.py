@@ -4,11 +4,13 @@
 double's bundled image, which carries this machine's interpreter at its own path; marked `docker`, so it joins the
 Docker tests' group and skips without a daemon, except under CI) or "process" (ProcessRuntime: the workload run by
 this interpreter as a host process; no daemon needed). Every launch a test makes is named `metralectl-ct-*` and
-removed afterwards, whatever the test did.
+removed afterwards, whatever the test did; names carry a random part, so tests beside each other (xdist workers,
+another tree's tests on the same daemon) never meet.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,7 +25,9 @@ from tests.integration.conftest import docker_daemon  # noqa: F401  (the fixture
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "workload.py"
-WORKLOAD_IMAGE = "metralectl-test/runtime-workload:latest"
+# Tagged by the workload's own bytes: two trees with different workload.py (another branch's tests on the same
+# daemon) never run each other's.
+WORKLOAD_IMAGE = "metralectl-test/runtime-workload:" + hashlib.sha256(WORKLOAD.read_bytes()).hexdigest()[:16]
 IN_IMAGE = "/usr/local/lib/metralectl-workload/workload.py"
 SpecFor = Callable[..., ContainerSpec]
 
@@ -101,11 +105,13 @@ def spec_for(runtime: ContainerRuntime, runtime_kind: str, launched: list[str]) 
     return make
 
 
-def proc_alive(pid: int) -> bool:
-    """Whether a process runs (a zombie does not)."""
+def proc_alive(pid: int, ticks: int | None = None) -> bool:
+    """Whether a process runs (a zombie does not; one exiting still does); with `ticks`, only the one that started
+    then (its start time in clock ticks): a pid freed and taken again by another process is not it."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
+    fields = stat[stat.rfind(")") + 2:].split()
+    return fields[0] not in ("Z", "X") and (ticks is None or int(fields[19]) == ticks)
 

@@ -21,6 +21,7 @@ import pytest
 
 from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, LABEL_RECIPE, owner
 from metralectl.core.render import ContainerSpec
+from metralectl.seams.process import group
 from metralectl.seams.process.runtime import ProcessRuntime
 from tests.contract.conftest import proc_alive
 from tests.ports import PortTaken, port_in_use, start_retrying
@@ -105,7 +106,7 @@ def test_llama_server_as_a_host_process_serves_then_stops_leaving_nothing(
         port = start_retrying(start)
         info = rt.inspect(name)
         assert info is not None and info.running and info.command[0] == llama_server
-        pids = rt.container_pids(name)
+        pids = {pid: group.start_ticks(pid) for pid in rt.container_pids(name)}
         engine = int(info.id.split("-")[0])
         assert engine in pids and os.readlink(f"/proc/{engine}/exe") == os.path.realpath(llama_server)
         assert any(f"listening on http://127.0.0.1:{port}" in line for line in rt.log_tail(name, 200))
@@ -113,7 +114,7 @@ def test_llama_server_as_a_host_process_serves_then_stops_leaving_nothing(
         rt.stop(name, timeout_s=30)
         after = rt.inspect(name)
         assert after is not None and after.status == "exited", after
-        assert not any(proc_alive(pid) for pid in pids) and rt.container_pids(name) == set()
+        assert not any(proc_alive(pid, ticks) for pid, ticks in pids.items()) and rt.container_pids(name) == set()
         assert not _listening(port), f"something still listens on {port} after stop"
         rt.remove(name)
         assert rt.inspect(name) is None

@@ -4,6 +4,11 @@ relies on (launch, ps, logs, stop, swap, rm) must hold alike: a start is found b
 owner, its log is tailed and followed, stop drains (the workload sees SIGTERM and finishes) or kills what ignores
 SIGTERM once the timeout has passed, the exit code is kept until removal, removal refuses a running one without
 force, `containers()` filters as `ps` and the launch's checks ask, and a removal by labels refuses wrong labels.
+
+It holds on a busy machine (docs/development.md, "Tests that hold on a busy box"): each launch has a name of its
+own (conftest.py), a test waits for what it can see (a log line, an exit), and a verdict is an outcome or an order
+(drained: exit 0 and the workload's own "drained"; killed: 137 after its "SIGTERM ignored", not before the
+timeout), never a time taken.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from metralectl.seams.docker.protocol import ContainerRuntime
 from tests.contract.conftest import SpecFor
 
 
-def _until(condition, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+def _until(condition, timeout: float = 60.0):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
@@ -49,11 +54,9 @@ def test_start_inspect_logs_stop_drains_exit_code_remove(runtime: ContainerRunti
         stop.set()
     assert followed == ["workload up"]
 
-    began = time.monotonic()
-    runtime.stop(started.id, timeout_s=20)
-    assert time.monotonic() - began < 10  # drained, not killed at the timeout
+    runtime.stop(started.id, timeout_s=60)
     after = runtime.inspect(started.id)
-    assert after is not None and after.status == "exited" and after.exit_code == 0, after
+    assert after is not None and after.status == "exited" and after.exit_code == 0, after  # drained, not killed
     assert after.finished_at and not after.oom_killed
     log = runtime.log_tail(started.id, 10)
     assert log[-2:] == ["SIGTERM seen, draining", "drained"], log
@@ -68,7 +71,7 @@ def test_start_inspect_logs_stop_drains_exit_code_remove(runtime: ContainerRunti
 def test_a_workload_that_exits_3_at_start(runtime: ContainerRuntime, spec_for: SpecFor) -> None:
     spec = spec_for("--exit", "3")
     started = runtime.create_and_start(spec)
-    assert runtime.wait_exit(started.id, 20) == 3
+    assert runtime.wait_exit(started.id, 60) == 3
     after = runtime.inspect(spec.name)
     assert after is not None and after.status == "exited" and after.exit_code == 3 and not after.running
     assert runtime.log_tail(spec.name, 5) == ["workload up", "exiting with 3"]
@@ -84,11 +87,10 @@ def test_a_workload_that_ignores_sigterm_is_killed_after_the_timeout(runtime: Co
     _until(lambda: "workload up" in runtime.log_tail(spec.name, 5))
     began = time.monotonic()
     runtime.stop(started.id, timeout_s=2)
-    took = time.monotonic() - began
-    assert 1.9 <= took < 15, took
+    assert time.monotonic() - began >= 1.9  # not killed before the timeout (a busy machine only makes it longer)
     after = runtime.inspect(started.id)
     assert after is not None and after.status == "exited" and after.exit_code == 137, after
-    assert "SIGTERM ignored" in runtime.log_tail(spec.name, 5)
+    assert "SIGTERM ignored" in runtime.log_tail(spec.name, 5)  # SIGTERM first, then the kill
     assert runtime.container_pids(started.id) == set()
 
 
@@ -119,7 +121,7 @@ def test_containers_filters_managed_owner_and_state(runtime: ContainerRuntime, s
     exited = spec_for("--exit", "0")
     for spec in (mine, theirs, helper, exited):
         runtime.create_and_start(spec)
-    runtime.wait_exit(exited.name, 20)
+    assert runtime.wait_exit(exited.name, 60) == 0
 
     def names(**kwargs: bool) -> set[str]:
         ours = {mine.name, theirs.name, helper.name, exited.name}
@@ -147,7 +149,7 @@ def test_kill_ends_it_at_once_with_137(runtime: ContainerRuntime, spec_for: Spec
     started = runtime.create_and_start(spec)
     _until(lambda: "workload up" in runtime.log_tail(spec.name, 5))
     runtime.kill(started.id)
-    assert runtime.wait_exit(started.id, 10) == 137
+    assert runtime.wait_exit(started.id, 60) == 137
     assert runtime.inspect(started.id).exit_code == 137  # type: ignore[union-attr]
 
 

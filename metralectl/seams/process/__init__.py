@@ -3,12 +3,16 @@
     runtime     ProcessRuntime: what `open_runtime(Endpoint(PROCESS_ENDPOINT_URL, ...))` returns
     launch      create_and_start: the state claimed, the supervisor started detached, its answer awaited;
                 Ctrl-C or a failed start leaves no process and no state behind
-    supervise   the supervisor (`python -m metralectl.seams.process.supervise`): starts the engine in a
-                session and process group of its own, records its identity, reaps it, records its exit
+    supervise   the supervisor (`python -m metralectl.seams.process.supervise NAME`): starts the engine in a
+                session and process group of its own, its output into a pipe, records its identity, reaps it,
+                records its exit
+    logwriter   the launch's log writer, forked by the supervisor: the pipe into the log, rotated by rename
+                (no line lost); a killed one is replaced while the supervisor lives
     state       one state file per name under <METRALE_HOME>/state/processes (atomic, read capped, inside a
                 directory we own), a process's identity, what a state says now (ContainerInfo)
     group       the engine's process group: its members, verified; signals only to verified processes
-    logs        one log file per launch (bounded, rotated, the last launches kept), tail and follow
+    logs        one log per launch (bounded: the current file and the piece before; the last launches kept),
+                tail and follow
     images      an "image" here is an executable: present when it exists and may be executed
 
 This package's own __init__ stays light: `ps`, the agent and the CLI import the host-process helpers below

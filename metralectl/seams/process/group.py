@@ -94,7 +94,7 @@ def members(record: object) -> set[int]:
     if not isinstance(pgid, int) or isinstance(pgid, bool) or pgid <= 1 or not isinstance(since, int):
         return set()
     leader = _stat_fields(pgid)
-    if leader is not None and not is_running(record) and leader[0] not in ("Z", "X"):
+    if leader is not None and leader[0] not in ("Z", "X") and not _started_at(leader, since):
         return set()  # the pid is another process's now: a group id is never reused while its group lives
     found = set()
     uid = os.geteuid()
@@ -111,6 +111,15 @@ def members(record: object) -> set[int]:
         if group == pgid and ticks >= since and _uid(int(entry.name)) == uid:
             found.add(int(entry.name))
     return found
+
+
+def _started_at(fields: list[str], ticks: int) -> bool:
+    """Whether /proc/PID/stat's fields say the process started at `ticks`: the recorded leader, even while it exits
+    (its executable is unreadable then, so is_running says no, yet its group still has members to wait for)."""
+    try:
+        return int(fields[19]) == ticks
+    except (IndexError, ValueError):
+        return False
 
 
 def _member_still(pid: int, pgid: int, since: int) -> bool:

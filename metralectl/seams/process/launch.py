@@ -83,7 +83,7 @@ def create_and_start(spec: ContainerSpec, labels: dict[str, str], log_limit: int
             raise
     supervisor: subprocess.Popen[bytes] | None = None
     try:
-        supervisor = subprocess.Popen([sys.executable, "-m", "metralectl.seams.process.supervise"],
+        supervisor = subprocess.Popen([sys.executable, "-m", "metralectl.seams.process.supervise", name],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       cwd=str(state.states_dir().root), start_new_session=True, close_fds=True,
                                       env=_supervisor_environment())

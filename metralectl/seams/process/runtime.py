@@ -4,7 +4,8 @@ What Docker guarantees for a container, this gives a process: it runs detached (
 group, under a supervisor that survives the CLI: supervise.py), is found again by name or id from its state
 file (state.py), is stopped with SIGTERM to its group and SIGKILL after the timeout, leaves no process of its
 group behind, never signals a process that merely reuses a recorded pid nor another user's (group.py), logs
-to a file per launch (logs.py), and gets exactly its spec's environment plus an allow-list (state.py).
+to a file per launch through a pipe its log writer reads, rotated without losing a line (logs.py, logwriter.py),
+and gets exactly its spec's environment plus an allow-list (state.py).
 
 A host process sees the host: a spec's mounts, GPUs, network and IPC modes, devices, capabilities and /dev/shm
 size are not applied (its paths are host paths already); its ulimits are, where this user may set them.
@@ -161,6 +162,7 @@ class ProcessRuntime:
             self.kill(found["name"])
             _wait(lambda: not group.members(found.get("engine")), KILL_WAIT_S)
         self._end_supervisor(found)
+        group.signal_one(found.get("logger"), signal.SIGTERM)  # one still logging a process that left the group
         with state.locked() as owned:
             state.delete(str(found["name"]), str(found["launch"]), owned)
 
@@ -176,7 +178,7 @@ class ProcessRuntime:
             now = state.read(name)
             if now is None or now.get("launch") != launch_id:
                 return {"exit": {"code": 0}}  # removed meanwhile: as Docker answers for a container gone
-            return now if state.status(now) == "exited" else None
+            return now if state.ended(now) else None
 
         deadline = time.monotonic() + timeout_s
         while (now := ended()) is None:
@@ -196,7 +198,8 @@ class ProcessRuntime:
         found = state.find(name_or_id)
         if found is None or lines <= 0:
             return []
-        return logs.tail(str(found.get("log", "")), lines)
+        note = state.log_note(found)
+        return logs.tail(str(found.get("log", "")), lines - 1 if note else lines) + ([note] if note else [])
 
     def follow_logs(self, name_or_id: str, *, tail: int | str = "all", stop: threading.Event | None = None,
                     since: int | None = None) -> Iterator[str]:
@@ -208,9 +211,14 @@ class ProcessRuntime:
 
         def alive() -> bool:
             now = state.read(name)
-            return now is not None and now.get("launch") == launch_id and state.status(now) != "exited"
+            return now is not None and now.get("launch") == launch_id and not state.ended(now)
 
-        yield from logs.follow(str(found.get("log", "")), tail_lines=tail, alive=alive, stop=stop, since=since)
+        def quiet() -> str | None:
+            now = state.read(name)
+            return state.log_note(now) if now is not None and now.get("launch") == launch_id else None
+
+        yield from logs.follow(str(found.get("log", "")), tail_lines=tail, alive=alive, stop=stop, since=since,
+                               quiet=quiet)
 
     def run_probe(self, image: str, script: str, *, read_only: dict[str, str] | None = None,
                   timeout_s: float = 60.0) -> tuple[int | None, str]:
@@ -244,12 +252,13 @@ class ProcessRuntime:
             _wait(lambda: not group.is_running(supervisor), KILL_WAIT_S)
 
     def _await_record(self, found: dict[str, Any]) -> None:
-        """Once the engine is gone, its supervisor (if it runs) records the exit: wait for that, briefly."""
+        """Once the engine is gone, its supervisor (if it runs) records the exit, after its last lines are logged:
+        wait for that (without a supervisor, for the log writer), briefly."""
         name, launch_id = str(found["name"]), found.get("launch")
 
         def recorded() -> bool:
             now = state.read(name)
-            return now is None or now.get("launch") != launch_id or state.status(now) == "exited"
+            return now is None or now.get("launch") != launch_id or state.ended(now)
 
         _wait(recorded, RECORD_WAIT_S)
 

@@ -60,9 +60,17 @@ def now_iso() -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
 
 
+_last_launch_ns = 0
+
+
 def new_launch_id() -> str:
-    """One launch's id: sortable by time (log files are kept by it), unique."""
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + os.urandom(4).hex()
+    """One launch's id, unique, whose text sorts as the launches were made (their logs are kept and pruned in that
+    order): the UTC time to the nanosecond in a fixed width, then a random suffix. Two launches within one second
+    used to sort by that suffix, so "keep the last N" could keep an older one and drop the newest."""
+    global _last_launch_ns
+    now = _last_launch_ns = max(time.time_ns(), _last_launch_ns + 1)  # two made within a clock tick still sort
+    return (time.strftime("%Y%m%dT%H%M%S", time.gmtime(now // 1_000_000_000)) + f"{now % 1_000_000_000:09d}"
+            + "-" + os.urandom(4).hex())
 
 
 @contextmanager
@@ -154,6 +162,29 @@ def status(state: dict[str, Any]) -> str:
             return "running"
         return "exited"
     return "created" if group.is_running(supervisor) else "exited"
+
+
+def ended(state: dict[str, Any]) -> bool:
+    """Whether the launch is over, its log included: exited, and either its exit recorded (its supervisor lets the
+    log writer write the last lines first) or, its supervisor gone, its log writer done too."""
+    if status(state) != "exited":
+        return False
+    return isinstance(state.get("exit"), dict) or not group.is_running(state.get("logger"))
+
+
+def log_note(state: dict[str, Any]) -> str | None:
+    """What the log cannot say itself: that it stopped while the engine runs, because nothing reads the engine's
+    output any more (its log writer and its supervisor, which would have started another, were both killed)."""
+    logger = state.get("logger")
+    if not isinstance(logger, dict) or isinstance(state.get("exit"), dict):
+        return None
+    if group.is_running(logger) or group.is_running(state.get("supervisor")):
+        return None
+    engine = state.get("engine")
+    if not (group.is_running(engine) or group.members(engine)):
+        return None
+    return (f"metralectl: the log stops here: its writer (pid {logger.get('pid')}) and the launch's supervisor were "
+            "killed, so what the engine writes from now on is lost; the engine still runs, and stopping it still works")
 
 
 def info(state: dict[str, Any]) -> ContainerInfo:
