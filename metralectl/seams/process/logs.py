@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 from metralectl import paths
 from metralectl.ownedfs import Owned, OutsideOwned
+from metralectl import wording
 
 LOG_LIMIT = 64 << 20  # bytes per file before it is rotated (so at most about twice this per launch)
 KEEP_LAUNCHES = 5  # launches' logs kept per name
@@ -280,8 +281,9 @@ def _follow(reader: _Reader, tail_lines: int | str, alive: Callable[[], bool], s
             if buffer:
                 yield _decode(buffer).rstrip("\r")
                 buffer = b""
-            yield (f"metralectl: {reader.skipped} rotated piece(s) of this log were gone before they could be read "
-                   "(this reader fell behind the engine's output)")
+            gone = wording.count(reader.skipped, "rotated piece")
+            yield (f"metralectl: {gone} of this log {'was' if reader.skipped == 1 else 'were'} gone before it "
+                   "could be read (this reader fell behind the engine's output)")
             reader.skipped = 0
         buffer += fresh
         *complete, buffer = buffer.split(b"\n")
