@@ -10,7 +10,7 @@ facts are Docker's.
 
 Where Docker cannot be reached: the host processes alone, Docker's error kept for whatever needs Docker (a
 container's start, an image). Opening refuses with Docker's own error only when Docker is needed to know
-anything: no host process of ours was ever recorded here (`ps` on a box without Docker says what it said).
+anything: no engine ever ran here as a host process (`ps` on a box without Docker says what it always said).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from metralectl.seams.docker.images import ImageState
     from metralectl.seams.docker.protocol import ContainerRuntime
 
-PROCESS_IMAGE_PREFIX = "process:"  # core.render's; repeated so `ps` need not load the renderer
+PROCESS_IMAGE_PREFIX = "process:"  # core.render's and seams.process's; repeated so `ps` need not load them
 
 
 class LocalRuntime:
@@ -142,12 +142,11 @@ class LocalRuntime:
 
 
 def process_runtime() -> ContainerRuntime:
-    """The host-process runtime (seams/process), through open_runtime's dispatch on its endpoint."""
-    from metralectl.seams.docker.endpoints import Endpoint
-    from metralectl.seams.docker.runtime import open_runtime
-    from metralectl.seams.process import PROCESS_ENDPOINT_URL
+    """The host-process runtime (seams/process; what open_runtime gives for its endpoint, made here directly so a
+    test that hands out a fake Docker runtime through open_runtime does not get it twice)."""
+    from metralectl.seams.process.runtime import ProcessRuntime
 
-    return open_runtime(Endpoint(PROCESS_ENDPOINT_URL, "host processes"))
+    return ProcessRuntime()
 
 
 def open_local(*, need_docker: bool = True, timeout: float = 30.0,
@@ -170,7 +169,10 @@ def open_local(*, need_docker: bool = True, timeout: float = 30.0,
 
 
 def _recorded(procs: ContainerRuntime) -> bool:
+    """This machine runs engines as host processes (one runs, or one ran: the runtime's state directory exists)."""
+    from metralectl.seams.process.state import states_dir
+
     try:
-        return bool(procs.containers(managed_only=True, mine=False))
-    except MetralError:
+        return states_dir().is_dir("") or bool(procs.containers(managed_only=True, mine=False))
+    except (MetralError, OSError):
         return False

@@ -43,7 +43,7 @@ def test_no_nvml_is_not_a_failure() -> None:
     watch = NvmlMemoryWatch(_runtime(), probe_factory=lambda: NvmlProbe(
         nvml=fk.make_fake([], init_error=fk.LibraryNotFound)))
     watch.before(CONTAINER)
-    assert watch.after(CONTAINER).startswith("not checked (")
+    assert watch.after(CONTAINER).startswith("not checked: no GPU here (no NVIDIA driver")  # plainly: nothing passed
 
 
 def test_the_docker_runtime_reads_the_pids_from_docker_top() -> None:
@@ -55,3 +55,13 @@ def test_the_docker_runtime_reads_the_pids_from_docker_top() -> None:
     runtime = DockerRuntime.__new__(DockerRuntime)  # no daemon: only the answer of `docker top` is read
     runtime.api = Api()
     assert runtime.container_pids("c1") == {4242, 4243}
+
+
+def test_a_stop_whose_processes_were_not_known_is_not_a_pass() -> None:
+    """No PID noted before the stop (the runtime gave none): "none holds memory" would prove nothing."""
+    rt = FakeRuntime()
+    rt.seed(CONTAINER)  # no PIDs
+    device = fk.FakeDevice(compute_procs=[(4243, 2 * fk.GiB)])
+    watch = NvmlMemoryWatch(rt, wait_s=0.05, probe_factory=lambda: NvmlProbe(nvml=fk.make_fake([device])))
+    watch.before(CONTAINER)
+    assert watch.after(CONTAINER) == "not checked (its processes were not known before the stop)"
