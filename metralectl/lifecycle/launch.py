@@ -161,7 +161,7 @@ def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, optio
         # --replace already stopped what served: the user must hear that nothing serves now, and how to undo it
         raise LaunchInterrupted(
             f"interrupted while {recipe.name} was starting: nothing serves now ({', '.join(replaced)} was stopped "
-            f"by --replace, {recipe.name}'s container was removed)",
+            f"by --replace, {recipe.name}'s {'process' if spec.is_process else 'container'} was removed)",
             f"`metralectl run {replaced[0]}` serves it again") from None
 
 

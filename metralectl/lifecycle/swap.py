@@ -165,7 +165,7 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerR
         # what the box holds now, and leave the journal so the repair knows what to restore.
         raise SwapInterrupted(
             f"interrupted while {new.name} was starting: nothing serves now ({old.name} was stopped for the swap, "
-            f"{new.name}'s container was removed)",
+            f"{new.name}'s {'process' if spec.is_process else 'container'} was removed)",
             f"`metralectl ps --repair` serves {old.name} again (so does the next `run` or `swap`)") from None
     phases["boot"] = time.monotonic() - boot_from
     result = SwapResult(old.name, new.name, "swapped", time.monotonic() - down_from, phases,
