@@ -21,6 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from metralectl.safetext import clean
 from metralectl.seams.docker.errors import RuntimeCause, RuntimeFailure
 from metralectl.seams.process import group, logs, state
 from metralectl.seams.process.images import executable_problem, install_hint
@@ -83,19 +84,46 @@ def create_and_start(spec: ContainerSpec, labels: dict[str, str], log_limit: int
     supervisor: subprocess.Popen[bytes] | None = None
     try:
         supervisor = subprocess.Popen([sys.executable, "-m", "metralectl.seams.process.supervise"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      cwd=str(state.states_dir().root), start_new_session=True, close_fds=True)
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      cwd=str(state.states_dir().root), start_new_session=True, close_fds=True,
+                                      env=_supervisor_environment())
         answer = _converse(supervisor, _request(spec, name, launch, log, log_limit))
     except BaseException:
         _abort(supervisor, name, launch)
         raise
     if not answer.startswith("started"):
+        said = _last_words(supervisor)
         _abort(supervisor, name, launch)
-        why = answer[len("failed: "):] if answer.startswith("failed: ") else (answer or "the supervisor said nothing")
+        why = answer[len("failed: "):] if answer.startswith("failed: ") else (
+            answer or "the supervisor ended without an answer" + (f": {said}" if said else ""))
         raise RuntimeFailure(RuntimeCause.REFUSED, f"starting {name} failed: {why}",
                              f"its log: {logs.logs_dir().path(log)}")
     # The supervisor lives on, detached; reap it when it ends, so a long-lived caller (the agent) keeps no zombie.
+    if supervisor.stderr is not None:
+        supervisor.stderr.close()
     threading.Thread(target=supervisor.wait, name=f"reap-{name}", daemon=True).start()
+
+
+def _supervisor_environment() -> dict[str, str]:
+    """The caller's environment, with this very metralectl first on the import path: the supervisor must import
+    the code that started it, whatever PYTHONPATH the caller has."""
+    import metralectl
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(metralectl.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def _last_words(supervisor: subprocess.Popen[bytes]) -> str:
+    """What a supervisor that failed wrote on stderr (its last line), once it has ended (briefly waited for)."""
+    try:
+        supervisor.wait(2.0)
+    except subprocess.TimeoutExpired:
+        return ""
+    raw = supervisor.stderr.read(1 << 16) if supervisor.stderr is not None else b""
+    lines = [line for line in raw.decode("utf-8", "replace").splitlines() if line.strip()]
+    return clean(lines[-1], 300) if lines else ""
 
 
 def _converse(supervisor: subprocess.Popen[bytes], request: dict[str, Any]) -> str:
@@ -153,6 +181,6 @@ def _undo(supervisor: subprocess.Popen[bytes] | None, name: str, launch: str, de
     with state.locked() as owned:
         state.delete(name, launch, owned)
     if supervisor is not None:
-        for pipe in (supervisor.stdin, supervisor.stdout):
+        for pipe in (supervisor.stdin, supervisor.stdout, supervisor.stderr):
             if pipe is not None and not pipe.closed:
                 pipe.close()

@@ -165,8 +165,8 @@ class ProcessRuntime:
             state.delete(str(found["name"]), str(found["launch"]), owned)
 
     def wait_exit(self, name_or_id: str, timeout_s: float) -> int | None:
-        """The exit code once the engine has stopped (None if it still runs after timeout_s). An exit nobody
-        recorded (its supervisor was killed) reads as 128 + SIGKILL: ended, how is unknown."""
+        """The exit code once the engine has stopped (None if it still runs after timeout_s); -1 when it ended but
+        nobody recorded how (its supervisor was killed): ended, the code unknown (ContainerInfo.exit_code None)."""
         found = state.find(name_or_id)
         if found is None:
             return 0
@@ -184,7 +184,7 @@ class ProcessRuntime:
                 return None
             time.sleep(0.05)
         code = (now.get("exit") or {}).get("code")
-        return code if isinstance(code, int) else 128 + signal.SIGKILL
+        return code if isinstance(code, int) else -1
 
     def container_pids(self, name_or_id: str) -> set[int]:
         """The engine's group: its running processes (empty when nothing of it runs)."""

@@ -31,7 +31,7 @@ from metralectl.seams.process import group
 
 SCHEMA = 1
 STATE_LIMIT = 1 << 20  # a state holds an argv and labels; far more is not ours
-# What an engine gets from the caller's environment besides what its spec states (docs/processes.md).
+# What an engine gets from the caller's environment besides what its spec states (docs/security.md).
 ENV_ALLOWED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR")
 ENV_ALLOWED_PREFIXES = ("LC_",)
 # Docker's rule for a container's name; here it is also a file name.
@@ -87,7 +87,7 @@ def read(name: str, store: Owned | None = None) -> dict[str, Any] | None:
     owned = store or states_dir()
     if not valid_name(name):
         return None
-    st = owned.lstat(_file(name)) if owned.is_dir("") else None
+    st = owned.lstat(_file(name)) if os.path.isdir(owned.root) else None
     if st is None or st.st_uid != os.geteuid():
         return None
     try:
@@ -127,7 +127,7 @@ def update(name: str, launch: str, changes: dict[str, Any], store: Owned | None 
 
 def names(store: Owned | None = None) -> list[str]:
     owned = store or states_dir()
-    if not owned.is_dir(""):
+    if not os.path.isdir(owned.root):
         return []
     return [entry[:-5] for entry in owned.listdir() if entry.endswith(".json") and valid_name(entry[:-5])]
 
@@ -159,20 +159,20 @@ def status(state: dict[str, Any]) -> str:
 def info(state: dict[str, Any]) -> ContainerInfo:
     """What a state says now, as a container's inspect would."""
     now = status(state)
-    ended = _typed(state.get("exit"), dict, {})
+    ended = _mapping(state.get("exit"))
     code = ended.get("code") if now == "exited" else None
-    argv = _typed(state.get("argv"), list, [])
-    labels = _typed(state.get("labels"), dict, {})
+    argv = state.get("argv") if isinstance(state.get("argv"), list) else []
+    labels = _mapping(state.get("labels"))
     return ContainerInfo(
         id=engine_id(state), name=str(state.get("name", "")), image=str(state.get("image", "")), status=now,
         exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
         oom_killed=bool(ended.get("oom_killed")), started_at=_text(state.get("started_at")),
         finished_at=_text(ended.get("finished_at")), labels={str(k): str(v) for k, v in labels.items()},
-        command=tuple(str(a) for a in argv))
+        command=tuple(str(a) for a in argv or ()))
 
 
-def _typed(value: Any, kind: type, default: Any) -> Any:
-    return value if isinstance(value, kind) else default
+def _mapping(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _text(value: object) -> str | None:

@@ -172,24 +172,27 @@ class Supervisor:
 
 # -- the kernel's OOM killer --------------------------------------------------------------------------------
 def oom_counters() -> dict[str, int]:
-    """The OOM-kill counts the kernel keeps: machine-wide (/proc/vmstat) and this cgroup's (memory.events)."""
+    """The OOM-kill counts the kernel keeps: machine-wide (/proc/vmstat) and this process's memory cgroup's (cgroup
+    v2 memory.events, v1 memory.oom_control), which the engine shares."""
     out: dict[str, int] = {}
     try:
-        for line in Path("/proc/vmstat").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                out["vmstat"] = int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    try:
-        cgroup = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                       if line.startswith("0::")), None)
-        if cgroup is not None:
-            events = Path("/sys/fs/cgroup") / cgroup.lstrip("/") / "memory.events"
-            for line in events.read_text().splitlines():
-                if line.startswith("oom_kill "):
-                    out["cgroup"] = int(line.split()[1])
-    except (OSError, ValueError):
-        pass
+        memberships = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        memberships = []
+    places = [("vmstat", Path("/proc/vmstat"))]
+    for line in memberships:
+        number, controllers, where = (line.split(":", 2) + ["", ""])[:3]
+        if number == "0" and controllers == "":
+            places.append(("cgroup", Path("/sys/fs/cgroup") / where.lstrip("/") / "memory.events"))
+        elif "memory" in controllers.split(","):
+            places.append(("cgroup-v1", Path("/sys/fs/cgroup/memory") / where.lstrip("/") / "memory.oom_control"))
+    for key, path in places:
+        try:
+            for entry in path.read_text().splitlines():
+                if entry.startswith("oom_kill "):
+                    out[key] = int(entry.split()[1])
+        except (OSError, ValueError):
+            continue
     return out
 
 
