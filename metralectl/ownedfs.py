@@ -149,14 +149,7 @@ class Owned:
             return None
 
     def is_dir(self, rel: str | PurePosixPath | Path) -> bool:
-        """A directory under the root (the root itself for ""); False when it or the root is missing."""
-        if self.parts(rel):
-            st = self.lstat(rel)
-        else:
-            try:
-                st = os.stat(self.root)
-            except (FileNotFoundError, NotADirectoryError):
-                return False
+        st = self.lstat(rel) if self.parts(rel) else os.stat(self.root)
         return st is not None and stat.S_ISDIR(st.st_mode)
 
     def listdir(self, rel: str | PurePosixPath | Path = "") -> list[str]:

@@ -35,12 +35,25 @@ class LocalRuntime:
     """Implements seams.docker.protocol.ContainerRuntime over Docker (None: unreachable, `docker_error` says why)
     and the host-process runtime. Closes both."""
 
-    def __init__(self, docker: ContainerRuntime | None, processes: ContainerRuntime,
-                 docker_error: MetralError | None = None) -> None:
+    def __init__(self, docker: ContainerRuntime | None, processes: ContainerRuntime | None,
+                 docker_error: MetralError | None = None, *,
+                 process_factory: Callable[[], ContainerRuntime] | None = None) -> None:
         self.docker = docker
-        self.processes = processes
+        self._processes = processes
+        self._process_factory = process_factory
         self.docker_error = docker_error
-        self.endpoint = docker.endpoint if docker is not None else processes.endpoint
+        self.endpoint = docker.endpoint if docker is not None else self.processes.endpoint
+
+    @property
+    def processes(self) -> ContainerRuntime:
+        """The host-process runtime, made on first use (`ps` where no engine ever ran as a process loads none)."""
+        if self._processes is None:
+            self._processes = (self._process_factory or process_runtime)()
+        return self._processes
+
+    def _any_process(self) -> bool:
+        """Whether a host process may be asked about: one was handed in, or one ever ran here."""
+        return self._processes is not None or has_process_states()
 
     def _need_docker(self) -> ContainerRuntime:
         if self.docker is None:
@@ -49,7 +62,7 @@ class LocalRuntime:
 
     def _holder(self, name_or_id: str) -> ContainerRuntime:
         """The runtime that holds this engine: ours as a host process when its state says so, else Docker."""
-        if self.processes.inspect(name_or_id) is not None:
+        if self._any_process() and self.processes.inspect(name_or_id) is not None:
             return self.processes
         return self._need_docker()
 
@@ -79,10 +92,12 @@ class LocalRuntime:
                    mine: bool = True) -> list[ContainerInfo]:
         found = self.docker.containers(managed_only=managed_only, all_states=all_states, mine=mine) \
             if self.docker is not None else []
+        if not self._any_process():
+            return found
         return found + self.processes.containers(managed_only=managed_only, all_states=all_states, mine=mine)
 
     def inspect(self, name_or_id: str) -> ContainerInfo | None:
-        found = self.processes.inspect(name_or_id)
+        found = self.processes.inspect(name_or_id) if self._any_process() else None
         if found is not None or self.docker is None:
             return found
         return self.docker.inspect(name_or_id)
@@ -93,7 +108,7 @@ class LocalRuntime:
 
     def remove_if_labelled(self, name: str, labels: dict[str, str]) -> bool:
         """A start interrupted before its id was known: it may be either (the labels name the run)."""
-        removed = self.processes.remove_if_labelled(name, labels)
+        removed = self.processes.remove_if_labelled(name, labels) if self._any_process() else False
         if self.docker is not None:
             removed = self.docker.remove_if_labelled(name, labels) or removed
         return removed
@@ -131,7 +146,8 @@ class LocalRuntime:
             if self.docker is not None:
                 self.docker.close()
         finally:
-            self.processes.close()
+            if self._processes is not None:
+                self._processes.close()
 
     def __enter__(self) -> LocalRuntime:
         return self
@@ -157,22 +173,31 @@ def open_local(*, need_docker: bool = True, timeout: float = 30.0,
     a host process passes need_docker=False: it needs no Docker."""
     from metralectl.seams.docker.runtime import open_runtime
 
-    procs = (processes or process_runtime)()
+    procs = processes() if processes is not None else None
     try:
         daemon = docker() if docker is not None else open_runtime(timeout=timeout)
     except BaseException as exc:
         if not isinstance(exc, MetralError) or (need_docker and not _recorded(procs)):
-            procs.close()
+            if procs is not None:
+                procs.close()
             raise
         return LocalRuntime(None, procs, exc)
     return LocalRuntime(daemon, procs)
 
 
-def _recorded(procs: ContainerRuntime) -> bool:
-    """This machine runs engines as host processes (one runs, or one ran: the runtime's state directory exists)."""
-    from metralectl.seams.process.state import states_dir
+def has_process_states() -> bool:
+    """Whether an engine ever ran here as a host process: the process runtime's state directory exists
+    (seams/process/state.states_dir, where it is checked to be; read here without loading that runtime)."""
+    import os
 
+    from metralectl import paths
+
+    return os.path.isdir(paths.metrale_home() / "state" / "processes")
+
+
+def _recorded(procs: ContainerRuntime | None) -> bool:
+    """This machine runs engines as host processes (one runs, or one ran)."""
     try:
-        return states_dir().is_dir("") or bool(procs.containers(managed_only=True, mine=False))
+        return has_process_states() or (procs is not None and bool(procs.containers(managed_only=True, mine=False)))
     except (MetralError, OSError):
         return False

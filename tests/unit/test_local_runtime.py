@@ -4,6 +4,8 @@ they use for containers."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from metralectl.app.serving import Change, Serving
@@ -94,3 +96,58 @@ def test_a_host_process_is_one_model_of_the_box() -> None:
     stopped = serving.stop(Change.stop(), lambda e: None)
     assert [r.recipe for r in stopped.containers] == [LLAMA]
     assert not [c for c in procs.all() if c.running]
+
+
+def test_where_no_engine_ever_ran_as_a_process_the_process_runtime_is_not_loaded(isolated_env: Path) -> None:
+    """`ps` pays nothing for host processes until one ran here; the directory it looks for is the runtime's own."""
+    from metralectl.lifecycle.local_runtime import has_process_states
+    from metralectl.seams.process.state import states_dir
+
+    assert Path(states_dir().root) == isolated_env / "metrale" / "state" / "processes"
+    assert not has_process_states()
+    docker = FakeRuntime()
+    local = open_local(docker=lambda: docker)
+    assert local.containers() == [] and local._processes is None
+    local.close()
+    assert docker.closed == 1
+    (isolated_env / "metrale" / "state" / "processes").mkdir(parents=True)
+    assert has_process_states() and open_local(docker=lambda: docker).processes is not None
+
+
+def test_a_swap_crosses_from_a_container_to_a_host_process_and_rolls_back_to_the_container(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The swap's code is the runtime's contract: the old container stops through Docker, the new host process
+    starts through the process runtime on the served address; one that fails gives way to the container again."""
+    from metralectl.lifecycle.launch import LaunchOptions, launch
+    from metralectl.lifecycle.swap import SwapRolledBack, swap
+    from metralectl.seams import machine
+    from tests.fakes.lifecycle import gb10_runtime, on_port
+    from tests.fakes.runtime import PREFIX, Boot, Exit, Listen, Log, engine_boot
+    from tests.ports import own_port
+
+    monkeypatch.setattr(machine, "cpu_arch", lambda: "aarch64")  # the gb10 image is linux/arm64
+    cat, port, program = catalog(), own_port(), tmp_path / "bin" / "met"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", str(program.parent))  # found where `run` finds it: the fake runtime starts nothing
+    docker = gb10_runtime()
+    procs = FakeRuntime(endpoint=PROCESS, images=[image(f"process:{program}")])
+    docker.script("metralectl-qwen3.5-27b", engine_boot("old/model"))
+    procs.script("metralectl-qwen3.5-35b-a3b", engine_boot("new/model"),
+                 Boot((Log(PREFIX + "Metrale Engine starting..."), Listen(), Log("Error: no weights", after_s=0.05),
+                       Exit(1))))
+    local = LocalRuntime(docker, procs)
+    old, sets = on_port(cat, "qwen3.5-27b", port)
+    options = LaunchOptions(check_weights=False, pull=False)
+    launch(old, cat, local, options=LaunchOptions(check_weights=False, pull=False, sets=tuple(sets)))
+    new = apply_sets(cat, cat.recipe("qwen3.5-35b-a3b"), ["runtime=process"])
+    result = swap(new, ["runtime=process"], cat, local, options=options)
+    assert result.outcome == "swapped" and result.url == f"http://127.0.0.1:{port}" and result.model == "new/model"
+    assert [c.name for c in docker.all() if c.running] == [] and procs.created[0].image == f"process:{program}"
+    back = swap(old, sets, cat, local, options=options)  # and back into a container
+    assert back.outcome == "swapped" and [c.name for c in procs.all() if c.running] == []
+    with pytest.raises(SwapRolledBack, match="the previous recipe qwen3.5-27b serves again"):
+        swap(new, ["runtime=process"], cat, local, options=options)  # this start fails: the container again
+    assert [c.name for c in docker.all() if c.running] == ["metralectl-qwen3.5-27b"]
+    assert [c.name for c in procs.all() if c.running] == []
