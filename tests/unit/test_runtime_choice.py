@@ -97,3 +97,11 @@ def test_show_of_a_host_process_recipe(tmp_path: Path, isolated_env: Path) -> No
     shown = json.loads(found.stdout)
     assert shown["runtime"] == "process" and shown["commands"][0].startswith("env -i")
     assert shown["container_specs"][0]["command"][0] == str(program)
+
+
+def test_pull_of_a_host_process_recipe_asks_docker_for_no_image(tmp_path: Path) -> None:
+    out = _cli("pull", "demo-cpu", "--set", "runtime=process", "--image-only", "--json",
+               env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
+    assert out.returncode == 0, out.stderr
+    assert "demo-cpu: runs as a host process (runtime: process): no image to pull" in out.stderr
+    assert json.loads(out.stdout) == {"recipes": [{"recipe": "demo-cpu", "image": None, "weights": None}]}
