@@ -239,7 +239,7 @@ class Serving:
             with deployment.Runtimes(runtime) as runtimes:  # closes the other nodes' runtimes, not this one
                 for dep in deployments:
                     for r in stop_deployment(dep, runtimes, timeout_s=change.stop_timeout_s, on_event=on_event,
-                                             memory_for=lambda rt: self._memory(rt) if rt.endpoint.url == local_url
+                                             memory_for=lambda rt: self._memory(rt) if _here(rt, local_url)
                                              else RemoteMemory()):
                         ranks.append(RankStopped(dep.recipe, r.rank, r.role, r.endpoint, r.container, r.result,
                                                  r.error))
@@ -292,6 +292,11 @@ class Serving:
                 yield from runtime.follow_logs(container, tail=tail, stop=stop)
             else:
                 yield from runtime.log_tail(container, tail)
+
+
+def _here(runtime: ContainerRuntime, local_url: str) -> bool:
+    """This machine's runtime (its GPU memory is checked after a stop): the local one, or its host processes."""
+    return runtime.endpoint.url in (local_url, "process://local")
 
 
 def _why_nothing(runtime: ContainerRuntime, change: Change) -> str:

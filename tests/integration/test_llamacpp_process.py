@@ -295,6 +295,12 @@ def test_llama_server_as_a_host_process_through_the_whole_lifecycle(box: ProcBox
     assert record["target"]["recipe"] == first and record["target"]["url"] == url, record["target"]
     assert lines and all(r["ok"] for r in lines), [(r["error_kind"], r["error"]) for r in lines if not r["ok"]]
 
+    # top finds it by itself too, and reads llama.cpp's own series
+    top = box.json("top", "--once", "--json", "--interval", "0.5", timeout=60)
+    [watched] = [e for e in top["engines"] if e["url"] == url]
+    assert (watched["engine"], watched["state"], watched["recipe"]) == ("llama-cpp", "ok", first), watched
+    assert watched["totals"]["generation_tokens"] >= sum(r["output_tokens"] for r in lines if r["ok"]), watched
+
     # swap to a second model and back: the same address, each a host process
     to_second = box.json("swap", second, "--json", timeout=300)
     assert to_second["outcome"] == "swapped" and to_second["model"] == "tiny-second", to_second
