@@ -3,11 +3,12 @@
 The CLI builds a `Change` from its flags, the dashboard from the chosen action, the agent from a page's or
 a peer's POST body (app/serving_change.py: frozen, checked); each hands it, with an event listener, to a
 `Serving`, which does the whole sequence in the caller's process: catalog and --set overrides, the
-machine's lifecycle lock, this machine's runtime (its Docker containers and its host processes, closed on every
-path), the repair of an interrupted swap, then the lifecycle's launch / swap / stop. The lock is the one mutual
-exclusion between them: a CLI command, the dashboard, an agent's job and a peer's benchmark unit never change
-the box at once, and whoever comes second is told who holds it (store.busy_because). Cancelling is the caller's: Ctrl-C in the
-CLI, a cancel token bound to the thread elsewhere (metralectl/cancel.py).
+machine's lifecycle lock, this machine's runtime (its Docker containers and its host processes, closed on
+every path), the repair of an interrupted swap, then the lifecycle's launch / swap / stop. The lock is the
+one mutual exclusion between them: a CLI command, the dashboard, an agent's job and a peer's benchmark unit
+never change the box at once, and whoever comes second is told who holds it (store.busy_because).
+Cancelling is the caller's: Ctrl-C in the CLI, a cancel token bound to the thread elsewhere
+(metralectl/cancel.py).
 
 Events are the lifecycle's (lifecycle/events.py); results are the lifecycle's values (`Launched`,
 `LaunchedMulti`, `SwapResult`) and `Stopped`, what a stop did.

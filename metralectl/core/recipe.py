@@ -9,6 +9,7 @@ from typing import Any
 # machine's host (the engine file's `process:` section says how; docs/serving.md, "Running engines without Docker").
 RUNTIMES = ("docker", "process")
 
+
 @dataclass(frozen=True)
 class CheckpointRef:
     repo: str

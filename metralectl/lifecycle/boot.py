@@ -143,7 +143,8 @@ def diagnose_exit(exit_code: int | None, oom_killed: bool, log: BootLog) -> Diag
     if oom_killed or exit_code == 137:
         if log.failure is not None and log.failure.cause != "out-of-memory":
             return log.failure
-        return Diagnosis("out-of-memory", f"the engine was killed (exit {exit_code}{', OOM-killed' if oom_killed else ''})",
+        return Diagnosis("out-of-memory",
+                         f"the engine was killed (exit {exit_code}{', OOM-killed' if oom_killed else ''})",
                          REMEDIES["out-of-memory"])
     if log.failure is not None:
         return log.failure

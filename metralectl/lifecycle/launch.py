@@ -57,7 +57,7 @@ class Launched:
     log_path: str = ""
     ready_at: float = 0.0  # wall-clock time (epoch s) the first /health 200 arrived
     already_serving: bool = False  # this very recipe, with these settings, was served already: nothing started
-    runtime: str = "docker"  # docker (a container) | process (a host process; `container` is its name, the id its pid's)
+    runtime: str = "docker"  # docker (a container) | process (a host process: `container` is its name)
 
 
 def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: LaunchOptions, on_event: Listener) -> None:

@@ -1,8 +1,9 @@
 """After a stop: did the GPU memory come back? (Leaked GPU state is the usual cause of a failed next start.)
 
 NVML reports host PIDs, so we note the container's PIDs (a host process: its process group's) before stopping
-it and wait, after, until none of them holds GPU memory. No NVML is said plainly ("no GPU here"), never a pass. On GB10 (unified memory, no NVML device memory) the per-process
-figures are what there is, which is why we watch processes rather than a device total.
+it and wait, after, until none of them holds GPU memory. No NVML is said plainly ("no GPU here"), never a
+pass. On GB10 (unified memory, no NVML device memory) the per-process figures are what there is, which is
+why we watch processes rather than a device total.
 """
 
 from __future__ import annotations

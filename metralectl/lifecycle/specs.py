@@ -27,7 +27,8 @@ def program_of(catalog: Catalog, recipe: Recipe) -> Program:
     contract = catalog.engines[recipe.engine]
     if contract.process is None:  # the checker refuses this; a catalog built before the engine file changed
         raise MetralError(f"{recipe.name}: the {contract.display_name} engine file does not say how to start it as "
-                          "a host process", f"add a `process:` section to engine/{contract.name}.yaml (docs/engines.md)")
+                          "a host process",
+                          f"add a `process:` section to engine/{contract.name}.yaml (docs/engines.md)")
     return locate(contract.name, contract.process, tuple(catalog.engines))
 
 

@@ -121,8 +121,8 @@ def _change_plan(action: Action, recipe: Recipe, catalog: Catalog, spec: Any, fa
     image_line = _image_line(facts, docker_note)
     kind, what = ("program", "host process") if spec.is_process else ("image", "container")
     if action == "run":
-        steps = (f"check {kind} {spec.command[0] if spec.is_process else info.ref} ({image_line}), weights ({weights}), "
-                 f"port {spec.bind}:{spec.port}",
+        checked = spec.command[0] if spec.is_process else info.ref
+        steps = (f"check {kind} {checked} ({image_line}), weights ({weights}), port {spec.bind}:{spec.port}",
                  f"start {what} {spec.name}",
                  "follow the engine log for its boot phases (kernel target, weights, KV cache)",
                  (f"ready = GET /health on {spec.bind}:{spec.port} answers 200, polled from the start "
