@@ -65,3 +65,35 @@ def test_a_stop_whose_processes_were_not_known_is_not_a_pass() -> None:
     watch = NvmlMemoryWatch(rt, wait_s=0.05, probe_factory=lambda: NvmlProbe(nvml=fk.make_fake([device])))
     watch.before(CONTAINER)
     assert watch.after(CONTAINER) == "not checked (its processes were not known before the stop)"
+
+
+def test_a_host_process_s_gpu_memory_is_watched_by_its_engine_s_pids() -> None:
+    """A real host process (the process runtime, its supervisor, a stand-in engine): its pids are what the watch
+    notes before the stop, and NVML listing them while they live is "still held", gone after the stop "returned"."""
+    import os
+    import shutil
+
+    from metralectl.core.render import ContainerSpec
+    from metralectl.lifecycle.local_runtime import LocalRuntime
+    from metralectl.seams.process.runtime import ProcessRuntime
+
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    spec = ContainerSpec("metralectl-gpu-watch", f"process:{sleep}", (sleep, "120"),
+                         labels={"ai.metrale.metralectl.managed": "true"})
+    local = LocalRuntime(None, ProcessRuntime())
+    info = local.create_and_start(spec)
+    try:
+        pids = local.container_pids(info.id)
+        assert pids and all(os.path.exists(f"/proc/{pid}") for pid in pids)
+        alive = lambda: [(pid, fk.GiB) for pid in pids if os.path.exists(f"/proc/{pid}")]  # noqa: E731
+        probe = lambda: NvmlProbe(nvml=fk.make_fake([fk.FakeDevice(compute_procs=alive)]))  # noqa: E731
+        held = NvmlMemoryWatch(local, wait_s=0.05, poll_s=0.01, probe_factory=probe)
+        held.before(info)
+        assert held.after(info).startswith(f"still held: 1.1 GB by PIDs {sorted(pids)}")  # not stopped yet
+        watch = NvmlMemoryWatch(local, wait_s=10, poll_s=0.05, probe_factory=probe)
+        watch.before(info)
+        local.stop(info.id, timeout_s=5)
+        assert watch.after(info) == "returned"
+    finally:
+        local.remove(info.id, force=True)
