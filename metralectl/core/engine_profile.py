@@ -51,11 +51,11 @@ RULES = ("kernel-targets", "mtp-quant", "env-levers")
 # The canonical engine metrics the dashboard, `top`, swap's drain and bench read (telemetry/engine_metrics.py);
 # each engine maps them to its own series, first name present wins (renames across versions).
 COUNTER_METRICS = ("requests-total", "prompt-tokens-total", "generation-tokens-total", "decoded-tokens-total",
-                   "prefix-cache-hits-total", "prefix-cache-misses-total", "tool-calls-total",
-                   "spec-draft-tokens-total", "spec-accepted-tokens-total")
+                   "prefix-cache-hits-total", "prefix-cache-misses-total", "prefix-cache-queries-total",
+                   "tool-calls-total", "spec-draft-tokens-total", "spec-accepted-tokens-total")
 GAUGE_METRICS = ("requests-active", "requests-waiting", "prefix-cache-hit-rate", "kv-cache-usage",
                  "stream-tokens-per-s")
-HISTOGRAM_METRICS = ("ttft-seconds",)
+HISTOGRAM_METRICS = ("ttft-seconds", "itl-seconds")  # time to first token; between tokens of one stream
 LABELLED_METRICS = ("spec-verify-total",)  # {k, outcome} counts
 CANONICAL_METRICS = COUNTER_METRICS + GAUGE_METRICS + HISTOGRAM_METRICS + LABELLED_METRICS
 
