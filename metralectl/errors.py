@@ -76,7 +76,9 @@ EXIT_MEANINGS: dict[ExitCode, tuple[str, str]] = {
                     "fails the checker; a shipped recipe, "
                     "engine contract or kernels file is broken (a bug in this release)"),
     ExitCode.UNAVAILABLE: ("a service it needs cannot be reached (sysexits EX_UNAVAILABLE)",
-                           "the Docker daemon is not running, not reachable or refuses this user; the "
+                           "the Docker daemon is not running, not reachable or refuses this user; an "
+                           "engine run as a host process has no program here (not on PATH, nor where "
+                           "engines.yaml says); the "
                            "agent or a peer does not answer; the Hugging Face Hub (or HF_ENDPOINT) cannot "
                            "be reached by `pull`, or by `run`/`swap` staging weights; nothing answers at "
                            "the engine endpoint `chat` or `bench` were pointed at"),

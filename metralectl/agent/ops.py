@@ -120,9 +120,9 @@ class LifecycleOps:
         return answer if answer is not None else {"can_run": None, "summary": "checking…", "problems": [], "checks": []}
 
     def _runtime(self, timeout: float = 10.0) -> ContainerRuntime:
-        from metralectl.seams.docker.runtime import open_runtime
+        from metralectl.lifecycle.local_runtime import open_local  # containers and host processes
 
-        return open_runtime(timeout=timeout)
+        return open_local(timeout=timeout)
 
     def serving(self) -> dict[str, Any]:
         from metralectl.lifecycle import status

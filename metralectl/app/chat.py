@@ -84,10 +84,11 @@ def resolve(recipe: str | None, url: str | None) -> ChatTarget:
 
 
 def served_endpoints() -> list[tuple[str, str]]:
-    """(recipe, endpoint URL) of every running metralectl container that publishes an endpoint."""
+    """(recipe, endpoint URL) of every running metralectl engine (a container or a host process) that publishes an
+    endpoint."""
     from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE
-    from metralectl.seams.docker.runtime import open_runtime
-    with open_runtime(timeout=10.0) as runtime:
+    from metralectl.lifecycle.local_runtime import open_local
+    with open_local(timeout=10.0) as runtime:  # containers and host processes
         containers = runtime.containers(mine=False)
     return [(c.labels.get(LABEL_RECIPE, "?"), c.labels[LABEL_ENDPOINT].rstrip("/")) for c in containers
             if c.running and c.labels.get(LABEL_ENDPOINT)]

@@ -3,11 +3,12 @@
 The CLI builds a `Change` from its flags, the dashboard from the chosen action, the agent from a page's or
 a peer's POST body (app/serving_change.py: frozen, checked); each hands it, with an event listener, to a
 `Serving`, which does the whole sequence in the caller's process: catalog and --set overrides, the
-machine's lifecycle lock, a container runtime (closed on every path), the repair of an interrupted swap,
-then the lifecycle's launch / swap / stop. The lock is the one mutual exclusion between them: a CLI
-command, the dashboard, an agent's job and a peer's benchmark unit never change the box at once, and
-whoever comes second is told who holds it (store.busy_because). Cancelling is the caller's: Ctrl-C in the
-CLI, a cancel token bound to the thread elsewhere (metralectl/cancel.py).
+machine's lifecycle lock, this machine's runtime (its Docker containers and its host processes, closed on
+every path), the repair of an interrupted swap, then the lifecycle's launch / swap / stop. The lock is the
+one mutual exclusion between them: a CLI command, the dashboard, an agent's job and a peer's benchmark unit
+never change the box at once, and whoever comes second is told who holds it (store.busy_because).
+Cancelling is the caller's: Ctrl-C in the CLI, a cancel token bound to the thread elsewhere
+(metralectl/cancel.py).
 
 Events are the lifecycle's (lifecycle/events.py); results are the lifecycle's values (`Launched`,
 `LaunchedMulti`, `SwapResult`) and `Stopped`, what a stop did.
@@ -102,10 +103,11 @@ def result_json(result: ChangeResult) -> dict[str, Any]:
     return result.to_json() if isinstance(result, Stopped) else asdict(result)
 
 
-def docker_runtime() -> ContainerRuntime:
-    from metralectl.seams.docker.runtime import open_runtime
+def docker_runtime(need_docker: bool = True) -> ContainerRuntime:
+    """This machine's runtime: its Docker daemon's containers and its host processes (lifecycle/local_runtime.py)."""
+    from metralectl.lifecycle.local_runtime import open_local
 
-    return open_runtime()
+    return open_local(need_docker=need_docker)
 
 
 def node_runtime(spec: str, role: str) -> ContainerRuntime:
@@ -147,8 +149,11 @@ class Serving:
     def catalog(self) -> Catalog:
         return (self._catalog_loader or _load_catalog)()
 
-    def runtime(self) -> ContainerRuntime:
-        return (self._runtime_factory or docker_runtime)()
+    def runtime(self, *, need_docker: bool = True) -> ContainerRuntime:
+        """The runtime a change acts through (`need_docker` False: a host process's launch, which needs none)."""
+        if self._runtime_factory is not None:
+            return self._runtime_factory()
+        return docker_runtime(need_docker)
 
     def _memory(self, runtime: ContainerRuntime) -> MemoryWatch:
         return (self._memory_factory or memory_watch)(runtime)
@@ -183,7 +188,7 @@ class Serving:
         recipe = self.resolve(change, catalog)
         if change.multi is not None:
             return self._run_multi(change, change.multi, recipe, catalog, on_event)
-        with self._locked(f"run {recipe.name}"), self.runtime() as runtime:
+        with self._locked(f"run {recipe.name}"), self.runtime(need_docker=recipe.runtime != "process") as runtime:
             repair_if_needed(runtime, catalog, on_event=on_event)
             return launch(recipe, catalog, runtime, options=change.options, on_event=on_event)
 
@@ -235,7 +240,7 @@ class Serving:
             with deployment.Runtimes(runtime) as runtimes:  # closes the other nodes' runtimes, not this one
                 for dep in deployments:
                     for r in stop_deployment(dep, runtimes, timeout_s=change.stop_timeout_s, on_event=on_event,
-                                             memory_for=lambda rt: self._memory(rt) if rt.endpoint.url == local_url
+                                             memory_for=lambda rt: self._memory(rt) if _here(rt, local_url)
                                              else RemoteMemory()):
                         ranks.append(RankStopped(dep.recipe, r.rank, r.role, r.endpoint, r.container, r.result,
                                                  r.error))
@@ -288,6 +293,11 @@ class Serving:
                 yield from runtime.follow_logs(container, tail=tail, stop=stop)
             else:
                 yield from runtime.log_tail(container, tail)
+
+
+def _here(runtime: ContainerRuntime, local_url: str) -> bool:
+    """This machine's runtime (its GPU memory is checked after a stop): the local one, or its host processes."""
+    return runtime.endpoint.url in (local_url, "process://local")
 
 
 def _why_nothing(runtime: ContainerRuntime, change: Change) -> str:

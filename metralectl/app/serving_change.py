@@ -19,7 +19,8 @@ from metralectl.wording import noun
 KINDS = ("run", "swap", "stop")
 SWAP_OPTIONS = ("stall_timeout_s", "boot_timeout_s", "check_weights", "pull")
 RUN_OPTIONS = ("replace", "keep_failed", *SWAP_OPTIONS)
-BODY_KEYS = {"run": ("recipe", "sets", "options"), "swap": ("recipe", "sets", "drain_timeout_s", "options"),
+BODY_KEYS = {"run": ("recipe", "sets", "options", "runtime"),
+             "swap": ("recipe", "sets", "drain_timeout_s", "options", "runtime"),
              "stop": ("recipe", "all", "timeout_s")}
 DEFAULTS = LaunchOptions()
 
@@ -48,10 +49,13 @@ class Change:
     all_: bool = False  # stop: every metralectl container (and every multi-rank deployment)
     stop_timeout_s: float = 30.0  # stop: SIGTERM → SIGKILL
     multi: MultiRank | None = None  # run: a multi-rank recipe's nodes
+    runtime: str | None = None  # run/swap: `--runtime docker|process`, the recipe's `runtime:` overridden (a --set)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise UsageError(f"a change is one of {', '.join(KINDS)}, not {self.kind!r}")
+        if self.runtime is not None:
+            object.__setattr__(self, "sets", with_runtime(self.kind, self.runtime, tuple(self.sets)))
         if self.kind != "stop" and not self.recipe:
             raise UsageError(f"which recipe? a {self.kind} needs one")
         if not all(isinstance(s, str) for s in self.sets):
@@ -74,13 +78,13 @@ class Change:
     # -- convenience constructors for the front ends ------------------------------------------------
     @classmethod
     def run(cls, recipe: str, sets: tuple[str, ...] | list[str] = (), options: LaunchOptions = DEFAULTS,
-            multi: MultiRank | None = None) -> Change:
-        return cls("run", recipe, tuple(sets), options, multi=multi)
+            multi: MultiRank | None = None, runtime: str | None = None) -> Change:
+        return cls("run", recipe, tuple(sets), options, multi=multi, runtime=runtime)
 
     @classmethod
     def swap(cls, recipe: str, sets: tuple[str, ...] | list[str] = (), options: LaunchOptions = DEFAULTS,
-             drain_timeout_s: float = 60.0) -> Change:
-        return cls("swap", recipe, tuple(sets), options, drain_timeout_s=drain_timeout_s)
+             drain_timeout_s: float = 60.0, runtime: str | None = None) -> Change:
+        return cls("swap", recipe, tuple(sets), options, drain_timeout_s=drain_timeout_s, runtime=runtime)
 
     @classmethod
     def stop(cls, recipe: str | None = None, *, all_: bool = False, timeout_s: float = 30.0) -> Change:
@@ -121,9 +125,28 @@ class Change:
             else:
                 options[key] = _flag(raw, key, "options.", False)
         launch = replace(DEFAULTS, **options)
+        runtime = body.get("runtime")
+        if runtime is not None and not isinstance(runtime, str):
+            raise UsageError(f"runtime must be \"docker\" or \"process\", not {json.dumps(runtime)}")
         if kind == "run":
-            return cls.run(recipe, sets, launch)
-        return cls.swap(recipe, sets, launch, _seconds(body, "drain_timeout_s", "", 60.0))
+            return cls.run(recipe, sets, launch, runtime=runtime)
+        return cls.swap(recipe, sets, launch, _seconds(body, "drain_timeout_s", "", 60.0), runtime=runtime)
+
+
+def with_runtime(kind: str, runtime: str, sets: tuple[str, ...]) -> tuple[str, ...]:
+    """`--runtime R` is the recipe's `runtime:` overridden: the set `runtime=R`, so it is checked, recorded with the
+    engine's other --set overrides, and kept by a swap's rollback and by the repair."""
+    from metralectl.core.recipe import RUNTIMES
+    from metralectl.core.schema import did_you_mean
+
+    if kind == "stop":
+        raise UsageError("a stop takes no runtime: it stops what serves, wherever it runs")
+    if runtime not in RUNTIMES:
+        guess = did_you_mean(runtime, RUNTIMES)
+        raise UsageError(f"unknown runtime {runtime!r}", f"did you mean `{guess}`?" if guess else
+                         f"--runtime {' or --runtime '.join(RUNTIMES)}")
+    wanted = f"runtime={runtime}"
+    return sets if wanted in sets else (*[s for s in sets if not s.startswith("runtime=")], wanted)
 
 
 def _check_seconds(value: Any, name: str) -> None:

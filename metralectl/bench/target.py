@@ -96,8 +96,8 @@ def managed_container(url: str | None) -> dict[str, Any] | None:
     """The metralectl container serving `url` (or the only one serving, when url is None), from its labels.
     None when Docker is not reachable or nothing matches: benchmarks do not need Docker."""
     try:
-        from metralectl.seams.docker.runtime import open_runtime
-        with open_runtime(timeout=5.0) as runtime:
+        from metralectl.lifecycle.local_runtime import open_local
+        with open_local(timeout=5.0) as runtime:  # containers and host processes
             return _managed_on(runtime, url)
     except (MetralError, ImportError, OSError):
         return None
@@ -115,8 +115,8 @@ def endpoint_to_measure(url: str | None) -> tuple[str, dict[str, Any] | None]:
 
     docker: MetralError | None = None
     try:
-        from metralectl.seams.docker.runtime import open_runtime
-        with open_runtime(timeout=5.0) as runtime:
+        from metralectl.lifecycle.local_runtime import open_local
+        with open_local(timeout=5.0) as runtime:  # containers and host processes
             found = _managed_on(runtime, None)
             serving = [c for c in runtime.containers(mine=False) if c.running]
     except MetralError as exc:

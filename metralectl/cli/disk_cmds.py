@@ -47,10 +47,10 @@ class _Docker:
 
     def open(self) -> Any:
         if self.runtime is None and self.error is None:
+            from metralectl.lifecycle.local_runtime import open_local
             from metralectl.seams.docker.errors import DockerUnavailable
-            from metralectl.seams.docker.runtime import open_runtime
             try:
-                self.runtime = open_runtime()
+                self.runtime = open_local()  # containers and host processes: both may use weights
             except DockerUnavailable as exc:
                 self.error = exc.message
         return self.runtime

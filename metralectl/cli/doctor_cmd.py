@@ -55,6 +55,8 @@ def doctor(
     recipe: str = typer.Option(None, "--recipe", metavar="RECIPE",
                                help="Narrow to what this recipe needs: image present, weights cached, fits memory."),
     port: int = typer.Option(None, "--port", min=1, max=65535, help="The port to test (default: the recipe's, or 8888)."),
+    runtime: str = typer.Option(None, "--runtime", metavar="docker|process",
+                                help="With --recipe: judge it run that way (process: its program, not Docker)."),
 ) -> None:
     """Check this machine for everything that stops a model from being served, with the fix for each.
 
@@ -65,17 +67,28 @@ def doctor(
     from metralectl.doctor.model import exit_code
 
     catalog_loader: Callable[[], Any] = load_catalog
+    sets: tuple[str, ...] = ()
+    if runtime is not None:
+        from metralectl.app.serving_change import with_runtime
+        from metralectl.errors import UsageError
+
+        if recipe is None:
+            raise UsageError("--runtime judges a recipe: name it with --recipe RECIPE")
+        sets = with_runtime("run", runtime, ())
     if recipe is not None:
+        from metralectl.core.overrides import apply_sets
+
         catalog = load_catalog()
-        catalog.recipe(recipe)  # an unknown recipe is a usage error (exit 2), before any check runs
+        apply_sets(catalog, catalog.recipe(recipe), list(sets))  # an unknown recipe is a usage error, before any check
         catalog_loader = lambda: catalog  # the one already loaded
-    ctx = Context(port=port, recipe=recipe, catalog_loader=catalog_loader)
+    ctx = Context(port=port, recipe=recipe, catalog_loader=catalog_loader, recipe_sets=sets)
     started = time.monotonic()
     results = diagnose(ctx)
     elapsed = time.monotonic() - started
     try:
         if as_json_:
-            print(json.dumps(to_json(results, elapsed, {"recipe": recipe, "port": ctx.port_and_bind()[0]}), indent=2))
+            print(json.dumps(to_json(results, elapsed, {"recipe": recipe, "port": ctx.port_and_bind()[0],
+                                                        **({"runtime": runtime} if runtime else {})}), indent=2))
         else:
             print(render_text(results, elapsed, color=color_enabled(sys.stdout)))
         sys.stdout.flush()

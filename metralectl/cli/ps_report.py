@@ -32,10 +32,11 @@ def ps_command(as_json: bool, repair: bool) -> None:
 
 
 def ps(as_json: bool) -> None:
-    """The `ps` command without --repair: what app/serving.py's Serving.ps() does then (the
-    default runtime, status.collect), without importing the use-case layer (it loads the launch machinery)."""
-    from metralectl.seams.docker.runtime import open_runtime
-    with open_runtime() as runtime:
+    """The `ps` command without --repair: what app/serving.py's Serving.ps() does then (this machine's runtime:
+    its containers and host processes, status.collect), without importing the use-case layer (it loads the launch
+    machinery)."""
+    from metralectl.lifecycle.local_runtime import open_local
+    with open_local() as runtime:
         report = collect(runtime)
     show(report, as_json)
 
@@ -101,8 +102,8 @@ def _memory(report: StatusReport) -> list[tuple[float | None, str | None]]:
     measured: dict[str, int] = {}
     if local:
         try:
-            from metralectl.seams.docker.runtime import open_runtime
-            with open_runtime() as runtime:
+            from metralectl.lifecycle.local_runtime import open_local
+            with open_local() as runtime:
                 measured = ps_memory.measured_bytes(local, runtime.container_pids)
         except MetralError:
             measured = {}

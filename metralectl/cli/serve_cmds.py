@@ -110,6 +110,13 @@ class _Progress:
                 self.say(f"  │ {log_line(line)}")
 
 
+def _runtime_sets(kind: str, runtime: str | None, sets: list[str]) -> list[str]:
+    """The --set overrides with `--runtime R` among them (app/serving_change: it is the set `runtime=R`)."""
+    from metralectl.app.serving_change import with_runtime
+
+    return list(with_runtime(kind, runtime, tuple(sets))) if runtime is not None else sets
+
+
 def hello_request(url: str, model: str) -> str:
     """A first request to try against a ready endpoint, as a shell line."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
@@ -133,13 +140,15 @@ def _print_ready(launched: Any, as_json: bool) -> None:
     if launched.already_serving:  # `run` of exactly what serves: done, and said so (--json: "already_serving")
         note(style(f"✔ {clean(launched.recipe)} is already being served with these settings: nothing was started",
                    "32", sys.stderr))
-    print_ready(launched, as_json, [f"container {launched.container} (run {launched.run_id}; "
+    what = "process  " if launched.runtime == "process" else "container"  # a host process, by the name ps shows
+    print_ready(launched, as_json, [f"{what} {launched.container} (run {launched.run_id}; "
                                     f"logs: metralectl logs -f {launched.recipe})"])
 
 
 def run(
     recipe_name: str = typer.Argument(..., metavar="RECIPE", help="Recipe name (see `metralectl list`)."),
-    print_only: bool = typer.Option(False, "--print", help="Print the exact `docker run` and exit (no Docker needed)."),
+    print_only: bool = typer.Option(False, "--print", help="Print the exact `docker run` (a host process: its argv and environment) and exit (no Docker needed)."),
+    runtime: str = typer.Option(None, "--runtime", metavar="docker|process", help="Run the engine in a Docker container or as a process on this host (default: the recipe's `runtime:`, else docker)."),
     set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a setting (checked, shown as a deviation)."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Show boot phases only (not the engine log) until ready."),
     replace: bool = typer.Option(False, "--replace", help="Stop the model metralectl is serving first."),
@@ -160,6 +169,9 @@ def run(
 ) -> None:
     """Serve a recipe and wait until it is really ready (--print: show the `docker run` instead).
 
+    `--runtime process` starts the engine as a process on this host instead of a container (its program from
+    PATH or engines.yaml in the config dir; docs/serving.md, "Running engines without Docker").
+
     A multi-rank (EP=2) recipe runs on two nodes: `--worker NODE` names the worker's Docker endpoint;
     the RoCE interface and the head's address on it are detected on both nodes (docs/multinode.md).
     """
@@ -168,19 +180,21 @@ def run(
     from metralectl.core.overrides import apply_sets
 
     catalog = _catalog()
-    recipe = apply_sets(catalog, catalog.recipe(recipe_name), set_ or [])
+    sets = _runtime_sets("run", runtime, set_ or [])
+    recipe = apply_sets(catalog, catalog.recipe(recipe_name), sets)
     for key, old, new in recipe.deviations:
         note(style(f"deviation from the validated recipe: {clean(str(key))}: {clean(str(old))} -> {clean(str(new))}",
                    "33", sys.stderr))
     if print_only:
-        from metralectl.core.render import docker_run_command, spec_for
+        from metralectl.lifecycle.specs import command_text, engine_environment, spec_here
 
         if not 0 <= rank < recipe.resources.world_size:
             raise MetralError(f"{recipe.name} has {count(recipe.resources.world_size, 'rank')}; --rank {rank} does not exist")
-        spec = spec_for(catalog, recipe, rank=rank, master_addr=master_addr, roce_interface=roce_interface,
-                        rdma=not no_rdma, rdma_device=rdma_device)
-        if as_json:
-            print(json.dumps(asdict(spec), indent=2))
+        spec = spec_here(catalog, recipe, rank=rank, master_addr=master_addr, roce_interface=roce_interface,
+                         rdma=not no_rdma, rdma_device=rdma_device)
+        if as_json:  # a host process: also every variable it gets, as it gets them
+            extra = {"environment": engine_environment(spec)} if spec.is_process else {}
+            print(json.dumps({**asdict(spec), **extra}, indent=2))
             return
         if recipe.multi_rank and not (master_addr and roce_interface):
             note(f"rank {rank} of {recipe.resources.world_size}: pass --master-addr (the head's RoCE IP) and "
@@ -190,7 +204,7 @@ def run(
                  "behind the RoCE port: `ls /sys/class/net/IF/device/infiniband/`)")
         from metralectl.present.show_view import shown
 
-        print(shown(docker_run_command(spec)))  # a recipe's values, escaped for the terminal (--json: exact)
+        print(shown(command_text(spec)))  # a recipe's values, escaped for the terminal (--json: exact)
         return
     from metralectl.app.serving import Change, MultiRank
     from metralectl.lifecycle.launch import LaunchOptions
@@ -205,7 +219,7 @@ def run(
     elif worker or head or no_rdma or rdma_device:
         raise typer.BadParameter(f"{recipe.name} is a single-node recipe; --worker/--head/--no-rdma/--rdma-device are "
                                  "for multi-rank recipes")
-    change = Change.run(recipe_name, set_ or [], options, multi)
+    change = Change.run(recipe_name, sets, options, multi)
     serving = _serving(catalog)
     _sigterm_as_interrupt()
     from metralectl.cli.staging_cmds import _Renderer
@@ -291,6 +305,7 @@ def _print_stopped(stopped: Any, as_json: bool) -> None:
 def swap(
     recipe_name: str = typer.Argument(..., metavar="RECIPE", help="The recipe to serve instead."),
     set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a setting (checked)."),
+    runtime: str = typer.Option(None, "--runtime", metavar="docker|process", help="Start the new engine in a Docker container or as a process on this host (default: its recipe's `runtime:`, else docker)."),
     drain_timeout: float = typer.Option(60.0, "--drain-timeout", help="Max seconds to wait for in-flight requests."),
     stall_timeout: float = typer.Option(300.0, "--stall-timeout", help="Fail when the new engine shows no progress this long: no new log line and no change in its /health answer (s)."),
     boot_timeout: float = typer.Option(None, "--boot-timeout", help="Fail when the new engine is not ready after this long (s)."),
@@ -304,7 +319,7 @@ def swap(
 
     change = Change.swap(recipe_name, set_ or [], LaunchOptions(stall_timeout_s=stall_timeout, boot_timeout_s=boot_timeout,
                                                                 check_weights=not no_weights_check, pull=not no_pull),
-                         drain_timeout)
+                         drain_timeout, runtime=runtime)
     serving = _serving()
     serving.resolve(change)  # an unknown recipe or a bad --set is refused here, before anything is released
     _sigterm_as_interrupt()

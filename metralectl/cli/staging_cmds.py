@@ -168,8 +168,12 @@ def pull(
     recipes = [apply_sets(catalog, catalog.recipe(name), set_ or []) for name in dict.fromkeys(recipe_names)]
     arch = machine.cpu_arch()
     summary: dict[str, dict[str, Any]] = {r.name: {"recipe": r.name, "image": None, "weights": None} for r in recipes}
+    imaged = [r for r in recipes if r.runtime != "process"]  # a host process has no image: its program is installed
     with _Renderer() as view:
-        if not weights_only:
+        for r in recipes:
+            if r.runtime == "process" and not weights_only:
+                view.say(f"{clean(r.name)}: runs as a host process (runtime: process): no image to pull")
+        if not weights_only and imaged:
             from metralectl.seams.docker.errors import DockerUnavailable
             from metralectl.seams.docker.runtime import open_runtime
             try:
@@ -179,7 +183,7 @@ def pull(
                 raise
             pulled: dict[str, Any] = {}
             with runtime:
-                for r in recipes:
+                for r in imaged:
                     info = catalog.image_for(r)
                     if info.ref not in pulled:
                         pulled[info.ref] = docker_images.pull(info, runtime, arch, view.layer, update=update)

@@ -20,7 +20,7 @@ from metralectl.core.engine_revisions import Revision
 from metralectl.errors import Problem
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.image_info import ImageInfo
-from metralectl.core.recipe import Rank, Recipe, RecipeOrigin, Resources
+from metralectl.core.recipe import RUNTIMES, Rank, Recipe, RecipeOrigin, Resources
 from metralectl.core.schema import Checker, did_you_mean, type_name
 from metralectl.core.yamlsrc import Document, KeyPath
 from metralectl.wording import count, noun
@@ -28,7 +28,7 @@ from metralectl.wording import count, noun
 __all__ = ["World", "check_recipe", "_add_hint"]
 
 TOP_KEYS = ("schema", "name", "description", "extends", "engine", "engine-revision", "source", "provenance",
-            "checkpoint", "hardware", "image", "image-tag", "serve", "resources", "env", "tags", "validated")
+            "checkpoint", "hardware", "image", "image-tag", "runtime", "serve", "resources", "env", "tags", "validated")
 REQUIRED_TOP = ("schema", "name", "description", "engine", "checkpoint", "hardware", "image", "serve",
                 "resources", "validated")
 RESOURCE_KEYS = ("port", "bind", "memory-utilization", "gpus", "ranks", "master-port", "tp-size", "ep-size",
@@ -62,6 +62,7 @@ def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Rec
     checkpoint = check_checkpoint(check, top, world, ctx)
     serve = check_serve(check, check.mapping(top.get("serve", {}), ("serve",), "serve"), ("serve",), ctx, head=True)
     resources = _resources(check, top, ctx, serve)
+    runtime = _runtime(check, top, ctx.contract, resources)
     env = check_env(check, top, ctx.contract, ctx.revision)
     tags = tuple(check.string_list(top, (), "tags"))
     validated = check_validated(check, top, world)
@@ -81,6 +82,7 @@ def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Rec
         validated=validated, origin=origin,
         warnings=tuple(p.render() for p in check.problems if p.severity == "warning"),
         engine_revision=ctx.revision.id, source=source, provenance=provenance, image_tag=image_tag,
+        runtime=runtime,
     )
     return recipe, check.problems
 
@@ -160,6 +162,28 @@ def _image_tag(check: Checker, top: dict[str, Any], image: ImageInfo | None) -> 
     if not image.pullable and tag != image.tag:
         check.warn(("image-tag",), f"{image.id} is built from source: tag your build {image.with_tag(tag).ref}")
     return tag
+
+
+def _runtime(check: Checker, top: dict[str, Any], contract: EngineContract | None,
+             resources: Resources | None) -> str:
+    """`runtime:` docker (the default) or process: a host process needs the engine file to say how it starts, and
+    runs one rank on this machine."""
+    raw = top.get("runtime")
+    if raw is None:
+        return "docker"
+    if not isinstance(raw, str) or raw not in RUNTIMES:
+        guess = did_you_mean(str(raw), RUNTIMES) if isinstance(raw, str) else None
+        check.error(("runtime",), f"unknown runtime {type_name(raw)}",
+                    f"did you mean `{guess}`?" if guess else "write `runtime: docker` or `runtime: process`")
+        return "docker"
+    if raw == "process" and contract is not None and contract.process is None:
+        check.error(("runtime",), f"the {contract.display_name} engine file does not say how to start it as a host "
+                    "process", f"add a `process:` section to engine/{contract.name}.yaml (docs/engines.md), or write "
+                    "`runtime: docker`")
+    if raw == "process" and resources is not None and resources.world_size > 1:
+        check.error(("runtime",), "runtime: process runs one engine process on this machine; a multi-rank recipe runs "
+                    "its ranks in containers on their nodes", "write `runtime: docker` (or leave it out)")
+    return raw
 
 
 def _resources(check: Checker, top: dict[str, Any], ctx: Context, serve: dict[str, Any]) -> Resources | None:

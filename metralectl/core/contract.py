@@ -26,7 +26,7 @@ _READINESS_KEYS = ("style", "marker", "health-path", "health-ready-status", "hea
 _TOP_KEYS = ("schema", "name", "display-name", "binary", "serve-command", "model-argument", "version-command",
              "default-port", "default-bind", "readiness", "log-phases", "log-failures", "endpoints", "flags",
              "request-dialect", "log-prefix", "rules", "auth-flags", "multi-rank", "metrics", "weights", "memory-utilization", "quants", "launcher-sets",
-             "exclusive-groups", "rank-symmetric", "levers", "env-passthrough", "served-name-flag")
+             "exclusive-groups", "rank-symmetric", "levers", "env-passthrough", "served-name-flag", "process")
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class EngineContract:
     auth_flags: tuple[str, ...] = ()  # serve flags that, all set, put authentication on the endpoint
     multi_rank: str = "none"  # none | rendezvous (ranks meet at --master-addr/--master-port: Metrale's EP=2)
     served_name_flag: str | None = None  # the flag that names the model /v1/models reports (model-name, alias)
+    process: P.ProcessStart | None = None  # how it starts as a host process (`runtime: process`); None: it cannot
 
     def has_rule(self, rule: str) -> bool:
         return rule in self.rules
@@ -166,6 +167,7 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         auth_flags=tuple(check.string_list(top, (), "auth-flags")),
         multi_rank=str(top.get("multi-rank", "none")),
         served_name_flag=_served_name_flag(check, top, flags),
+        process=P.parse_process(check, top.get("process")),
     )
     for flag in contract.auth_flags:
         if flag not in flags:

@@ -63,6 +63,9 @@ _READINESS_STYLE_KEYS = ("style", "marker")
 _MODEL_KEYS = ("form", "flag", "quant-separator")
 _METRICS_KEYS = ("path", "enabled-by", "series", "source")
 _WEIGHTS_KEYS = ("format", "container-hf-home", "offline-env", "source")
+_PROCESS_KEYS = ("executable", "module", "interpreter", "source")
+_PROGRAM = re.compile(r"^(?:/[^\x00-\x1f\x7f]+|[A-Za-z0-9_][A-Za-z0-9._+-]*)$")  # a command name, or an absolute path
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 
 
@@ -103,6 +106,27 @@ class Weights:
     format: str = "safetensors"
     container_hf_home: str = "/root/.cache/huggingface"
     offline_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProcessStart:
+    """How the engine starts as a host process (`runtime: process`): its server executable, looked up on PATH
+    unless the user's engines.yaml names it, or a Python module run by an interpreter (`python3 -m MODULE`).
+    The argv after it is the container's command (serve-command, the model argument, the flags)."""
+
+    executable: str | None = None  # `llama-server`, `met`
+    module: str | None = None  # `vllm.entrypoints.openai.api_server`
+    interpreter: str = "python3"  # for a module: the Python that imports it
+
+    @property
+    def program(self) -> str:
+        """What is looked up on PATH (or named in engines.yaml): the executable, or the module's interpreter."""
+        return self.executable or self.interpreter
+
+    @property
+    def config_key(self) -> str:
+        """The key of engines.yaml that names it for one engine: `executable`, or `interpreter` for a module."""
+        return "executable" if self.executable else "interpreter"
 
 
 @dataclass(frozen=True)
@@ -187,6 +211,33 @@ def parse_weights(check: Checker, raw: Any) -> Weights:
     env = check.mapping(body.get("offline-env", {}), ("weights", "offline-env"), "offline-env")
     return Weights(fmt, str(body.get("container-hf-home", "/root/.cache/huggingface")),
                    {str(k): str(v) for k, v in env.items()})
+
+
+def parse_process(check: Checker, raw: Any) -> ProcessStart | None:
+    """`process:` — exactly one of `executable:` (a command name or an absolute path) and `module:` (with an
+    optional `interpreter:`, default python3)."""
+    if raw is None:
+        return None
+    where = ("process",)
+    body = check.mapping(raw, where, "process")
+    check.known_keys(body, where, _PROCESS_KEYS, "process")
+    executable, module = body.get("executable"), body.get("module")
+    if (executable is None) == (module is None):
+        check.error(where, "names exactly one of `executable:` (the server's program) and `module:` (a Python module "
+                    "run by `interpreter:`)", "e.g. `executable: llama-server`")
+        return None
+    for key, value, grammar, what in (("executable", executable, _PROGRAM, "a command name or an absolute path"),
+                                      ("module", module, _MODULE, "a dotted Python module name"),
+                                      ("interpreter", body.get("interpreter", "python3"), _PROGRAM,
+                                       "a command name or an absolute path")):
+        if value is not None and (not isinstance(value, str) or not grammar.match(value)):
+            check.error(where + (key,), f"{key} must be {what}, not {value!r}")
+            return None
+    if executable is not None and "interpreter" in body:
+        check.error(where + ("interpreter",), "an interpreter runs a `module:`; an executable runs by itself",
+                    "remove `interpreter:`, or name a `module:` instead of the executable")
+        return None
+    return ProcessStart(executable, module, str(body.get("interpreter", "python3")))
 
 
 def parse_rules(check: Checker, top: dict[str, Any]) -> tuple[str, ...]:

@@ -13,7 +13,8 @@ from metralectl.core.yamlsrc import Document, KeyPath, overlay
 from metralectl.safetext import clean
 
 _SECTIONS = ("serve", "resources", "env", "checkpoint", "validated")
-_TOP_LEVEL = ("hardware", "image", "image-tag", "description", "engine")
+_TOP_LEVEL = ("hardware", "image", "image-tag", "description", "engine", "runtime")
+_UNSTATED = {("runtime",): "docker"}  # what a key the recipe leaves out means, for its deviation line
 _ALIASES = {"image.tag": "image-tag"}  # `--set image.tag=dev` reads as the recipe key `image-tag`
 
 
@@ -95,6 +96,8 @@ def apply_sets(catalog: Catalog, recipe: Recipe, sets: list[str]) -> Recipe:
     if checked is None:  # the recipe itself passed: what the --set made of it is a usage error
         raise RecipeInvalid(problems, exit_code=ExitCode.USAGE)
     base_data = base.data
-    deviations = tuple((".".join(map(str, path)), _get(base_data, path), value) for path, value in changes
-                       if _get(base_data, path) != value)
+    stated = {path: _get(base_data, path) if _get(base_data, path) is not None else _UNSTATED.get(path)
+              for path, _ in changes}
+    deviations = tuple((".".join(map(str, path)), stated[path], value) for path, value in changes
+                       if stated[path] != value)
     return Recipe(**{**checked.__dict__, "origin": recipe.origin, "deviations": deviations})

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# How a recipe's engine is started (`runtime:`): in a Docker container (the default), or as a process on this
+# machine's host (the engine file's `process:` section says how; docs/serving.md, "Running engines without Docker").
+RUNTIMES = ("docker", "process")
+
 
 @dataclass(frozen=True)
 class CheckpointRef:
@@ -94,6 +98,7 @@ class Recipe:
     source: str | None = None  # "engine" (re-expressed from the engine's own recipe) | "book" | None
     provenance: Provenance | None = None
     image_tag: str | None = None  # `image-tag:`: run the image under this tag instead of its ref's
+    runtime: str = "docker"  # RUNTIMES: a container, or a host process
 
     @property
     def multi_rank(self) -> bool:

@@ -1,7 +1,10 @@
-"""Recipe -> ContainerSpec (command as data), and ContainerSpec -> a copy-pasteable `docker run`.
+"""Recipe -> ContainerSpec (command as data), and ContainerSpec -> a copy-pasteable `docker run` (or, for a
+recipe of `runtime: process`, the `env -i ... /abs/engine ...` line that starts it on the host).
 
 `run --print` prints the spec as a shell command; `run` hands the same spec to the runtime seam;
-tests assert on it. Nothing here touches Docker.
+tests assert on it. Nothing here touches Docker. A process-mode spec (docs/serving.md, "Running engines without
+Docker") carries the full argv with the program's absolute path first (the caller finds it:
+seams/engine_programs.py), `image` "process:<that path>", host paths (the HF cache where it is) and no mounts.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from metralectl.core.labels import LABEL_RUN_ID as LABEL_RUN_ID
 from metralectl.core.labels import LABEL_SPEC_HASH as LABEL_SPEC_HASH
 from metralectl.core.labels import owner as owner  # here for older callers; in labels so `ps` need not load render
 from metralectl.core.recipe import Recipe
+from metralectl.errors import MetralError
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
 
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
+PROCESS_IMAGE_PREFIX = "process:"  # a process-mode spec's `image`: the program it runs, after this
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,11 @@ class ContainerSpec:
     cap_add: tuple[str, ...] = ()
     ulimits: tuple[tuple[str, int, int], ...] = ()  # (name, soft, hard)
     shm_size: str | None = None
+
+    @property
+    def is_process(self) -> bool:
+        """Started as a host process (runtime: process), not in a container."""
+        return self.image.startswith(PROCESS_IMAGE_PREFIX)
 
     def spec_hash(self) -> str:
         """Identity of what would run (labels excluded, so the hash can be one of them). The multi-rank profile
@@ -144,8 +154,27 @@ def nccl_env(recipe: Recipe, hardware: HardwareClass | None, roce_interface: str
     return dict(sorted(env.items()))
 
 
+def process_argv(recipe: Recipe, contract: EngineContract, program: str, *, rank: int = 0) -> list[str]:
+    """A host process's whole argv: the program (an absolute path), `-m MODULE` for a Python module engine, then
+    what a container's entrypoint would be given."""
+    if contract.process is None:
+        raise MetralError(f"the {contract.display_name} engine file does not say how to start it as a host process")
+    start = [program, "-m", contract.process.module] if contract.process.module else [program]
+    return [*start, *serve_argv(recipe, contract, rank=rank)]
+
+
+def process_env(contract: EngineContract) -> dict[str, str]:
+    """What a host process needs to find the weights metralectl verified: the engine's offline env, with the
+    HF cache where it really is on this host (HF_HOME, and HF_HUB_CACHE, which llama.cpp and the hub read first)."""
+    env = dict(contract.weights.offline_env)
+    env["HF_HOME"] = str(paths.hf_home())
+    env["HF_HUB_CACHE"] = str(paths.hf_hub_cache())
+    return env
+
+
 def spec_for(catalog: Catalog, recipe: Recipe, **options: Any) -> ContainerSpec:
-    """render() with the recipe's contract, image and hardware class looked up in the catalog."""
+    """render() with the recipe's contract, image and hardware class looked up in the catalog. A recipe of
+    `runtime: process` needs `program=` (the absolute path seams/engine_programs.locate found)."""
     return render(recipe, catalog.engines[recipe.engine], catalog.image_for(recipe),
                   hardware=catalog.hardware.get(recipe.hardware), **options)
 
@@ -153,7 +182,10 @@ def spec_for(catalog: Catalog, recipe: Recipe, **options: Any) -> ContainerSpec:
 def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: int = 0,
            master_addr: str | None = None, extra_env: dict[str, str] | None = None,
            gpus_override: str | int | None = "recipe", hardware: HardwareClass | None = None,
-           roce_interface: str | None = None, rdma: bool = True, rdma_device: str | None = None) -> ContainerSpec:
+           roce_interface: str | None = None, rdma: bool = True, rdma_device: str | None = None,
+           program: str | None = None) -> ContainerSpec:
+    if recipe.runtime == "process":
+        return _process_spec(recipe, contract, program, rank=rank, extra_env=extra_env)
     gpus: str | int | None = recipe.resources.gpus
     if gpus == "none":
         gpus = None
@@ -181,6 +213,27 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
         ulimits=profile.extras(rdma).ulimits if profile else (),
         shm_size=profile.shm_size if profile else None,
     )
+    return _labelled(spec, recipe, contract, rank)
+
+
+def _process_spec(recipe: Recipe, contract: EngineContract, program: str | None, *, rank: int,
+                  extra_env: dict[str, str] | None) -> ContainerSpec:
+    """The process-mode spec: argv from the absolute program, the env the recipe and the engine file state
+    (the runtime adds only its fixed allow-list from the caller's environment), nothing of a container."""
+    if not program or not os.path.isabs(program):
+        raise MetralError(f"{recipe.name} runs as a host process: its program must be an absolute path, not "
+                          f"{program!r}", "seams/engine_programs.locate finds it (a bug if you see this)")
+    argv = process_argv(recipe, contract, program, rank=rank)
+    env = process_env(contract)
+    env.update(recipe.env)
+    env.update(extra_env or {})
+    spec = ContainerSpec(name=container_name(recipe, rank), image=PROCESS_IMAGE_PREFIX + argv[0], command=tuple(argv),
+                         env=env, gpus=None, port=recipe.resources.ranks[rank].port, bind=recipe.resources.bind,
+                         rank=rank)
+    return _labelled(spec, recipe, contract, rank)
+
+
+def _labelled(spec: ContainerSpec, recipe: Recipe, contract: EngineContract, rank: int) -> ContainerSpec:
     labels = {
         LABEL_MANAGED: "true",
         LABEL_RECIPE: recipe.name,
@@ -202,6 +255,18 @@ def _shell_path(path: str) -> str:
             return "~" + rest
         return '"$HOME"' + shlex.quote(rest)
     return shlex.quote(path)
+
+
+def process_command(spec: ContainerSpec, environment: dict[str, str], *, width: int = 88) -> str:
+    """The exact start of a process-mode spec as a shell line: `env -i`, every variable the engine gets (the
+    runtime's allow-list from this shell, then the spec's), then its argv, wrapped as docker_run_command wraps."""
+    q = shlex.quote
+    lines = ["env -i"]
+    lines += _wrap([[q(f"{k}={v}")] for k, v in environment.items()], width)
+    groups = _flag_groups(list(spec.command))
+    lines.append(" ".join(q(word) for word in groups[0]))
+    lines += _wrap([[q(word) for word in group] for group in groups[1:]], width)
+    return " \\\n  ".join(lines)
 
 
 def docker_run_command(spec: ContainerSpec, *, width: int = 88) -> str:

@@ -158,6 +158,7 @@ class Context:
         *,
         port: int | None = None,
         recipe: str | None = None,
+        recipe_sets: tuple[str, ...] = (),  # --runtime process: the recipe with that override
         environ: Mapping[str, str] | None = None,
         identity: Identity | None = None,
         runtime_factory: Callable[[], ContainerRuntime] = _default_runtime,
@@ -181,6 +182,7 @@ class Context:
     ) -> None:
         self.port_option = port
         self.recipe_name = recipe
+        self.recipe_sets = recipe_sets
         self.environ: Mapping[str, str] = os.environ if environ is None else environ
         self._identity = identity
         self.runtime_factory = runtime_factory
@@ -250,7 +252,15 @@ class Context:
         return self._fact("catalog", self.catalog_loader, self.fact_budget_s)
 
     def recipe(self) -> Recipe | None:
-        return self.catalog().recipe(self.recipe_name) if self.recipe_name else None
+        """The recipe --recipe names, with --runtime's override (a --set, as `run` applies it)."""
+        if not self.recipe_name:
+            return None
+        recipe = self.catalog().recipe(self.recipe_name)
+        if self.recipe_sets:
+            from metralectl.core.overrides import apply_sets
+
+            recipe = apply_sets(self.catalog(), recipe, list(self.recipe_sets))
+        return recipe
 
     def runtime(self) -> ContainerRuntime:
         """A connected runtime, or the DockerUnavailable / ImportError / Unanswered that says why not."""

@@ -1,4 +1,5 @@
-"""With `--recipe R`: what R itself needs — its image present, its weights cached, its memory fitting."""
+"""With `--recipe R`: what R itself needs — its image present (a host process: its program found), its weights
+cached, its memory fitting."""
 
 from __future__ import annotations
 
@@ -51,6 +52,35 @@ def check_image(ctx: Context) -> Finding:
                      else f"metralectl pull {recipe.name} fetches what it was validated on"), **data)
     built = f"; {image.availability().split(' (')[0]}" if image.build is not None else ""
     return ok(f"{image.ref} is present ({revision}, {state.platform or 'platform ?'}{built})", **data)
+
+
+def check_program(ctx: Context) -> Finding:
+    """A host process's "image": its engine's program, where `run` would find it (engines.yaml, else PATH), and
+    built for this CPU."""
+    from metralectl.core.images import machine_platform
+    from metralectl.core.render import PROCESS_IMAGE_PREFIX
+    from metralectl.errors import MetralError
+    from metralectl.lifecycle.specs import program_of
+    from metralectl.seams.process.images import image_state
+
+    recipe = _recipe(ctx)
+    data: dict[str, Any] = {"recipe": recipe.name, "runtime": recipe.runtime}
+    if recipe.runtime != "process":
+        return skipped(f"not needed: {recipe.name} runs in a container (runtime: docker)", **data)
+    try:
+        program = program_of(ctx.catalog(), recipe)
+    except MetralError as exc:  # not found: where it looked, and the fix
+        return problem(exc.message, exc.hint, **data)
+    want = machine_platform(ctx.cpu_arch())
+    state = image_state(PROCESS_IMAGE_PREFIX + program.path, want)
+    data.update(program=program.path, found_in=program.how, platform=state.platform)
+    if not state.present:
+        return problem(f"{program.path} (from {program.how}) cannot be started: {state.reason}",
+                       "install the engine, or name its program in engines.yaml in the config dir", **data)
+    if state.platform and state.platform != want:
+        return problem(f"{program.path} is built for {state.platform}; this machine is {want}",
+                       "install the engine's build for this machine", **data)
+    return ok(f"{program.path} (from {program.how}; {state.platform or 'platform ?'})", **data)
 
 
 def check_weights(ctx: Context) -> Finding:

@@ -31,20 +31,33 @@ def _gpu(fn: Callable[[Context], Finding]) -> Callable[[Context], Finding]:
     return judged
 
 
+def _docker(fn: Callable[[Context], Finding]) -> Callable[[Context], Finding]:
+    """A Docker check: not needed (skipped, never a problem) when --recipe names one that runs as a host process
+    (`runtime: process`, or `--runtime process`); recipe.program checks what it needs instead."""
+    def judged(ctx: Context) -> Finding:
+        recipe = ctx.recipe()
+        if recipe is not None and recipe.runtime == "process":
+            return skipped(f"not needed: {recipe.name} runs as a host process (runtime: process)", None,
+                           runtime="process")
+        return fn(ctx)
+    return judged
+
+
 GPU_REQUEST_TIMEOUT_S = 5.0  # create + start `IMAGE --version` with --gpus all + remove; the only slow check
 
 CHECKS: tuple[Check, ...] = (
     Check("user.root", "Not running as root or under sudo", host.check_root),
     Check("docker.cli", "Docker CLI on PATH", dk.check_cli, general=True),
-    Check("docker.daemon", "Docker daemon reachable", dk.check_daemon),
-    Check("docker.version", "Docker server version", dk.check_version),
-    Check("docker.nvidia-runtime", "NVIDIA runtime known to the daemon", _gpu(dk.check_nvidia_runtime)),
-    Check("docker.gpu-request", "A container can get the GPUs", _gpu(dk.check_gpu_request), timeout_s=GPU_REQUEST_TIMEOUT_S),
+    Check("docker.daemon", "Docker daemon reachable", _docker(dk.check_daemon)),
+    Check("docker.version", "Docker server version", _docker(dk.check_version)),
+    Check("docker.nvidia-runtime", "NVIDIA runtime known to the daemon", _gpu(_docker(dk.check_nvidia_runtime))),
+    Check("docker.gpu-request", "A container can get the GPUs", _gpu(_docker(dk.check_gpu_request)),
+          timeout_s=GPU_REQUEST_TIMEOUT_S),
     Check("gpu.driver", "NVIDIA driver and CUDA version", _gpu(gp.check_driver)),
     Check("gpu.model", "GPU model and hardware class", _gpu(gp.check_model)),
     Check("gpu.memory", "GPU memory", _gpu(gp.check_memory)),
     Check("gpu.in-use", "GPU memory in use by others, or left over", _gpu(gp.check_in_use)),
-    Check("cpu.arch", "CPU architecture matches the image", host.check_cpu_arch),
+    Check("cpu.arch", "CPU architecture matches the image", _docker(host.check_cpu_arch)),
     Check("hf.cache", "Hugging Face cache location", hf.check_location),
     Check("hf.writable", "Hugging Face cache writable", hf.check_writable),
     Check("hf.ownership", "No root-owned files in the HF cache", hf.check_ownership),
@@ -57,7 +70,8 @@ CHECKS: tuple[Check, ...] = (
 )
 
 RECIPE_CHECKS: tuple[Check, ...] = (
-    Check("recipe.image", "Recipe's image present", rc.check_image),
+    Check("recipe.program", "Recipe's engine program (runtime: process)", rc.check_program),
+    Check("recipe.image", "Recipe's image present", _docker(rc.check_image)),
     Check("recipe.weights", "Recipe's weights cached", rc.check_weights),
     Check("recipe.fit", "Recipe fits this machine's memory", rc.check_fit),
 )

@@ -60,7 +60,7 @@ class LaunchFailed(MetralError):
 
 REMEDIES = {
     "out-of-memory": "lower resources.memory-utilization (e.g. 0.85) or serve.max-seq-len; check for GPU memory "
-                     "held by an earlier container (`metralectl doctor`)",
+                     "held by an earlier engine (`metralectl doctor`)",
     "port-in-use": "free the port, or `--set resources.port=N`",
     "gpu-runtime-missing": "install the NVIDIA container toolkit: `sudo nvidia-ctk runtime configure --runtime=docker "
                            "&& sudo systemctl restart docker`",
@@ -138,11 +138,13 @@ class BootLog:
 
 
 def diagnose_exit(exit_code: int | None, oom_killed: bool, log: BootLog) -> Diagnosis:
-    """Why a container that exited while starting did so: the log's signature first, then the code."""
+    """Why an engine (a container or a host process) that exited while starting did so: the log's signature first,
+    then the code (137 or the kernel's OOM kill: out of memory, as the runtime recorded it)."""
     if oom_killed or exit_code == 137:
         if log.failure is not None and log.failure.cause != "out-of-memory":
             return log.failure
-        return Diagnosis("out-of-memory", f"the container was killed (exit {exit_code}{', OOM-killed' if oom_killed else ''})",
+        return Diagnosis("out-of-memory",
+                         f"the engine was killed (exit {exit_code}{', OOM-killed' if oom_killed else ''})",
                          REMEDIES["out-of-memory"])
     if log.failure is not None:
         return log.failure

@@ -27,7 +27,8 @@ from metralectl.lifecycle.events import Listener, Step, Transfer, Warning_, igno
 from metralectl.lifecycle.ranks import Rank, boot, new_run_id
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID
-from metralectl.core.render import ContainerSpec, owner, spec_for
+from metralectl.core.render import ContainerSpec, owner
+from metralectl.lifecycle.specs import program_of, spec_here
 from metralectl.seams.docker.containers import ContainerInfo
 from metralectl.seams.docker.protocol import ContainerRuntime
 
@@ -56,19 +57,25 @@ class Launched:
     log_path: str = ""
     ready_at: float = 0.0  # wall-clock time (epoch s) the first /health 200 arrived
     already_serving: bool = False  # this very recipe, with these settings, was served already: nothing started
+    runtime: str = "docker"  # docker (a container) | process (a host process: `container` is its name)
 
 
 def stage(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, options: LaunchOptions, on_event: Listener) -> None:
-    """The image and the weights, present and right for this machine — pulled when missing unless told not to."""
+    """The image (a host process: its program) and the weights, present and right for this machine — pulled when
+    missing unless told not to."""
     from metralectl.seams.docker import images
     from metralectl.seams.hf import weights
-    info = catalog.image_for(recipe)
-    arch = machine.cpu_arch()
-    on_event(Step("image", info.ref))
-    state = runtime.image_state(info.ref, info.revision_label)
-    if not state.present and options.pull:
-        images.pull(info, runtime, arch, transfer_events("image", on_event))
-    images.image_preflight(info, runtime, arch, recipe.name)
+    if recipe.runtime == "process":  # no image: the engine's program on this host (ProgramMissing says where)
+        program = program_of(catalog, recipe)
+        on_event(Step("program", f"{program.path} (from {program.how})"))
+    else:
+        info = catalog.image_for(recipe)
+        arch = machine.cpu_arch()
+        on_event(Step("image", info.ref))
+        state = runtime.image_state(info.ref, info.revision_label)
+        if not state.present and options.pull:
+            images.pull(info, runtime, arch, transfer_events("image", on_event))
+        images.image_preflight(info, runtime, arch, recipe.name)
     if not options.check_weights:
         return
     on_event(Step("weights", recipe.checkpoint.repo))
@@ -129,7 +136,7 @@ def preflight(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec:
 
 def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, options: LaunchOptions = LaunchOptions(),
            on_event: Listener = ignore, gpus_override: str | int | None = "recipe") -> Launched:
-    spec = spec_for(catalog, recipe, gpus_override=gpus_override)
+    spec = spec_here(catalog, recipe, gpus_override=gpus_override)
     if not options.replace:
         served = already_serving(recipe, catalog, runtime, spec, on_event)
         if served is not None:
@@ -154,7 +161,7 @@ def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, optio
         # --replace already stopped what served: the user must hear that nothing serves now, and how to undo it
         raise LaunchInterrupted(
             f"interrupted while {recipe.name} was starting: nothing serves now ({', '.join(replaced)} was stopped "
-            f"by --replace, {recipe.name}'s container was removed)",
+            f"by --replace, {recipe.name}'s {'process' if spec.is_process else 'container'} was removed)",
             f"`metralectl run {replaced[0]}` serves it again") from None
 
 
@@ -178,7 +185,7 @@ def already_serving(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
     with EngineClient(url) as client:
         model = client.served_model()
     return Launched(same.labels.get(LABEL_RUN_ID, ""), recipe.name, same.name, same.id, url, model, 0.0,
-                    already_serving=True)
+                    already_serving=True, runtime="process" if spec.is_process else "docker")
 
 
 class LaunchInterrupted(MetralError):
@@ -196,4 +203,5 @@ def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, 
     booted = boot(recipe, catalog, [rank], run_id, base_url(spec.bind, spec.port), options, on_event)
     assert rank.container is not None
     return Launched(run_id, recipe.name, spec.name, rank.container.id, booted.url, booted.model, booted.ready_s,
-                    booted.phases, str(rank.log_path), booted.ready_at)
+                    booted.phases, str(rank.log_path), booted.ready_at,
+                    runtime="process" if spec.is_process else "docker")

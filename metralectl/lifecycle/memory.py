@@ -1,8 +1,9 @@
 """After a stop: did the GPU memory come back? (Leaked GPU state is the usual cause of a failed next start.)
 
-NVML reports host PIDs, so we note the container's PIDs before stopping it and wait, after, until
-none of them holds GPU memory. On GB10 (unified memory, no NVML device memory) the per-process
-figures are what there is, which is why we watch processes rather than a device total.
+NVML reports host PIDs, so we note the container's PIDs (a host process: its process group's) before stopping
+it and wait, after, until none of them holds GPU memory. No NVML is said plainly ("no GPU here"), never a
+pass. On GB10 (unified memory, no NVML device memory) the per-process figures are what there is, which is
+why we watch processes rather than a device total.
 """
 
 from __future__ import annotations
@@ -54,8 +55,12 @@ class NvmlMemoryWatch:
         pids = self._pids.pop(container.id, set())
         probe = self._probe_factory() if self._probe_factory else NvmlProbe()
         system = probe.open()
-        if isinstance(system, GpuUnavailable):
-            return f"not checked ({system.reason})"
+        if isinstance(system, GpuUnavailable):  # said plainly: nothing was checked, so nothing passed
+            gpu_less = system.cause == "LibraryNotFound" or "sees no GPU" in system.reason
+            return f"not checked: {'no GPU here' if gpu_less else 'NVML cannot be read here'} ({system.reason})"
+        if not pids:  # no process of it was known before the stop: "none holds memory" would prove nothing
+            probe.close()
+            return "not checked (its processes were not known before the stop)"
         try:
             deadline = time.monotonic() + self.wait_s
             while True:

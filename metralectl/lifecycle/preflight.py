@@ -67,16 +67,19 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
     from metralectl.seams import machine
     from metralectl.seams.hf import state as hfstate, weights
 
-    info = catalog.image_for(recipe)
-    state = runtime.image_state(info.ref, info.revision_label)
-    arch = cpu_arch or machine.cpu_arch()
-    image_error: MetralError | None = images.check_platform(state, info, arch)
-    pullable = image_error is None and not state.present and info.build is None
-    if image_error is None:
-        try:
-            docker_images.image_preflight(info, runtime, arch, recipe.name)
-        except MetralError as exc:
-            image_error = exc
+    if recipe.runtime == "process":
+        state, image_error, pullable = _program_state(recipe, catalog)
+    else:
+        info = catalog.image_for(recipe)
+        state = runtime.image_state(info.ref, info.revision_label)
+        arch = cpu_arch or machine.cpu_arch()
+        image_error = images.check_platform(state, info, arch)
+        pullable = image_error is None and not state.present and info.build is None
+        if image_error is None:
+            try:
+                docker_images.image_preflight(info, runtime, arch, recipe.name)
+            except MetralError as exc:
+                image_error = exc
     cache = hfstate.checkpoint_state(recipe.checkpoint)
     weights_status = cache.status
     weights_error: MetralError | None = None
@@ -88,6 +91,20 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
         except MetralError as exc:
             weights_error = exc
     return Facts(state, image_error, pullable, weights_status, weights_error, None, (), ())
+
+
+def _program_state(recipe: Recipe, catalog: Catalog) -> tuple[ImageState | None, MetralError | None, bool]:
+    """A host process's "image" is its program: found here (present), or the refusal saying where it looked.
+    Nothing pulls a program."""
+    from metralectl.core.render import PROCESS_IMAGE_PREFIX
+    from metralectl.lifecycle.specs import program_of
+    from metralectl.seams.docker.images import ImageState
+
+    try:
+        program = program_of(catalog, recipe)
+    except MetralError as exc:
+        return None, exc, False
+    return ImageState(PROCESS_IMAGE_PREFIX + program.path, True), None, False
 
 
 def standing_refusal(recipe: Recipe, options: LaunchOptions, staged: Facts) -> Refusal | None:

@@ -105,6 +105,10 @@ def collect(runtime: ContainerRuntime) -> StatusReport:
     from metralectl.lifecycle.swap_journal import describe_journal, last_swap_record, last_swap_summary
 
     swap = last_swap_record()
+    docker_error = getattr(runtime, "docker_error", None)  # this machine's runtime without Docker (local_runtime)
+    if docker_error is not None:
+        notes.insert(0, f"Docker is not reachable ({docker_error.message}): only engines run as host processes "
+                        "are shown")
     return StatusReport(serving, describe_journal(), last_swap_summary(swap), notes, swap)
 
 

@@ -51,7 +51,9 @@ def stop_containers(runtime: ContainerRuntime, containers: list[ContainerInfo], 
             after = runtime.inspect(container.id)
         if after is not None and after.running:
             raise MetralError(f"{container.name} is still running after stop and kill",
-                              f"check the daemon: `docker inspect {container.name}`")
+                              "`metralectl ps` shows it; its process group may hold a process in uninterruptible "
+                              "sleep (`ps -o pid,stat,cmd -g PGID`)" if container.image.startswith("process:")
+                              else f"check the daemon: `docker inspect {container.name}`")
         elapsed = time.monotonic() - started
         exit_code = after.exit_code if after else None
         killed = killed or exit_code == 137 or elapsed >= timeout_s

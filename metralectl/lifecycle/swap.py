@@ -28,7 +28,7 @@ from metralectl.lifecycle.swap_journal import (describe_journal, journal_path,  
 from metralectl.core.overrides import apply_sets
 from metralectl.core.recipe import Recipe
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_SETS
-from metralectl.core.render import spec_for
+from metralectl.lifecycle.specs import spec_here
 from metralectl.seams.docker.containers import ContainerInfo
 from metralectl.seams.docker.protocol import ContainerRuntime
 from metralectl.wording import count
@@ -130,7 +130,7 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerR
                           f"address {bind}:{port}"))
         new_sets = [*new_sets, f"resources.port={port}", f"resources.bind={bind}"]
         new = apply_sets(catalog, catalog.recipe(new.name), new_sets)
-    spec = spec_for(catalog, new)
+    spec = spec_here(catalog, new)
     on_event(Step("staging", f"{new.name} while {old.name} serves"))
     preflight(new, catalog, runtime, spec, LaunchOptions(replace=True, check_weights=options.check_weights,
                                                          pull=options.pull), on_event,
@@ -165,7 +165,7 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerR
         # what the box holds now, and leave the journal so the repair knows what to restore.
         raise SwapInterrupted(
             f"interrupted while {new.name} was starting: nothing serves now ({old.name} was stopped for the swap, "
-            f"{new.name}'s container was removed)",
+            f"{new.name}'s {'process' if spec.is_process else 'container'} was removed)",
             f"`metralectl ps --repair` serves {old.name} again (so does the next `run` or `swap`)") from None
     phases["boot"] = time.monotonic() - boot_from
     result = SwapResult(old.name, new.name, "swapped", time.monotonic() - down_from, phases,
@@ -181,7 +181,7 @@ def _restore(old: Recipe, old_sets: list[str], new: Recipe, catalog: Catalog, ru
     cancel.checkpoint()  # cancelled before the rollback boots: the journal says what `ps --repair` restores
     on_event(Warning_(f"{new.name} did not become ready ({failure.diagnosis.cause}); restoring {old.name}"))
     restore_from = time.monotonic()
-    spec = spec_for(catalog, old)
+    spec = spec_here(catalog, old)
     try:
         start_and_wait(old, catalog, runtime, spec, LaunchOptions(stall_timeout_s=options.stall_timeout_s,
                                                                    boot_timeout_s=options.boot_timeout_s,
@@ -232,7 +232,7 @@ def repair_if_needed(runtime: ContainerRuntime, catalog: Catalog, *, on_event: L
             stop_containers(runtime, [leftover], on_event=on_event)
         on_event(Step("repair", f"restoring {old.get('recipe')} after an interrupted swap"))
         recipe = apply_sets(catalog, catalog.recipe(str(old.get("recipe"))), list(old.get("sets") or []))
-        spec = spec_for(catalog, recipe)
+        spec = spec_here(catalog, recipe)
         try:
             start_and_wait(recipe, catalog, runtime, spec, LaunchOptions(check_weights=False,
                                                                          sets=tuple(old.get("sets") or ())), on_event)
@@ -280,7 +280,7 @@ def swap_after_interruption(new: Recipe, new_sets: list[str], catalog: Catalog, 
     if (new.resources.port, new.resources.bind) != (port, bind):
         new_sets = [*new_sets, f"resources.port={port}", f"resources.bind={bind}"]
         new = apply_sets(catalog, catalog.recipe(new.name), new_sets)
-    spec = spec_for(catalog, new)
+    spec = spec_here(catalog, new)
     on_event(Step("repair", f"an interrupted swap left nothing serving: starting {new.name} now, "
                             f"{old.name} stays the rollback"))
     body = {"old": old_side, "new": {"recipe": new.name, "sets": new_sets, "container": spec.name},

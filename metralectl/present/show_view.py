@@ -8,7 +8,8 @@ from typing import Any
 from metralectl.core.catalog import Catalog
 from metralectl.core.fit import MemoryEstimate, Part, estimate
 from metralectl.core.recipe import Recipe
-from metralectl.core.render import docker_run_command, spec_for
+from metralectl.core.render import ContainerSpec
+from metralectl.errors import MetralError
 from metralectl.safetext import clean
 
 
@@ -101,10 +102,26 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
                False: f"does NOT fit (short by {-(est.headroom_gb or 0):.1f} GB)", None: "unknown"}[est.fits]
     lines.append(f"  verdict   {verdict}")
     for rank in range(recipe.resources.world_size):
-        spec = spec_for(catalog, recipe, rank=rank)
         title = "Command" if not recipe.multi_rank else f"Command (rank {rank}, {recipe.resources.ranks[rank].role})"
-        lines += ["", title, docker_run_command(spec)]
+        if recipe.runtime == "process":
+            title += " (a host process: runtime process)"
+        try:
+            lines += ["", title, _command(catalog, recipe, rank)]
+        except MetralError as exc:  # a host process whose program is not on this machine: say so, show the rest
+            lines += ["", title, f"  cannot be rendered here: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")]
     return "\n".join(shown(line) for line in lines)
+
+
+def _specs(catalog: Catalog, recipe: Recipe) -> list[ContainerSpec]:
+    from metralectl.lifecycle.specs import spec_here
+
+    return [spec_here(catalog, recipe, rank=rank) for rank in range(recipe.resources.world_size)]
+
+
+def _command(catalog: Catalog, recipe: Recipe, rank: int) -> str:
+    from metralectl.lifecycle.specs import command_text, spec_here
+
+    return command_text(spec_here(catalog, recipe, rank=rank))
 
 
 _CONTINUED = " \\\n  "  # docker_run_command's own line break between options
@@ -156,7 +173,12 @@ def engine_of(catalog: Catalog, recipe: Recipe) -> dict[str, str | None]:
 
 def to_json(catalog: Catalog, recipe: Recipe) -> dict[str, Any]:
     est = _estimate(catalog, recipe)
-    specs = [spec_for(catalog, recipe, rank=rank) for rank in range(recipe.resources.world_size)]
+    from metralectl.lifecycle.specs import command_text
+
+    try:
+        specs, command_error = _specs(catalog, recipe), None
+    except MetralError as exc:  # a host process whose program is not on this machine
+        specs, command_error = [], exc.message
     image = catalog.image_for(recipe)
     return {
         "recipe": asdict(recipe),
@@ -164,6 +186,8 @@ def to_json(catalog: Catalog, recipe: Recipe) -> dict[str, Any]:
         "image": {"id": image.id, "ref": image.ref, "pullable": image.pullable, "certified": image.certified,
                   "availability": image.availability(), "tags": dict(image.tags), "tag_pattern": image.tag_pattern},
         "memory": {**asdict(est), "total_gb": est.total_gb, "fits": est.fits},
-        "commands": [docker_run_command(s) for s in specs],
+        "runtime": recipe.runtime,
+        "commands": [command_text(s) for s in specs],
         "container_specs": [asdict(s) for s in specs],
+        **({"command_error": command_error} if command_error else {}),
     }

@@ -46,9 +46,9 @@ def discover_engines(
     from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE
 
     try:
-        if runtime_factory is None:
-            from metralectl.seams.docker.runtime import open_runtime
-            runtime_factory = open_runtime
+        if runtime_factory is None:  # this machine's containers and host processes
+            from metralectl.lifecycle.local_runtime import open_local
+            runtime_factory = open_local
         with runtime_factory() as runtime:
             containers = runtime.containers(mine=False, all_states=False)
     except MetralError as exc:
@@ -58,6 +58,12 @@ def discover_engines(
     _OURS.clear()
     _OURS.update({c.id: c.name for c in containers})
     return targets, None if targets else NO_ENGINE
+
+
+def _open_local() -> ContainerRuntime:
+    from metralectl.lifecycle.local_runtime import open_local  # this machine's containers and host processes
+
+    return open_local()
 
 
 _OURS: dict[str, str] = {}  # container id -> name of metralectl's running containers (last discovery)
@@ -74,7 +80,7 @@ class EngineDiscovery:
         from metralectl.seams.docker.shared import SharedRuntime
 
         self._owned = runtime is None
-        self.runtime = runtime if runtime is not None else SharedRuntime(runtime_factory)
+        self.runtime = runtime if runtime is not None else SharedRuntime(runtime_factory or _open_local)
 
     def __call__(self) -> tuple[list[EngineTarget], str | None]:
         return discover_engines(self.runtime)

@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 LOCK_NOTE = "(dashboard)"
 
 
+def _open_local() -> ContainerRuntime:
+    from metralectl.lifecycle.local_runtime import open_local  # on first use, not before the first frame
+
+    return open_local()
+
+
 class CoreServices:
     def __init__(self, *, hardware: str | None = None, bench: BenchService | None = None) -> None:
         self._hardware = hardware
@@ -33,7 +39,7 @@ class CoreServices:
         self._catalog_lock = threading.Lock()
         from metralectl.seams.docker.shared import SharedRuntime  # light: Docker is imported on first use
 
-        self._shared = SharedRuntime()
+        self._shared = SharedRuntime(_open_local)  # this machine's containers and host processes
         self._bench = bench
         self._bench_lock = threading.Lock()
 
@@ -68,9 +74,9 @@ class CoreServices:
     def _own_runtime() -> ContainerRuntime:
         """A connection of its own for a run, swap, stop or pull: they change the client's timeout while they
         last (seams/docker/shared.py says why a shared one must not), and they are one per operator action."""
-        from metralectl.seams.docker.runtime import open_runtime
+        from metralectl.lifecycle.local_runtime import open_local
 
-        return open_runtime()
+        return open_local()
 
     def close(self) -> None:
         """When the dashboard ends (tui.run): the kept Docker connection."""

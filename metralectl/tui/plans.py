@@ -45,10 +45,13 @@ def make_plan(action: Action, recipe: Recipe | None, catalog: Catalog, runtime_f
     if action == "stop":
         return _stop_plan(recipe, runtime_factory)
     assert recipe is not None
-    from metralectl.core.render import spec_for
     from metralectl.lifecycle.preflight import observe
+    from metralectl.lifecycle.specs import spec_here
 
-    spec = spec_for(catalog, recipe)
+    try:
+        spec = spec_here(catalog, recipe)
+    except MetralError as exc:  # a host process whose program is not on this machine
+        return Plan(action, recipe.name, f"{action.capitalize()} {recipe.name}", (), blocked=exc.message, hint=exc.hint)
     facts: Facts | None = None
     docker_note: str | None = None
     try:
@@ -98,7 +101,8 @@ def _refusal(action: Action, recipe: Recipe, spec: Any, facts: Facts) -> Refusal
 
 def _change_plan(action: Action, recipe: Recipe, catalog: Catalog, spec: Any, facts: Facts | None,
                  docker_note: str | None) -> Plan:
-    from metralectl.core.render import LABEL_RECIPE, docker_run_command
+    from metralectl.core.render import LABEL_RECIPE
+    from metralectl.lifecycle.specs import command_text
 
     info = catalog.image_for(recipe)
     warnings = [f"deviation: {k}: {old} -> {new}" for k, old, new in recipe.deviations]
@@ -113,15 +117,17 @@ def _change_plan(action: Action, recipe: Recipe, catalog: Catalog, spec: Any, fa
             blocked, hint = refused.error.message, HINTS.get(refused.fix or "", refused.error.hint)
     running = facts.running if facts is not None else ()
     served = [f"{c.labels.get(LABEL_RECIPE, '?')} ({c.name})" for c in running]
-    command = docker_run_command(spec)
+    command = command_text(spec)
     image_line = _image_line(facts, docker_note)
+    kind, what = ("program", "host process") if spec.is_process else ("image", "container")
     if action == "run":
-        steps = (f"check image {info.ref} ({image_line}), weights ({weights}), port {spec.bind}:{spec.port}",
-                 f"start container {spec.name}",
+        checked = spec.command[0] if spec.is_process else info.ref
+        steps = (f"check {kind} {checked} ({image_line}), weights ({weights}), port {spec.bind}:{spec.port}",
+                 f"start {what} {spec.name}",
                  "follow the engine log for its boot phases (kernel target, weights, KV cache)",
                  (f"ready = GET /health on {spec.bind}:{spec.port} answers 200, polled from the start "
                   f"(boot timeout {catalog.hardware[recipe.hardware].boot_timeout_s:g} s)"),
-                 "on failure: say why, keep the log, remove the container")
+                 f"on failure: say why, keep the log, remove the {what}")
         return Plan("run", recipe.name, f"Run {recipe.name}", steps, command, tuple(warnings), blocked, hint)
     old = served[0] if served else "?"
     steps = (f"stage {recipe.name} (image, weights) while {old} keeps serving",

@@ -43,7 +43,7 @@ def test_no_nvml_is_not_a_failure() -> None:
     watch = NvmlMemoryWatch(_runtime(), probe_factory=lambda: NvmlProbe(
         nvml=fk.make_fake([], init_error=fk.LibraryNotFound)))
     watch.before(CONTAINER)
-    assert watch.after(CONTAINER).startswith("not checked (")
+    assert watch.after(CONTAINER).startswith("not checked: no GPU here (no NVIDIA driver")  # plainly: nothing passed
 
 
 def test_the_docker_runtime_reads_the_pids_from_docker_top() -> None:
@@ -55,3 +55,45 @@ def test_the_docker_runtime_reads_the_pids_from_docker_top() -> None:
     runtime = DockerRuntime.__new__(DockerRuntime)  # no daemon: only the answer of `docker top` is read
     runtime.api = Api()
     assert runtime.container_pids("c1") == {4242, 4243}
+
+
+def test_a_stop_whose_processes_were_not_known_is_not_a_pass() -> None:
+    """No PID noted before the stop (the runtime gave none): "none holds memory" would prove nothing."""
+    rt = FakeRuntime()
+    rt.seed(CONTAINER)  # no PIDs
+    device = fk.FakeDevice(compute_procs=[(4243, 2 * fk.GiB)])
+    watch = NvmlMemoryWatch(rt, wait_s=0.05, probe_factory=lambda: NvmlProbe(nvml=fk.make_fake([device])))
+    watch.before(CONTAINER)
+    assert watch.after(CONTAINER) == "not checked (its processes were not known before the stop)"
+
+
+def test_a_host_process_s_gpu_memory_is_watched_by_its_engine_s_pids() -> None:
+    """A real host process (the process runtime, its supervisor, a stand-in engine): its pids are what the watch
+    notes before the stop, and NVML listing them while they live is "still held", gone after the stop "returned"."""
+    import os
+    import shutil
+
+    from metralectl.core.render import ContainerSpec
+    from metralectl.lifecycle.local_runtime import LocalRuntime
+    from metralectl.seams.process.runtime import ProcessRuntime
+
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    spec = ContainerSpec("metralectl-gpu-watch", f"process:{sleep}", (sleep, "120"),
+                         labels={"ai.metrale.metralectl.managed": "true"})
+    local = LocalRuntime(None, ProcessRuntime())
+    info = local.create_and_start(spec)
+    try:
+        pids = local.container_pids(info.id)
+        assert pids and all(os.path.exists(f"/proc/{pid}") for pid in pids)
+        alive = lambda: [(pid, fk.GiB) for pid in pids if os.path.exists(f"/proc/{pid}")]  # noqa: E731
+        probe = lambda: NvmlProbe(nvml=fk.make_fake([fk.FakeDevice(compute_procs=alive)]))  # noqa: E731
+        held = NvmlMemoryWatch(local, wait_s=0.05, poll_s=0.01, probe_factory=probe)
+        held.before(info)
+        assert held.after(info).startswith(f"still held: 1.1 GB by PIDs {sorted(pids)}")  # not stopped yet
+        watch = NvmlMemoryWatch(local, wait_s=10, poll_s=0.05, probe_factory=probe)
+        watch.before(info)
+        local.stop(info.id, timeout_s=5)
+        assert watch.after(info) == "returned"
+    finally:
+        local.remove(info.id, force=True)

@@ -28,11 +28,11 @@ from metralectl.core.labels import LABEL_MANAGED, LABEL_OWNER, owner
 from metralectl.seams.docker.containers import ContainerInfo
 from metralectl.seams.docker.endpoints import Endpoint
 from metralectl.seams.docker.errors import RuntimeCause, RuntimeFailure
-from metralectl.seams.docker.images import ImageState
-from metralectl.seams.process import PROCESS_ENDPOINT_URL, group, images, launch, logs, state
+from metralectl.seams.process import PROCESS_ENDPOINT_URL, group, logs, state
 
 if TYPE_CHECKING:
     from metralectl.core.render import ContainerSpec
+    from metralectl.seams.docker.images import ImageState
 
 KILL_WAIT_S = 10.0  # after SIGKILL: the kernel takes the group down at once; this bounds a stuck wait
 RECORD_WAIT_S = 5.0  # after the engine's exit: its supervisor records it (a moment)
@@ -72,6 +72,7 @@ class ProcessRuntime:
     def image_state(self, ref: str, revision_label: str | None = None) -> ImageState:
         from metralectl.core.images import machine_platform
         from metralectl.seams import machine
+        from metralectl.seams.process import images  # here: `ps` reads states, never an image (cold start)
 
         return images.image_state(ref, machine_platform(machine.cpu_arch()))
 
@@ -81,6 +82,8 @@ class ProcessRuntime:
             return found
         path = ref.split(":", 1)[1] if ":" in ref else ref
         reason = getattr(found, "reason", None) or f"{path} is missing"
+        from metralectl.seams.process import images
+
         raise RuntimeFailure(RuntimeCause.PULL_FAILED, f"{ref}: nothing to pull for an engine run as a host process "
                              f"({reason})", images.install_hint(path))
 
@@ -107,6 +110,8 @@ class ProcessRuntime:
 
     def create_and_start(self, spec: ContainerSpec, extra_labels: dict[str, str] | None = None) -> ContainerInfo:
         """Start spec's engine as a host process; a failed or interrupted start leaves nothing behind."""
+        from metralectl.seams.process import launch  # here: `ps` starts nothing (cold start)
+
         launch.create_and_start(spec, {**spec.labels, **(extra_labels or {})}, self.log_limit, self.keep_logs)
         info = self.inspect(spec.name)
         if info is None:
