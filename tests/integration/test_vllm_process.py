@@ -10,7 +10,7 @@ verified in the box's Hugging Face cache as `metralectl pull` leaves it; llama.c
 
 One test, one vLLM start shared by every step (a start is about a minute on two busy cores): run → ps → logs →
 chat → bench (every request ok; its token counts equal to vLLM's own /metrics counters, read before and after) →
-top --once --json (vLLM's series mapped, engine vllm) → swap to llama.cpp (as a process) → swap back → stop: no
+top --once --json (vLLM's series mapped, engine vllm) → bench at its URL (vLLM detected from its answers) → swap to llama.cpp (as a process) → swap back → stop: no
 process of either engine left, nothing listening.
 """
 
@@ -261,6 +261,13 @@ def test_vllm_as_a_host_process_through_the_whole_lifecycle(box: Box) -> None:
     assert watched["totals"]["generation_tokens"] == after["vllm:generation_tokens_total"], watched
     assert watched["totals"]["requests"] == after["vllm:request_success_total"], watched
     assert watched["ttft_p50_s"] is not None and watched["itl_p50_s"] is not None, watched
+    # and bench at its URL tells vLLM from the server's own answers too, not only from the recipe
+    bare = box.cli("bench", "run", "decode", "--url", box.url, "-p", "repeats=1", "-p", "warmup=0", "-p",
+                   "max_tokens=4", "-p", "client_bound=warn", "--format", "json", timeout=300)
+    assert bare.returncode == 0, bare.stderr
+    engine = json.loads(bare.stdout)["target"]["engine"]
+    assert (engine["name"], engine["detected"]) == ("vllm", "vllm"), engine
+    assert 'owned_by "vllm"' in engine["evidence"] and "vllm:* samples" in engine["evidence"], engine
 
     # to llama.cpp and back, each a host process on the same address; nothing of the engine swapped out is left
     to_llama = box.json("swap", box.llama, "--json", timeout=600)
