@@ -1,6 +1,6 @@
 """engine/vllm.yaml's log phases and failure signatures against lines the real vLLM 0.32.0 (CPU build) wrote:
-a start on a tiny Llama, and five failed starts (no snapshot, a truncated .safetensors, a max-model-len the KV cache
-cannot hold, the port in use, an unknown flag). The lines are quoted as the server logged them."""
+a start on a tiny Llama, and six failed starts (a Python without vLLM, no snapshot, a truncated .safetensors, a
+max-model-len the KV cache cannot hold, the port in use, an unknown flag). The lines are quoted as the server logged them."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ BOOT = [
     "INFO:     Application startup complete.",
 ]
 FAILURES = {
+    "engine-missing": ["/usr/bin/python3: Error while finding module specification for 'vllm.entrypoints.openai."
+                       "api_server' (ModuleNotFoundError: No module named 'vllm')"],
     "no-weights": ["huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate cached snapshot "
                    "folder for the specified revision on the local disk and outgoing traffic has been disabled. "
                    "To enable repo look-ups and downloads online, pass 'local_files_only=False' as input.",

@@ -76,3 +76,18 @@ def test_the_golden_docker_run_of_a_vllm_recipe(home_hf: None) -> None:
     recipe = cat.recipes["qwen3.6-35b-a3b-vllm"]
     text = docker_run_command(render(recipe, cat.engines["vllm"], cat.images[recipe.image]))
     assert text + "\n" == GOLDEN.read_text()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_memory_estimate_says_why_it_cannot_size_a_vllm_kv_pool(name: str) -> None:
+    """vLLM sizes its KV cache from what its memory fraction leaves; the estimate's pool is Metrale's and
+    llama.cpp's formula, so it says which flags it lacks rather than blaming the KV dtype."""
+    from metralectl.core.fit import estimate
+
+    cat = catalog()
+    recipe = cat.recipes[name]
+    est = estimate(recipe, cat.models_for(recipe.hardware)[recipe.model], cat.hardware[recipe.hardware],
+                   memory_meaning="fraction-of-total")
+    assert est.kv_pool.gb is None and est.fits is None
+    assert "does not set max-seq-len and max-batch-size" in est.kv_pool.basis, est.kv_pool.basis
+    assert est.budget.gb is not None and "of total" in est.budget.basis
