@@ -3,6 +3,8 @@ installed in, with no subcommand (`vllm serve` is what NVIDIA's image is given),
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,3 +48,31 @@ def test_a_process_serve_command_that_is_an_option_is_refused(tmp_path: Path) ->
     contract, errors = _contract(engine)
     assert contract is None and any("process.serve-command: serve-command is the words before the model argument"
                                     in e for e in errors), errors
+
+
+def _venv(root: Path, package: str | None) -> Path:
+    """A real venv (no pip: a second) whose site-packages has `package`, an empty one, when named."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    if package:
+        [site] = root.glob("lib/python*/site-packages")
+        (site / package).mkdir()
+        (site / package / "__init__.py").write_text("")
+    return root / "bin"
+
+
+@pytest.mark.parametrize("package,status", [("vllm", "ok"), (None, "problem")])
+def test_doctor_asks_the_interpreter_for_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, package: str | None,
+                                              status: str) -> None:
+    """`doctor --recipe R --runtime process` of a vLLM recipe: the Python found must have vLLM (asked as the
+    engine will be started: that interpreter, a host process's environment), or it says which Python to name."""
+    from tests.unit import doctor_fakes as df
+    from tests.unit.test_doctor_checks import run
+
+    bin_dir = _venv(tmp_path / "venv", package)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    ctx = df.make_ctx(tmp_path, recipe=RECIPE, recipe_sets=("runtime=process",))
+    found = run(ctx, "recipe.program")["recipe.program"]
+    assert found.status == status, found
+    if status == "problem":
+        assert "cannot start vllm.entrypoints.openai.api_server: it has no 'vllm' package" in found.detail
+        assert "`vllm: {interpreter: /path/to/venv/bin/python}` in engines.yaml" in (found.remedy or "")
