@@ -51,11 +51,11 @@ RULES = ("kernel-targets", "mtp-quant", "env-levers")
 # The canonical engine metrics the dashboard, `top`, swap's drain and bench read (telemetry/engine_metrics.py);
 # each engine maps them to its own series, first name present wins (renames across versions).
 COUNTER_METRICS = ("requests-total", "prompt-tokens-total", "generation-tokens-total", "decoded-tokens-total",
-                   "prefix-cache-hits-total", "prefix-cache-misses-total", "tool-calls-total",
-                   "spec-draft-tokens-total", "spec-accepted-tokens-total")
+                   "prefix-cache-hits-total", "prefix-cache-misses-total", "prefix-cache-queries-total",
+                   "tool-calls-total", "spec-draft-tokens-total", "spec-accepted-tokens-total")
 GAUGE_METRICS = ("requests-active", "requests-waiting", "prefix-cache-hit-rate", "kv-cache-usage",
                  "stream-tokens-per-s")
-HISTOGRAM_METRICS = ("ttft-seconds",)
+HISTOGRAM_METRICS = ("ttft-seconds", "itl-seconds")  # time to first token; between tokens of one stream
 LABELLED_METRICS = ("spec-verify-total",)  # {k, outcome} counts
 CANONICAL_METRICS = COUNTER_METRICS + GAUGE_METRICS + HISTOGRAM_METRICS + LABELLED_METRICS
 
@@ -63,7 +63,7 @@ _READINESS_STYLE_KEYS = ("style", "marker")
 _MODEL_KEYS = ("form", "flag", "quant-separator")
 _METRICS_KEYS = ("path", "enabled-by", "series", "source")
 _WEIGHTS_KEYS = ("format", "container-hf-home", "offline-env", "source")
-_PROCESS_KEYS = ("executable", "module", "interpreter", "source")
+_PROCESS_KEYS = ("executable", "module", "interpreter", "serve-command", "source")
 _PROGRAM = re.compile(r"^(?:/[^\x00-\x1f\x7f]+|[A-Za-z0-9_][A-Za-z0-9._+-]*)$")  # a command name, or an absolute path
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -117,6 +117,7 @@ class ProcessStart:
     executable: str | None = None  # `llama-server`, `met`
     module: str | None = None  # `vllm.entrypoints.openai.api_server`
     interpreter: str = "python3"  # for a module: the Python that imports it
+    serve_command: tuple[str, ...] | None = None  # the words after the program, when not the image's serve-command
 
     @property
     def program(self) -> str:
@@ -237,7 +238,14 @@ def parse_process(check: Checker, raw: Any) -> ProcessStart | None:
         check.error(where + ("interpreter",), "an interpreter runs a `module:`; an executable runs by itself",
                     "remove `interpreter:`, or name a `module:` instead of the executable")
         return None
-    return ProcessStart(executable, module, str(body.get("interpreter", "python3")))
+    command = None
+    if "serve-command" in body:  # vLLM: its image is given `vllm serve`, its API server module no subcommand
+        command = tuple(check.string_list(body, where, "serve-command"))
+        if any(not w or w.startswith("-") for w in command):
+            check.error(where + ("serve-command",), "serve-command is the words before the model argument, none "
+                        "empty or an option", "e.g. `serve-command: []` or `[serve]`")
+            return None
+    return ProcessStart(executable, module, str(body.get("interpreter", "python3")), command)
 
 
 def parse_rules(check: Checker, top: dict[str, Any]) -> tuple[str, ...]:

@@ -110,7 +110,11 @@ def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
         return Part("KV pool", None, f"unknown: {', '.join(missing)} of {model.display_name} not in the data")
     if batch == "auto":
         return Part("KV pool", None, "unknown: max-batch-size auto (the engine sizes the batch at boot)")
-    if sizes is None or not isinstance(seq, int) or not isinstance(batch, int):
+    if not isinstance(seq, int) or not isinstance(batch, int):  # another engine's recipe (vLLM's sizes its own pool)
+        unset = " and ".join(n for n, v in (("max-seq-len", seq), ("max-batch-size", batch)) if not isinstance(v, int))
+        return Part("KV pool", None, f"unknown: the estimate sizes the pool from max-seq-len × max-batch-size, "
+                                     f"and this recipe does not set {unset}")
+    if sizes is None:
         return Part("KV pool", None, f"unknown: KV dtype {dtype!r} has no known element size")
     assert layers and heads and dim
     tokens = math.ceil(seq / KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS * batch

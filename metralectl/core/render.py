@@ -103,11 +103,14 @@ def container_name(recipe: Recipe, rank: int = 0) -> str:
     return f"metralectl-{recipe.name}{suffix}"
 
 
-def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, master_addr: str | None = None) -> list[str]:
+def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, master_addr: str | None = None,
+               serve_command: tuple[str, ...] | None = None) -> list[str]:
     """`serve <hf-id>` (or the engine's model-argument form) and every flag, explicit: no engine default is
-    inherited silently; then the flags the engine's launcher always sets (llama.cpp's --offline --metrics)."""
+    inherited silently; then the flags the engine's launcher always sets (llama.cpp's --offline --metrics).
+    `serve_command`: other words than the engine file's `serve-command` (a host process's, `process.serve-command`)."""
     rank_info = recipe.resources.ranks[rank]
-    argv = [*contract.serve_command, *contract.model_argument.words(recipe.checkpoint.repo, recipe.checkpoint.quant)]
+    command = contract.serve_command if serve_command is None else serve_command
+    argv = [*command, *contract.model_argument.words(recipe.checkpoint.repo, recipe.checkpoint.quant)]
     resource_values = {
         "port": rank_info.port,
         "bind": recipe.resources.bind,
@@ -156,11 +159,12 @@ def nccl_env(recipe: Recipe, hardware: HardwareClass | None, roce_interface: str
 
 def process_argv(recipe: Recipe, contract: EngineContract, program: str, *, rank: int = 0) -> list[str]:
     """A host process's whole argv: the program (an absolute path), `-m MODULE` for a Python module engine, then
-    what a container's entrypoint would be given."""
+    what a container's entrypoint would be given (after the process's own `serve-command` where the file states
+    one: vLLM's image is given `vllm serve`, its API server module nothing)."""
     if contract.process is None:
         raise MetralError(f"the {contract.display_name} engine file does not say how to start it as a host process")
     start = [program, "-m", contract.process.module] if contract.process.module else [program]
-    return [*start, *serve_argv(recipe, contract, rank=rank)]
+    return [*start, *serve_argv(recipe, contract, rank=rank, serve_command=contract.process.serve_command)]
 
 
 def process_env(contract: EngineContract) -> dict[str, str]:

@@ -1,8 +1,11 @@
-"""The engine's own description of its serve surface: `met dump-serve-options` (serve-options.json).
+"""An engine's own description of its serve surface (serve-options.json): Metrale's `met dump-serve-options`,
+or vLLM's argument parser dumped by scripts/vllm-options.py in the same shape.
 
-Each engine release publishes it beside its recipes. This module reads one, and compares it with
-the flags of our contract (engine/metrale.yaml), which is how drift is caught
-(scripts/engine-contract.py check, tests/unit/test_engine_contract.py). Pure; json only.
+Metrale publishes its dump beside each release's recipes; vLLM's is made from the installed package. This module
+reads one, and compares it with the flags of our contract (engine/<name>.yaml), which is how drift is caught
+(scripts/engine-contract.py check, tests/unit/test_engine_contract.py, tests/unit/test_vllm_contract.py). A dump
+of an argparse parser says more than Metrale's (the action, the value converter, the `--no-*` negation): those
+records decide the value type (`value_type`) where Metrale's leave it to be inferred from the default. Pure; json only.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSIONS = (2,)  # the shape of serve-options.json this reader understands
 LEVER_CLASSES = ("runtime", "dev", "tool", "build", "harness")
-FlagValue = bool | int | float | str | None  # a serve flag's value as our types read it (None: no default)
+# A serve flag's value as our types read it (None: no default; a mapping or list: a json flag's).
+FlagValue = bool | int | float | str | dict[str, Any] | list[Any] | None
 
 
 class ServeOptionsError(ValueError):
@@ -33,6 +37,8 @@ class DumpFlag:
     default: str | None  # clap's default as text; None = no clap default
     cli_aliases: tuple[str, ...]
     recipe_aliases: tuple[str, ...]  # the spelling an engine recipe must use (max_model_len, host, ...)
+    negation: str | None = None  # an argparse BooleanOptionalAction's `--no-*` spelling (vLLM), without dashes
+    value_type: str | None = None  # our type word when the dump says it (an argparse dump), else None: inferred
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,32 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+# An argparse dump's value converters (scripts/vllm-options.py `type`), by our type word; any other is a string.
+INT_CONVERTERS = ("int", "human_readable_int", "human_readable_int_or_auto")
+JSON_CONVERTERS = ("loads", "union_dict_and_str", "parse_dataclass")
+
+
+def _argparse_type(raw: dict[str, Any]) -> str | None:
+    """Our type for one record of an argparse dump (None for a record without `action`: Metrale's)."""
+    action = raw.get("action")
+    if not isinstance(action, str):
+        return None
+    if action == "boolean_optional":
+        return "negatable"
+    if raw.get("presence_only"):
+        return "flag"
+    if raw.get("options"):
+        return "choice"
+    converter = raw.get("type")
+    if converter in INT_CONVERTERS:
+        return "int"
+    if converter == "float":
+        return "float"
+    if converter in JSON_CONVERTERS:
+        return "json"
+    return "string"
+
+
 def _strings(value: Any, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -92,12 +124,15 @@ def parse(data: bytes, name: str = "serve-options.json") -> ServeOptions:
         where = f"{name}: flags[{i}]"
         if not isinstance(raw, dict) or not isinstance(raw.get("flag"), str) or not isinstance(raw.get("key"), str):
             raise ServeOptionsError(f"{where} needs string `key` and `flag`")
-        default = raw.get("default")
+        default, negation = raw.get("default"), raw.get("negation")
+        if negation is not None and not isinstance(negation, str):
+            raise ServeOptionsError(f"{where}.negation must be a string")
         flags.append(DumpFlag(raw["key"], raw["flag"], bool(raw.get("presence_only")),
                               _strings(raw.get("options"), where + ".options"),
                               None if default is None else str(default),
                               _strings(raw.get("cli_aliases"), where + ".cli_aliases"),
-                              _strings(raw.get("recipe_aliases"), where + ".recipe_aliases")))
+                              _strings(raw.get("recipe_aliases"), where + ".recipe_aliases"),
+                              negation, _argparse_type(raw)))
     levers = []
     for i, raw in enumerate(top.get("levers") or []):
         if not isinstance(raw, dict) or not isinstance(raw.get("env"), str):
@@ -135,6 +170,8 @@ def inferred_type(flag: DumpFlag) -> str:
         return "flag"
     if flag.options:
         return "choice"
+    if flag.value_type is not None:
+        return flag.value_type
     if flag.default is None:
         return "string"
     for kind, convert in (("int", int), ("float", float)):
@@ -150,10 +187,16 @@ def typed_default(text: str | None, kind: str, words: tuple[str, ...] = ()) -> F
     """The dump's default text as a value of our type (None when clap has no default)."""
     if text is None:
         return None
-    if kind == "flag":
+    if kind in ("flag", "negatable"):
         return text == "true"
     if text in words:
         return text
+    if kind == "json":  # an argparse dump writes a mapping or list default as JSON; a config object's repr is no value
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        return value if isinstance(value, (dict, list)) else None
     if kind == "int":
         return int(text)
     if kind == "float":
@@ -166,6 +209,11 @@ def flag_drift(dump: DumpFlag, spec: FlagSpec) -> list[str]:
     out = []
     if dump.presence_only != (spec.type == "flag"):
         out.append(f"presence-only is {dump.presence_only} in the dump, our type is {spec.type}")
+    if dump.negation != spec.negation:
+        out.append(f"negation differs: dump {dump.negation!r}, ours {spec.negation!r}")
+    if dump.value_type is not None and dump.value_type != spec.type and not (
+            dump.value_type == "string" and spec.type == "path"):
+        out.append(f"the dump's type is {dump.value_type}, ours is {spec.type}")
     if tuple(dump.options) != tuple(spec.choices):
         out.append(f"choices differ: dump {list(dump.options)}, ours {list(spec.choices)}")
     if dump.options and spec.type != "choice":

@@ -80,6 +80,16 @@ def check_program(ctx: Context) -> Finding:
     if state.platform and state.platform != want:
         return problem(f"{program.path} is built for {state.platform}; this machine is {want}",
                        "install the engine's build for this machine", **data)
+    start = ctx.catalog().engines[recipe.engine].process
+    if start is not None and start.module:  # a Python engine: the interpreter must have it (vLLM in its venv)
+        from metralectl.seams.process.modules import missing_module
+
+        why = missing_module(program.path, start.module)
+        if why is not None:
+            return problem(f"{program.path} (from {program.how}) cannot start {start.module}: {why}",
+                           f"name the Python the engine is installed in: `{recipe.engine}: {{interpreter: "
+                           "/path/to/venv/bin/python}` in engines.yaml in the config dir", **data)
+        data["module"] = start.module
     return ok(f"{program.path} (from {program.how}; {state.platform or 'platform ?'})", **data)
 
 

@@ -139,6 +139,8 @@ class EngineSnapshot:
     spec_draft_tokens_total: float | None = None
     spec_accepted_tokens_total: float | None = None
     engine: str = ""  # whose series these are (the mapping's engine), "" when unknown
+    itl: Histogram | None = None  # inter-token latency (vLLM's vllm:inter_token_latency_seconds)
+    prefix_cache_queries_total: float | None = None  # tokens looked up (vLLM counts queries and hits, not misses)
 
     @property
     def ttft_p50_s(self) -> float | None:
@@ -149,9 +151,20 @@ class EngineSnapshot:
         return self.ttft.quantile(0.95) if self.ttft else None
 
     @property
+    def itl_p50_s(self) -> float | None:
+        return self.itl.quantile(0.5) if self.itl else None
+
+    @property
+    def itl_p95_s(self) -> float | None:
+        return self.itl.quantile(0.95) if self.itl else None
+
+    @property
     def prefix_cache_hit_rate(self) -> float | None:
-        """From the counters when both are there (exact), else the engine's own gauge."""
+        """From the counters when they are there (exact: hits and misses, or hits of queries), else the engine's
+        own gauge."""
         rate = _ratio(self.prefix_cache_hits_total, self.prefix_cache_misses_total)
+        if rate is None:
+            rate = _share(self.prefix_cache_hits_total, self.prefix_cache_queries_total)
         return rate if rate is not None else self.prefix_cache_hit_rate_gauge
 
     @property
@@ -169,7 +182,8 @@ class EngineSnapshot:
             "requests_active": self.requests_active, "requests_total": self.requests_total,
             "prompt_tokens_total": self.prompt_tokens_total, "generation_tokens_total": self.generation_tokens_total,
             "decoded_tokens_total": self.decoded_tokens_total, "ttft_p50_s": self.ttft_p50_s,
-            "ttft_p95_s": self.ttft_p95_s, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "ttft_p95_s": self.ttft_p95_s, "itl_p50_s": self.itl_p50_s, "itl_p95_s": self.itl_p95_s,
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "spec_acceptance": self.spec_acceptance, "spec_acceptance_by_k": self.spec_acceptance_by_k(),
             "tool_calls_total": self.tool_calls_total, "requests_waiting": self.requests_waiting,
             "stream_tokens_per_s": self.stream_tokens_per_s,
@@ -222,7 +236,7 @@ def parse_metrics(text: str, *, t: float | None = None, mapping: MetricsMap | No
     spec: dict[tuple[str, str], float] = defaultdict(float)
     for labels, value in series.get(present("spec-verify-total") or "", ()):
         spec[(labels.get("k", ""), labels.get("outcome", ""))] += value
-    ttft = present("ttft-seconds", "_bucket")
+    ttft, itl = present("ttft-seconds", "_bucket"), present("itl-seconds", "_bucket")
     return EngineSnapshot(
         t=t,
         requests_active=total("requests-active"),
@@ -242,6 +256,8 @@ def parse_metrics(text: str, *, t: float | None = None, mapping: MetricsMap | No
         spec_draft_tokens_total=total("spec-draft-tokens-total"),
         spec_accepted_tokens_total=total("spec-accepted-tokens-total"),
         engine=chosen.engine,
+        itl=_histogram(series, itl) if itl else None,
+        prefix_cache_queries_total=total("prefix-cache-queries-total"),
     )
 
 
@@ -272,6 +288,8 @@ class EngineRates:
     prefix_cache_hit_rate: float | None
     spec_acceptance: float | None
     reset: bool
+    itl_p50_s: float | None = None
+    itl_p95_s: float | None = None
 
 
 def engine_rates(old: EngineSnapshot, new: EngineSnapshot, dt_s: float | None = None) -> EngineRates:
@@ -296,8 +314,15 @@ def engine_rates(old: EngineSnapshot, new: EngineSnapshot, dt_s: float | None = 
     ttft = new.ttft.minus(old.ttft) if new.ttft and old.ttft else None
     if new.ttft and old.ttft and ttft is None:
         reset = True
+    itl = new.itl.minus(old.itl) if new.itl and old.itl else None
+    if new.itl and old.itl and itl is None:
+        reset = True
     hits = _delta(old.prefix_cache_hits_total, new.prefix_cache_hits_total)
     misses = _delta(old.prefix_cache_misses_total, new.prefix_cache_misses_total)
+    queries = _delta(old.prefix_cache_queries_total, new.prefix_cache_queries_total)
+    hit_rate = _ratio(hits, misses) if hits is not None and misses is not None and hits + misses > 0 else None
+    if hit_rate is None:
+        hit_rate = _share(hits, queries)
     spec_delta = {k: v - old.spec_verify.get(k, 0.0) for k, v in new.spec_verify.items()}
     if any(v < 0 for v in spec_delta.values()):
         reset, spec_delta = True, {}
@@ -315,15 +340,23 @@ def engine_rates(old: EngineSnapshot, new: EngineSnapshot, dt_s: float | None = 
         tool_calls_per_s=rate(old.tool_calls_total, new.tool_calls_total),
         ttft_p50_s=ttft.quantile(0.5) if ttft else None,
         ttft_p95_s=ttft.quantile(0.95) if ttft else None,
-        prefix_cache_hit_rate=_ratio(hits, misses) if hits is not None and misses is not None and hits + misses > 0
-        else None,
+        prefix_cache_hit_rate=hit_rate,
         spec_acceptance=acceptance,
         reset=reset,
+        itl_p50_s=itl.quantile(0.5) if itl else None,
+        itl_p95_s=itl.quantile(0.95) if itl else None,
     )
 
 
 def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b < a else b - a
+
+
+def _share(hits: float | None, queries: float | None) -> float | None:
+    """hits of queries (vLLM's prefix cache counts both), None without a query or with more hits than queries."""
+    if hits is None or queries is None or queries <= 0 or hits > queries:
+        return None
+    return hits / queries
 
 
 def _ratio(hits: float | None, misses: float | None) -> float | None:

@@ -65,6 +65,19 @@ class EngineRow:
         return "lifetime" if self.snapshot and self.snapshot.ttft_p50_s is not None else None
 
     @property
+    def itl_p50_s(self) -> float | None:
+        """Inter-token latency over the window when tokens were streamed in it, else since the engine started."""
+        if self.rates and self.rates.itl_p50_s is not None:
+            return self.rates.itl_p50_s
+        return self.snapshot.itl_p50_s if self.snapshot else None
+
+    @property
+    def itl_p95_s(self) -> float | None:
+        if self.rates and self.rates.itl_p95_s is not None:
+            return self.rates.itl_p95_s
+        return self.snapshot.itl_p95_s if self.snapshot else None
+
+    @property
     def prefix_cache_hit_rate(self) -> float | None:
         if self.rates and self.rates.prefix_cache_hit_rate is not None:
             return self.rates.prefix_cache_hit_rate
@@ -87,7 +100,9 @@ class EngineRow:
             "requests_waiting": _count(s.requests_waiting) if s else None,
             "engine_stream_tokens_per_s": s.stream_tokens_per_s if s else None,  # one request's decode rate, not the server's
             "tokens_per_s": self.tokens_per_s, "ttft_p50_s": self.ttft_p50_s, "ttft_p95_s": self.ttft_p95_s,
-            "ttft_scope": self.ttft_scope, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "ttft_scope": self.ttft_scope, "itl_p50_s": self.itl_p50_s, "itl_p95_s": self.itl_p95_s,
+            "kv_cache_usage": s.kv_cache_usage if s else None,
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "spec_acceptance": self.spec_acceptance,
             "totals": None if s is None else {
                 "requests": _count(s.requests_total), "prompt_tokens": _count(s.prompt_tokens_total),
@@ -97,6 +112,7 @@ class EngineRow:
             "lifetime": None if s is None else {
                 "ttft_p50_s": s.ttft_p50_s, "ttft_p95_s": s.ttft_p95_s,
                 "ttft_count": _count(s.ttft.count) if s.ttft else None,
+                "itl_p50_s": s.itl_p50_s, "itl_p95_s": s.itl_p95_s,
                 "prefix_cache_hit_rate": s.prefix_cache_hit_rate, "spec_acceptance": s.spec_acceptance,
                 "spec_acceptance_by_k": s.spec_acceptance_by_k()},
             "window": None if r is None else {
@@ -105,6 +121,7 @@ class EngineRow:
                 "generation_tokens_per_s": r.generation_tokens_per_s,
                 "decoded_tokens_per_s": r.decoded_tokens_per_s, "tool_calls_per_s": r.tool_calls_per_s,
                 "ttft_p50_s": r.ttft_p50_s, "ttft_p95_s": r.ttft_p95_s,
+                "itl_p50_s": r.itl_p50_s, "itl_p95_s": r.itl_p95_s,
                 "prefix_cache_hit_rate": r.prefix_cache_hit_rate, "spec_acceptance": r.spec_acceptance,
                 "counter_reset": r.reset},
         }

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -98,26 +99,23 @@ def test_unreachable_engine_is_one_clear_line() -> None:
         assert "no GPU: " in text.stdout
 
 
-# vLLM's own series names (the CPU build's /metrics, ../shared/TIPS.md); none is in a mapping metralectl has.
-VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="tiny"} 0.0
-# TYPE vllm:generation_tokens_total counter
-vllm:generation_tokens_total{engine="0",model_name="tiny"} 96.0
-# TYPE vllm:request_success_total counter
-vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 3.0
+# Series of an engine no engine file maps (made up: any real engine may gain a file here, as vLLM did).
+UNKNOWN_METRICS = """# HELP someengine:requests_running Requests in the batch.
+# TYPE someengine:requests_running gauge
+someengine:requests_running{model_name="tiny"} 0.0
+# TYPE someengine:generation_tokens_total counter
+someengine:generation_tokens_total{model_name="tiny"} 96.0
 """
+VLLM_METRICS = (Path(__file__).parent / "data" / "vllm-0.32.0-cpu-metrics.txt").read_text()  # the real server's
 
 
-def test_an_engine_metralectl_does_not_know_is_unknown_never_another(tmp_path: Path) -> None:
-    """`top --url` at a server whose /metrics carry only another engine's series says "unknown" (and which series
-    it saw), not "metrale" with nothing mapped."""
+def _metrics_server(text: str) -> Any:
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = VLLM_METRICS.encode()
+            body = text.encode()
             self.send_response(200 if self.path == "/metrics" else 404)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
@@ -129,15 +127,41 @@ def test_an_engine_metralectl_does_not_know_is_unknown_never_another(tmp_path: P
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)  # bound here, before anything is told its port
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_an_engine_metralectl_does_not_know_is_unknown_never_another(tmp_path: Path) -> None:
+    """`top --url` at a server whose /metrics carry only another engine's series says "unknown" (and which series
+    it saw), not "metrale" with nothing mapped."""
+    server = _metrics_server(UNKNOWN_METRICS)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         out = cli("top", "--once", "--json", "--url", url, "--interval", "0.2")
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
         (e,) = json.loads(out.stdout)["engines"]
         assert e["engine"] == "unknown" and e["state"] == "unknown-engine", e
-        assert "vllm:num_requests_running" in e["error"] and e["totals"]["generation_tokens"] is None, e
+        assert "someengine:requests_running" in e["error"] and e["totals"]["generation_tokens"] is None, e
         text = cli("top", "--once", "--url", url, "--interval", "0.2")
         assert text.returncode == 0 and "unknown-engine" in text.stdout and "unknown engine: no series" in text.stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_top_reads_a_real_vllms_metrics_as_vllm(tmp_path: Path) -> None:
+    """`top --url` at the /metrics of the real vLLM 0.32.0 says engine vllm and maps its series (engine/vllm.yaml):
+    the totals, TTFT and the inter-token latency."""
+    server = _metrics_server(VLLM_METRICS)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        out = cli("top", "--once", "--json", "--url", url, "--interval", "0.2")
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        (e,) = json.loads(out.stdout)["engines"]
+        assert e["engine"] == "vllm" and e["state"] == "ok", e
+        assert e["totals"] == {"requests": 6, "prompt_tokens": 77, "generation_tokens": 77, "decoded_tokens": None,
+                               "tool_calls": None}, e
+        assert e["requests_active"] == 0 and e["kv_cache_usage"] == 0 and e["ttft_p50_s"] is not None
+        assert e["itl_p50_s"] is not None and e["lifetime"]["itl_p95_s"] is not None, e
     finally:
         server.shutdown()
         server.server_close()
