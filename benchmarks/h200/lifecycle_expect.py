@@ -10,6 +10,7 @@ def expectations(s: dict[str, Any], steps: dict[str, dict[str, Any]], *, idle_to
                  memory_back_s: float, allow_no_gpu: bool) -> list[dict[str, Any]]:
     names = s.get("names") or {}
     a, b = names.get("a"), names.get("b")
+    ours = set(names.values())
     out: list[dict[str, Any]] = []
 
     def expect(name: str, passed: bool, detail: str) -> None:
@@ -35,10 +36,10 @@ def expectations(s: dict[str, Any], steps: dict[str, dict[str, Any]], *, idle_to
     expect("run A is ready at its URL", isinstance(run_a, dict) and run_a.get("url") == s.get("url")
            and (run_a.get("ready_s") or 0) > 0, f"url {run_a.get('url') if isinstance(run_a, dict) else None}")
     for ps_step, recipe in (("ps-a", a), ("ps-b", b), ("ps-after-rollback", b)):
-        serving = _serving(steps.get(ps_step))
+        serving = _serving(steps.get(ps_step), ours)
         expect(f"{ps_step}: only {recipe} serves, health ok", serving == [(recipe, "ok")], f"serving {serving}")
-    expect("ps-after-stop: nothing serves", _serving(steps.get("ps-after-stop")) == [],
-           f"serving {_serving(steps.get('ps-after-stop'))}")
+    left = _serving(steps.get("ps-after-stop"), ours)
+    expect("ps-after-stop: none of the run's models serves", left == [], f"serving {left}")
 
     top = (steps.get("top-once") or {}).get("json")
     engines = top.get("engines") if isinstance(top, dict) else None
@@ -77,11 +78,11 @@ def expectations(s: dict[str, Any], steps: dict[str, dict[str, Any]], *, idle_to
         expect(f"{w['step']}: downtime split drain/stop/start/load/ready", not have and w.get("downtime_s") is not None,
                f"missing {have}" if have else f"downtime {w.get('downtime_s')} s")
 
-    left = s.get("leftovers") or {}
-    expect("no engine process left after stop", left.get("engine_processes") == [],
-           f"{left.get('engine_processes')}")
-    expect("nothing listens on the served port after stop", left.get("port_listening") is False,
-           f"listening {left.get('port_listening')}")
+    leftovers = s.get("leftovers") or {}
+    expect("no engine process left after stop", leftovers.get("engine_processes") == [],
+           f"{leftovers.get('engine_processes')}")
+    expect("nothing listens on the served port after stop", leftovers.get("port_listening") is False,
+           f"listening {leftovers.get('port_listening')}")
 
     if gpu["present"]:
         mem = s["memory_after_stop"]
@@ -101,11 +102,12 @@ def expectations(s: dict[str, Any], steps: dict[str, dict[str, Any]], *, idle_to
     return out
 
 
-def _serving(step: dict[str, Any] | None) -> list[tuple[Any, Any]] | None:
+def _serving(step: dict[str, Any] | None, ours: set[Any]) -> list[tuple[Any, Any]] | None:
+    """What `ps --json` says serves, of this run's recipes (a shared machine may serve others' models too)."""
     doc = (step or {}).get("json")
     if not isinstance(doc, dict) or not isinstance(doc.get("serving"), list):
         return None
-    return [(e.get("recipe"), e.get("health")) for e in doc["serving"] if isinstance(e, dict)]
+    return [(e.get("recipe"), e.get("health")) for e in doc["serving"] if isinstance(e, dict) and e.get("recipe") in ours]
 
 
 def _stderr_has(step: dict[str, Any] | None, text: str) -> bool:

@@ -1,7 +1,8 @@
 """The lifecycle on a real engine run as a host process, driven through metralectl's own CLI, recorded:
 
-    run A → ps → top --once --json → bench run decode → swap B → ps → bench → swap DAMAGED (must roll back to
-    B, exit 1) → ps → bench (B still serves) → stop → GPU memory back at its idle level → no engine left
+    run A → ps → logs → top --once --json → bench run decode → swap B → ps → logs → bench → swap DAMAGED (must
+    roll back to B, exit 1) → ps → logs → bench (B still serves) → stop → GPU memory back at its idle level →
+    no engine left
 
     python3 benchmarks/h200/lifecycle_gpu.py --res DIR --metralectl EXE --models MODELS.json
         [--engine-dir DIR] [--hardware hopper] [--ngl all] [--ctx 8192] [--parallel 4] [--port 18180]
@@ -164,21 +165,24 @@ class Lifecycle:
         self.cli("print-a", "run", n["a"], "--print", timeout=60)
         self.cli("run-a", "run", n["a"], "--json", "--detach", timeout=a.boot_timeout)
         self.cli("ps-a", "ps", "--json", timeout=60)
+        self.cli("logs-a", "logs", n["a"], "--tail", "5000", timeout=60)  # the engine's own clock, for the load
         top = self.cli("top-once", "top", "--once", "--json", "--interval", "1", timeout=60)
         if not _top_found(top.get("json"), self.url):  # discovery failed: still read it by URL for the record
             self.cli("top-once-url", "top", "--once", "--json", "--interval", "1", "--url", self.url, timeout=60)
         self.bench("bench-a", a.bench_repeats)
         self.cli("swap-b", "swap", n["b"], "--json", timeout=a.boot_timeout)
         self.cli("ps-b", "ps", "--json", timeout=60)
+        self.cli("logs-b", "logs", n["b"], "--tail", "5000", timeout=60)
         self.bench("bench-b", a.bench_repeats)
         self.cli("swap-damaged", "swap", n["damaged"], "--json", timeout=2 * a.boot_timeout)
         self.cli("ps-after-rollback", "ps", "--json", timeout=60)
+        self.cli("logs-b-after-rollback", "logs", n["b"], "--tail", "5000", timeout=60)
         self.bench("bench-b-after-rollback", a.bench_repeats)
         stop = self.cli("stop", "stop", "--json", timeout=180)
         time.sleep(a.settle_s)  # keep sampling: how soon after stop the memory is back, and that it stays back
         after_stop = {"samples_until_s": a.settle_s, "processes": self.gpu.processes()}
         self.cli("ps-after-stop", "ps", "--json", timeout=60)
-        leftovers = {"engine_processes": _engine_processes(), "port_listening": _listening(a.port)}
+        leftovers = {"engine_processes": _engine_processes(a.port), "port_listening": _listening(a.port)}
         self.gpu.stop()
         record = {
             "schema": 1, "started": began, "finished": time.time(), "url": self.url, "names": n,
@@ -205,18 +209,21 @@ def _top_found(doc: Any, url: str) -> bool:
     return isinstance(engines, list) and any(isinstance(e, dict) and e.get("url") == url for e in engines)
 
 
-def _engine_processes() -> list[dict[str, Any]]:
-    """Every llama-server process on the machine (there must be none after stop), from /proc."""
+def _engine_processes(port: int) -> list[dict[str, Any]]:
+    """Every llama-server process serving on our port (there must be none after stop), from /proc: another
+    program's llama-server on another port (a shared machine) is not ours to count."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             exe = os.readlink(d / "exe")
+            argv = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if os.path.basename(exe).startswith("llama-server"):
-            found.append({"pid": int(d.name), "exe": exe})
+        ours = any(a in (b"--port", b"-p") and b == str(port).encode() for a, b in zip(argv, argv[1:]))
+        if os.path.basename(exe).startswith("llama-server") and ours:
+            found.append({"pid": int(d.name), "exe": exe, "argv": [a.decode(errors="replace") for a in argv[:12]]})
     return found
 
 

@@ -28,6 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lifecycle_expect import expectations  # noqa: E402
 
+LOGS_AFTER = {"run-a": "logs-a", "swap-b": "logs-b", "swap-damaged": "logs-b-after-rollback"}  # boot -> its log
 EVENT = re.compile(r"▸ (?:r\d+ )?(?P<name>[a-z][\w-]*)\s")
 ENGINE_CLOCK = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ")
 
@@ -63,19 +64,30 @@ def stamped_events(err_file: Path) -> list[tuple[float, str, str]]:
     return events
 
 
-def boot_split(events: list[tuple[float, str, str]], total_s: float | None) -> dict[str, float | None]:
+def boot_split(events: list[tuple[float, str, str]], total_s: float | None,
+               clock: dict[str, float | None] | None = None) -> dict[str, Any]:
     """start / load / ready of one boot from its events (starting → loading → loaded) and its total (metralectl's
     boot or restore phase): start + load + ready = total. `t_starting`: when the boot began (its clock starts
-    just before the `▸ starting` event)."""
+    just before the `▸ starting` event). When metralectl reported ready before it read the engine's log lines
+    (a fast load: /health answered first), they come from the engine's own clock (`clock`, from its log) counted
+    from its `▸ started` event, and `split_from` says so."""
     t: dict[str, float] = {}
     for when, name, _ in events:
         t.setdefault(name, when)
-    start = _diff(t.get("loading"), t.get("starting"))
-    load = _diff(t.get("loaded"), t.get("loading"))
+    start, load, split_from = _diff(t.get("loading"), t.get("starting")), _diff(t.get("loaded"), t.get("loading")), \
+        "events"
+    if (start is None or load is None) and clock and clock.get("loading") is not None:
+        split_from = "engine-log"
+        if start is None and t.get("started") is not None and t.get("starting") is not None:
+            start = round(t["started"] - t["starting"] + (clock["loading"] or 0.0), 3)
+        if load is None:
+            load = _diff(clock.get("loaded"), clock.get("loading"))
     ready = None
     if total_s is not None and start is not None and load is not None:
         ready = round(total_s - start - load, 3)
-    return {"phase_start_s": start, "phase_load_s": load, "phase_ready_s": ready, "t_starting": t.get("starting")}
+    return {"phase_start_s": start, "phase_load_s": load, "phase_ready_s": ready,
+            "split_from": split_from if start is not None or load is not None else None,
+            "t_starting": t.get("starting")}
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
@@ -88,19 +100,17 @@ def segments(events: list[tuple[float, str, str]]) -> list[list[tuple[float, str
     return [events[i:j] for i, j in zip(cuts, cuts[1:] + [len(events)])]
 
 
-def engine_clock(log: Path) -> dict[str, float | None]:
+def engine_clock(text: str) -> dict[str, float | None]:
     """The engine's own clock (its log's `M.SS.mmm.uuu` stamps since it started) at loading / loaded / listening."""
     marks = {"loading": "load_model: loading model", "loaded": "llama_server: model loaded",
              "listening": "listening on http"}
     found: dict[str, float | None] = dict.fromkeys(marks)
-    if not log.is_file():
-        return found
-    for line in log.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         m = ENGINE_CLOCK.match(line)
         if not m:
             continue
-        for key, text in marks.items():
-            if found[key] is None and text in line:
+        for key, mark in marks.items():
+            if found[key] is None and mark in line:
                 minutes, secs, ms, us = (int(g) for g in m.groups())
                 found[key] = round(minutes * 60 + secs + ms / 1e3 + us / 1e6, 6)
     return found
@@ -124,78 +134,118 @@ def requests_of(run: Path, run_id: str | None) -> dict[str, Any]:
             "errors": sorted({str(r.get("error"))[:160] for r in failed})[:3]}
 
 
-def summarize(run: Path, *, idle_tolerance_mib: float = 64.0, memory_back_s: float = 5.0,
-              allow_no_gpu: bool = False, label: str = "") -> dict[str, Any]:
-    life = json.loads((run / "lifecycle.json").read_text())
-    steps = {s["name"]: s for s in life["steps"]}
-    for step in life["steps"]:  # what the expectations read of metralectl's words, without the stamps
-        err = run / "steps" / step["stderr"]
-        step["stderr_text"] = "\n".join(l.partition("\t")[2] for l in err.read_text().splitlines()) if err.is_file() else ""
-    runs = jsonl(run / "metrale" / "state" / "runs.jsonl")
-    samples = _samples(run / "gpu-samples.csv")
-    gpu = life["gpu"]
-    idle = gpu.get("idle_mib")
+class Reader:
+    """One run's records, and the boots, swaps and benchmarks read off them."""
 
-    def booted_in(step: dict[str, Any]) -> list[dict[str, Any]]:
-        return [r for r in runs if step["t_start"] <= r.get("at", 0) <= step["t_end"] + 1]
+    def __init__(self, run: Path) -> None:
+        self.run = run
+        self.life = json.loads((run / "lifecycle.json").read_text())
+        self.steps = {step["name"]: step for step in self.life["steps"]}
+        for step in self.life["steps"]:  # what the expectations read of metralectl's words, without the stamps
+            err = run / "steps" / step["stderr"]
+            lines = err.read_text().splitlines() if err.is_file() else []
+            step["stderr_text"] = "\n".join(line.partition("\t")[2] for line in lines)
+        self.runs = jsonl(run / "metrale" / "state" / "runs.jsonl")  # every boot metralectl recorded
+        self.idle = self.life["gpu"].get("idle_mib")
 
-    def boot_record(step_name: str, entry: dict[str, Any], split: dict[str, float | None]) -> dict[str, Any]:
-        step = steps[step_name]
-        began, ready_at = split.get("t_starting"), entry.get("ready_at")
-        log = run / "metrale" / "logs" / f"{entry.get('run_id')}-{entry.get('recipe')}.log"
-        clock = engine_clock(log)
+    def boots_in(self, step: dict[str, Any], outcome: str) -> list[dict[str, Any]]:
+        return [r for r in self.runs if step["t_start"] <= r.get("at", 0) <= step["t_end"] + 1
+                and r.get("outcome") == outcome]
+
+    def events(self, step: dict[str, Any]) -> list[list[tuple[float, str, str]]]:
+        return segments(stamped_events(self.run / "steps" / step["stderr"]))
+
+    def clock(self, entry: dict[str, Any], step_name: str) -> dict[str, float | None]:
+        """The boot's engine clock: from the log metralectl kept of the start (cut at ready), or, when that ends
+        before `model loaded`, from the `logs` step that followed the boot."""
+        kept = self.run / "metrale" / "logs" / f"{entry.get('run_id')}-{entry.get('recipe')}.log"
+        clock = engine_clock(kept.read_text(errors="replace") if kept.is_file() else "")
+        logs_step = self.steps.get(LOGS_AFTER.get(step_name, ""))
+        if clock["loaded"] is None and logs_step is not None:
+            clock = engine_clock((self.run / "steps" / logs_step["stdout"]).read_text(errors="replace"))
+        return clock
+
+    def boot(self, step_name: str, entry: dict[str, Any], split: dict[str, Any]) -> dict[str, Any]:
+        step, clock = self.steps[step_name], self.clock(entry, step_name)
         after = step["gpu"]["after_mib"]
         return {"step": step_name, "recipe": entry.get("recipe"), "run_id": entry.get("run_id"),
-                "ready_s": entry.get("ready_s"), "first_200_s": _diff(ready_at, began),
+                "ready_s": entry.get("ready_s"), "first_200_s": _diff(entry.get("ready_at"), split.get("t_starting")),
                 **{k: v for k, v in split.items() if k != "t_starting"},
-                "engine_load_s": _diff(clock["loaded"], clock["loading"]),
-                "engine_loading_at_s": clock["loading"],
-                "gpu_mib_after": after, "gpu_mib_model": None if after is None or idle is None else round(after - idle, 1),
+                "engine_load_s": _diff(clock["loaded"], clock["loading"]), "engine_loading_at_s": clock["loading"],
+                "gpu_mib_after": after,
+                "gpu_mib_model": None if after is None or self.idle is None else round(after - self.idle, 1),
                 "gpu_processes_after": step["gpu"]["processes_after"]}
 
-    boots, swaps = [], []
-    run_a = steps.get("run-a", {})
-    a_json = run_a.get("json") if isinstance(run_a.get("json"), dict) else {}
-    a_entries = [r for r in booted_in(run_a) if r.get("outcome") == "ready"] if run_a else []
-    if a_entries:
-        ph = a_json.get("phases") or {}
-        first = segments(stamped_events(run / "steps" / run_a["stderr"]))
-        split = {"phase_start_s": _r(ph.get("loading")), "phase_load_s": _diff(ph.get("loaded"), ph.get("loading")),
-                 "phase_ready_s": _diff(a_json.get("ready_s"), ph.get("loaded")),
-                 "t_starting": first[0][0][0] if first else None}
-        boots.append(boot_record("run-a", a_entries[-1], split))
-    for name in ("swap-b", "swap-damaged"):
-        step = steps.get(name)
+    def run_boot(self) -> dict[str, Any] | None:
+        """`run A`: its phases are in its --json (relative to the boot's start)."""
+        step = self.steps.get("run-a")
         if step is None:
-            continue
+            return None
+        ready, doc = self.boots_in(step, "ready"), step.get("json")
+        if not ready or not isinstance(doc, dict):
+            return None
+        ph, segs = doc.get("phases") or {}, self.events(step)
+        total = doc.get("ready_s")
+        split = boot_split([], None)
+        split.update(phase_start_s=_r(ph.get("loading")), phase_load_s=_diff(ph.get("loaded"), ph.get("loading")),
+                     split_from="events", t_starting=segs[0][0][0] if segs else None)
+        if split["phase_load_s"] is None:  # ready before `model loaded` was read: the engine's own clock
+            clock = self.clock(ready[-1], "run-a")
+            split.update(phase_load_s=_diff(clock["loaded"], clock["loading"]), split_from="engine-log")
+        if None not in (total, split["phase_start_s"], split["phase_load_s"]):
+            split["phase_ready_s"] = round(total - split["phase_start_s"] - split["phase_load_s"], 3)
+        return self.boot("run-a", ready[-1], split)
+
+    def swap(self, name: str) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+        """A swap's record, and the boot that served after it (B, or B restored)."""
+        step = self.steps.get(name)
+        if step is None:
+            return None
         result = step.get("json") if isinstance(step.get("json"), dict) else {}
         phases = result.get("phases") or {}
-        segs = segments(stamped_events(run / "steps" / step["stderr"]))
-        new = boot_split(segs[0], phases.get("boot")) if segs else {}
-        shown = {k: v for k, v in new.items() if k != "t_starting"}
+        segs = self.events(step)
+        ready = self.boots_in(step, "ready")
+        clock = self.clock(ready[-1], name) if ready else None
+        new = boot_split(segs[0], phases.get("boot"), clock if result.get("outcome") == "swapped" else None) \
+            if segs else boot_split([], None)
+        failed = self.boots_in(step, "failed")
         swap = {"step": name, "rc": step["rc"], "from": result.get("from_recipe"), "to": result.get("to_recipe"),
                 "outcome": result.get("outcome"), "downtime_s": _r(result.get("downtime_s")),
                 "drain_s": _r(phases.get("drain")), "stop_s": _r(phases.get("stop")), "boot_s": _r(phases.get("boot")),
-                **shown, "restore_s": _r(phases.get("restore")), "message": result.get("message"),
-                "failure_cause": next((r.get("cause") for r in booted_in(step) if r.get("outcome") == "failed"), None)}
-        if len(segs) > 1:
-            swap["restore_split"] = boot_split(segs[1], phases.get("restore"))
-            restore_split = swap["restore_split"]
-        swaps.append(swap)
-        ready = [r for r in booted_in(step) if r.get("outcome") == "ready"]
-        if ready:
-            split = new if name == "swap-b" else (restore_split if len(segs) > 1 else {})
-            boots.append(boot_record(name, ready[-1], split))
-    benches = []
-    for step in life["steps"]:
-        if step["name"].startswith("bench"):
+                **{k: v for k, v in new.items() if k != "t_starting"}, "restore_s": _r(phases.get("restore")),
+                "message": result.get("message"), "failure_cause": failed[-1].get("cause") if failed else None}
+        served = new
+        if len(segs) > 1:  # a rollback: the restore's own boot
+            served = boot_split(segs[1], phases.get("restore"), clock)
+            swap["restore_split"] = {k: v for k, v in served.items() if k != "t_starting"}
+        return swap, (self.boot(name, ready[-1], served) if ready else None)
+
+    def benches(self) -> list[dict[str, Any]]:
+        out = []
+        for step in self.life["steps"]:
+            if not step["name"].startswith("bench"):
+                continue
             doc = step.get("json") if isinstance(step.get("json"), dict) else {}
-            headline = ((doc.get("summary") or {}).get("headline") or {})
-            benches.append({"step": step["name"], "rc": step["rc"], "status": doc.get("status"),
-                            "run_id": doc.get("run_id"), **requests_of(run, doc.get("run_id")),
-                            "decode_tok_s_p50": _r(headline.get("decode_tok_s_p50")),
-                            "ttft_ms_p50": _r(headline.get("ttft_ms_p50"))})
-    memory = _memory_after_stop(samples, steps.get("stop"), idle, idle_tolerance_mib)
+            headline = (doc.get("summary") or {}).get("headline") or {}
+            out.append({"step": step["name"], "rc": step["rc"], "status": doc.get("status"),
+                        "run_id": doc.get("run_id"), **requests_of(self.run, doc.get("run_id")),
+                        "decode_tok_s_p50": _r(headline.get("decode_tok_s_p50")),
+                        "ttft_ms_p50": _r(headline.get("ttft_ms_p50"))})
+        return out
+
+
+def summarize(run: Path, *, idle_tolerance_mib: float = 64.0, memory_back_s: float = 5.0,
+              allow_no_gpu: bool = False, label: str = "") -> dict[str, Any]:
+    r = Reader(run)
+    life, gpu = r.life, r.life["gpu"]
+    boots = [b for b in [r.run_boot()] if b is not None]
+    swaps = []
+    for name in ("swap-b", "swap-damaged"):
+        read = r.swap(name)
+        if read is not None:
+            swaps.append(read[0])
+            boots += [read[1]] if read[1] is not None else []
+    samples = _samples(run / "gpu-samples.csv")
     out = {
         "label": label, "url": life.get("url"), "names": life.get("names"), "models": life.get("models"),
         "gpu": {k: gpu.get(k) for k in ("present", "why_not", "name", "total_mib", "idle_mib", "interval_s")},
@@ -203,10 +253,11 @@ def summarize(run: Path, *, idle_tolerance_mib: float = 64.0, memory_back_s: flo
         "steps": [{"name": s["name"], "argv": " ".join(s["argv"]), "rc": s["rc"], "seconds": s["seconds"],
                    "gpu_before_mib": s["gpu"]["before_mib"], "gpu_after_mib": s["gpu"]["after_mib"],
                    "gpu_max_mib": s["gpu"]["max_mib"]} for s in life["steps"]],
-        "boots": boots, "swaps": swaps, "benches": benches, "memory_after_stop": memory,
+        "boots": boots, "swaps": swaps, "benches": r.benches(),
+        "memory_after_stop": _memory_after_stop(samples, r.steps.get("stop"), r.idle, idle_tolerance_mib),
         "leftovers": life.get("leftovers"), "samples": len(samples),
     }
-    out["expectations"] = expectations(out, steps, idle_tolerance_mib=idle_tolerance_mib,
+    out["expectations"] = expectations(out, r.steps, idle_tolerance_mib=idle_tolerance_mib,
                                        memory_back_s=memory_back_s, allow_no_gpu=allow_no_gpu)
     out["passed"] = all(e["passed"] for e in out["expectations"])
     return out
