@@ -43,7 +43,9 @@ def test_the_lifecycle_dry_run_holds_every_expectation_with_the_engine_as_a_proc
         import gguf  # noqa: F401  (the model writer's dependency)
     except ImportError:
         _fail_or_skip("the `gguf` package is missing (scripts/bootstrap.sh installs tests/realengines/requirements.txt)")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # No Docker daemon for this run (as on the H200): a model another test serves in a container on a shared daemon
+    # would be this machine's served model too, and refuse the run
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
     made = subprocess.run([sys.executable, str(H200 / "make_lifecycle_models.py"), "--hf-cache", str(tmp_path / "hub"),
                            "--preset", "tiny", "--json"], capture_output=True, text=True, timeout=120, env=env)
     assert made.returncode == 0, made.stderr
