@@ -42,18 +42,7 @@ FAILED=0
 } >"$WORK/environment.txt" 2>&1
 cat "$WORK/environment.txt"
 
-# --- 1. llama-server with CUDA (or the given one) ---------------------------------------------------------
-if [ -n "${LLAMA_SERVER:-}" ]; then
-  BIN="$LLAMA_SERVER"
-else
-  BIN="$(KIT="$KIT" WORK="$WORK" BUDGET_S=$((DEADLINE_S - 60 - (SECONDS - START))) bash "$HERE/build_llama_server_cuda.sh")" || {
-    note "the build is not finished; no lifecycle this call (call again while the machine is warm)"; exit 1; }
-fi
-{ echo "binary: $BIN"; "$BIN" --version 2>&1 | tail -n 3; ldd "$BIN" 2>/dev/null | grep -iE "cuda|cublas" ;
-  echo "build-seconds-per-call: $(paste -sd, "$WORK/build-seconds" 2>/dev/null)"; } >"$WORK/build-info.txt"
-cat "$WORK/build-info.txt"
-
-# --- 2. metralectl (and gguf) from the carried wheels, in a fresh venv ---------------------------------------
+# --- 1. metralectl (and gguf) from the carried wheels, in a fresh venv ---------------------------------------
 VENV="$WORK/venv"
 if [ ! -x "$VENV/bin/metralectl" ]; then
   note "venv with the kit's metralectl wheel (--system-site-packages: pynvml, numpy, typer... are the device's)"
@@ -66,20 +55,37 @@ if [ ! -x "$VENV/bin/metralectl" ]; then
   "${PIPI[@]}" "$KIT"/wheels/metralectl_cockpit-*.whl || { note "FAILED: installing metralectl"; rm -rf "$VENV"; exit 1; }
   "${PIPI[@]}" --no-deps "$KIT"/wheels/gguf-*.whl || { note "FAILED: installing gguf"; rm -rf "$VENV"; exit 1; }
 fi
-cd "$WORK" || exit 1  # not a checkout's root: its metralectl/ would shadow the installed wheel
 "$VENV/bin/metralectl" --version
 
-# --- 3. the models (once per machine) -----------------------------------------------------------------------
+# --- 2. the models (once per machine), written while llama-server compiles ------------------------------------
 MODELS="$WORK/models-$PRESET.json"
+MODELS_PID=""
 if [ ! -s "$MODELS" ]; then
-  note "writing the models (preset $PRESET)"
-  if ! "$VENV/bin/python" "$HERE/make_lifecycle_models.py" --hf-cache "$WORK/hf-$PRESET" --preset "$PRESET" \
-      --json >"$MODELS.tmp"; then
-    note "FAILED: the models"; exit 1
-  fi
-  mv "$MODELS.tmp" "$MODELS"
+  note "writing the models (preset $PRESET) beside the build"
+  # not from a checkout's root: its metralectl/ would shadow the installed wheel
+  (cd "$WORK" && "$VENV/bin/python" "$HERE/make_lifecycle_models.py" --hf-cache "$WORK/hf-$PRESET" \
+      --preset "$PRESET" --json >"$MODELS.tmp" 2>"$WORK/models.err" && mv "$MODELS.tmp" "$MODELS") &
+  MODELS_PID=$!
 fi
-cat "$MODELS"
+
+# --- 3. llama-server with CUDA (or the given one) ---------------------------------------------------------
+if [ -n "${LLAMA_SERVER:-}" ]; then
+  BIN="$LLAMA_SERVER"
+else
+  BIN="$(KIT="$KIT" WORK="$WORK" BUDGET_S=$((DEADLINE_S - 60 - (SECONDS - START))) bash "$HERE/build_llama_server_cuda.sh")" || {
+    [ -n "$MODELS_PID" ] && wait "$MODELS_PID"
+    note "the build is not finished; no lifecycle this call (call again while the machine is warm)"; exit 1; }
+fi
+{ echo "binary: $BIN"; "$BIN" --version 2>&1 | tail -n 3; ldd "$BIN" 2>/dev/null | grep -iE "cuda|cublas" ;
+  echo "build-seconds-per-call: $(paste -sd, "$WORK/build-seconds" 2>/dev/null)"; } >"$WORK/build-info.txt"
+cat "$WORK/build-info.txt"
+
+if [ -n "$MODELS_PID" ] && ! wait "$MODELS_PID"; then
+  cat "$WORK/models.err"; note "FAILED: the models"; exit 1
+fi
+[ -s "$MODELS" ] || { note "FAILED: no models summary"; exit 1; }
+note "models: $(tr -d '\n ' <"$MODELS" | cut -c1-400)"
+cd "$WORK" || exit 1  # not a checkout's root: its metralectl/ would shadow the installed wheel
 
 # --- 4. the lifecycle(s) -----------------------------------------------------------------------------------
 EXTRA=()
