@@ -25,6 +25,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -103,6 +104,15 @@ class Lifecycle:
         cmd = [*shlex.split(self.args.metralectl), *argv]
         out_path, err_path = self.steps_dir / f"{index:02d}-{name}.out", self.steps_dir / f"{index:02d}-{name}.err"
         print(f"[{time.strftime('%H:%M:%S')}] step {index:02d} {name}: metralectl {' '.join(argv)}", flush=True)
+        if self.args.deadline:  # the device's call has a hard end: leave time for the stop, the summary and the tar
+            timeout = min(timeout, self.args.deadline - time.time())
+        if timeout < 5:
+            step: dict[str, Any] = {"index": index, "name": name, "argv": ["metralectl", *argv], "rc": None, "skipped": True,
+                    "t_start": time.time(), "t_end": time.time(), "seconds": 0.0, "json": None, "stdout": "",
+                    "stderr": "", "gpu": {"before_mib": None, "after_mib": None, "max_mib": None, "processes_after": []}}
+            print("    SKIPPED: past the deadline", flush=True)
+            self.steps.append(step)
+            return step
         before, t0 = self.gpu.used_mib(), time.time()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, text=True,
                                 cwd=self.res, start_new_session=False)
@@ -117,9 +127,14 @@ class Lifecycle:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()  # metralectl's own cleanup does not run after SIGKILL: the record says it was cut
-            proc.wait()
-            stamped.append((time.time(), f"[lifecycle_gpu: killed after {timeout:g} s]"))
+            proc.send_signal(signal.SIGINT)  # Ctrl-C: metralectl cleans up what it started, and says so
+            try:
+                proc.wait(timeout=30)
+                stamped.append((time.time(), f"[lifecycle_gpu: interrupted after {timeout:.0f} s]"))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                stamped.append((time.time(), f"[lifecycle_gpu: killed after {timeout:.0f} s + 30 s]"))
         for r in readers:
             r.join(timeout=10)
         t1 = time.time()
@@ -163,22 +178,25 @@ class Lifecycle:
         self.cli("version", "--version", timeout=60)
         self.cli("recipes-check", "recipes", "check", str(self.res / "config" / "recipes"), timeout=120)
         self.cli("print-a", "run", n["a"], "--print", timeout=60)
-        self.cli("run-a", "run", n["a"], "--json", "--detach", timeout=a.boot_timeout)
+        boot = ("--boot-timeout", f"{a.boot_timeout:g}")  # metralectl fails a stuck start itself, and cleans up
+        self.cli("run-a", "run", n["a"], "--json", "--detach", *boot, timeout=a.boot_timeout + 60)
         self.cli("ps-a", "ps", "--json", timeout=60)
         self.cli("logs-a", "logs", n["a"], "--tail", "5000", timeout=60)  # the engine's own clock, for the load
         top = self.cli("top-once", "top", "--once", "--json", "--interval", "1", timeout=60)
         if not _top_found(top.get("json"), self.url):  # discovery failed: still read it by URL for the record
             self.cli("top-once-url", "top", "--once", "--json", "--interval", "1", "--url", self.url, timeout=60)
         self.bench("bench-a", a.bench_repeats)
-        self.cli("swap-b", "swap", n["b"], "--json", timeout=a.boot_timeout)
+        self.cli("swap-b", "swap", n["b"], "--json", *boot, timeout=a.boot_timeout + 60)
         self.cli("ps-b", "ps", "--json", timeout=60)
         self.cli("logs-b", "logs", n["b"], "--tail", "5000", timeout=60)
         self.bench("bench-b", a.bench_repeats)
-        self.cli("swap-damaged", "swap", n["damaged"], "--json", timeout=2 * a.boot_timeout)
+        self.cli("swap-damaged", "swap", n["damaged"], "--json", *boot, timeout=2 * a.boot_timeout + 60)
         self.cli("ps-after-rollback", "ps", "--json", timeout=60)
         self.cli("logs-b-after-rollback", "logs", n["b"], "--tail", "5000", timeout=60)
         self.bench("bench-b-after-rollback", a.bench_repeats)
-        stop = self.cli("stop", "stop", "--json", timeout=180)
+        if self.args.deadline:  # the stop gets its time whatever the steps before it took
+            self.args.deadline += 60
+        stop = self.cli("stop", "stop", "--json", timeout=120)
         time.sleep(a.settle_s)  # keep sampling: how soon after stop the memory is back, and that it stays back
         after_stop = {"samples_until_s": a.settle_s, "processes": self.gpu.processes()}
         self.cli("ps-after-stop", "ps", "--json", timeout=60)
@@ -254,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench-repeats", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--bench-param", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--boot-timeout", type=float, default=300.0, help="seconds one run or swap may take")
+    ap.add_argument("--boot-timeout", type=float, default=240.0,
+                    help="metralectl's --boot-timeout for run and swap (the step itself gets 60 s more)")
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="a Unix time no step may run past, 60 s before the hard end of the call (0: none); "
+                         "the stop always gets its time")
     ap.add_argument("--settle-s", type=float, default=6.0, help="seconds of sampling after stop")
     args = ap.parse_args(argv)
     if shutil.which(shlex.split(args.metralectl)[0]) is None:

@@ -104,7 +104,8 @@ for i in $(seq "$RUNS"); do
   PATH="$(dirname "$BIN"):$PATH" "$PYTHON" "$HERE/lifecycle_gpu.py" --res "$RES" --metralectl "$VENV/bin/metralectl" \
     --models "$MODELS" --engine-dir "$(dirname "$BIN")" --hardware "${HARDWARE:-hopper}" --gpus "${GPUS:-all}" \
     --ngl "${NGL:-all}" --ctx "${CTX:-8192}" --parallel "${PARALLEL:-4}" --port "$PORT" \
-    --bench-repeats "${REPEATS:-10}" --max-tokens "${MAX_TOKENS:-128}" "${EXTRA[@]}" || FAILED=1
+    --bench-repeats "${REPEATS:-10}" --max-tokens "${MAX_TOKENS:-128}" "${EXTRA[@]}" \
+    --deadline $(( $(date +%s) + DEADLINE_S - (SECONDS - START) - 60 )) || FAILED=1
   cp "$WORK/environment.txt" "$WORK/build-info.txt" "$MODELS" "$RES/" 2>/dev/null
   "$PYTHON" "$HERE/summarize_lifecycle.py" "$RES" "${CHECK[@]}" --out "$RES/summary.json" --md "$RES/summary.md" \
     --label "$STAMP-$i" || FAILED=1

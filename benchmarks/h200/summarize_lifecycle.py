@@ -46,8 +46,7 @@ def load_run(path: Path, scratch: Path) -> Path:
 
 
 def stamped_events(err_file: Path) -> list[tuple[float, str, str]]:
-    """(wall time, event name, text) for each `▸ NAME` event on a step's stamped stderr (a line may hold two:
-    metralectl's progress view sometimes prints one without its line break) and the `!` warnings."""
+    """(wall time, event name, text) for each `▸ NAME` event on a step's stamped stderr, and the `!` warnings."""
     events = []
     for raw in err_file.read_text().splitlines():
         stamp, _, line = raw.partition("\t")
@@ -143,7 +142,7 @@ class Reader:
         self.steps = {step["name"]: step for step in self.life["steps"]}
         for step in self.life["steps"]:  # what the expectations read of metralectl's words, without the stamps
             err = run / "steps" / step["stderr"]
-            lines = err.read_text().splitlines() if err.is_file() else []
+            lines = err.read_text().splitlines() if step["stderr"] and err.is_file() else []
             step["stderr_text"] = "\n".join(line.partition("\t")[2] for line in lines)
         self.runs = jsonl(run / "metrale" / "state" / "runs.jsonl")  # every boot metralectl recorded
         self.idle = self.life["gpu"].get("idle_mib")
@@ -153,7 +152,8 @@ class Reader:
                 and r.get("outcome") == outcome]
 
     def events(self, step: dict[str, Any]) -> list[list[tuple[float, str, str]]]:
-        return segments(stamped_events(self.run / "steps" / step["stderr"]))
+        err = self.run / "steps" / step["stderr"]
+        return segments(stamped_events(err)) if step["stderr"] and err.is_file() else []
 
     def clock(self, entry: dict[str, Any], step_name: str) -> dict[str, float | None]:
         """The boot's engine clock: from the log metralectl kept of the start (cut at ready), or, when that ends
@@ -161,7 +161,7 @@ class Reader:
         kept = self.run / "metrale" / "logs" / f"{entry.get('run_id')}-{entry.get('recipe')}.log"
         clock = engine_clock(kept.read_text(errors="replace") if kept.is_file() else "")
         logs_step = self.steps.get(LOGS_AFTER.get(step_name, ""))
-        if clock["loaded"] is None and logs_step is not None:
+        if clock["loaded"] is None and logs_step is not None and logs_step.get("stdout"):
             clock = engine_clock((self.run / "steps" / logs_step["stdout"]).read_text(errors="replace"))
         return clock
 
