@@ -24,6 +24,7 @@ KIND_SERVER_ERROR = "server-error"
 KIND_TIMEOUT = "timeout"
 KIND_CONNECT = "connect"
 KIND_EMPTY = "empty"
+KIND_NO_TEXT = "no-text"  # the server counted tokens it generated, but every delta it streamed was empty
 KIND_DRAIN = "cancelled-at-drain"
 KIND_INTERRUPTED = "interrupted"
 KIND_CANCELLED = "cancelled"
@@ -149,6 +150,14 @@ def analyse(raw: RawResponse, *, index: int, worker: int, phase: str, t_sched: i
         res.stamp_err_ms = [round(e / NS_PER_MS, 4) for e in errs if e > 0]
         res.ttft_err_ms = errs[0] / NS_PER_MS if errs else None
     res.error, res.error_kind = _judge(raw, parsed.error, parsed.finish_reason, res.output_tokens)
+    reported = (parsed.usage or {}).get("completion_tokens")
+    if res.error_kind == KIND_EMPTY and isinstance(reported, int) and reported > 0:
+        # Tokens were generated (the server's own count says so), none reached the client as text: a
+        # tokenizer whose tokens decode to nothing. The count is the server's; the finding is "no text".
+        res.output_tokens = reported
+        res.error = (f"no text: the server reports {reported} completion tokens but every delta it streamed was "
+                     "empty (do the model's tokens decode to text?)")
+        res.error_kind = KIND_NO_TEXT
     res.ok = res.error is None
     return res
 

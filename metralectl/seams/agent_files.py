@@ -3,7 +3,7 @@ lock (config dir: one agent per identity), its pidfile and its log (state and lo
 
 Read by the CLI, the dashboard and `doctor` (which must not import the agent itself), written by the agent.
 
-A record names a process by its identity (seams/process.identity: pid, start tick, boot, executable), so a
+A record names a process by its identity (seams/hostproc.identity: pid, start tick, boot, executable), so a
 pid that a recycled process now holds is never taken for the agent, and never signalled for it.
 """
 
@@ -97,7 +97,7 @@ def read_state(base: Path | None = None) -> dict[str, Any] | None:
     """Where a running agent listens, or None when none is recorded, or its process is gone or is now
     another process (a recycled pid: the CLI must not send that process our token). A record without the
     process's identity (an older agent's) is judged by its pid alone."""
-    from metralectl.seams.process import pid_is_ours, same_process
+    from metralectl.seams.hostproc import pid_is_ours, same_process
     from metralectl.seams.store import read_json
 
     state = read_json(state_path(base))
@@ -164,7 +164,7 @@ def describe_holder(base: Path | None = None) -> str:
         return f"pid {state['pid']}, http://127.0.0.1:{state['api_port']}/"
     record = read_pidfile()
     if record is not None:
-        from metralectl.seams.process import same_process
+        from metralectl.seams.hostproc import same_process
 
         if same_process(record):
             return f"pid {record['pid']}, still starting"
@@ -179,7 +179,7 @@ def write_pidfile(how: str, log: str | None, base: Path | None = None) -> dict[s
     """This process as the running agent: its identity, how it was started, where it logs (mode 0600)."""
     import time
 
-    from metralectl.seams.process import identity
+    from metralectl.seams.hostproc import identity
     from metralectl.seams.store import write_json
 
     record: dict[str, Any] = dict(identity(os.getpid()) or {"pid": os.getpid()})
@@ -190,7 +190,7 @@ def write_pidfile(how: str, log: str | None, base: Path | None = None) -> dict[s
 
 def read_pidfile() -> dict[str, Any] | None:
     """The pidfile as written (None when there is none or it is not a record); whether its process still
-    runs is the caller's question (seams/process.same_process)."""
+    runs is the caller's question (seams/hostproc.same_process)."""
     from metralectl.seams.store import read_json
 
     record = read_json(pidfile_path())

@@ -88,6 +88,26 @@ METRALE_DEFAULT = MetricsMap(series={
 }, engine="metrale")
 
 
+# What a scrape is read by when it carries no series of any engine metralectl knows: nothing is mapped and the
+# engine is said to be unknown (never another engine's name: vLLM's `vllm:*` text is not Metrale's).
+UNKNOWN_ENGINE = MetricsMap(series={}, engine="unknown")
+
+
+def unknown_engine_note(text: str) -> str:
+    """What `top` says of a scrape no engine's mapping reads: a few of the series it does carry (bounded; the
+    renderer escapes them), so the operator sees which engine it is."""
+    seen: list[str] = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{", 1)[0].split(" ", 1)[0][:48]
+            if name and name not in seen:
+                seen.append(name)
+        if len(seen) >= 3:
+            break
+    shown = ", ".join(seen) if seen else "none"
+    return f"unknown engine: no series metralectl maps in its /metrics (it has {shown}); nothing is read from them"
+
+
 def mapping_for(names: Iterable[str], candidates: Iterable[MetricsMap]) -> MetricsMap | None:
     """The engine mapping whose series the text carries most of (None: no candidate matches a single one)."""
     present = set(names)
@@ -176,8 +196,8 @@ def spec_acceptance_by_k(counts: Mapping[tuple[str, str], float]) -> dict[str, f
 def parse_metrics(text: str, *, t: float | None = None, mapping: MetricsMap | None = None,
                   candidates: Iterable[MetricsMap] = ()) -> EngineSnapshot:
     """Parse Prometheus exposition text into the canonical metrics, read through the engine's mapping (given,
-    else the candidate whose series the text carries, else Metrale's). Missing series are None (an older
-    engine, a feature off)."""
+    else the candidate whose series the text carries, else Metrale's when the text carries any of its series,
+    else none: the engine is "unknown"). Missing series are None (an older engine, a feature off)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     series: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
@@ -189,7 +209,7 @@ def parse_metrics(text: str, *, t: float | None = None, mapping: MetricsMap | No
         raise MetralError(f"the engine's /metrics is not Prometheus text: {exc}",
                           "is the URL the engine's port? `curl http://HOST:PORT/metrics` shows what came back") from exc
 
-    chosen = mapping or mapping_for(series, candidates) or METRALE_DEFAULT
+    chosen = mapping or mapping_for(series, candidates) or mapping_for(series, (METRALE_DEFAULT,)) or UNKNOWN_ENGINE
 
     def present(canonical: str, suffix: str = "") -> str | None:
         return next((n for n in chosen.names(canonical) if f"{n}{suffix}" in series), None)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from metralectl.telemetry.engine_metrics import EngineRates, EngineSnapshot, engine_rates
 
 EngineSource = Literal["container", "url"]
-EngineState = Literal["ok", "unreachable", "bad-metrics"]
+EngineState = Literal["ok", "unreachable", "bad-metrics", "unknown-engine"]
 
 
 @dataclass(frozen=True)

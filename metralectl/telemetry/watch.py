@@ -18,7 +18,7 @@ from metralectl.errors import NOTHING_SERVED, MetralError
 from metralectl.seams.gpu import GpuProbe
 from metralectl.core.gpudata import GpuSystem, GpuUnavailable
 from metralectl.core.engine_profile import MetricsMap
-from metralectl.telemetry.engine_metrics import parse_metrics
+from metralectl.telemetry.engine_metrics import UNKNOWN_ENGINE, parse_metrics, unknown_engine_note
 from metralectl.telemetry.sampler import Sample, Sampler
 from metralectl.telemetry.thermal import ThermalLines
 from metralectl.telemetry.engine_view import EngineObservation, EngineState, EngineTarget
@@ -184,6 +184,8 @@ class EnginePoller:
             while len(engine.snapshots) > 2 and t - engine.snapshots[1].t >= self.window_s:
                 engine.snapshots.popleft()  # keep one snapshot at or just past the window's start
             engine.error, engine.state = None, "ok"
+            if snapshot.engine == UNKNOWN_ENGINE.engine:
+                engine.error, engine.state = unknown_engine_note(text), "unknown-engine"
 
     def _failed(self, engine: _Engine, message: str, state: EngineState) -> None:
         with self._lock:

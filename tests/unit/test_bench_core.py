@@ -205,3 +205,17 @@ def test_record_of_a_dead_process_reads_as_interrupted() -> None:
     assert records.find("abcdef") == directory
     mine = records.start("decode", "20260101-000001-aaaaaa", {"started_at": "x"})
     assert records.load(mine)["status"] == "running" and os.getpid() == records.load(mine)["pid"]
+
+
+def test_all_empty_deltas_with_the_servers_count_are_no_text_not_no_tokens() -> None:
+    """vLLM with a tokenizer whose tokens decode to nothing streams `"content": ""` deltas and reports the
+    tokens it generated in `usage`: the record counts the server's tokens and says the finding, "no text"."""
+    ms = 1_000_000
+    r = analyse(_stream([(1 * ms, "", 1), (2 * ms, "", 1), (3 * ms, "", 1)], 7, False, 5 * ms),
+                index=0, worker=0, phase="measure")
+    assert not r.ok and r.error_kind == "no-text" and r.output_tokens == 7, (r.error_kind, r.output_tokens)
+    assert r.error is not None and r.error.startswith("no text: the server reports 7 completion tokens")
+    agg = aggregate([r], None)
+    assert agg["errors"] == 1 and agg["error_kinds"] == {"no-text": 1}
+    nothing = analyse(_stream([(1 * ms, "", 1)], 0, False, 5 * ms), index=0, worker=0, phase="measure")
+    assert not nothing.ok and nothing.error_kind == "empty" and nothing.output_tokens == 0  # really nothing

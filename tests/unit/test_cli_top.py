@@ -98,6 +98,51 @@ def test_unreachable_engine_is_one_clear_line() -> None:
         assert "no GPU: " in text.stdout
 
 
+# vLLM's own series names (the CPU build's /metrics, ../shared/TIPS.md); none is in a mapping metralectl has.
+VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 0.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="tiny"} 96.0
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 3.0
+"""
+
+
+def test_an_engine_metralectl_does_not_know_is_unknown_never_another(tmp_path: Path) -> None:
+    """`top --url` at a server whose /metrics carry only another engine's series says "unknown" (and which series
+    it saw), not "metrale" with nothing mapped."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = VLLM_METRICS.encode()
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)  # bound here, before anything is told its port
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        out = cli("top", "--once", "--json", "--url", url, "--interval", "0.2")
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        (e,) = json.loads(out.stdout)["engines"]
+        assert e["engine"] == "unknown" and e["state"] == "unknown-engine", e
+        assert "vllm:num_requests_running" in e["error"] and e["totals"]["generation_tokens"] is None, e
+        text = cli("top", "--once", "--url", url, "--interval", "0.2")
+        assert text.returncode == 0 and "unknown-engine" in text.stdout and "unknown engine: no series" in text.stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_live_view_needs_a_terminal() -> None:
     out = cli("top")
     assert out.returncode == ExitCode.USAGE and "needs a terminal" in out.stderr and "--once --json" in out.stderr

@@ -16,6 +16,7 @@ from metralectl.seams.docker.containers import ContainerInfo
 from metralectl.seams.docker.errors import RuntimeFailure
 from metralectl.seams.docker.protocol import ContainerRuntime
 from metralectl.seams.docker.runtime import DockerRuntime
+from metralectl.seams.process.runtime import ProcessRuntime
 from tests.fakes.lifecycle import port_released
 from tests.fakes.runtime import Boot, Exit, FakeRuntime, Listen, Log, engine_boot, image
 from tests.ports import own_port
@@ -29,15 +30,16 @@ def _params(fn: object) -> list[tuple[str, object]]:
 
 
 @pytest.mark.parametrize("method", PROTOCOL_METHODS)
-def test_docker_runtime_and_the_fake_have_the_protocols_signatures(method: str) -> None:
+def test_both_runtimes_and_the_fake_have_the_protocols_signatures(method: str) -> None:
     expected = _params(getattr(ContainerRuntime, method))
     assert _params(getattr(DockerRuntime, method)) == expected
+    assert _params(getattr(ProcessRuntime, method)) == expected
     assert _params(getattr(FakeRuntime, method)) == expected
 
 
 def test_the_protocol_lists_what_callers_use() -> None:
     assert len(PROTOCOL_METHODS) >= 17 and {"create_and_start", "follow_logs", "wait_exit"} <= set(PROTOCOL_METHODS)
-    assert isinstance(FakeRuntime(), ContainerRuntime)
+    assert isinstance(FakeRuntime(), ContainerRuntime) and isinstance(ProcessRuntime(), ContainerRuntime)
 
 
 def _spec(name: str = "metralectl-x", port: int = 0) -> ContainerSpec:

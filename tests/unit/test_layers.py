@@ -35,9 +35,27 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 # Inside a layer: its packages, each one outside system (seams/docker: the Docker daemon; seams/hf: the Hugging Face
-# Hub and cache), are siblings that may not import each other, and they sit above the layer's flat modules (the
-# shared ones: seams/httpclient.py, bounded.py, store.py, ...), which may not import them.
-SUBPACKAGES: dict[str, tuple[str, ...]] = {"seams": ("docker", "hf")}
+# Hub and cache; seams/process: engines run as this host's processes), are siblings that may not import each other,
+# and they sit above the layer's flat modules (the shared ones: seams/httpclient.py, bounded.py, store.py, ...),
+# which may not import them.
+SUBPACKAGES: dict[str, tuple[str, ...]] = {"seams": ("docker", "hf", "process")}
+
+# Imports between two packages of a layer that are deliberate: (importer, imported), each a module or a package
+# (a prefix), with the reason (mirrored in docs/ARCHITECTURE.md).
+ALLOWED_BETWEEN: dict[tuple[str, str], str] = {
+    ("seams.process", "seams.docker"):
+        "the host-process runtime implements the container runtime contract seams/docker defines (ContainerRuntime, "
+        "ContainerInfo, ImageState, RuntimeFailure, Endpoint) and returns its types",
+    ("seams.docker.runtime", "seams.process.runtime"):
+        "open_runtime opens the runtime an endpoint names: process://local is the host-process runtime (lazy)",
+}
+
+
+def _allowed_between(source: str, target: str) -> bool:
+    def under(module: str, prefix: str) -> bool:
+        return module == f"metralectl.{prefix}" or module.startswith(f"metralectl.{prefix}.")
+
+    return any(under(source, a) and under(target, b) for a, b in ALLOWED_BETWEEN)
 
 
 # Cycles between modules that are deliberate; each says why (docs/ARCHITECTURE.md, "Cycles").
@@ -144,10 +162,12 @@ def sub_violations(graph: dict[str, list[tuple[str, int]]], files: dict[str, Pat
         if len(s_parts) < 3 or s_parts[1] not in SUBPACKAGES:
             continue
         layer, packages = s_parts[1], SUBPACKAGES[s_parts[1]]
-        s_package = s_parts[2] if s_parts[2] in packages and len(s_parts) > 3 else None
+        s_package = s_parts[2] if s_parts[2] in packages else None  # a package's __init__ is the package
         for target, line in edges:
             t_parts = target.split(".")
             if len(t_parts) < 4 or t_parts[1] != layer or t_parts[2] not in packages or t_parts[2] == s_package:
+                continue
+            if s_package is not None and _allowed_between(source, target):
                 continue
             where = files[source].relative_to(PACKAGE.parent) if source in files else source
             kind = (f"sideways: {layer}.{s_package} -> {layer}.{t_parts[2]}" if s_package is not None
@@ -218,6 +238,27 @@ def test_the_check_catches_a_package_reaching_into_its_sibling() -> None:
                      "seams.docker)",
                      "metralectl.seams.endpoint:9: imports metralectl.seams.hf.cache (upward: seams's flat modules -> "
                      "seams.hf)"], found
+
+
+def test_the_allowed_imports_between_packages_are_only_those_listed() -> None:
+    """The two deliberate edges pass, the reverse of each and any other between those packages does not."""
+    graph = {"metralectl.seams.process.runtime": [("metralectl.seams.docker.containers", 1)],
+             "metralectl.seams.docker.runtime": [("metralectl.seams.process.runtime", 2)],
+             "metralectl.seams.docker.containers": [("metralectl.seams.process.state", 3)],
+             "metralectl.seams.hf.weights": [("metralectl.seams.process.runtime", 4)]}
+    found = sub_violations(graph, {})
+    assert found == ["metralectl.seams.docker.containers:3: imports metralectl.seams.process.state (sideways: "
+                     "seams.docker -> seams.process)",
+                     "metralectl.seams.hf.weights:4: imports metralectl.seams.process.runtime (sideways: seams.hf -> "
+                     "seams.process)"], found
+
+
+def test_every_allowed_edge_between_packages_is_used() -> None:
+    graph, _ = build_graph()
+    used = {(a, b) for a, b in ALLOWED_BETWEEN
+            if any(_allowed_between(source, target) and source.startswith(f"metralectl.{a}")
+                   and target.startswith(f"metralectl.{b}") for source, edges in graph.items() for target, _ in edges)}
+    assert used == set(ALLOWED_BETWEEN), f"ALLOWED_BETWEEN lists edges nobody uses: {set(ALLOWED_BETWEEN) - used}"
 
 
 def test_no_unexplained_import_cycles() -> None:

@@ -1,4 +1,4 @@
-"""seams/process: the two pid questions and what each caller asks; SIGTERM as Ctrl-C for a `with` block;
+"""seams/hostproc (imported as seams.process by its callers): the two pid questions and what each caller asks; SIGTERM as Ctrl-C for a `with` block;
 the agent's stop signals. Real signals to this very process (pytest runs tests on the main thread)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from metralectl.seams import process
+from metralectl.seams import hostproc
 from metralectl.seams.process import on_stop_signals, pid_alive, pid_is_ours, sigterm_as_interrupt
 
 
@@ -129,7 +129,7 @@ def test_sigterm_raises_keyboardinterrupt_inside_and_the_old_handler_is_back() -
 def test_the_handler_is_restored_after_a_normal_exit_too() -> None:
     before = signal.getsignal(signal.SIGTERM)
     with sigterm_as_interrupt():
-        assert signal.getsignal(signal.SIGTERM) is process._raise_interrupt
+        assert signal.getsignal(signal.SIGTERM) is hostproc._raise_interrupt
     assert signal.getsignal(signal.SIGTERM) is before
 
 

@@ -15,6 +15,8 @@ if TYPE_CHECKING:  # docker-py is imported lazily at run time (cold start); this
     from docker.tls import TLSConfig
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
+# Not a daemon: this machine's engines run as host processes (seams/process; open_runtime hands it a ProcessRuntime).
+PROCESS_ENDPOINT_URL = "process://local"
 
 
 @dataclass(frozen=True)
@@ -26,16 +28,21 @@ class Endpoint:
 
     @property
     def is_local(self) -> bool:
-        """A daemon on this machine (a unix socket, or TCP on loopback)."""
-        if self.url.startswith(("unix://", "npipe://")):
+        """A daemon on this machine (a unix socket, or TCP on loopback), or this machine's host processes."""
+        if self.url.startswith(("unix://", "npipe://")) or self.is_process:
             return True
         host = self.host
         return host in ("localhost", "127.0.0.1", "::1")
 
     @property
+    def is_process(self) -> bool:
+        """Engines run as host processes on this machine (seams/process), not a daemon."""
+        return self.url == PROCESS_ENDPOINT_URL
+
+    @property
     def host(self) -> str:
-        """The node's host name or address as the URL names it ("" for a unix socket)."""
-        if "://" not in self.url or self.url.startswith(("unix://", "npipe://")):
+        """The node's host name or address as the URL names it ("" for a unix socket or host processes)."""
+        if "://" not in self.url or self.url.startswith(("unix://", "npipe://")) or self.is_process:
             return ""
         from urllib.parse import urlsplit
 

@@ -68,6 +68,11 @@ def container_pids(runtime: ContainerRuntime, name_or_id: str) -> set[int]:
 
 
 def open_runtime(endpoint: Endpoint | None = None, *, timeout: float = 30.0) -> ContainerRuntime:
-    """A connected runtime for `endpoint` (default: DOCKER_HOST / the current context / the default socket).
+    """A connected runtime for `endpoint` (default: DOCKER_HOST / the current context / the default socket; the
+    process endpoint, process://local, is this machine's engines run as host processes: seams/process).
     Use it as a context manager, so the connection is closed on every path: `with open_runtime() as rt:`."""
+    if endpoint is not None and endpoint.is_process:
+        from metralectl.seams.process.runtime import ProcessRuntime
+
+        return ProcessRuntime(endpoint)
     return DockerRuntime(endpoint, timeout=timeout)
