@@ -103,9 +103,9 @@ def table(summaries: dict[str, Any] | list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__, file=sys.stderr)
-        return 64
+        return 0 if argv else 64
     sys.stdout.write(table([json.loads(Path(p).read_text()) for p in argv]))
     return 0
 
