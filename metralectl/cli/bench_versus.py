@@ -11,6 +11,7 @@ them by id and digest, signed the same way.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -72,8 +73,8 @@ def _compare(serving: Any, suite: str, params: dict[str, Any], recipe_a: str, re
         try:
             for label, recipe in (("a", recipe_a), ("b", recipe_b)):
                 _serve(serving, recipe, first=label == "a", before=before_recipe)
-                sides[label] = _measure(suite, params, recipe, repeats, label.upper(), progress,
-                                        recipe_of)
+                sides[label] = {"recipe": recipe, "records": [], "runs": [], "memory": []}
+                _measure(suite, params, recipe, repeats, label.upper(), progress, recipe_of, sides[label])
                 failed = [r for r in sides[label]["records"] if r.get("status") != "completed"]
                 if failed:
                     r = failed[0]
@@ -125,8 +126,10 @@ def _serve(serving: Any, recipe: str, *, first: bool, before: str | None) -> Non
 
 
 def _measure(suite: str, params: dict[str, Any], recipe: str, repeats: int, label: str, progress: Any,
-             recipe_of: Any) -> dict[str, Any]:
-    """`repeats` runs of the suite against what serves now (the recipe just served), each recorded and signed."""
+             recipe_of: Any, into: dict[str, Any]) -> None:
+    """`repeats` runs of the suite against what serves now (the recipe just served), each recorded and signed, kept
+    in `into` as they finish — a run that raised (interrupted, or broken) too, so the comparison names it."""
+    from metralectl.bench import records as R
     from metralectl.bench import versus as V
     from metralectl.bench.runner import RunRequest
     from metralectl.bench.runner import run as run_suite
@@ -135,21 +138,27 @@ def _measure(suite: str, params: dict[str, Any], recipe: str, repeats: int, labe
     if not managed or managed.get("recipe") != recipe:
         raise VersusFailed(f"{recipe} should serve now, but {'nothing' if not managed else managed.get('recipe')} does")
     rec = recipe_of(recipe)
-    records: list[dict[str, Any]] = []
-    refs: list[dict[str, Any]] = []
-    memory: list[float | str] = []
+    records, refs, memory = into["records"], into["runs"], into["memory"]
     for i in range(repeats):
         note(style(f"▸ {label} {recipe}: run {i + 1} of {repeats}", "36", sys.stderr))
-        outcome = run_suite(RunRequest(suite, dict(params), str(managed["url"]), "versus", [], False, rec, managed),
-                            progress)
+        root = R.runs_root() / suite
+        earlier = set(root.iterdir()) if root.is_dir() else set()
+        try:
+            outcome = run_suite(RunRequest(suite, dict(params), str(managed["url"]), "versus", [], False, rec,
+                                           managed), progress)
+        except MetralError:
+            for directory in sorted(set(root.iterdir()) - earlier if root.is_dir() else ()):
+                partial = R.load(directory)
+                if partial is not None and partial.get("pid") == os.getpid():
+                    refs.append(V.reference(partial, directory))
+            raise
         records.append(dict(outcome.record))
         refs.append(V.reference(outcome.record, outcome.directory))
         memory.append(_peak_memory(str(managed.get("container") or "")))
+        target: dict[str, Any] = dict(outcome.record.get("target") or {})
+        into["engine"], into["model"] = (target.get("engine") or {}).get("name"), target.get("model")
         if outcome.record.get("status") != "completed":
             break  # the comparison has failed: no more load on a failing side
-    return {"recipe": recipe, "records": records, "runs": refs, "memory": memory,
-            "engine": ((records[-1].get("target") or {}).get("engine") or {}).get("name") if records else None,
-            "model": (records[-1].get("target") or {}).get("model") if records else None}
 
 
 def _peak_memory(container: str) -> float | str:

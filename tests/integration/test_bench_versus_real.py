@@ -14,6 +14,10 @@ Kept short: vLLM starts once (about a minute on two busy cores), three runs of t
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_llamacpp_process import DAMAGED, _builder, _copy_repo
-from tests.integration.test_vllm_process import Box, _alive, hf_home, llama_server, vllm_python  # noqa: F401
+from tests.integration.test_vllm_process import REPO, Box, _alive, hf_home, llama_server, vllm_python  # noqa: F401
 
 pytestmark = [pytest.mark.integration]
 SHORT = ["-p", "repeats=2", "-p", "warmup=0", "-p", "max_tokens=8", "-p", "client_bound=warn"]
@@ -44,7 +48,8 @@ def box(tmp_path: Path, hf_home: Path, vllm_python: Path, llama_server: Path) ->
 
 def test_vllm_versus_llamacpp_side_by_side_then_nothing_left(box: Box, tmp_path: Path) -> None:
     plot = tmp_path / "versus.svg"
-    out = box.cli("bench", "versus", box.vllm, box.llama, "decode", "--repeats", "3", *SHORT, "--json",
+    warm = ["-p", "repeats=2", "-p", "warmup=1", "-p", "max_tokens=16", "-p", "client_bound=warn"]
+    out = box.cli("bench", "versus", box.vllm, box.llama, "decode", "--repeats", "3", *warm, "--json",
                   "--plot", str(plot), timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     doc = json.loads(out.stdout)
@@ -64,9 +69,13 @@ def test_vllm_versus_llamacpp_side_by_side_then_nothing_left(box: Box, tmp_path:
             assert verified.returncode == 0, verified.stderr
     assert len(params) == 1, params
     rows = {r["metric"]: r for r in doc["rows"]}
-    for key in ("tok_s", "ttft_ms", "itl_ms", "peak_mem_mib"):
+    for key in ("ttft_ms", "peak_mem_mib"):  # every ok request has a TTFT; the engine's processes are ours to read
         assert rows[key]["a"]["n"] == 3 and rows[key]["b"]["n"] == 3, rows[key]
         assert isinstance(rows[key]["beyond_noise"], bool) and rows[key]["p_chance"] == 0.1, rows[key]
+    for key in ("tok_s", "itl_ms"):  # a run whose every stream came in one burst has no decode rate: then no verdict
+        row = rows[key]
+        assert (row["a"]["n"], row["b"]["n"], row["p_chance"]) == (3, 3, 0.1) or (
+            row["missing"] == "not measured in every run" and row["beyond_noise"] is False), row
     assert rows["j_per_token"]["missing"].startswith("unavailable"), rows["j_per_token"]  # no GPU here
     # the comparison is a signed record of its own: shown as a table, verified with the runs it names
     table = box.cli("bench", "show", doc["run_id"])
@@ -100,3 +109,43 @@ def test_a_rolled_back_swap_fails_the_comparison_and_what_served_serves_again(bo
     shown = box.json("bench", "show", doc["run_id"], "--json")
     assert shown["status"] == "failed" and shown["error"] == doc["error"]
     assert box.cli("verify", doc["run_id"]).returncode == 0
+
+
+def test_ctrl_c_while_measuring_stops_what_it_started_and_says_so(box: Box) -> None:
+    """Nothing served before; Ctrl-C during A's first run: the run is kept as interrupted, A is stopped, exit 130."""
+    proc = subprocess.Popen([sys.executable, "-m", "metralectl", "bench", "versus", box.llama, box.vllm, "-p",
+                             "repeats=500", "-p", "warmup=0", "-p", "max_tokens=64", "-p", "client_bound=warn"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=box.env, cwd=REPO)
+    seen = []
+    assert proc.stderr is not None
+    for line in proc.stderr:  # wait for the load to be under way
+        seen.append(line)
+        if "run 1 of 3" in line:
+            break
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=180)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err[-3000:]
+    assert "bench versus interrupted" in err and f"nothing served before: {box.llama} stopped" in err, err[-3000:]
+    assert not out.strip() and "Traceback" not in err, out + err[-3000:]
+    assert box.sessions() == {} and not box.listening()
+    [kept] = [json.loads(p.read_text()) for p in (box.home / "metrale" / "runs" / "versus").glob("*/run.json")]
+    assert kept["status"] == "interrupted" and kept["restored"] == f"nothing served before: {box.llama} stopped"
+    [run] = kept["a"]["runs"]  # the interrupted run is named too, as it was kept
+    assert run["status"] == "interrupted" and kept["b"]["runs"] == [], kept
+    assert box.cli("verify", kept["run_id"]).returncode == 0
+
+
+def test_failed_requests_on_a_side_fail_the_comparison_before_b_is_served(box: Box) -> None:
+    """A's requests are refused (a prompt past llama-server's context per slot): FAILED, no table, B never started."""
+    assert box.cli("run", box.llama, timeout=300).returncode == 0
+    out = box.cli("bench", "versus", box.llama, box.vllm, "-p", "repeats=2", "-p", "warmup=0", "-p", "max_tokens=8",
+                  "-p", "prompt=" + "Paris and Lyon and Nice " * 200, "-p", "client_bound=warn", timeout=300)
+    assert out.returncode == 1 and out.stdout == "", out.stdout + out.stderr  # text mode: no table over a failure
+    assert "bench versus FAILED: side A (proc-llama): run" in out.stderr , out.stderr
+    assert f"{box.llama} served before and serves again" in out.stderr, out.stderr
+    [kept] = [json.loads(p.read_text()) for p in (box.home / "metrale" / "runs" / "versus").glob("*/run.json")]
+    assert kept["status"] == "failed" and len(kept["a"]["runs"]) == 1 and kept["b"]["runs"] == [], kept
+    assert kept["a"]["runs"][0]["status"] in ("errors", "failed"), kept["a"]
+    assert [s["recipe"] for s in box.json("ps", "--json")["serving"]] == [box.llama]
