@@ -145,6 +145,8 @@ def test_show_and_verify_read_a_comparison(tmp_path: Path) -> None:
     assert "beyond noise, B better" in shown.stdout and "A proc-vllm" in shown.stdout
     as_json = json.loads(cli("bench", "show", "v1", "--json").stdout)
     assert as_json["kind"] == versus.KIND and len(as_json["rows"]) == 5
+    history = cli("bench", "history")
+    assert history.returncode == 0 and "versus decode" in history.stdout and "proc-vllm vs proc-llama" in history.stdout
     ok = cli("bench", "verify", "v1")
     assert ok.returncode == 0 and "every benchmark record the comparison names" in ok.stdout, ok.stdout + ok.stderr
     (home / "runs" / "decode" / "ra" / "run.json").write_text("{}")
