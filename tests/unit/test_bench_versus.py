@@ -157,3 +157,14 @@ def test_show_and_verify_read_a_comparison(tmp_path: Path) -> None:
 def test_stdev_is_the_sample_stdev() -> None:
     assert versus.spread([1.0, 2.0, 3.0, 4.0])["stdev"] == pytest.approx(round(math.sqrt(5 / 3), 4))
     assert versus.spread([1.0, 2.0, 3.0, 4.0])["median"] == 2.5
+
+
+def test_peak_memory_sums_each_process_high_water_mark(tmp_path: Path) -> None:
+    from metralectl.seams.machine import peak_rss_mib
+
+    for pid, hwm in ((10, "VmHWM:\t  204800 kB"), (11, "VmHWM:\t   51200 kB")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(f"Name:\tengine\nVmRSS:\t 1 kB\n{hwm}\n")
+    assert peak_rss_mib([10, 11, 12], proc=tmp_path) == 250.0  # 12: gone meanwhile, skipped
+    assert peak_rss_mib([12], proc=tmp_path) is None
+    assert peak_rss_mib([os.getpid()]) > 0  # the real /proc
