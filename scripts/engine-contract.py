@@ -14,7 +14,7 @@
                                                    (read from later engine sources, with `source:`) follow.
 
 ENGINE is an engine file's name (metrale: Metrale's `met dump-serve-options`; vllm: vLLM's own parser as
-scripts/vllm-options.py dumps it); without one, every engine file whose base revision pins a dump. Only the
+scripts/vllm-options.py dumps it; sglang: SGLang's, as scripts/sglang-options.py dumps it); without one, every engine file whose base revision pins a dump. Only the
 block between the BEGIN/END GENERATED markers is rewritten; the rest of the file is ours.
 """
 
