@@ -149,3 +149,4 @@ def test_failed_requests_on_a_side_fail_the_comparison_before_b_is_served(box: B
     assert kept["status"] == "failed" and len(kept["a"]["runs"]) == 1 and kept["b"]["runs"] == [], kept
     assert kept["a"]["runs"][0]["status"] in ("errors", "failed"), kept["a"]
     assert [s["recipe"] for s in box.json("ps", "--json")["serving"]] == [box.llama]
+

@@ -168,3 +168,18 @@ def test_peak_memory_sums_each_process_high_water_mark(tmp_path: Path) -> None:
     assert peak_rss_mib([10, 11, 12], proc=tmp_path) == 250.0  # 12: gone meanwhile, skipped
     assert peak_rss_mib([12], proc=tmp_path) is None
     assert peak_rss_mib([os.getpid()]) > 0  # the real /proc
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["nope", "other"], "no recipe named 'nope'"),
+    (["a", "a"], "a against itself: give two recipes"),
+    (["a", "b", "--plot", "/nonexistent-dir/v.svg"], "--plot /nonexistent-dir/v.svg: no directory"),
+    (["a", "b", "-p", "nope=1"], "nope"),
+])
+def test_bad_input_is_a_usage_error_before_anything_starts(tmp_path: Path, args: list[str], said: str) -> None:
+    env = {**os.environ, "METRALECTL_CONFIG_DIR": str(tmp_path / "config"), "METRALE_HOME": str(tmp_path / "home"),
+           "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+    out = subprocess.run([sys.executable, "-m", "metralectl", "bench", "versus", *args], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=120)
+    assert out.returncode == 64 and said in out.stderr and not out.stdout, out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "home" / "runs").exists()
