@@ -2,11 +2,10 @@
 tests/realengines/vllm_cpu_venv.sh makes) against the real llama.cpp `llama-server` (CI's cached build), through the
 real CLI in a subprocess, on a box without Docker (the machinery of tests/integration/test_vllm_process.py).
 
-The pair of models: vLLM serves the tiny random Llama in safetensors with its BPE tokenizer, llama.cpp the tiny random
-Llama GGUF — one architecture, not one set of weights. The same weights on both would need the safetensors model
-converted to GGUF with its tokenizer (a Metaspace BPE that llama.cpp's GGUF tokenizer types do not carry as such);
-so the comparison here proves the command (serve, measure, swap, measure, restore, records, verdicts), not which
-engine is faster for a model.
+One model on both: vLLM serves the tiny random Llama in safetensors (F32) and llama.cpp the same weights converted to
+a GGUF (tests/real_llamacpp/gguf_from_tiny_llama.py: renamed, the rotary projections permuted, F32 kept; the
+Metaspace BPE written as llama.cpp's SentencePiece tokenizer over the same vocabulary) — checked here by the prompt
+token counts both engines report for every request being equal.
 
 Kept short: vLLM starts once (about a minute on two busy cores), three runs of two 8-token requests per side.
 """
@@ -24,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_llamacpp_process import DAMAGED, _builder, _copy_repo
-from tests.integration.test_vllm_process import REPO, Box, _alive, hf_home, llama_server, vllm_python  # noqa: F401
+from tests.integration.test_llamacpp_process import DAMAGED, _builder, _copy_repo, _verified
+from tests.integration.test_vllm_process import REPO, VLLM_REPO, REVISION, Box, _alive, hf_home, llama_server, vllm_python  # noqa: F401
 
 pytestmark = [pytest.mark.integration]
+SAME_REPO = "metralectl-test/tiny-llama-vllm-gguf"  # vLLM's tiny Llama, its very weights, as a GGUF
 SHORT = ["-p", "repeats=2", "-p", "warmup=0", "-p", "max_tokens=8", "-p", "client_bound=warn"]
 
 
@@ -35,7 +35,24 @@ SHORT = ["-p", "repeats=2", "-p", "warmup=0", "-p", "max_tokens=8", "-p", "clien
 def box(tmp_path: Path, hf_home: Path, vllm_python: Path, llama_server: Path) -> Iterator[Box]:  # noqa: F811
     summary = _builder().install(hf_home / "hub")
     _copy_repo(hf_home / "hub", summary, DAMAGED, b"not a gguf file " * 64)  # a model llama-server refuses
+    hub = hf_home / "hub"
+    snap = hub / ("models--" + SAME_REPO.replace("/", "--")) / "snapshots" / REVISION
+    if not snap.is_dir():  # once per module's HF cache
+        sys.path.insert(0, str(REPO / "tests" / "real_llamacpp"))
+        import gguf_from_tiny_llama
+
+        snap.mkdir(parents=True)
+        source = hub / ("models--" + VLLM_REPO.replace("/", "--")) / "snapshots" / REVISION
+        gguf_from_tiny_llama.convert(source, snap / "tiny-llama-vllm-F32.gguf")
+        (snap.parent.parent / "refs").mkdir()
+        (snap.parent.parent / "refs" / "main").write_text(REVISION)
+        _verified(hub, SAME_REPO)
     machine = Box(tmp_path, hf_home, vllm_python, llama_server)
+    machine.same = machine._recipe(  # type: ignore[attr-defined]
+        "proc-llama-same", "engine: llama-cpp\nruntime: process\n"
+        f"checkpoint: {{repo: {SAME_REPO}, quant: F32, model: qwen2.5-0.5b-instruct, revision: null}}\n"
+        "image: llama-cpp-cpu\nserve: {ctx-size: 1024, parallel: 2, n-gpu-layers: 0, alias: tiny-same, threads: 2, "
+        "ui: false}\n")
     machine.damaged = machine._recipe(  # type: ignore[attr-defined]
         "proc-damaged", "engine: llama-cpp\nruntime: process\n"
         f"checkpoint: {{repo: {DAMAGED}, quant: Q8_0, model: qwen2.5-0.5b-instruct, revision: null}}\n"
@@ -49,25 +66,29 @@ def box(tmp_path: Path, hf_home: Path, vllm_python: Path, llama_server: Path) ->
 def test_vllm_versus_llamacpp_side_by_side_then_nothing_left(box: Box, tmp_path: Path) -> None:
     plot = tmp_path / "versus.svg"
     warm = ["-p", "repeats=2", "-p", "warmup=1", "-p", "max_tokens=16", "-p", "client_bound=warn"]
-    out = box.cli("bench", "versus", box.vllm, box.llama, "decode", "--repeats", "3", *warm, "--json",
+    same = box.same  # type: ignore[attr-defined]
+    out = box.cli("bench", "versus", box.vllm, same, "decode", "--repeats", "3", *warm, "--json",
                   "--plot", str(plot), timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     doc = json.loads(out.stdout)
     assert doc["status"] == "completed" and doc["compared_suite"] == "decode", doc.get("error")
     assert (doc["a"]["engine"], doc["b"]["engine"]) == ("vllm", "llama-cpp"), (doc["a"], doc["b"])
-    assert (doc["a"]["model"], doc["b"]["model"]) == ("tiny-vllm", "tiny-llama")
-    assert doc["restored"] == f"nothing served before: {box.llama} stopped", doc["restored"]
+    assert (doc["a"]["model"], doc["b"]["model"]) == ("tiny-vllm", "tiny-same")
+    assert doc["restored"] == f"nothing served before: {same} stopped", doc["restored"]
     # three signed runs per side, every request ok, the same prompts and seed on both sides
-    params = set()
+    params, prompt_tokens = set(), set()
     for side in ("a", "b"):
         assert len(doc[side]["runs"]) == 3, doc[side]
         for ref in doc[side]["runs"]:
             shown = box.json("bench", "show", ref["run_id"], "--json")
             assert shown["status"] == "completed" and shown["exit_code"] == 0, shown.get("error")
             params.add(json.dumps(shown["params"], sort_keys=True))
+            lines = box.json("bench", "show", ref["run_id"], "--json", "--requests")["requests"]
+            prompt_tokens |= {r["prompt_tokens"] for r in lines}
             verified = box.cli("bench", "verify", ref["run_id"])
             assert verified.returncode == 0, verified.stderr
     assert len(params) == 1, params
+    assert len(prompt_tokens) == 1, prompt_tokens  # one tokenizer's count on both engines: the same model
     rows = {r["metric"]: r for r in doc["rows"]}
     for key in ("ttft_ms", "peak_mem_mib"):  # every ok request has a TTFT; the engine's processes are ours to read
         assert rows[key]["a"]["n"] == 3 and rows[key]["b"]["n"] == 3, rows[key]
