@@ -133,7 +133,10 @@ def test_sharded_over_two_processes() -> None:
     assert measured and all(r.ok for r in measured)
     assert len({r.index for r in out.results}) == len(out.results)  # no index used twice across workers
     err = errors_vs_truth(measured, truth)
-    assert percentile([abs(x) for x in err["token"]], 99) <= 2.0
+    assert set(err["count_diff"]) == {0}
+    # the typical stamp as close as in one process (a p99 bound is a wall-clock window: a busy box stalls either
+    # worker now and then; the tail is measured in benchmarks/bench_client.py, as for test_timing_error_within_budget)
+    assert percentile([abs(x) for x in err["token"]], 50) <= 0.5, err["token"][:10]
 
 
 def _guard_vs_truth(concurrency: int, hogs: int) -> tuple[bool, float, dict[str, Any]]:

@@ -3,6 +3,8 @@ hands back errors, shown under each field) and Submitted on Enter."""
 
 from __future__ import annotations
 
+import textwrap
+
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
@@ -18,6 +20,9 @@ def _default_text(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+NAME_COLUMNS = 30  # the widest name column: the form is half a 120-column screen
 
 
 class ParamForm(VerticalScroll):
@@ -48,11 +53,13 @@ class ParamForm(VerticalScroll):
             await self.mount(Static("no suite", classes="param-form--empty"))
             return
         fields = []
-        # every name whole and two columns before its field, the fields in one column (`show`'s rule)
-        width = max([16, *(len(p.name) for p in suite.params)]) + 2
+        # every name whole and two columns before its field, the fields in one column (`show`'s rule); a name longer
+        # than NAME_COLUMNS is folded onto the next lines, so the field stays in the pane whatever an engine calls it
+        width = min(max([16, *(len(p.name) for p in suite.params)]), NAME_COLUMNS) + 2
         for p in suite.params:
             hint = p.help + (f" (one of: {', '.join(p.choices)})" if p.choices else "")
-            label = Label(p.name, classes="param-form--label")
+            folded = "\n".join(textwrap.wrap(p.name, NAME_COLUMNS, break_on_hyphens=True, break_long_words=True))
+            label = Label(folded, classes="param-form--label", markup=False)
             label.styles.width = width
             fields.append(Vertical(
                 Horizontal(

@@ -12,7 +12,7 @@ from textual.widgets import Input, Select
 from metralectl.tui.app import MetralectlApp
 from metralectl.tui.bench_core import CoreBench
 from metralectl.tui.services import ParamSpec, SuiteInfo
-from metralectl.tui.widgets.param_form import ParamForm
+from metralectl.tui.widgets.param_form import NAME_COLUMNS, ParamForm
 from tests.unit.tui.conftest import until
 from tests.unit.tui.fakes import FakeBench, FakeServices
 from tests.unit.tui.test_tui_snapshots import screen_text
@@ -55,12 +55,19 @@ def test_every_name_stands_apart_from_its_field() -> None:
                 painted = screen_text(app).splitlines()
                 columns = set()
                 for name in names:
-                    # a form row starts at the left edge with the name (the pane is the screen's left half)
-                    rows = [t for t in painted if t.startswith(name)]
+                    # a form row starts at the left edge with the name (the pane is the screen's left half), two
+                    # columns or more before its field; a name wider than the name column is folded onto the lines
+                    # below, whole
+                    rows = [i for i, t in enumerate(painted) if t.startswith(name[:NAME_COLUMNS // 2])]
                     assert rows, f"{suite.id}: {name} not painted"
-                    m = next((m for t in rows if (m := re.match(rf"{re.escape(name)}( +)\S", t))), None)
-                    assert m, f"{suite.id}: {name} runs into its field: {rows}"
-                    columns.add(m.end(1))
+                    m = re.match(r"(\S+)( {2,})\S", painted[rows[0]])
+                    assert m, f"{suite.id}: {name} runs into its field: {painted[rows[0]]!r}"
+                    columns.add(m.end(2))
+                    shown, below = m.group(1), rows[0] + 1
+                    while len(shown) < len(name) and below < len(painted) and below <= rows[0] + 3:
+                        shown += painted[below][:m.end(1) + 1].strip()
+                        below += 1
+                    assert shown == name, (name, painted[rows[0]:below])
                 assert len(columns) == 1, f"{suite.id}: fields not in one column {sorted(columns)}"
 
     asyncio.run(scenario())
