@@ -104,8 +104,13 @@ def gateway(
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(serve(gateway_, sock, lambda table: show(table, "listening")))
         stopped: list[int] = []
+
+        def stop(signum: int) -> None:
+            stopped.append(signum)
+            task.cancel()
+
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, lambda s=signum: (stopped.append(s), task.cancel()))
+            loop.add_signal_handler(signum, stop, signum)
         try:
             await task
         except asyncio.CancelledError:

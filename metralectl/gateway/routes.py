@@ -13,11 +13,15 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_RUN_ID
 from metralectl.errors import MetralError
+
+if TYPE_CHECKING:
+    from metralectl.seams.docker.protocol import ContainerRuntime
 
 LIFECYCLE_POLL_S = 0.05
 RESCAN_S = 2.0
@@ -74,9 +78,9 @@ def _endpoint(url: str) -> tuple[str, int] | None:
 class Scanner:
     """Builds Tables; its methods block (files, the runtime, the engines' /v1/models): call them on a thread."""
 
-    def __init__(self, runtime_factory: Any = None) -> None:
+    def __init__(self, runtime_factory: Callable[[], ContainerRuntime] | None = None) -> None:
         self._runtime_factory = runtime_factory
-        self._runtime: Any = None
+        self._runtime: ContainerRuntime | None = None
         self._models: dict[tuple[str, str], tuple[str, ...]] = {}  # (run id, url) -> the engine's model ids
         self._aliases: dict[str, str] = {}  # every name once served -> its recipe (a swap's journal names recipes)
         self._lock = threading.Lock()
@@ -90,7 +94,7 @@ class Scanner:
         journal = store.read_json(journal_path()) if journal_path().exists() else None
         return holder, journal if isinstance(journal, dict) else None
 
-    def _open(self) -> Any:
+    def _open(self) -> ContainerRuntime:
         if self._runtime is None:
             if self._runtime_factory is not None:
                 self._runtime = self._runtime_factory()
@@ -153,9 +157,8 @@ class Scanner:
         starting_recipe = _holder_recipe(holder)
         if starting_recipe:
             recipes.add(starting_recipe)
-        phase = None
-        if journal is not None and (holder is not None or True):
-            phase = str(journal.get("phase"))
+        phase = str(journal.get("phase")) if journal is not None else None
+        if journal is not None:
             if holder is not None and phase != "degraded":  # a journal with no holder is an interrupted swap: stale
                 for side in ("old", "new"):
                     got = journal.get(side)

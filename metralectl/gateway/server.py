@@ -43,7 +43,7 @@ class ClientReader(asyncio.StreamReader):
         super().feed_eof()
         self.gone.set()
 
-    def set_exception(self, exc: BaseException) -> None:
+    def set_exception(self, exc: Exception) -> None:
         super().set_exception(exc)
         self.gone.set()
 
@@ -176,7 +176,7 @@ class Gateway:
         except ValueError:
             body = None
         model = body.get("model") if isinstance(body, dict) else None
-        if not isinstance(model, str) or not model:
+        if not isinstance(body, dict) or not isinstance(model, str) or not model:
             return await self._refuse(writer, path, Answered(400, "the request body is not JSON naming a `model`",
                                                              "invalid_request_error", "model_missing", "bad-request"))
         try:
