@@ -35,6 +35,7 @@ class Route:
     port: int
     names: tuple[str, ...]  # the recipe's name first, then the ids the engine lists
     models: tuple[str, ...] = ()  # the ids the engine's /v1/models lists (an upstream request names the first)
+    owned_by: str | None = None  # what the engine's /v1/models says owns them (llamacpp, vllm, metrale: bench reads it)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class Scanner:
     def __init__(self, runtime_factory: Callable[[], ContainerRuntime] | None = None) -> None:
         self._runtime_factory = runtime_factory
         self._runtime: ContainerRuntime | None = None
-        self._models: dict[tuple[str, str], tuple[str, ...]] = {}  # (run id, url) -> the engine's model ids
+        self._models: dict[tuple[str, str], tuple[tuple[str, ...], str | None]] = {}  # (run id, url) -> ids, owner
         self._aliases: dict[str, str] = {}  # every name once served -> its recipe (a swap's journal names recipes)
         self._lock = threading.Lock()
 
@@ -109,7 +110,7 @@ class Scanner:
             self._runtime.close()
             self._runtime = None
 
-    def _engine_models(self, run_id: str, url: str) -> tuple[str, ...] | None:
+    def _engine_models(self, run_id: str, url: str) -> tuple[tuple[str, ...], str | None] | None:
         key = (run_id, url)
         if key in self._models:
             return self._models[key]
@@ -123,9 +124,11 @@ class Scanner:
         listed = data.get("data") if isinstance(data, dict) else None
         if not isinstance(listed, list):
             return None  # not ready yet (llama-server answers 503 while it loads): asked again next scan
-        ids = tuple(str(m["id"]) for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str))
-        self._models[key] = ids
-        return ids
+        entries = [m for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        owner = entries[0].get("owned_by") if entries else None
+        found = tuple(str(m["id"]) for m in entries), owner if isinstance(owner, str) else None
+        self._models[key] = found
+        return found
 
     def scan(self) -> Table:
         with self._lock:
@@ -141,9 +144,9 @@ class Scanner:
                 where = _endpoint(url)
                 if not info.running or where is None or not recipe:
                     continue
-                ids = self._engine_models(info.labels.get(LABEL_RUN_ID, info.id), url) or ()
+                ids, owner = self._engine_models(info.labels.get(LABEL_RUN_ID, info.id), url) or ((), None)
                 names = tuple(dict.fromkeys((recipe, *ids)))
-                routes.append(Route(recipe, url, where[0], where[1], names, ids))
+                routes.append(Route(recipe, url, where[0], where[1], names, ids, owner))
                 for name in names:
                     self._aliases[name] = recipe
             return self._table(routes, holder, journal)

@@ -14,6 +14,7 @@ import json
 import socket
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from metralectl.gateway import http1
@@ -37,15 +38,21 @@ class ClientReader(asyncio.StreamReader):
 
     def __init__(self, limit: int) -> None:
         super().__init__(limit=limit)
-        self.gone = asyncio.Event()
+        self.gone = False
+        self.on_gone: Callable[[], object] | None = None  # the relay's cancel while one runs
+
+    def _went(self) -> None:
+        self.gone = True
+        if self.on_gone is not None:
+            self.on_gone()
 
     def feed_eof(self) -> None:
         super().feed_eof()
-        self.gone.set()
+        self._went()
 
     def set_exception(self, exc: Exception) -> None:
         super().set_exception(exc)
-        self.gone.set()
+        self._went()
 
 
 class Answered(Exception):
@@ -104,6 +111,9 @@ class Gateway:
     # connections
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert isinstance(reader, ClientReader)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # an answer's head and its first piece are two writes: no Nagle delay between them
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             while True:
                 try:
@@ -136,20 +146,20 @@ class Gateway:
         if request.method != "POST":
             return await self._refuse(writer, path, Answered(405, f"{path} takes POST", "invalid_request_error",
                                                              "method_not_allowed", "bad-request"))
-        relay = asyncio.ensure_future(self._route(request, path, writer))
-        gone = asyncio.ensure_future(reader.gone.wait())
-        try:
-            await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not relay.done():  # the client went away: cancel its request upstream (its engine connection closes)
-            relay.cancel()
-            try:
-                await relay
-            except (asyncio.CancelledError, Exception):
-                pass
+        if reader.gone:
             return False
-        return relay.result()
+        # The relay runs as a task of its own that the client's going away cancels (a callback of its reader); the
+        # cancel closes the engine connection in _forward, which is how the engine learns to stop generating.
+        relay = asyncio.ensure_future(self._route(request, path, writer))
+        reader.on_gone = relay.cancel
+        try:
+            return await relay
+        except asyncio.CancelledError:
+            if not reader.gone or not relay.cancelled():
+                raise  # the gateway itself is stopping
+            return False
+        finally:
+            reader.on_gone = None
 
     async def _refuse(self, writer: asyncio.StreamWriter, path: str, answer: Answered, model: str = UNKNOWN) -> bool:
         extra = [("Retry-After", str(answer.retry_after))] if answer.retry_after is not None else None
@@ -165,7 +175,8 @@ class Gateway:
             return http1.simple_response(200, body, kind)
         if path == "/health":
             return http1.simple_response(200, json.dumps({"status": "ok", "models": len(self.table.routes)}).encode())
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "metralectl", "recipe": route.recipe}
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": route.owned_by or "metralectl",
+                 "recipe": route.recipe}
                 for name, route in sorted(self.table.by_name.items())]
         return http1.simple_response(200, json.dumps({"object": "list", "data": data}).encode())
 
