@@ -21,7 +21,9 @@ from metralectl.gateway import http1
 from metralectl.gateway.metrics import UNKNOWN, Metrics
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
 
-ROUTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"})
+ROUTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+                    "/tokenize", "/detokenize"})  # the engines' own token counters (bench sizes prompts with them)
+UNNAMED = frozenset({"/tokenize", "/detokenize"})  # llama-server's take no `model`: the only engine, when one serves
 POOL_PER_ENGINE = 128
 
 
@@ -187,6 +189,8 @@ class Gateway:
         except ValueError:
             body = None
         model = body.get("model") if isinstance(body, dict) else None
+        if model is None and path in UNNAMED and isinstance(body, dict) and len(self.table.routes) == 1:
+            model = self.table.routes[0].recipe
         if not isinstance(body, dict) or not isinstance(model, str) or not model:
             return await self._refuse(writer, path, Answered(400, "the request body is not JSON naming a `model`",
                                                              "invalid_request_error", "model_missing", "bad-request"))

@@ -95,6 +95,10 @@ def test_each_request_goes_to_the_engine_serving_its_model(two: tuple[ProcBox, P
         events = [e for e in body.decode().split("\n\n") if e.strip()]
         assert status == 200 and headers["content-type"].startswith("text/event-stream"), headers
         assert events[-1] == "data: [DONE]" and len(events) >= 7, events
+        status, _, body = gateway.request("POST", "/tokenize", {"content": "Hello"})  # two engines: which?
+        assert status == 400 and json.loads(body)["error"]["code"] == "model_missing", body
+        status, _, body = gateway.request("POST", "/tokenize", {"content": "Hello", "model": second})
+        assert status == 200 and json.loads(body)["tokens"], body
         status, _, body = gateway.chat("no-such-model")
         error = json.loads(body)["error"]
         assert status == 404 and error["code"] == "model_not_found" and error["served"] == names, body
@@ -169,6 +173,8 @@ def test_a_swap_while_clients_send_loses_no_request(tmp_path: Path, hf_home: Pat
         second = box.recipe("second", SECOND, box.own_port(), alias="tiny-second")
         box.cli("run", first, check=True, timeout=300)
         gateway = Gateway(box.env)
+        status, _, body = gateway.request("POST", "/tokenize", {"content": "Hello"})  # one engine: it, unnamed
+        assert status == 200 and json.loads(body)["tokens"], body
         results: list[tuple[str, int, bytes]] = []
         stop = threading.Event()
 
