@@ -193,19 +193,18 @@ async def relay_body(upstream: asyncio.StreamReader, response: Response, client:
             await client.drain()
         return response.keep_alive
     if response.chunked:
+        # Bytes are passed on as they arrive, chunk framing and all (several chunks in one write when the engine is
+        # ahead: no await per chunk); ChunkEnd only watches for the last chunk, to know where the answer ends.
+        end = ChunkEnd()
         while True:
-            size_line = await upstream.readuntil(b"\r\n")
-            try:
-                size = int(size_line[:-2].split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise ConnectionResetError("the engine's chunked answer is malformed") from None
-            if size == 0:
-                client.write(b"0\r\n" + await _trailers(upstream))
-                await client.drain()
-                return response.keep_alive
-            data = await upstream.readexactly(size + 2)
-            client.write(size_line + data)
+            piece = await upstream.read(1 << 16)
+            if not piece:
+                raise ConnectionResetError("the engine closed before the end of its answer")
+            stop = end.feed(piece)
+            client.write(piece if stop is None else piece[:stop])
             await client.drain()
+            if stop is not None:
+                return response.keep_alive and stop == len(piece)
     while True:  # until the engine closes: re-framed as chunks
         piece = await upstream.read(1 << 16)
         if not piece:
@@ -214,6 +213,46 @@ async def relay_body(upstream: asyncio.StreamReader, response: Response, client:
             return False
         client.write(b"%x\r\n%s\r\n" % (len(piece), piece))
         await client.drain()
+
+
+class ChunkEnd:
+    """Follows a chunked body's framing over pieces split anywhere; feed() returns where the body ends (the
+    offset just past the last chunk's trailers in that piece), else None. Malformed framing: ConnectionResetError."""
+
+    LINE_LIMIT = 4096
+
+    def __init__(self) -> None:
+        self.partial = b""  # a size or trailer line cut by a piece's end
+        self.left = 0  # bytes of the current chunk's data (and its CRLF) still to come
+        self.last = False  # the 0-size chunk was seen: trailers until an empty line
+
+    def feed(self, data: bytes) -> int | None:
+        i, n = 0, len(data)
+        while i < n:
+            if self.left:
+                take = min(self.left, n - i)
+                i, self.left = i + take, self.left - take
+                continue
+            j = data.find(b"\n", i)
+            if j < 0:
+                self.partial += data[i:]
+                if len(self.partial) > self.LINE_LIMIT:
+                    raise ConnectionResetError("the engine's chunked answer has a line too long")
+                return None
+            line, self.partial, i = self.partial + data[i:j + 1], b"", j + 1
+            if self.last:
+                if line.strip() == b"":
+                    return i
+                continue
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise ConnectionResetError("the engine's chunked answer is malformed") from None
+            if size == 0:
+                self.last = True
+            else:
+                self.left = size + 2
+        return None
 
 
 def error_body(status: int, message: str, kind: str, code: str | None = None, **extra: object) -> bytes:
