@@ -204,7 +204,11 @@ async def relay_body(upstream: asyncio.StreamReader, response: Response, client:
             client.write(piece if stop is None else piece[:stop])
             await client.drain()
             if stop is not None:
-                return response.keep_alive and stop == len(piece)
+                # Not reused: llama-server often closes a connection after a streamed answer, some time after its
+                # last chunk (seen directly too: a second request on it answered hundreds of ms late, or not at all),
+                # and a request sent on it meanwhile is only sent again once that close arrives. A new loopback
+                # connection costs less (measured: the same TTFT either way on a quiet connection).
+                return False
     while True:  # until the engine closes: re-framed as chunks
         piece = await upstream.read(1 << 16)
         if not piece:
