@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from metralectl.bench.versus import KIND as VERSUS_KIND
+from metralectl.bench.versus import check_references
 from metralectl.errors import MetralError
 from metralectl.seams.signing import BENCH_RECORD_TYPE
 
@@ -127,6 +129,12 @@ def verify_record(target: Path, known_keys: Mapping[str, bytes], *,
         actual = _digest(timings_file)
     except OSError as exc:
         raise MetralError(f"cannot read {timings_file}: {exc.strerror}") from None
+    if actual == signed_digest and signed_record.get("kind") == VERSUS_KIND:  # a comparison: its runs must hold too
+        broken = check_references(signed_record, record.parent.parent.parent)
+        if broken is not None:
+            return answer(False, f"the comparison's signature is good, but {broken}", "none", timings_file)
+        return answer(True, "good signature; every benchmark record the comparison names is the one it signed",
+                      "none", timings_file)
     if actual == signed_digest:
         timings = "checked" if actual != NO_TIMINGS else "none"
         why = (f"good signature; {timings_file.name} is the one signed" if timings == "checked"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -290,6 +291,14 @@ def show(run_id: str = typer.Argument(..., metavar="RUN"),
     fmt = _check_format(fmt, as_json)
     directory = records.find(run_id)
     record = records.repair(directory) or {}
+    from metralectl.bench.versus import KIND as VERSUS_KIND
+
+    if record.get("kind") == VERSUS_KIND:  # a comparison, not a run
+        from metralectl.present.versus_view import render_versus
+
+        print(json.dumps({k: v for k, v in record.items() if not k.startswith("_")}, indent=2, sort_keys=True,
+                         default=str) if fmt == "json" else render_versus(record))
+        return
     if fmt == "json":
         if requests:
             record["requests"] = records.requests(directory)
@@ -318,6 +327,24 @@ def compare(a: str = typer.Argument(..., metavar="RUN_A"), b: str = typer.Argume
                            for k, va, vb, d, rel in compare_rows(ra, rb)]})
         return
     print(render_compare(ra, rb))
+
+
+@app.command("versus")
+def versus(
+    recipe_a: str = typer.Argument(..., metavar="RECIPE_A", help="Served and measured first."),
+    recipe_b: str = typer.Argument(..., metavar="RECIPE_B", help="Swapped to and measured second."),
+    suite: str = typer.Argument("decode", metavar="[SUITE]", help="Which suite (default decode)."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Runs of the suite per recipe (the spread)."),
+    param: list[str] = typer.Option(None, "--param", "-p", metavar="KEY=VALUE", help="A suite parameter (both sides)."),
+    as_json: bool = typer.Option(False, "--json", help="The comparison as JSON on stdout."),
+    plot: Path = typer.Option(None, "--plot", metavar="PATH", help="Also draw the comparison as an SVG file."),
+) -> None:
+    """Serve A, benchmark it, swap to B, benchmark it with the same prompts and seeds, put back what served
+    before, and show both side by side with the spread over repeats and whether each difference is beyond noise."""
+    from metralectl.cli.bench_versus import versus as compare
+
+    compare(recipe_a, recipe_b, suite, repeats, param or [], as_json, plot, _Progress(),
+            lambda name: _recipe(name, explicit=False))
 
 
 @app.command("export")

@@ -46,21 +46,31 @@ class _Docker:
         self._used: dict[str, str] | None = None
 
     def open(self) -> Any:
+        """This machine's engines (containers and host processes: both may use weights); None when neither can be
+        asked. Docker unreachable beside host processes: `error` says why, and images() is None."""
         if self.runtime is None and self.error is None:
             from metralectl.lifecycle.local_runtime import open_local
             from metralectl.seams.docker.errors import DockerUnavailable
             try:
-                self.runtime = open_local()  # containers and host processes: both may use weights
+                self.runtime = open_local()
             except DockerUnavailable as exc:
                 self.error = exc.message
+            else:
+                if self.runtime.docker is None:
+                    self.error = getattr(self.runtime.docker_error, "message", None) or "Docker is not reachable"
         return self.runtime
+
+    def images(self) -> Any:
+        """The Docker daemon's runtime, which holds the images (None when it cannot be reached: `error` says why)."""
+        runtime = self.open()
+        return runtime.docker if runtime is not None else None
 
     def used(self) -> dict[str, str]:
         from metralectl.app.disk_images import in_use
 
         if self._used is None:
-            runtime = self.open()
-            self._used = in_use(runtime) if runtime is not None else {}
+            daemon = self.images()
+            self._used = in_use(daemon) if daemon is not None else {}
         return self._used
 
     def users(self, catalog: Any, repos: set[str], hub: Path) -> list[Any]:
@@ -121,7 +131,7 @@ def _execute(items: list[Removal], hub: Path, docker: _Docker) -> None:
         if item.blocked or item.kind == "left-alone":
             continue
         if item.kind == "image":
-            disk_images.remove_image(docker.open(), item)
+            disk_images.remove_image(docker.images(), item)
         else:
             disk_weights.remove_item(item, hub)
 
@@ -193,7 +203,7 @@ def rm(
             items.append(found)
     refs.update({disk_images.with_tag(r): () for r in image or []})
     if refs:
-        runtime = docker.open()
+        runtime = docker.images()
         if runtime is None:
             raise MetralError(f"cannot reach the Docker daemon to remove images: {docker.error}",
                               "start it, or leave the images out")
@@ -246,7 +256,7 @@ def prune(
     hub, docker = paths.hf_hub_cache(), _Docker()
     items = disk_weights.plan_prune(hub, _named(catalog))
     if not no_images:
-        runtime = docker.open()
+        runtime = docker.images()
         if runtime is None:
             note(f"images left alone: {docker.error}")
         else:

@@ -65,6 +65,11 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("metralectl bench run decode --gate 'decode_tok_s_p50>=100'", "exit 2 below"),
         ("metralectl bench run decode --url http://127.0.0.1:8000", "another server"),
     ),
+    "bench versus": (
+        ("metralectl bench versus vllm-8b llamacpp-8b", "decode, 3 runs each"),
+        ("metralectl bench versus A B --repeats 5 --plot v.svg", "stricter, plotted"),
+        ("metralectl bench versus A B decode --json", "for a script"),
+    ),
     "doctor": (
         ("metralectl doctor", "every setup problem, with its remedy"),
         ("metralectl doctor --recipe demo-cpu", "only what this recipe needs"),

@@ -54,5 +54,7 @@ def verify(
     timings = verdict.timings_file.name if verdict.timings_file else "requests.jsonl"
     print(f"  timings: {timings} is the one signed" if verdict.timings == "checked"
           else "  timings: none (signed without per-request timings)")
+    if verdict.names.get("suite") == "versus":  # bench/versus.SUITE_DIR: a comparison names runs, not timings
+        print("  runs: every benchmark record the comparison names is the one it signed")
     for key, value in sorted(verdict.names.items()):
         print(f"  {clean(key, 64)}: {clean(value, 200)}")

@@ -132,6 +132,11 @@ def history_table(runs: list[dict[str, Any]]) -> str:
         if key is None:
             key = next((k for k in headline if k.endswith("output_tok_s") or k.endswith("goodput_rps")), None)
         status = effective_status(r)
+        if r.get("kind") == "metralectl-bench-versus":  # bench/versus.KIND: a comparison names its two recipes
+            pair = f"{(r.get('a') or {}).get('recipe')} vs {(r.get('b') or {}).get('recipe')}"
+            rows.append([r.get("run_id", "?"), f"versus {r.get('compared_suite')}", str(r.get("started_at", ""))[:19],
+                         f"FAILED {status}" if status in FAILED_STATUSES else status, "-", "-", "-", pair])
+            continue
         rows.append([r.get("run_id", "?"), r.get("suite", "?"), str(r.get("started_at", ""))[:19],
                      f"FAILED {status}" if status in FAILED_STATUSES else status,
                      r.get("verdict") or "-", engine_id.short((r.get("target") or {}).get("engine")),

@@ -64,3 +64,21 @@ def classify(names: Iterable[str], classes: Iterable[HardwareClass]) -> str | No
             if any(pattern.lower() in name.lower() for pattern in hw.gpu_names):
                 return hw.id
     return None
+
+
+def peak_rss_mib(pids: Iterable[int], proc: Path = Path("/proc")) -> float | None:
+    """The sum of the processes' resident-set high-water marks (VmHWM: the most each held since it started), in
+    MiB; None when none could be read. An upper bound of the group's peak: each process's peak, not their peak at
+    one moment."""
+    total, seen = 0, False
+    for pid in pids:
+        try:
+            text = (proc / str(pid) / "status").read_text(errors="replace")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        for line in text.splitlines():
+            if line.startswith("VmHWM:"):
+                fields = line.split()
+                if len(fields) >= 2 and fields[1].isdigit():
+                    total, seen = total + int(fields[1]), True
+    return round(total / 1024, 1) if seen else None

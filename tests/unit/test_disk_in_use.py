@@ -158,3 +158,26 @@ def test_a_run_in_progress_keeps_every_weight() -> None:
     assert item["blocked"].startswith("`run my-35b (pid ") and "is in progress on this machine" in item["blocked"]
     assert base.is_dir()
     assert paths.hf_hub_cache().is_dir()
+
+
+def test_a_host_process_serving_keeps_its_weights_while_docker_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker unreachable, an engine run as a host process (runtime: process) serves the repository: `rm` is
+    refused by that process, and `prune` leaves the images alone saying why — the disk commands ask the host
+    processes without needing Docker, and never ask the host-process side for images."""
+    from metralectl.seams.docker.errors import DockerUnavailable
+
+    def docker_down(*args: object, **kwargs: object) -> FakeRuntime:
+        raise DockerUnavailable("not-running", "the Docker daemon refuses connections (not running)", "start it")
+
+    processes = FakeRuntime()
+    monkeypatch.setattr("metralectl.seams.docker.runtime.open_runtime", docker_down)
+    monkeypatch.setattr("metralectl.lifecycle.local_runtime.process_runtime", lambda: processes)
+    (paths.metrale_home() / "state" / "processes").mkdir(parents=True)  # an engine has run here as a process
+    base = cached(REPO, {"config.json": b"{}", "model.safetensors": b"w" * 100})
+    serving(processes, "metralectl-qwen", FLAGSHIP, ("/opt/bin/vllm", "serve", REPO, "--port", "8000"))
+    code, plan, _ = invoke("rm", FLAGSHIP)
+    assert code == 1 and plan["items"][0]["removed"] is False
+    assert plan["items"][0]["blocked"].startswith("container metralectl-qwen ")
+    assert base.is_dir()
+    code, plan, err = invoke("prune")
+    assert code == 0 and "images left alone: the Docker daemon refuses connections" in err
