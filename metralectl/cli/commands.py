@@ -76,6 +76,8 @@ COMMANDS: dict[str, Entry] = {
     "paths": Entry(_INFO, "Same as `info`.", hidden=True),
     "recipes": Entry("metralectl.cli.recipes_cmds", "Check and inspect recipe files."),
     "bench": Entry("metralectl.cli.bench_cmds", "Benchmark the served endpoint; keep and compare the results."),
+    "gateway": Entry("metralectl.cli.gateway_cmd", "Serve one OpenAI-compatible endpoint that routes each request by "
+                                                   "its `model` to the engine serving it."),
     "agent": Entry(_AGENT, "The background agent: local API + control-plane page + peer listener. `agent start` runs "
                            "it in the background; plain `agent` in this terminal."),
     "peer": Entry(_PEER, "Other metralectl nodes this box trusts by key (pairing, grants)."),

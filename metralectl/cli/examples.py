@@ -85,6 +85,10 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("metralectl chat demo-cpu", "a conversation, on a terminal"),
         ("metralectl chat --url http://127.0.0.1:8000 \"2+2?\" --json", "as JSON"),
     ),
+    "gateway": (
+        ("metralectl gateway", "on 127.0.0.1:8090"),
+        ("metralectl gateway --listen 127.0.0.1:9000 --json", "JSON status lines"),
+    ),
 }
 
 COLUMN = 52  # the comments' column at most; a longer command line has its comment two spaces after it

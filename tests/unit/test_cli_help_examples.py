@@ -15,7 +15,7 @@ import pytest
 from metralectl.cli import examples
 from tests.unit.recipe_helpers import REPO
 
-MAIN = ("list", "show", "pull", "run", "ps", "logs", "stop", "swap", "bench run", "doctor", "top", "chat")
+MAIN = ("list", "show", "pull", "run", "ps", "logs", "stop", "swap", "bench run", "doctor", "top", "chat", "gateway")
 RUNNABLE = ("metralectl list", "metralectl show ", "metralectl run qwen3.5-35b-a3b --print")  # no daemon needed
 
 

@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cli",),
     ("tui",),
     ("agent",),
+    ("gateway",),
     ("app", "present"),
     ("campaign",),
     ("peers",),

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""What `metralectl gateway` costs (a script, not a test): metralectl's own bench against a REAL llama-server,
+direct and through the gateway, interleaved in one run, at each concurrency.
+
+    PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--concurrencies 1,16,64] [--rounds 3] [--duration 10]
+        [--isl 128] [--osl 64] [--preset tiny|1b] [--llama-server PATH] [--python PY] [--json FILE]
+
+It lays out a box of its own in a temporary directory (config, state, HF cache with the tiny GGUF of
+tests/real_llamacpp/build_tiny_gguf.py, no Docker), serves it with `metralectl run` as a host process (CI's cached
+llama-server, found as the tests find it), starts `metralectl gateway`, then for each round and concurrency runs
+`metralectl bench run concurrency-sweep` once at the engine's own URL and once at the gateway's (which goes first
+alternates by round, so drift over the run falls on both alike). Per concurrency it reports the medians over the
+rounds of TTFT p50 and p99 of each, the added TTFT (gateway - direct) and the output tok/s ratio, against issue
+32's targets: +0.3 ms p50, +1 ms p99, tok/s within 2 %. `--python` runs metralectl with another interpreter (a
+wheel's venv). Exit 1 if any bench run failed or lost a request; the targets are judged in the table, not the
+exit code (a busy machine's noise is no verdict on the gateway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+TARGETS = {"ttft_p50_ms": 0.3, "ttft_p99_ms": 1.0, "tok_s_ratio": 0.02}
+
+
+def llama_server() -> Path:
+    out = subprocess.run(["bash", str(REPO / "scripts" / "build-llama-server.sh"), "--print-cache-dir"],
+                         capture_output=True, text=True, timeout=60)
+    binary = Path(out.stdout.strip()) / "bin" / "llama-server"
+    if out.returncode != 0 or not os.access(binary, os.X_OK):
+        sys.exit(f"gateway_overhead: llama-server is not built here ({binary}): run scripts/build-llama-server.sh")
+    return binary
+
+
+class Box:
+    def __init__(self, home: Path, python: str, binary: Path) -> None:
+        self.home, self.python = home, python
+        for name in ("config/recipes", "metrale", "cache", "hf/hub"):
+            (home / name).mkdir(parents=True, exist_ok=True)
+        (home / "config" / "engines.yaml").write_text(f"llama-cpp:\n  executable: {binary}\n")
+        self.env = {**os.environ, "METRALECTL_CONFIG_DIR": str(home / "config"), "HF_HOME": str(home / "hf"),
+                    "METRALE_HOME": str(home / "metrale"), "METRALECTL_CACHE_DIR": str(home / "cache"),
+                    "METRALECTL_LOCK_DIR": str(home), "NO_COLOR": "1", "PYTHONUNBUFFERED": "1",
+                    "DOCKER_HOST": f"unix://{home}/no-docker.sock", "PYTHONPATH": str(REPO)}
+        self.env.pop("HF_HUB_CACHE", None)
+
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([self.python, "-m", "metralectl", *args], capture_output=True, text=True, env=self.env,
+                              timeout=timeout)
+
+
+def bench(box: Box, url: str, ns: argparse.Namespace, c: int) -> dict[str, Any]:
+    out = box.cli("bench", "run", "concurrency-sweep", "--url", url, "-p", f"concurrencies={c}", "-p",
+                  f"isls={ns.isl}", "-p", f"osl={ns.osl}", "-p", f"duration_s={ns.duration}", "-p",
+                  f"warmup_s={ns.warmup}", "-p", f"model={ns.alias}", "-p", "client_bound=warn", "--format", "json")
+    try:
+        record = json.loads(out.stdout)
+    except ValueError:
+        return {"failed": f"bench exited {out.returncode}: {out.stderr.strip()[-500:]}"}
+    key = f"c{c}_isl{ns.isl}_osl{ns.osl}."
+    head = record.get("summary", {}).get("headline", {})
+    row = {"ttft_p50_ms": head.get(key + "ttft_ms_p50"), "ttft_p99_ms": head.get(key + "ttft_ms_p99"),
+           "tok_s": head.get(key + "output_tok_s"), "requests": head.get(key + "requests"),
+           "errors": head.get(key + "errors"), "status": record.get("status")}
+    if out.returncode != 0 or row["errors"] or None in (row["ttft_p50_ms"], row["tok_s"]):
+        row["failed"] = f"bench exited {out.returncode}, {row['errors']} errors: {out.stderr.strip()[-300:]}"
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrencies", default="1,16,64")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--isl", type=int, default=128)
+    ap.add_argument("--osl", type=int, default=64)
+    ap.add_argument("--preset", default="tiny", choices=("tiny", "1b"))
+    ap.add_argument("--llama-server", type=Path)
+    ap.add_argument("--python", default=sys.executable, help="the interpreter that runs metralectl (a wheel's venv)")
+    ap.add_argument("--json", type=Path, help="write the rows and the medians here")
+    ns = ap.parse_args()
+    ns.alias = "overhead"
+    concurrencies = [int(c) for c in ns.concurrencies.split(",")]
+    sys.path.insert(0, str(REPO / "tests" / "real_llamacpp"))
+    import build_tiny_gguf  # the test fixture's writer: stdlib + numpy + gguf
+
+    from tests.ports import HeldPort
+
+    with tempfile.TemporaryDirectory(prefix="gw-overhead-") as tmp:
+        box = Box(Path(tmp), ns.python, ns.llama_server or llama_server())
+        summary = build_tiny_gguf.install(Path(tmp) / "hf" / "hub", build_tiny_gguf.PRESETS[ns.preset])
+        engine_port, gateway_port = HeldPort(), HeldPort()  # held until the end: engine and gateway bind beside them
+        slots = max(concurrencies)
+        (Path(tmp) / "config" / "recipes" / "overhead.yaml").write_text(
+            "schema: 1\nname: overhead\ndescription: the gateway's overhead benchmark\nengine: llama-cpp\n"
+            f"runtime: process\ncheckpoint: {{repo: {summary['repo']}, quant: Q8_0, model: qwen2.5-0.5b-instruct, "
+            "revision: null}\nhardware: cpu\nimage: llama-cpp-cpu\n"
+            f"serve: {{ctx-size: {slots * (ns.isl + ns.osl + 64)}, parallel: {slots}, n-gpu-layers: 0, alias: {ns.alias}, "
+            f"ui: false}}\nresources: {{port: {engine_port.port}, bind: 127.0.0.1, gpus: none, ranks: 1}}\n"
+            "validated: {source: null, hardware: cpu}\n")
+        run = box.cli("run", "overhead", "--no-weights-check")
+        if run.returncode != 0:
+            sys.exit(f"gateway_overhead: `metralectl run` failed:\n{run.stderr}")
+        gateway = subprocess.Popen([ns.python, "-m", "metralectl", "gateway", "--listen",
+                                    f"127.0.0.1:{gateway_port.port}", "--json"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=box.env)
+        try:
+            assert gateway.stdout is not None
+            json.loads(gateway.stdout.readline())  # its "listening" line: it routes from here on
+            urls = {"direct": f"http://127.0.0.1:{engine_port.port}", "gateway": f"http://127.0.0.1:{gateway_port.port}"}
+            rows: list[dict[str, Any]] = []
+            for round_ in range(ns.rounds):
+                for c in concurrencies:
+                    for target in (("direct", "gateway") if round_ % 2 == 0 else ("gateway", "direct")):
+                        row = {"round": round_, "concurrency": c, "target": target, **bench(box, urls[target], ns, c)}
+                        rows.append(row)
+                        print(json.dumps(row), file=sys.stderr, flush=True)
+        finally:
+            gateway.send_signal(signal.SIGINT)
+            gateway.wait(timeout=30)
+            box.cli("stop", "--all", timeout=120)
+            engine_port.close()
+            gateway_port.close()
+    return report(rows, concurrencies, ns)
+
+
+def report(rows: list[dict[str, Any]], concurrencies: list[int], ns: argparse.Namespace) -> int:
+    failed = [r for r in rows if r.get("failed")]
+    medians: list[dict[str, Any]] = []
+    print(f"{'c':>4} {'direct p50':>11} {'gw p50':>9} {'+p50 ms':>8} {'direct p99':>11} {'gw p99':>9} {'+p99 ms':>8} "
+          f"{'tok/s ratio':>11}  targets (+{TARGETS['ttft_p50_ms']} / +{TARGETS['ttft_p99_ms']} ms, "
+          f"±{TARGETS['tok_s_ratio']:.0%})")
+    for c in concurrencies:
+        def med(target: str, key: str) -> float:
+            return statistics.median(r[key] for r in rows if r["concurrency"] == c and r["target"] == target
+                                     and not r.get("failed") and r[key] is not None)
+        try:
+            d50, g50, d99, g99 = med("direct", "ttft_p50_ms"), med("gateway", "ttft_p50_ms"), \
+                med("direct", "ttft_p99_ms"), med("gateway", "ttft_p99_ms")
+            ratio = med("gateway", "tok_s") / med("direct", "tok_s")
+        except statistics.StatisticsError:
+            print(f"{c:>4}  no measurement (see the failed runs)")
+            continue
+        held = (g50 - d50 <= TARGETS["ttft_p50_ms"], g99 - d99 <= TARGETS["ttft_p99_ms"],
+                abs(1 - ratio) <= TARGETS["tok_s_ratio"])
+        medians.append({"concurrency": c, "direct_ttft_p50_ms": d50, "gateway_ttft_p50_ms": g50, "direct_ttft_p99_ms": d99,
+                        "gateway_ttft_p99_ms": g99, "tok_s_ratio": ratio, "targets_held": all(held)})
+        print(f"{c:>4} {d50:>11.2f} {g50:>9.2f} {g50 - d50:>+8.2f} {d99:>11.2f} {g99:>9.2f} {g99 - d99:>+8.2f} "
+              f"{ratio:>11.3f}  {'held' if all(held) else 'missed: ' + ', '.join(n for n, h in zip(('p50', 'p99', 'tok/s'), held) if not h)}")
+    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    for r in failed:
+        print(f"failed: c={r['concurrency']} {r['target']} round {r['round']}: {r['failed']}", file=sys.stderr)
+    if ns.json:
+        ns.json.write_text(json.dumps({"rows": rows, "medians": medians, "targets": TARGETS,
+                                       "params": {k: str(v) for k, v in vars(ns).items()}}, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""`metralectl gateway`: one OpenAI-compatible endpoint in front of every model this box serves (docs/gateway.md).
+
+Foreground: it serves until Ctrl-C or SIGTERM. The listening socket is bound here, before anything else
+starts, so a taken port or a refused address is a one-line error and nothing half-started.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import sys
+from typing import Any
+
+import typer
+
+from metralectl.errors import ExitCode, MetralError, UsageError
+
+DEFAULT_LISTEN = "127.0.0.1:8090"
+
+
+def parse_listen(text: str, allow_remote: bool) -> tuple[str, int]:
+    """HOST:PORT ([::1]:PORT for IPv6) → (host, port); a non-loopback host only with --allow-remote."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        raise UsageError(f"--listen {text!r} is not HOST:PORT", f"for example `--listen {DEFAULT_LISTEN}`")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        address = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
+    except ValueError:
+        raise UsageError(f"--listen {text!r}: {host!r} is not an IP address",
+                         f"name the address: `--listen {DEFAULT_LISTEN}` (loopback) or the interface's address") from None
+    if not address.is_loopback and not allow_remote:
+        raise UsageError(f"--listen {text}: {host} is not a loopback address, and the gateway has no keys yet: anyone "
+                         "who reaches it could use every model", "keep the default loopback address, or pass "
+                         "--allow-remote to serve other machines without any authentication")
+    return str(address), int(port)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        raise MetralError(f"the gateway cannot listen on {host}:{port}: {exc.strerror or exc}",
+                          "another program holds it: pick another with `--listen HOST:PORT`",
+                          exit_code=ExitCode.UNAVAILABLE) from None
+    sock.setblocking(False)
+    return sock
+
+
+def _status(table: Any, url: str) -> dict[str, Any]:
+    return {"listen": url, "models": [{"name": name, "recipe": route.recipe, "url": route.url}
+                                      for name, route in sorted(table.by_name.items())],
+            "starting": sorted(table.starting), "error": table.error}
+
+
+def gateway(
+    listen: str = typer.Option(DEFAULT_LISTEN, "--listen", metavar="HOST:PORT",
+                               help="Where to listen (loopback unless --allow-remote)."),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --listen address "
+                                      "(no keys yet: anyone who reaches it may use every model)."),
+    max_body: int = typer.Option(16 * 1024 * 1024, "--max-body", metavar="BYTES", min=1,
+                                 help="Largest request body accepted (413 past it)."),
+    queue_size: int = typer.Option(256, "--queue-size", min=1,
+                                   help="Requests that may wait per model while it starts or swaps (503 past it)."),
+    queue_timeout: float = typer.Option(300.0, "--queue-timeout", metavar="SECONDS", min=0.1,
+                                        help="A waiting request gets 503 after this long with no progress of its "
+                                             "model's start (a stall timer, not a total)."),
+    as_json: bool = typer.Option(False, "--json", help="Status as JSON lines on stdout: one when listening, one each "
+                                                       "time the served models change."),
+) -> None:
+    """Serve one OpenAI-compatible endpoint that routes each request by its `model` to the engine serving it."""
+    import asyncio
+    import signal
+
+    from metralectl.gateway.routes import Scanner
+    from metralectl.gateway.server import Gateway, Limits, serve
+
+    host, port = parse_listen(listen, allow_remote)
+    sock = _bind(host, port)
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{sock.getsockname()[1]}"
+
+    def show(table: Any, event: str = "models") -> None:
+        status = _status(table, url)
+        if as_json:
+            print(json.dumps({"event": event, **status}), flush=True)
+            return
+        from metralectl.safetext import clean
+
+        names = ", ".join(f"{m['name']} ({m['recipe']})" if m["name"] != m["recipe"] else m["name"]
+                          for m in status["models"]) or "none"
+        print(f"gateway {url}: serving {clean(names, 2000)}" +
+              (f"; starting: {clean(', '.join(status['starting']), 500)}" if status["starting"] else "") +
+              (f"; {clean(table.error, 500)}" if table.error else ""), file=sys.stderr, flush=True)
+
+    gateway_ = Gateway(Scanner(), Limits(max_body=max_body, queue_size=queue_size, queue_stall_s=queue_timeout))
+    gateway_.on_table = show
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(serve(gateway_, sock, lambda table: show(table, "listening")))
+        stopped: list[int] = []
+
+        def stop(signum: int) -> None:
+            stopped.append(signum)
+            task.cancel()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop, signum)
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not stopped:
+                raise
+        raise KeyboardInterrupt  # Ctrl-C / SIGTERM: the CLI's boundary says so and exits 130
+
+    asyncio.run(main())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gateway")(gateway)

@@ -1,0 +1,277 @@
+"""HTTP/1.1 framing for the gateway, on asyncio streams: a request's head and body read under caps, a response's
+head parsed, bodies relayed piece by piece as they arrive (never gathered), hop-by-hop headers dropped, and
+errors in OpenAI's shape.
+
+Plain asyncio rather than a web framework: the gateway's job is a byte relay that must cost well under a
+millisecond, and the project has no async server among its dependencies (httpx is a client; aiohttp, uvicorn
+and friends would be new ones). The framing here is the small strict subset an OpenAI client and an engine
+speak: Content-Length or chunked bodies, keep-alive, no upgrades.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+HEAD_LIMIT = 64 * 1024  # a request's or a response's head (request line + headers)
+# RFC 9110 7.6.1 and the headers that only describe one connection: never forwarded either way.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
+
+
+class BadRequest(Exception):
+    """The client's request cannot be read: answered with `status` and closed."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+class Closed(Exception):
+    """The peer closed the connection before a whole head arrived (an idle keep-alive ending is no error)."""
+
+
+@dataclass
+class Request:
+    method: str
+    target: str
+    version: str
+    headers: list[tuple[str, str]]
+    body: bytes = b""
+    keep_alive: bool = True
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+
+@dataclass
+class Response:
+    status: int
+    reason: str
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    length: int | None = None  # Content-Length; None with chunked (or until close)
+    chunked: bool = False
+    keep_alive: bool = True
+
+
+def _headers(lines: list[bytes]) -> list[tuple[str, str]]:
+    out = []
+    for line in lines:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip() or b" " in name:
+            raise BadRequest(400, "a header line is not `Name: value`")
+        out.append((name.decode("latin-1"), value.strip().decode("latin-1")))
+    return out
+
+
+async def read_head(reader: asyncio.StreamReader) -> list[bytes]:
+    """The head's lines (the blank line excluded), at most HEAD_LIMIT bytes; Closed on EOF before a byte."""
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as short:
+        if not short.partial.strip():
+            raise Closed() from None
+        raise BadRequest(400, "the connection closed in the middle of a request head") from None
+    except asyncio.LimitOverrunError:
+        raise BadRequest(431, f"the request head is over {HEAD_LIMIT // 1024} KiB") from None
+    return raw[:-4].split(b"\r\n")
+
+
+async def read_request(reader: asyncio.StreamReader, body_limit: int) -> Request:
+    lines = await read_head(reader)
+    parts = lines[0].decode("latin-1").split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise BadRequest(400, "the request line is not `METHOD TARGET HTTP/1.x`")
+    method, target, version = parts
+    request = Request(method, target, version, _headers(lines[1:]))
+    connection = (request.header("connection") or "").lower()
+    request.keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+    if (request.header("transfer-encoding") or "").lower() == "chunked":
+        request.body = await read_chunked_body(reader, body_limit)
+    elif request.header("transfer-encoding"):
+        raise BadRequest(501, "only a chunked or a Content-Length request body is understood")
+    else:
+        length = request.header("content-length") or "0"
+        if not length.isdigit():
+            raise BadRequest(400, f"Content-Length {length[:20]!r} is not a number")
+        if int(length) > body_limit:
+            raise BadRequest(413, f"the request body ({int(length)} bytes) is over the gateway's cap of {body_limit} "
+                                  "bytes (`metralectl gateway --max-body`)")
+        request.body = await reader.readexactly(int(length)) if int(length) else b""
+    return request
+
+
+async def read_chunked_body(reader: asyncio.StreamReader, limit: int) -> bytes:
+    body = bytearray()
+    while True:
+        size = await _chunk_size(reader)
+        if size == 0:
+            await _trailers(reader)
+            return bytes(body)
+        if len(body) + size > limit:
+            raise BadRequest(413, f"the request body is over the gateway's cap of {limit} bytes "
+                                  "(`metralectl gateway --max-body`)")
+        body += await reader.readexactly(size)
+        if await reader.readexactly(2) != b"\r\n":
+            raise BadRequest(400, "a chunk of the body does not end with CRLF")
+
+
+async def _chunk_size(reader: asyncio.StreamReader) -> int:
+    line = await reader.readuntil(b"\r\n")
+    digits = line[:-2].split(b";", 1)[0].strip()
+    try:
+        return int(digits, 16)
+    except ValueError:
+        raise BadRequest(400, "a chunk size is not hexadecimal") from None
+
+
+async def _trailers(reader: asyncio.StreamReader) -> bytes:
+    raw = b""
+    while True:
+        line = await reader.readuntil(b"\r\n")
+        raw += line
+        if line == b"\r\n":
+            return raw
+        if len(raw) > HEAD_LIMIT:
+            raise BadRequest(400, "the chunked body's trailers are too long")
+
+
+async def read_response_head(reader: asyncio.StreamReader) -> Response:
+    lines = await read_head(reader)
+    parts = lines[0].decode("latin-1").split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise BadRequest(502, "the engine's answer is not HTTP/1.x")
+    response = Response(int(parts[1]), parts[2] if len(parts) > 2 else "", _headers(lines[1:]))
+    for name, value in response.headers:
+        low = name.lower()
+        if low == "transfer-encoding" and "chunked" in value.lower():
+            response.chunked = True
+        elif low == "content-length" and value.isdigit():
+            response.length = int(value)
+        elif low == "connection" and "close" in value.lower():
+            response.keep_alive = False
+    if parts[0] == "HTTP/1.0":
+        response.keep_alive = False
+    if not response.chunked and response.length is None and response.status not in (204, 304):
+        response.keep_alive = False  # its body runs until the engine closes
+    return response
+
+
+def forwarded(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Headers with the hop-by-hop ones dropped (and any the Connection header names)."""
+    named = {v.strip().lower() for k, value in headers if k.lower() == "connection" for v in value.split(",")}
+    return [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP and k.lower() not in named]
+
+
+def head_bytes(first_line: str, headers: list[tuple[str, str]]) -> bytes:
+    return (first_line + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode("latin-1")
+
+
+async def relay_body(upstream: asyncio.StreamReader, response: Response, client: asyncio.StreamWriter) -> bool:
+    """The engine's body to the client as it arrives, each piece written and drained at once (an SSE event is
+    never held back). The client's framing is chunked whenever the engine's is not a Content-Length. Returns
+    whether the engine's connection may be reused (its body ended where its framing said)."""
+    if response.status in (204, 304) or response.length == 0:
+        return response.keep_alive
+    if response.length is not None:
+        left = response.length
+        while left:
+            piece = await upstream.read(min(left, 1 << 16))
+            if not piece:
+                raise ConnectionResetError("the engine closed before the end of its answer")
+            left -= len(piece)
+            client.write(piece)
+            await client.drain()
+        return response.keep_alive
+    if response.chunked:
+        # Bytes are passed on as they arrive, chunk framing and all (several chunks in one write when the engine is
+        # ahead: no await per chunk); ChunkEnd only watches for the last chunk, to know where the answer ends.
+        end = ChunkEnd()
+        while True:
+            piece = await upstream.read(1 << 16)
+            if not piece:
+                raise ConnectionResetError("the engine closed before the end of its answer")
+            stop = end.feed(piece)
+            client.write(piece if stop is None else piece[:stop])
+            await client.drain()
+            if stop is not None:
+                # Not reused: llama-server often closes a connection after a streamed answer, some time after its
+                # last chunk (seen directly too: a second request on it answered hundreds of ms late, or not at all),
+                # and a request sent on it meanwhile is only sent again once that close arrives. A new loopback
+                # connection costs less (measured: the same TTFT either way on a quiet connection).
+                return False
+    while True:  # until the engine closes: re-framed as chunks
+        piece = await upstream.read(1 << 16)
+        if not piece:
+            client.write(b"0\r\n\r\n")
+            await client.drain()
+            return False
+        client.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        await client.drain()
+
+
+class ChunkEnd:
+    """Follows a chunked body's framing over pieces split anywhere; feed() returns where the body ends (the
+    offset just past the last chunk's trailers in that piece), else None. Malformed framing: ConnectionResetError."""
+
+    LINE_LIMIT = 4096
+
+    def __init__(self) -> None:
+        self.partial = b""  # a size or trailer line cut by a piece's end
+        self.left = 0  # bytes of the current chunk's data (and its CRLF) still to come
+        self.last = False  # the 0-size chunk was seen: trailers until an empty line
+
+    def feed(self, data: bytes) -> int | None:
+        i, n = 0, len(data)
+        while i < n:
+            if self.left:
+                take = min(self.left, n - i)
+                i, self.left = i + take, self.left - take
+                continue
+            j = data.find(b"\n", i)
+            if j < 0:
+                self.partial += data[i:]
+                if len(self.partial) > self.LINE_LIMIT:
+                    raise ConnectionResetError("the engine's chunked answer has a line too long")
+                return None
+            line, self.partial, i = self.partial + data[i:j + 1], b"", j + 1
+            if self.last:
+                if line.strip() == b"":
+                    return i
+                continue
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise ConnectionResetError("the engine's chunked answer is malformed") from None
+            if size == 0:
+                self.last = True
+            else:
+                self.left = size + 2
+        return None
+
+
+def error_body(status: int, message: str, kind: str, code: str | None = None, **extra: object) -> bytes:
+    """OpenAI's error shape: {"error": {"message", "type", "param", "code"}} (plus what the gateway adds)."""
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code, **extra}}).encode()
+
+
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
+           413: "Content Too Large", 431: "Request Header Fields Too Large", 501: "Not Implemented",
+           502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+def simple_response(status: int, body: bytes, content_type: str = "application/json", *, keep_alive: bool = True,
+                    extra: list[tuple[str, str]] | None = None) -> bytes:
+    headers = [("Content-Type", content_type), ("Content-Length", str(len(body))), *(extra or [])]
+    if not keep_alive:
+        headers.append(("Connection", "close"))
+    return head_bytes(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", headers) + body

@@ -1,0 +1,32 @@
+"""The gateway's own Prometheus series, per model (the name the client asked for, once routed: a recipe or a
+served name; unknown names are counted under `model="(unknown)"` so a client cannot grow the label set)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+UNKNOWN = "(unknown)"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("metralectl_gateway_requests", "Requests answered, by model, path and status",
+                                ["model", "path", "status"], registry=r)
+        self.errors = Counter("metralectl_gateway_errors", "Requests the gateway itself failed, by model and reason "
+                              "(unknown-model, queue-full, queue-stalled, upstream, client-gone, bad-request)",
+                              ["model", "reason"], registry=r)
+        self.in_flight = Gauge("metralectl_gateway_requests_in_flight", "Requests being relayed now", ["model"],
+                               registry=r)
+        self.queue_depth = Gauge("metralectl_gateway_queue_depth", "Requests waiting for a model that is starting or "
+                                 "swapping", ["model"], registry=r)
+        self.queue_wait = Histogram("metralectl_gateway_queue_wait_seconds", "Time a request waited for its model",
+                                    ["model"], registry=r,
+                                    buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600))
+        self.served = Gauge("metralectl_gateway_models_served", "Models (recipes) the gateway routes to now",
+                            registry=r)
+
+    def text(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

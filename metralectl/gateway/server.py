@@ -1,0 +1,347 @@
+"""The gateway's event loop: accept, read a request under its caps, route it by its `model`, relay the engine's
+answer as it comes, and hold a request whose model is starting or swapping in a bounded queue.
+
+One asyncio loop, no thread per request. The routing table (routes.py) is replaced whole by a scan on a worker
+thread, so a request only reads a dict. Engine connections are kept alive in a small pool per address. A client
+that goes away (EOF or reset on its socket, seen by ClientReader) cancels its relay, and the relay's engine
+connection is closed, which is how an engine learns to stop generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
+
+from metralectl.gateway import http1
+from metralectl.gateway.metrics import UNKNOWN, Metrics
+from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
+
+ROUTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+                    "/tokenize", "/detokenize"})  # the engines' own token counters (bench sizes prompts with them)
+UNNAMED = frozenset({"/tokenize", "/detokenize"})  # llama-server's take no `model`: the only engine, when one serves
+POOL_PER_ENGINE = 128
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body: int = 16 * 1024 * 1024
+    queue_size: int = 256  # requests waiting per model
+    queue_stall_s: float = 300.0  # a waiting request fails after this long with no progress of its model's start
+    connect_timeout_s: float = 5.0
+
+
+class ClientReader(asyncio.StreamReader):
+    """A StreamReader that says when its peer went away (EOF or an error), whether or not anyone reads."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit=limit)
+        self.gone = False
+        self.on_gone: Callable[[], object] | None = None  # the relay's cancel while one runs
+
+    def _went(self) -> None:
+        self.gone = True
+        if self.on_gone is not None:
+            self.on_gone()
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        self._went()
+
+    def set_exception(self, exc: Exception) -> None:
+        super().set_exception(exc)
+        self._went()
+
+
+class Answered(Exception):
+    """A request the gateway answers itself (an error in OpenAI's shape)."""
+
+    def __init__(self, status: int, message: str, kind: str, code: str, reason: str, *,
+                 retry_after: int | None = None, **extra: object) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.retry_after = status, reason, retry_after
+        self.body = http1.error_body(status, message, kind, code, **extra)
+
+
+class Gateway:
+    def __init__(self, scanner: Scanner, limits: Limits = Limits()) -> None:
+        self.scanner, self.limits = scanner, limits
+        self.metrics = Metrics()
+        self.table = Table()
+        self._changed = asyncio.Event()
+        self._rescan = asyncio.Event()
+        self._pools: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self._waiting: dict[str, int] = {}
+        self.on_table: Any = None  # called with each new Table whose routes differ (the CLI's status line)
+
+    # the table
+    def _publish(self, table: Table) -> None:
+        before = self.table
+        self.table = table
+        self.metrics.served.set(len(table.routes))
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        if self.on_table is not None and (before.routes != table.routes or before.starting != table.starting):
+            self.on_table(table)
+
+    async def refresh_forever(self) -> None:
+        last_seen: Any = object()
+        last_scan = 0.0
+        while True:
+            holder, journal = await asyncio.to_thread(self.scanner.lifecycle)
+            seen = (holder, journal.get("phase") if journal else None, journal.get("updated") if journal else None)
+            if seen != last_seen or self._rescan.is_set() or time.monotonic() - last_scan > RESCAN_S:
+                self._rescan.clear()
+                self._publish(await asyncio.to_thread(self.scanner.scan))
+                last_seen, last_scan = seen, time.monotonic()
+            try:
+                await asyncio.wait_for(self._rescan.wait(), LIFECYCLE_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _table_change(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # connections
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert isinstance(reader, ClientReader)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # an answer's head and its first piece are two writes: no Nagle delay between them
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while True:
+                try:
+                    request = await http1.read_request(reader, self.limits.max_body)
+                except http1.Closed:
+                    return
+                except http1.BadRequest as bad:
+                    self.metrics.errors.labels(UNKNOWN, "bad-request").inc()
+                    writer.write(http1.simple_response(bad.status, http1.error_body(bad.status, bad.message, bad.kind),
+                                                       keep_alive=False))
+                    await writer.drain()
+                    return
+                keep = await self._serve(request, reader, writer)
+                if not keep or not request.keep_alive:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+
+    async def _serve(self, request: http1.Request, reader: ClientReader, writer: asyncio.StreamWriter) -> bool:
+        path = request.path
+        if request.method == "GET" and path in ("/v1/models", "/metrics", "/health"):
+            writer.write(self._own(path))
+            await writer.drain()
+            return True
+        if path not in ROUTED:
+            return await self._refuse(writer, path, Answered(404, f"no route for {request.method} {path[:200]}",
+                                                             "invalid_request_error", "unknown_url", "bad-request"))
+        if request.method != "POST":
+            return await self._refuse(writer, path, Answered(405, f"{path} takes POST", "invalid_request_error",
+                                                             "method_not_allowed", "bad-request"))
+        if reader.gone:
+            return False
+        # The relay runs as a task of its own that the client's going away cancels (a callback of its reader); the
+        # cancel closes the engine connection in _forward, which is how the engine learns to stop generating.
+        relay = asyncio.ensure_future(self._route(request, path, writer))
+        reader.on_gone = relay.cancel
+        try:
+            return await relay
+        except asyncio.CancelledError:
+            if not reader.gone or not relay.cancelled():
+                raise  # the gateway itself is stopping
+            return False
+        finally:
+            reader.on_gone = None
+
+    async def _refuse(self, writer: asyncio.StreamWriter, path: str, answer: Answered, model: str = UNKNOWN) -> bool:
+        extra = [("Retry-After", str(answer.retry_after))] if answer.retry_after is not None else None
+        writer.write(http1.simple_response(answer.status, answer.body, extra=extra))
+        await writer.drain()
+        self.metrics.errors.labels(model, answer.reason).inc()
+        self.metrics.requests.labels(model, path, str(answer.status)).inc()
+        return True
+
+    def _own(self, path: str) -> bytes:
+        if path == "/metrics":
+            body, kind = self.metrics.text()
+            return http1.simple_response(200, body, kind)
+        if path == "/health":
+            return http1.simple_response(200, json.dumps({"status": "ok", "models": len(self.table.routes)}).encode())
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": route.owned_by or "metralectl",
+                 "recipe": route.recipe}
+                for name, route in sorted(self.table.by_name.items())]
+        return http1.simple_response(200, json.dumps({"object": "list", "data": data}).encode())
+
+    # one routed request
+    async def _route(self, request: http1.Request, path: str, writer: asyncio.StreamWriter) -> bool:
+        try:
+            body = json.loads(request.body) if request.body else None
+        except ValueError:
+            body = None
+        model = body.get("model") if isinstance(body, dict) else None
+        if model is None and path in UNNAMED and isinstance(body, dict) and len(self.table.routes) == 1:
+            model = self.table.routes[0].recipe
+        if not isinstance(body, dict) or not isinstance(model, str) or not model:
+            return await self._refuse(writer, path, Answered(400, "the request body is not JSON naming a `model`",
+                                                             "invalid_request_error", "model_missing", "bad-request"))
+        try:
+            return await self._relay(request, body, model, path, writer)
+        except Answered as answer:
+            return await self._refuse(writer, path, answer, model if answer.reason != "unknown-model" else UNKNOWN)
+
+    async def _wait_for(self, model: str) -> Route:
+        """The route for `model`, waiting (bounded, in its queue) while its engine starts or swaps; Answered
+        when it is nobody's (404), or its queue is full or stalled (503 + Retry-After)."""
+        table = self.table
+        if model not in table.starting and table.find(model) is not None:
+            return table.find(model)  # type: ignore[return-value]
+        if model not in table.starting:
+            self._rescan.set()  # it may have started a moment ago
+            await self._table_change(1.0)
+            table = self.table
+            if model not in table.starting:
+                route = table.find(model)
+                if route is not None:
+                    return route
+                raise Answered(404, f"the model `{model[:200]}` is not served here; served: "
+                                    f"{', '.join(table.served_names()) or 'none'}", "invalid_request_error",
+                               "model_not_found", "unknown-model", served=table.served_names())
+        if self._waiting.get(model, 0) >= self.limits.queue_size:
+            raise Answered(503, f"`{model}` is starting and {self.limits.queue_size} requests already wait for it",
+                           "server_error", "model_starting", "queue-full", retry_after=5)
+        self._waiting[model] = self._waiting.get(model, 0) + 1
+        gauge = self.metrics.queue_depth.labels(model)
+        gauge.inc()
+        started = time.monotonic()
+        progress = (table.holder, table.phase)
+        last_progress = started
+        try:
+            while True:
+                table = self.table
+                route = table.find(model)
+                if model not in table.starting:
+                    if route is not None:
+                        return route
+                    raise Answered(404, f"the model `{model[:200]}` is not served here (its start ended without it); "
+                                        f"served: {', '.join(table.served_names()) or 'none'}",
+                                   "invalid_request_error", "model_not_found", "unknown-model",
+                                   served=table.served_names())
+                if (table.holder, table.phase) != progress:
+                    progress, last_progress = (table.holder, table.phase), time.monotonic()
+                left = self.limits.queue_stall_s - (time.monotonic() - last_progress)
+                if left <= 0:
+                    raise Answered(503, f"`{model}` is still starting: no progress in {self.limits.queue_stall_s:g} s",
+                                   "server_error", "model_starting", "queue-stalled", retry_after=10)
+                await self._table_change(left)
+        finally:
+            self._waiting[model] -= 1
+            gauge.dec()
+            self.metrics.queue_wait.labels(model).observe(time.monotonic() - started)
+
+    async def _relay(self, request: http1.Request, body: dict[str, Any], model: str, path: str,
+                     writer: asyncio.StreamWriter) -> bool:
+        payload = request.body
+        for attempt in range(3):
+            route = await self._wait_for(model)
+            if route.models and model != route.models[0]:  # engines that check the name get the one they serve
+                payload = json.dumps({**body, "model": route.models[0]}).encode()
+            try:
+                return await self._forward(route, request, payload, model, path, writer)
+            except _NotSent:
+                # the engine was not there (a swap stopped it, a run is starting it): wait for it, then again
+                self._rescan.set()
+                await self._table_change(1.0)
+        raise Answered(502, f"the engine serving `{model}` does not answer", "server_error", "upstream_unreachable",
+                       "upstream")
+
+    async def _connect(self, route: Route) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        pool = self._pools.get((route.host, route.port))
+        while pool:
+            reader, writer = pool.pop()
+            if not writer.is_closing() and not reader.at_eof():
+                return reader, writer, True
+            writer.close()
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(route.host, route.port, limit=http1.HEAD_LIMIT), self.limits.connect_timeout_s)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return reader, writer, False
+
+    async def _forward(self, route: Route, request: http1.Request, payload: bytes, model: str, path: str,
+                       client: asyncio.StreamWriter) -> bool:
+        headers = [*http1.forwarded(request.headers), ("Host", f"{route.host}:{route.port}"),
+                   ("Content-Length", str(len(payload)))]
+        head = http1.head_bytes(f"{request.method} {request.target} HTTP/1.1", headers)
+        while True:
+            try:
+                reader, writer, pooled = await self._connect(route)
+            except (OSError, asyncio.TimeoutError):
+                raise _NotSent() from None
+            try:
+                writer.write(head + payload)
+                await writer.drain()
+                response = await http1.read_response_head(reader)
+                break
+            except (ConnectionError, asyncio.IncompleteReadError, http1.Closed):
+                writer.close()
+                if pooled:
+                    continue  # a kept-alive connection the engine had closed: a fresh one
+                raise _NotSent() from None
+            except BaseException:
+                writer.close()
+                raise
+        gauge = self.metrics.in_flight.labels(model)
+        gauge.inc()
+        reusable = False
+        try:
+            out = http1.forwarded(response.headers)
+            if response.length is not None:
+                out.append(("Content-Length", str(response.length)))
+            elif response.status not in (204, 304):
+                out.append(("Transfer-Encoding", "chunked"))
+            client.write(http1.head_bytes(f"HTTP/1.1 {response.status} {response.reason}".rstrip(), out))
+            reusable = await http1.relay_body(reader, response, client)
+            self.metrics.requests.labels(model, path, str(response.status)).inc()
+            return True
+        except (ConnectionError, asyncio.IncompleteReadError, http1.BadRequest):
+            self.metrics.errors.labels(model, "upstream").inc()
+            return False  # the answer was cut: the client's connection closes too, so it sees that it was
+        finally:
+            gauge.dec()
+            pool = self._pools.setdefault((route.host, route.port), [])
+            if reusable and len(pool) < POOL_PER_ENGINE:
+                pool.append((reader, writer))
+            else:
+                writer.close()
+
+
+class _NotSent(Exception):
+    """Nothing of the request reached a live engine: safe to send again."""
+
+
+async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> None:
+    """Serve on a bound, listening socket until cancelled."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: asyncio.StreamReaderProtocol(ClientReader(http1.HEAD_LIMIT), gateway.handle), sock=sock)
+    gateway._publish(await asyncio.to_thread(gateway.scanner.scan))
+    refresher = asyncio.ensure_future(gateway.refresh_forever())
+    if ready is not None:
+        ready(gateway.table)
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        refresher.cancel()
+        await asyncio.to_thread(gateway.scanner.close)

@@ -1,0 +1,103 @@
+"""`metralectl gateway` without an engine: the real CLI in a subprocess on a box of the test's own (no Docker).
+
+The wait queue of a model that is starting (a `run R` holding the lifecycle lock, held here by the test itself
+as `metralectl run` holds it): over its bound, 503 with Retry-After at once; past its stall deadline, 503 with
+Retry-After; once the start ended without the model, 404 listing what is served. The request's caps and errors
+in OpenAI's shape; a non-loopback --listen refused without --allow-remote; a taken port refused.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from metralectl.seams import store
+from tests.integration.gateway_client import REPO, Gateway, box_env
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> dict[str, str]:
+    return box_env(tmp_path / "box")
+
+
+def test_requests_for_a_starting_model_wait_bounded_then_get_503_with_retry_after(env: dict[str, str]) -> None:
+    gateway = Gateway(env, "--queue-size", "1", "--queue-timeout", "1.5")
+    try:
+        assert gateway.first["models"] == [] and gateway.first["starting"] == []
+        with store.lifecycle_lock("run proc-x", Path(env["METRALECTL_LOCK_DIR"]) / "metralectl-lifecycle.lock"):
+            gateway.wait_line(lambda line: line["starting"] == ["proc-x"])
+            first: list[tuple[int, dict[str, str], bytes]] = []
+            began = time.monotonic()
+            waiter = threading.Thread(target=lambda: first.append(gateway.chat("proc-x")))
+            waiter.start()
+            deadline = time.monotonic() + 10
+            while gateway.metric("metralectl_gateway_queue_depth", model="proc-x") < 1:
+                assert time.monotonic() < deadline, "the first request never queued"
+                time.sleep(0.05)
+            status, headers, body = gateway.chat("proc-x")  # the queue (1) is full: refused at once
+            assert status == 503 and headers["retry-after"] == "5", body
+            assert json.loads(body)["error"]["code"] == "model_starting"
+            waiter.join(timeout=30)
+            waited = time.monotonic() - began
+            [(status, headers, body)] = first
+            assert status == 503 and headers["retry-after"] == "10", body  # no progress for 1.5 s: a stall
+            assert "no progress in 1.5 s" in json.loads(body)["error"]["message"]
+            assert 1.4 < waited < 10, waited
+        gateway.wait_line(lambda line: line["starting"] == [])
+        status, _, body = gateway.chat("proc-x")  # the start is over and nothing serves it
+        error = json.loads(body)["error"]
+        assert status == 404 and error["code"] == "model_not_found" and error["served"] == [], body
+        assert gateway.metric("metralectl_gateway_errors_total", model="proc-x", reason="queue-full") == 1
+        assert gateway.metric("metralectl_gateway_errors_total", model="proc-x", reason="queue-stalled") == 1
+        assert gateway.metric("metralectl_gateway_queue_wait_seconds_count", model="proc-x") == 1
+    finally:
+        said = gateway.stop()
+    assert gateway.proc.returncode == 130 and "Traceback" not in said, said
+
+
+def test_bad_requests_are_answered_in_openais_shape_and_the_body_is_capped(env: dict[str, str]) -> None:
+    gateway = Gateway(env, "--max-body", "1000")
+    try:
+        status, _, body = gateway.request("POST", "/v1/chat/completions", b"x" * 1001)
+        assert status == 413 and "over the gateway's cap of 1000 bytes" in json.loads(body)["error"]["message"]
+        status, _, body = gateway.request("POST", "/v1/chat/completions", b"not json")
+        assert status == 400 and json.loads(body)["error"]["code"] == "model_missing"
+        status, _, body = gateway.request("GET", "/v1/chat/completions")
+        assert status == 405, body
+        status, _, body = gateway.request("POST", "/v1/nothing", {"model": "m"})
+        assert status == 404 and json.loads(body)["error"]["code"] == "unknown_url"
+        status, _, body = gateway.request("GET", "/v1/models")
+        assert status == 200 and json.loads(body) == {"object": "list", "data": []}
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as raw:  # a head past its cap
+            raw.sendall(b"POST /v1/completions HTTP/1.1\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n")
+            assert raw.recv(100).startswith(b"HTTP/1.1 431 ")
+    finally:
+        gateway.stop()
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "metralectl", "gateway", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=60)
+
+
+def test_a_non_loopback_address_needs_allow_remote_and_a_taken_port_is_refused(env: dict[str, str]) -> None:
+    out = _cli(env, "--listen", "0.0.0.0:8090")
+    assert out.returncode == 64 and "0.0.0.0 is not a loopback address" in out.stderr, out.stderr
+    assert "--allow-remote" in out.stderr and "Traceback" not in out.stderr
+    out = _cli(env, "--listen", "localhost")
+    assert out.returncode == 64 and "is not HOST:PORT" in out.stderr, out.stderr
+    with socket.socket() as taken:  # listening, without SO_REUSEADDR: nobody binds beside it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        out = _cli(env, "--listen", f"127.0.0.1:{taken.getsockname()[1]}")
+    assert out.returncode == 69 and "the gateway cannot listen on 127.0.0.1:" in out.stderr, out.stderr
+    assert out.stdout == ""

@@ -1,0 +1,44 @@
+"""The gateway's framing: where a chunked answer ends, over pieces cut anywhere (the relay passes the engine's bytes
+on as they arrive and must know the last chunk when it sees it, never earlier and never later)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from metralectl.gateway.http1 import ChunkEnd, forwarded
+
+
+def _chunked(bodies: list[bytes], trailers: bytes = b"") -> bytes:
+    return b"".join(b"%x;ext=1\r\n%s\r\n" % (len(b), b) for b in bodies if b) + b"0\r\n" + trailers + b"\r\n"
+
+
+@given(st.lists(st.binary(min_size=1, max_size=300), max_size=6), st.sampled_from([b"", b"X-Trailer: 1\r\n"]),
+       st.lists(st.integers(min_value=1, max_value=2000), max_size=10))
+def test_the_end_of_a_chunked_body_is_found_however_it_is_cut(bodies: list[bytes], trailers: bytes,
+                                                               cuts: list[int]) -> None:
+    message = _chunked(bodies, trailers)
+    points = sorted({c % len(message) for c in cuts} - {0})
+    pieces = [message[a:b] for a, b in zip([0, *points], [*points, len(message)])]
+    end, seen = ChunkEnd(), 0
+    for index, piece in enumerate(pieces):
+        found = end.feed(piece)
+        if found is not None:
+            assert index == len(pieces) - 1 and seen + found == len(message)
+            return
+        seen += len(piece)
+    raise AssertionError("the end was never found")
+
+
+def test_malformed_framing_is_refused() -> None:
+    with pytest.raises(ConnectionResetError):
+        ChunkEnd().feed(b"zz\r\ndata\r\n")
+    with pytest.raises(ConnectionResetError):
+        ChunkEnd().feed(b"1" * 5000)
+
+
+def test_hop_by_hop_headers_and_those_connection_names_are_dropped() -> None:
+    headers = [("Connection", "keep-alive, X-Private"), ("X-Private", "1"), ("Keep-Alive", "timeout=5"),
+               ("Transfer-Encoding", "chunked"), ("Proxy-Authorization", "x"), ("Host", "a"), ("Content-Length", "3"),
+               ("Content-Type", "application/json"), ("Authorization", "Bearer k")]
+    assert forwarded(headers) == [("Content-Type", "application/json"), ("Authorization", "Bearer k")]
