@@ -1274,8 +1274,10 @@ class Rendezvous:
             return True
 
     def _watch_head(self, conn: socket.socket) -> None:
-        conn.settimeout(None)
+        # A rank that fails at start closes its peers at once, maybe before this thread runs:
+        # a closed socket here is that race, not an error to print.
         try:
+            conn.settimeout(None)
             while conn.recv(1024):
                 pass
         except OSError:
