@@ -98,8 +98,11 @@ def weights_part(model: ModelInfo, repo: str, quant: str) -> Part:
 
 
 def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
-    if recipe.engine == "llama-cpp":
-        return _kv_llamacpp(model, recipe)
+    from metralectl.core.engines.registry import engine_for  # lazy: the engine plugins load on the first estimate
+
+    own = engine_for(recipe.engine).kv_pool(model, recipe)  # an engine that sizes its cache its own way
+    if own is not None:
+        return own
     serve = recipe.serve
     dtype = str(serve.get("kv-cache-dtype", ""))
     seq, batch = serve.get("max-seq-len"), serve.get("max-batch-size")
@@ -125,25 +128,6 @@ def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
     basis = (f"{seq} seq × {batch} batch × {count(layers, 'attn layer')} × {count(heads, 'kv-head')} × {dim} head-dim × 2 (K,V) "
              f"× {dtype}{hp_note}")
     return Part("KV pool", total / GB, basis)
-
-
-def _kv_llamacpp(model: ModelInfo, recipe: Recipe) -> Part:
-    """llama.cpp's KV cache: ctx-size tokens (shared by the slots) × attention layers × KV heads × head dim,
-    K and V in their cache types (f16 unless set)."""
-    serve = recipe.serve
-    layers, heads, dim = model.attention_layers, model.kv_heads, model.head_dim
-    missing = [n for n, v in (("attention layers", layers), ("KV heads", heads), ("head dim", dim)) if not v]
-    if missing:
-        return Part("KV cache", None, f"unknown: {', '.join(missing)} of {model.display_name} not in the data")
-    ctx = serve.get("ctx-size")
-    if not isinstance(ctx, int) or ctx <= 0:
-        return Part("KV cache", None, "unknown: ctx-size 0 (the model's training context, read at load)")
-    k_type, v_type = str(serve.get("cache-type-k", "f16")), str(serve.get("cache-type-v", "f16"))
-    assert layers and heads and dim
-    total = ctx * layers * heads * dim * (GGML_KV_BYTES[k_type] + GGML_KV_BYTES[v_type])
-    basis = (f"{ctx} ctx × {count(layers, 'attn layer')} × {count(heads, 'kv-head')} × {dim} head-dim "
-             f"× (K {k_type} + V {v_type})")
-    return Part("KV cache", total / GB, basis)
 
 
 HOST_RAM_KEPT_FRACTION = 0.10  # of a host-RAM class's MemTotal, left to everything but the engine...
