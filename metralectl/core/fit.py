@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from metralectl.core.engine_profile import MemoryMeaning, unreachable
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.model_info import ModelInfo
 from metralectl.core.recipe import Recipe
@@ -43,7 +44,7 @@ class MemoryEstimate:
     reserve: Part
     budget: Part  # what the engine may use on the target (memory × utilization, as the engine reads it)
     hardware: str
-    memory_meaning: str = "fraction-of-total"  # what resources.memory-utilization means to the recipe's engine
+    memory_meaning: MemoryMeaning = "fraction-of-total"  # what resources.memory-utilization means to the recipe's engine
 
     @property
     def total_gb(self) -> float | None:
@@ -139,7 +140,7 @@ def os_headroom_gb(host_ram_gb: float) -> float:
     return max(HOST_RAM_KEPT_MIN_GB, host_ram_gb * HOST_RAM_KEPT_FRACTION)
 
 
-def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning: str, weights: Part) -> Part:
+def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning: MemoryMeaning, weights: Part) -> Part:
     """What the engine may use, read the way its memory-utilization is meant (engine_profile.MEMORY_MEANINGS)."""
     if memory is None:
         if hardware.host_memory:
@@ -161,13 +162,18 @@ def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning:
                                         "and the weights' size is unknown")
         return Part("budget", weights.gb + (memory - weights.gb) * util,
                     f"weights + ({source} − weights) × {util:g} (of free memory after the weights)")
-    what = "weights and KV only" if meaning == "static-weights-and-kv" else "of total"
+    if meaning == "static-weights-and-kv":
+        what = "weights and KV only"
+    elif meaning == "fraction-of-total":
+        what = "of total"
+    else:
+        unreachable(meaning)
     return Part("budget", memory * util, f"{f'({source})' if hardware.host_memory else source} × {util:g} utilization "
                                          f"({what})")
 
 
 def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name: str | None = None,
-             memory_meaning: str = "fraction-of-total", host_ram_gb: float | None = None) -> MemoryEstimate:
+             memory_meaning: MemoryMeaning = "fraction-of-total", host_ram_gb: float | None = None) -> MemoryEstimate:
     """`host_ram_gb`: this machine's RAM, the budget of a class whose memory is the host's (memory.host-ram)."""
     reserve_mb = recipe.serve.get("oom-guard-mb", 0)
     memory = hardware.memory_gb(gpu_name, host_ram_gb)
