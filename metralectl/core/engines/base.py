@@ -10,6 +10,7 @@ series, request dialect) stay in the engine's yaml, read by core/contract.py int
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ class Engine(Protocol):
     metric_prefix: str | None
     # Multi-rank launch: the flag after which the rank arguments go (None: the engine takes none).
     rank_arguments_after: str | None
+    # A plugin's own data (engine/<name>.yaml with its pinned authority, images/, recipes/), loaded by the
+    # catalog as shipped data; None for metralectl's own engines (their data is metralectl's).
+    data_dir: Path | None
 
     def signatures(self, answers: ServerAnswers) -> list[str]:
         """Evidence, beyond owned_by and metrics, that the server is this engine (each a short phrase)."""
@@ -76,6 +80,7 @@ class DataEngine:
     owned_by: tuple[str, ...] = ()
     metric_prefix: str | None = None
     rank_arguments_after: str | None = None
+    data_dir: Path | None = None
 
     def signatures(self, answers: ServerAnswers) -> list[str]:
         return []
