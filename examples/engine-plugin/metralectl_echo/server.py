@@ -62,11 +62,30 @@ def main(argv: list[str]) -> None:
             messages = body.get("messages") or [{"content": ""}]
             words = str(messages[-1].get("content", "")).split()[: int(opts["max-tokens"])]
             served["n"] += 1
+            usage = {"prompt_tokens": len(words), "completion_tokens": len(words), "total_tokens": 2 * len(words)}
+            if body.get("stream"):
+                self._stream(words, usage)
+                return
             self._send(200, {"id": "echo", "object": "chat.completion", "model": name,
                              "choices": [{"index": 0, "finish_reason": "stop",
                                           "message": {"role": "assistant", "content": " ".join(words)}}],
-                             "usage": {"prompt_tokens": len(words), "completion_tokens": len(words),
-                                       "total_tokens": 2 * len(words)}})
+                             "usage": usage})
+
+        def _stream(self, words: list[str], usage: dict[str, int]) -> None:
+            """Server-sent events: one word a chunk, then the finish reason and the usage, then [DONE]."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            base = {"id": "echo", "object": "chat.completion.chunk", "model": name}
+            chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+            chunks += [{**base, "choices": [{"index": 0, "delta": {"content": (" " if i else "") + w}}]}
+                       for i, w in enumerate(words)]
+            chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage})
+            for chunk in chunks:
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
 
         def log_message(self, *args: object) -> None:
             pass
