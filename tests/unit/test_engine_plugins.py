@@ -70,7 +70,6 @@ NOT_YET_MOVED = {
     "metralectl/core/synced_set.py": 1,  # the same
     "metralectl/core/recipe_import.py": 3,  # importing a recipe from Metrale's own serve config
     "metralectl/core/image_info.py": 1,  # an image without the engine label is a Metrale image (older images)
-    "metralectl/cli/serve_cmds.py": 1,  # the served name when a launch reports none
     "metralectl/telemetry/engine_metrics.py": 1,  # METRALE_DEFAULT, the map for a caller that knows no engine
 }
 
@@ -87,3 +86,13 @@ def test_no_engine_name_outside_its_own_module() -> None:
         if hits:
             found[str(path.relative_to(REPO))] = hits
     assert found == NOT_YET_MOVED
+
+
+def test_a_ready_launch_without_a_served_name_names_the_recipe(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its first request names the recipe when /v1/models said nothing, not an engine's word."""
+    from metralectl.cli.serve_cmds import print_ready
+    from metralectl.lifecycle.launch import Launched
+
+    print_ready(Launched("r1", "echo-tiny", "c", "id", "http://127.0.0.1:9", None, 0.1), False, [])
+    out = capsys.readouterr().out
+    assert "model     echo-tiny" in out and '"model": "echo-tiny"' in out
