@@ -2,14 +2,9 @@
 
 When metralectl serves the target, the engine is the recipe's: the container's labels tie the URL to the
 recipe, the recipe names its engine. Otherwise it is what the server's own answers show, each answer a
-signature only that engine gives:
-
-- llama.cpp's `llama-server`: `GET /props` holds `default_generation_settings` (and `build_info`, the build);
-  its `/v1/models` entries say `"owned_by": "llamacpp"`; its `/metrics` (with `--metrics`) are `llamacpp:*`.
-- Metrale: `GET /serve-config` holds the digests of its binary and argv (`binary_sha256`, `args_sha256`);
-  `/v1/models` says `"owned_by": "metrale"`; `/metrics` are `metrale_*`. Its `/hardware` is only supporting
-  evidence: any server may answer that path.
-- vLLM and SGLang: `/v1/models` says `"owned_by": "vllm"` / `"sglang"`; `/metrics` are `vllm:*` / `sglang:*`.
+signature only that engine gives. Each engine's class says its own (core/engines/: `owned_by` in
+`/v1/models`, its `/metrics` prefix, `signatures()` such as llama.cpp's `/props` or Metrale's `/serve-config`
+digests, `supporting()` for answers any server may give, `version()`); here only what no engine class owns:
 - `transformers serve`: nothing above (its `owned_by` is the model's organisation or "local", it has no
   /metrics), but its `GET /openapi.json` lists its own routes `/load_model` and `/reset`.
 
@@ -42,8 +37,6 @@ class Answers:
     openapi: Any = None
 
 
-OWNERS = {"llamacpp": "llama-cpp", "metrale": "metrale", "vllm": "vllm", "sglang": "sglang"}
-METRIC_PREFIXES = (("metrale_", "metrale"), ("llamacpp:", "llama-cpp"), ("vllm:", "vllm"), ("sglang:", "sglang"))
 TRANSFORMERS_ROUTES = ("/load_model", "/reset")
 Signal = tuple[str, str]  # (engine, the evidence)
 __all__ = ["Answers", "EngineIdentity", "describe", "detect", "disagreement", "from_recipe", "probe", "short",
@@ -64,16 +57,16 @@ def probe(control: EngineClient, *, models: Any, serve_config: Any, hardware: An
 
 def signals(a: Answers) -> list[Signal]:
     """Every engine signature in the answers, in the order above."""
+    from metralectl.core.engines.registry import engines
+
     out: list[Signal] = []
+    owners_of = {word: engine.name for engine in engines().values() for word in engine.owned_by}
     entries = a.models.get("data") if isinstance(a.models, dict) else None
     owners = [e.get("owned_by") for e in entries or [] if isinstance(e, dict)]
     for owner in dict.fromkeys(o for o in owners if isinstance(o, str)):
-        if owner in OWNERS:
-            out.append((OWNERS[owner], f'GET /v1/models: owned_by "{owner}"'))
-    if isinstance(a.props, dict) and isinstance(a.props.get("default_generation_settings"), dict):
-        out.append(("llama-cpp", "GET /props: default_generation_settings"))
-    if isinstance(a.serve_config, dict) and {"binary_sha256", "args_sha256"} <= a.serve_config.keys():
-        out.append(("metrale", "GET /serve-config: binary_sha256, args_sha256"))
+        if owner in owners_of:
+            out.append((owners_of[owner], f'GET /v1/models: owned_by "{owner}"'))
+    out += [(engine.name, why) for engine in engines().values() for why in engine.signatures(a)]
     out += _metric_signals(a.metrics)
     paths = a.openapi.get("paths") if isinstance(a.openapi, dict) else None
     if isinstance(paths, dict) and all(route in paths for route in TRANSFORMERS_ROUTES):
@@ -82,15 +75,18 @@ def signals(a: Answers) -> list[Signal]:
 
 
 def _metric_signals(text: str | None) -> list[Signal]:
+    from metralectl.core.engines.registry import engines
+
+    prefixes = [(e.metric_prefix, e.name) for e in engines().values() if e.metric_prefix]
     counts: dict[str, int] = {}
     for line in (text or "").splitlines():
         if line.startswith("#"):
             continue
-        for prefix, _engine in METRIC_PREFIXES:
+        for prefix, _engine in prefixes:
             if line.startswith(prefix):
                 counts[prefix] = counts.get(prefix, 0) + 1
     return [(engine, f"GET /metrics: {count(counts[prefix], prefix + '* sample')}")
-            for prefix, engine in METRIC_PREFIXES if counts.get(prefix)]
+            for prefix, engine in prefixes if counts.get(prefix)]
 
 
 def detect(a: Answers) -> EngineIdentity:
@@ -136,22 +132,17 @@ def disagreement(identity: EngineIdentity, gate_engine: str | None = None) -> st
 
 def version(name: str, a: Answers) -> str | None:
     """The build the server reports, as it spells it (capped)."""
-    value: Any = None
-    if name == "llama-cpp" and isinstance(a.props, dict):
-        value = a.props.get("build_info")
-    elif name == "metrale":
-        for answer in (a.hardware, a.serve_config):
-            if isinstance(answer, dict) and answer.get("engine_version"):
-                value = answer["engine_version"]
-                break
+    from metralectl.core.engines.registry import engine_for
+
+    value = engine_for(name).version(a)
     return clean(value, 80) if isinstance(value, str) and value else None
 
 
 def _supporting(name: str, a: Answers) -> str:
     """Answers that agree but prove nothing alone; and a server that says it is a test double."""
-    extra = ""
-    if name == "metrale" and isinstance(a.hardware, dict) and "hardware_class" in a.hardware:
-        extra += "; GET /hardware: hardware_class"
+    from metralectl.core.engines.registry import engine_for
+
+    extra = "".join("; " + why for why in engine_for(name).supporting(a))
     if any(isinstance(x, dict) and x.get("test_double") is True for x in (a.serve_config, a.hardware)):
         extra += "; it says it is a test double (test_double: true)"
     return extra

@@ -44,6 +44,20 @@ def _check_hardware(catalog: Any, hardware: str | None) -> None:
                        f"did you mean `{guess}`?" if guess else f"known: {', '.join(catalog.hardware)}")
 
 
+def _of_engine(every: list[dict[str, Any]], rows: list[dict[str, Any]], engine: str) -> list[dict[str, Any]]:
+    """`--engine`: the rows of one engine; an engine no recipe uses is a usage error naming those that are."""
+    engines = sorted({str(r["engine"]) for r in every})
+    if engine not in engines:
+        from metralectl.core.schema import did_you_mean
+        from metralectl.errors import NotFound
+        from metralectl.safetext import printable
+
+        guess = did_you_mean(engine, engines)
+        raise NotFound(f"no recipe is for engine {printable(engine)!r}",
+                       f"did you mean `{guess}`?" if guess else f"engines with recipes: {', '.join(engines)}")
+    return [r for r in rows if r["engine"] == engine]
+
+
 def _overridden(row: dict[str, Any]) -> str:
     return "synced" if "/synced/" in str(row["overrides"]) else "shipped"
 
@@ -64,7 +78,7 @@ def matches(row: dict[str, Any], words: list[str]) -> bool:
 
 
 def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: bool, as_json: bool,
-                 words: list[str] | None = None) -> ExitCode | None:
+                 words: list[str] | None = None, engine: str | None = None) -> ExitCode | None:
     """The `list` command (and `search`, with words); returns its exit code (None: OK; DATA when a user recipe
     was refused; FAILED when words matched nothing: no table then, `--json` an empty list). The rows come from
     app/library_cache.py when stored for this catalog and target, else from the catalog (and are stored)."""
@@ -79,6 +93,8 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
         refused = bool(catalog.refused)
     target = view["target"]
     rows = library_cache.select(view["rows"], hardware if only_hardware else None, tag or None)
+    if engine is not None:
+        rows = _of_engine(view["rows"], rows, engine)
     missed = False
     if words:
         rows = [r for r in rows if matches(r, words)]
@@ -134,12 +150,14 @@ def list_recipes(hardware: str | None, tag: list[str] | None, only_hardware: boo
 @click.command("list")
 @click.option("--hardware", help="Judge fit against this hardware class (gb10, hopper, b200).")
 @click.option("--tag", multiple=True, help="Only recipes with this tag (repeatable).")
+@click.option("--engine", metavar="ENGINE", help="Only recipes of this engine (llama-cpp, vllm, ...).")
 @click.option("--only", "only_hardware", is_flag=True, help="With --hardware: list only that class's recipes.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print JSON: {"target": {"hardware", "how"}, "recipes": [one object per recipe]}.')
-def list_command(hardware: str | None, tag: tuple[str, ...], only_hardware: bool, as_json: bool) -> None:
+def list_command(hardware: str | None, tag: tuple[str, ...], engine: str | None, only_hardware: bool,
+                 as_json: bool) -> None:
     """List the recipes: engine, model, quant, hardware, MTP, validated tok/s, memory, fit, cached weights (alias: ls)."""
-    code = list_recipes(hardware, list(tag), only_hardware, as_json)
+    code = list_recipes(hardware, list(tag), only_hardware, as_json, engine=engine)
     if code is not None:
         raise click.exceptions.Exit(code)
 

@@ -31,13 +31,14 @@ def search(
                                       help="Words that must all appear (any case) in the recipe's name, model, "
                                            "repo, description or tags."),
     hardware: str = typer.Option(None, "--hardware", help="Judge fit against this hardware class (gb10, hopper, b200)."),
+    engine: str = typer.Option(None, "--engine", metavar="ENGINE", help="Only recipes of this engine."),
     as_json: bool = typer.Option(False, "--json", help='Print JSON, the shape of `list --json`: {"target": {...}, '
                                                        '"recipes": [...]} (an empty list when nothing matches).'),
 ) -> None:
     """Find recipes by words: the table of `list`, only the recipes every word matches."""
     from metralectl.cli import catalog_list
 
-    code = catalog_list.list_recipes(hardware, None, False, as_json, words=words)
+    code = catalog_list.list_recipes(hardware, None, False, as_json, words=words, engine=engine)
     if code is not None:
         raise typer.Exit(code)
 

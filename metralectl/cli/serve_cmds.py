@@ -128,7 +128,8 @@ def print_ready(launched: Any, as_json: bool, details: list[str]) -> None:
     if as_json:
         print(json.dumps(asdict(launched), indent=2))
         return
-    model = launched.model or "metrale"  # the name the engine says it serves
+    # the name the engine says it serves; else the recipe's (never another engine's word)
+    model = launched.model or launched.recipe
     print(f"endpoint  {clean(launched.url)}/v1")
     print(f"model     {clean(model, 200)}")
     for line in details:

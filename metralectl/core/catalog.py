@@ -139,6 +139,10 @@ def _build_catalog(root: Path, user_dir: Path | None) -> Catalog:
         _load_kernels(catalog, root)
         _load_images(catalog, root)
         shipped_docs = [(_load(p, root), p) for p in _yaml_files(root / "recipes")]
+        for data in _plugin_data():  # an engine plugin's own engine file, images and recipes, as shipped data
+            _load_engines(catalog, data)
+            _load_images(catalog, data)
+            shipped_docs += [(_load(p, data), p) for p in _yaml_files(data / "recipes")]
     except YamlSyntax as exc:
         _shipped_problems([exc.problem])
         raise
@@ -247,6 +251,14 @@ def _add_user_recipe(catalog: Catalog, path: Path, doc: Document) -> None:
         return
     catalog.recipes[recipe.name] = recipe
     catalog.documents[recipe.name] = catalog._resolve_extends(doc)[0] or doc
+
+
+def _plugin_data() -> list[Path]:
+    """The data directories engine plugins ship (`Engine.data_dir`: engine/, images/, recipes/ below it)."""
+    from metralectl.core.engines.registry import engines
+
+    dirs = [engine.data_dir for engine in engines().values() if engine.data_dir is not None]
+    return list(dict.fromkeys(dirs))
 
 
 def _load_engines(catalog: Catalog, root: Path) -> None:

@@ -48,6 +48,15 @@ def fingerprint(root: Path, user_dir: Path | None) -> str:
         except OSError:
             parts.append("synced:absent")
         _stats(synced, parts)
+    # An engine plugin's data lives in its package: installing or removing one changes a site-packages directory
+    # (its .dist-info comes or goes), so their times are in the key; no plugin is loaded to know it.
+    import site  # imported at every start already (unless -S)
+
+    for entry in site.getsitepackages():
+        try:
+            parts.append(f"{entry}:{os.stat(entry).st_mtime_ns}")
+        except OSError:
+            parts.append(f"{entry}:absent")
     return "\n".join(parts)
 
 

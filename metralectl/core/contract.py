@@ -12,7 +12,7 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from metralectl.core import engine_profile as P
 from metralectl.core import engine_revisions
@@ -21,7 +21,8 @@ from metralectl.core.engine_revisions import Policy, Revision
 from metralectl.core.schema import Checker
 from metralectl.core.yamlsrc import Document
 
-MULTI_RANK_STRATEGIES = ("none", "rendezvous")
+MultiRank = Literal["none", "rendezvous"]
+MULTI_RANK_STRATEGIES: tuple[MultiRank, ...] = get_args(MultiRank)
 _READINESS_KEYS = ("style", "marker", "health-path", "health-ready-status", "health-status-key", "health-faulted", "health-reason-key")
 _TOP_KEYS = ("schema", "name", "display-name", "binary", "serve-command", "model-argument", "version-command",
              "default-port", "default-bind", "readiness", "log-phases", "log-failures", "endpoints", "flags",
@@ -46,7 +47,7 @@ class Readiness:
     status_key: str = "status"  # the JSON key of a /health answer that names the state
     faulted: str = "faulted"  # its value once a GPU fault is latched
     reason_key: str = "reason"
-    style: str = "health-when-loaded"  # engine_profile.READINESS_STYLES
+    style: P.ReadinessStyleName = "health-when-loaded"
     marker: re.Pattern[str] | None = None  # warm-up-marker: the log line that says warm-up is done
 
 
@@ -75,16 +76,16 @@ class EngineContract:
     # which OpenAI request extensions the engine takes: {ignore-eos|min-tokens|stream-usage|continuous-usage:
     # accepted|refused|unknown}; the benchmark probes the server when anything is unknown
     request_dialect: dict[str, str] = field(default_factory=dict)
-    rules: tuple[str, ...] = ()  # engine_profile.RULES this engine's recipes are held to
+    rules: tuple[P.RuleName, ...] = ()  # engine_profile.RULES this engine's recipes are held to
     model_argument: P.ModelArgument = field(default_factory=P.ModelArgument)
     metrics: P.MetricsMap = field(default_factory=P.MetricsMap)
     weights: P.Weights = field(default_factory=P.Weights)
-    memory_meaning: str = "fraction-of-total"  # what resources.memory-utilization means to it
+    memory_meaning: P.MemoryMeaning = "fraction-of-total"  # what resources.memory-utilization means to it
     quants: tuple[str, ...] = ()  # the checkpoint quant words its recipes use
     launcher_sets: dict[str, Any] = field(default_factory=dict)  # flags every launch sets (llama.cpp --metrics)
     log_prefix: re.Pattern[str] | None = None  # what precedes a log line's message (None: the tracing prefix)
     auth_flags: tuple[str, ...] = ()  # serve flags that, all set, put authentication on the endpoint
-    multi_rank: str = "none"  # none | rendezvous (ranks meet at --master-addr/--master-port: Metrale's EP=2)
+    multi_rank: MultiRank = "none"  # none | rendezvous (ranks meet at --master-addr/--master-port: Metrale's EP=2)
     served_name_flag: str | None = None  # the flag that names the model /v1/models reports (model-name, alias)
     process: P.ProcessStart | None = None  # how it starts as a host process (`runtime: process`); None: it cannot
 
@@ -165,7 +166,7 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         launcher_sets=_launcher_sets(check, top, flags),
         log_prefix=_log_prefix(check, top),
         auth_flags=tuple(check.string_list(top, (), "auth-flags")),
-        multi_rank=str(top.get("multi-rank", "none")),
+        multi_rank=cast(MultiRank, str(top.get("multi-rank", "none"))),  # checked below
         served_name_flag=_served_name_flag(check, top, flags),
         process=P.parse_process(check, top.get("process")),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, NoReturn, cast, get_args
 
 from metralectl.core.schema import Checker
 
@@ -21,18 +21,21 @@ from metralectl.core.schema import Checker
 #   warm-up-marker      health ready is not enough: a log line says the warm-up is done (SGLang)
 #   lazy-load           health is ready at once, the model loads on the first request: one answer proves it
 #                       (Ollama, `transformers serve`)
-READINESS_STYLES = ("health-when-loaded", "warm-up-marker", "lazy-load")
+ReadinessStyleName = Literal["health-when-loaded", "warm-up-marker", "lazy-load"]
+READINESS_STYLES: tuple[ReadinessStyleName, ...] = get_args(ReadinessStyleName)
 # Words an engine file may still name, and the style each now is. They described how an engine looked while
 # loading (a 503 with a ready line, a closed port, a 503 on every path); a launch waits the same on all three.
-RENAMED_READINESS_STYLES = {"marker-then-health": "health-when-loaded", "port-closed-until-ready": "health-when-loaded",
+RENAMED_READINESS_STYLES: dict[str, ReadinessStyleName] = {"marker-then-health": "health-when-loaded", "port-closed-until-ready": "health-when-loaded",
                             "http-503-until-loaded": "health-when-loaded"}
 # How the checkpoint reaches the engine's command line (core/render.py):
 #   positional     `serve ORG/NAME` (Metrale)
 #   flag           `--model ORG/NAME` (`model-flag:` names the flag; vLLM's --model, SGLang's --model-path)
 #   hf-repo-quant  `--hf-repo ORG/NAME:QUANT`, the file picked by quant from the HF cache (llama.cpp)
-MODEL_ARGUMENT_FORMS = ("positional", "flag", "hf-repo-quant")
+ModelArgumentForm = Literal["positional", "flag", "hf-repo-quant"]
+MODEL_ARGUMENT_FORMS: tuple[ModelArgumentForm, ...] = get_args(ModelArgumentForm)
 # What `resources.memory-utilization` means to the engine, so a fit estimate can say which it used:
-MEMORY_MEANINGS = {
+MemoryMeaning = Literal["fraction-of-total", "static-weights-and-kv", "fraction-of-free-after-weights", "none"]
+MEMORY_MEANINGS: dict[MemoryMeaning, str] = {
     "fraction-of-total": "a fraction of the device's total memory (weights, KV and activations)",
     "static-weights-and-kv": "a fraction of total memory for the weights and the KV pool only",
     "fraction-of-free-after-weights": "a fraction of the memory left free once the weights are loaded",
@@ -41,13 +44,15 @@ MEMORY_MEANINGS = {
 # Checkpoint formats, for the weights a recipe needs from the HF cache (seams/hf/weights.py):
 #   safetensors  the repository's files (a snapshot)
 #   gguf         only the .gguf file(s) whose name holds the recipe's quant (a GGUF repo holds many quants)
-WEIGHT_FORMATS = ("safetensors", "gguf")
+WeightFormat = Literal["safetensors", "gguf"]
+WEIGHT_FORMATS: tuple[WeightFormat, ...] = get_args(WeightFormat)
 # Engine-specific checker rules (core/checker.py runs a rule only where the engine lists it):
 #   kernel-targets   the image ships a kernel target for (hardware, model, quant) (kernels/)
 #   mtp-quant        the MTP head's quant matches the checkpoint's (`must-match: checkpoint-quant`)
 #   env-levers       env keys are checked against the engine's lever table (METRALE_*)
 # (Which flags a recipe must state is each revision's `policy:`: Metrale's explicit-keys rule, or a `listed` set.)
-RULES = ("kernel-targets", "mtp-quant", "env-levers")
+RuleName = Literal["kernel-targets", "mtp-quant", "env-levers"]
+RULES: tuple[RuleName, ...] = get_args(RuleName)
 # The canonical engine metrics the dashboard, `top`, swap's drain and bench read (telemetry/engine_metrics.py);
 # each engine maps them to its own series, first name present wins (renames across versions).
 COUNTER_METRICS = ("requests-total", "prompt-tokens-total", "generation-tokens-total", "decoded-tokens-total",
@@ -58,6 +63,13 @@ GAUGE_METRICS = ("requests-active", "requests-waiting", "prefix-cache-hit-rate",
 HISTOGRAM_METRICS = ("ttft-seconds", "itl-seconds")  # time to first token; between tokens of one stream
 LABELLED_METRICS = ("spec-verify-total",)  # {k, outcome} counts
 CANONICAL_METRICS = COUNTER_METRICS + GAUGE_METRICS + HISTOGRAM_METRICS + LABELLED_METRICS
+
+
+
+def unreachable(value: NoReturn) -> NoReturn:
+    """The end of a branch over a closed vocabulary: mypy refuses a call here if a word has no branch."""
+    raise AssertionError(f"no branch for {value!r}")
+
 
 _READINESS_STYLE_KEYS = ("style", "marker")
 _MODEL_KEYS = ("form", "flag", "quant-separator")
@@ -71,7 +83,7 @@ _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 
 @dataclass(frozen=True)
 class ModelArgument:
-    form: str = "positional"
+    form: ModelArgumentForm = "positional"
     flag: str | None = None  # for `flag` and `hf-repo-quant`: the flag that carries it
     quant_separator: str = ":"
 
@@ -81,7 +93,9 @@ class ModelArgument:
             return [repo]
         if self.form == "flag":
             return [f"--{self.flag}", repo]
-        return [f"--{self.flag}", f"{repo}{self.quant_separator}{quant}"]
+        if self.form == "hf-repo-quant":
+            return [f"--{self.flag}", f"{repo}{self.quant_separator}{quant}"]
+        unreachable(self.form)
 
 
 @dataclass(frozen=True)
@@ -103,7 +117,7 @@ class MetricsMap:
 
 @dataclass(frozen=True)
 class Weights:
-    format: str = "safetensors"
+    format: WeightFormat = "safetensors"
     container_hf_home: str = "/root/.cache/huggingface"
     offline_env: dict[str, str] = field(default_factory=dict)
 
@@ -132,7 +146,7 @@ class ProcessStart:
 
 @dataclass(frozen=True)
 class ReadinessStyle:
-    style: str = "health-when-loaded"
+    style: ReadinessStyleName = "health-when-loaded"
     marker: re.Pattern[str] | None = None  # warm-up-marker: the line that says warm-up is done
 
 
@@ -142,7 +156,7 @@ def parse_model_argument(check: Checker, raw: Any) -> ModelArgument:
     else:
         body = check.mapping(raw, ("model-argument",), "model-argument")
     check.known_keys(body, ("model-argument",), _MODEL_KEYS, "model-argument")
-    form = str(body.get("form", "positional"))
+    form = cast(ModelArgumentForm, str(body.get("form", "positional")))
     if form not in MODEL_ARGUMENT_FORMS:
         check.error(("model-argument", "form"), f"unknown model-argument form {form!r}",
                     f"use one of {', '.join(MODEL_ARGUMENT_FORMS)}")
@@ -154,7 +168,7 @@ def parse_model_argument(check: Checker, raw: Any) -> ModelArgument:
 
 
 def parse_readiness_style(check: Checker, body: dict[str, Any]) -> ReadinessStyle:
-    style = str(body.get("style", "health-when-loaded"))
+    style = cast(ReadinessStyleName, str(body.get("style", "health-when-loaded")))
     if style in RENAMED_READINESS_STYLES:  # an older engine file: it still loads, and says what to write now
         check.warn(("readiness", "style"), f"readiness style {style!r} is now {RENAMED_READINESS_STYLES[style]!r} "
                    "(the same wait)", f"write `style: {RENAMED_READINESS_STYLES[style]}`")
@@ -205,7 +219,7 @@ def parse_metrics(check: Checker, raw: Any, engine: str) -> MetricsMap:
 def parse_weights(check: Checker, raw: Any) -> Weights:
     body = check.mapping(raw if raw is not None else {}, ("weights",), "weights")
     check.known_keys(body, ("weights",), _WEIGHTS_KEYS, "weights")
-    fmt = str(body.get("format", "safetensors"))
+    fmt = cast(WeightFormat, str(body.get("format", "safetensors")))
     if fmt not in WEIGHT_FORMATS:
         check.error(("weights", "format"), f"unknown weights format {fmt!r}", f"use one of {', '.join(WEIGHT_FORMATS)}")
         fmt = "safetensors"
@@ -248,16 +262,18 @@ def parse_process(check: Checker, raw: Any) -> ProcessStart | None:
     return ProcessStart(executable, module, str(body.get("interpreter", "python3")), command)
 
 
-def parse_rules(check: Checker, top: dict[str, Any]) -> tuple[str, ...]:
-    rules = tuple(check.string_list(top, (), "rules"))
-    for rule in rules:
+def parse_rules(check: Checker, top: dict[str, Any]) -> tuple[RuleName, ...]:
+    rules: list[RuleName] = []
+    for rule in check.string_list(top, (), "rules"):
         if rule not in RULES:
             check.error(("rules",), f"unknown engine rule {rule!r}", f"use any of {', '.join(RULES)}")
-    return rules
+        else:
+            rules.append(cast(RuleName, rule))
+    return tuple(rules)
 
 
-def parse_memory_meaning(check: Checker, top: dict[str, Any]) -> str:
-    meaning = str(top.get("memory-utilization", "fraction-of-total"))
+def parse_memory_meaning(check: Checker, top: dict[str, Any]) -> MemoryMeaning:
+    meaning = cast(MemoryMeaning, str(top.get("memory-utilization", "fraction-of-total")))
     if meaning not in MEMORY_MEANINGS:
         check.error(("memory-utilization",), f"unknown memory-utilization meaning {meaning!r}",
                     f"use one of {', '.join(MEMORY_MEANINGS)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from metralectl.core.engine_profile import MemoryMeaning, unreachable
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.model_info import ModelInfo
 from metralectl.core.recipe import Recipe
@@ -43,7 +44,7 @@ class MemoryEstimate:
     reserve: Part
     budget: Part  # what the engine may use on the target (memory × utilization, as the engine reads it)
     hardware: str
-    memory_meaning: str = "fraction-of-total"  # what resources.memory-utilization means to the recipe's engine
+    memory_meaning: MemoryMeaning = "fraction-of-total"  # what resources.memory-utilization means to the recipe's engine
 
     @property
     def total_gb(self) -> float | None:
@@ -98,8 +99,11 @@ def weights_part(model: ModelInfo, repo: str, quant: str) -> Part:
 
 
 def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
-    if recipe.engine == "llama-cpp":
-        return _kv_llamacpp(model, recipe)
+    from metralectl.core.engines.registry import engine_for  # lazy: the engine plugins load on the first estimate
+
+    own = engine_for(recipe.engine).kv_pool(model, recipe)  # an engine that sizes its cache its own way
+    if own is not None:
+        return own
     serve = recipe.serve
     dtype = str(serve.get("kv-cache-dtype", ""))
     seq, batch = serve.get("max-seq-len"), serve.get("max-batch-size")
@@ -127,25 +131,6 @@ def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
     return Part("KV pool", total / GB, basis)
 
 
-def _kv_llamacpp(model: ModelInfo, recipe: Recipe) -> Part:
-    """llama.cpp's KV cache: ctx-size tokens (shared by the slots) × attention layers × KV heads × head dim,
-    K and V in their cache types (f16 unless set)."""
-    serve = recipe.serve
-    layers, heads, dim = model.attention_layers, model.kv_heads, model.head_dim
-    missing = [n for n, v in (("attention layers", layers), ("KV heads", heads), ("head dim", dim)) if not v]
-    if missing:
-        return Part("KV cache", None, f"unknown: {', '.join(missing)} of {model.display_name} not in the data")
-    ctx = serve.get("ctx-size")
-    if not isinstance(ctx, int) or ctx <= 0:
-        return Part("KV cache", None, "unknown: ctx-size 0 (the model's training context, read at load)")
-    k_type, v_type = str(serve.get("cache-type-k", "f16")), str(serve.get("cache-type-v", "f16"))
-    assert layers and heads and dim
-    total = ctx * layers * heads * dim * (GGML_KV_BYTES[k_type] + GGML_KV_BYTES[v_type])
-    basis = (f"{ctx} ctx × {count(layers, 'attn layer')} × {count(heads, 'kv-head')} × {dim} head-dim "
-             f"× (K {k_type} + V {v_type})")
-    return Part("KV cache", total / GB, basis)
-
-
 HOST_RAM_KEPT_FRACTION = 0.10  # of a host-RAM class's MemTotal, left to everything but the engine...
 HOST_RAM_KEPT_MIN_GB = 2.0  # ...and never less than this (a small box's OS needs its share all the same)
 
@@ -155,7 +140,7 @@ def os_headroom_gb(host_ram_gb: float) -> float:
     return max(HOST_RAM_KEPT_MIN_GB, host_ram_gb * HOST_RAM_KEPT_FRACTION)
 
 
-def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning: str, weights: Part) -> Part:
+def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning: MemoryMeaning, weights: Part) -> Part:
     """What the engine may use, read the way its memory-utilization is meant (engine_profile.MEMORY_MEANINGS)."""
     if memory is None:
         if hardware.host_memory:
@@ -177,13 +162,18 @@ def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning:
                                         "and the weights' size is unknown")
         return Part("budget", weights.gb + (memory - weights.gb) * util,
                     f"weights + ({source} − weights) × {util:g} (of free memory after the weights)")
-    what = "weights and KV only" if meaning == "static-weights-and-kv" else "of total"
+    if meaning == "static-weights-and-kv":
+        what = "weights and KV only"
+    elif meaning == "fraction-of-total":
+        what = "of total"
+    else:
+        unreachable(meaning)
     return Part("budget", memory * util, f"{f'({source})' if hardware.host_memory else source} × {util:g} utilization "
                                          f"({what})")
 
 
 def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name: str | None = None,
-             memory_meaning: str = "fraction-of-total", host_ram_gb: float | None = None) -> MemoryEstimate:
+             memory_meaning: MemoryMeaning = "fraction-of-total", host_ram_gb: float | None = None) -> MemoryEstimate:
     """`host_ram_gb`: this machine's RAM, the budget of a class whose memory is the host's (memory.host-ram)."""
     reserve_mb = recipe.serve.get("oom-guard-mb", 0)
     memory = hardware.memory_gb(gpu_name, host_ram_gb)

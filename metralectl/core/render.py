@@ -124,6 +124,9 @@ def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, maste
     specs = revision.specs if revision is not None else contract.flags
     # Every policy that pins tp/ep sizes wants them on the command line even at 1 (nothing inherited).
     pinned = revision is not None and revision.policy.required == "all"
+    from metralectl.core.engines.registry import engine_for  # lazy: plugins load when a launch is rendered
+
+    engine = engine_for(recipe.engine)
     for spec in specs.values():
         if spec.recipe == "resources" and spec.resource in resource_values:
             value = resource_values[spec.resource]
@@ -131,9 +134,8 @@ def serve_argv(recipe: Recipe, contract: EngineContract, *, rank: int = 0, maste
             if value is None or (not recipe.multi_rank and spec.resource in single_only):
                 continue
             argv += spec.render_value(value)
-            if spec.name == "gpu-memory-utilization" and recipe.multi_rank:
-                argv += ["--rank", str(rank), "--world-size", str(recipe.resources.world_size),
-                         "--master-addr", master_addr or "<head-ip>"]
+            if recipe.multi_rank and spec.name == engine.rank_arguments_after:
+                argv += engine.rank_arguments(rank, recipe.resources.world_size, master_addr or "<head-ip>")
         elif spec.name in serve:
             argv += spec.render_value(serve[spec.name])
     for name, value in contract.launcher_sets.items():
