@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -78,7 +79,9 @@ def bench(box: Box, url: str, ns: argparse.Namespace, c: int) -> dict[str, Any]:
         return {"failed": f"bench exited {out.returncode}: {out.stderr.strip()[-500:]}"}
     key = f"c{c}_isl{ns.isl}_osl{ns.osl}."
     head = record.get("summary", {}).get("headline", {})
-    row = {"ttft_p50_ms": head.get(key + "ttft_ms_p50"), "ttft_p99_ms": head.get(key + "ttft_ms_p99"),
+    sizing = record.get("prompt_sizing", {}).get(str(ns.isl), {})
+    row = {"prompt_sizing": sizing.get("method"), "prompt_tokens": sizing.get("tokens"),
+           "ttft_p50_ms": head.get(key + "ttft_ms_p50"), "ttft_p99_ms": head.get(key + "ttft_ms_p99"),
            "tok_s": head.get(key + "output_tok_s"), "requests": head.get(key + "requests"),
            "errors": head.get(key + "errors"), "status": record.get("status")}
     if out.returncode != 0 or row["errors"] or None in (row["ttft_p50_ms"], row["tok_s"]):
@@ -135,6 +138,7 @@ def main() -> int:
     ap.add_argument("--hardware", default="cpu", help="the recipe's hardware class (hopper on the H200)")
     ap.add_argument("--gpus", default="none", help="resources.gpus (all on a GPU box)")
     ap.add_argument("--litellm", type=Path, help="LiteLLM's `litellm` command: its proxy as a third target")
+    ap.add_argument("--keep", type=Path, help="copy every bench run's records (requests.jsonl...) here")
     ns = ap.parse_args()
     ns.alias = "overhead"
     concurrencies = [int(c) for c in ns.concurrencies.split(",")]
@@ -194,6 +198,8 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     server.kill()
             box.cli("stop", "--all", timeout=120)
+            if ns.keep and (Path(tmp) / "metrale" / "runs").is_dir():
+                shutil.copytree(Path(tmp) / "metrale" / "runs", ns.keep, dirs_exist_ok=True)
             for held in ports.values():
                 held.close()
     return report(rows, concurrencies, ns)

@@ -10,7 +10,7 @@
 #            KIT=$PWD/build/h200-lifecycle bash /tmp/src/benchmarks/h200/run_gateway_overhead.sh
 #
 # Env: KIT, OUT, WORK (as run_lifecycle_gpu.sh: kept on a warm machine), DEADLINE_S (default 560),
-# ROUNDS (3), DURATION (10), CONCURRENCIES (1,16,64), PRESET (1b). Exit 0 when every bench run answered every
+# ROUNDS (3), DURATION (10), CONCURRENCIES (1,16,64), PRESET (1b), BUILD_ONLY (1: stop once built). Exit 0 when every bench run answered every
 # request; the targets are judged in the table (gateway-overhead.txt in the tar).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -40,6 +40,7 @@ fi
 BIN="$(KIT="$KIT" WORK="$WORK" BUDGET_S=$((DEADLINE_S - 30 - (SECONDS - START))) bash "$HERE/build_llama_server_cuda.sh")" || {
   note "the build is not finished; call again while the machine is warm"; exit 3; }
 note "llama-server: $BIN"
+if [ -n "${BUILD_ONLY:-}" ]; then note "built (BUILD_ONLY): call again for the measurement"; exit 0; fi
 left=$((DEADLINE_S - (SECONDS - START)))
 if [ "$left" -lt 240 ]; then note "only ${left}s left in this call: call again (the build is kept)"; exit 3; fi
 
@@ -51,7 +52,7 @@ note "gateway_overhead (from the wheel), ${left}s left"
 (cd "$WORK" && timeout $((left - 20)) "$VENV/bin/python" "$HERE/../gateway_overhead.py" --python "$VENV/bin/python" \
   --llama-server "$BIN" --preset "${PRESET:-1b}" --ngl all --hardware hopper --gpus all \
   --concurrencies "${CONCURRENCIES:-1,16,64}" --rounds "${ROUNDS:-3}" --duration "${DURATION:-10}" \
-  --json "$RES/gateway-overhead.json" >"$RES/gateway-overhead.txt" 2>"$RES/gateway-overhead.err")
+  --json "$RES/gateway-overhead.json" --keep "$RES/runs" >"$RES/gateway-overhead.txt" 2>"$RES/gateway-overhead.err")
 rc=$?
 uptime >>"$RES/environment.txt"
 cat "$RES/gateway-overhead.txt"; tail -5 "$RES/gateway-overhead.err" >&2
