@@ -155,6 +155,7 @@ def main() -> int:
         ports = {name: HeldPort() for name in ("direct", "gateway", "litellm")}  # held to the end: servers bind beside
         slots = max(concurrencies)
         image = "llama-cpp-cpu"
+        kernel_model = "qwen2.5-0.5b-instruct" if ns.hardware == "cpu" else "qwen3.5-35b-a3b"  # one of the class's
         if ns.hardware != "cpu":  # the checker asks for an image of the recipe's class; a process never pulls it
             image = "overhead-llama"
             (Path(tmp) / "config" / "images").mkdir(exist_ok=True)
@@ -163,7 +164,7 @@ def main() -> int:
                 f"hardware: [{ns.hardware}]\nplatform: linux/amd64\nrevision-label: org.opencontainers.image.version\n")
         (Path(tmp) / "config" / "recipes" / "overhead.yaml").write_text(
             "schema: 1\nname: overhead\ndescription: the gateway's overhead benchmark\nengine: llama-cpp\n"
-            f"runtime: process\ncheckpoint: {{repo: {summary['repo']}, quant: Q8_0, model: qwen2.5-0.5b-instruct, "
+            f"runtime: process\ncheckpoint: {{repo: {summary['repo']}, quant: Q8_0, model: {kernel_model}, "
             f"revision: null}}\nhardware: {ns.hardware}\nimage: {image}\n"
             f"serve: {{ctx-size: {slots * (ns.isl + ns.osl + 64)}, parallel: {slots}, n-gpu-layers: {ns.ngl}, "
             f"alias: {ns.alias}, ui: false}}\nresources: {{port: {ports['direct'].port}, bind: 127.0.0.1, "
