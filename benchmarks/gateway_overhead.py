@@ -97,7 +97,9 @@ def litellm(ns: argparse.Namespace, home: Path, port: int, engine_port: int) -> 
     config = home / "litellm.yaml"
     config.write_text(f"model_list:\n  - model_name: {ns.alias}\n    litellm_params:\n      model: openai/{ns.alias}\n"
                       f"      api_base: http://127.0.0.1:{engine_port}/v1\n      api_key: none\n"
-                      "litellm_settings:\n  telemetry: false\n")
+                      "litellm_settings:\n  telemetry: false\n"
+                      # loopback only, as the gateway without keys: no master key, as LiteLLM allows for local use
+                      "general_settings:\n  dangerously_permit_weak_or_unset_master_key: true\n")
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
            "NO_DOCS": "True", "LITELLM_LOG": "ERROR"}
     env.pop("PYTHONPATH", None)
