@@ -47,6 +47,25 @@ def usable() -> str | None:
     return None
 
 
+def clean_leftovers() -> None:
+    """Namespaces a killed run of these tests left behind (named mtlfab-PID-…, PID no longer running), and the
+    processes still inside them (ours: started there by that run): gone before a new fixture starts."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30, check=False).stdout
+    for line in listing.splitlines():
+        name = line.split()[0] if line.split() else ""
+        parts = name.split("-")
+        if len(parts) != 4 or parts[0] != "mtlfab" or not parts[1].isdigit() or Path(f"/proc/{parts[1]}").exists():
+            continue
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30,
+                              check=False).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), 9)
+            except (ValueError, OSError):
+                pass
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30, check=False)
+
+
 def sh(*args: str) -> str:
     out = subprocess.run(list(args), capture_output=True, text=True, timeout=30, check=False)
     if out.returncode != 0:
@@ -67,6 +86,11 @@ class FabricNet:
         except BaseException:
             self.close()
             raise
+
+    def block_probe_on_the_cable(self) -> None:
+        """The peer drops its peer port on the cable's address only (a firewall on that network)."""
+        sh("ip", "netns", "exec", self.b, "iptables", "-A", "INPUT", "-d", PEER_CABLE, "-p", "tcp", "--dport", str(PORT),
+           "-j", "DROP")
 
     def ns(self, which: str, *args: str) -> str:
         return sh("ip", "-n", which, *args)

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(fn.usable() is not None, reason=str(fn.usable())
 
 @pytest.fixture()
 def fabric(tmp_path: Path) -> Iterator[Callable[..., fn.FabricNet]]:
+    fn.clean_leftovers()
     made: list[fn.FabricNet] = []
 
     def make(**kw: Any) -> fn.FabricNet:
@@ -105,3 +106,19 @@ def test_an_unpaired_host_is_a_usage_error(fabric) -> None:
     net = fabric()
     out = net.doctor("--peer", "nobody")
     assert out.returncode == 64 and "is not a paired peer" in out.stderr
+
+
+@pytest.mark.skipif(fn.shutil.which("iptables") is None, reason="iptables is not installed")
+def test_a_probe_that_cannot_cross_the_cable_is_reported_within_the_deadline(fabric) -> None:
+    net = fabric()
+    net.start_peer()
+    net.block_probe_on_the_cable()  # the report still comes over the routed path; the probe's bytes cannot
+    out = net.doctor("--peer", "spark2", "--json")
+    checks = _checks(out)
+    assert checks["fabric.peer"]["status"] == "ok"
+    probe = checks["fabric.throughput"]
+    assert probe["status"] == "warn", probe
+    assert probe["data"]["address"] == f"{fn.PEER_CABLE}:{fn.PORT}"
+    assert [p["direction"] for p in probe["data"]["probes"]] == ["from the peer"]  # no upload after a failed download
+    assert f"listening on {fn.PEER_CABLE}:{fn.PORT}" in probe["remedy"]
+    assert json.loads(out.stdout)["elapsed_s"] < 12
