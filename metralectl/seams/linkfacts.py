@@ -160,8 +160,8 @@ class RouteChoice:
 
 
 def route_to(routes: list[Route], address: str) -> RouteChoice | None:
-    """The main table's answer for `address`: the longest matching prefix (the kernel's rule without policy
-    routing; /proc/net/route lists the main table only). None: no route (or not an IPv4 address)."""
+    """The main table's answer for `address`: the longest matching prefix, then the lowest metric (the kernel's rule
+    without policy routing; /proc/net/route lists the main table only). None: no route (or not an IPv4 address)."""
     try:
         ip = ipaddress.IPv4Address(address)
     except ValueError:
@@ -171,7 +171,8 @@ def route_to(routes: list[Route], address: str) -> RouteChoice | None:
         if route.iface == "*" or not route.flags & 0x1:  # RTF_UP
             continue
         network = ipaddress.IPv4Network(f"{route.destination}/{route.mask}", strict=False)
-        if ip in network and (best is None or route.prefix > best.prefix):
+        if ip in network and (best is None or route.prefix > best.prefix
+                              or (route.prefix == best.prefix and route.metric < best.metric)):
             best = route
     if best is None:
         return None

@@ -68,10 +68,10 @@ def test_a_missing_sysfs_is_no_links_not_an_error(tmp_path: Path) -> None:
     assert linkfacts.rdma_devices(tmp_path / "nothing") == {}
 
 
-def _route_line(iface: str, dest: str, gw: str, mask: str, flags: int = 0x1) -> str:
+def _route_line(iface: str, dest: str, gw: str, mask: str, flags: int = 0x1, metric: int = 0) -> str:
     def le(a: str) -> str:
         return "".join(f"{int(p):02X}" for p in reversed(a.split(".")))
-    return f"{iface}\t{le(dest)}\t{le(gw)}\t{flags:04X}\t0\t0\t0\t{le(mask)}\t0\t0\t0"
+    return f"{iface}\t{le(dest)}\t{le(gw)}\t{flags:04X}\t0\t0\t{metric}\t{le(mask)}\t0\t0\t0"
 
 
 ROUTES = "\n".join([
@@ -129,3 +129,11 @@ def test_a_hosts_ipv4_address_by_name_or_as_given() -> None:
     assert linkfacts.ipv4_of("localhost") == "127.0.0.1"
     assert linkfacts.ipv4_of("fe80::1") is None
     assert linkfacts.ipv4_of("no-such-host.invalid", timeout_s=2.0) is None
+
+
+def test_between_two_default_routes_the_lower_metric_wins() -> None:
+    routes = parse_routes("\n".join([ROUTES.split("\n")[0],
+                                      _route_line("wlan0", "0.0.0.0", "10.1.0.1", "0.0.0.0", 0x3, metric=600),
+                                      _route_line("mgmt0", "0.0.0.0", "192.168.77.254", "0.0.0.0", 0x3, metric=100)]))
+    far = linkfacts.route_to(routes, "198.51.100.2")
+    assert far is not None and far.interface == "mgmt0"
