@@ -109,6 +109,13 @@ def check_route(facts: FabricFacts) -> Finding:
     pair = chosen(facts)
     data = {"route_iface": facts.route_iface, "route_gateway": facts.route_gateway, "route_prefix": facts.route_prefix,
             "source": facts.source}
+    try:
+        loopback = ipaddress.IPv4Address(facts.peer_host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return problem(f"{facts.peer} is paired at {facts.peer_host}, a loopback address: this machine, not a second "
+                       "node", f"pair the other node at its own address (`metralectl peer pair ADDRESS`)", **data)
     if facts.route_iface is None and pair is not None:  # an IPv6 or unresolvable paired address: no route lookup
         return ok(f"{facts.peer} shares {pair.why} with this machine on {pair.local.name} (here {pair.local_addr}, "
                   f"{facts.peer} {pair.remote_addr}); the route to {facts.peer_host} itself was not looked up "

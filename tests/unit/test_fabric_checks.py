@@ -171,3 +171,8 @@ def test_a_peer_paired_at_an_ipv6_address_is_judged_by_the_shared_network() -> N
     f = replace(facts(HERE, THERE), peer_host="fe80::2%enP7s7", route_iface=None, route_gateway=None, route_prefix=None)
     verdict = fc.check_route(f)
     assert verdict.status == "ok" and "was not looked up" in verdict.detail and verdict.data["interface"] == "enp1s0f1np1"
+
+
+def test_a_peer_paired_at_loopback_is_this_machine() -> None:
+    verdict = fc.check_route(replace(facts(HERE, None), peer_host="127.0.0.1"))
+    assert verdict.status == "problem" and "a loopback address: this machine" in verdict.detail
