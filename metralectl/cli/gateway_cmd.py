@@ -67,7 +67,7 @@ gateway_app = typer.Typer(help="Serve one OpenAI-compatible endpoint that routes
 def gateway(
     ctx: typer.Context,
     listen: str = typer.Option(DEFAULT_LISTEN, "--listen", metavar="HOST:PORT",
-                               help="Where to listen (loopback unless --allow-remote)."),
+                               help="Where to listen (loopback unless API keys exist or --allow-remote)."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --listen address without "
                                       "API keys (anyone who reaches it may use every model)."),
     max_body: int = typer.Option(16 * 1024 * 1024, "--max-body", metavar="BYTES", min=1,

@@ -17,8 +17,7 @@ class Metrics:
                                 ["model", "path", "status"], registry=r)
         self.errors = Counter("metralectl_gateway_errors", "Requests the gateway itself failed, by model and reason "
                               "(unknown-model, queue-full, queue-stalled, upstream, client-gone, bad-request, "
-                              "unauthorized, "
-                              "forbidden)",
+                              "unauthorized, forbidden)",
                               ["model", "reason"], registry=r)
         self.in_flight = Gauge("metralectl_gateway_requests_in_flight", "Requests being relayed now", ["model"],
                                registry=r)
