@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any
 
-from metralectl.gateway import http1
+from metralectl.gateway import auth, http1
+from metralectl.gateway.keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
 
@@ -71,8 +72,12 @@ class Answered(Exception):
 
 
 class Gateway:
-    def __init__(self, scanner: Scanner, limits: Limits = Limits()) -> None:
+    def __init__(self, scanner: Scanner, limits: Limits = Limits(), keys: KeyWatch | None = None,
+                 require_key: bool = False) -> None:
+        """keys: the API keys (none: every client is let in, the CLI listening on loopback only); require_key: the
+        gateway listens beyond loopback, so an empty key file lets nobody in rather than everybody."""
         self.scanner, self.limits = scanner, limits
+        self.keys, self.require_key = keys, require_key
         self.metrics = Metrics()
         self.table = Table()
         self._changed = asyncio.Event()
@@ -95,6 +100,8 @@ class Gateway:
         last_seen: Any = object()
         last_scan = 0.0
         while True:
+            if self.keys is not None and self.keys.poll() and self.on_table is not None:
+                self.on_table(self.table)  # the status line says the keys changed (names and counts only)
             holder, journal = await asyncio.to_thread(self.scanner.lifecycle)
             seen = (holder, journal.get("phase") if journal else None, journal.get("updated") if journal else None)
             if seen != last_seen or self._rescan.is_set() or time.monotonic() - last_scan > RESCAN_S:
@@ -139,10 +146,25 @@ class Gateway:
         finally:
             writer.close()
 
+    def _authorize(self, request: http1.Request) -> ApiKey | None:
+        try:
+            key = auth.authorize(self.keys, self.require_key, request.header("authorization"))
+        except auth.Unauthorized as no:
+            raise Answered(401, str(no), "invalid_request_error", "invalid_api_key", "unauthorized") from None
+        if key is not None:
+            self.metrics.key_requests.labels(key.name).inc()
+        return key
+
     async def _serve(self, request: http1.Request, reader: ClientReader, writer: asyncio.StreamWriter) -> bool:
         path = request.path
+        key = None
+        if path != "/health":
+            try:
+                key = self._authorize(request)
+            except Answered as answer:
+                return await self._refuse(writer, path, answer)
         if request.method == "GET" and path in ("/v1/models", "/metrics", "/health"):
-            writer.write(self._own(path))
+            writer.write(self._own(path, key))
             await writer.drain()
             return True
         if path not in ROUTED:
@@ -155,7 +177,7 @@ class Gateway:
             return False
         # The relay runs as a task of its own that the client's going away cancels (a callback of its reader); the
         # cancel closes the engine connection in _forward, which is how the engine learns to stop generating.
-        relay = asyncio.ensure_future(self._route(request, path, writer))
+        relay = asyncio.ensure_future(self._route(request, path, writer, key))
         reader.on_gone = relay.cancel
         try:
             return await relay
@@ -167,14 +189,16 @@ class Gateway:
             reader.on_gone = None
 
     async def _refuse(self, writer: asyncio.StreamWriter, path: str, answer: Answered, model: str = UNKNOWN) -> bool:
-        extra = [("Retry-After", str(answer.retry_after))] if answer.retry_after is not None else None
+        extra = [("Retry-After", str(answer.retry_after))] if answer.retry_after is not None else []
+        if answer.status == 401:
+            extra.append(("WWW-Authenticate", 'Bearer realm="metralectl gateway"'))
         writer.write(http1.simple_response(answer.status, answer.body, extra=extra))
         await writer.drain()
         self.metrics.errors.labels(model, answer.reason).inc()
         self.metrics.requests.labels(model, path, str(answer.status)).inc()
         return True
 
-    def _own(self, path: str) -> bytes:
+    def _own(self, path: str, key: ApiKey | None = None) -> bytes:
         if path == "/metrics":
             body, kind = self.metrics.text()
             return http1.simple_response(200, body, kind)
@@ -182,11 +206,13 @@ class Gateway:
             return http1.simple_response(200, json.dumps({"status": "ok", "models": len(self.table.routes)}).encode())
         data = [{"id": name, "object": "model", "created": 0, "owned_by": route.owned_by or "metralectl",
                  "recipe": route.recipe}
-                for name, route in sorted(self.table.by_name.items())]
+                for name, route in sorted(self.table.by_name.items())
+                if key is None or key.allows(name, route.recipe)]  # a key sees the models it may use
         return http1.simple_response(200, json.dumps({"object": "list", "data": data}).encode())
 
     # one routed request
-    async def _route(self, request: http1.Request, path: str, writer: asyncio.StreamWriter) -> bool:
+    async def _route(self, request: http1.Request, path: str, writer: asyncio.StreamWriter,
+                     key: ApiKey | None = None) -> bool:
         try:
             body = json.loads(request.body) if request.body else None
         except ValueError:
@@ -197,6 +223,13 @@ class Gateway:
         if not isinstance(body, dict) or not isinstance(model, str) or not model:
             return await self._refuse(writer, path, Answered(400, "the request body is not JSON naming a `model`",
                                                              "invalid_request_error", "model_missing", "bad-request"))
+        if not auth.may_use(key, model, self.table.find(model)):
+            assert key is not None
+            return await self._refuse(writer, path, Answered(
+                403, f"the key `{key.name}` may not use the model `{model[:200]}`", "invalid_request_error",
+                "model_not_allowed", "forbidden"))
+        if key is not None:  # the gateway's key is its own: never passed on to an engine
+            request.headers = [(k, v) for k, v in request.headers if k.lower() != "authorization"]
         try:
             return await self._relay(request, body, model, path, writer)
         except Answered as answer:
