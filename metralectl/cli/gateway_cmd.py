@@ -137,7 +137,13 @@ def gateway(
                 raise
         raise KeyboardInterrupt  # Ctrl-C / SIGTERM: the CLI's boundary says so and exits 130
 
-    asyncio.run(main())
+    from metralectl.gateway import state
+
+    recorded = state.record(url, len(keys.ring.keys))  # `ps` shows it while it runs
+    try:
+        asyncio.run(main())
+    finally:
+        state.remove(recorded)
 
 
 def register(app: typer.Typer) -> None:

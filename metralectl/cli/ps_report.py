@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -53,15 +53,18 @@ def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, s
     memory: measured per container through NVML, else the recipe's estimate (labelled), else `?` / null.
     Labels are anyone's on a shared daemon: the table escapes every cell, the notes are escaped here."""
     from metralectl.safetext import clean
+    from metralectl.wording import count
 
     engines = _engines() if report.serving else {}
     if memory is None:
         memory = _memory(report) if report.serving else []
+    gateways = _gateways()
     if as_json:
         data = report.to_json()
         for entry, (gb, source) in zip(data["serving"], memory):
             entry["engine"] = engines.get(entry["recipe"])
             entry["memory_gb"], entry["memory_source"] = gb, source
+        data["gateways"] = gateways
         print(json.dumps(data, indent=2))
         return
     from metralectl.lifecycle.ps_memory import label
@@ -91,6 +94,25 @@ def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, s
         note("    hint: `metralectl ps --repair` restores a serving model")
     if report.last_swap:
         note(f"last swap: {clean(report.last_swap, 600)}")
+    for g in gateways:
+        live = (f"routes {count(g['models'] or 0, 'name')}" + (f", {g['waiting']} waiting" if g["waiting"] else "")
+                if g["answering"] else style("not answering", "33", sys.stderr))
+        keys = count(g["keys"], "API key") if g["keys"] else "no API key"
+        note(f"gateway {clean(g['url'], 80)} (pid {g['pid']}): {live}; {keys}")
+
+
+def _gateways() -> list[dict[str, Any]]:
+    """The gateways running on this box (gateway/state.py), each asked its /health (0.5 s at most)."""
+    from metralectl.gateway import state
+
+    out: list[dict[str, Any]] = []
+    for g in state.running():
+        answer = state.health(g["url"]) or {}
+        models, waiting = answer.get("models"), answer.get("waiting")
+        out.append({**g, "answering": bool(answer),
+                    "models": models if isinstance(models, int) and not isinstance(models, bool) else None,
+                    "waiting": waiting if isinstance(waiting, int) and not isinstance(waiting, bool) else 0})
+    return out
 
 
 def _memory(report: StatusReport) -> list[tuple[float | None, str | None]]:

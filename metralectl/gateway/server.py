@@ -203,7 +203,8 @@ class Gateway:
             body, kind = self.metrics.text()
             return http1.simple_response(200, body, kind)
         if path == "/health":
-            return http1.simple_response(200, json.dumps({"status": "ok", "models": len(self.table.routes)}).encode())
+            return http1.simple_response(200, json.dumps({"status": "ok", "models": len(self.table.routes),
+                                                          "waiting": sum(self._waiting.values())}).encode())
         data = [{"id": name, "object": "model", "created": 0, "owned_by": route.owned_by or "metralectl",
                  "recipe": route.recipe}
                 for name, route in sorted(self.table.by_name.items())

@@ -9,6 +9,7 @@ in OpenAI's shape; a non-loopback --listen refused without --allow-remote; a tak
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -101,3 +102,52 @@ def test_a_non_loopback_address_needs_allow_remote_and_a_taken_port_is_refused(e
         out = _cli(env, "--listen", f"127.0.0.1:{taken.getsockname()[1]}")
     assert out.returncode == 69 and "the gateway cannot listen on 127.0.0.1:" in out.stderr, out.stderr
     assert out.stdout == ""
+
+
+def _ps(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    # a box whose engines run as host processes (no Docker): `ps` reads their state directory
+    (Path(env["METRALE_HOME"]) / "state" / "processes").mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "metralectl", "ps", *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=60)
+
+
+def test_ps_shows_a_running_gateway_and_forgets_it_when_it_stops(env: dict[str, str]) -> None:
+    assert json.loads(_ps(env, "--json").stdout)["gateways"] == []
+    gateway = Gateway(env)
+    try:
+        [shown] = json.loads(_ps(env, "--json").stdout)["gateways"]
+        assert shown["url"] == f"http://127.0.0.1:{gateway.port}" and shown["pid"] == gateway.proc.pid, shown
+        assert shown["answering"] is True and shown["models"] == 0 and shown["keys"] == 0, shown
+        out = _ps(env)
+        assert f"gateway http://127.0.0.1:{gateway.port} (pid {gateway.proc.pid}): routes 0 names; no API key" \
+            in out.stderr, out.stderr
+        gateway.proc.send_signal(signal.SIGSTOP)  # alive, not answering: said so, within ps's 0.5 s
+        try:
+            [shown] = json.loads(_ps(env, "--json").stdout)["gateways"]
+            assert shown["answering"] is False, shown
+        finally:
+            gateway.proc.send_signal(signal.SIGCONT)
+    finally:
+        gateway.stop()
+    assert json.loads(_ps(env, "--json").stdout)["gateways"] == []
+    assert list((Path(env["METRALE_HOME"]) / "state" / "gateways").glob("*.json")) == []  # removed as it stopped
+
+
+def test_a_gateway_killed_leaves_a_record_nobody_shows_and_the_next_removes_it(env: dict[str, str]) -> None:
+    gateway = Gateway(env)
+    records = Path(env["METRALE_HOME"]) / "state" / "gateways"
+    killed = records / f"{gateway.proc.pid}.json"
+    assert killed.exists()
+    gateway.proc.kill()
+    gateway.proc.wait()
+    gateway.stop()
+    assert killed.exists() and json.loads(_ps(env, "--json").stdout)["gateways"] == []
+    (records / "1.json").write_text('{"schema": 1, "url": "http://127.0.0.1:1", "keys": 0, "identity": {"pid": 1}}')
+    (records / "2.json").write_text("x" * 5_000_000)  # hostile leftovers: ignored, never a crash
+    out = _ps(env, "--json")
+    assert out.returncode in (0, 1) and json.loads(out.stdout)["gateways"] == [] and "Traceback" not in out.stderr
+    second = Gateway(env)
+    try:
+        assert not killed.exists() and [p.name for p in records.glob("*.json")] == [f"{second.proc.pid}.json"]
+    finally:
+        second.stop()

@@ -1,0 +1,134 @@
+"""Where a running gateway says it is, so `ps` (and the page, the agent) can show it: one small record per
+gateway process in `<state>/gateways/<pid>.json`, written when it listens and removed when it stops.
+
+A record is believed only while the process it names still runs (its pid, start time and boot, as host-process
+engines are judged: seams/process/group.py), so a gateway killed with -9 leaves a record nobody shows, and the
+next gateway to start removes it. What the gateway does now (models, waiting requests) is asked of its own
+`/health`, which needs no key. Records are data from a file anyone of this user could have left: each is capped,
+its fields checked, its URL only ever a loopback or literal address this module builds a request to.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from metralectl.errors import MetralError
+
+MAX_RECORDS = 32
+HEALTH_LIMIT = 64 * 1024
+URL_RE = re.compile(r"http://(\[[0-9a-fA-F:]+\]|[0-9.]+):([0-9]{1,5})")
+
+
+def records_dir() -> Path:
+    from metralectl.seams import store
+
+    return store.state_dir() / "gateways"
+
+
+def record(url: str, keys: int, pid: int | None = None) -> Path | None:
+    """Say that this process serves a gateway at `url`; the path written (None when this process cannot be
+    named, which leaves it out of `ps` but serving)."""
+    from metralectl.seams import store
+    from metralectl.seams.process import group
+
+    pid = pid or os.getpid()
+    identity = group.identity_of(pid)
+    if identity is None:
+        return None
+    forget_stale()
+    path = records_dir() / f"{pid}.json"
+    store.write_json(path, {"schema": 1, "url": url, "keys": keys, "identity": identity,
+                            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, mode=0o600)
+    return path
+
+
+def remove(path: Path | None) -> None:
+    if path is not None:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _checked(path: Path) -> dict[str, Any] | None:
+    from metralectl.seams import store
+
+    try:
+        data = store.read_json(path)
+    except MetralError:
+        return None  # not a regular file, or too large: not a record
+    if not isinstance(data, dict) or data.get("schema") != 1:
+        return None
+    url, keys, identity, started = (data.get(k) for k in ("url", "keys", "identity", "started"))
+    match = URL_RE.fullmatch(url) if isinstance(url, str) else None
+    if match is None or not isinstance(identity, dict) or not isinstance(keys, int) or isinstance(keys, bool):
+        return None
+    try:
+        ipaddress.ip_address(match.group(1).strip("[]"))
+    except ValueError:
+        return None
+    if not 0 < int(match.group(2)) < 65536 or not 0 <= keys < 100_000:
+        return None
+    if path.stem != str(identity.get("pid")):
+        return None  # a record under another pid's name: not what the gateway wrote
+    return {"url": url, "pid": identity["pid"], "keys": keys, "identity": identity,
+            "started": started if isinstance(started, str) and len(started) <= 40 else None}
+
+
+def _paths() -> list[Path]:
+    directory = records_dir()
+    try:
+        return sorted(p for p in directory.iterdir() if p.suffix == ".json" and p.stem.isdigit())[:MAX_RECORDS]
+    except OSError:
+        return []
+
+
+def running() -> list[dict[str, Any]]:
+    """The gateways whose record names a process that still runs: {url, pid, keys, started}."""
+    from metralectl.seams.process import group
+
+    out = []
+    for path in _paths():
+        found = _checked(path)
+        if found is not None and group.is_running(found.pop("identity")):
+            out.append(found)
+    return out
+
+
+def forget_stale() -> None:
+    """Remove the records of gateways that no longer run (this user's own state directory)."""
+    from metralectl.seams.process import group
+
+    for path in _paths():
+        found = _checked(path)
+        if found is None or not group.is_running(found["identity"]):
+            if not path.is_symlink():
+                remove(path)
+
+
+def health(url: str, timeout: float = 0.5) -> dict[str, Any] | None:
+    """The gateway's own /health answer (models, waiting requests), or None when it does not answer."""
+    import http.client
+
+    match = URL_RE.fullmatch(url)
+    if match is None:
+        return None
+    conn = http.client.HTTPConnection(match.group(1).strip("[]"), int(match.group(2)), timeout=timeout)
+    try:
+        conn.request("GET", "/health")
+        reply = conn.getresponse()
+        body = reply.read(HEALTH_LIMIT + 1)
+        if reply.status != 200 or len(body) > HEALTH_LIMIT:
+            return None
+        data = json.loads(body)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
