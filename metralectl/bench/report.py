@@ -199,6 +199,23 @@ def depth_curves(runs: Sequence[ReportRun]) -> dict[str, list[tuple[str, list[Po
     return out
 
 
+def startup_bars(runs: Sequence[ReportRun]) -> list[tuple[str, list[tuple[str, float]]]]:
+    """Startup runs (suite startup): per start, its phases in order and their seconds (bench/startup.py)."""
+    from metralectl.bench.startup import PHASES, SUITE
+
+    out = []
+    chosen = [run for run in runs if run.record.get("suite") == SUITE]
+    for run in chosen:
+        order = [str(p) for p in run.record.get("phases") or PHASES]  # the record's JSON keys are sorted: not the order
+        for stage in run.record.get("stages") or []:
+            split = (stage.get("summary") or {}).get("phases") or {}
+            bars = [(name, float(split[name])) for name in order if _num(split.get(name)) is not None]
+            if bars:
+                name = str(stage.get("name"))
+                out.append((name if len(chosen) == 1 else f"{run.run_id[-6:]} {name}", bars))
+    return out
+
+
 def _median_prompt(lines: Sequence[Mapping[str, Any]], stage: str) -> float | None:
     tokens = [float(r["prompt_tokens"]) for r in measured(lines, stage) if _num(r.get("prompt_tokens")) is not None]
     return percentile(tokens, 50) if tokens else None

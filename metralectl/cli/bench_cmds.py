@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from metralectl.cli import bench_report, verify_cmd
+from metralectl.cli import bench_report, bench_startup, verify_cmd
 from metralectl.cli.state import note, style
 from metralectl.errors import ExitCode
 
@@ -365,6 +365,7 @@ def export(csv_: bool = typer.Option(False, "--csv", help="CSV on stdout (the on
 
 
 app.command("report")(bench_report.report)
+app.command("startup")(bench_startup.startup)
 
 
 def register(root: typer.Typer) -> None:

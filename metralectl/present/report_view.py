@@ -14,6 +14,7 @@ from typing import Any
 
 from metralectl.bench import report as R
 from metralectl.present import versus_view
+from metralectl.wording import count
 
 COLOURS = ("#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#bbbbbb", "#222222")
 WIDTH, HEIGHT = 720, 400
@@ -117,6 +118,44 @@ def chart(title: str, xlabel: str, ylabel: str, series: Sequence[tuple[str, Sequ
     return "\n".join(out) + "\n"
 
 
+def stacked(title: str, xlabel: str, rows: Sequence[tuple[str, Sequence[tuple[str, float]]]], *,
+            plot_id: str = "") -> str:
+    """Horizontal stacked bars: one bar per row (a start), its segments (phases) in order, a legend of them."""
+    names = list(dict.fromkeys(name for _, segments in rows for name, _ in segments))
+    bar_h, gap, label_w = 22, 10, 150
+    pw = WIDTH - label_w - RIGHT
+    height = TOP + len(rows) * (bar_h + gap) + 70
+    xt = ticks(0.0, (max(sum(v for _, v in segments) for _, segments in rows) or 1.0) * 1.12)  # room for totals
+    scale = pw / (xt[-1] or 1.0)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" id="{_e(plot_id)}" width="{WIDTH}" '
+           f'height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
+           f'<text x="{label_w}" y="22" font-size="15" font-weight="bold">{_e(title)}</text>']
+    axis_y = TOP + len(rows) * (bar_h + gap)
+    for v in xt:
+        x = label_w + v * scale
+        out.append(f'<line x1="{x:.1f}" y1="{TOP - 4}" x2="{x:.1f}" y2="{axis_y}" stroke="#e4e4e4"/>')
+        out.append(f'<text x="{x:.1f}" y="{axis_y + 14}" text-anchor="middle">{_fmt(v)}</text>')
+    out.append(f'<text x="{label_w + pw / 2:.0f}" y="{axis_y + 32}" text-anchor="middle">{_e(xlabel)}</text>')
+    for i, (label, segments) in enumerate(rows):
+        y = TOP + i * (bar_h + gap)
+        out.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end">{_e(_short(label, 30))}</text>')
+        x = float(label_w)
+        for name, value in segments:
+            colour = COLOURS[names.index(name) % len(COLOURS)]
+            out.append(f'<rect x="{x:.1f}" y="{y}" width="{max(value * scale, 0.5):.1f}" height="{bar_h}" '
+                       f'fill="{colour}"><title>{_e(name)}: {value:.3f} s</title></rect>')
+            x += value * scale
+        total = sum(v for _, v in segments)
+        out.append(f'<text x="{x + 4:.1f}" y="{y + 15}" font-size="11">{total:.2f} s</text>')
+    for j, name in enumerate(names):
+        lx = label_w + j * 100
+        out.append(f'<rect x="{lx}" y="{height - 16}" width="12" height="10" fill="{COLOURS[j % len(COLOURS)]}"/>')
+        out.append(f'<text x="{lx + 16}" y="{height - 7}">{_e(name)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
@@ -145,6 +184,10 @@ def plots(runs: Sequence[R.ReportRun]) -> dict[str, str]:
                                         metric, [(name, [(x, y) for x, y, _ in pts]) for name, pts in depth[key]],
                                         point_labels=[[label for _, _, label in pts] for _, pts in depth[key]],
                                         plot_id=f"depth-{key}")
+    bars = R.startup_bars(runs)
+    if bars:
+        out["startup"] = stacked("Time from `run` to the first token, by phase", "seconds after `run`", bars,
+                                 plot_id="startup")
     for run in runs:
         if run.is_versus and run.record.get("rows"):
             out[f"versus-{run.run_id}"] = versus_view.svg(run.record)
@@ -228,6 +271,8 @@ CAPTIONS = {
     "itl-cdf": "Every gap between token events after the first, over the measured, successful requests.",
     "depth-pp": "Prefill tok/s at each context depth (llama-benchy's pp).",
     "depth-tg": "Decode tok/s at each context depth (llama-benchy's tg).",
+    "startup": "Each cold start's phases from the lifecycle's own events: preflight, pull (staging), create, load "
+               "(to ready), warm-up (ready to the first token of the first request).",
 }
 
 
@@ -244,7 +289,7 @@ def html(runs: Sequence[R.ReportRun], svgs: Mapping[str, str], generated: str, v
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>metralectl benchmark report: {_e(names)}</title><style>{STYLE}</style></head><body><main>",
              "<h1>Benchmark report</h1>",
-             f'<p class="meta">{len(runs)} signed run{"s" if len(runs) != 1 else ""}; made {_e(generated)} by '
+             f'<p class="meta">{count(len(runs), "signed run")}; made {_e(generated)} by '
              f"metralectl {_e(version)} from the records as signed (each verified before it was read)</p>",
              '<h2>Runs</h2>', *(_run_card(r) for r in runs), _stage_table(runs),
              "<h2>Plots</h2>" if figures else "", *figures,
