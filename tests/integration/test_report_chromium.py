@@ -79,3 +79,32 @@ def test_report_lays_out_inside_its_boxes(tmp_path: Path, browser: Any, width: i
     assert browser.execute_script("return document.scripts.length") == 0
     fetched = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
     assert fetched == []
+
+
+def test_png_plots_are_rasterised_at_their_svg_size(tmp_path: Path) -> None:
+    """`bench report --png DIR` through the real CLI: one PNG per plot, at the plot's own size (IHDR)."""
+    import os
+    import struct
+    import subprocess
+    import sys
+
+    from tests.integration.test_page_chromium import CHROMIUM, unavailable
+
+    if not os.access(CHROMIUM, os.X_OK):
+        unavailable(f"{CHROMIUM} missing: apt-get install chromium (scripts/bootstrap.sh does)")
+    sweep = _signed_run("concurrency-sweep", "20261204-010300-dddddd",
+                        [(f"c={c}", {"concurrency": c, "isl": 64, "osl": 8}, 100.0 * c, 10.0 * c, 2.0 + c)
+                         for c in (1, 2)])
+    out = tmp_path / "png"
+    done = subprocess.run([sys.executable, "-m", "metralectl", "bench", "report", sweep.name, "--png", str(out),
+                           "--svg", str(tmp_path / "svg")], capture_output=True, text=True, timeout=180,
+                          cwd=Path(__file__).resolve().parents[2], env={**os.environ, "METRALE_CHROMIUM": str(CHROMIUM)})
+    assert done.returncode == 0, done.stderr
+    pngs = sorted(p.name for p in out.iterdir())
+    assert pngs == ["itl-cdf.png", "throughput-itl.png", "throughput-ttft.png", "ttft-cdf.png"]
+    for name in pngs:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+        width, height = struct.unpack(">II", data[16:24])
+        svg = (tmp_path / "svg" / name.replace(".png", ".svg")).read_text()
+        assert f'width="{width}" height="{height}"' in svg, (name, width, height)

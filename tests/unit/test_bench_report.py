@@ -251,3 +251,10 @@ def test_cli_end_to_end_on_a_real_run(tmp_path: Path) -> None:
     assert not (tmp_path / "again.html").exists()
     missing = _cli("bench", "report", "20991231-000000-ffffff", "--html", str(tmp_path / "none.html"))
     assert missing.returncode == ExitCode.USAGE and "no benchmark run" in missing.stderr
+
+
+def test_png_without_a_browser_says_so_and_exits_69(runs: dict[str, Path], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("METRALE_CHROMIUM", str(tmp_path / "no-chromium"))
+    out = _cli("bench", "report", runs["sweep"].name, "--png", str(tmp_path / "png"))
+    assert out.returncode == ExitCode.UNAVAILABLE and "headless Chromium" in out.stderr and "--svg" in out.stderr
