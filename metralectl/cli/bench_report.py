@@ -36,10 +36,14 @@ def _file(path: Path, option: str) -> Path:
     return path
 
 
+WRITTEN: list[str] = []  # this command's files, in order (--json lists them)
+
+
 def _write(path: Path, text: str) -> None:
     from metralectl.atomicfile import write_atomic
 
     write_atomic(path, text)
+    WRITTEN.append(str(path))
     note(style(f"wrote {path}", "2", sys.stderr))
 
 
@@ -55,6 +59,8 @@ def report(
                                   "request in FILE's name with .requests.csv."),
     br_dir: Path = typer.Option(None, "--br", metavar="DIR", help="llm-d benchmark report v0.2 JSON files in DIR, "
                                 "one per stage."),
+    as_json: bool = typer.Option(False, "--json", help="On stdout: the runs (each with its signature), the plots, "
+                                 "the stages and the files written, as JSON."),
 ) -> None:
     """Report on signed runs: an HTML page, plots (throughput vs latency, TTFT/ITL distributions, depth curves,
     versus), CSV and llm-d's benchmark report (BR v0.2)."""
@@ -67,6 +73,7 @@ def report(
     from metralectl.present import report_view as V
     from metralectl.safetext import clean
 
+    WRITTEN.clear()
     paths = {"html": html_file and _file(html_file, "--html"), "csv": csv_file and _file(csv_file, "--csv"),
              "svg": svg_dir and _dir(svg_dir, "--svg"), "png": png_dir and _dir(png_dir, "--png"),
              "br": br_dir and _dir(br_dir, "--br")}
@@ -89,7 +96,13 @@ def report(
     if br_dir is not None:
         for doc in br.reports(loaded, __version__):
             _write(br_dir / f"{_safe(doc['run']['uid'])}.br.json", json.dumps(doc, indent=2, default=str) + "\n")
-    if not any(paths.values()):
+    if as_json:
+        print(json.dumps({"runs": [{"run_id": run.run_id, "suite": run.record.get("suite"),
+                                    "status": run.record.get("status"), "signer": run.signer,
+                                    "signature": run.signature} for run in loaded],
+                          "plots": list(svgs), "written": WRITTEN,
+                          "stages": [dict(row) for row in _csv_rows(R.stages_csv(loaded))]}, indent=2, default=str))
+    elif not any(paths.values()):
         from metralectl.present.table import render_table
 
         rows = [[clean(run.run_id), clean(str(s.get("name"))), str((s.get("summary") or {}).get("output_tok_s")),
@@ -100,6 +113,13 @@ def report(
         if rows:
             print(render_table(["RUN", "STAGE", "OUT TOK/S", "TTFT P50 MS"], rows, right=(2, 3)))
         note(f"plots: {', '.join(svgs) or 'none'}; write them with --html FILE, --svg DIR or --png DIR")
+
+
+def _csv_rows(text: str) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    return list(csv.DictReader(io.StringIO(text)))
 
 
 def _safe(stem: str) -> str:
@@ -121,4 +141,5 @@ def _pngs(svgs: dict[str, str], out: Path) -> None:
                             f'background:#fff}}</style></head><body>{svg}</body></html>', encoding="utf-8")
             target = out / f"{_safe(stem)}.png"
             browser.screenshot(page, target, width, height)
+            WRITTEN.append(str(target))
             note(style(f"wrote {target}", "2", sys.stderr))

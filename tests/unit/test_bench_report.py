@@ -233,8 +233,11 @@ def test_cli_end_to_end_on_a_real_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     done = _cli("bench", "report", run_id, "--html", str(out / "r.html"), "--svg", str(out / "svg"),
-                "--csv", str(out / "r.csv"), "--br", str(out / "br"))
+                "--csv", str(out / "r.csv"), "--br", str(out / "br"), "--json")
     assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["runs"][0]["run_id"] == run_id and said["runs"][0]["signature"].startswith("good signature")
+    assert len(said["stages"]) == 2 and str(out / "r.html") in said["written"] and len(said["written"]) == 9
     assert {p.name for p in (out / "svg").iterdir()} == {"throughput-ttft.svg", "throughput-itl.svg",
                                                          "ttft-cdf.svg", "itl-cdf.svg"}
     brs = sorted((out / "br").iterdir())
