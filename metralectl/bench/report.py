@@ -223,9 +223,9 @@ def _median_prompt(lines: Sequence[Mapping[str, Any]], stage: str) -> float | No
 
 # -- CSV --------------------------------------------------------------------------------------------------------
 
-LABEL_COLUMNS = ("concurrency", "rate", "arrival", "isl", "osl", "depth")
+STAGE_LABEL_KEYS = ("concurrency", "rate", "arrival", "isl", "osl", "depth")
 STAGE_COLUMNS = ("run_id", "suite", "status", "signer", "model", "recipe", "engine", "stage", "stage_index",
-                 *(f"label_{k}" for k in LABEL_COLUMNS), "requests", "ok", "errors", "window_s", "output_tok_s",
+                 *(f"label_{k}" for k in STAGE_LABEL_KEYS), "requests", "ok", "errors", "window_s", "output_tok_s",
                  "requests_per_s", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99",
                  "tpot_ms_p50", "e2e_ms_p50", "e2e_ms_p99", "stream_tok_s_p50", "goodput_rps", "slo_attainment")
 REQUEST_COLUMNS = ("run_id", "suite", "stage", "index", "worker", "phase", "tag", "ok", "status", "error_kind",
@@ -234,9 +234,10 @@ REQUEST_COLUMNS = ("run_id", "suite", "stage", "index", "worker", "phase", "tag"
                    "expected_prompt_tokens", "count_method", "finish_reason", "retried", "retry_ms")
 
 
-def _engine(record: Mapping[str, Any]) -> Any:
+def _engine(record: Mapping[str, Any]) -> str | None:
     engine = (record.get("target") or {}).get("engine")
-    return engine.get("name") if isinstance(engine, dict) else None
+    name = engine.get("name") if isinstance(engine, dict) else None
+    return None if name is None else str(name)
 
 
 def stages_csv(runs: Sequence[ReportRun]) -> str:
@@ -251,7 +252,7 @@ def stages_csv(runs: Sequence[ReportRun]) -> str:
             s, labels = stage.get("summary") or {}, stage.get("labels") or {}
             writer.writerow([run.run_id, r.get("suite"), r.get("status"), run.signer, target.get("model"),
                              target.get("recipe"), _engine(r), stage.get("name"), i,
-                             *(labels.get(k) for k in LABEL_COLUMNS), s.get("requests"), s.get("ok"),
+                             *(labels.get(k) for k in STAGE_LABEL_KEYS), s.get("requests"), s.get("ok"),
                              s.get("errors"), s.get("window_s"), s.get("output_tok_s"), s.get("requests_per_s"),
                              _p(s, "ttft_ms"), _p(s, "ttft_ms", "p90"), _p(s, "ttft_ms", "p99"), _p(s, "itl_ms"),
                              _p(s, "itl_ms", "p99"), _p(s, "tpot_ms"), _p(s, "e2e_ms"), _p(s, "e2e_ms", "p99"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from metralectl.bench.results import RequestResult
 from metralectl.bench.stats import summarize
 
 SUITE = "startup"
@@ -81,7 +82,7 @@ def headline(repeats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def first_request(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> Any:
+def first_request(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> RequestResult:
     """One streamed chat request through the benchmark's own transport (its clock: perf_counter_ns), analysed as
     every benchmark request is (results.analyse): a RequestResult."""
     import asyncio

@@ -247,9 +247,10 @@ def _stage_table(runs: Sequence[R.ReportRun]) -> str:
         for stage in run.record.get("stages") or []:
             s = stage.get("summary") or {}
 
-            def p(metric: str, q: str = "p50", s: Mapping[str, Any] = s) -> Any:
+            def p(metric: str, q: str = "p50", s: Mapping[str, Any] = s) -> float | None:
                 v = s.get(metric)
-                return v.get(q) if isinstance(v, dict) else None
+                value = v.get(q) if isinstance(v, dict) else None
+                return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
             cells = [run.run_id, stage.get("name"), f"{s.get('ok', '–')} / {s.get('requests', '–')}",
                      s.get("output_tok_s"), s.get("requests_per_s"), p("ttft_ms"), p("ttft_ms", "p99"), p("itl_ms"),
