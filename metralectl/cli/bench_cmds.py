@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from metralectl.cli import verify_cmd
+from metralectl.cli import bench_report, bench_startup, verify_cmd
 from metralectl.cli.state import note, style
 from metralectl.errors import ExitCode
 
@@ -362,6 +362,10 @@ def export(csv_: bool = typer.Option(False, "--csv", help="CSV on stdout (the on
         sys.stdout.write(records.export_requests_csv(records.requests(records.find(run_id))))
         return
     sys.stdout.write(records.export_runs_csv(records.list_runs(suite)[:limit]))
+
+
+app.command("report")(bench_report.report)
+app.command("startup")(bench_startup.startup)
 
 
 def register(root: typer.Typer) -> None:

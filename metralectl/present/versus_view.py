@@ -70,7 +70,7 @@ def svg(doc: Mapping[str, Any]) -> str:
         for j, (side, colour) in enumerate((("a", "#4477aa"), ("b", "#ee6677"))):
             y = y0 + 28 + j * 26
             spread = row[side]
-            name = escape(str((doc.get(side) or {}).get("recipe") or side.upper()))[:24]
+            name = escape(str((doc.get(side) or {}).get("recipe") or side.upper())[:24])  # cut, then escape
             out.append(f'<text x="10" y="{y + 12}">{side.upper()} {name}</text>')
             out.append(f'<rect x="200" y="{y}" width="{spread["median"] * scale:.1f}" height="16" fill="{colour}" '
                        f'fill-opacity="0.5"><title>{side.upper()} median {spread["median"]}</title></rect>')
