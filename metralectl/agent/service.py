@@ -41,6 +41,7 @@ from metralectl.seams.process import on_stop_signals, raise_fd_limit
 
 log = logging.getLogger("metralectl.agent")
 REGROUP_MARK = "METRALECTL_AGENT_REGROUPED"  # set on the re-executed agent: never loop through sg twice
+GATEWAY_RECHECK_S = 2.0  # how soon `gateway enable|disable` takes effect, and a gateway that exited starts again
 PEER_RECHECK_S = 5.0  # how soon a first pairing turns the peer listener on (when not decided by an option)
 
 
@@ -173,6 +174,10 @@ class Agent:
             self.api.server_close()
             raise
         self.api.info["peer_port"] = self.peer_server.port if self.peer_server else None
+        from metralectl.agent.gateway_child import GatewayChild
+        from metralectl.seams.agent_files import agent_dir
+
+        self.gateway = GatewayChild(agent_dir(base))  # runs `metralectl gateway` while `gateway enable` says so
 
     def _peer_listener(self) -> Any:
         from metralectl.peers.admission import Facts
@@ -225,6 +230,7 @@ class Agent:
             self.peer_server.start("agent-peers")
         self.started = time.time()
         self._record()
+        self.gateway.tick()
 
     def _record(self) -> None:
         from metralectl.seams.process import identity
@@ -244,6 +250,7 @@ class Agent:
         self.api.stop()
         if self.peer_server is not None:
             self.peer_server.stop()
+        self.gateway.stop()
         close = getattr(self.ops, "close", None)
         if close is not None:
             close()
@@ -253,7 +260,11 @@ class Agent:
 
     def wait(self) -> None:
         next_peer_check = time.monotonic() + PEER_RECHECK_S
+        next_gateway_check = time.monotonic() + GATEWAY_RECHECK_S
         while not self.stopping.wait(0.5):
+            if time.monotonic() >= next_gateway_check:
+                next_gateway_check = time.monotonic() + GATEWAY_RECHECK_S
+                self.gateway.tick()
             if time.monotonic() >= next_peer_check:
                 next_peer_check = time.monotonic() + PEER_RECHECK_S
                 self.peers_now()

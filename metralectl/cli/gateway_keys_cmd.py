@@ -61,11 +61,15 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 
 
 @keys_app.command("rm")
-def rm(name: str = typer.Argument(..., help="The key's name (`gateway keys list`).")) -> None:
+def rm(name: str = typer.Argument(..., help="The key's name (`gateway keys list`)."),
+       as_json: bool = typer.Option(False, "--json", help="Print the removed key's entry (never the key) as JSON.")) -> None:
     """Remove a key: a running gateway refuses it within 50 ms."""
     from metralectl.gateway import keys
 
     gone = keys.remove(name)
+    if as_json:
+        print(json.dumps({"removed": {k: v for k, v in gone.to_json().items() if k != "sha256"},
+                          "left": len(keys.load().keys)}))
     note(f"removed key {gone.name} ({gone.prefix}…)")
     if not keys.load():
         print("note: no API key is left: a gateway on loopback lets every local client in; one listening beyond "
