@@ -261,3 +261,9 @@ def test_the_validators_refuse_a_broken_manifest(operator: None) -> None:
     lws["spec"]["leaderWorkerTemplate"]["size"] = "two"
     lws["spec"]["leaderWorkerTemplate"]["sise"] = 2
     assert len(list(_lws_validator().iter_errors(lws))) == 2
+
+
+def test_the_runtime_needs_no_schema_package() -> None:
+    """kubernetes-validate is a test extra: nothing metralectl ships imports it."""
+    package = REPO / "metralectl"
+    assert not [p for p in package.rglob("*.py") if "kubernetes_validate" in p.read_text()]
