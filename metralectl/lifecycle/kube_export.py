@@ -39,7 +39,8 @@ PROBE_PERIOD_S = 10
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEFAULT_FIRST_LOAD_S = 1800.0  # a class without a boot timeout: half an hour for a first load
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: Services, LWS names
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS-1123 label
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def _labels(spec: ContainerSpec, name: str) -> dict[str, str]:
     return labels
 
 
-def _gpus(recipe: Recipe, spec: ContainerSpec, options: KubeOptions) -> int | None:
+def _gpus(spec: ContainerSpec, options: KubeOptions) -> int | None:
     if spec.gpus is None:
         return None
     if options.gpus is not None:
@@ -178,7 +179,7 @@ def _pod_spec(catalog: Catalog, recipe: Recipe, spec: ContainerSpec, args: list[
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _shm_quantity(spec.shm_size)}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
     container: dict[str, Any] = {"name": "engine", "image": spec.image, "args": args, "env": _env(spec)}
-    gpus = _gpus(recipe, spec, options)
+    gpus = _gpus(spec, options)
     if gpus is not None:
         container["resources"] = {"limits": {GPU_RESOURCE: gpus}}
     if spec.cap_add:
@@ -208,9 +209,9 @@ def _metadata(name: str, labels: dict[str, str], options: KubeOptions) -> dict[s
 
 def kube_manifests(catalog: Catalog, recipe: Recipe, options: KubeOptions) -> list[dict[str, Any]]:
     """A Deployment + Service (one rank), or a LeaderWorkerSet of the recipe's ranks + a Service to its head."""
-    if options.namespace is not None and not _DNS_LABEL.match(options.namespace.lower()) or (
-            options.namespace is not None and options.namespace != options.namespace.lower()):
-        raise MetralError(f"namespace {options.namespace!r} is not a DNS-1123 label", "lower-case letters, digits, '-'",
+    if options.namespace is not None and not (len(options.namespace) <= 63 and _NAMESPACE.match(options.namespace)):
+        raise MetralError(f"namespace {options.namespace!r} is not a DNS-1123 label",
+                          "at most 63 lower-case letters, digits and '-', alphanumeric at both ends",
                           exit_code=ExitCode.USAGE)
     specs = rank_specs(catalog, recipe, options)
     head = specs[0]

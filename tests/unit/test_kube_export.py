@@ -267,3 +267,33 @@ def test_the_runtime_needs_no_schema_package() -> None:
     """kubernetes-validate is a test extra: nothing metralectl ships imports it."""
     package = REPO / "metralectl"
     assert not [p for p in package.rglob("*.py") if "kubernetes_validate" in p.read_text()]
+
+
+def test_more_than_two_ranks_read_their_rank_from_lws_and_other_differences_are_refused() -> None:
+    from dataclasses import replace
+
+    from metralectl.core.render import ContainerSpec
+    from metralectl.errors import MetralError
+    from metralectl.lifecycle.kube_export import worker_argv
+
+    def spec(rank: int, port: str = "8888") -> ContainerSpec:
+        return ContainerSpec(name=f"r{rank}", image="i", command=("serve", "m", "--rank", str(rank), "--world-size",
+                                                                  "3", "--master-addr", LEADER_ADDRESS, "--port", port))
+
+    assert worker_argv([spec(0), spec(1), spec(2)]) == ["serve", "m", "--rank", WORKER_INDEX, "--world-size", "3",
+                                                        "--master-addr", LEADER_ADDRESS, "--port", "8888"]
+    assert worker_argv([spec(0), spec(1)])[3] == "1"
+    with pytest.raises(MetralError, match="differs from rank 1") as refused:
+        worker_argv([spec(0), spec(1), replace(spec(2), command=spec(2, "8889").command)])
+    assert refused.value.exit_code == ExitCode.DATA
+
+
+def test_a_namespace_outside_the_grammar_is_a_usage_error() -> None:
+    from metralectl.errors import MetralError
+
+    cat = _cat()
+    for bad in ("LLM", "-x", "a_b", "x" * 64):
+        with pytest.raises(MetralError) as refused:
+            kube_manifests(cat, cat.recipes[SINGLE], KubeOptions(namespace=bad))
+        assert refused.value.exit_code == ExitCode.USAGE
+    assert kube_manifests(cat, cat.recipes[SINGLE], KubeOptions(namespace="0llm"))[0]["metadata"]["namespace"] == "0llm"
