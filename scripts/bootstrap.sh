@@ -37,6 +37,7 @@ command -v chromedriver >/dev/null || need+=(chromium-driver)
 command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
+command -v docker-compose >/dev/null || need+=(docker-compose)   # `export compose` run for real (Debian's 1.29)
 command -v node >/dev/null || need+=(nodejs)   # runs the page's safetext.js and joblog.js in the unit tests
 # python3-venv: Debian/Ubuntu ship `venv` without ensurepip; the project venv needs it
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)

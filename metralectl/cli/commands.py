@@ -81,4 +81,6 @@ COMMANDS: dict[str, Entry] = {
     "agent": Entry(_AGENT, "The background agent: local API + control-plane page + peer listener. `agent start` runs "
                            "it in the background; plain `agent` in this terminal."),
     "peer": Entry(_PEER, "Other metralectl nodes this box trusts by key (pairing, grants)."),
+    "export": Entry("metralectl.cli.export_cmds", "Write a recipe as Kubernetes manifests or a Compose file (the same "
+                                                  "container `run` starts)."),
 }

@@ -158,7 +158,8 @@ def test_completion_refuses_an_unknown_shell() -> None:
 
 # Commands whose output is already a document in its own format, or a screen: no JSON form.
 NO_JSON = {("logs",): "the engine's own log text", ("tui",): "a screen", ("completion",): "a shell script",
-           ("bench", "export"): "CSV/JSONL by --csv", ("agent", "logs"): "the agent's own log text"}
+           ("bench", "export"): "CSV/JSONL by --csv", ("agent", "logs"): "the agent's own log text",
+           ("export", "kube"): "YAML manifests", ("export", "compose"): "a YAML Compose file"}
 
 
 def _leaf_commands() -> list[tuple[tuple[str, ...], set[str]]]:
