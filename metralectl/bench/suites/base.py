@@ -45,6 +45,8 @@ class Stage:
     tools: bool = False
     tool_choice: str | None = None
     keep_content: bool = False
+    depth: int | None = None  # context tokens ahead of the prompt (the depth suite): sized with /tokenize too
+    trace: tuple[tuple[int, int, str | None], ...] = ()  # a replay: (input, output tokens, session) per request
     labels: dict[str, Any] = field(default_factory=dict)
 
 
@@ -60,6 +62,9 @@ class Suite:
     params: tuple[Param, ...]
     stages: Callable[[dict[str, Any]], list[Stage]]
     summarize: Callable[[dict[str, Any], list[tuple[Stage, list[RequestResult], dict[str, Any]]]], dict[str, Any]]
+    # Stages decided by what was measured (a sweep to saturation): given the stages measured so far, the next
+    # ones to run ([] to stop). None: `stages` is the whole plan.
+    more: Callable[[dict[str, Any], list[tuple[Stage, list[RequestResult], dict[str, Any]]]], list[Stage]] | None = None
 
     @property
     def schema(self) -> tuple[Param, ...]:
