@@ -91,12 +91,16 @@ def run_benchy(venv: Path, url: str, tokenizer: Path, home: Path, a: argparse.Na
 
 
 def run_metralectl(url: str, home: Path, a: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
-    cmd = [sys.executable, "-m", "metralectl", "bench", "run", "depth", "--url", url, "--json",
+    cmd = [sys.executable, *(["-P"] if a.installed_metralectl else []), "-m", "metralectl", "bench", "run", "depth", "--url", url, "--json",
            "-p", f"depths={','.join(str(d) for d in a.depths)}", "-p", f"pp={a.pp}", "-p", f"tg={a.tg}",
-           "-p", f"runs={a.runs}", "-p", "client_bound=warn"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "METRALE_HOME": str(home)},
+           "-p", f"runs={a.runs}", "-p", "client_bound=warn", *[x for kv in a.metralectl_param for x in ("-p", kv)]]
+    env = {k: v for k, v in os.environ.items() if not (a.installed_metralectl and k == "PYTHONPATH")}
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**env, "METRALE_HOME": str(home)},
                           cwd=REPO, timeout=1800)
-    doc = json.loads(done.stdout)
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        raise SystemExit(f"metralectl said no record ({done.returncode}):\n{done.stderr[-3000:]}") from None
     if done.returncode != 0:
         raise SystemExit(f"metralectl failed ({done.returncode}): {doc.get('error')}\n{done.stderr[-3000:]}")
     rows = {r["depth"]: {"pp": r["pp_tok_s"]["values"], "tg": r["tg_tok_s"]["values"], "ttft_ms": r["ttfr_ms"]["values"],
@@ -118,6 +122,10 @@ def main() -> int:
     ap.add_argument("--llama-server", default=None, help="the binary (default: CI's cached CPU build)")
     ap.add_argument("--gguf", default=None, help="a GGUF already converted (with --tokenizer: no conversion here)")
     ap.add_argument("--tokenizer", default=None, help="the GGUF's tokenizer.json, for llama-benchy")
+    ap.add_argument("--installed-metralectl", action="store_true",
+                    help="run the metralectl installed in this Python (python -P), not this tree's")
+    ap.add_argument("--metralectl-param", action="append", default=[], metavar="K=V",
+                    help="one more -p for metralectl's depth run (e.g. continuous_usage=false)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     a = ap.parse_args()

@@ -109,7 +109,7 @@ class RequestFactory:
     max_tokens: int
     text: str
     expected_prompt_tokens: int | None = None
-    # "unique" | "none" | "pairs" (i and i+1 share one: cold then warm) | "depth" (a unique context in a system
+    # "unique" | "head" (unique_head) | "none" | "pairs" (i and i+1 share one: cold then warm) | "depth" (a unique context in a system
     # message, then the text as the user turn) | "ctxpairs" (i and i+1 share one context: loaded with
     # CONTEXT_LOAD, then the text asked after it) | "shared" (one context, the system prompt of every request, then
     # a unique head and the text as the user turn)
@@ -138,6 +138,8 @@ class RequestFactory:
             content, tag = prefix_for(self.nonce, key) + text, None
         elif self.prefix == "none":
             content, tag = self.text, None
+        elif self.prefix == "head":  # as "unique", with the head whose first digit changes (unique_head)
+            content, tag = unique_head(self.nonce, i) + self.text, None
         elif self.prefix == "depth":
             system, content, tag = unique_head(self.nonce, i) + self.context, self.text, None
         elif self.prefix == "shared":  # one system prompt for all, a user turn of each request's own

@@ -127,6 +127,9 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> RunOutcome:
             if limit:
                 p = {**p, "max_context": limit}
                 stages = suite.stages(p)
+                if not stages:
+                    raise UsageError(f"no depth of {p.get('depths')} fits the served context: {context_note}",
+                                     "lower the depths, pp or tg (each depth needs depth + pp + tg tokens)")
         if req.unit and req.recipe is not None and target.recipe != req.recipe.name:
             raise MetralError(f"the unit is for recipe {req.recipe.name}, but {req.url} serves "
                               f"{target.recipe or 'something metralectl did not start'}",

@@ -41,10 +41,10 @@ def test_depth_plans_one_stage_per_depth_that_fits_the_context() -> None:
     p = params("depth", "depths=0,1024,4096", "pp=512", "tg=32", "max_context=4096")
     stages = get_suite("depth").stages(p)
     assert [s.name for s in stages] == ["pp512 tg32 @ d0", "pp512 tg32 @ d1024"]  # 4096+512+32 > 4096: skipped
-    assert [(s.prefix, s.depth, s.isl, s.osl) for s in stages] == [("unique", 0, 512, 32), ("depth", 1024, 512, 32)]
+    assert [(s.prefix, s.depth, s.isl, s.osl) for s in stages] == [("head", 0, 512, 32), ("depth", 1024, 512, 32)]
     assert stages[0].load.requests == 3 and stages[0].load.warmup_requests == 1  # llama-benchy: 3 runs, 1 warm-up
     cached = get_suite("depth").stages(params("depth", "depths=0,1024", "prefix_cache=true", "runs=2"))
-    assert [(s.prefix, s.load.requests, s.load.warmup_requests) for s in cached] == [("unique", 2, 1),
+    assert [(s.prefix, s.load.requests, s.load.warmup_requests) for s in cached] == [("head", 2, 1),
                                                                                       ("ctxpairs", 4, 2)]
     assert len(get_suite("depth").stages(params("depth", "depths=0,32768"))) == 2  # max_context 0: all run
 
@@ -62,6 +62,8 @@ def test_the_depth_head_changes_first_so_no_prompt_reuses_the_last_ones_cache() 
     a, b = unique_head(7, 3), unique_head(7, 4)
     assert len(a.split()) == len(prefix_for(7, 3).split()) and sorted(a) == sorted(prefix_for(7, 3))
     assert a.split()[1] != b.split()[1]  # the first digit after "Request" already differs
+    f = RequestFactory(model="m", max_tokens=8, text="the prompt", prefix="head", nonce=7)
+    assert json.loads(f(3).body)["messages"] == [{"role": "user", "content": a + "the prompt"}]  # depth 0
 
 
 def test_prefix_cache_pairs_load_the_context_then_ask_after_it() -> None:

@@ -42,7 +42,7 @@ def _depth_stages(p: dict[str, Any]) -> list[Stage]:
         per = 2 if pairs else 1  # a context load and its prompt: one pair per run
         load = base_load(p, concurrency=1, warmup_requests=per * p["warmup"], requests=per * p["runs"])
         out.append(Stage(f"pp{p['pp']} tg{p['tg']} @ d{d}", load, p["tg"], isl=p["pp"],
-                         prefix="ctxpairs" if pairs else ("depth" if d else "unique"), depth=d,
+                         prefix="ctxpairs" if pairs else ("depth" if d else "head"), depth=d,
                          labels={"depth": d, "pp": p["pp"], "tg": p["tg"], "prefix_cache": pairs}))
     return out
 
