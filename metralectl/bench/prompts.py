@@ -126,6 +126,8 @@ class RequestFactory:
     context: str = ""  # the body of the system message at depth (prefix "depth"/"ctxpairs")
     # a replayed trace: request i is per_request[i] = (text, expected prompt tokens, max_tokens, head key)
     per_request: tuple[tuple[str, int | None, int, int], ...] = ()
+    # a conversation per request index: (JSON of the messages so far, this turn's user text)
+    turns: tuple[tuple[str, str], ...] = ()
     tools: str | None = None  # JSON text of the tools list
     tool_choice: str | None = None  # JSON text
     extra: tuple[tuple[str, Any], ...] = field(default=())
@@ -151,7 +153,11 @@ class RequestFactory:
             content, tag = prefix_for(self.nonce, i // 2) + self.text, ("cold" if i % 2 == 0 else "warm")
         else:
             content, tag = prefix_for(self.nonce, i) + self.text, None
-        messages = ([{"role": "system", "content": system}] if system else []) + [
+        history: list[dict[str, str]] = []
+        if self.turns:  # a conversation's next turn: what was said so far (the engine's answers too), then this
+            said, content = self.turns[i % len(self.turns)]
+            history, tag = json.loads(said), None
+        messages = ([{"role": "system", "content": system}] if system else []) + history + [
             {"role": "user", "content": content}]
         body: dict[str, Any] = {
             "model": self.model, "messages": messages, "max_tokens": max_tokens, "stream": True,

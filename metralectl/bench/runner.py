@@ -315,6 +315,8 @@ def _stages(req: RunRequest, p: dict[str, Any], stages: list[Stage], control: Co
             shaped, context = sizing.size_stage(stage, p["seed"], tokens_of, record["prompt_sizing"], shaped_by_key,
                                                 note, warn)
         factory = _factory(stage, p, model, shaped, nonce + k, dialect, context)
+        if stage.turns:
+            factory = replace(factory, turns=stage.turns)
         if stage.trace:
             factory = replace(factory, per_request=sizing.size_trace(stage, p["seed"], tokens_of,
                                                                      record["prompt_sizing"], note))

@@ -67,6 +67,8 @@ def estimate_s(suite: str, params: Mapping[str, Any]) -> float:
         return STARTUP_S + rates * (p["duration_s"] + p["warmup_s"] + 2.0)
     if suite == "shared-prefix":
         return STARTUP_S + len(p["users"]) * (p["duration_s"] + p["warmup_s"] + 2.0)
+    if suite == "multi-turn":
+        return STARTUP_S + p["turns"] * (p["osl"] / 60.0 + 1.0)
     if suite == "trace":
         return STARTUP_S + 120.0  # the trace's own span, unknown until it is read
     if suite == "depth":

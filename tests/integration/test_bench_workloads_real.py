@@ -222,3 +222,20 @@ def bench_raw(tmp_path: Path, url: str, suite: str, *params: str) -> tuple[int, 
         args += ["-p", p]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     return out.returncode, out.stdout, out.stderr
+
+
+def test_multi_turn_resends_each_conversation_with_the_engines_answers(server: str, tmp_path: Path) -> None:
+    rc, doc, err = bench(tmp_path, server, "multi-turn", "users=2", "turns=3", "turn_words=20", "osl=12")
+    every_request_counted(doc, rc, err)
+    assert [s["name"] for s in doc["stages"]] == ["turn 1", "turn 2", "turn 3"]
+    h = doc["summary"]["headline"]
+    grown = [h[f"turn{t}.prompt_tokens_p50"] for t in (1, 2, 3)]
+    assert grown[0] < grown[1] < grown[2], grown  # each turn holds the last one's prompt, its answer and a new turn
+    sent = [r for r in _requests(tmp_path, doc) if r["phase"] == "measure"]
+    answers = {(r["stage"], r["index"]): r["content"] for r in sent}
+    assert len(sent) == 6 and all(a for a in answers.values())
+    # turn 2's prompt is turn 1's prompt + its answer + the new user turn: more tokens than turn 1 used in all
+    for c in (0, 1):
+        t1 = next(r for r in sent if r["stage"] == "turn 1" and r["index"] == c)
+        t2 = next(r for r in sent if r["stage"] == "turn 2" and r["index"] == c)
+        assert t2["prompt_tokens"] > t1["prompt_tokens"] + t1["output_tokens"], (t1["prompt_tokens"], t2["prompt_tokens"])

@@ -283,3 +283,21 @@ def test_size_trace_shares_a_filler_within_a_session() -> None:
     assert [o[1] for o in out] == [30, 50, 30] and [o[3] for o in out] == [SESSION_KEY, SESSION_KEY, 2]
     assert out[1][0].startswith(out[0][0]) and out[2][0] != out[0][0]
     assert sizing["trace"]["sessions"] == 1
+
+
+def test_multi_turn_plans_the_next_turn_from_the_answers_the_engine_gave() -> None:
+    suite = get_suite("multi-turn")
+    p = params("multi-turn", "users=2", "turns=2", "turn_words=5")
+    (first,) = suite.stages(p)
+    assert first.keep_content and [json.loads(h) for h, _ in first.turns] == [[], []]
+    results = [result(0), result(1)]
+    results[0].content, results[1].content = "answer zero", "answer one"
+    assert suite.more is not None
+    (second,) = suite.more(p, [(first, results, {"errors": 0})])
+    said = json.loads(second.turns[1][0])
+    assert said == [{"role": "user", "content": first.turns[1][1]}, {"role": "assistant", "content": "answer one"}]
+    assert second.labels["turn"] == 2 and suite.more(p, [(second, results, {})]) == []  # turns=2: done
+    results[1].ok = False
+    assert suite.more(p, [(first, results, {})]) == []  # a lost answer: no next turn
+    f = RequestFactory(model="m", max_tokens=4, text="", prefix="none", turns=second.turns)
+    assert json.loads(f(1).body)["messages"] == said + [{"role": "user", "content": second.turns[1][1]}]

@@ -6,7 +6,7 @@ lists them in the order `bench list` shows them. A new family is a new module an
 
 from __future__ import annotations
 
-from metralectl.bench.suites import decode, depth, long, prefix, rate, shared, sweep, tool, trace
+from metralectl.bench.suites import decode, depth, long, multiturn, prefix, rate, shared, sweep, tool, trace
 from metralectl.bench.suites.base import COMMON, Measured, Stage, Suite
 from metralectl.bench.suites.decode import FRANCE
 from metralectl.bench.suites.long import repetition
@@ -19,7 +19,7 @@ __all__ = ["COMMON", "FRANCE", "SUITES", "WEATHER_TOOL", "Measured", "Stage", "S
            "repetition", "tool_call_problems"]
 
 SUITES: dict[str, Suite] = {s.id: s for s in (
-    decode.SUITE, sweep.SUITE, prefix.SUITE, long.SUITE, tool.SUITE, rate.SUITE, depth.SUITE, shared.SUITE, trace.SUITE,
+    decode.SUITE, sweep.SUITE, prefix.SUITE, long.SUITE, tool.SUITE, rate.SUITE, depth.SUITE, shared.SUITE, multiturn.SUITE, trace.SUITE,
 )}
 
 

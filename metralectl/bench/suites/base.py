@@ -47,6 +47,7 @@ class Stage:
     keep_content: bool = False
     depth: int | None = None  # context tokens ahead of the prompt (the depth suite): sized with /tokenize too
     trace: tuple[tuple[int, int, str | None], ...] = ()  # a replay: (input, output tokens, session) per request
+    turns: tuple[tuple[str, str], ...] = ()  # conversations: (JSON of the messages so far, the next user text) each
     labels: dict[str, Any] = field(default_factory=dict)
 
 
