@@ -74,7 +74,9 @@ def param_gates(suite: str, params: dict[str, Any]) -> list[Gate]:
         gates.append(Gate("repetition_max", "<=", params["max_repetition"], "param max_repetition"))
     if suite == "tool-call":
         gates.append(Gate("well_formed_frac", ">=", params["min_well_formed"], "param min_well_formed"))
-    if suite == "rate" and params.get("min_slo_attainment"):
+    if suite == "rate" and params.get("min_slo_attainment") and params.get("rates") == "auto":
+        gates.append(Gate("knee.slo_attainment", ">=", params["min_slo_attainment"], "param min_slo_attainment"))
+    elif suite == "rate" and params.get("min_slo_attainment"):
         for r in params["rates"]:
             gates.append(Gate(f"rate{r:g}.slo_attainment", ">=", params["min_slo_attainment"], "param min_slo_attainment"))
     return gates

@@ -45,7 +45,7 @@ class Planned:
 
 @dataclass(frozen=True)
 class LoadSpec:
-    mode: str = "concurrency"  # "concurrency" | "constant" | "poisson"
+    mode: str = "concurrency"  # "concurrency" | "constant" | "poisson" | "trace" (arrivals at `schedule`)
     concurrency: int = 1  # closed loop: streams; open loop: most requests in flight (pool width)
     rate: float | None = None  # open loop: requests per second
     warmup_requests: int = 0
@@ -59,6 +59,7 @@ class LoadSpec:
     probe_interval_s: float = 0.005
     progress_every_s: float = 2.0  # drain progress cadence
     tokenizer: str = ""  # tokenizer.json to count output tokens when the server reports no usage
+    schedule: tuple[float, ...] = ()  # mode "trace": request i is sent schedule[i] seconds after t0, then no more
 
     @property
     def breaker(self) -> int:
@@ -68,7 +69,7 @@ class LoadSpec:
 
     @property
     def open_loop(self) -> bool:
-        return self.mode in ("constant", "poisson")
+        return self.mode in ("constant", "poisson", "trace")
 
 
 @dataclass
@@ -213,6 +214,13 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
         t = t0 + int(phase_offset_s * 1e9)
         i = 0
         while not stopping:
+            if spec.mode == "trace":
+                if i >= len(spec.schedule):
+                    await asyncio.sleep(0)  # the last request's task takes its phase (measure) first
+                    if state.t_end is None:
+                        state.t_end = -1  # the trace is sent: the window closes when its requests end
+                    return
+                t = t0 + int(spec.schedule[i] * 1e9)
             delay = (t - perf_ns()) / 1e9
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -9,7 +9,7 @@ from typing import Any
 from metralectl.errors import UsageError
 
 # What a suite parameter holds once parsed: bool, int, float, a choice or free text, or a list of numbers.
-ParamValue = bool | int | float | str | list[int] | list[float]
+ParamValue = bool | int | float | str | list[int] | list[float]  # a list's choices: the word itself
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,9 @@ class Param:
 
     def describe_type(self) -> str:
         kind = {"ints": "int,int,...", "floats": "float,float,..."}.get(self.kind, self.kind)
-        if self.choices:
+        if self.choices and self.kind in ("ints", "floats"):
+            kind = "|".join((kind, *self.choices))
+        elif self.choices:
             kind = "|".join(self.choices)
         bounds = ""
         if self.minimum is not None or self.maximum is not None:
@@ -47,6 +49,8 @@ class Param:
                 return False
             raise bad("expected true or false")
         if self.kind in ("ints", "floats"):
+            if text in self.choices:  # a word the list also takes (rates=auto)
+                return text
             parts = [p for p in text.split(",") if p.strip()]
             if not parts:
                 raise bad("expected one or more comma-separated numbers")

@@ -103,6 +103,8 @@ class RunRecord(_RunRecordRequired, total=False):
     unit: dict[str, Any]  # the peer's remote unit this run is for
     gate_notes: list[str]  # why a recipe gate could not be set
     status_recorded: str  # (readers only) the status on disk, when the shown one differs
+    context_limit: str  # the served context that capped the depths, and where the server said it
+    api_rtt_ms: float | None  # network latency (mean of three GET /v1/models) when the suite takes it off
 
 
 @dataclass(frozen=True)

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from metralectl import __version__
 from metralectl.bench import gates as G
-from metralectl.bench import outcome, records, signed
+from metralectl.bench import outcome, records, signed, sizing
 from metralectl.bench.dialect import Dialect
 from metralectl.bench.energy import StageEnergy
-from metralectl.bench.prompts import RequestFactory, Shaped, shape_prompt
+from metralectl.bench.prompts import RequestFactory, Shaped
 from metralectl.bench.results import RequestResult, aggregate
 from metralectl.bench.run_record import RunOutcome, RunRecord, StageRecord
 from metralectl.bench.shard import auto_workers, run_load
 from metralectl.bench.suites import WEATHER_TOOL, Stage, get_suite
-from metralectl.bench.target import Control, Target, describe
+from metralectl.bench.target import Control, Target, api_rtt_ms, describe, served_context
 from metralectl.errors import ExitCode, MetralError, UsageError
 from metralectl.wording import count
 
@@ -85,13 +85,14 @@ def _workers(value: str, stage: Stage) -> int:
 
 
 def _factory(stage: Stage, p: dict[str, Any], model: str, shaped: Shaped | None, nonce: int,
-             dialect: Dialect) -> RequestFactory:
+             dialect: Dialect, context: Shaped | None = None) -> RequestFactory:
     import json
 
     force = p["ignore_eos"] and not stage.tools
     return RequestFactory(
         model=model, max_tokens=stage.osl, text=shaped.text if shaped else (stage.prompt or ""),
-        expected_prompt_tokens=shaped.tokens if shaped else None, prefix=stage.prefix, nonce=nonce,
+        expected_prompt_tokens=(context or shaped).tokens if shaped else None, prefix=stage.prefix, nonce=nonce,
+        context=context.text if context else "",
         temperature=p.get("temperature", 0.0), seed=p["seed"] if dialect.seed else None,
         ignore_eos=force and dialect.ignore_eos, min_tokens=force and dialect.min_tokens,
         include_usage=dialect.stream_usage, continuous_usage=p["continuous_usage"] and dialect.continuous_usage,
@@ -120,6 +121,15 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> RunOutcome:
                               "`metralectl ps` shows its health; `metralectl logs` what the engine says")
         target = describe(control, managed=req.managed)
         _name_engine(req, target, on_event)
+        context_note = None
+        if "max_context" in p and not p["max_context"]:  # the served context caps the depths
+            limit, context_note = served_context(control)
+            if limit:
+                p = {**p, "max_context": limit}
+                stages = suite.stages(p)
+                if not stages:
+                    raise UsageError(f"no depth of {p.get('depths')} fits the served context: {context_note}",
+                                     "lower the depths, pp or tg (each depth needs depth + pp + tg tokens)")
         if req.unit and req.recipe is not None and target.recipe != req.recipe.name:
             raise MetralError(f"the unit is for recipe {req.recipe.name}, but {req.url} serves "
                               f"{target.recipe or 'something metralectl did not start'}",
@@ -132,6 +142,8 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> RunOutcome:
             "params": p, "target": target.to_json(), "self_started": req.self_started, "stages": [],
             "gates": [], "verdict": "none", "summary": {}, "client": {}, "error": None, "exit_code": None,
             "telemetry": {}, "prompt_sizing": {}, "model_sent": model, "dialect": None, "errors": []}
+        if context_note:
+            record["context_limit"] = context_note
         if req.unit:
             record["unit"] = dict(req.unit)
         directory = records.start(req.suite, run_id, record)
@@ -140,8 +152,11 @@ def run(req: RunRequest, on_event: Listener = lambda e: None) -> RunOutcome:
         measured: Measured = []  # filled stage by stage: what an interrupted run still summarises
         try:
             dialect = _dialect(req, target, model, record, on_event)
-            finished = _stages(req, stages, control, model, dialect, target, record, directory, energy,
-                               measured, on_event)
+            rtt = api_rtt_ms(control) if p.get("latency_mode") == "api" else None
+            if rtt is not None:
+                record["api_rtt_ms"] = rtt
+            finished = _stages(req, p, stages, control, model, dialect, target, record, directory, energy,
+                               measured, on_event, rtt_ms=rtt)
         except KeyboardInterrupt:
             finished = False
         except Exception as exc:
@@ -275,12 +290,14 @@ def _gates(req: RunRequest, target: Target, record: RunRecord, on_event: Listene
     return gates
 
 
-def _stages(req: RunRequest, stages: list[Stage], control: Control, model: str, dialect: Dialect, target: Target,
-            record: RunRecord, directory: Path, energy: StageEnergy, measured: Measured,
-            on_event: Listener) -> bool:
-    """Run the stages, appending each to `measured` and to the record; False when the run was cancelled."""
-    p = req.params
-    shaped_by_isl: dict[int, Shaped] = {}
+def _stages(req: RunRequest, p: dict[str, Any], stages: list[Stage], control: Control, model: str, dialect: Dialect,
+            target: Target, record: RunRecord, directory: Path, energy: StageEnergy, measured: Measured,
+            on_event: Listener, rtt_ms: float | None = None) -> bool:
+    """Run the stages, appending each to `measured` and to the record; False when the run was cancelled.
+    A suite with `more` plans its next stages from what was measured (appended as the run goes)."""
+    stages = list(stages)
+    more = get_suite(req.suite).more
+    shaped_by_key: dict[tuple[int, int], Shaped] = {}
     nonce = int(time.time()) % 10000
     watch = outcome.ServedModelWatch(control, target, req.managed, req.url)
 
@@ -289,21 +306,20 @@ def _stages(req: RunRequest, stages: list[Stage], control: Control, model: str, 
             on_event(Event("progress", f"draining: {count(data['in_flight'], 'measured request')} still running "
                                        f"({data['elapsed_s']:g} s of the {data['timeout_s']:g} s drain timeout)", data))
 
-    for k, stage in enumerate(stages):
-        shaped = None
+    for k, stage in enumerate(stages):  # `stages` may grow while it is walked (`more`)
+        shaped = context = None
+        note = lambda text: on_event(Event("note", text))  # noqa: E731
+        warn = lambda text: on_event(Event("warning", text))  # noqa: E731
+        tokens_of = lambda msgs: control.tokenize_messages(model, msgs)  # noqa: E731
         if stage.isl is not None:
-            if stage.isl not in shaped_by_isl:
-                on_event(Event("note", f"sizing a {stage.isl}-token prompt with /tokenize"))
-                shaped_by_isl[stage.isl] = shape_prompt(
-                    stage.isl, lambda msgs: control.tokenize_messages(model, msgs), seed=p["seed"],
-                    with_prefix=stage.prefix != "none")
-                s = shaped_by_isl[stage.isl]
-                record["prompt_sizing"][str(stage.isl)] = {"method": s.method, "tokens": s.tokens}
-                if s.method == "estimated":
-                    on_event(Event("warning", "the engine offers no /tokenize: prompt lengths are estimates "
-                                              "(checked against usage.prompt_tokens afterwards)"))
-            shaped = shaped_by_isl[stage.isl]
-        factory = _factory(stage, p, model, shaped, nonce + k, dialect)
+            shaped, context = sizing.size_stage(stage, p["seed"], tokens_of, record["prompt_sizing"], shaped_by_key,
+                                                note, warn)
+        factory = _factory(stage, p, model, shaped, nonce + k, dialect, context)
+        if stage.turns:
+            factory = replace(factory, turns=stage.turns)
+        if stage.trace:
+            factory = replace(factory, per_request=sizing.size_trace(stage, p["seed"], tokens_of,
+                                                                     record["prompt_sizing"], note))
         workers = _workers(p["workers"], stage)
         on_event(Event("stage", f"[{k + 1}/{len(stages)}] {stage.name}", {"workers": workers}))
         window = energy.open()
@@ -311,6 +327,8 @@ def _stages(req: RunRequest, stages: list[Stage], control: Control, model: str, 
                           on_progress=progress)
         tokens = sum(r.output_tokens for r in result.results)
         agg = aggregate(result.results, result.window)
+        if rtt_ms is not None:
+            agg["api_rtt_ms"] = rtt_ms
         reasons = G.client_bound_reasons(result.health, agg.get("stamp_error_ms"), p["max_stamp_error_ms"],
                                          p["max_loop_lag_ms"])
         changed = watch.after_stage(k, stage.name, result.results)
@@ -336,4 +354,6 @@ def _stages(req: RunRequest, stages: list[Stage], control: Control, model: str, 
             return False
         if changed:
             break  # every later stage would measure another model
+        if more is not None and k == len(stages) - 1 and not result.aborted:
+            stages.extend(more(p, measured))
     return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -152,3 +153,34 @@ def _managed_on(runtime: ContainerRuntime, url: str | None) -> dict[str, Any] | 
         revision = None
     return {"recipe": c.labels.get(LABEL_RECIPE), "spec_hash": c.labels.get(LABEL_SPEC_HASH), "image": c.image,
             "image_revision": revision, "container": c.name, "url": c.labels[LABEL_ENDPOINT]}
+
+
+def served_context(control: Control) -> tuple[int | None, str | None]:
+    """The context one request may fill, as the server says it: vLLM/SGLang's /v1/models max_model_len, else
+    llama.cpp's /props (a slot's n_ctx); (None, None) when it does not say."""
+    models = control.get_json("/v1/models")
+    data = models.get("data") if isinstance(models, dict) else None
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    if isinstance(first.get("max_model_len"), int) and first["max_model_len"] > 0:
+        return first["max_model_len"], f"{first['max_model_len']} (max_model_len of /v1/models)"
+    props = control.get_json("/props")
+    settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    if isinstance(n_ctx, int) and n_ctx > 0:
+        return n_ctx, f"{n_ctx} (n_ctx of /props: one slot's context)"
+    return None, None
+
+
+def api_rtt_ms(control: Control, tries: int = 3) -> float | None:
+    """Network latency as llama-benchy's default `--latency-mode api` measures it: the mean of three
+    `GET /v1/models`, in ms (taken off the time to first response in the depth suite's pp). Its connection is
+    opened first, unmeasured: llama-benchy's session is already open from its warm-up when it measures."""
+    if control.get_json("/v1/models") is None:
+        return None
+    times = []
+    for _ in range(tries):
+        t = time.perf_counter()
+        if control.get_json("/v1/models") is None:
+            return None
+        times.append((time.perf_counter() - t) * 1000)
+    return round(sum(times) / len(times), 3)

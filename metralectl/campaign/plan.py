@@ -63,7 +63,18 @@ def estimate_s(suite: str, params: Mapping[str, Any]) -> float:
     if suite == "tool-call":
         return STARTUP_S + p["repeats"] * (p["max_tokens"] / 60.0 + 0.2) / max(1, p["concurrency"])
     if suite == "rate":
-        return STARTUP_S + len(p["rates"]) * (p["duration_s"] + p["warmup_s"] + 2.0)
+        rates = p["max_rates"] if p["rates"] == "auto" else len(p["rates"])  # auto: at most max_rates
+        return STARTUP_S + rates * (p["duration_s"] + p["warmup_s"] + 2.0)
+    if suite == "shared-prefix":
+        return STARTUP_S + len(p["users"]) * (p["duration_s"] + p["warmup_s"] + 2.0)
+    if suite == "multi-turn":
+        return STARTUP_S + p["turns"] * (p["osl"] / 60.0 + 1.0)
+    if suite == "trace":
+        return STARTUP_S + 120.0  # the trace's own span, unknown until it is read
+    if suite == "depth":
+        per = 2 if p["prefix_cache"] else 1
+        return STARTUP_S + sum(per * (p["runs"] + p["warmup"]) * ((p["pp"] + d) / 2000.0 + p["tg"] / 60.0 + 0.3)
+                               for d in p["depths"])
     return STARTUP_S + 60.0
 
 

@@ -41,7 +41,8 @@ def test_every_name_stands_apart_from_its_field() -> None:
 
     async def scenario() -> None:
         app = MetralectlApp(FakeServices(bench=bench))
-        async with app.run_test(size=(120, 70)) as pilot:
+        # tall enough for the longest form (rate: its sweep-to-saturation knobs) without scrolling
+        async with app.run_test(size=(120, 90)) as pilot:
             await pilot.press("3")
             await until(pilot, lambda: app.query("#suite-select") and app.query_one("#bench-view").suite
                         is not None, what="bench")  # type: ignore[attr-defined]
