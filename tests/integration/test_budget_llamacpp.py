@@ -1,0 +1,86 @@
+"""The memory budget with real engines (issue 32 item 2): llama.cpp's real `llama-server` as host processes (the
+tiny random-weight GGUF under three repositories, three recipes answering to distinct names), driven through the
+real CLI on a box without Docker (tests/integration/test_llamacpp_process.py's ProcBox).
+
+`run` of a second recipe that fits the budget beside the first starts it beside, on a port of its own; a third that
+does not fit is refused with the numbers and the fixes; `ps` lists both; `stop` without a name is a usage error
+(64) listing them; `stop R` and `stop --all` act as told.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_llamacpp_process import (SECOND, TINY, ProcBox, _builder, _copy_repo, _verified,
+                                                      llama_server)
+
+pytestmark = [pytest.mark.integration]
+THIRD = "metralectl-test/tiny-llama-gguf-c"
+FOOTPRINT = 0.53  # GB: the tiny recipes' fit estimate (qwen2.5-0.5b's data, Q8_0); the engines' RSS is below it
+__all__ = ["llama_server"]
+
+
+@pytest.fixture(scope="module")
+def hf_three(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("hf")
+    hub = home / "hub"
+    summary = _builder().install(hub)
+    _verified(hub, TINY)
+    _copy_repo(hub, summary, SECOND)
+    _copy_repo(hub, summary, THIRD)
+    return home
+
+
+@pytest.fixture()
+def box(tmp_path: Path, hf_three: Path, llama_server: Path) -> Iterator[ProcBox]:
+    machine = ProcBox(tmp_path, hf_three, llama_server)
+    try:
+        yield machine
+    finally:
+        machine.cleanup()
+
+
+def three(box: ProcBox, budget_gb: float) -> tuple[str, str, str]:
+    """Three recipes, the first two on the same port (the second is moved beside it); box.yaml's budget."""
+    (box.config / "box.yaml").write_text(f"budget: {budget_gb}  # GB\n")
+    port = box.own_port()
+    return (box.recipe("alpha", TINY, port, alias="tiny-alpha"), box.recipe("beta", SECOND, port, alias="tiny-beta"),
+            box.recipe("gamma", THIRD, box.own_port(), alias="tiny-gamma"))
+
+
+def test_run_beside_within_the_budget_and_the_refusal_with_the_numbers(box: ProcBox) -> None:
+    alpha, beta, gamma = three(box, 1.2)  # two tiny models fit, three do not
+    box.cli("run", alpha, check=True, timeout=300)
+    second = box.cli("run", beta, "--json", timeout=300)
+    assert second.returncode == 0, second.stderr
+    moved = json.loads(second.stdout)
+    serving = box.json("ps", "--json")["serving"]
+    assert sorted((s["recipe"], s["health"]) for s in serving) == [(alpha, "ok"), (beta, "ok")], serving
+    urls = {s["recipe"]: s["endpoint"] for s in serving}
+    assert urls[alpha] != urls[beta] == moved["url"]
+    assert len(box.engines()) == 1  # alpha on its held port; beta on the next free one, not among the held
+    again = box.json("run", beta, "--json", timeout=120)  # of what serves, with these settings: done already
+    assert again["already_serving"] is True and again["url"] == moved["url"]
+
+    refused = box.cli("run", gamma, timeout=120)
+    assert refused.returncode == 1, refused.stderr
+    assert (f"{gamma} needs {FOOTPRINT:.2f} GB, free 0.13 GB of budget 1.20 GB (budget in " in refused.stderr
+            and f"held by {alpha} {FOOTPRINT:.2f} GB, {beta} {FOOTPRINT:.2f} GB" in refused.stderr), refused.stderr
+    assert f"`metralectl run {gamma} --replace`" in refused.stderr and f"`metralectl stop {alpha}`" in refused.stderr
+    roomy = box.cli("run", gamma, "--budget", "2", "--json", timeout=300)  # --budget: this run's budget
+    assert roomy.returncode == 0, roomy.stderr
+    assert len(box.json("ps", "--json")["serving"]) == 3
+
+    which = box.cli("stop", timeout=60)
+    assert which.returncode == 64, which.stderr
+    assert "3 models are served" in which.stderr and "name one or use --all" in which.stderr, which.stderr
+    [stopped] = box.json("stop", beta, "--json", timeout=120)
+    assert stopped["recipe"] == beta and stopped["removed"] is True
+    assert sorted(s["recipe"] for s in box.json("ps", "--json")["serving"]) == [alpha, gamma]
+    stopped_all = box.json("stop", "--all", "--json", timeout=120)
+    assert sorted(s["recipe"] for s in stopped_all) == [alpha, gamma]
+    assert box.engines() == [] and box.supervisors() == [] and box.json("ps", "--json")["serving"] == []
