@@ -19,6 +19,7 @@ from typing import Any
 
 from metralectl.gateway import http1
 from metralectl.gateway.metrics import UNKNOWN, Metrics
+from metralectl.gateway.loader import Loader, LoadRefused
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
 
 ROUTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
@@ -68,8 +69,8 @@ class Answered(Exception):
 
 
 class Gateway:
-    def __init__(self, scanner: Scanner, limits: Limits = Limits()) -> None:
-        self.scanner, self.limits = scanner, limits
+    def __init__(self, scanner: Scanner, limits: Limits = Limits(), loader: Loader | None = None) -> None:
+        self.scanner, self.limits, self.loader = scanner, limits, loader
         self.metrics = Metrics()
         self.table = Table()
         self._changed = asyncio.Event()
@@ -178,8 +179,12 @@ class Gateway:
         if path == "/health":
             return http1.simple_response(200, json.dumps({"status": "ok", "models": len(self.table.routes)}).encode())
         data = [{"id": name, "object": "model", "created": 0, "owned_by": route.owned_by or "metralectl",
-                 "recipe": route.recipe}
+                 "recipe": route.recipe, "status": "loaded"}
                 for name, route in sorted(self.table.by_name.items())]
+        if self.loader is not None:  # what a request may name to have it loaded
+            data += [{"id": name, "object": "model", "created": 0, "owned_by": "metralectl", "recipe": recipe,
+                      "status": "loadable"}
+                     for name, recipe in sorted(self.loader.names.items()) if name not in self.table.by_name]
         return http1.simple_response(200, json.dumps({"object": "list", "data": data}).encode())
 
     # one routed request
@@ -203,6 +208,10 @@ class Gateway:
         """The route for `model`, waiting (bounded, in its queue) while its engine starts or swaps; Answered
         when it is nobody's (404), or its queue is full or stalled (503 + Retry-After)."""
         table = self.table
+        if self.loader is not None:
+            loaded = await self._on_demand(model, self.loader)
+            if loaded is not None:
+                return loaded
         if model not in table.starting and table.find(model) is not None:
             return table.find(model)  # type: ignore[return-value]
         if model not in table.starting:
@@ -248,6 +257,45 @@ class Gateway:
             gauge.dec()
             self.metrics.queue_wait.labels(model).observe(time.monotonic() - started)
 
+    async def _on_demand(self, model: str, loader: Loader) -> Route | None:
+        """The route for `model` once the loader has it loaded (None: not the loader's: the table's own answer).
+        Requests wait in the model's bounded queue while it is loaded, or drained and stopped to make room."""
+        route = self.table.find(model)
+        recipe = route.recipe if route is not None else loader.recipe_for(model)
+        if recipe is None or (model in self.table.starting and not loader.holds(recipe)):
+            return None  # a name of no recipe here, or a `run`/`swap` by someone else: the queue below
+        if route is not None and not loader.holds(recipe):
+            return route
+        if self._waiting.get(model, 0) >= self.limits.queue_size:
+            raise Answered(503, f"`{model}` is loading and {self.limits.queue_size} requests already wait for it",
+                           "server_error", "model_starting", "queue-full", retry_after=5)
+        self._waiting[model] = self._waiting.get(model, 0) + 1
+        gauge, started = self.metrics.queue_depth.labels(model), time.monotonic()
+        gauge.inc()
+        try:
+            while True:
+                route = self.table.find(model)
+                if route is not None and not loader.holds(route.recipe) and model not in self.table.starting:
+                    return route
+                load = loader.ensure(recipe) if route is None and not loader.holds(recipe) else loader.current(recipe)
+                left = self.limits.queue_stall_s - (time.monotonic() - max(loader.progress_at, started))
+                if left <= 0:
+                    raise Answered(503, f"`{model}` is still loading: no progress in {self.limits.queue_stall_s:g} s",
+                                   "server_error", "model_starting", "queue-stalled", retry_after=10)
+                if load is not None:
+                    await asyncio.wait({load}, timeout=min(left, 1.0))
+                refused = load.exception() if load is not None and load.done() and not load.cancelled() else None
+                if isinstance(refused, LoadRefused) and loader.loaded_recipe(load) == recipe:  # type: ignore[arg-type]
+                    raise Answered(refused.status, refused.message, "server_error", refused.code, "load-failed"
+                                   if refused.status == 502 else "no-room", retry_after=refused.retry_after)
+                if load is None or load.done():  # loaded (or another's load ended): the table shows it next scan
+                    self._rescan.set()
+                    await self._table_change(1.0)
+        finally:
+            self._waiting[model] -= 1
+            gauge.dec()
+            self.metrics.queue_wait.labels(model).observe(time.monotonic() - started)
+
     async def _relay(self, request: http1.Request, body: dict[str, Any], model: str, path: str,
                      writer: asyncio.StreamWriter) -> bool:
         payload = request.body
@@ -255,12 +303,17 @@ class Gateway:
             route = await self._wait_for(model)
             if route.models and model != route.models[0]:  # engines that check the name get the one they serve
                 payload = json.dumps({**body, "model": route.models[0]}).encode()
+            if self.loader is not None:
+                self.loader.begin(route.recipe)  # in flight: never evicted mid-request, and its last use
             try:
                 return await self._forward(route, request, payload, model, path, writer)
             except _NotSent:
                 # the engine was not there (a swap stopped it, a run is starting it): wait for it, then again
                 self._rescan.set()
                 await self._table_change(1.0)
+            finally:
+                if self.loader is not None:
+                    self.loader.end(route.recipe)
         raise Answered(502, f"the engine serving `{model}` does not answer", "server_error", "upstream_unreachable",
                        "upstream")
 

@@ -214,7 +214,8 @@ def launch_refusal(recipe: Recipe, spec: ContainerSpec, options: LaunchOptions, 
     """The first reason this launch would be refused, in the order the launch meets them; None: it may go."""
     running = [c for c in facts.running if c.name not in ignore_running]
     return (multi_rank_refusal(recipe) or staging_refusal(options, facts)
-            or containers_refusal(recipe, spec, options, facts.same_name, facts.others, running, room=_room(facts, running))
+            or containers_refusal(recipe, spec, options, facts.same_name, facts.others, running,
+                                  room=_room(facts, running))
             or port_refusal(spec, facts.port_free, running))
 
 

@@ -10,9 +10,15 @@ does not fit is refused with the numbers and the fixes; `ps` lists both; `stop` 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.integration.test_llamacpp_process import (SECOND, TINY, ProcBox, _builder, _copy_repo, _verified,
@@ -84,3 +90,77 @@ def test_run_beside_within_the_budget_and_the_refusal_with_the_numbers(box: Proc
     stopped_all = box.json("stop", "--all", "--json", timeout=120)
     assert sorted(s["recipe"] for s in stopped_all) == [alpha, gamma]
     assert box.engines() == [] and box.supervisors() == [] and box.json("ps", "--json")["serving"] == []
+
+
+def _rss_gb(pid: int) -> float:
+    from metralectl.lifecycle.budget import rss_bytes
+
+    return (rss_bytes({pid}) or 0) / 1e9
+
+
+def _gateway(box: ProcBox, *args: str) -> tuple[subprocess.Popen[str], str]:
+    port = box.own_port()
+    proc = box.popen("gateway", "--listen", f"127.0.0.1:{port}", "--json", *args)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert json.loads(line)["event"] == "listening", (line, proc.stderr.read() if proc.poll() is not None else "")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # the status lines, never left to block it
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def test_the_gateway_loads_on_demand_within_the_budget_and_evicts_the_lru_idle_model(box: ProcBox) -> None:
+    """Three tiny models, a budget that fits two, the first pinned: a mixed workload through the gateway alternates
+    the other two, forcing an eviction at each change. Every request answered 200 by the right engine (its own model
+    id in the answer); a sampler of the running engines (each at the larger of its footprint and its RSS) never sees
+    the budget exceeded; the pinned engine is the same process from its load to the end."""
+    budget = 1.2
+    (box.config / "box.yaml").write_text(f"budget: {budget}\n")
+    recipes = {box.recipe(short, repo, box.own_port(), alias=f"tiny-{short}"): f"tiny-{short}"
+               for short, repo in (("alpha", TINY), ("beta", SECOND), ("gamma", THIRD))}
+    alpha, beta, gamma = recipes
+    gateway, url = _gateway(box, "--pin", alpha, "--drain-timeout", "120")
+    seen: list[float] = []
+    alpha_pids: set[int] = set()
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            engines = box.engines()
+            seen.append(sum(max(FOOTPRINT, _rss_gb(pid)) for pid in engines))
+            alpha_pids.update(pid for pid in engines if "tiny-alpha" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                              .decode(errors="replace"))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        models = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+        listed = {(m["id"], m["status"]) for m in models}
+        assert {(alpha, "loadable"), ("tiny-beta", "loadable"), (gamma, "loadable")} <= listed, listed
+
+        def ask(name: str) -> tuple[str, int, str | None]:
+            with httpx.Client(timeout=300) as client:
+                answer = client.post(f"{url}/v1/chat/completions", json={
+                    "model": name, "max_tokens": 4, "messages": [{"role": "user", "content": "Hello"}]})
+            return name, answer.status_code, answer.json().get("model") if answer.status_code == 200 else answer.text
+
+        # alpha first (pinned), then beta and gamma alternating, by recipe name or alias, two clients at once
+        work = [alpha] + [m for _ in range(4) for m in (beta, "tiny-gamma", alpha, "tiny-beta", gamma)]
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(ask, work))
+        failed = [a for a in answers if a[1] != 200]
+        assert not failed, failed
+        for name, _, model in answers:
+            assert model == recipes.get(name, name), (name, model)  # the engine that answered is the one asked
+        metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        evictions = [line for line in metrics.splitlines() if line.startswith("metralectl_gateway_evictions_total")]
+        assert evictions and all(alpha not in line for line in evictions), evictions
+        assert sum(float(line.split()[-1]) for line in evictions) >= 4, evictions
+        assert f'metralectl_gateway_loads_total{{model="{alpha}",outcome="loaded"}} 1.0' in metrics
+    finally:
+        stop.set()
+        sampler.join()
+        gateway.send_signal(signal.SIGINT)
+        gateway.wait(30)
+    assert seen and max(seen) <= budget, max(seen)
+    assert len(alpha_pids) == 1, alpha_pids  # pinned: loaded once, never evicted
