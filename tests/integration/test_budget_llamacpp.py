@@ -164,3 +164,68 @@ def test_the_gateway_loads_on_demand_within_the_budget_and_evicts_the_lru_idle_m
         gateway.wait(30)
     assert seen and max(seen) <= budget, max(seen)
     assert len(alpha_pids) == 1, alpha_pids  # pinned: loaded once, never evicted
+
+
+def _long_recipe(box: ProcBox, short: str, repo: str, port: int) -> str:
+    """A tiny model with room for a long answer (16k context, one slot): a request that keeps it busy for seconds."""
+    name = f"proc-{short}"
+    (box.config / "recipes" / f"{name}.yaml").write_text(
+        f"schema: 1\nname: {name}\ndescription: a long answer\nengine: llama-cpp\nruntime: process\n"
+        f"checkpoint: {{repo: {repo}, quant: Q8_0, model: qwen2.5-0.5b-instruct, revision: null}}\n"
+        "hardware: cpu\nimage: llama-cpp-cpu\n"
+        f"serve: {{ctx-size: 16384, parallel: 1, n-gpu-layers: 0, alias: tiny-{short}, threads: 2, ui: false}}\n"
+        f"resources: {{port: {port}, bind: 127.0.0.1, gpus: none, ranks: 1}}\n"
+        "validated: {source: null, hardware: cpu}\n")
+    return name
+
+
+def test_a_busy_model_is_drained_not_killed_and_a_failed_load_leaves_the_rest_serving(box: ProcBox) -> None:
+    """beta streams a long answer while gamma is asked for: gamma needs beta's room, so beta is drained — its
+    answer arrives whole (every token, [DONE]) — and stopped only then; gamma answers after it. A model whose
+    weights are damaged: its request gets 502 with the engine's reason, and the pinned model still answers."""
+    from tests.integration.test_llamacpp_process import DAMAGED
+
+    (box.config / "box.yaml").write_text("budget: 1.4\npin: [proc-alpha]\n")  # alpha 0.53 + beta 0.72 fit; + gamma not
+    _copy_repo(box.hub, _builder().install(box.hub), DAMAGED, b"not a gguf file " * 64)
+    alpha = box.recipe("alpha", TINY, box.own_port(), alias="tiny-alpha")
+    beta = _long_recipe(box, "beta", SECOND, box.own_port())
+    gamma = box.recipe("gamma", THIRD, box.own_port(), alias="tiny-gamma")
+    broken = box.recipe("broken", DAMAGED, box.own_port(), alias="tiny-broken")
+    gateway, url = _gateway(box)
+    events: list[str] = []
+    try:
+        with httpx.Client(timeout=300) as client:
+            assert client.post(f"{url}/v1/completions", json={"model": alpha, "prompt": "a", "max_tokens": 2}
+                               ).status_code == 200
+            first = threading.Event()
+
+            def long_answer() -> None:
+                body = {"model": beta, "prompt": "Once", "max_tokens": 4000, "stream": True, "ignore_eos": True}
+                pieces, done = 0, False
+                with httpx.Client(timeout=300) as own, own.stream("POST", f"{url}/v1/completions", json=body) as got:
+                    assert got.status_code == 200
+                    for line in got.iter_lines():
+                        if line.startswith("data: "):
+                            first.set()
+                            done = done or line == "data: [DONE]"
+                            pieces += line != "data: [DONE]"
+                events.append(f"beta done {pieces} {done}")
+
+            streaming = threading.Thread(target=long_answer)
+            streaming.start()
+            assert first.wait(120)
+            answer = client.post(f"{url}/v1/completions", json={"model": gamma, "prompt": "b", "max_tokens": 2})
+            events.append(f"gamma {answer.status_code} {answer.json().get('model')}")
+            streaming.join(300)
+            assert events[0].startswith("beta done ") and events[0].endswith(" True"), events  # whole, then gamma
+            assert int(events[0].split()[2]) >= 4000 and events[1] == "gamma 200 tiny-gamma", events
+
+            failed = client.post(f"{url}/v1/completions", json={"model": broken, "prompt": "c", "max_tokens": 2})
+            assert failed.status_code == 502, failed.text
+            error = failed.json()["error"]
+            assert error["code"] == "model_load_failed" and "corrupt-weights" in error["message"], error
+            again = client.post(f"{url}/v1/completions", json={"model": "tiny-alpha", "prompt": "d", "max_tokens": 2})
+            assert again.status_code == 200 and again.json()["model"] == "tiny-alpha"
+    finally:
+        gateway.send_signal(signal.SIGINT)
+        gateway.wait(30)
