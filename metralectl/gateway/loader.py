@@ -19,11 +19,12 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from metralectl.core.budget import Budget, Footprint, Resident, plan_room, short_words
 
 if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
     from metralectl.gateway.metrics import Metrics
 
 
@@ -61,7 +62,7 @@ class BoxOps:
     def __init__(self, budget_gb: float | None = None) -> None:
         self.budget_gb = budget_gb
 
-    def _catalog(self) -> Any:
+    def _catalog(self) -> Catalog:
         from metralectl.core.catalog import load_catalog
 
         return load_catalog()
