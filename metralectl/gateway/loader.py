@@ -94,10 +94,21 @@ class BoxOps:
         Serving().stop(Change.stop(recipe), lambda event: None)
 
     def start(self, recipe: str, progress: Callable[[], None]) -> None:
+        """`run recipe`; while someone else holds the lifecycle lock (a `run` or `swap` by hand), wait for it, then
+        start it unless that served it meanwhile."""
         from metralectl.app.serving import Change, Serving
+        from metralectl.seams.store import Busy
         from metralectl.lifecycle.launch import LaunchOptions
 
-        Serving().run(Change.run(recipe, options=LaunchOptions(budget_gb=self.budget_gb)), lambda event: progress())
+        while True:
+            try:
+                Serving().run(Change.run(recipe, options=LaunchOptions(budget_gb=self.budget_gb)),
+                              lambda event: progress())
+                return
+            except Busy:
+                time.sleep(0.5)
+                if any(h.footprint.name == recipe for h in self.held()):
+                    return
 
 
 class Loader:
