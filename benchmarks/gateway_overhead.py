@@ -4,6 +4,7 @@ direct and through the gateway, interleaved in one run, at each concurrency.
 
     PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--concurrencies 1,16,64] [--rounds 3] [--duration 10]
         [--isl 128] [--osl 64] [--preset tiny|1b] [--llama-server PATH] [--python PY] [--json FILE]
+        [--ngl 0|all --hardware cpu|hopper --gpus none|all] [--litellm PATH-TO-litellm]
 
 It lays out a box of its own in a temporary directory (config, state, HF cache with the tiny GGUF of
 tests/real_llamacpp/build_tiny_gguf.py, no Docker), serves it with `metralectl run` as a host process (CI's cached
@@ -12,7 +13,10 @@ llama-server, found as the tests find it), starts `metralectl gateway`, then for
 alternates by round, so drift over the run falls on both alike). Per concurrency it reports the medians over the
 rounds of TTFT p50 and p99 of each, the added TTFT (gateway - direct) and the output tok/s ratio, against issue
 32's targets: +0.3 ms p50, +1 ms p99, tok/s within 2 %. `--python` runs metralectl with another interpreter (a
-wheel's venv). Exit 1 if any bench run failed or lost a request; the targets are judged in the table, not the
+wheel's venv: then this checkout is kept off its path, and every command runs outside it). `--litellm` adds LiteLLM's
+proxy (its `litellm` command, from a venv of its own) routing the same engine as a third target in the same
+rounds, so the gateway is compared with a peer under the same noise. `--ngl/--hardware/--gpus` put the engine
+on a GPU (the lent H200: docs/h200.md). Exit 1 if any bench run failed or lost a request; the targets are judged in the table, not the
 exit code (a busy machine's noise is no verdict on the gateway).
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -45,7 +50,7 @@ def llama_server() -> Path:
 
 
 class Box:
-    def __init__(self, home: Path, python: str, binary: Path) -> None:
+    def __init__(self, home: Path, python: str, binary: Path, from_checkout: bool = True) -> None:
         self.home, self.python = home, python
         for name in ("config/recipes", "metrale", "cache", "hf/hub"):
             (home / name).mkdir(parents=True, exist_ok=True)
@@ -53,12 +58,15 @@ class Box:
         self.env = {**os.environ, "METRALECTL_CONFIG_DIR": str(home / "config"), "HF_HOME": str(home / "hf"),
                     "METRALE_HOME": str(home / "metrale"), "METRALECTL_CACHE_DIR": str(home / "cache"),
                     "METRALECTL_LOCK_DIR": str(home), "NO_COLOR": "1", "PYTHONUNBUFFERED": "1",
-                    "DOCKER_HOST": f"unix://{home}/no-docker.sock", "PYTHONPATH": str(REPO)}
+                    "DOCKER_HOST": f"unix://{home}/no-docker.sock"}
         self.env.pop("HF_HUB_CACHE", None)
+        self.env.pop("PYTHONPATH", None)
+        if from_checkout:
+            self.env["PYTHONPATH"] = str(REPO)
 
     def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run([self.python, "-m", "metralectl", *args], capture_output=True, text=True, env=self.env,
-                              timeout=timeout)
+                              timeout=timeout, cwd=self.home)  # never a checkout's root: it would shadow a wheel
 
 
 def bench(box: Box, url: str, ns: argparse.Namespace, c: int) -> dict[str, Any]:
@@ -71,12 +79,48 @@ def bench(box: Box, url: str, ns: argparse.Namespace, c: int) -> dict[str, Any]:
         return {"failed": f"bench exited {out.returncode}: {out.stderr.strip()[-500:]}"}
     key = f"c{c}_isl{ns.isl}_osl{ns.osl}."
     head = record.get("summary", {}).get("headline", {})
-    row = {"ttft_p50_ms": head.get(key + "ttft_ms_p50"), "ttft_p99_ms": head.get(key + "ttft_ms_p99"),
+    sizing = record.get("prompt_sizing", {}).get(str(ns.isl), {})
+    row = {"prompt_sizing": sizing.get("method"), "prompt_tokens": sizing.get("tokens"),
+           "ttft_p50_ms": head.get(key + "ttft_ms_p50"), "ttft_p99_ms": head.get(key + "ttft_ms_p99"),
            "tok_s": head.get(key + "output_tok_s"), "requests": head.get(key + "requests"),
            "errors": head.get(key + "errors"), "status": record.get("status")}
     if out.returncode != 0 or row["errors"] or None in (row["ttft_p50_ms"], row["tok_s"]):
         row["failed"] = f"bench exited {out.returncode}, {row['errors']} errors: {out.stderr.strip()[-300:]}"
     return row
+
+
+def litellm(ns: argparse.Namespace, home: Path, port: int, engine_port: int) -> subprocess.Popen[str]:
+    """LiteLLM's proxy routing `overhead` to the same engine (OpenAI-compatible provider), in the foreground of a
+    child; returns once it answers a chat request (its readiness endpoint says ready before the router is)."""
+    import urllib.request
+
+    config = home / "litellm.yaml"
+    config.write_text(f"model_list:\n  - model_name: {ns.alias}\n    litellm_params:\n      model: openai/{ns.alias}\n"
+                      f"      api_base: http://127.0.0.1:{engine_port}/v1\n      api_key: none\n"
+                      "litellm_settings:\n  telemetry: false\n"
+                      # loopback only, as the gateway without keys: no master key, as LiteLLM allows for local use
+                      "general_settings:\n  dangerously_permit_weak_or_unset_master_key: true\n")
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
+           "NO_DOCS": "True", "LITELLM_LOG": "ERROR"}
+    env.pop("PYTHONPATH", None)
+    log = open(home / "litellm.log", "w")
+    proc = subprocess.Popen([str(ns.litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+                             "--num_workers", "1"], stdout=log, stderr=subprocess.STDOUT, text=True, env=env, cwd=home)
+    body = json.dumps({"model": ns.alias, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"gateway_overhead: LiteLLM exited {proc.returncode}:\n{(home / 'litellm.log').read_text()[-2000:]}")
+        try:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                if answer.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(1)
+    proc.kill()
+    sys.exit(f"gateway_overhead: LiteLLM never answered:\n{(home / 'litellm.log').read_text()[-2000:]}")
 
 
 def main() -> int:
@@ -89,8 +133,14 @@ def main() -> int:
     ap.add_argument("--osl", type=int, default=64)
     ap.add_argument("--preset", default="tiny", choices=("tiny", "1b"))
     ap.add_argument("--llama-server", type=Path)
-    ap.add_argument("--python", default=sys.executable, help="the interpreter that runs metralectl (a wheel's venv)")
+    ap.add_argument("--python", help="the interpreter that runs metralectl, from a wheel installed in its venv "
+                    "(default: this one, from this checkout)")
     ap.add_argument("--json", type=Path, help="write the rows and the medians here")
+    ap.add_argument("--ngl", default="0", help="serve.n-gpu-layers (all: every layer on the GPU)")
+    ap.add_argument("--hardware", default="cpu", help="the recipe's hardware class (hopper on the H200)")
+    ap.add_argument("--gpus", default="none", help="resources.gpus (all on a GPU box)")
+    ap.add_argument("--litellm", type=Path, help="LiteLLM's `litellm` command: its proxy as a third target")
+    ap.add_argument("--keep", type=Path, help="copy every bench run's records (requests.jsonl...) here")
     ns = ap.parse_args()
     ns.alias = "overhead"
     concurrencies = [int(c) for c in ns.concurrencies.split(",")]
@@ -99,67 +149,95 @@ def main() -> int:
 
     from tests.ports import HeldPort
 
+    from_checkout = ns.python is None
+    ns.python = ns.python or sys.executable
     with tempfile.TemporaryDirectory(prefix="gw-overhead-") as tmp:
-        box = Box(Path(tmp), ns.python, ns.llama_server or llama_server())
+        box = Box(Path(tmp), ns.python, ns.llama_server or llama_server(), from_checkout)
         summary = build_tiny_gguf.install(Path(tmp) / "hf" / "hub", build_tiny_gguf.PRESETS[ns.preset])
-        engine_port, gateway_port = HeldPort(), HeldPort()  # held until the end: engine and gateway bind beside them
+        ports = {name: HeldPort() for name in ("direct", "gateway", "litellm")}  # held to the end: servers bind beside
         slots = max(concurrencies)
+        image = "llama-cpp-cpu"
+        kernel_model = "qwen2.5-0.5b-instruct" if ns.hardware == "cpu" else "qwen3.5-35b-a3b"  # one of the class's
+        if ns.hardware != "cpu":  # the checker asks for an image of the recipe's class; a process never pulls it
+            image = "overhead-llama"
+            (Path(tmp) / "config" / "images").mkdir(exist_ok=True)
+            (Path(tmp) / "config" / "images" / "overhead-llama.yaml").write_text(
+                f"schema: 1\nid: overhead-llama\nref: metralectl-test/llama-server:overhead\nengine: llama-cpp\n"
+                f"hardware: [{ns.hardware}]\nplatform: linux/amd64\nrevision-label: org.opencontainers.image.version\n")
         (Path(tmp) / "config" / "recipes" / "overhead.yaml").write_text(
             "schema: 1\nname: overhead\ndescription: the gateway's overhead benchmark\nengine: llama-cpp\n"
-            f"runtime: process\ncheckpoint: {{repo: {summary['repo']}, quant: Q8_0, model: qwen2.5-0.5b-instruct, "
-            "revision: null}\nhardware: cpu\nimage: llama-cpp-cpu\n"
-            f"serve: {{ctx-size: {slots * (ns.isl + ns.osl + 64)}, parallel: {slots}, n-gpu-layers: 0, alias: {ns.alias}, "
-            f"ui: false}}\nresources: {{port: {engine_port.port}, bind: 127.0.0.1, gpus: none, ranks: 1}}\n"
-            "validated: {source: null, hardware: cpu}\n")
+            f"runtime: process\ncheckpoint: {{repo: {summary['repo']}, quant: Q8_0, model: {kernel_model}, "
+            f"revision: null}}\nhardware: {ns.hardware}\nimage: {image}\n"
+            f"serve: {{ctx-size: {slots * (ns.isl + ns.osl + 64)}, parallel: {slots}, n-gpu-layers: {ns.ngl}, "
+            f"alias: {ns.alias}, ui: false}}\nresources: {{port: {ports['direct'].port}, bind: 127.0.0.1, "
+            f"gpus: {ns.gpus}, ranks: 1}}\nvalidated: {{source: null, hardware: {ns.hardware}}}\n")
         run = box.cli("run", "overhead", "--no-weights-check")
         if run.returncode != 0:
             sys.exit(f"gateway_overhead: `metralectl run` failed:\n{run.stderr}")
-        gateway = subprocess.Popen([ns.python, "-m", "metralectl", "gateway", "--listen",
-                                    f"127.0.0.1:{gateway_port.port}", "--json"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, env=box.env)
+        print(f"engine: {box.cli('ps').stdout.strip()}", file=sys.stderr)
+        servers = [subprocess.Popen([ns.python, "-m", "metralectl", "gateway", "--listen",
+                                     f"127.0.0.1:{ports['gateway'].port}", "--json"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=box.env, cwd=tmp)]
+        targets = ["direct", "gateway"]
         try:
-            assert gateway.stdout is not None
-            json.loads(gateway.stdout.readline())  # its "listening" line: it routes from here on
-            urls = {"direct": f"http://127.0.0.1:{engine_port.port}", "gateway": f"http://127.0.0.1:{gateway_port.port}"}
+            assert servers[0].stdout is not None
+            json.loads(servers[0].stdout.readline())  # its "listening" line: it routes from here on
+            if ns.litellm:
+                servers.append(litellm(ns, Path(tmp), ports["litellm"].port, ports["direct"].port))
+                targets.append("litellm")
+            urls = {name: f"http://127.0.0.1:{held.port}" for name, held in ports.items()}
             rows: list[dict[str, Any]] = []
             for round_ in range(ns.rounds):
                 for c in concurrencies:
-                    for target in (("direct", "gateway") if round_ % 2 == 0 else ("gateway", "direct")):
+                    for target in targets[round_ % len(targets):] + targets[:round_ % len(targets)]:
                         row = {"round": round_, "concurrency": c, "target": target, **bench(box, urls[target], ns, c)}
                         rows.append(row)
                         print(json.dumps(row), file=sys.stderr, flush=True)
         finally:
-            gateway.send_signal(signal.SIGINT)
-            gateway.wait(timeout=30)
+            for server in servers:
+                server.send_signal(signal.SIGINT)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
             box.cli("stop", "--all", timeout=120)
-            engine_port.close()
-            gateway_port.close()
+            if ns.keep and (Path(tmp) / "metrale" / "runs").is_dir():
+                shutil.copytree(Path(tmp) / "metrale" / "runs", ns.keep, dirs_exist_ok=True)
+            for held in ports.values():
+                held.close()
     return report(rows, concurrencies, ns)
 
 
 def report(rows: list[dict[str, Any]], concurrencies: list[int], ns: argparse.Namespace) -> int:
+    """Per concurrency and per proxy (the gateway; LiteLLM when it ran): the medians over the rounds against the
+    direct runs of the same rounds. The targets are the gateway's; LiteLLM's row is the comparison."""
     failed = [r for r in rows if r.get("failed")]
     medians: list[dict[str, Any]] = []
-    print(f"{'c':>4} {'direct p50':>11} {'gw p50':>9} {'+p50 ms':>8} {'direct p99':>11} {'gw p99':>9} {'+p99 ms':>8} "
-          f"{'tok/s ratio':>11}  targets (+{TARGETS['ttft_p50_ms']} / +{TARGETS['ttft_p99_ms']} ms, "
+    proxies = [t for t in ("gateway", "litellm") if any(r["target"] == t for r in rows)]
+    print(f"{'c':>4} {'via':>8} {'direct p50':>11} {'via p50':>9} {'+p50 ms':>8} {'direct p99':>11} {'via p99':>9} "
+          f"{'+p99 ms':>8} {'tok/s ratio':>11}  targets (+{TARGETS['ttft_p50_ms']} / +{TARGETS['ttft_p99_ms']} ms, "
           f"±{TARGETS['tok_s_ratio']:.0%})")
     for c in concurrencies:
         def med(target: str, key: str) -> float:
             return statistics.median(r[key] for r in rows if r["concurrency"] == c and r["target"] == target
                                      and not r.get("failed") and r[key] is not None)
-        try:
-            d50, g50, d99, g99 = med("direct", "ttft_p50_ms"), med("gateway", "ttft_p50_ms"), \
-                med("direct", "ttft_p99_ms"), med("gateway", "ttft_p99_ms")
-            ratio = med("gateway", "tok_s") / med("direct", "tok_s")
-        except statistics.StatisticsError:
-            print(f"{c:>4}  no measurement (see the failed runs)")
-            continue
-        held = (g50 - d50 <= TARGETS["ttft_p50_ms"], g99 - d99 <= TARGETS["ttft_p99_ms"],
-                abs(1 - ratio) <= TARGETS["tok_s_ratio"])
-        medians.append({"concurrency": c, "direct_ttft_p50_ms": d50, "gateway_ttft_p50_ms": g50, "direct_ttft_p99_ms": d99,
-                        "gateway_ttft_p99_ms": g99, "tok_s_ratio": ratio, "targets_held": all(held)})
-        print(f"{c:>4} {d50:>11.2f} {g50:>9.2f} {g50 - d50:>+8.2f} {d99:>11.2f} {g99:>9.2f} {g99 - d99:>+8.2f} "
-              f"{ratio:>11.3f}  {'held' if all(held) else 'missed: ' + ', '.join(n for n, h in zip(('p50', 'p99', 'tok/s'), held) if not h)}")
+        for via in proxies:
+            try:
+                d50, g50, d99, g99 = med("direct", "ttft_p50_ms"), med(via, "ttft_p50_ms"), \
+                    med("direct", "ttft_p99_ms"), med(via, "ttft_p99_ms")
+                ratio = med(via, "tok_s") / med("direct", "tok_s")
+            except statistics.StatisticsError:
+                print(f"{c:>4} {via:>8}  no measurement (see the failed runs)")
+                continue
+            held = (g50 - d50 <= TARGETS["ttft_p50_ms"], g99 - d99 <= TARGETS["ttft_p99_ms"],
+                    abs(1 - ratio) <= TARGETS["tok_s_ratio"])
+            medians.append({"concurrency": c, "via": via, "direct_ttft_p50_ms": d50, "via_ttft_p50_ms": g50,
+                            "direct_ttft_p99_ms": d99, "via_ttft_p99_ms": g99, "tok_s_ratio": ratio,
+                            "targets_held": all(held)})
+            verdict = "held" if all(held) else "missed: " + ", ".join(
+                n for n, h in zip(("p50", "p99", "tok/s"), held) if not h)
+            print(f"{c:>4} {via:>8} {d50:>11.2f} {g50:>9.2f} {g50 - d50:>+8.2f} {d99:>11.2f} {g99:>9.2f} "
+                  f"{g99 - d99:>+8.2f} {ratio:>11.3f}  {verdict}")
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     for r in failed:
         print(f"failed: c={r['concurrency']} {r['target']} round {r['round']}: {r['failed']}", file=sys.stderr)

@@ -85,6 +85,8 @@ def walk(group: click.Group, ctx: click.Context, path: list[str]) -> Iterator[tu
             continue  # an alias (`ls`, `paths`): its command is listed under its own name
         sub = command.make_context(name, [], parent=ctx, resilient_parsing=True)  # as `--help` makes it
         if isinstance(command, click.Group):
+            if command.invoke_without_command:  # `agent`, `gateway`: the group runs by itself, with its own options
+                yield [*path, name], command, sub
             yield from walk(command, sub, [*path, name])
         else:
             yield [*path, name], command, sub

@@ -57,10 +57,14 @@ def doctor(
     port: int = typer.Option(None, "--port", min=1, max=65535, help="The port to test (default: the recipe's, or 8888)."),
     runtime: str = typer.Option(None, "--runtime", metavar="docker|process",
                                 help="With --recipe: judge it run that way (process: its program, not Docker)."),
+    peer: str = typer.Option(None, "--peer", metavar="HOST",
+                             help="The fabric preflight for EP=2 with this paired peer (name or address): the link "
+                                  "that reaches it, MTU, speed, RDMA device, NCCL interface, a throughput probe."),
 ) -> None:
     """Check this machine for everything that stops a model from being served, with the fix for each.
 
-    Exits 1 if any check found a problem (warnings do not count), so it is safe in scripts.
+    Exits 1 if any check found a problem (warnings do not count), so it is safe in scripts. With --peer HOST,
+    the fabric checks for an EP=2 launch with that node (and only those, unless --recipe is given too).
     """
     from metralectl.core.catalog import load_catalog
     from metralectl.doctor import Context, diagnose
@@ -83,18 +87,34 @@ def doctor(
         catalog_loader = lambda: catalog  # the one already loaded
     ctx = Context(port=port, recipe=recipe, catalog_loader=catalog_loader, recipe_sets=sets)
     started = time.monotonic()
-    results = diagnose(ctx)
+    if peer is None:
+        results = diagnose(ctx)
+    else:
+        from metralectl.doctor import run_checks, select
+
+        checks = select(recipe) if recipe is not None else ()
+        results = run_checks(ctx, checks + _fabric_checks(peer, recipe, catalog_loader))
     elapsed = time.monotonic() - started
     try:
         if as_json_:
             print(json.dumps(to_json(results, elapsed, {"recipe": recipe, "port": ctx.port_and_bind()[0],
-                                                        **({"runtime": runtime} if runtime else {})}), indent=2))
+                                                        **({"runtime": runtime} if runtime else {}),
+                                                        **({"peer": peer} if peer else {})}), indent=2))
         else:
             print(render_text(results, elapsed, color=color_enabled(sys.stdout)))
         sys.stdout.flush()
     finally:
         ctx.close()
     raise typer.Exit(exit_code(results))
+
+
+def _fabric_checks(peer: str, recipe: str | None, catalog_loader: Callable[[], Any]) -> tuple[Any, ...]:
+    """doctor --peer's checks (metralectl.peers.fabric): an unpaired HOST is a usage error before any check."""
+    from metralectl.peers.fabric import Session, profile_of, resolve
+    from metralectl.seams import identity
+
+    ref = resolve(peer)
+    return Session(ref, identity.load(), profile_of(catalog_loader(), recipe), label=peer).checks()
 
 
 def register(app: typer.Typer) -> None:

@@ -74,6 +74,7 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("metralectl doctor", "every setup problem, with its remedy"),
         ("metralectl doctor --recipe demo-cpu", "only what this recipe needs"),
         ("metralectl doctor --json", "the checks as one JSON document"),
+        ("metralectl doctor --peer spark2", "the link to a paired node (EP=2)"),
     ),
     "top": (
         ("metralectl top", "GPU and engine, live"),

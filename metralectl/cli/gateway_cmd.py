@@ -19,8 +19,8 @@ from metralectl.errors import ExitCode, MetralError, UsageError
 DEFAULT_LISTEN = "127.0.0.1:8090"
 
 
-def parse_listen(text: str, allow_remote: bool) -> tuple[str, int]:
-    """HOST:PORT ([::1]:PORT for IPv6) → (host, port); a non-loopback host only with --allow-remote."""
+def parse_listen(text: str, allow_remote: bool, has_keys: bool = False) -> tuple[str, int]:
+    """HOST:PORT ([::1]:PORT for IPv6) → (host, port); a non-loopback host only with API keys or --allow-remote."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
         raise UsageError(f"--listen {text!r} is not HOST:PORT", f"for example `--listen {DEFAULT_LISTEN}`")
@@ -30,10 +30,10 @@ def parse_listen(text: str, allow_remote: bool) -> tuple[str, int]:
     except ValueError:
         raise UsageError(f"--listen {text!r}: {host!r} is not an IP address",
                          f"name the address: `--listen {DEFAULT_LISTEN}` (loopback) or the interface's address") from None
-    if not address.is_loopback and not allow_remote:
-        raise UsageError(f"--listen {text}: {host} is not a loopback address, and the gateway has no keys yet: anyone "
-                         "who reaches it could use every model", "keep the default loopback address, or pass "
-                         "--allow-remote to serve other machines without any authentication")
+    if not address.is_loopback and not allow_remote and not has_keys:
+        raise UsageError(f"--listen {text}: {host} is not a loopback address, and no API key is configured: anyone "
+                         "who reaches it could use every model", "make a key first (`metralectl gateway keys add NAME "
+                         "--model M`), or pass --allow-remote to serve other machines without any authentication")
     return str(address), int(port)
 
 
@@ -58,11 +58,18 @@ def _status(table: Any, url: str) -> dict[str, Any]:
             "starting": sorted(table.starting), "error": table.error}
 
 
+gateway_app = typer.Typer(help="Serve one OpenAI-compatible endpoint that routes each request by its `model` to the "
+                               "engine serving it.", invoke_without_command=True, no_args_is_help=False,
+                          add_completion=False, rich_markup_mode=None)
+
+
+@gateway_app.callback()
 def gateway(
+    ctx: typer.Context,
     listen: str = typer.Option(DEFAULT_LISTEN, "--listen", metavar="HOST:PORT",
-                               help="Where to listen (loopback unless --allow-remote)."),
-    allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --listen address "
-                                      "(no keys yet: anyone who reaches it may use every model)."),
+                               help="Where to listen (loopback unless API keys exist or --allow-remote)."),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --listen address without "
+                                      "API keys (anyone who reaches it may use every model)."),
     max_body: int = typer.Option(16 * 1024 * 1024, "--max-body", metavar="BYTES", min=1,
                                  help="Largest request body accepted (413 past it)."),
     queue_size: int = typer.Option(256, "--queue-size", min=1,
@@ -82,29 +89,40 @@ def gateway(
     as_json: bool = typer.Option(False, "--json", help="Status as JSON lines on stdout: one when listening, one each "
                                                        "time the served models change."),
 ) -> None:
-    """Serve one OpenAI-compatible endpoint that routes each request by its `model` to the engine serving it."""
+    """Serve one OpenAI-compatible endpoint that routes each request by its `model` to the engine serving it.
+    With API keys (`gateway keys add`), every client needs one, and each key names the models it may use."""
+    if ctx.invoked_subcommand is not None:
+        return
     import asyncio
     import signal
 
+    from metralectl.gateway.keys import KeyWatch
     from metralectl.gateway.routes import Scanner
     from metralectl.gateway.server import Gateway, Limits, serve
 
-    host, port = parse_listen(listen, allow_remote)
+    keys = KeyWatch()  # a key file that cannot be trusted: refused here, before anything listens
+    host, port = parse_listen(listen, allow_remote, bool(keys.ring))
+    remote = not ipaddress.ip_address(host).is_loopback
     sock = _bind(host, port)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{sock.getsockname()[1]}"
 
     def show(table: Any, event: str = "models") -> None:
-        status = _status(table, url)
+        status = {**_status(table, url), "keys": len(keys.ring.keys), "keys_error": keys.error}
         if as_json:
             print(json.dumps({"event": event, **status}), flush=True)
             return
         from metralectl.safetext import clean
+        from metralectl.wording import count
 
         names = ", ".join(f"{m['name']} ({m['recipe']})" if m["name"] != m["recipe"] else m["name"]
                           for m in status["models"]) or "none"
         print(f"gateway {url}: serving {clean(names, 2000)}" +
               (f"; starting: {clean(', '.join(status['starting']), 500)}" if status["starting"] else "") +
-              (f"; {clean(table.error, 500)}" if table.error else ""), file=sys.stderr, flush=True)
+              (f"; {clean(table.error, 500)}" if table.error else "") +
+              (f"; {count(status['keys'], 'API key')} in force" if status["keys"] else "; no API key: loopback only"
+               if not remote else "; no API key and --allow-remote: open to every client") +
+              (f"; the keys file is refused, the last good keys stay in force: {clean(keys.error, 500)}"
+               if keys.error else ""), file=sys.stderr, flush=True)
 
     loader = None
     if not no_load:
@@ -113,8 +131,8 @@ def gateway(
 
         pins = [*(pin or []), *box_config().pin]
         loader = Loader(BoxOps(budget), loadable_names(), pins=pins, drain_timeout_s=drain_timeout)
-    gateway_ = Gateway(Scanner(), Limits(max_body=max_body, queue_size=queue_size, queue_stall_s=queue_timeout),
-                       loader)
+    gateway_ = Gateway(Scanner(), Limits(max_body=max_body, queue_size=queue_size, queue_stall_s=queue_timeout), keys,
+                       require_key=remote and not allow_remote, loader=loader)
     if loader is not None:
         loader.metrics = gateway_.metrics
     gateway_.on_table = show
@@ -141,4 +159,7 @@ def gateway(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("gateway")(gateway)
+    from metralectl.cli import gateway_keys_cmd
+
+    gateway_keys_cmd.register(gateway_app)
+    app.add_typer(gateway_app, name="gateway")

@@ -154,7 +154,7 @@ def parse_hardware(doc: Document, parent: HardwareClass | None) -> tuple[Hardwar
     ), check
 
 
-_MULTI_KEYS = ("interconnect", "roce-interfaces", "container", "nccl-env", "no-rdma-env")
+_MULTI_KEYS = ("interconnect", "roce-interfaces", "link-mbps", "mtu", "container", "nccl-env", "no-rdma-env")
 _EXTRAS_KEYS = ("devices", "cap-add", "ulimits")
 _SHM_SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]b?$", re.IGNORECASE)
 _CAP = re.compile(r"^[A-Z][A-Z_]+$")
@@ -191,6 +191,10 @@ def _rank_profile(check: Checker, raw: Any) -> RankProfile | None:
     where: tuple = ("multi-node",)
     body = check.mapping(raw, where, "multi-node")
     check.known_keys(body, where, _MULTI_KEYS, "multi-node")
+    for key, low, high in (("link-mbps", 1, 10_000_000), ("mtu", 1280, 65535)):  # doctor --peer's expectations
+        value = body.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            check.error(where + (key,), f"{key} is a whole number from {low} to {high}, not {value!r}")
     box_where = where + ("container",)
     box = check.mapping(body.get("container") or {}, box_where, "multi-node.container")
     check.known_keys(box, box_where, _EXTRAS_KEYS + ("rdma", "shm-size"), "multi-node.container")

@@ -19,21 +19,24 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from metralectl.core.budget import Budget, Footprint, Resident, plan_room, short_words
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
+    from metralectl.gateway.routes import Route
     from metralectl.gateway.metrics import Metrics
 
 
 class LoadRefused(Exception):
     """The model cannot be loaded now (503: it does not fit, or a drain did not end) or its launch failed (502)."""
 
-    def __init__(self, status: int, message: str, code: str, retry_after: int | None = None) -> None:
+    def __init__(self, status: int, message: str, code: str, retry_after: int | None = None,
+                 reason: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.retry_after = status, message, code, retry_after
+        self.reason = reason or ("load-failed" if status == 502 else "no-room")  # the errors metric's
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,45 @@ class Loader:
             self.metrics.loads.labels(recipe, outcome or "").inc()
         else:
             self.metrics.evictions.labels(recipe).inc()
+
+
+async def wait_loaded(gw: Any, model: str, loader: Loader) -> Route | None:
+    """For the gateway (server.Gateway `gw`: its table, limits, queue counts and metrics): the route for `model`
+    once the loader has it loaded (None: not the loader's: the table's own answer). Requests wait in the model's bounded queue while it is loaded, or drained and stopped to make room."""
+    route = gw.table.find(model)
+    recipe = route.recipe if route is not None else loader.recipe_for(model)
+    if recipe is None or (model in gw.table.starting and not loader.holds(recipe)):
+        return None  # a name of no recipe here, or a `run`/`swap` by someone else: the queue below
+    if route is not None and not loader.holds(recipe):
+        return route
+    if gw._waiting.get(model, 0) >= gw.limits.queue_size:
+        raise LoadRefused(503, f"`{model}` is loading and {gw.limits.queue_size} requests already wait for it",
+                          "model_starting", retry_after=5, reason="queue-full")
+    gw._waiting[model] = gw._waiting.get(model, 0) + 1
+    gauge, started = gw.metrics.queue_depth.labels(model), time.monotonic()
+    gauge.inc()
+    try:
+        while True:
+            route = gw.table.find(model)
+            if route is not None and not loader.holds(route.recipe) and model not in gw.table.starting:
+                return route
+            load = loader.ensure(recipe) if route is None and not loader.holds(recipe) else loader.current(recipe)
+            left = gw.limits.queue_stall_s - (time.monotonic() - max(loader.progress_at, started))
+            if left <= 0:
+                raise LoadRefused(503, f"`{model}` is still loading: no progress in {gw.limits.queue_stall_s:g} s",
+                                  "model_starting", retry_after=10, reason="queue-stalled")
+            if load is not None:
+                await asyncio.wait({load}, timeout=min(left, 1.0))
+            refused = load.exception() if load is not None and load.done() and not load.cancelled() else None
+            if isinstance(refused, LoadRefused) and loader.loaded_recipe(load) == recipe:  # type: ignore[arg-type]
+                raise refused
+            if load is None or load.done():  # loaded (or another's load ended): the table shows it next scan
+                gw._rescan.set()
+                await gw._table_change(1.0)
+    finally:
+        gw._waiting[model] -= 1
+        gauge.dec()
+        gw.metrics.queue_wait.labels(model).observe(time.monotonic() - started)
 
 
 def loadable_names(budget_gb: float | None = None) -> dict[str, str]:

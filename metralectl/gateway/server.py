@@ -17,14 +17,18 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any
 
-from metralectl.gateway import http1
+from metralectl.gateway import auth, http1
+from metralectl.gateway.keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
-from metralectl.gateway.loader import Loader, LoadRefused
+from metralectl.gateway.loader import Loader, LoadRefused, wait_loaded
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
 
+# The engines' own token counters and llama-server's chat template: bench sizes its prompts with them (a prompt
+# sized by guess through the gateway was 220 tokens where 127 were asked, and the comparison with direct was off).
 ROUTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
-                    "/tokenize", "/detokenize"})  # the engines' own token counters (bench sizes prompts with them)
-UNNAMED = frozenset({"/tokenize", "/detokenize"})  # llama-server's take no `model`: the only engine, when one serves
+                    "/tokenize", "/detokenize", "/apply-template"})
+UNNAMED = frozenset({"/tokenize", "/detokenize", "/apply-template"})  # llama-server's take no `model`: the only
+# engine when one serves, else the body names it (llama-server ignores the field)
 POOL_PER_ENGINE = 128
 
 
@@ -69,8 +73,13 @@ class Answered(Exception):
 
 
 class Gateway:
-    def __init__(self, scanner: Scanner, limits: Limits = Limits(), loader: Loader | None = None) -> None:
+    def __init__(self, scanner: Scanner, limits: Limits = Limits(), keys: KeyWatch | None = None,
+                 require_key: bool = False, loader: Loader | None = None) -> None:
+        """keys: the API keys (none: every client is let in, the CLI listening on loopback only); require_key: the
+        gateway listens beyond loopback, so an empty key file lets nobody in rather than everybody; loader: loads
+        on demand (None: routes only to what serves)."""
         self.scanner, self.limits, self.loader = scanner, limits, loader
+        self.keys, self.require_key = keys, require_key
         self.metrics = Metrics()
         self.table = Table()
         self._changed = asyncio.Event()
@@ -93,6 +102,8 @@ class Gateway:
         last_seen: Any = object()
         last_scan = 0.0
         while True:
+            if self.keys is not None and self.keys.poll() and self.on_table is not None:
+                self.on_table(self.table)  # the status line says the keys changed (names and counts only)
             holder, journal = await asyncio.to_thread(self.scanner.lifecycle)
             seen = (holder, journal.get("phase") if journal else None, journal.get("updated") if journal else None)
             if seen != last_seen or self._rescan.is_set() or time.monotonic() - last_scan > RESCAN_S:
@@ -137,10 +148,25 @@ class Gateway:
         finally:
             writer.close()
 
+    def _authorize(self, request: http1.Request) -> ApiKey | None:
+        try:
+            key = auth.authorize(self.keys, self.require_key, request.header("authorization"))
+        except auth.Unauthorized as no:
+            raise Answered(401, str(no), "invalid_request_error", "invalid_api_key", "unauthorized") from None
+        if key is not None:
+            self.metrics.key_requests.labels(key.name).inc()
+        return key
+
     async def _serve(self, request: http1.Request, reader: ClientReader, writer: asyncio.StreamWriter) -> bool:
         path = request.path
+        key = None
+        if path != "/health":
+            try:
+                key = self._authorize(request)
+            except Answered as answer:
+                return await self._refuse(writer, path, answer)
         if request.method == "GET" and path in ("/v1/models", "/metrics", "/health"):
-            writer.write(self._own(path))
+            writer.write(self._own(path, key))
             await writer.drain()
             return True
         if path not in ROUTED:
@@ -153,7 +179,7 @@ class Gateway:
             return False
         # The relay runs as a task of its own that the client's going away cancels (a callback of its reader); the
         # cancel closes the engine connection in _forward, which is how the engine learns to stop generating.
-        relay = asyncio.ensure_future(self._route(request, path, writer))
+        relay = asyncio.ensure_future(self._route(request, path, writer, key))
         reader.on_gone = relay.cancel
         try:
             return await relay
@@ -165,14 +191,16 @@ class Gateway:
             reader.on_gone = None
 
     async def _refuse(self, writer: asyncio.StreamWriter, path: str, answer: Answered, model: str = UNKNOWN) -> bool:
-        extra = [("Retry-After", str(answer.retry_after))] if answer.retry_after is not None else None
+        extra = [("Retry-After", str(answer.retry_after))] if answer.retry_after is not None else []
+        if answer.status == 401:
+            extra.append(("WWW-Authenticate", 'Bearer realm="metralectl gateway"'))
         writer.write(http1.simple_response(answer.status, answer.body, extra=extra))
         await writer.drain()
         self.metrics.errors.labels(model, answer.reason).inc()
         self.metrics.requests.labels(model, path, str(answer.status)).inc()
         return True
 
-    def _own(self, path: str) -> bytes:
+    def _own(self, path: str, key: ApiKey | None = None) -> bytes:
         if path == "/metrics":
             body, kind = self.metrics.text()
             return http1.simple_response(200, body, kind)
@@ -180,15 +208,17 @@ class Gateway:
             return http1.simple_response(200, json.dumps({"status": "ok", "models": len(self.table.routes)}).encode())
         data = [{"id": name, "object": "model", "created": 0, "owned_by": route.owned_by or "metralectl",
                  "recipe": route.recipe, "status": "loaded"}
-                for name, route in sorted(self.table.by_name.items())]
+                for name, route in sorted(self.table.by_name.items())
+                if key is None or key.allows(name, route.recipe)]  # a key sees the models it may use
         if self.loader is not None:  # what a request may name to have it loaded
             data += [{"id": name, "object": "model", "created": 0, "owned_by": "metralectl", "recipe": recipe,
-                      "status": "loadable"}
-                     for name, recipe in sorted(self.loader.names.items()) if name not in self.table.by_name]
+                      "status": "loadable"} for name, recipe in sorted(self.loader.names.items())
+                     if name not in self.table.by_name and (key is None or key.allows(name, recipe))]
         return http1.simple_response(200, json.dumps({"object": "list", "data": data}).encode())
 
     # one routed request
-    async def _route(self, request: http1.Request, path: str, writer: asyncio.StreamWriter) -> bool:
+    async def _route(self, request: http1.Request, path: str, writer: asyncio.StreamWriter,
+                     key: ApiKey | None = None) -> bool:
         try:
             body = json.loads(request.body) if request.body else None
         except ValueError:
@@ -199,6 +229,13 @@ class Gateway:
         if not isinstance(body, dict) or not isinstance(model, str) or not model:
             return await self._refuse(writer, path, Answered(400, "the request body is not JSON naming a `model`",
                                                              "invalid_request_error", "model_missing", "bad-request"))
+        if not auth.may_use(key, model, self.table.find(model)):
+            assert key is not None
+            return await self._refuse(writer, path, Answered(
+                403, f"the key `{key.name}` may not use the model `{model[:200]}`", "invalid_request_error",
+                "model_not_allowed", "forbidden"))
+        if key is not None:  # the gateway's key is its own: never passed on to an engine
+            request.headers = [(k, v) for k, v in request.headers if k.lower() != "authorization"]
         try:
             return await self._relay(request, body, model, path, writer)
         except Answered as answer:
@@ -208,8 +245,11 @@ class Gateway:
         """The route for `model`, waiting (bounded, in its queue) while its engine starts or swaps; Answered
         when it is nobody's (404), or its queue is full or stalled (503 + Retry-After)."""
         table = self.table
-        if self.loader is not None:
-            loaded = await self._on_demand(model, self.loader)
+        if self.loader is not None:  # the route once the loader has it loaded; None: not the loader's
+            try:
+                loaded = await wait_loaded(self, model, self.loader)
+            except LoadRefused as no:
+                raise Answered(no.status, no.message, "server_error", no.code, no.reason, retry_after=no.retry_after)
             if loaded is not None:
                 return loaded
         if model not in table.starting and table.find(model) is not None:
@@ -257,45 +297,6 @@ class Gateway:
             gauge.dec()
             self.metrics.queue_wait.labels(model).observe(time.monotonic() - started)
 
-    async def _on_demand(self, model: str, loader: Loader) -> Route | None:
-        """The route for `model` once the loader has it loaded (None: not the loader's: the table's own answer).
-        Requests wait in the model's bounded queue while it is loaded, or drained and stopped to make room."""
-        route = self.table.find(model)
-        recipe = route.recipe if route is not None else loader.recipe_for(model)
-        if recipe is None or (model in self.table.starting and not loader.holds(recipe)):
-            return None  # a name of no recipe here, or a `run`/`swap` by someone else: the queue below
-        if route is not None and not loader.holds(recipe):
-            return route
-        if self._waiting.get(model, 0) >= self.limits.queue_size:
-            raise Answered(503, f"`{model}` is loading and {self.limits.queue_size} requests already wait for it",
-                           "server_error", "model_starting", "queue-full", retry_after=5)
-        self._waiting[model] = self._waiting.get(model, 0) + 1
-        gauge, started = self.metrics.queue_depth.labels(model), time.monotonic()
-        gauge.inc()
-        try:
-            while True:
-                route = self.table.find(model)
-                if route is not None and not loader.holds(route.recipe) and model not in self.table.starting:
-                    return route
-                load = loader.ensure(recipe) if route is None and not loader.holds(recipe) else loader.current(recipe)
-                left = self.limits.queue_stall_s - (time.monotonic() - max(loader.progress_at, started))
-                if left <= 0:
-                    raise Answered(503, f"`{model}` is still loading: no progress in {self.limits.queue_stall_s:g} s",
-                                   "server_error", "model_starting", "queue-stalled", retry_after=10)
-                if load is not None:
-                    await asyncio.wait({load}, timeout=min(left, 1.0))
-                refused = load.exception() if load is not None and load.done() and not load.cancelled() else None
-                if isinstance(refused, LoadRefused) and loader.loaded_recipe(load) == recipe:  # type: ignore[arg-type]
-                    raise Answered(refused.status, refused.message, "server_error", refused.code, "load-failed"
-                                   if refused.status == 502 else "no-room", retry_after=refused.retry_after)
-                if load is None or load.done():  # loaded (or another's load ended): the table shows it next scan
-                    self._rescan.set()
-                    await self._table_change(1.0)
-        finally:
-            self._waiting[model] -= 1
-            gauge.dec()
-            self.metrics.queue_wait.labels(model).observe(time.monotonic() - started)
-
     async def _relay(self, request: http1.Request, body: dict[str, Any], model: str, path: str,
                      writer: asyncio.StreamWriter) -> bool:
         payload = request.body
@@ -307,8 +308,7 @@ class Gateway:
                 self.loader.begin(route.recipe)  # in flight: never evicted mid-request, and its last use
             try:
                 return await self._forward(route, request, payload, model, path, writer)
-            except _NotSent:
-                # the engine was not there (a swap stopped it, a run is starting it): wait for it, then again
+            except _NotSent:  # the engine was not there (a swap stopped it, a run is starting it): wait, again
                 self._rescan.set()
                 await self._table_change(1.0)
             finally:

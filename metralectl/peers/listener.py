@@ -8,6 +8,7 @@
     GET  /peer/v1/admission              signed by a known peer: the bench admission answer
     GET  /peer/v1/thermal                signed by a known peer: the hottest GPU and the throttle flags
     /peer/v1/units...                    remote benchmark units (unit_routes.py): submit, follow, fetch, cancel
+    /peer/v1/fabric...                   links and a bounded throughput probe for `doctor --peer` (fabric_routes.py)
 
 Every other request must be signed by a known peer's key (protocol.verify_request); every answer is
 signed by this node's key (protocol.sign_response).
@@ -70,6 +71,8 @@ class Node:
     home: Path | None = None  # METRALE_HOME: units and their records (default: paths.metrale_home())
     executor: Executor | None = None  # how units run (default: `metralectl bench run` as a child)
     lock_path: Path | None = None  # the lifecycle lock units hold (default: this machine's; tests give each node one)
+    sys_root: str = "/sys"  # where this node's links are read (fabric_routes; tests give a fake sysfs)
+    proc_root: str = "/proc"
     peers: PeerStore = field(init=False)
     nonces: NonceStore = field(init=False)  # paired peers' signed requests (persisted)
     hello_nonces: NonceStore = field(init=False)  # strangers' self-signed hellos (memory only, apart)
@@ -141,13 +144,18 @@ class PeerHandler(Handler):
         self._dispatch("POST")
 
     def _dispatch(self, method: str) -> None:
+        route = urlsplit(self.path).path
+        if route == "/peer/v1/fabric" or route.startswith("/peer/v1/fabric/"):
+            from metralectl.peers.fabric_routes import dispatch as fabric
+
+            fabric(self, method, route)  # the sink reads its own (larger, discarded) body, after the signature
+            return
         try:
             body = self.read_body()
         except BadRequest as exc:
             self.close_connection = True
             self._refuse(Refusal(exc.status, str(exc)))
             return
-        route = urlsplit(self.path).path
         if method == "GET" and route == "/peer/v1/identity":
             self._identity()
         elif method == "POST" and route == "/peer/v1/hello":

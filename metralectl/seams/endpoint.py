@@ -159,11 +159,13 @@ class EngineClient:
         count = self._token_count("/tokenize", {"model": model, "messages": messages})
         if count or not any(m.get("content") for m in messages):
             return count
-        template = self._post_json("/apply-template", {"messages": messages})
+        # `model` too, which llama-server ignores: a gateway in front of several engines routes by it
+        template = self._post_json("/apply-template", {"model": model, "messages": messages})
         prompt = template.get("prompt") if isinstance(template, dict) else None
         if not isinstance(prompt, str) or not prompt:
             return None
-        return self._token_count("/tokenize", {"content": prompt, "add_special": True, "parse_special": True}) or None
+        return self._token_count("/tokenize", {"model": model, "content": prompt, "add_special": True,
+                                               "parse_special": True}) or None
 
     def _post_json(self, path: str, body: dict[str, Any]) -> object:
         return self._json("POST", path, json=body)

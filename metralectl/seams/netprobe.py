@@ -81,6 +81,7 @@ class Route:
     gateway: str
     mask: str
     flags: int
+    metric: int = 0  # between routes of one prefix, the kernel takes the lowest
 
     @property
     def prefix(self) -> int:
@@ -175,7 +176,8 @@ def parse_routes(text: str) -> list[Route]:
         if len(cols) < 8:
             continue
         try:
-            routes.append(Route(cols[0], _le_ipv4(cols[1]), _le_ipv4(cols[2]), _le_ipv4(cols[7]), int(cols[3], 16)))
+            routes.append(Route(cols[0], _le_ipv4(cols[1]), _le_ipv4(cols[2]), _le_ipv4(cols[7]), int(cols[3], 16),
+                                int(cols[6]) if cols[6].isascii() and cols[6].isdigit() else 0))
         except ValueError:
             continue
     return routes

@@ -72,8 +72,8 @@ class Gateway:
             "model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": max_tokens,
             "stream": stream}, timeout=timeout)
 
-    def metric(self, name: str, **labels: str) -> float:
-        _, _, text = self.request("GET", "/metrics")
+    def metric(self, name: str, auth: str | None = None, **labels: str) -> float:
+        _, _, text = self.request("GET", "/metrics", headers={"Authorization": f"Bearer {auth}"} if auth else None)
         want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         total = 0.0
         for line in text.decode().splitlines():

@@ -99,6 +99,15 @@ def test_each_request_goes_to_the_engine_serving_its_model(two: tuple[ProcBox, P
         assert status == 400 and json.loads(body)["error"]["code"] == "model_missing", body
         status, _, body = gateway.request("POST", "/tokenize", {"content": "Hello", "model": second})
         assert status == 200 and json.loads(body)["tokens"], body
+        chat = [{"role": "user", "content": "Hello"}]
+        status, _, body = gateway.request("POST", "/apply-template", {"model": first, "messages": chat})
+        assert status == 200 and "Hello" in json.loads(body)["prompt"], body
+        # bench through the gateway sizes its prompts with the engine's own counters, as it does direct
+        for url in (f"http://127.0.0.1:{gateway.port}", f"http://127.0.0.1:{port_b}"):
+            record = a.json("bench", "run", "concurrency-sweep", "--url", url, "-p", "concurrencies=1", "-p", "isls=48",
+                            "-p", "osl=2", "-p", "duration_s=0.3", "-p", "warmup_s=0", "-p", "model=tiny-second",
+                            "-p", "client_bound=warn", "--format", "json", timeout=300)
+            assert record["prompt_sizing"]["48"]["method"] == "tokenize", (url, record["prompt_sizing"])
         status, _, body = gateway.chat("no-such-model")
         error = json.loads(body)["error"]
         assert status == 404 and error["code"] == "model_not_found" and error["served"] == names, body
@@ -189,11 +198,16 @@ def test_a_swap_while_clients_send_loses_no_request(tmp_path: Path, hf_home: Pat
                        for model in ("tiny-first", first) for stream in (False, True)]
             for worker in workers:
                 worker.start()
-            time.sleep(1.0)
+            deadline = time.monotonic() + 120  # answered before the swap (a busy box: not a fixed sleep)
+            while len(results) < 4:
+                assert time.monotonic() < deadline, results
+                time.sleep(0.05)
             before = len(results)
             swapped = box.json("swap", first, "--set", "serve.ctx-size=2048", "--json", timeout=300)  # new settings
             assert swapped["outcome"] == "swapped", swapped
-            time.sleep(1.0)
+            while len(results) < before + 4:  # and after it
+                assert time.monotonic() < deadline + 300, (before, len(results))
+                time.sleep(0.05)
             stop.set()
             for worker in workers:
                 worker.join(timeout=120)

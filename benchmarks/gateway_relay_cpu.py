@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The gateway's CPU per relayed SSE event (a script, not a test): what the relay itself costs, with no engine
+competing for the cores.
+
+    python3 benchmarks/gateway_relay_cpu.py [--tree DIR ...] [--streams 64] [--events 200] [--interval-ms 2]
+        [--rounds 3] [--json FILE]
+
+A stub engine (this process, asyncio) answers each POST with a chunked SSE stream of `--events` events of an
+OpenAI chat chunk's size, one write per event, `--interval-ms` apart (an engine's token pace, so the gateway
+reads one event per wake-up as it does in front of a real engine). `--streams` clients stream through a
+gateway started in a child process from each `--tree` (a checkout's root: compare two relays interleaved, which
+goes first alternating by round) with the real `Gateway` class and a fixed one-route table. The child's CPU
+(user + system, from /proc) over the streaming is divided by the events relayed. Every client checks that it
+received every event in order and the stream's end; a lost or torn event fails the run (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHUNK = ('data: {"id":"chatcmpl-0","object":"chat.completion.chunk","created":0,"model":"stub","choices":'
+         '[{"index":0,"delta":{"content":" word%05d"},"finish_reason":null}]}\n\n')
+
+CHILD = r"""
+import asyncio, socket, sys
+from metralectl.gateway.routes import Route, Table
+from metralectl.gateway.server import Gateway, serve
+
+port = int(sys.argv[1])
+route = Route("stub", f"http://127.0.0.1:{port}", "127.0.0.1", port, ("stub",), ("stub",))
+
+class Fixed:
+    def lifecycle(self): return None, None
+    def scan(self): return Table((route,), by_name={"stub": route})
+    def close(self): pass
+
+sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(512)
+def ready(_table): print(sock.getsockname()[1], flush=True)
+asyncio.run(serve(Gateway(Fixed()), sock, ready))
+"""
+
+
+async def stub_engine(events: int, interval: float) -> tuple[asyncio.base_events.Server, int]:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for i in range(events):
+                    data = (CHUNK % i).encode()
+                    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    await writer.drain()
+                    await asyncio.sleep(interval)
+                done = b"data: [DONE]\n\n"
+                writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def one_stream(port: int, events: int) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = json.dumps({"model": "stub", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise SystemExit(f"gateway_relay_cpu: the gateway answered {head[:80]!r}")
+    text = _dechunk(rest).decode()
+    expected = "".join(CHUNK % i for i in range(events)) + "data: [DONE]\n\n"
+    if text != expected:
+        raise SystemExit("gateway_relay_cpu: a stream came back torn or incomplete")
+    return events
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while True:
+        j = data.index(b"\r\n", i)
+        size = int(data[i:j], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[j + 2:j + 2 + size]
+        i = j + 2 + size + 2
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(tree: Path, ns: argparse.Namespace) -> dict[str, float]:
+    server, upstream = await stub_engine(ns.events, ns.interval_ms / 1000)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    child = subprocess.Popen([ns.python, "-c", CHILD, str(upstream)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout is not None
+        port = int(await asyncio.to_thread(child.stdout.readline))
+        await one_stream(port, ns.events)  # warm: imports, first connection
+        before, began = cpu_seconds(child.pid), time.monotonic()
+        relayed = sum(await asyncio.gather(*(one_stream(port, ns.events) for _ in range(ns.streams))))
+        cpu, wall = cpu_seconds(child.pid) - before, time.monotonic() - began
+    finally:
+        child.terminate()
+        child.wait(timeout=10)
+        server.close()
+    return {"cpu_s": cpu, "wall_s": wall, "events": relayed, "cpu_us_per_event": cpu / relayed * 1e6}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", action="append", type=Path, help="a checkout's root (repeat to compare)")
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--interval-ms", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--json", type=Path)
+    ns = parser.parse_args()
+    trees = [t.resolve() for t in (ns.tree or [REPO])]
+    rows: dict[str, list[dict[str, float]]] = {str(t): [] for t in trees}
+    for r in range(ns.rounds):
+        for tree in (trees if r % 2 == 0 else trees[::-1]):
+            row = asyncio.run(measure(tree, ns))
+            rows[str(tree)].append(row)
+            print(f"round {r + 1} {tree}: {row['cpu_us_per_event']:.1f} µs CPU/event "
+                  f"({row['events']:.0f} events, {row['cpu_s']:.2f} s CPU in {row['wall_s']:.2f} s)", file=sys.stderr)
+    summary = {tree: statistics.median(x["cpu_us_per_event"] for x in got) for tree, got in rows.items()}
+    for tree, value in summary.items():
+        print(f"{value:8.1f} µs CPU per event (median of {ns.rounds})  {tree}")
+    if ns.json:
+        ns.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(ns).items()}, "rounds": rows,
+                                       "median_cpu_us_per_event": summary}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

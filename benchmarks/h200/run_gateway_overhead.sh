@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# On the lent H200: what `metralectl gateway` costs in front of a real engine on a real GPU, on a machine with
+# cores to spare (issue 32's speed targets; the 2-core development box cannot say, docs/gateway.md).
+# llama-server built with CUDA (build_llama_server_cuda.sh, resumable: the first call may only build),
+# metralectl from the kit's wheel in a fresh venv, then benchmarks/gateway_overhead.py: metralectl's own bench
+# direct and through the gateway, interleaved, at each concurrency, the 1B random-weight GGUF on the GPU.
+#
+#   (here)   METRALECTL_REF=<commit> bash benchmarks/h200/fetch_llamacpp_kit.sh build/h200-lifecycle
+#   (device) mkdir -p /tmp/src && tar -xzf build/h200-lifecycle/src.tar.gz -C /tmp/src &&
+#            KIT=$PWD/build/h200-lifecycle bash /tmp/src/benchmarks/h200/run_gateway_overhead.sh
+#
+# Env: KIT, OUT, WORK (as run_lifecycle_gpu.sh: kept on a warm machine), DEADLINE_S (default 560),
+# ROUNDS (3), DURATION (10), CONCURRENCIES (1,16,64), PRESET (1b), BUILD_ONLY (1: stop once built). Exit 0 when every bench run answered every
+# request; the targets are judged in the table (gateway-overhead.txt in the tar).
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+KIT="$(cd "${KIT:?KIT must name the carried folder (fetch_llamacpp_kit.sh made it)}" && pwd)" || exit 2
+OUT="${OUT:-/tmp/h200-gateway-out}"
+WORK="${WORK:-$PWD/build/h200-lifecycle-work}"
+DEADLINE_S="${DEADLINE_S:-560}"
+PYTHON="${PYTHON:-python3}"
+START=$SECONDS
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$OUT" "$WORK"
+note() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - START))s] $*" >&2; }
+
+VENV="$WORK/venv"
+if [ ! -x "$VENV/bin/metralectl" ]; then
+  note "venv with the kit's metralectl wheel"
+  rm -rf "$VENV"
+  "$PYTHON" -m venv --system-site-packages "$VENV" || exit 1
+  PARENT_SITE="$("$PYTHON" -c 'import site, sys; print(site.getsitepackages()[0] if sys.prefix != sys.base_prefix else "")')"
+  [ -n "$PARENT_SITE" ] && "$VENV/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/parent-site.pth', 'w').write(sys.argv[1] + '\n')" "$PARENT_SITE"
+  PIPI=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$KIT/wheels")
+  "${PIPI[@]}" "$KIT"/wheels/metralectl_cockpit-*.whl || { note "FAILED: installing metralectl"; rm -rf "$VENV"; exit 1; }
+  "${PIPI[@]}" --no-deps "$KIT"/wheels/gguf-*.whl || { note "FAILED: installing gguf"; rm -rf "$VENV"; exit 1; }
+fi
+(cd "$WORK" && "$VENV/bin/metralectl" --version) >&2
+
+BIN="$(KIT="$KIT" WORK="$WORK" BUDGET_S=$((DEADLINE_S - 30 - (SECONDS - START))) bash "$HERE/build_llama_server_cuda.sh")" || {
+  note "the build is not finished; call again while the machine is warm"; exit 3; }
+note "llama-server: $BIN"
+if [ -n "${BUILD_ONLY:-}" ]; then note "built (BUILD_ONLY): call again for the measurement"; exit 0; fi
+left=$((DEADLINE_S - (SECONDS - START)))
+if [ "$left" -lt 240 ]; then note "only ${left}s left in this call: call again (the build is kept)"; exit 3; fi
+
+RES="$WORK/gateway-$STAMP"
+mkdir -p "$RES"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; uptime; "$PYTHON" --version;
+  head -3 "$KIT/KIT.txt"; } >"$RES/environment.txt" 2>&1
+note "gateway_overhead (from the wheel), ${left}s left"
+(cd "$WORK" && timeout $((left - 20)) "$VENV/bin/python" "$HERE/../gateway_overhead.py" --python "$VENV/bin/python" \
+  --llama-server "$BIN" --preset "${PRESET:-1b}" --ngl all --hardware hopper --gpus all \
+  --concurrencies "${CONCURRENCIES:-1,16,64}" --rounds "${ROUNDS:-3}" --duration "${DURATION:-10}" \
+  --json "$RES/gateway-overhead.json" --keep "$RES/runs" >"$RES/gateway-overhead.txt" 2>"$RES/gateway-overhead.err")
+rc=$?
+uptime >>"$RES/environment.txt"
+cat "$RES/gateway-overhead.txt"; tail -5 "$RES/gateway-overhead.err" >&2
+tar -czf "$OUT/h200-gateway-$STAMP.tar.gz" -C "$WORK" "$(basename "$RES")" && note "results: $OUT/h200-gateway-$STAMP.tar.gz"
+exit $rc
