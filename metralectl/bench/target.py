@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from metralectl.bench import engine_id
 from metralectl.bench.run_record import EngineIdentity, TargetRecord
 from metralectl.seams.endpoint import EngineClient
-from metralectl.errors import MetralError
+from metralectl.errors import MetralError, UsageError
 
 if TYPE_CHECKING:
     from metralectl.seams.docker.protocol import ContainerRuntime
@@ -131,7 +131,7 @@ def endpoint_to_measure(url: str | None) -> tuple[str, dict[str, Any] | None]:
         raise docker
     if serving:  # several models serve, or ours publish no endpoint: which one is for --url to say
         names = ", ".join(sorted(c.name for c in serving))
-        raise MetralError(f"{len(serving)} metralectl containers run ({names}): which one?",
+        raise UsageError(f"{len(serving)} metralectl engines serve ({names}): which one?",
                           "`metralectl bench run SUITE --url URL` names it (`metralectl ps` shows the endpoints)")
     raise NotServed(hint=f"{RUN_ONE}; `--self-start RECIPE` serves one for this run; `--url URL` benchmarks "
                          f"another endpoint (nothing answers at {DEFAULT_URL} either)")

@@ -60,10 +60,25 @@ def _served() -> dict[str, Any] | None:
     return managed_container(None)
 
 
+def _one_at_most() -> None:
+    """versus swaps the one served model between its two sides: with several served side by side, which one?"""
+    from metralectl.app.chat import served_endpoints
+    from metralectl.errors import UsageError
+
+    try:
+        served = sorted({name for name, _ in served_endpoints()})
+    except MetralError:
+        return  # nothing can be known of what serves: the run's own steps say so
+    if len(served) > 1:
+        raise UsageError(f"{len(served)} models are served ({', '.join(served)}); `bench versus` swaps the one served "
+                         "model between its two sides", "`metralectl stop RECIPE` the others first (`metralectl ps`)")
+
+
 def _compare(serving: Any, suite: str, params: dict[str, Any], recipe_a: str, recipe_b: str,
              repeats: int, progress: Any, recipe_of: Any) -> dict[str, Any]:
     from metralectl.bench import versus as V
 
+    _one_at_most()
     before = _served()
     before_recipe = (before or {}).get("recipe")
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")

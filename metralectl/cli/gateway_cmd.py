@@ -57,6 +57,15 @@ def gateway(
     queue_timeout: float = typer.Option(300.0, "--queue-timeout", metavar="SECONDS", min=0.1,
                                         help="A waiting request gets 503 after this long with no progress of its "
                                              "model's start (a stall timer, not a total)."),
+    budget: float = typer.Option(None, "--budget", metavar="GB", min=0,
+                                 help="The box's memory budget in GB that loaded models share (default: box.yaml's "
+                                      "`budget:`, else the GPU's memory, else the host's RAM less the OS's share)."),
+    pin: list[str] = typer.Option(None, "--pin", metavar="RECIPE", help="Never evict this model to make room "
+                                  "(repeatable; also box.yaml's `pin:`)."),
+    drain_timeout: float = typer.Option(60.0, "--drain-timeout", metavar="SECONDS", min=0,
+                                        help="How long a busy model's requests may take to finish before it is "
+                                             "evicted (never stopped mid-request: the load waits, then 503)."),
+    no_load: bool = typer.Option(False, "--no-load", help="Route only to what serves; never load a model on demand."),
     as_json: bool = typer.Option(False, "--json", help="Status as JSON lines on stdout: one when listening, one each "
                                                        "time the served models change."),
 ) -> None:
@@ -95,8 +104,17 @@ def gateway(
               (f"; the keys file is refused, the last good keys stay in force: {clean(keys.error, 500)}"
                if keys.error else ""), file=sys.stderr, flush=True)
 
+    loader = None
+    if not no_load:
+        from metralectl.gateway.loader import BoxOps, Loader, loadable_names
+        from metralectl.lifecycle.budget import box_config
+
+        pins = [*(pin or []), *box_config().pin]
+        loader = Loader(BoxOps(budget), loadable_names(), pins=pins, drain_timeout_s=drain_timeout)
     gateway_ = Gateway(Scanner(), Limits(max_body=max_body, queue_size=queue_size, queue_stall_s=queue_timeout), keys,
-                       require_key=remote and not allow_remote)
+                       require_key=remote and not allow_remote, loader=loader)
+    if loader is not None:
+        loader.metrics = gateway_.metrics
     gateway_.on_table = show
 
     async def main() -> None:

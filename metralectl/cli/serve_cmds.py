@@ -152,7 +152,8 @@ def run(
     runtime: str = typer.Option(None, "--runtime", metavar="docker|process", help="Run the engine in a Docker container or as a process on this host (default: the recipe's `runtime:`, else docker)."),
     set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a setting (checked, shown as a deviation)."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Show boot phases only (not the engine log) until ready."),
-    replace: bool = typer.Option(False, "--replace", help="Stop the model metralectl is serving first."),
+    replace: bool = typer.Option(False, "--replace", help="Stop the models metralectl is serving first (without it, a recipe that fits the memory budget starts beside them)."),
+    budget: float = typer.Option(None, "--budget", metavar="GB", min=0, help="The box's memory budget in GB that models served side by side share (default: box.yaml's `budget:`, else the GPU's memory, else the host's RAM less the OS's share)."),
     keep_failed: bool = typer.Option(False, "--keep-failed", help="Keep a container that failed to start (for inspection)."),
     stall_timeout: float = typer.Option(300.0, "--stall-timeout", help="Fail when the engine shows no progress this long: no new log line and no change in its /health answer (s)."),
     boot_timeout: float = typer.Option(None, "--boot-timeout", help="Fail when not ready after this long (s; default: the hardware class's, 900 on GB10)."),
@@ -211,7 +212,8 @@ def run(
     from metralectl.lifecycle.launch import LaunchOptions
 
     options = LaunchOptions(replace=replace, keep_failed=keep_failed, stall_timeout_s=stall_timeout,
-                            boot_timeout_s=boot_timeout, check_weights=not no_weights_check, pull=not no_pull)
+                            boot_timeout_s=boot_timeout, check_weights=not no_weights_check, pull=not no_pull,
+                            budget_gb=budget)
     multi = None
     if recipe.multi_rank and worker:
         multi = MultiRank(worker, head, roce_interface, master_addr, first_request_timeout, not no_rdma, rdma_device)

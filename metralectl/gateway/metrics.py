@@ -31,5 +31,15 @@ class Metrics:
         self.served = Gauge("metralectl_gateway_models_served", "Models (recipes) the gateway routes to now",
                             registry=r)
 
+        self.resident = Gauge("metralectl_gateway_model_resident", "1 while the gateway's loader has the model loaded, "
+                              "0 once it evicted it", ["model"], registry=r)
+        self.loads = Counter("metralectl_gateway_loads", "Loads on demand, by model and outcome (loaded, failed, "
+                             "refused)", ["model", "outcome"], registry=r)
+        self.evictions = Counter("metralectl_gateway_evictions", "Models stopped to make room for another",
+                                 ["model"], registry=r)
+        self.load_seconds = Histogram("metralectl_gateway_load_seconds", "Time a load on demand took (room made, "
+                                      "engine started and ready)", ["model"], registry=r,
+                                      buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800))
+
     def text(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

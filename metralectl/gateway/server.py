@@ -20,6 +20,7 @@ from typing import Any
 from metralectl.gateway import auth, http1
 from metralectl.gateway.keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
+from metralectl.gateway.loader import Loader, LoadRefused, wait_loaded
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
 
 # The engines' own token counters and llama-server's chat template: bench sizes its prompts with them (a prompt
@@ -73,10 +74,11 @@ class Answered(Exception):
 
 class Gateway:
     def __init__(self, scanner: Scanner, limits: Limits = Limits(), keys: KeyWatch | None = None,
-                 require_key: bool = False) -> None:
+                 require_key: bool = False, loader: Loader | None = None) -> None:
         """keys: the API keys (none: every client is let in, the CLI listening on loopback only); require_key: the
-        gateway listens beyond loopback, so an empty key file lets nobody in rather than everybody."""
-        self.scanner, self.limits = scanner, limits
+        gateway listens beyond loopback, so an empty key file lets nobody in rather than everybody; loader: loads
+        on demand (None: routes only to what serves)."""
+        self.scanner, self.limits, self.loader = scanner, limits, loader
         self.keys, self.require_key = keys, require_key
         self.metrics = Metrics()
         self.table = Table()
@@ -200,15 +202,18 @@ class Gateway:
 
     def _own(self, path: str, key: ApiKey | None = None) -> bytes:
         if path == "/metrics":
-            body, kind = self.metrics.text()
-            return http1.simple_response(200, body, kind)
+            return http1.simple_response(200, *self.metrics.text())
         if path == "/health":
             return http1.simple_response(200, json.dumps({"status": "ok", "models": len(self.table.routes),
                                                           "waiting": sum(self._waiting.values())}).encode())
         data = [{"id": name, "object": "model", "created": 0, "owned_by": route.owned_by or "metralectl",
-                 "recipe": route.recipe}
+                 "recipe": route.recipe, "status": "loaded"}
                 for name, route in sorted(self.table.by_name.items())
                 if key is None or key.allows(name, route.recipe)]  # a key sees the models it may use
+        if self.loader is not None:  # what a request may name to have it loaded
+            data += [{"id": name, "object": "model", "created": 0, "owned_by": "metralectl", "recipe": recipe,
+                      "status": "loadable"} for name, recipe in sorted(self.loader.names.items())
+                     if name not in self.table.by_name and (key is None or key.allows(name, recipe))]
         return http1.simple_response(200, json.dumps({"object": "list", "data": data}).encode())
 
     # one routed request
@@ -240,6 +245,13 @@ class Gateway:
         """The route for `model`, waiting (bounded, in its queue) while its engine starts or swaps; Answered
         when it is nobody's (404), or its queue is full or stalled (503 + Retry-After)."""
         table = self.table
+        if self.loader is not None:  # the route once the loader has it loaded; None: not the loader's
+            try:
+                loaded = await wait_loaded(self, model, self.loader)
+            except LoadRefused as no:
+                raise Answered(no.status, no.message, "server_error", no.code, no.reason, retry_after=no.retry_after)
+            if loaded is not None:
+                return loaded
         if model not in table.starting and table.find(model) is not None:
             return table.find(model)  # type: ignore[return-value]
         if model not in table.starting:
@@ -292,12 +304,16 @@ class Gateway:
             route = await self._wait_for(model)
             if route.models and model != route.models[0]:  # engines that check the name get the one they serve
                 payload = json.dumps({**body, "model": route.models[0]}).encode()
+            if self.loader is not None:
+                self.loader.begin(route.recipe)  # in flight: never evicted mid-request, and its last use
             try:
                 return await self._forward(route, request, payload, model, path, writer)
-            except _NotSent:
-                # the engine was not there (a swap stopped it, a run is starting it): wait for it, then again
+            except _NotSent:  # the engine was not there (a swap stopped it, a run is starting it): wait, again
                 self._rescan.set()
                 await self._table_change(1.0)
+            finally:
+                if self.loader is not None:
+                    self.loader.end(route.recipe)
         raise Answered(502, f"the engine serving `{model}` does not answer", "server_error", "upstream_unreachable",
                        "upstream")
 

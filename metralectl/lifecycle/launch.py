@@ -11,7 +11,8 @@ container.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 
 from metralectl import cancel
 from metralectl.seams import machine, store
@@ -25,8 +26,9 @@ from metralectl.lifecycle.preflight import (containers_refusal, launch_refusal, 
                                             port_refusal, same_launch)
 from metralectl.lifecycle.events import Listener, Step, Transfer, Warning_, ignore
 from metralectl.lifecycle.ranks import Rank, boot, new_run_id
+from metralectl.core.overrides import apply_sets
 from metralectl.core.recipe import Recipe
-from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID, LABEL_SETS
 from metralectl.core.render import ContainerSpec, owner
 from metralectl.lifecycle.specs import program_of, spec_here
 from metralectl.seams.docker.containers import ContainerInfo
@@ -42,6 +44,7 @@ class LaunchOptions:
     check_weights: bool = True
     pull: bool = True  # pull a missing image / download missing weights before starting (else refuse)
     sets: tuple[str, ...] = ()  # the --set overrides, recorded so a swap can restore this exact recipe
+    budget_gb: float | None = None  # --budget: the box's memory budget (else box.yaml's, else the GPU's memory)
 
 
 @dataclass(frozen=True)
@@ -99,14 +102,20 @@ def transfer_events(kind: str, on_event: Listener) -> Callable[[object], None]:
 
 
 def check_containers(recipe: Recipe, runtime: ContainerRuntime, spec: ContainerSpec, options: LaunchOptions, *,
-                     ignore_running: tuple[str, ...] = (), where: str = "") -> list[ContainerInfo]:
+                     ignore_running: tuple[str, ...] = (), where: str = "",
+                     catalog: Catalog | None = None) -> list[ContainerInfo]:
     """Refuse a foreign container holding spec's name, another user's model, or (without --replace) one of
-    ours serving (lifecycle/preflight.py says which); return ours that are running (what --replace stops).
-    `where` names the node."""
+    ours serving that this recipe does not fit beside (lifecycle/preflight.py says which; without `catalog`, as on
+    another node, one model per box); return ours that are running (what --replace stops). `where` names the node."""
     existing = runtime.inspect(spec.name)
     others = [c for c in runtime.containers(mine=False) if c.running and c.owner != owner()]
     running = [c for c in runtime.containers() if c.running and c.name not in ignore_running]
-    refused = containers_refusal(recipe, spec, options, existing, others, running, where=where)
+    room = None
+    if catalog is not None and running and not options.replace and not recipe.multi_rank:
+        from metralectl.lifecycle.budget import room_for
+
+        room = room_for(catalog, recipe, runtime, running, options.budget_gb)
+    refused = containers_refusal(recipe, spec, options, existing, others, running, where=where, room=room)
     if refused is not None:
         raise refused.error
     return running
@@ -118,14 +127,15 @@ def preflight(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec:
     (lifecycle/preflight.py, the answer the dashboard's plan shows too), then staging (which pulls what
     is missing unless told not to), then the containers and the port again (staging can take minutes)."""
     refused = multi_rank_refusal(recipe) or launch_refusal(recipe, spec, options,
-                                                           observe(recipe, catalog, runtime, spec),
+                                                           observe(recipe, catalog, runtime, spec,
+                                                                   budget_gb=options.budget_gb),
                                                            ignore_running=ignore_running)
     if refused is not None:
         raise refused.error
     cancel.checkpoint()
     stage(recipe, catalog, runtime, options, on_event)
     cancel.checkpoint()
-    running = check_containers(recipe, runtime, spec, options, ignore_running=ignore_running)
+    running = check_containers(recipe, runtime, spec, options, ignore_running=ignore_running, catalog=catalog)
     if not check_port:
         return
     on_event(Step("port", f"{spec.bind}:{spec.port}"))
@@ -138,10 +148,12 @@ def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, optio
            on_event: Listener = ignore, gpus_override: str | int | None = "recipe") -> Launched:
     spec = spec_here(catalog, recipe, gpus_override=gpus_override)
     if not options.replace:
-        served = already_serving(recipe, catalog, runtime, spec, on_event)
+        served = already_serving(recipe, catalog, runtime, spec, on_event, options.sets)
         if served is not None:
             return served
     preflight(recipe, catalog, runtime, spec, options, on_event)
+    if not options.replace:  # beside what serves (it fits: preflight said so): on a port of its own
+        recipe, spec, options = own_port(recipe, catalog, runtime, spec, options, on_event, gpus_override)
     replaced: list[str] = []
     if options.replace:
         from metralectl.lifecycle.stop import stop_containers, stop_deployments_on
@@ -166,12 +178,20 @@ def launch(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *, optio
 
 
 def already_serving(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec,
-                    on_event: Listener) -> Launched | None:
+                    on_event: Listener, sets: tuple[str, ...] = ()) -> Launched | None:
     """`run` of exactly what serves (preflight.same_launch) is done already: its endpoint, as a launch would
     give it, once its engine answers ready; running but not ready is refused (its logs say why). None: not served."""
     from metralectl.lifecycle.readiness import health_now
 
-    same = same_launch(spec, [c for c in runtime.containers() if c.running])
+    running = [c for c in runtime.containers() if c.running]
+    same = same_launch(spec, running)
+    for c in running:  # started beside another model on a port of its own (own_port): the same launch there
+        if same is None and c.name == spec.name and c.labels.get(LABEL_ENDPOINT):
+            port = urlsplit(c.labels[LABEL_ENDPOINT]).port
+            moved_sets = "\x1f".join((*sets, f"resources.port={port}"))
+            if port and port != spec.port and c.labels.get(LABEL_SETS, "") == moved_sets:
+                moved = apply_sets(catalog, recipe, [f"resources.port={port}"])
+                same = same_launch(spec_here(catalog, moved), [c])  # the gpus as the recipe says
     if same is None:
         return None
     url = same.labels.get(LABEL_ENDPOINT) or base_url(spec.bind, spec.port)
@@ -186,6 +206,26 @@ def already_serving(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
         model = client.served_model()
     return Launched(same.labels.get(LABEL_RUN_ID, ""), recipe.name, same.name, same.id, url, model, 0.0,
                     already_serving=True, runtime="process" if spec.is_process else "docker")
+
+
+def own_port(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec,
+             options: LaunchOptions, on_event: Listener,
+             gpus_override: str | int | None = "recipe") -> tuple[Recipe, ContainerSpec, LaunchOptions]:
+    """A recipe starting beside other models keeps its port when free; else the next port no engine of ours
+    claims and nothing listens on (recorded in its --set, so `ps`, a swap and the gateway see it)."""
+    from metralectl.lifecycle.budget import free_port
+
+    running = [c for c in runtime.containers() if c.running]
+    if not running:
+        return recipe, spec, options
+    taken = {p for p in (urlsplit(c.labels.get(LABEL_ENDPOINT, "")).port for c in running) if p}
+    if spec.port not in taken and port_free(spec.bind, spec.port):
+        return recipe, spec, options
+    port = free_port(spec.bind, taken, spec.port + 1)
+    on_event(Step("port", f"{spec.bind}:{port} ({spec.port} is held by what serves)"))
+    moved = apply_sets(catalog, recipe, [f"resources.port={port}"])
+    options = replace(options, sets=options.sets + (f"resources.port={port}",))
+    return moved, spec_here(catalog, moved, gpus_override=gpus_override), options
 
 
 class LaunchInterrupted(MetralError):

@@ -17,6 +17,7 @@ from metralectl.seams.ports import port_free  # the one bind probe (doctor uses 
 from metralectl.core.labels import LABEL_OWNER, LABEL_RANK, LABEL_RECIPE, LABEL_SPEC_HASH
 from metralectl.core.render import ContainerSpec, owner
 from metralectl.errors import MetralError, NotServed
+from metralectl.core.budget import Room, short_words
 from metralectl.wording import count
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class Facts:
     others: tuple[ContainerInfo, ...]  # another user's models that run
     running: tuple[ContainerInfo, ...]  # ours that run
     port_free: bool | None = None  # None: not probed
+    room: Room | None = None  # whether the recipe fits beside what runs (lifecycle/budget.py); None: not judged
 
 
 @dataclass(frozen=True)
@@ -49,13 +51,19 @@ class Refusal:
 
 
 def observe(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec, *,
-            cpu_arch: str | None = None, probe_port: bool = False) -> Facts:
+            cpu_arch: str | None = None, probe_port: bool = False, budget_gb: float | None = None) -> Facts:
     """Look at everything the refusals need; change nothing."""
     staged = observe_staging(recipe, catalog, runtime, cpu_arch=cpu_arch)
     others = tuple(c for c in runtime.containers(mine=False) if c.running and c.owner != owner())
     running = tuple(c for c in runtime.containers() if c.running)
     free = port_free(spec.bind, spec.port) if probe_port and not running else None
-    return replace(staged, same_name=runtime.inspect(spec.name), others=others, running=running, port_free=free)
+    room = None
+    if running and not recipe.multi_rank:
+        from metralectl.lifecycle.budget import room_for
+
+        room = room_for(catalog, recipe, runtime, running, budget_gb)
+    return replace(staged, same_name=runtime.inspect(spec.name), others=others, running=running, port_free=free,
+                   room=room)
 
 
 def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, *,
@@ -138,9 +146,11 @@ def staging_refusal(options: LaunchOptions, facts: Facts) -> Refusal | None:
 
 def containers_refusal(recipe: Recipe, spec: ContainerSpec, options: LaunchOptions, same_name: ContainerInfo | None,
                        others: Sequence[ContainerInfo], running: Sequence[ContainerInfo], *,
-                       where: str = "") -> Refusal | None:
-    """A foreign container holding spec's name, another user's model, or (without --replace) one of ours serving.
-    `running`: ours that run, less those the caller replaces anyway. `where` names the node."""
+                       where: str = "", room: Room | None = None) -> Refusal | None:
+    """A foreign container holding spec's name, another user's model, or (without --replace) one of ours serving
+    when the recipe does not fit beside it within the box's budget (`room`, core/budget.py; None: not judged, as
+    for a multi-rank recipe or another node: then one model per box). `running`: ours that run, less those the
+    caller replaces anyway. `where` names the node."""
     if same_name is not None and (not same_name.managed or same_name.labels.get(LABEL_OWNER) != owner()):
         who = "is not metralectl's" if not same_name.managed else f"belongs to {same_name.labels.get(LABEL_OWNER)}"
         return Refusal(MetralError(
@@ -160,9 +170,22 @@ def containers_refusal(recipe: Recipe, spec: ContainerSpec, options: LaunchOptio
                 f"{recipe.name} is already being served by metralectl{where} with other settings: {names}",
                 f"`metralectl swap {recipe.name}` with these --set replaces it with rollback; `run --replace` "
                 "restarts it with them"), None if recipe.multi_rank else "swap")
-        hint = ("`run --replace` stops it first" if recipe.multi_rank else
+        ranked = any(LABEL_RANK in c.labels for c in running)
+        if room is not None and not recipe.multi_rank and not ranked:
+            if room.fits:
+                return None  # it starts beside what serves, on its own port
+            held = " ".join(f"`metralectl stop {h.name}`" for h in room.held)
+            return Refusal(MetralError(
+                f"{short_words(room)}{where}",
+                f"`metralectl run {recipe.name} --replace` stops what serves first; `metralectl swap {recipe.name}` "
+                f"replaces the one served model; or free room: {held} (`--budget GB` or `budget:` in box.yaml "
+                "sets the budget)"), "swap")
+        hint = ("`run --replace` stops it first" if recipe.multi_rank or ranked else
                 f"`metralectl swap {recipe.name}` replaces it with rollback; `run --replace` stops it first")
-        return Refusal(MetralError(f"a model is already being served by metralectl{where}: {names}", hint), "swap")
+        what = (f"{recipe.name} is multi-rank: it runs alone on its nodes" if recipe.multi_rank else
+                "a multi-rank model runs alone on its nodes" if ranked else "")
+        return Refusal(MetralError(f"a model is already being served by metralectl{where}: {names}"
+                                   + (f" ({what})" if what else ""), hint), "swap")
     return None
 
 
@@ -191,8 +214,17 @@ def launch_refusal(recipe: Recipe, spec: ContainerSpec, options: LaunchOptions, 
     """The first reason this launch would be refused, in the order the launch meets them; None: it may go."""
     running = [c for c in facts.running if c.name not in ignore_running]
     return (multi_rank_refusal(recipe) or staging_refusal(options, facts)
-            or containers_refusal(recipe, spec, options, facts.same_name, facts.others, running)
+            or containers_refusal(recipe, spec, options, facts.same_name, facts.others, running,
+                                  room=_room(facts, running))
             or port_refusal(spec, facts.port_free, running))
+
+
+def _room(facts: Facts, running: Sequence[ContainerInfo]) -> Room | None:
+    """facts.room less the engines the caller ignores (replaced anyway)."""
+    if facts.room is None or len(running) == len(facts.running):
+        return facts.room
+    kept = {c.labels.get(LABEL_RECIPE, c.name) for c in running}
+    return replace(facts.room, held=tuple(h for h in facts.room.held if h.name in kept))
 
 
 def swap_refusal(new: Recipe, new_sets: Sequence[str], running: Sequence[ContainerInfo],
@@ -204,8 +236,9 @@ def swap_refusal(new: Recipe, new_sets: Sequence[str], running: Sequence[Contain
                        "run")
     if len(running) > 1:
         names = ", ".join(f"{c.labels.get(LABEL_RECIPE, '?')} ({c.name})" for c in running)
-        return Refusal(MetralError(f"more than one metralectl container runs ({names}); swap needs exactly one",
-                                   "`metralectl stop RECIPE` the extra one first"))
+        return Refusal(MetralError(f"{len(running)} models are served ({names}); a swap replaces the one served model",
+                                   f"`metralectl stop RECIPE` the others first; or `metralectl run {new.name}` beside "
+                                   f"them (it says when it does not fit), or `metralectl run {new.name} --replace`"))
     if new.multi_rank:
         return Refusal(MetralError(f"{new.name} needs {new.resources.world_size} ranks; hot swap is single-node "
                                    "(the engine's rule)",

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from metralectl import cancel
-from metralectl.errors import MetralError
+from metralectl.errors import MetralError, UsageError
 from metralectl.lifecycle import deployment
 from metralectl.lifecycle.deployment import Deployment, Runtimes
 from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
@@ -80,8 +80,11 @@ def select(runtime: ContainerRuntime, recipe: str | None, all_: bool, *, offer_a
         if len(ours) <= 1:
             return ours
         names = ", ".join(c.labels.get(LABEL_RECIPE, c.name) for c in ours)
-        raise MetralError(f"several metralectl containers exist ({names}); name one" + (" or use --all" if offer_all else ""),
-                          "`metralectl ps` lists them")
+        served = sum(1 for c in ours if c.running)
+        what = f"{served} models are served" if served > 1 else f"{len(ours)} metralectl engines exist"
+        raise UsageError(f"{what} ({names}); name one" + (" or use --all" if offer_all else ""),
+                         "`metralectl stop RECIPE` stops one, `metralectl stop --all` every one" if offer_all
+                         else "name the recipe (`metralectl ps` lists them)")
     chosen = [c for c in ours if c.labels.get(LABEL_RECIPE) == recipe or c.name == recipe]
     if not chosen and not missing_ok:
         raise MetralError(f"no metralectl container serves {recipe!r}", "`metralectl ps` lists them")

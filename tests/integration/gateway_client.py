@@ -24,11 +24,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Gateway:
+    """The gateway as a router only (--no-load: what these tests ask of it; loading on demand is
+    tests/integration/test_budget_llamacpp.py's)."""
+
     def __init__(self, env: dict[str, str], *args: str) -> None:
         self.held = HeldPort()
         self.port = self.held.port
         self.proc = subprocess.Popen([sys.executable, "-m", "metralectl", "gateway", "--listen",
-                                      f"127.0.0.1:{self.port}", "--json", *args], stdout=subprocess.PIPE,
+                                      f"127.0.0.1:{self.port}", "--json", "--no-load", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

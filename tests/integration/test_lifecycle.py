@@ -149,12 +149,17 @@ def test_stop_kills_an_engine_that_ignores_sigterm(box: Box) -> None:
     assert box.containers() == []
 
 
-def test_second_model_is_refused_without_replace(box: Box) -> None:
+def test_second_model_beside_within_the_budget_else_refused_with_the_numbers(box: Box) -> None:
+    (box.config / "box.yaml").write_text("budget: 100\n")  # GB; each takes 80 GB × 0.88 (its engine's share)
     first, second = box.recipe("first"), box.recipe("second")
     box.weights_complete()
     box.cli("run", first, check=True)
     out = box.cli("run", second)
-    assert out.returncode == 1 and "already being served" in out.stderr and "metralectl swap" in out.stderr
+    assert out.returncode == 1 and f"{second} needs 70.40 GB, free 29.60 GB of budget 100.00 GB" in out.stderr
+    assert f"held by {first} 70.40 GB" in out.stderr and "metralectl swap" in out.stderr, out.stderr
+    box.cli("run", second, "--budget", "150", check=True)  # fits beside: started on its own port
+    assert sorted(box.containers()) == [f"metralectl-{first}", f"metralectl-{second}"]
+    assert box.cli("stop").returncode == 64  # which one?
     replaced = box.cli("run", second, "--replace", check=True)
     assert "endpoint" in replaced.stdout
     assert [n for n in box.containers()] == [f"metralectl-{second}"]

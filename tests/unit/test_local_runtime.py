@@ -84,15 +84,21 @@ def _serving(docker: FakeRuntime | None, procs: FakeRuntime) -> Serving:
     return Serving(catalog=catalog, runtime=factory)
 
 
-def test_a_host_process_is_one_model_of_the_box() -> None:
-    """A container cannot be run beside a served host process without --replace (the same refusal as for
-    two containers), and `stop` finds the host process when only it serves."""
+def test_a_host_process_holds_its_share_of_the_box() -> None:
+    """A container that does not fit the budget beside a served host process is refused with the numbers (the
+    same refusal as beside a container), and `stop` finds the host process when only it serves."""
+    from metralectl import paths
+
+    (paths.config_dir() / "box.yaml").write_text("budget: 1.5\n")
     cat = catalog()
     docker, procs = FakeRuntime(images=[image(cat.image_for(cat.recipe("demo-cpu")).ref)]), FakeRuntime(endpoint=PROCESS)
     procs.serving(LLAMA)
     serving = _serving(docker, procs)
-    with pytest.raises(MetralError, match="already being served"):
+    with pytest.raises(MetralError, match=f"demo-cpu needs 0.54 GB, but the footprint of what serves is not known: "
+                                          f"{LLAMA}: unknown") as refused:
         serving.run(Change.run("demo-cpu"), lambda e: None)
+    assert "`metralectl run demo-cpu --replace`" in (refused.value.hint or "")
+    assert f"`metralectl stop {LLAMA}`" in (refused.value.hint or "")
     stopped = serving.stop(Change.stop(), lambda e: None)
     assert [r.recipe for r in stopped.containers] == [LLAMA]
     assert not [c for c in procs.all() if c.running]

@@ -219,7 +219,8 @@ class ServingView(Vertical):
 
     def action_stop(self) -> None:
         running = [s for s in (self.report.serving if self.report else []) if s.state.startswith("running")]
-        self.post_message(self.StopRequested(running[0].recipe if running else None))
+        # several served side by side: no guess; the plan asks for the recipe (chosen in the Library)
+        self.post_message(self.StopRequested(running[0].recipe if len(running) == 1 else None))
 
     # -- telemetry ------------------------------------------------------------------------------
     @work(thread=True, group="telemetry", exit_on_error=False)

@@ -77,6 +77,9 @@ def test_a_plan_refuses_what_the_launch_refuses(monkeypatch: pytest.MonkeyPatch)
     from metralectl.lifecycle.preflight import launch_refusal, observe
 
     monkeypatch.setattr("metralectl.seams.hf.cache.cache_state", lambda *a, **k: SimpleNamespace(status="complete"))
+    from metralectl import paths
+
+    (paths.config_dir() / "box.yaml").write_text("budget: 150\n")  # one GB10 model's share fits, two do not
     served = docker(running=("qwen3.5-27b",))
     run = plan("run", "qwen3.5-35b-a3b", served)
     catalog = load_catalog()
@@ -84,7 +87,8 @@ def test_a_plan_refuses_what_the_launch_refuses(monkeypatch: pytest.MonkeyPatch)
     spec = spec_for(catalog, recipe)
     refused = launch_refusal(recipe, spec, LaunchOptions(pull=False), observe(recipe, catalog, served, spec))  # type: ignore[arg-type]
     assert refused is not None and run.blocked == refused.error.message
-    assert "already being served by metralectl: metralectl-qwen3.5-27b" in run.blocked and "Esc, then w in the Library" in (run.hint or "")
+    assert run.blocked.startswith("qwen3.5-35b-a3b needs ") and "of budget 150.00 GB" in run.blocked
+    assert "held by qwen3.5-27b " in run.blocked and "Esc, then w in the Library" in (run.hint or "")
     assert not plan("run", "qwen3.5-35b-a3b").blocked  # nothing served, image and weights here: it would go
     same = plan("swap", "qwen3.5-27b", served)
     assert same.blocked == "qwen3.5-27b is already the served model, with these settings"

@@ -1,0 +1,143 @@
+"""The box's memory budget and what each model takes of it: the rule that replaced "one model per box". Pure.
+
+A box has a budget (GB: the GPU's memory, or a configured `budget`); every engine that runs, and every model
+asked for, has a footprint (GB: its recipe's fit estimate, and for one that runs the larger of that and its
+measured memory). A model may start beside what runs when the sum stays within the budget. `run` refuses with
+the numbers (`short_words`); the gateway's loader evicts the least recently used idle models first
+(`plan_room`). Nothing here looks at the machine: lifecycle/budget.py gathers the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from metralectl.core.engine_profile import MemoryMeaning
+from metralectl.core.fit import MemoryEstimate
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one model takes of the budget, in GB (None: unknown, which never fits), and how that was found."""
+
+    name: str  # the recipe (or the engine's container name when its recipe is unknown)
+    gb: float | None
+    basis: str  # "estimate", "measured 1.2 GB (rss)", "unknown: ..."
+
+
+@dataclass(frozen=True)
+class Budget:
+    gb: float | None  # None: unknown (no GPU memory known and none configured)
+    basis: str  # "configured budget", "NVIDIA H200 GPU memory", ...
+
+
+@dataclass(frozen=True)
+class Room:
+    """Whether `new` fits beside `held` within `budget`."""
+
+    budget: Budget
+    new: Footprint
+    held: tuple[Footprint, ...]
+
+    @property
+    def used_gb(self) -> float | None:
+        parts = [h.gb for h in self.held]
+        return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
+
+    @property
+    def free_gb(self) -> float | None:
+        used = self.used_gb
+        return None if used is None or self.budget.gb is None else self.budget.gb - used
+
+    @property
+    def fits(self) -> bool:
+        free = self.free_gb
+        return free is not None and self.new.gb is not None and self.new.gb <= free + 1e-9
+
+
+def footprint_of_estimate(name: str, est: MemoryEstimate, meaning: MemoryMeaning) -> Footprint:
+    """A recipe's footprint from its fit estimate. An engine that takes a fraction of the memory whatever the model
+    needs (vLLM's --gpu-memory-utilization of the total, SGLang's of what the weights leave) takes that share:
+    the estimate's budget when it is larger than weights + KV + reserve."""
+    total = est.total_gb
+    if meaning in ("fraction-of-total", "fraction-of-free-after-weights") and est.budget.gb is not None:
+        if total is None or est.budget.gb > total:
+            return Footprint(name, est.budget.gb, f"estimate: the engine takes {est.budget.basis}")
+    if total is None:
+        unknown = next((p for p in (est.weights, est.kv_pool, est.reserve) if p.gb is None), None)
+        return Footprint(name, None, f"unknown: {unknown.label}: {unknown.basis}" if unknown else "unknown")
+    return Footprint(name, total, "estimate")
+
+
+def with_measured(estimated: Footprint, measured_gb: float | None, how: str) -> Footprint:
+    """A running engine's footprint: the larger of its estimate and what it was measured to hold."""
+    if measured_gb is None:
+        return estimated
+    if estimated.gb is not None and estimated.gb >= measured_gb:
+        return estimated
+    return Footprint(estimated.name, measured_gb, f"measured ({how})")
+
+
+def gb(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f} GB"
+
+
+def holders(held: Sequence[Footprint]) -> str:
+    return ", ".join(f"{h.name} {gb(h.gb)}" for h in held) or "nothing"
+
+
+def short_words(room: Room) -> str:
+    """Why `room.new` does not fit, with the numbers: needs X, free Y of budget Z, what holds it."""
+    if room.budget.gb is None:
+        return (f"{room.new.name} cannot be placed beside what serves: this box's memory budget is unknown "
+                f"({room.budget.basis})")
+    if room.new.gb is None:
+        return f"{room.new.name}'s memory footprint is {room.new.basis}, so it cannot be placed beside what serves"
+    free = room.free_gb
+    unknown = [h for h in room.held if h.gb is None]
+    if free is None:
+        return (f"{room.new.name} needs {gb(room.new.gb)}, but the footprint of what serves is not known: "
+                + "; ".join(f"{h.name}: {h.basis}" for h in unknown)
+                + f" (budget {gb(room.budget.gb)}, {room.budget.basis})")
+    return (f"{room.new.name} needs {gb(room.new.gb)}, free {gb(max(free, 0.0))} of budget {gb(room.budget.gb)} "
+            f"({room.budget.basis}); held by {holders(room.held)}")
+
+
+@dataclass(frozen=True)
+class Resident:
+    """One model the gateway's loader may keep or evict."""
+
+    name: str
+    gb: float | None
+    last_used: float  # monotonic time of its last request's start (0: never)
+    in_flight: int = 0
+    pinned: bool = False
+    loading: bool = False  # being started: never evicted
+
+
+@dataclass(frozen=True)
+class RoomPlan:
+    evict: tuple[str, ...]  # idle now: stopped at once, least recently used first
+    drain: tuple[str, ...]  # busy now: their requests finish first (bounded), then they are stopped
+
+
+def plan_room(need_gb: float | None, budget_gb: float | None, residents: Sequence[Resident]) -> RoomPlan | None:
+    """The fewest models to stop, least recently used first, so `need_gb` fits in `budget_gb` beside the rest:
+    idle ones before busy ones (a busy one is drained, never killed mid-request); pinned and loading ones never.
+    None: it cannot fit even with every evictable model stopped (or a figure is unknown)."""
+    if need_gb is None or budget_gb is None or any(r.gb is None for r in residents):
+        return None
+    used = sum(r.gb for r in residents if r.gb is not None)
+    free = budget_gb - used
+    if need_gb <= free + 1e-9:
+        return RoomPlan((), ())
+    movable = [r for r in residents if not r.pinned and not r.loading]
+    order = sorted(movable, key=lambda r: (r.in_flight > 0, r.last_used, r.name))
+    evict: list[str] = []
+    drain: list[str] = []
+    for r in order:
+        (drain if r.in_flight > 0 else evict).append(r.name)
+        free += r.gb or 0.0
+        if need_gb <= free + 1e-9:
+            return RoomPlan(tuple(evict), tuple(drain))
+    return None

@@ -1,0 +1,181 @@
+"""The figures core/budget.py judges, gathered on this machine: the box's budget (configured, else the GPU's memory,
+else the host's RAM less what the OS keeps), each recipe's footprint (its fit estimate) and each running engine's
+(the larger of its recipe's estimate and its measured memory: NVML's per-process bytes, else its processes' RSS).
+
+The configured budget is `<config dir>/box.yaml`'s `budget:` (GB; a number, e.g. `budget: 24` or `budget: 1.5`),
+or `--budget GB` where a command takes it (run, gateway); `pin:` there lists the recipes the gateway never evicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from metralectl import paths
+from metralectl.core.budget import Budget, Footprint, Room, footprint_of_estimate, with_measured
+from metralectl.errors import MetralError, RecipeInvalid
+
+if TYPE_CHECKING:
+    from metralectl.core.catalog import Catalog
+    from metralectl.core.recipe import Recipe
+    from metralectl.seams.docker.containers import ContainerInfo
+    from metralectl.seams.docker.protocol import ContainerRuntime
+
+CONFIG_FILE = "box.yaml"
+KEYS = ("budget", "pin")
+
+
+@dataclass(frozen=True)
+class BoxConfig:
+    budget_gb: float | None = None
+    pin: tuple[str, ...] = ()
+
+
+def config_path() -> Path:
+    return paths.config_dir() / CONFIG_FILE
+
+
+def box_config() -> BoxConfig:
+    """box.yaml, checked like a recipe (an unknown key or a budget that is no positive number: refused by line)."""
+    from metralectl.core.schema import Checker
+    from metralectl.core.yamlsrc import YamlSyntax, load_file
+
+    path = config_path()
+    if not path.exists():
+        return BoxConfig()
+    try:
+        doc = load_file(path, paths.display(path))
+    except YamlSyntax as exc:
+        raise RecipeInvalid([exc.problem]) from None
+    check = Checker(doc)
+    top = check.mapping(doc.data if doc.data is not None else {}, (), CONFIG_FILE)
+    check.known_keys(top, (), KEYS, CONFIG_FILE)
+    budget = check.number(top, (), "budget", required=False, nullable=True, minimum=0)
+    pin = check.string_list(top, (), "pin")
+    if not check.ok:
+        raise RecipeInvalid(check.problems)
+    return BoxConfig(float(budget) if budget is not None else None, tuple(pin))
+
+
+def box_budget(catalog: Catalog, override_gb: float | None = None) -> Budget:
+    """`override_gb` (--budget), else box.yaml's budget, else the first GPU's memory (its hardware class's SKU),
+    else this machine's RAM less what the OS keeps (fit.os_headroom_gb)."""
+    from metralectl.core.fit import os_headroom_gb
+    from metralectl.seams import machine
+
+    if override_gb is not None:
+        return Budget(override_gb, "--budget")
+    configured = box_config().budget_gb
+    if configured is not None:
+        return Budget(configured, f"budget in {paths.display(config_path())}")
+    names = machine.gpu_names()
+    if names:
+        for hw in catalog.hardware.values():
+            for sku in hw.skus:
+                if sku.total_gb and sku.match.lower() in names[0].lower():
+                    return Budget(sku.total_gb, f"{names[0]} memory")
+        return Budget(None, f"the memory of {names[0]} is not in the hardware data; set `budget:` in "
+                            f"{paths.display(config_path())}")
+    ram = machine.host_memory_gb()
+    if ram is None:
+        return Budget(None, f"no GPU, and /proc/meminfo unreadable; set `budget:` in {paths.display(config_path())}")
+    kept = os_headroom_gb(ram)
+    return Budget(max(ram - kept, 0.0), f"{ram:.1f} GB host RAM − {kept:.1f} GB kept for the OS")
+
+
+def recipe_footprint(catalog: Catalog, recipe: Recipe) -> Footprint:
+    """The recipe's fit estimate on this machine, as `metralectl fit`/`list` compute it."""
+    from metralectl.core.fit import estimate
+    from metralectl.errors import MetralError
+    from metralectl.seams import machine
+
+    try:
+        hardware = catalog.hardware[recipe.hardware]
+        names = machine.gpu_names()
+        ram = machine.host_memory_gb() if hardware.host_memory else None
+        meaning = catalog.engines[recipe.engine].memory_meaning
+        est = estimate(recipe, catalog.model_of(recipe), hardware, names[0] if names else None, meaning,
+                       host_ram_gb=ram)
+    except (KeyError, MetralError) as exc:
+        return Footprint(recipe.name, None, f"unknown: {exc}")
+    return footprint_of_estimate(recipe.name, est, meaning)
+
+
+def served_recipe(catalog: Catalog, container: ContainerInfo) -> Recipe | None:
+    """The recipe a running engine was started from, with its --set overrides (None: no longer in the catalog)."""
+    from metralectl.core.labels import LABEL_RECIPE, LABEL_SETS
+    from metralectl.core.overrides import apply_sets
+    from metralectl.errors import MetralError
+
+    name = container.labels.get(LABEL_RECIPE)
+    if not name:
+        return None
+    sets = [s for s in container.labels.get(LABEL_SETS, "").split("\x1f") if s]
+    try:
+        return apply_sets(catalog, catalog.recipe(name), sets)
+    except MetralError:
+        return None
+
+
+def rss_bytes(pids: set[int]) -> int | None:
+    """The resident memory of these processes (VmRSS), None when none could be read."""
+    total, seen = 0, False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+                for line in handle:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        seen = True
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return total if seen else None
+
+
+def running_footprints(catalog: Catalog, runtime: ContainerRuntime,
+                       running: Sequence[ContainerInfo]) -> list[Footprint]:
+    """Each running engine's footprint: the larger of its recipe's estimate and its measured memory."""
+    from metralectl.core.labels import LABEL_RECIPE
+    from metralectl.errors import MetralError
+    from metralectl.lifecycle.ps_memory import measured_bytes
+
+    try:
+        gpu = measured_bytes([c.name for c in running], runtime.container_pids) if running else {}
+    except (MetralError, OSError):
+        gpu = {}
+    out = []
+    for c in running:
+        recipe = served_recipe(catalog, c)
+        name = c.labels.get(LABEL_RECIPE, c.name)
+        est = recipe_footprint(catalog, recipe) if recipe is not None else Footprint(name, None, "unknown recipe")
+        if c.name in gpu:
+            out.append(with_measured(est, gpu[c.name] / 1e9, "NVML"))
+            continue
+        try:
+            rss = rss_bytes(runtime.container_pids(c.id))
+        except (MetralError, OSError):
+            rss = None
+        out.append(with_measured(est, rss / 1e9 if rss is not None else None, "RSS"))
+    return out
+
+
+def room_for(catalog: Catalog, recipe: Recipe, runtime: ContainerRuntime, running: Sequence[ContainerInfo],
+             budget_gb: float | None = None) -> Room:
+    return Room(box_budget(catalog, budget_gb), recipe_footprint(catalog, recipe),
+                tuple(running_footprints(catalog, runtime, running)))
+
+
+def free_port(bind: str, taken: set[int], start: int) -> int:
+    """The first port from `start` up that no engine of ours claims and nothing listens on."""
+    from metralectl.seams.ports import port_free
+
+    port = start
+    while port < 65535:
+        if port not in taken and port_free(bind, port):
+            return port
+        port += 1
+    raise MetralError(f"no free port above {start} on {bind}", "stop a model, or `--set resources.port=N`")
+
