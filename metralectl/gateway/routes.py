@@ -179,7 +179,9 @@ class Scanner:
             for name in list(by_name):  # a swap replaces the model at that address: nothing new goes to the old one
                 if by_name[name].recipe in recipes:
                     del by_name[name]
-        exited = exited - {route.recipe for route in routes}  # one record running for it is enough
+        # one record running for it is enough; while the lifecycle lock is held, an exited record may be a stop (or
+        # an eviction) between its stop and its removal: not a crash
+        exited = set() if holder is not None else exited - {route.recipe for route in routes}
         gone = {**{name: recipe for name, recipe in self._aliases.items() if recipe in exited},
                 **{recipe: recipe for recipe in exited}}
         return Table(tuple(routes), frozenset(starting), holder, phase, None, by_name, gone)
