@@ -126,11 +126,23 @@ class FakeKube:
             return 200, {"items": items}, "application/json"
         return 404, {"kind": "Status", "message": "not faked"}, "application/json"
 
+    def _templates(self) -> list[tuple[str, dict[str, Any]]]:
+        """(pod name, its labels) of what the controllers would make: a Deployment's one pod, an LWS's leader
+        and workers (LWS's names: NAME-0, NAME-0-1...)."""
+        out = []
+        for (plural, _, name), obj in self.objects.items():
+            if plural == "deployments":
+                out.append((name + "-7d9f-abcde", obj["spec"]["template"]["metadata"]["labels"]))
+            elif plural == "leaderworkersets":
+                group = obj["spec"]["leaderWorkerTemplate"]
+                out.append((name + "-0", group["leaderTemplate"]["metadata"]["labels"]))
+                out.extend((f"{name}-0-{i}", group["workerTemplate"]["metadata"]["labels"])
+                           for i in range(1, group["size"]))
+        return out
+
     def _pods(self, selector: str) -> list[dict[str, Any]]:
-        deployments = [o for (p, _, _), o in self.objects.items() if p == "deployments"]
         pods = []
-        for dep in deployments:
-            labels = dep["spec"]["template"]["metadata"]["labels"]
+        for pod_name, labels in self._templates():
             wanted = dict(kv.split("=", 1) for kv in selector.split(",") if kv)
             if not all(labels.get(k) == v for k, v in wanted.items()):
                 continue
@@ -140,6 +152,6 @@ class FakeKube:
             if self.pods == "stuck":
                 status["containerStatuses"] = [{"name": "engine", "state": {"waiting": {
                     "reason": "ImagePullBackOff", "message": "Back-off pulling image \x1b]0;owned\x07"}}}]
-            pods.append({"metadata": {"name": dep["metadata"]["name"] + "-7d9f-abcde", "labels": labels},
+            pods.append({"metadata": {"name": pod_name, "labels": labels},
                          "spec": {"nodeName": "spark-1"}, "status": status})
         return pods

@@ -77,6 +77,23 @@ def test_run_applies_exports_objects_then_waits_ready_then_health(tmp_path: Path
     assert not any(r.method == "DELETE" for r in fake.requests)
 
 
+def test_a_multi_rank_recipe_applies_exports_leaderworkerset_and_waits_for_both_ranks(tmp_path: Path,
+                                                                                     fake: FakeKube) -> None:
+    fake.lws_installed = True
+    config = _kubeconfig(tmp_path / "kc", fake.start())
+    args = ["qwen3.5-122b-a10b-ep2", *SETS, "--roce-interface", "enp1s0f0np0"]
+    ran = _cli(tmp_path, config, "run", *args, "--on", "kube")
+    assert ran.returncode == 0, ran.stderr
+    exported = _cli(tmp_path, config, "export", "kube", *args, "-n", "llm")
+    objects = list(yaml.safe_load_all(exported.stdout))
+    assert [r.json for r in fake.requests if r.method == "PATCH"] == objects
+    assert [o["kind"] for o in objects] == ["LeaderWorkerSet", "Service"]
+    assert "pods ready: 2 of 2" in ran.stderr
+    name = objects[0]["metadata"]["name"]
+    assert f"pods: {name}-0, {name}-0-1" in ran.stdout
+    assert _cli(tmp_path, config, "run", *args, "--on", "kube", "--worker", "ssh://b").returncode == 64
+
+
 def test_a_pod_that_cannot_start_is_deleted_and_says_why_escaped(tmp_path: Path, fake: FakeKube) -> None:
     fake.pods = "stuck"
     fake.event = "pull access denied \x1b[2J"
