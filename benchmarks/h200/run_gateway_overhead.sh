@@ -25,16 +25,9 @@ mkdir -p "$OUT" "$WORK"
 note() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - START))s] $*" >&2; }
 
 VENV="$WORK/venv"
-if [ ! -x "$VENV/bin/metralectl" ]; then
-  note "venv with the kit's metralectl wheel"
-  rm -rf "$VENV"
-  "$PYTHON" -m venv --system-site-packages "$VENV" || exit 1
-  PARENT_SITE="$("$PYTHON" -c 'import site, sys; print(site.getsitepackages()[0] if sys.prefix != sys.base_prefix else "")')"
-  [ -n "$PARENT_SITE" ] && "$VENV/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/parent-site.pth', 'w').write(sys.argv[1] + '\n')" "$PARENT_SITE"
-  PIPI=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$KIT/wheels")
-  "${PIPI[@]}" "$KIT"/wheels/metralectl_cockpit-*.whl || { note "FAILED: installing metralectl"; rm -rf "$VENV"; exit 1; }
-  "${PIPI[@]}" --no-deps "$KIT"/wheels/gguf-*.whl || { note "FAILED: installing gguf"; rm -rf "$VENV"; exit 1; }
-fi
+# shellcheck source=/dev/null  # kit_venv.sh: checked on its own
+source "$HERE/kit_venv.sh"
+kit_venv "$VENV" || exit 1
 (cd "$WORK" && "$VENV/bin/metralectl" --version) >&2
 
 BIN="$(KIT="$KIT" WORK="$WORK" BUDGET_S=$((DEADLINE_S - 30 - (SECONDS - START))) bash "$HERE/build_llama_server_cuda.sh")" || {

@@ -44,17 +44,9 @@ cat "$WORK/environment.txt"
 
 # --- 1. metralectl (and gguf) from the carried wheels, in a fresh venv ---------------------------------------
 VENV="$WORK/venv"
-if [ ! -x "$VENV/bin/metralectl" ]; then
-  note "venv with the kit's metralectl wheel (--system-site-packages: pynvml, numpy, typer... are the device's)"
-  rm -rf "$VENV"
-  "$PYTHON" -m venv --system-site-packages "$VENV" || exit 1
-  # the device's python3 is itself a venv: its site-packages goes into ours by a .pth file
-  PARENT_SITE="$("$PYTHON" -c 'import site, sys; print(site.getsitepackages()[0] if sys.prefix != sys.base_prefix else "")')"
-  [ -n "$PARENT_SITE" ] && "$VENV/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/parent-site.pth', 'w').write(sys.argv[1] + '\n')" "$PARENT_SITE"
-  PIPI=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$KIT/wheels")
-  "${PIPI[@]}" "$KIT"/wheels/metralectl_cockpit-*.whl || { note "FAILED: installing metralectl"; rm -rf "$VENV"; exit 1; }
-  "${PIPI[@]}" --no-deps "$KIT"/wheels/gguf-*.whl || { note "FAILED: installing gguf"; rm -rf "$VENV"; exit 1; }
-fi
+# shellcheck source=/dev/null  # kit_venv.sh: checked on its own
+source "$HERE/kit_venv.sh"
+kit_venv "$VENV" || exit 1
 "$VENV/bin/metralectl" --version
 
 # --- 2. the models (once per machine), written while llama-server compiles ------------------------------------

@@ -23,6 +23,7 @@ from metralectl import names
 from metralectl.app import sync_install
 from metralectl.core import release_archive as ra
 from metralectl.core import serve_options, synced_set
+from metralectl.core.engines.registry import the_builtin
 from metralectl.core.recipe_import import ImportContext, Imported, UpstreamFile, convert
 from metralectl.errors import ExitCode, Problem
 from metralectl.safetext import clean
@@ -124,7 +125,7 @@ def sync(catalog: Catalog, source: Source, *, root: Path | None = None, progress
         if why:
             raise ra.ReleaseError(why, "the archive and index.json disagree: nothing was installed")
     label = ra.release_label(index, source.location)
-    contract = catalog.engines["metrale"]
+    contract = catalog.engines[the_builtin("publishes_recipe_sets")]
     revision = synced_set.revision_for(contract, label, index.commit, options, source.location)
     contract.revisions.setdefault(revision.id, revision)
     for name, spec in revision.specs.items():

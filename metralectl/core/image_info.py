@@ -128,7 +128,7 @@ def parse_image(doc: Document) -> tuple[ImageInfo | None, Checker]:
     if not check.ok or image_id is None or ref is None or platform is None:
         return None, check
     return ImageInfo(
-        id=image_id, ref=ref, engine=str(top.get("engine", "metrale")), hardware=tuple(hardware), platform=platform,
+        id=image_id, ref=ref, engine=str(top["engine"]) if "engine" in top else _unnamed(), hardware=tuple(hardware), platform=platform,
         min_cuda=_opt_str(top.get("min-cuda")), min_driver=_opt_str(top.get("min-driver")),
         revision_label=str(top.get("revision-label", "org.opencontainers.image.revision")),
         build=_opt_str(top.get("build")), source=doc.path, tags=tags, tag_pattern=pattern,
@@ -154,3 +154,10 @@ def _image_tags(check: Checker, raw: Any) -> dict[str, str]:
 
 def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _unnamed() -> str:
+    """The engine of an image file that names none (written before image files named their engine)."""
+    from metralectl.core.engines.registry import the_builtin
+
+    return the_builtin("owns_unnamed_images")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from metralectl import names
+from metralectl.core.engines.registry import the_builtin
 from metralectl.errors import Problem
 from metralectl.core.recipe import Recipe, RecipeOrigin
 from metralectl.core.schema import did_you_mean, type_name
@@ -146,8 +147,9 @@ def _document(conv: _Conversion, top: dict[str, Any], upstream: UpstreamFile, re
                        "do that step yourself before launching, or ask the engine to drop it from the recipe")
         elif key not in KNOWN_KEYS:
             conv.warn((key,), f"unknown key {key!r} is not applied")
-    if top.get("runtime") != "metrale":
-        conv.error(("runtime",), f"runtime {top.get('runtime')!r}: metralectl launches the `metrale` runtime only")
+    engine = the_builtin("publishes_recipe_sets")  # its recipe format names itself as the runtime
+    if top.get("runtime") != engine:
+        conv.error(("runtime",), f"runtime {top.get('runtime')!r}: metralectl launches the `{engine}` runtime only")
     if str(top.get("recipe_version")) != "2":
         conv.error(("recipe_version",), f"recipe_version {top.get('recipe_version')!r}: this importer reads \"2\"")
     name = upstream.id.rsplit("/", 1)[-1].lower()
@@ -184,7 +186,7 @@ def _document(conv: _Conversion, top: dict[str, Any], upstream: UpstreamFile, re
     tags += (["ep2"] if nodes == 2 else []) + (["mtp"] if serve.get("speculative") is True else [])
     data: dict[str, Any] = {
         "schema": 1, "name": name, "description": description.splitlines()[0][:200],
-        "engine": "metrale", "engine-revision": ctx.revision.id, "source": "engine",
+        "engine": the_builtin("publishes_recipe_sets"), "engine-revision": ctx.revision.id, "source": "engine",
         "provenance": {"repo": ctx.repo, "path": upstream.path, "commit": ctx.commit, "sha256": upstream.sha256,
                        "taken": ctx.taken, **({"release": ctx.release} if ctx.release else {})},
         "checkpoint": {"repo": model.strip(), "quant": quant, "revision": top.get("model_revision")},
@@ -246,7 +248,7 @@ def _coerce(spec: FlagSpec, value: object) -> object:
 
 
 def _settings(conv: _Conversion, defaults: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    revision, contract = conv.ctx.revision, conv.ctx.catalog.engines["metrale"]
+    revision, contract = conv.ctx.revision, conv.ctx.catalog.engines[the_builtin("publishes_recipe_sets")]
     serve: dict[str, Any] = {}
     resources: dict[str, Any] = {}
     for key, raw in defaults.items():

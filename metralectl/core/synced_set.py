@@ -100,7 +100,9 @@ def load_into(catalog: Catalog, root: Path | None = None) -> None:
                 "run `metralectl recipes sync` again (it replaces the link)")]))
         return
     meta = read_meta(set_dir)
-    contract = catalog.engines.get("metrale")
+    from metralectl.core.engines.registry import the_builtin  # a synced set exists: its engine's contract
+
+    contract = catalog.engines.get(the_builtin("publishes_recipe_sets"))
     if meta is None or contract is None:
         catalog.refused.append(Refused(str(set_dir / "release.json"), [Problem(
             str(set_dir / "release.json"), 0, 0, "", "the synced set's release.json is unreadable",

@@ -72,22 +72,6 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
     return None
 
 
-# Metrale's series (engine/metrale.yaml `metrics:`), for callers that know no engine: the text is still read
-# by the engine whose names it carries when candidate mappings are given (mapping_for).
-METRALE_DEFAULT = MetricsMap(series={
-    "requests-active": ("metrale_requests_active",), "requests-total": ("metrale_requests_total",),
-    "prompt-tokens-total": ("metrale_prompt_tokens_total",),
-    "generation-tokens-total": ("metrale_generation_tokens_total",),
-    "decoded-tokens-total": ("metrale_decoded_tokens_total",),
-    "ttft-seconds": ("metrale_time_to_first_token_seconds",),
-    "prefix-cache-hits-total": ("metrale_prefix_cache_hits_total",),
-    "prefix-cache-misses-total": ("metrale_prefix_cache_misses_total",),
-    "prefix-cache-hit-rate": ("metrale_prefix_cache_hit_rate",),
-    "spec-verify-total": ("metrale_spec_decode_verify_total",),
-    "tool-calls-total": ("metrale_tool_calls_total",),
-}, engine="metrale")
-
-
 # What a scrape is read by when it carries no series of any engine metralectl knows: nothing is mapped and the
 # engine is said to be unknown (never another engine's name: vLLM's `vllm:*` text is not Metrale's).
 UNKNOWN_ENGINE = MetricsMap(series={}, engine="unknown")
@@ -207,11 +191,22 @@ def spec_acceptance_by_k(counts: Mapping[tuple[str, str], float]) -> dict[str, f
     return out
 
 
+def catalog_maps() -> tuple[MetricsMap, ...]:
+    """The metrics mapping of every engine the catalog knows (a scrape is read by the one it matches); none when
+    the catalog cannot be read: the scrape is then an unknown engine's, never a guess at one."""
+    from metralectl.core.catalog import load_catalog
+
+    try:
+        return tuple(contract.metrics for contract in load_catalog().engines.values())
+    except MetralError:
+        return ()
+
+
 def parse_metrics(text: str, *, t: float | None = None, mapping: MetricsMap | None = None,
                   candidates: Iterable[MetricsMap] = ()) -> EngineSnapshot:
     """Parse Prometheus exposition text into the canonical metrics, read through the engine's mapping (given,
-    else the candidate whose series the text carries, else Metrale's when the text carries any of its series,
-    else none: the engine is "unknown"). Missing series are None (an older engine, a feature off)."""
+    else the candidate whose series the text carries, the candidates being every catalog engine's when none are
+    given, else none: the engine is "unknown"). Missing series are None (an older engine, a feature off)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     series: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
@@ -223,7 +218,7 @@ def parse_metrics(text: str, *, t: float | None = None, mapping: MetricsMap | No
         raise MetralError(f"the engine's /metrics is not Prometheus text: {exc}",
                           "is the URL the engine's port? `curl http://HOST:PORT/metrics` shows what came back") from exc
 
-    chosen = mapping or mapping_for(series, candidates) or mapping_for(series, (METRALE_DEFAULT,)) or UNKNOWN_ENGINE
+    chosen = mapping or mapping_for(series, tuple(candidates) or catalog_maps()) or UNKNOWN_ENGINE
 
     def present(canonical: str, suffix: str = "") -> str | None:
         return next((n for n in chosen.names(canonical) if f"{n}{suffix}" in series), None)

@@ -18,7 +18,7 @@ from metralectl.errors import NOTHING_SERVED, MetralError
 from metralectl.seams.gpu import GpuProbe
 from metralectl.core.gpudata import GpuSystem, GpuUnavailable
 from metralectl.core.engine_profile import MetricsMap
-from metralectl.telemetry.engine_metrics import UNKNOWN_ENGINE, parse_metrics, unknown_engine_note
+from metralectl.telemetry.engine_metrics import UNKNOWN_ENGINE, catalog_maps, parse_metrics, unknown_engine_note
 from metralectl.telemetry.sampler import Sample, Sampler
 from metralectl.telemetry.thermal import ThermalLines
 from metralectl.telemetry.engine_view import EngineObservation, EngineState, EngineTarget
@@ -99,14 +99,8 @@ def our_container_of(pid: int, proc_root: Path = Path("/proc")) -> str | None:
 
 
 def engine_metric_maps() -> tuple[MetricsMap, ...]:
-    """The metrics mapping of every engine the catalog knows (a scrape is read by the one it matches);
-    none when the catalog cannot be read (Metrale's names are then the default)."""
-    from metralectl.core.catalog import load_catalog
-
-    try:
-        return tuple(contract.metrics for contract in load_catalog().engines.values())
-    except MetralError:
-        return ()
+    """Every catalog engine's metrics mapping (engine_metrics.catalog_maps: none when the catalog cannot be read)."""
+    return catalog_maps()
 
 
 def fixed_targets(urls: Sequence[str]) -> Discovery:

@@ -92,9 +92,21 @@ def test_llama_metrics_read_through_its_mapping(engines: dict[str, EngineContrac
     assert rates.spec_acceptance == pytest.approx(0.6)
 
 
-def test_the_built_in_fallback_is_metrale_yaml_s_mapping(engines: dict[str, EngineContract]) -> None:
-    from metralectl.telemetry.engine_metrics import METRALE_DEFAULT
-    assert METRALE_DEFAULT.series == engines["metrale"].metrics.series
+def test_a_caller_that_names_no_engine_reads_through_every_catalog_engine(engines: dict[str, EngineContract],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """No candidates given: every catalog engine's mapping is tried (a vLLM scrape reads as vLLM's); a catalog that
+    cannot be read leaves the scrape an unknown engine's, never another engine's."""
+    from metralectl.errors import MetralError
+    from metralectl.telemetry import engine_metrics
+
+    vllm = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"
+    assert engine_metrics.parse_metrics(vllm).engine == "vllm"
+
+    def broken() -> None:
+        raise MetralError("the catalog cannot be read")
+
+    monkeypatch.setattr("metralectl.core.catalog.load_catalog", broken)
+    assert engine_metrics.parse_metrics(vllm).engine == "unknown"
 
 
 def test_metrale_text_still_reads_as_metrale(engines: dict[str, EngineContract]) -> None:

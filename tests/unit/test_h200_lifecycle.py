@@ -211,6 +211,7 @@ def test_the_tiny_models_are_written_verified_and_the_damaged_one_is_cut(tmp_pat
 def test_the_lifecycle_scripts_are_shellcheck_clean() -> None:
     if not shutil.which("shellcheck"):
         pytest.skip("shellcheck not installed")
-    scripts = [H200 / "run_lifecycle_gpu.sh", H200 / "build_llama_server_cuda.sh", H200 / "fetch_llamacpp_kit.sh"]
+    scripts = [H200 / "run_lifecycle_gpu.sh", H200 / "build_llama_server_cuda.sh", H200 / "fetch_llamacpp_kit.sh",
+               H200 / "kit_venv.sh", H200 / "run_gateway_overhead.sh"]
     out = subprocess.run(["shellcheck", "--severity=style", *map(str, scripts)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout

@@ -50,6 +50,11 @@ class Engine(Protocol):
     # A plugin's own data (engine/<name>.yaml with its pinned authority, images/, recipes/), loaded by the
     # catalog as shipped data; None for metralectl's own engines (their data is metralectl's).
     data_dir: Path | None
+    # The engine whose releases carry a recipe set (`recipes sync`: index.json + recipes.tar.gz) in its own recipe
+    # format (`recipes import` converts its serve configs), and the engine an image file naming none is for (image
+    # files written before they named their engine). One built-in engine says each (registry.the_builtin).
+    publishes_recipe_sets: bool
+    owns_unnamed_images: bool
 
     def signatures(self, answers: ServerAnswers) -> list[str]:
         """Evidence, beyond owned_by and metrics, that the server is this engine (each a short phrase)."""
@@ -81,6 +86,8 @@ class DataEngine:
     metric_prefix: str | None = None
     rank_arguments_after: str | None = None
     data_dir: Path | None = None
+    publishes_recipe_sets = False
+    owns_unnamed_images = False
 
     def signatures(self, answers: ServerAnswers) -> list[str]:
         return []

@@ -10,6 +10,8 @@ class Metrale(DataEngine):
     owned_by = ("metrale",)
     metric_prefix = "metrale_"
     rank_arguments_after = "gpu-memory-utilization"  # its rendezvous words follow the memory fraction
+    publishes_recipe_sets = True  # Metrale/metrale-recipes releases: `recipes sync`, `recipes import`
+    owns_unnamed_images = True  # the first engine: image files from before engines were named are its own
 
     def signatures(self, answers: ServerAnswers) -> list[str]:
         config = answers.serve_config

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from functools import cache
 from importlib import metadata
+from typing import Literal
 
 from metralectl.core.engines.base import DataEngine, Engine
 from metralectl.errors import DataError
@@ -41,6 +43,17 @@ def engine_for(name: str) -> Engine:
     return engine
 
 
+def the_builtin(role: Literal["publishes_recipe_sets", "owns_unnamed_images"]) -> str:
+    """The one built-in engine that has `role` (base.Engine says what each means); read from this package's own
+    modules, never the entry points: a plugin cannot take these over."""
+    names = [engine.name for engine in _builtin().values() if getattr(engine, role, False)]
+    if len(names) != 1:
+        raise DataError(f"built-in engines with {role}: {names or 'none'}; exactly one must say it",
+                        "a bug in this release: report it")
+    return names[0]
+
+
+@cache
 def _builtin() -> dict[str, Engine]:
     import metralectl.core.engines as package
 
