@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import base64
 import os
+import signal
+import ssl
 import subprocess
+import time
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,6 +124,23 @@ def test_the_boot_timeout_deletes_what_was_applied(tmp_path: Path, fake: FakeKub
     assert fake.objects == {} and any(c.startswith("DELETE") for c in _calls(fake))
 
 
+def test_ctrl_c_while_waiting_deletes_what_was_applied(tmp_path: Path, fake: FakeKube) -> None:
+    fake.pods = "never"
+    config = _kubeconfig(tmp_path / "kc", fake.start())
+    env = {**os.environ, "KUBECONFIG": str(config), "HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "metralectl", "run", RECIPE, *SETS, "--on", "kube", "-n", "team"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not any(r.path == "/api/v1/namespaces/team/pods" for r in fake.requests):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert fake.objects == {} and "deleted Deployment team/" in err
+    assert {r.path.split("/namespaces/")[1].split("/")[0] for r in fake.requests} == {"team"}  # -n over the context's namespace
+
+
 def test_health_never_answering_through_the_service_fails_and_cleans_up(tmp_path: Path, fake: FakeKube) -> None:
     fake.health = 503
     config = _kubeconfig(tmp_path / "kc", fake.start())
@@ -208,10 +228,10 @@ def test_the_api_server_over_tls_with_its_own_ca(tmp_path: Path, fake: FakeKube)
     """A CA made here signs the fake's certificate for 127.0.0.1; the kubeconfig's certificate-authority-data is
     what the client trusts (and a client certificate signed by the same CA is presented and required)."""
     pki = _pki(tmp_path)
-    server_ctx = __import__("ssl").SSLContext(__import__("ssl").PROTOCOL_TLS_SERVER)
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_ctx.load_cert_chain(pki / "server.pem", pki / "server.key")
     server_ctx.load_verify_locations(pki / "ca.pem")
-    server_ctx.verify_mode = __import__("ssl").CERT_REQUIRED
+    server_ctx.verify_mode = ssl.CERT_REQUIRED
     url = fake.start(server_ctx)
     b64 = lambda name: base64.b64encode((pki / name).read_bytes()).decode()  # noqa: E731
     config = _kubeconfig(tmp_path / "kc", url, user={"client-certificate-data": b64("client.pem"),
