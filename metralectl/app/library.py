@@ -118,7 +118,8 @@ def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
     hardware = catalog.hardware[recipe.hardware]
     est: MemoryEstimate = estimate(recipe, model, hardware,
                                    target.gpu_name if target.hardware == recipe.hardware else None,
-                                   catalog.engines[recipe.engine].memory_meaning, host_ram_gb=target.host_ram_gb)
+                                   catalog.engines[recipe.engine].memory_meaning, host_ram_gb=target.host_ram_gb,
+                                   roles=catalog.engines[recipe.engine].fit_roles)
     fits, reason = _judge(recipe, hardware, target, est)
     cache = hfstate.checkpoint_state(recipe.checkpoint)
     image = catalog.image_for(recipe)

@@ -26,7 +26,7 @@ MULTI_RANK_STRATEGIES: tuple[MultiRank, ...] = get_args(MultiRank)
 _READINESS_KEYS = ("style", "marker", "health-path", "health-ready-status", "health-status-key", "health-faulted", "health-reason-key")
 _TOP_KEYS = ("schema", "name", "display-name", "binary", "serve-command", "model-argument", "version-command",
              "default-port", "default-bind", "readiness", "log-phases", "log-failures", "endpoints", "flags",
-             "request-dialect", "log-prefix", "rules", "auth-flags", "multi-rank", "metrics", "weights", "memory-utilization", "quants", "launcher-sets",
+             "request-dialect", "log-prefix", "rules", "auth-flags", "multi-rank", "metrics", "weights", "memory-utilization", "fit-roles", "quants", "launcher-sets",
              "exclusive-groups", "rank-symmetric", "levers", "env-passthrough", "served-name-flag", "process")
 
 
@@ -81,6 +81,7 @@ class EngineContract:
     metrics: P.MetricsMap = field(default_factory=P.MetricsMap)
     weights: P.Weights = field(default_factory=P.Weights)
     memory_meaning: P.MemoryMeaning = "fraction-of-total"  # what resources.memory-utilization means to it
+    fit_roles: P.FitRoles = field(default_factory=P.FitRoles)  # the flags of the fit estimate's generic KV pool
     quants: tuple[str, ...] = ()  # the checkpoint quant words its recipes use
     launcher_sets: dict[str, Any] = field(default_factory=dict)  # flags every launch sets (llama.cpp --metrics)
     log_prefix: re.Pattern[str] | None = None  # what precedes a log line's message (None: the tracing prefix)
@@ -162,6 +163,7 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         metrics=P.parse_metrics(check, top.get("metrics"), name),
         weights=P.parse_weights(check, top.get("weights")),
         memory_meaning=P.parse_memory_meaning(check, top),
+        fit_roles=P.parse_fit_roles(check, top.get("fit-roles"), flags),
         quants=tuple(check.string_list(top, (), "quants", required=True)),
         launcher_sets=_launcher_sets(check, top, flags),
         log_prefix=_log_prefix(check, top),

@@ -41,6 +41,40 @@ MEMORY_MEANINGS: dict[MemoryMeaning, str] = {
     "fraction-of-free-after-weights": "a fraction of the memory left free once the weights are loaded",
     "none": "the engine takes no memory fraction: it sizes the KV cache from the context and slots",
 }
+# The flags that play the fit estimate's roles in the generic KV pool (core/fit.py kv_part): context length ×
+# sequences tokens in the KV dtype. An engine without them sizes its cache itself (its class's kv_pool, or unknown).
+FitRole = Literal["context-length", "sequences", "kv-dtype"]
+FIT_ROLES: tuple[FitRole, ...] = get_args(FitRole)
+
+
+@dataclass(frozen=True)
+class FitRoles:
+    context_length: str | None = None
+    sequences: str | None = None
+    kv_dtype: str | None = None
+
+    @property
+    def sized(self) -> bool:
+        return self.context_length is not None and self.sequences is not None
+
+
+def parse_fit_roles(check: Checker, raw: object, flags: dict[str, Any]) -> FitRoles:
+    if raw is None:
+        return FitRoles()
+    if not isinstance(raw, dict):
+        check.error(("fit-roles",), "fit-roles is a mapping of role to flag", f"roles: {', '.join(FIT_ROLES)}")
+        return FitRoles()
+    found: dict[str, str] = {}
+    for role, flag in raw.items():
+        if role not in FIT_ROLES:
+            check.error(("fit-roles", str(role)), f"unknown fit role {role!r}", f"roles: {', '.join(FIT_ROLES)}")
+        elif not isinstance(flag, str) or flag not in flags:
+            check.error(("fit-roles", role), f"fit role {role} names {flag!r}, which is not a flag of this engine")
+        else:
+            found[role.replace("-", "_")] = flag
+    return FitRoles(**found)
+
+
 # Checkpoint formats, for the weights a recipe needs from the HF cache (seams/hf/weights.py):
 #   safetensors  the repository's files (a snapshot)
 #   gguf         only the .gguf file(s) whose name holds the recipe's quant (a GGUF repo holds many quants)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from metralectl.core.engine_profile import MemoryMeaning, unreachable
+from metralectl.core.engine_profile import FitRoles, MemoryMeaning, unreachable
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.model_info import ModelInfo
 from metralectl.core.recipe import Recipe
@@ -98,25 +98,32 @@ def weights_part(model: ModelInfo, repo: str, quant: str) -> Part:
     return Part("weights", None, "unknown: checkpoint size and parameter count not in the data")
 
 
-def kv_part(model: ModelInfo, recipe: Recipe) -> Part:
+def kv_part(model: ModelInfo, recipe: Recipe, roles: FitRoles | None = None) -> Part:
+    """The KV pool: the engine class's own sizing, else context length × sequences blocks in the KV dtype, read from
+    the flags its data names for those roles (`fit-roles:`); unknown for an engine whose data names none."""
     from metralectl.core.engines.registry import engine_for  # lazy: the engine plugins load on the first estimate
 
     own = engine_for(recipe.engine).kv_pool(model, recipe)  # an engine that sizes its cache its own way
     if own is not None:
         return own
     serve = recipe.serve
-    dtype = str(serve.get("kv-cache-dtype", ""))
-    seq, batch = serve.get("max-seq-len"), serve.get("max-batch-size")
+    roles = roles or FitRoles()
+    if not roles.sized or roles.context_length is None or roles.sequences is None:
+        return Part("KV pool", None, f"unknown: {recipe.engine} sizes its KV cache itself (its data names no flags "
+                                     "for the context length and sequences the estimate would size it from)")
+    seq_flag, batch_flag = roles.context_length, roles.sequences
+    dtype = str(serve.get(roles.kv_dtype, "")) if roles.kv_dtype else ""
+    seq, batch = serve.get(seq_flag), serve.get(batch_flag)
     layers, heads, dim = model.attention_layers, model.kv_heads, model.head_dim
     sizes = kv_element_bytes(dtype)
     missing = [n for n, v in (("attention layers", layers), ("KV heads", heads), ("head dim", dim)) if not v]
     if missing:
         return Part("KV pool", None, f"unknown: {', '.join(missing)} of {model.display_name} not in the data")
     if batch == "auto":
-        return Part("KV pool", None, "unknown: max-batch-size auto (the engine sizes the batch at boot)")
-    if not isinstance(seq, int) or not isinstance(batch, int):  # another engine's recipe (vLLM's sizes its own pool)
-        unset = " and ".join(n for n, v in (("max-seq-len", seq), ("max-batch-size", batch)) if not isinstance(v, int))
-        return Part("KV pool", None, f"unknown: the estimate sizes the pool from max-seq-len × max-batch-size, "
+        return Part("KV pool", None, f"unknown: {batch_flag} auto (the engine sizes the batch at boot)")
+    if not isinstance(seq, int) or not isinstance(batch, int):
+        unset = " and ".join(n for n, v in ((seq_flag, seq), (batch_flag, batch)) if not isinstance(v, int))
+        return Part("KV pool", None, f"unknown: the estimate sizes the pool from {seq_flag} × {batch_flag}, "
                                      f"and this recipe does not set {unset}")
     if sizes is None:
         return Part("KV pool", None, f"unknown: KV dtype {dtype!r} has no known element size")
@@ -173,7 +180,8 @@ def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning:
 
 
 def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name: str | None = None,
-             memory_meaning: MemoryMeaning = "fraction-of-total", host_ram_gb: float | None = None) -> MemoryEstimate:
+             memory_meaning: MemoryMeaning = "fraction-of-total", host_ram_gb: float | None = None,
+             roles: FitRoles | None = None) -> MemoryEstimate:
     """`host_ram_gb`: this machine's RAM, the budget of a class whose memory is the host's (memory.host-ram)."""
     reserve_mb = recipe.serve.get("oom-guard-mb", 0)
     memory = hardware.memory_gb(gpu_name, host_ram_gb)
@@ -186,7 +194,7 @@ def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name
         weights = Part("weights", weights.gb / ranks, f"{weights.basis}, ÷ {ranks} ranks (≈, experts split)")
     return MemoryEstimate(
         weights=weights,
-        kv_pool=kv_part(model, recipe),
+        kv_pool=kv_part(model, recipe, roles),
         reserve=Part("reserve", reserve_mb * 1e6 / GB, f"oom-guard-mb {reserve_mb}"),
         budget=budget,
         hardware=hardware.id,

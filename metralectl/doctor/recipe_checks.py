@@ -143,7 +143,8 @@ def check_fit(ctx: Context) -> Finding:
         from metralectl.seams.machine import host_memory_gb
         ram = host_memory_gb()
     est = estimate(recipe, catalog.model_of(recipe), hw, gpu_name if detected == recipe.hardware else None,
-                   catalog.engines[recipe.engine].memory_meaning, host_ram_gb=ram)
+                   catalog.engines[recipe.engine].memory_meaning, host_ram_gb=ram,
+                   roles=catalog.engines[recipe.engine].fit_roles)
     total, budget = est.total_gb, est.budget.gb
     data.update(estimate_gb=total, budget_gb=budget, weights_gb=est.weights.gb, kv_pool_gb=est.kv_pool.gb,
                 reserve_gb=est.reserve.gb)

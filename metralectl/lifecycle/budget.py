@@ -97,7 +97,7 @@ def recipe_footprint(catalog: Catalog, recipe: Recipe) -> Footprint:
         ram = machine.host_memory_gb() if hardware.host_memory else None
         meaning = catalog.engines[recipe.engine].memory_meaning
         est = estimate(recipe, catalog.model_of(recipe), hardware, names[0] if names else None, meaning,
-                       host_ram_gb=ram)
+                       host_ram_gb=ram, roles=catalog.engines[recipe.engine].fit_roles)
     except (KeyError, MetralError) as exc:
         return Footprint(recipe.name, None, f"unknown: {exc}")
     return footprint_of_estimate(recipe.name, est, meaning)

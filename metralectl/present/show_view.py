@@ -24,7 +24,8 @@ def _estimate(catalog: Catalog, recipe: Recipe) -> MemoryEstimate:
         from metralectl.seams import machine
         ram = machine.host_memory_gb()
     return estimate(recipe, catalog.model_of(recipe), hardware,
-                    memory_meaning=catalog.engines[recipe.engine].memory_meaning, host_ram_gb=ram)
+                    memory_meaning=catalog.engines[recipe.engine].memory_meaning, host_ram_gb=ram,
+                    roles=catalog.engines[recipe.engine].fit_roles)
 
 
 def _yaml_word(value: object) -> str:

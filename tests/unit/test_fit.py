@@ -14,7 +14,8 @@ from tests.unit.recipe_helpers import catalog
 def _estimate(name: str, *sets: str):
     cat = catalog()
     recipe = apply_sets(cat, cat.recipes[name], list(sets))
-    return estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware])
+    return estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware],
+                    roles=cat.engines[recipe.engine].fit_roles)  # the flags the engine's data names for the pool
 
 
 def test_flagship_kv_pool_by_the_formula() -> None:
@@ -66,5 +67,24 @@ def test_unknown_figures_stay_unknown() -> None:
                if None in (cat.model_of(r).kv_heads, cat.model_of(r).head_dim, cat.model_of(r).attention_layers)]
     assert unknown, "the data has figures left unknown (Gemma-4, ...); this test guards how they are shown"
     for recipe in unknown:
-        est = estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware])
+        est = estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware],
+                       roles=cat.engines[recipe.engine].fit_roles)
         assert est.kv_pool.gb is None and est.fits is None and "unknown" in est.kv_pool.basis
+
+
+def test_the_kv_pool_reads_the_flags_the_engine_s_data_names() -> None:
+    """The generic pool's context length, sequences and KV dtype are whatever flags `fit-roles:` names; an engine
+    whose data names none sizes its cache itself (unknown here, and said)."""
+    from metralectl.core.engine_profile import FitRoles
+
+    cat = catalog()
+    recipe = cat.recipes["qwen3.5-35b-a3b"]
+    metrale = cat.engines[recipe.engine].fit_roles
+    assert (metrale.context_length, metrale.sequences, metrale.kv_dtype) == ("max-seq-len", "max-batch-size",
+                                                                              "kv-cache-dtype")
+    own = estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware], roles=metrale)
+    none = estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware], roles=FitRoles())
+    assert own.kv_pool.gb and none.kv_pool.gb is None and "sizes its KV cache itself" in none.kv_pool.basis
+    other = FitRoles(context_length="max-seq-len", sequences="max-sequences")  # a flag this recipe does not set
+    said = estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware], roles=other).kv_pool.basis
+    assert "max-seq-len × max-sequences" in said and "does not set max-sequences" in said

@@ -74,7 +74,7 @@ class Engine(Protocol):
 
     def kv_pool(self, model: ModelInfo, recipe: Recipe) -> Part | None:
         """The fit estimate's KV part when the engine sizes its cache its own way; None: the generic pool
-        (max-seq-len × max-batch-size blocks, core/fit.py)."""
+        (context length × sequences blocks from the flags its data's `fit-roles:` names, core/fit.py)."""
         ...
 
 
