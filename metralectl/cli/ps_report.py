@@ -21,8 +21,17 @@ if TYPE_CHECKING:
 @click.command("ps")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--repair", is_flag=True, help="Repair an interrupted swap (restore a serving model).")
-def ps_command(as_json: bool, repair: bool) -> None:
+@click.option("--on", "on", metavar="kube[:CONTEXT]", help="metralectl's pods on a Kubernetes cluster (docs/kubernetes.md).")
+@click.option("--namespace", "-n", "namespace", help="With --on kube: the namespace (default: the context's).")
+def ps_command(as_json: bool, repair: bool, on: str | None = None, namespace: str | None = None) -> None:
     """What metralectl is serving: recipe, state, health, uptime, endpoint, image revision."""
+    if on or namespace:
+        if not on or repair:
+            raise click.UsageError("--namespace goes with --on kube; --repair is for this machine")
+        from metralectl.cli import kube_cmds
+
+        kube_cmds.ps(on, namespace, as_json)
+        return
     if not repair:
         ps(as_json)
         return

@@ -168,6 +168,8 @@ def run(
     no_rdma: bool = typer.Option(False, "--no-rdma", help="Multi-rank: no RDMA devices (/dev/infiniband); NCCL over TCP sockets on the RoCE interface (slower)."),
     rdma_device: str = typer.Option(None, "--rdma-device", metavar="DEV", help="Multi-rank: NCCL_IB_HCA on every rank (with --print; or instead of the RDMA device detected behind the RoCE interface)."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout (the spec with --print, the endpoint otherwise)."),
+    on: str = typer.Option(None, "--on", metavar="kube[:CONTEXT]", help="Serve on a Kubernetes cluster through its API (docs/kubernetes.md)."),
+    namespace: str = typer.Option(None, "--namespace", "-n", help="With --on kube: the namespace (default: the context's)."),
 ) -> None:
     """Serve a recipe and wait until it is really ready (--print: show the `docker run` instead).
 
@@ -208,6 +210,10 @@ def run(
 
         print(shown(command_text(spec)))  # a recipe's values, escaped for the terminal (--json: exact)
         return
+    if on or namespace:
+        _run_on(on, namespace, catalog, recipe, boot_timeout, as_json, worker or head, roce_interface, rdma_device,
+                no_rdma)
+        return
     from metralectl.app.serving import Change, MultiRank
     from metralectl.lifecycle.launch import LaunchOptions
 
@@ -237,15 +243,38 @@ def run(
         _print_ready(launched, as_json)
 
 
+def _run_on(on: str | None, namespace: str | None, catalog: Any, recipe: Any, boot_timeout: float | None,
+            as_json: bool, endpoint: str | None, roce_interface: str | None, rdma_device: str | None,
+            no_rdma: bool) -> None:
+    if not on:
+        raise typer.BadParameter("--namespace is for --on kube")
+    if endpoint:
+        raise typer.BadParameter("--worker/--head name Docker endpoints; with --on kube the cluster places the ranks")
+    from metralectl.cli import kube_cmds
+    from metralectl.lifecycle.kube_export import KubeOptions
+
+    kube_cmds.run(on, namespace, catalog, recipe, boot_timeout, as_json,
+                  KubeOptions(roce_interface=roce_interface, rdma_device=rdma_device, rdma=not no_rdma))
+
+
 def logs(
     recipe_name: str = typer.Argument(None, metavar="[RECIPE]", help="Whose logs (default: the one being served)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the container exits."),
     tail: int = typer.Option(200, "--tail", "-n", help="Lines of history to start with."),
     rank: int = typer.Option(None, "--rank", help="Multi-rank deployments: which rank's log (0 = the head, the default)."),
     last_failed: bool = typer.Option(False, "--last-failed", help="The kept log of the last failed start (of RECIPE)."),
+    on: str = typer.Option(None, "--on", metavar="kube[:CONTEXT]", help="The head pod's log on a Kubernetes cluster (the last --tail lines)."),
+    namespace: str = typer.Option(None, "--namespace", help="With --on kube: the namespace (default: the context's)."),
 ) -> None:
     """The engine's log (stdout). With -f, follows and returns when the container exits. With no container
     (a start that failed and was cleaned up), the log metralectl kept of that start."""
+    if on or namespace:
+        if not on or follow or last_failed or rank is not None:
+            raise typer.BadParameter("--on kube takes RECIPE, --tail and --namespace (no -f, --rank, --last-failed)")
+        from metralectl.cli import kube_cmds
+
+        kube_cmds.logs(on, namespace, recipe_name, tail)
+        return
     if last_failed:
         from metralectl.app.serving_logs import failed_start_log
 
@@ -268,8 +297,17 @@ def stop(
     all_: bool = typer.Option(False, "--all", help="Every metralectl container."),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds between SIGTERM and SIGKILL."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    on: str = typer.Option(None, "--on", metavar="kube[:CONTEXT]", help="Delete the recipe's objects on a Kubernetes cluster (RECIPE or --all)."),
+    namespace: str = typer.Option(None, "--namespace", "-n", help="With --on kube: the namespace (default: the context's)."),
 ) -> None:
     """Stop gracefully (kill after --timeout), verify the container is gone and memory came back."""
+    if on or namespace:
+        if not on:
+            raise typer.BadParameter("--namespace is for --on kube")
+        from metralectl.cli import kube_cmds
+
+        kube_cmds.stop(on, namespace, recipe_name, all_)
+        return
     from metralectl.app.serving import Change, StopIncomplete
 
     _sigterm_as_interrupt()

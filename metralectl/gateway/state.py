@@ -114,21 +114,19 @@ def forget_stale() -> None:
 
 def health(url: str, timeout: float = 0.5) -> dict[str, Any] | None:
     """The gateway's own /health answer (models, waiting requests), or None when it does not answer."""
-    import http.client
+    from metralectl.seams.httpclient import Failed, get_once
 
     match = URL_RE.fullmatch(url)
     if match is None:
         return None
-    conn = http.client.HTTPConnection(match.group(1).strip("[]"), int(match.group(2)), timeout=timeout)
     try:
-        conn.request("GET", "/health")
-        reply = conn.getresponse()
-        body = reply.read(HEALTH_LIMIT + 1)
-        if reply.status != 200 or len(body) > HEALTH_LIMIT:
-            return None
-        data = json.loads(body)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError, http.client.HTTPException):
+        reply = get_once(match.group(1).strip("[]"), int(match.group(2)), "/health", timeout, limit=HEALTH_LIMIT + 1)
+    except Failed:
         return None
-    finally:
-        conn.close()
+    if reply.status != 200 or len(reply.body) > HEALTH_LIMIT:
+        return None
+    try:
+        data = json.loads(reply.body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
 # Hub and cache; seams/process: engines run as this host's processes), are siblings that may not import each other,
 # and they sit above the layer's flat modules (the shared ones: seams/httpclient.py, bounded.py, store.py, ...),
 # which may not import them.
-SUBPACKAGES: dict[str, tuple[str, ...]] = {"seams": ("docker", "hf", "process")}
+SUBPACKAGES: dict[str, tuple[str, ...]] = {"seams": ("docker", "hf", "kube", "process")}
 
 # Imports between two packages of a layer that are deliberate: (importer, imported), each a module or a package
 # (a prefix), with the reason (mirrored in docs/ARCHITECTURE.md).

@@ -1,0 +1,83 @@
+"""`run/ps/logs/stop --on kube[:CONTEXT]`: the CLI side of lifecycle/kube_run.py (progress on stderr, data on
+stdout). Imported only when --on is given."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from metralectl.cli.state import note
+from metralectl.safetext import clean, log_line
+
+
+def _client(on: str, namespace: str | None) -> tuple[Any, str]:
+    from metralectl.lifecycle.kube_run import parse_on
+    from metralectl.seams.kube.client import KubeClient
+    from metralectl.seams.kube.config import load
+
+    config = load(parse_on(on))
+    return KubeClient(config), namespace or config.namespace
+
+
+def run(on: str, namespace: str | None, catalog: Any, recipe: Any, boot_timeout: float | None, as_json: bool,
+        options: Any = None) -> None:
+    from metralectl.lifecycle import kube_run
+    from metralectl.lifecycle.kube_export import DEFAULT_FIRST_LOAD_S
+
+    hardware = catalog.hardware.get(recipe.hardware)
+    timeout = boot_timeout or (hardware.boot_timeout_s if hardware is not None else 0) or DEFAULT_FIRST_LOAD_S
+    client, ns = _client(on, namespace)
+    with client:
+        note(clean(f"context {client.config.context}, namespace {ns}, boot timeout {timeout:.0f} s"))
+        ran = kube_run.run(client, catalog, recipe, ns, timeout, lambda line: note(clean(line)), options=options)
+    if as_json:
+        print(json.dumps({"recipe": recipe.name, "name": ran.name, "namespace": ns, "context": ran.context,
+                          "pods": ran.pods, "health": ran.health_url}, indent=2))
+    else:
+        print(clean(f"ready: {recipe.name} as {ns}/{ran.name} (context {ran.context}); pods: {', '.join(ran.pods)}"))
+
+
+def ps(on: str, namespace: str | None, as_json: bool) -> None:
+    from metralectl.lifecycle import kube_run
+
+    client, ns = _client(on, namespace)
+    with client:
+        rows = kube_run.ps(client, ns)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        note(f"no metralectl pods in namespace {clean(ns)}")
+        return
+    print(f"{'RECIPE':<32} {'POD':<48} {'PHASE':<10} {'READY':<6} NODE")
+    for row in rows:
+        print(f"{clean(row['recipe'], 32):<32} {clean(row['pod'], 48):<48} {clean(row['phase'], 10):<10} "
+              f"{'yes' if row['ready'] else 'no':<6} {clean(row['node'], 40)}")
+
+
+def logs(on: str, namespace: str | None, recipe_name: str | None, tail: int) -> None:
+    from metralectl.lifecycle import kube_run
+
+    client, ns = _client(on, namespace)
+    with client:
+        lines = kube_run.logs(client, ns, recipe_name, tail)
+    for line in lines:
+        print(log_line(line, False))
+
+
+def stop(on: str, namespace: str | None, recipe_name: str | None, all_: bool) -> None:
+    from metralectl.errors import ExitCode, MetralError
+    from metralectl.lifecycle import kube_run
+
+    if recipe_name is None and not all_:
+        raise MetralError("stop --on kube needs RECIPE or --all", "metralectl stop --on kube RECIPE",
+                          exit_code=ExitCode.USAGE)
+    client, ns = _client(on, namespace)
+    with client:
+        deleted = kube_run.stop(client, ns, recipe_name)
+    if not deleted:
+        note(f"nothing to stop in namespace {clean(ns)}")
+    for line in deleted:
+        print(clean(f"deleted {line}"))
+    sys.stdout.flush()
