@@ -67,7 +67,8 @@ def gateway(
                                              "evicted (never stopped mid-request: the load waits, then 503)."),
     no_load: bool = typer.Option(False, "--no-load", help="Route only to what serves; never load a model on demand."),
     as_json: bool = typer.Option(False, "--json", help="Status as JSON lines on stdout: one when listening, one each "
-                                                       "time the served models change."),
+                                                       "time the served models change (`gone`: the engines that "
+                                                       "went away without being stopped)."),
 ) -> None:
     """Serve one OpenAI-compatible endpoint that routes each request by its `model` to the engine serving it.
     With API keys (`gateway keys add`), every client needs one, and each key names the models it may use."""
@@ -86,8 +87,8 @@ def gateway(
     sock = _bind(host, port)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{sock.getsockname()[1]}"
 
-    def show(table: Any, event: str = "models") -> None:
-        status = {**_status(table, url), "keys": len(keys.ring.keys), "keys_error": keys.error}
+    def show(table: Any, event: str = "models", gone: list[str] | None = None) -> None:
+        status = {**_status(table, url), "keys": len(keys.ring.keys), "keys_error": keys.error, "gone": gone or []}
         if as_json:
             print(json.dumps({"event": event, **status}), flush=True)
             return
@@ -99,6 +100,7 @@ def gateway(
         print(f"gateway {url}: serving {clean(names, 2000)}" +
               (f"; starting: {clean(', '.join(status['starting']), 500)}" if status["starting"] else "") +
               (f"; {clean(table.error, 500)}" if table.error else "") +
+              (f"; went away (exited without being stopped): {clean(', '.join(gone), 500)}" if gone else "") +
               (f"; {count(status['keys'], 'API key')} in force" if status["keys"] else "; no API key: loopback only"
                if not remote else "; no API key and --allow-remote: open to every client") +
               (f"; the keys file is refused, the last good keys stay in force: {clean(keys.error, 500)}"
@@ -117,7 +119,7 @@ def gateway(
         loader.metrics = gateway_.metrics
     gateway_.on_table = show
 
-    async def main() -> None:
+    async def main() -> bool:
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(serve(gateway_, sock, lambda table: show(table, "listening")))
         stopped: list[int] = []
@@ -133,15 +135,18 @@ def gateway(
         except asyncio.CancelledError:
             if not stopped:
                 raise
-        raise KeyboardInterrupt  # Ctrl-C / SIGTERM: the CLI's boundary says so and exits 130
+        return True  # Ctrl-C / SIGTERM, the clients' connections closed by serve() on its way out
 
     from metralectl.gateway import state
 
     recorded = state.record(url, len(keys.ring.keys))  # `ps` shows it while it runs
     try:
-        asyncio.run(main())
+        interrupted = asyncio.run(main())
     finally:
         state.remove(recorded)
+    if interrupted:
+        raise KeyboardInterrupt  # outside the loop (raised in it, the clients' tasks were torn down noisily):
+        # the CLI's boundary says so and exits 130
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 HEAD_LIMIT = 64 * 1024  # a request's or a response's head (request line + headers)
@@ -275,3 +276,35 @@ def simple_response(status: int, body: bytes, content_type: str = "application/j
     if not keep_alive:
         headers.append(("Connection", "close"))
     return head_bytes(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", headers) + body
+
+
+class ClientReader(asyncio.StreamReader):
+    """A StreamReader that says when its peer went away (EOF or an error), whether or not anyone reads."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit=limit)
+        self.gone = False
+        self.on_gone: Callable[[], object] | None = None  # the relay's cancel while one runs
+
+    def _went(self) -> None:
+        self.gone = True
+        if self.on_gone is not None:
+            self.on_gone()
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        self._went()
+
+    def set_exception(self, exc: Exception) -> None:
+        super().set_exception(exc)
+        self._went()
+
+
+class Answered(Exception):
+    """A request the gateway answers itself (an error in OpenAI's shape)."""
+
+    def __init__(self, status: int, message: str, kind: str, code: str, reason: str, *,
+                 retry_after: int | None = None, **extra: object) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.retry_after = status, reason, retry_after
+        self.body = error_body(status, message, kind, code, **extra)

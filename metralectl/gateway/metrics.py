@@ -16,8 +16,8 @@ class Metrics:
         self.requests = Counter("metralectl_gateway_requests", "Requests answered, by model, path and status",
                                 ["model", "path", "status"], registry=r)
         self.errors = Counter("metralectl_gateway_errors", "Requests the gateway itself failed, by model and reason "
-                              "(unknown-model, queue-full, queue-stalled, upstream, client-gone, bad-request, "
-                              "unauthorized, forbidden)",
+                              "(unknown-model, queue-full, queue-stalled, upstream (an engine cut its answer, went "
+                              "away or does not answer), client-gone, bad-request, unauthorized, forbidden)",
                               ["model", "reason"], registry=r)
         self.in_flight = Gauge("metralectl_gateway_requests_in_flight", "Requests being relayed now", ["model"],
                                registry=r)
@@ -28,6 +28,9 @@ class Metrics:
                                     buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600))
         self.key_requests = Counter("metralectl_gateway_key_requests", "Requests let in, by API key name",
                                     ["key"], registry=r)
+        self.engines_gone = Counter("metralectl_gateway_engines_gone", "Engines that went away while the gateway "
+                                    "routed to them (crashed or killed, not stopped), by recipe", ["model"],
+                                    registry=r)
         self.served = Gauge("metralectl_gateway_models_served", "Models (recipes) the gateway routes to now",
                             registry=r)
 

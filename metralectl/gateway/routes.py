@@ -46,6 +46,8 @@ class Table:
     phase: str | None = None  # the swap journal's phase
     error: str | None = None  # the last scan's failure (the previous routes are kept)
     by_name: dict[str, Route] = field(default_factory=dict)
+    exited: dict[str, str] = field(default_factory=dict)  # name -> recipe, for recipes whose engine's record is
+    # there but its process is not (it crashed or was killed: a stop removes the record), and the names they had
 
     def find(self, name: str) -> Route | None:
         return self.by_name.get(name)
@@ -139,9 +141,12 @@ class Scanner:
                 self.close()  # opened again on the next scan (a restarted daemon)
                 return Table(holder=holder, error=getattr(exc, "message", str(exc)))
             routes: list[Route] = []
+            exited: set[str] = set()
             for info in containers:
                 url, recipe = info.labels.get(LABEL_ENDPOINT, ""), info.labels.get(LABEL_RECIPE, "")
                 where = _endpoint(url)
+                if not info.running and recipe:
+                    exited.add(recipe)
                 if not info.running or where is None or not recipe:
                     continue
                 ids, owner = self._engine_models(info.labels.get(LABEL_RUN_ID, info.id), url) or ((), None)
@@ -149,9 +154,10 @@ class Scanner:
                 routes.append(Route(recipe, url, where[0], where[1], names, ids, owner))
                 for name in names:
                     self._aliases[name] = recipe
-            return self._table(routes, holder, journal)
+            return self._table(routes, holder, journal, exited)
 
-    def _table(self, routes: list[Route], holder: str | None, journal: dict[str, Any] | None) -> Table:
+    def _table(self, routes: list[Route], holder: str | None, journal: dict[str, Any] | None,
+               exited: frozenset[str] | set[str] = frozenset()) -> Table:
         by_name: dict[str, Route] = {}
         for route in routes:
             for name in route.names:
@@ -173,4 +179,9 @@ class Scanner:
             for name in list(by_name):  # a swap replaces the model at that address: nothing new goes to the old one
                 if by_name[name].recipe in recipes:
                     del by_name[name]
-        return Table(tuple(routes), frozenset(starting), holder, phase, None, by_name)
+        # one record running for it is enough; while the lifecycle lock is held, an exited record may be a stop (or
+        # an eviction) between its stop and its removal: not a crash
+        exited = set() if holder is not None else exited - {route.recipe for route in routes}
+        gone = {**{name: recipe for name, recipe in self._aliases.items() if recipe in exited},
+                **{recipe: recipe for recipe in exited}}
+        return Table(tuple(routes), frozenset(starting), holder, phase, None, by_name, gone)

@@ -14,10 +14,10 @@ import json
 import socket
 import time
 from dataclasses import dataclass
-from collections.abc import Callable
 from typing import Any
 
 from metralectl.gateway import auth, http1
+from metralectl.gateway.http1 import Answered, ClientReader
 from metralectl.gateway.keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
 from metralectl.gateway.loader import Loader, LoadRefused, wait_loaded
@@ -40,38 +40,6 @@ class Limits:
     connect_timeout_s: float = 5.0
 
 
-class ClientReader(asyncio.StreamReader):
-    """A StreamReader that says when its peer went away (EOF or an error), whether or not anyone reads."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit=limit)
-        self.gone = False
-        self.on_gone: Callable[[], object] | None = None  # the relay's cancel while one runs
-
-    def _went(self) -> None:
-        self.gone = True
-        if self.on_gone is not None:
-            self.on_gone()
-
-    def feed_eof(self) -> None:
-        super().feed_eof()
-        self._went()
-
-    def set_exception(self, exc: Exception) -> None:
-        super().set_exception(exc)
-        self._went()
-
-
-class Answered(Exception):
-    """A request the gateway answers itself (an error in OpenAI's shape)."""
-
-    def __init__(self, status: int, message: str, kind: str, code: str, reason: str, *,
-                 retry_after: int | None = None, **extra: object) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.retry_after = status, reason, retry_after
-        self.body = http1.error_body(status, message, kind, code, **extra)
-
-
 class Gateway:
     def __init__(self, scanner: Scanner, limits: Limits = Limits(), keys: KeyWatch | None = None,
                  require_key: bool = False, loader: Loader | None = None) -> None:
@@ -86,6 +54,7 @@ class Gateway:
         self._rescan = asyncio.Event()
         self._pools: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
         self._waiting: dict[str, int] = {}
+        self._clients: set[asyncio.Task[Any]] = set()  # each client connection's task: cancelled as the gateway stops
         self.on_table: Any = None  # called with each new Table whose routes differ (the CLI's status line)
 
     # the table
@@ -95,8 +64,11 @@ class Gateway:
         self.metrics.served.set(len(table.routes))
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+        went = sorted({r.recipe for r in before.routes} - {r.recipe for r in table.routes} & set(table.exited.values()))
+        for recipe in went:  # crashed or killed under us (a stop removes its record: not counted)
+            self.metrics.engines_gone.labels(recipe).inc()
         if self.on_table is not None and (before.routes != table.routes or before.starting != table.starting):
-            self.on_table(table)
+            self.on_table(table, gone=went)
 
     async def refresh_forever(self) -> None:
         last_seen: Any = object()
@@ -128,6 +100,8 @@ class Gateway:
         sock = writer.get_extra_info("socket")
         if sock is not None:  # an answer's head and its first piece are two writes: no Nagle delay between them
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        this: Any = asyncio.current_task()  # never None here: a connection's own task
+        self._clients.add(this)
         try:
             while True:
                 try:
@@ -145,7 +119,10 @@ class Gateway:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
+        except asyncio.CancelledError:  # the gateway stops (serve()): this task is the connection's top, awaited by
+            return  # nobody, and Python 3.11's asyncio logs a cancelled one as an unhandled exception with a traceback
         finally:
+            self._clients.discard(this)
             writer.close()
 
     def _authorize(self, request: http1.Request) -> ApiKey | None:
@@ -262,6 +239,8 @@ class Gateway:
                 route = table.find(model)
                 if route is not None:
                     return route
+                if model in table.exited:
+                    raise _gone(model, table)
                 raise Answered(404, f"the model `{model[:200]}` is not served here; served: "
                                     f"{', '.join(table.served_names()) or 'none'}", "invalid_request_error",
                                "model_not_found", "unknown-model", served=table.served_names())
@@ -300,7 +279,9 @@ class Gateway:
     async def _relay(self, request: http1.Request, body: dict[str, Any], model: str, path: str,
                      writer: asyncio.StreamWriter) -> bool:
         payload = request.body
-        for attempt in range(3):
+        refused_since = None  # the engine refused it, or went away with it unanswered: tried again (a swap's new
+        # engine, a run starting it) until the table says where it is, for connect_timeout_s at most
+        while True:
             route = await self._wait_for(model)
             if route.models and model != route.models[0]:  # engines that check the name get the one they serve
                 payload = json.dumps({**body, "model": route.models[0]}).encode()
@@ -309,11 +290,16 @@ class Gateway:
             try:
                 return await self._forward(route, request, payload, model, path, writer)
             except _NotSent:  # the engine was not there (a swap stopped it, a run is starting it): wait, again
+                refused_since = refused_since or time.monotonic()
+                if time.monotonic() - refused_since > self.limits.connect_timeout_s:
+                    break
                 self._rescan.set()
                 await self._table_change(1.0)
             finally:
                 if self.loader is not None:
                     self.loader.end(route.recipe)
+        if model in self.table.exited:
+            raise _gone(model, self.table)
         raise Answered(502, f"the engine serving `{model}` does not answer", "server_error", "upstream_unreachable",
                        "upstream")
 
@@ -379,6 +365,14 @@ class Gateway:
                 writer.close()
 
 
+def _gone(model: str, table: Table) -> Answered:
+    """502 for a model whose engine went away (crashed or killed; with loading on, a later request loads it again)."""
+    recipe = table.exited.get(model, model)
+    return Answered(502, f"the engine serving `{model[:200]}` went away (it exited without being stopped): "
+                         f"`metralectl logs {recipe[:200]}` says why, `metralectl run {recipe[:200]}` starts it again",
+                    "server_error", "upstream_gone", "upstream")
+
+
 class _NotSent(Exception):
     """Nothing of the request reached a live engine: safe to send again."""
 
@@ -393,8 +387,14 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
     if ready is not None:
         ready(gateway.table)
     try:
-        async with server:
-            await server.serve_forever()
-    finally:
+        await server.serve_forever()
+    finally:  # stopping (Ctrl-C): no new client, and each one's connection closed now, its relay (and so its engine
+        # connection) cancelled, streams cut where they are, never waited for; engines are left as they are
+        server.close()
         refresher.cancel()
+        clients = list(gateway._clients)
+        for client in clients:
+            client.cancel()
+        if clients:
+            await asyncio.wait(clients, timeout=5.0)
         await asyncio.to_thread(gateway.scanner.close)
