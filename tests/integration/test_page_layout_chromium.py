@@ -102,9 +102,15 @@ def scroll_to_button(driver: Any, table: str, recipe: str) -> None:
 def click_in_row(driver: Any, table: str, recipe: str) -> None:
     from selenium.common.exceptions import StaleElementReferenceException
 
+    def enabled(d: Any) -> Any:
+        b = button_in_row(d, table, recipe)
+        try:
+            return b is not None and b.is_enabled() and b
+        except StaleElementReferenceException:  # re-rendered between the lookup and the question: look again
+            return False
+
     for _ in range(20):
-        button = wait_for(driver, 30, lambda d: (b := button_in_row(d, table, recipe)) is not None and b.is_enabled()
-                          and b, f"no enabled button in {table}'s row {recipe}")
+        button = wait_for(driver, 30, enabled, f"no enabled button in {table}'s row {recipe}")
         try:
             button.click()
             return
