@@ -271,8 +271,9 @@ def test_stop_and_swap_ask_first_and_stay_inside_their_cards(browser: Any, serve
     served.wait_jobs_finished(1)
     assert served.jobs() == [("run", long, "done")], served.job(0)
     wait_for(page, 15, lambda d: button_in_row(d, "#serving", long) is not None, "no Stop for what serves")
-    wait_for(page, 15, lambda d: button_in_row(d, "#recipes", other) is not None
-             and button_in_row(d, "#recipes", other).text == "Swap to", "Run did not turn to Swap to")
+    wait_for(page, 15, lambda d: d.execute_script(  # the text read in the page: no element handle to go stale
+        "return Array.from(document.querySelectorAll('#recipes tbody tr')).find((tr) => tr.cells[0].innerText === "
+        "arguments[0])?.querySelector('button')?.innerText ?? null", other) == "Swap to", "Run did not turn to Swap to")
     wait_for(page, 15, lambda d: d.execute_script("return document.getElementById('serving-busy').innerText") == "",
              "the finished run is still shown in progress")  # its line goes at a later poll, moving the card
 
