@@ -110,6 +110,13 @@ class FabricNet:
             for iface in ("lo", "mgmt0", CABLE):
                 self.ns(which, "link", "set", iface, "up")
         self.ns(b, "addr", "add", f"{PAIRED}/32", "dev", "lo")
+        # a veth pair reports "up" only once both ends are: wait for it (a busy box took a moment; CI saw "down")
+        deadline = time.monotonic() + 30
+        while not all("state UP" in self.ns(which, "link", "show", iface)
+                      for which in (a, b) for iface in ("mgmt0", CABLE)):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the veth links did not come up within 30 s")
+            time.sleep(0.05)
         self.ns(a, "route", "add", "default", "via", "192.168.77.2", "dev", "mgmt0")
         # both sides know each other: the head paired the peer at its routed address; the peer trusts the head
         head, peer = identity.load_or_create(self.head_base), identity.load_or_create(self.peer_base)

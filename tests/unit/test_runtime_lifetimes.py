@@ -33,13 +33,13 @@ def test_ps_closes_its_runtime(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
 def test_logs_closes_its_runtime_when_nothing_is_served(monkeypatch: pytest.MonkeyPatch) -> None:
     rt = _cli_runtime(monkeypatch)
     with pytest.raises(MetralError, match="nothing is being served by metralectl"):
-        serve_cmds.logs(recipe_name=None, follow=False, tail=10, rank=None, last_failed=False)  # type: ignore[arg-type]
+        serve_cmds.logs(recipe_name=None, follow=False, tail=10, rank=None, last_failed=False, on=None, namespace=None)  # type: ignore[arg-type]
     assert rt.closed == 1
 
 
 def test_stop_closes_its_runtime(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     rt = _cli_runtime(monkeypatch)
-    serve_cmds.stop(recipe_name=None, all_=False, timeout=1.0, as_json=False)  # type: ignore[arg-type]
+    serve_cmds.stop(recipe_name=None, all_=False, timeout=1.0, as_json=False, on=None, namespace=None)  # type: ignore[arg-type]
     assert rt.closed == 1
 
 
