@@ -88,61 +88,20 @@ class Pool:
 def write_gguf(path: Path, shape: Shape, seed: int) -> dict[str, Any]:
     import gguf
 
-    sym = tiny.byte_symbols()
-    learned, merges = tiny.train_bpe(tiny.CORPUS.read_text(encoding="utf-8"), tiny.MERGES)
-    tokens = sym + learned + tiny.SPECIAL
-    types = [gguf.TokenType.NORMAL] * (len(sym) + len(learned)) + [gguf.TokenType.CONTROL] * len(tiny.SPECIAL)
-    ids = {t: i for i, t in enumerate(tokens)}
-    unsym = {s: b for b, s in enumerate(sym)}
-    emit = np.array([t not in tiny.SPECIAL and all(0x20 <= unsym[c] < 0x7F for c in t) for t in tokens])
+    vocab = tiny.bpe_vocab()
     pool = Pool(seed)
-    hidden, head_dim = shape.hidden, shape.hidden // shape.heads
-    kv_dim = head_dim * shape.kv_heads
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(shape.name)
-    writer.add_context_length(shape.context)
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(shape.layers)
-    writer.add_feed_forward_length(shape.ffn)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(len(tokens))
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(ids["<|endoftext|>"])
-    writer.add_eos_token_id(ids["<|im_end|>"])
-    writer.add_pad_token_id(ids["<|endoftext|>"])
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(tiny.CHAT_TEMPLATE)
-
-    writer.add_tensor("token_embd.weight", pool.take(len(tokens), hidden, 1.0))
-    rows = {"attn_q": hidden, "attn_k": kv_dim, "attn_v": kv_dim, "attn_output": hidden}
-    ones = np.ones(hidden, dtype=np.float32)
-    for i in range(shape.layers):
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", ones)
-        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            writer.add_tensor(f"blk.{i}.{part}.weight", pool.take(rows[part], hidden))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", pool.take(shape.ffn, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", pool.take(shape.ffn, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", pool.take(hidden, shape.ffn))
-    writer.add_tensor("output_norm.weight", ones)
-    # the allowed tokens' logits spread over tens of units; every other row is exactly 0, far below the top
-    writer.add_tensor("output.weight", pool.take(len(tokens), hidden, 1.0) * emit[:, None].astype(np.float16))
+    tiny.add_llama_arch(writer, name=shape.name, context=shape.context, hidden=shape.hidden, layers=shape.layers,
+                        ffn=shape.ffn, heads=shape.heads, kv_heads=shape.kv_heads, vocab_size=len(vocab.tokens),
+                        file_type=gguf.LlamaFileType.MOSTLY_F16)
+    tiny.add_bpe_tokenizer(writer, vocab)
+    tiny.add_random_llama_tensors(writer, shape, vocab, pool.take, writer.add_tensor)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    params = len(tokens) * hidden * 2 + shape.layers * (
-        2 * hidden * hidden + 2 * kv_dim * hidden + 3 * shape.ffn * hidden + 2 * hidden) + hidden
-    return {"vocab": len(tokens), "params": params, "hidden": hidden, "layers": shape.layers}
+    return {"vocab": len(vocab.tokens), "params": tiny.llama_params(shape, len(vocab.tokens)), "hidden": shape.hidden,
+            "layers": shape.layers}
 
 
 def sha256(path: Path) -> str:

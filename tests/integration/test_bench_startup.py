@@ -40,7 +40,9 @@ def test_startup_times_every_phase_of_a_real_cold_start(box: ProcBox, tmp_path: 
         started = next(i for i, (kind, _) in enumerate(kinds) if kind == "ContainerStarted")
         ready = next(i for i, (kind, _) in enumerate(kinds) if kind == "Ready")
         assert order == sorted(order) and order[-1] < started < ready
-        assert "loading" in s["engine_phases"]  # llama-server's own log phase, inside load
+        # llama-server's own log phases, inside load: always its ready line; its loading line too unless the whole
+        # load fell between two reads of its log (seen on a stalled CI box)
+        assert "ready" in s["engine_phases"] and set(s["engine_phases"]) <= {"loading", "kv-sizing", "loaded", "ready"}
         at = [t for t, _, _ in s["events"]]
         assert at == sorted(at)
         assert s["requests"] == 1 and s["ok"] == 1

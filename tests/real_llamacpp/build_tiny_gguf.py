@@ -38,6 +38,7 @@ import re
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,76 +139,116 @@ def train_bpe(text: str, n_merges: int) -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
-def build_gguf(path: Path, shape: Shape = TINY, *, name: str | None = None, split_max_tensors: int = 0) -> dict[str, Any]:
-    """`name`: the model's general.name (default the shape's; another name, other bytes); `split_max_tensors` > 0
-    writes a split GGUF, `PATH-00001-of-0000N.gguf` and the rest next to `path`, as llama.cpp's gguf-split names them."""
-    import gguf  # the test requirements install it; imported here so --help works without it
+@dataclass(frozen=True)
+class Vocab:
+    """The byte-level BPE vocabulary of the tests' GGUFs (also benchmarks/h200/make_lifecycle_models.py's)."""
+
+    tokens: list[str]
+    types: list[Any]
+    merges: list[str]
+    ids: dict[str, int]
+    emit: np.ndarray  # tokens the model may emit: every byte of their text is printable ASCII (space included)
+
+
+def bpe_vocab() -> Vocab:
+    import gguf
 
     sym = byte_symbols()
     learned, merges = train_bpe(CORPUS.read_text(encoding="utf-8"), MERGES)
     tokens = sym + learned + SPECIAL
     types = [gguf.TokenType.NORMAL] * (len(sym) + len(learned)) + [gguf.TokenType.CONTROL] * len(SPECIAL)
-    ids = {t: i for i, t in enumerate(tokens)}
     unsym = {s: b for b, s in enumerate(sym)}
-    # tokens the model may emit: every byte of their text is printable ASCII (space included)
     emit = np.array([t not in SPECIAL and all(0x20 <= unsym[c] < 0x7F for c in t) for t in tokens])
+    return Vocab(tokens, types, merges, {t: i for i, t in enumerate(tokens)}, emit)
 
-    rng = np.random.default_rng(SEED)
 
-    def normal(*shape: int, std: float = 0.02) -> np.ndarray:
-        return rng.normal(0.0, std, size=shape).astype(np.float32)
-
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    hidden, head_dim = shape.hidden, shape.hidden // shape.heads
-    kv_dim = head_dim * shape.kv_heads
-    writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
-    writer.add_name(name or shape.name)
-    writer.add_context_length(shape.context)
+def add_llama_arch(writer: Any, *, name: str, context: int, hidden: int, layers: int, ffn: int, heads: int,
+                   kv_heads: int, vocab_size: int, file_type: Any, head_dim: int | None = None,
+                   rope_base: float = 10000.0, rms_eps: float = 1e-5) -> None:
+    """A Llama's architecture keys, in the order llama.cpp's converter writes them; `head_dim` given: written
+    as the key and value lengths too (a head size other than hidden / heads)."""
+    writer.add_name(name)
+    writer.add_context_length(context)
     writer.add_embedding_length(hidden)
-    writer.add_block_count(shape.layers)
-    writer.add_feed_forward_length(shape.ffn)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(len(tokens))
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    if head_dim is not None:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim or hidden // heads)
+    writer.add_rope_freq_base(rope_base)
+    writer.add_layer_norm_rms_eps(rms_eps)
+    writer.add_vocab_size(vocab_size)
+    writer.add_file_type(file_type)
+
+
+def add_bpe_tokenizer(writer: Any, vocab: Vocab) -> None:
+    """GPT-2 style byte-level BPE with ChatML control tokens and chat template."""
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(ids["<|endoftext|>"])
-    writer.add_eos_token_id(ids["<|im_end|>"])
-    writer.add_pad_token_id(ids["<|endoftext|>"])
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    writer.add_token_merges(vocab.merges)
+    writer.add_bos_token_id(vocab.ids["<|endoftext|>"])
+    writer.add_eos_token_id(vocab.ids["<|im_end|>"])
+    writer.add_pad_token_id(vocab.ids["<|endoftext|>"])
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
 
-    def quantized(name: str, data: np.ndarray) -> None:
-        writer.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
 
-    quantized("token_embd.weight", normal(len(tokens), hidden, std=1.0))
+def add_random_llama_tensors(writer: Any, shape: Any, vocab: Vocab, weight: Callable[[int, int, float], np.ndarray],
+                             add: Callable[[str, np.ndarray], None]) -> None:
+    """Every tensor of a Llama of `shape` (hidden, layers, heads, kv_heads, ffn): norms of ones, linear weights
+    from `weight(rows, cols, std)` (called in a fixed order: the bytes are deterministic), written by `add`.
+    The output rows of the tokens not in `vocab.emit` are exactly 0: the allowed tokens' logits spread over tens of
+    units, far above them, so decoding never emits EOS or half a UTF-8 character."""
+    hidden, kv_dim = shape.hidden, shape.hidden // shape.heads * shape.kv_heads
+    ones = np.ones(hidden, dtype=np.float32)
+    add("token_embd.weight", weight(len(vocab.tokens), hidden, 1.0))
     rows = {"attn_q": hidden, "attn_k": kv_dim, "attn_v": kv_dim, "attn_output": hidden}
     for i in range(shape.layers):
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", ones)
         for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            quantized(f"blk.{i}.{part}.weight", normal(rows[part], hidden))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-        quantized(f"blk.{i}.ffn_gate.weight", normal(shape.ffn, hidden))
-        quantized(f"blk.{i}.ffn_up.weight", normal(shape.ffn, hidden))
-        quantized(f"blk.{i}.ffn_down.weight", normal(hidden, shape.ffn))
-    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    # logits of the allowed tokens spread over tens of units; the rest stay at exactly 0, far below the top
-    quantized("output.weight", normal(len(tokens), hidden, std=1.0) * emit[:, None].astype(np.float32))
+            add(f"blk.{i}.{part}.weight", weight(rows[part], hidden, 0.02))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
+        add(f"blk.{i}.ffn_gate.weight", weight(shape.ffn, hidden, 0.02))
+        add(f"blk.{i}.ffn_up.weight", weight(shape.ffn, hidden, 0.02))
+        add(f"blk.{i}.ffn_down.weight", weight(hidden, shape.ffn, 0.02))
+    writer.add_tensor("output_norm.weight", ones)
+    out = weight(len(vocab.tokens), hidden, 1.0)
+    add("output.weight", out * vocab.emit[:, None].astype(out.dtype))
 
+
+def llama_params(shape: Any, vocab_size: int) -> int:
+    hidden, kv_dim = shape.hidden, shape.hidden // shape.heads * shape.kv_heads
+    return vocab_size * hidden * 2 + shape.layers * (
+        2 * hidden * hidden + 2 * kv_dim * hidden + 3 * shape.ffn * hidden + 2 * hidden) + hidden
+
+
+def build_gguf(path: Path, shape: Shape = TINY, *, name: str | None = None, split_max_tensors: int = 0) -> dict[str, Any]:
+    """`name`: the model's general.name (default the shape's; another name, other bytes); `split_max_tensors` > 0
+    writes a split GGUF, `PATH-00001-of-0000N.gguf` and the rest next to `path`, as llama.cpp's gguf-split names them."""
+    import gguf  # the test requirements install it; imported here so --help works without it
+
+    vocab = bpe_vocab()
+    rng = np.random.default_rng(SEED)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
+    add_llama_arch(writer, name=name or shape.name, context=shape.context, hidden=shape.hidden, layers=shape.layers,
+                   ffn=shape.ffn, heads=shape.heads, kv_heads=shape.kv_heads, vocab_size=len(vocab.tokens),
+                   file_type=gguf.LlamaFileType.MOSTLY_Q8_0)
+    add_bpe_tokenizer(writer, vocab)
+    add_random_llama_tensors(
+        writer, shape, vocab, lambda rows, cols, std: rng.normal(0.0, std, size=(rows, cols)).astype(np.float32),
+        lambda name, data: writer.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    params = len(tokens) * hidden * 2 + shape.layers * (
-        2 * hidden * hidden + 2 * kv_dim * hidden + 3 * shape.ffn * hidden + 2 * hidden) + hidden
-    return {"vocab": len(tokens), "merges": len(merges), "emittable": int(emit.sum()), "params": params}
+    return {"vocab": len(vocab.tokens), "merges": len(vocab.merges), "emittable": int(vocab.emit.sum()),
+            "params": llama_params(shape, len(vocab.tokens))}
 
 
 def file_sha256(path: Path) -> str:

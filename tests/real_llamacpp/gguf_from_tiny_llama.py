@@ -1,8 +1,8 @@
 """Write the tiny random Llama that vLLM serves (tests/realengines/build_tiny_llama.py: safetensors, F32) as a GGUF
 llama.cpp serves: the same weights, tensor for tensor, so `bench versus` compares two engines on one model.
 
-TEST FIXTURE. Standalone (stdlib + numpy + the `gguf` package, no metralectl, no torch: the safetensors file is read
-by hand, its format is a JSON header and raw little-endian arrays):
+TEST FIXTURE. Standalone (stdlib + numpy + the `gguf` package and build_tiny_gguf.py beside it; no metralectl, no
+torch: the safetensors file is read by hand, its format is a JSON header and raw little-endian arrays):
 
     python3 tests/real_llamacpp/gguf_from_tiny_llama.py MODEL_DIR OUT.gguf
 
@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_tiny_gguf import add_llama_arch  # noqa: E402  (the architecture keys every tests' GGUF writes)
 
 NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -85,20 +88,10 @@ def convert(model_dir: Path, out: Path) -> dict[str, Any]:
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     rope = (config.get("rope_parameters") or {}).get("rope_theta") or config.get("rope_theta") or 10000.0
     writer = gguf.GGUFWriter(str(out), "llama")
-    writer.add_name("tiny-llama-vllm")
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(rope))
-    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
-    writer.add_vocab_size(len(tokens))
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    add_llama_arch(writer, name="tiny-llama-vllm", context=config["max_position_embeddings"],
+                   hidden=config["hidden_size"], layers=config["num_hidden_layers"], ffn=config["intermediate_size"],
+                   heads=heads, kv_heads=kv_heads, vocab_size=len(tokens), file_type=gguf.LlamaFileType.ALL_F32,
+                   head_dim=head_dim, rope_base=float(rope), rms_eps=float(config["rms_norm_eps"]))
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
