@@ -51,3 +51,22 @@ def test_malformed_bodies_are_400_and_the_gateway_serves_on(tmp_path: Path) -> N
     finally:
         stderr = gateway.stop()
     assert "Traceback" not in stderr and "Unhandled exception" not in stderr, stderr[-3000:]
+
+
+def test_a_body_nested_past_pythons_stack_is_400_and_paths_asked_do_not_grow_the_metrics(tmp_path: Path) -> None:
+    """A JSON body of 200 000 '[' was an unhandled RecursionError (no answer, a traceback); every path a client
+    asked got its own metrics series, so a client without a key could grow the gateway's memory without end."""
+    gateway = Gateway(box_env(tmp_path / "box"))
+    try:
+        deep = b"[" * 200_000
+        answer = _send(gateway.port, HEAD + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(deep) + deep)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        for i in range(50):
+            assert gateway.request("POST", f"/v1/made-up-{i}", {"model": "m"})[0] == 404
+        _, _, text = gateway.request("GET", "/metrics")
+        series = [line for line in text.decode().splitlines() if line.startswith("metralectl_gateway_requests_total{")]
+        assert not any("made-up" in line for line in series), series
+        assert any('path="(other)",status="404"} 50.0' in line for line in series), series
+    finally:
+        stderr = gateway.stop()
+    assert "Traceback" not in stderr and "Unhandled exception" not in stderr, stderr[-3000:]
