@@ -103,3 +103,15 @@ def test_a_key_is_shown_once_and_never_again(tmp_path: Path) -> None:
         assert done.returncode == 0 and token not in done.stdout + done.stderr
         assert keys.digest(token) not in done.stdout + done.stderr
     assert token not in (tmp_path / "config" / keys.FILE_NAME).read_text()
+
+
+def test_the_agents_gateway_setting_nested_past_pythons_stack_is_off_and_said(tmp_path: Path) -> None:
+    """<config>/gateway.json, read by the agent every few seconds: a bad one must leave the gateway off, said, and
+    the agent running (a RecursionError escaped the reader)."""
+    from metralectl.agent.gateway_child import load_setting
+
+    path = tmp_path / "gateway.json"
+    for data in (b"[" * 60_000, b'{"enabled": true, "listen": "0.0.0.0:80\\n--allow-remote"}', b"\xff"):
+        path.write_bytes(data)
+        setting = load_setting(path)
+        assert setting["enabled"] is False and setting["error"], setting
