@@ -1,7 +1,8 @@
-"""An attacker's pass over bench trace files (`bench run trace -p trace=FILE`): a CSV field past the csv module's
+"""An attacker's pass over bench inputs from outside: trace files (`bench run trace -p trace=FILE`): a CSV field past the csv module's
 limit, an unclosed quote that swallows the file, NUL bytes, absurd numbers (negative, NaN, inf, 1e308, 5000 digits),
 JSON nested past Python's stack, millions of rows. Each is exit 65 naming file and line, before anything is sent
-(the URL is a closed loopback port), never 70; a file of millions of rows stops at the cap without holding them all."""
+(the URL is a closed loopback port), never 70; a file of millions of rows stops at the cap without holding them all.
+And the engine's tool-call arguments (`bench run tool`), judged as JSON."""
 
 from __future__ import annotations
 
@@ -56,3 +57,14 @@ def test_millions_of_rows_stop_at_the_cap_without_holding_them(tmp_path: Path) -
         trace.parse(text, "rows.csv")
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mb < 150, grown_mb
+
+
+def test_an_engines_tool_call_arguments_nested_past_pythons_stack_are_a_problem_not_a_crash() -> None:
+    """`bench run tool`: the engine's own text (capped at 1 MiB an event) judged as JSON arguments."""
+    from metralectl.bench.results import RequestResult
+    from metralectl.bench.suites.tool import tool_call_problems
+
+    result = RequestResult(index=0, worker=0, phase="measure", t_sched=0.0, t_send=0.0, ok=True, status=200, error=None)
+    result.tool_calls = [{"id": "c1", "name": "get_weather", "arguments": "[" * 200_000}]
+    problems = tool_call_problems(result, {"get_weather"})
+    assert problems and "arguments are not valid JSON" in problems[0]
