@@ -42,7 +42,7 @@ def load_setting(path: Path | None = None) -> dict[str, Any]:
         data = json.loads(filecap.read_text(path, 64 * 1024, "the gateway setting"))
     except FileNotFoundError:
         return {"enabled": False, "listen": None}
-    except (OSError, ValueError, MetralError) as exc:  # a bad setting must not stop the agent: said, left off
+    except (OSError, ValueError, RecursionError, MetralError) as exc:  # a bad setting must not stop the agent
         return {"enabled": False, "listen": None, "error": f"{path}: {exc}"}
     enabled, listen = (data.get("enabled"), data.get("listen")) if isinstance(data, dict) else (None, None)
     if enabled is not True or (listen is not None and not (isinstance(listen, str) and LISTEN_RE.fullmatch(listen))):

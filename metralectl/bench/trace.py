@@ -16,6 +16,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from metralectl.errors import ExitCode, MetralError
@@ -95,22 +96,8 @@ def parse(text: str, path: str) -> list[TraceRequest]:
     stripped = text.lstrip()
     if not stripped:
         raise _bad(path, None, None, "no requests in it (the file is empty)", FORMAT)
-    if stripped.startswith("{"):
-        rows: list[tuple[int, Any]] = []
-        for n, raw in enumerate(text.splitlines(), 1):
-            if not raw.strip() or raw.lstrip().startswith("#"):
-                continue
-            try:
-                rows.append((n, json.loads(raw)))
-            except (ValueError, RecursionError) as exc:
-                raise _bad(path, n, None, f"not JSON ({str(exc)[:80]})", FORMAT) from None
-    else:
-        reader = csv.DictReader(io.StringIO(text))
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        if not set(FIELDS[:3]) <= set(header):
-            raise _bad(path, 1, None, f"the CSV header is {','.join(header)[:120]!r}", FORMAT)
-        rows = [(reader.line_num, {(k or "").strip(): (v or "").strip() for k, v in row.items()}) for row in reader]
-    for n, row in rows:
+    rows = _jsonl_rows(text, path) if stripped.startswith("{") else _csv_rows(text, path)
+    for n, row in rows:  # one row at a time: a file of millions of rows stops at MAX_REQUESTS, not in memory
         if not isinstance(row, dict):
             raise _bad(path, n, None, "not an object", FORMAT)
         if len(out) >= MAX_REQUESTS:
@@ -121,6 +108,32 @@ def parse(text: str, path: str) -> list[TraceRequest]:
     if not out:
         raise _bad(path, None, None, "no requests in it", FORMAT)
     return out
+
+
+def _jsonl_rows(text: str, path: str) -> Iterator[tuple[int, Any]]:
+    for n, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        try:
+            yield n, json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise _bad(path, n, None, f"not JSON ({str(exc)[:80]})", FORMAT) from None
+
+
+def _csv_rows(text: str, path: str) -> Iterator[tuple[int, dict[str, str]]]:
+    """The CSV's rows; the csv module's own refusals (a field past its limit, an unclosed quote that swallows the
+    rest of the file) are the file's fault, named with the line the reader stopped at."""
+    reader = csv.DictReader(io.StringIO(text))
+    try:
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        if not set(FIELDS[:3]) <= set(header):
+            raise _bad(path, 1, None, f"the CSV header is {','.join(header)[:120]!r}", FORMAT)
+        for row in reader:
+            yield reader.line_num, {(k or "").strip(): (v or "").strip() for k, v in row.items()}
+    except csv.Error as exc:
+        raise _bad(path, reader.line_num + 1, None, f"not CSV ({str(exc)[:80]})",
+                   f"a field is at most {csv.field_size_limit()} characters and every quote is closed; {FORMAT}") \
+            from None
 
 
 def load(path: str) -> tuple[list[TraceRequest], str]:

@@ -17,6 +17,9 @@ def _client(on: str, namespace: str | None) -> tuple[Any, str]:
     from metralectl.seams.kube.config import load
 
     config = load(parse_on(on))
+    if config.insecure and config.server.startswith("https://"):  # anyone on the way could be the cluster: say so
+        note(f"warning: context {clean(config.context, 80)} skips TLS verification (insecure-skip-tls-verify): "
+             "anyone between here and the cluster can read the token and answer as the API server")
     return KubeClient(config), namespace or config.namespace
 
 

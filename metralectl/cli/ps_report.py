@@ -105,7 +105,8 @@ def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, s
         note(f"last swap: {clean(report.last_swap, 600)}")
     for g in gateways:
         live = (f"routes {count(g['models'] or 0, 'name')}" + (f", {g['waiting']} waiting" if g["waiting"] else "")
-                if g["answering"] else style("not answering", "33", sys.stderr))
+                if g["answering"] else style("not answering", "33", sys.stderr) if g["here"] else
+                style("not asked: its record names an address that is not this machine's", "33", sys.stderr))
         keys = count(g["keys"], "API key") if g["keys"] else "no API key"
         note(f"gateway {clean(g['url'], 80)} (pid {g['pid']}): {live}; {keys}")
 
@@ -116,7 +117,7 @@ def _gateways() -> list[dict[str, Any]]:
 
     out: list[dict[str, Any]] = []
     for g in state.running():
-        answer = state.health(g["url"]) or {}
+        answer = (state.health(g["url"]) if g["here"] else None) or {}
         models, waiting = answer.get("models"), answer.get("waiting")
         out.append({**g, "answering": bool(answer),
                     "models": models if isinstance(models, int) and not isinstance(models, bool) else None,

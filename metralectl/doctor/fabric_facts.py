@@ -31,6 +31,11 @@ def _int(value: object, low: int, high: int) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high else None
 
 
+def _first(value: object, count: int) -> list[object]:
+    """The first `count` entries of a list; anything else a report puts there (a dict, a string, a number) is none."""
+    return value[:count] if isinstance(value, list) else []
+
+
 def _text(value: object) -> str | None:
     return clean(value, TEXT_LIMIT) if isinstance(value, str) and value else None
 
@@ -105,8 +110,8 @@ def _end(value: object) -> End | None:
     name = ifname(value.get("name"))
     if name is None:
         return None
-    rdma = [r for r in (_rdma(v) for v in (value.get("rdma") or [])[:MAX_RDMA]) if r is not None]
-    addrs = [a for a in (_ifaddr(v) for v in (value.get("ipv4") or [])[:MAX_ADDRS]) if a is not None]
+    rdma = [r for r in (_rdma(v) for v in _first(value.get("rdma"), MAX_RDMA)) if r is not None]
+    addrs = [a for a in (_ifaddr(v) for v in _first(value.get("ipv4"), MAX_ADDRS)) if a is not None]
     duplex = value.get("duplex")
     return End(name, _int(value.get("mtu"), 68, 1 << 20), _int(value.get("speed_mbps"), 1, 10_000_000),
                _int(value.get("reported_speed"), -1, 10_000_000),
@@ -119,8 +124,7 @@ def parse_report(value: object) -> Report:
     """A node's report, trusted in nothing: malformed entries are left out (and counted)."""
     if not isinstance(value, dict):
         return Report(dropped=1)
-    raw = value.get("links")
-    raw_links = raw[:MAX_LINKS] if isinstance(raw, list) else []
+    raw_links = _first(value.get("links"), MAX_LINKS)
     links: dict[str, End] = {}
     dropped = 0
     for item in raw_links:
@@ -129,8 +133,7 @@ def parse_report(value: object) -> Report:
             dropped += 1
             continue
         links[end.name] = end
-    defaults = value.get("default_ifaces")
-    default_ifaces = tuple(n for n in (ifname(d) for d in (defaults if isinstance(defaults, list) else [])[:8]) if n)
+    default_ifaces = tuple(n for n in (ifname(d) for d in _first(value.get("default_ifaces"), 8)) if n)
     return Report(links, default_ifaces, dropped)
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 HEAD_LIMIT = 64 * 1024  # a request's or a response's head (request line + headers)
+CHUNK_SIZE_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")
 # RFC 9110 7.6.1 and the headers that only describe one connection: never forwarded either way.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
@@ -102,7 +104,7 @@ async def read_request(reader: asyncio.StreamReader, body_limit: int) -> Request
         raise BadRequest(501, "only a chunked or a Content-Length request body is understood")
     else:
         length = request.header("content-length") or "0"
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit() and len(length) <= 18):  # not '²', not 5000 digits
             raise BadRequest(400, f"Content-Length {length[:20]!r} is not a number")
         if int(length) > body_limit:
             raise BadRequest(413, f"the request body ({int(length)} bytes) is over the gateway's cap of {body_limit} "
@@ -127,18 +129,25 @@ async def read_chunked_body(reader: asyncio.StreamReader, limit: int) -> bytes:
 
 
 async def _chunk_size(reader: asyncio.StreamReader) -> int:
-    line = await reader.readuntil(b"\r\n")
+    line = await _line(reader, "a chunk size line")
     digits = line[:-2].split(b";", 1)[0].strip()
+    if not CHUNK_SIZE_RE.fullmatch(digits):  # int(x, 16) would take '-5', '0x10', '1_0'
+        raise BadRequest(400, "a chunk size is not hexadecimal")
+    return int(digits, 16)
+
+
+async def _line(reader: asyncio.StreamReader, what: str) -> bytes:
+    """One CRLF-ended line of a chunked body, a 400 when it passes the reader's limit or the connection ends."""
     try:
-        return int(digits, 16)
-    except ValueError:
-        raise BadRequest(400, "a chunk size is not hexadecimal") from None
+        return await reader.readuntil(b"\r\n")
+    except asyncio.LimitOverrunError:
+        raise BadRequest(400, f"{what} is too long") from None
 
 
 async def _trailers(reader: asyncio.StreamReader) -> bytes:
     raw = b""
     while True:
-        line = await reader.readuntil(b"\r\n")
+        line = await _line(reader, "a trailer of the chunked body")
         raw += line
         if line == b"\r\n":
             return raw

@@ -10,6 +10,7 @@ No key in the file (or no file) means the gateway answers loopback clients only 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from metralectl import atomicfile, filecap, paths
+from metralectl import atomicfile, paths
 from metralectl.errors import ExitCode, MetralError, UsageError
 
 FILE_NAME = "gateway-keys.json"
@@ -29,6 +30,8 @@ KEY_RE = re.compile(r"mk-[A-Za-z0-9_-]{43}")
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 MODEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}")  # recipe names and served ids (org/model:tag)
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+PREFIX_RE = re.compile(r"mk-[A-Za-z0-9_-]{0,13}")
+CREATED_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 EVERY_MODEL = "*"
 PREFIX_LEN = 11  # "mk-" and 8 characters: enough to tell keys apart in a list, useless to an attacker
 
@@ -106,22 +109,35 @@ def load(path: Path | None = None) -> KeyRing:
     """The keys in the file; an empty ring when there is none. A file another user could write, or one that is
     not this format, is refused (KeysFileError, exit 65): the gateway must not run on keys it cannot trust."""
     path = path or keys_path()
-    try:
-        info = os.lstat(path)
+    try:  # O_NOFOLLOW: a link is refused by the open itself, and what is judged (fstat) is what is read
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return KeyRing()
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-        raise KeysFileError(f"{path} is not a regular file (a link or something else): refused",
-                            "remove it; `metralectl gateway keys add` writes a new one")
-    if info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise KeysFileError(f"{path} can be written by another user (owner uid {info.st_uid}, mode "
-                            f"{stat.S_IMODE(info.st_mode):04o}): its keys cannot be trusted",
-                            f"`chmod 600 {path}` (and `chown` it to yourself) if its keys are yours")
-    text = filecap.read_text(path, FILE_LIMIT, "the gateway's keys file")
+    except OSError as exc:  # ELOOP: a link; EACCES: not ours to read
+        why = "a link" if exc.errno == errno.ELOOP else exc.strerror
+        raise KeysFileError(f"{path} is not a regular file we can read ({why}): refused",
+                            "remove it; `metralectl gateway keys add` writes a new one") from None
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise KeysFileError(f"{path}: not JSON ({exc})", "restore it, or remove it and add the keys again") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise KeysFileError(f"{path} is not a regular file (a link or something else): refused",
+                                "remove it; `metralectl gateway keys add` writes a new one")
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise KeysFileError(f"{path} can be written by another user (owner uid {info.st_uid}, mode "
+                                f"{stat.S_IMODE(info.st_mode):04o}): its keys cannot be trusted",
+                                f"`chmod 600 {path}` (and `chown` it to yourself) if its keys are yours")
+        os.set_blocking(fd, True)
+        raw = _read_capped(fd)
+    finally:
+        os.close(fd)
+    if len(raw) > FILE_LIMIT:
+        raise KeysFileError(f"{path} holds more than {FILE_LIMIT >> 20} MiB: not a keys file of ours",
+                            "restore it, or remove it and add the keys again")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # not UTF-8 or JSON; RecursionError: nested past Python's stack
+        raise KeysFileError(f"{path}: not JSON ({str(exc)[:80]})",
+                            "restore it, or remove it and add the keys again") from None
     entries = data.get("keys") if isinstance(data, dict) and data.get("schema") == 1 else None
     if not isinstance(entries, list):
         raise KeysFileError(f"{path}: not a keys file (schema 1 with a `keys` list)",
@@ -141,9 +157,22 @@ def load(path: Path | None = None) -> KeyRing:
             raise KeysFileError(f"{where}.models is not a list of model names (or \"*\")", "restore the file")
         if any(k.name == name for k in keys):
             raise KeysFileError(f"{where}: the name {name!r} is used twice", "remove one of them")
-        keys.append(ApiKey(name, sha, prefix if isinstance(prefix, str) and len(prefix) <= 16 else "", tuple(models),
-                           created if isinstance(created, str) and len(created) <= 40 else ""))
+        # prefix and created are only shown: kept when they are what `add` writes, else blank (never raw text)
+        keys.append(ApiKey(name, sha, prefix if isinstance(prefix, str) and PREFIX_RE.fullmatch(prefix) else "",
+                           tuple(models), created if isinstance(created, str) and CREATED_RE.fullmatch(created) else ""))
     return KeyRing.of(tuple(keys))
+
+
+def _read_capped(fd: int) -> bytes:
+    """At most FILE_LIMIT + 1 bytes of the open file, whatever its st_size says."""
+    chunks, left = [], FILE_LIMIT + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 16))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def save(ring: KeyRing, path: Path | None = None) -> None:

@@ -27,8 +27,8 @@ from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner
 # sized by guess through the gateway was 220 tokens where 127 were asked, and the comparison with direct was off).
 ROUTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
                     "/tokenize", "/detokenize", "/apply-template"})
-UNNAMED = frozenset({"/tokenize", "/detokenize", "/apply-template"})  # llama-server's take no `model`: the only
-# engine when one serves, else the body names it (llama-server ignores the field)
+LABELLED = ROUTED | {"/v1/models", "/metrics", "/health"}  # the paths metrics name; any other is "(other)", not its own
+UNNAMED = frozenset({"/tokenize", "/detokenize", "/apply-template"})  # no `model`: the one engine's, else the body's
 POOL_PER_ENGINE = 128
 
 
@@ -174,7 +174,7 @@ class Gateway:
         writer.write(http1.simple_response(answer.status, answer.body, extra=extra))
         await writer.drain()
         self.metrics.errors.labels(model, answer.reason).inc()
-        self.metrics.requests.labels(model, path, str(answer.status)).inc()
+        self.metrics.requests.labels(model, path if path in LABELLED else "(other)", str(answer.status)).inc()
         return True
 
     def _own(self, path: str, key: ApiKey | None = None) -> bytes:
@@ -198,7 +198,7 @@ class Gateway:
                      key: ApiKey | None = None) -> bool:
         try:
             body = json.loads(request.body) if request.body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             body = None
         model = body.get("model") if isinstance(body, dict) else None
         if model is None and path in UNNAMED and isinstance(body, dict) and len(self.table.routes) == 1:

@@ -4,24 +4,29 @@ gateway process in `<state>/gateways/<pid>.json`, written when it listens and re
 A record is believed only while the process it names still runs (its pid, start time and boot, as host-process
 engines are judged: seams/process/group.py), so a gateway killed with -9 leaves a record nobody shows, and the
 next gateway to start removes it. What the gateway does now (models, waiting requests) is asked of its own
-`/health`, which needs no key. Records are data from a file anyone of this user could have left: each is capped,
-its fields checked, its URL only ever a loopback or literal address this module builds a request to.
+`/health`, which needs no key. Records are data from a file anyone of this user could have left: each is read
+without following a link (O_NOFOLLOW), ours (this uid), capped, its fields checked; its URL only ever a literal
+address, and asked only when it is this machine's (loopback, unspecified, or one this host can bind): a record
+naming another host is shown as such, never contacted.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
 import re
+import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
-from metralectl.errors import MetralError
 
 MAX_RECORDS = 32
 HEALTH_LIMIT = 64 * 1024
+RECORD_LIMIT = 64 * 1024  # a record is a few hundred bytes
 URL_RE = re.compile(r"http://(\[[0-9a-fA-F:]+\]|[0-9.]+):([0-9]{1,5})")
 
 
@@ -56,13 +61,30 @@ def remove(path: Path | None) -> None:
             pass
 
 
-def _checked(path: Path) -> dict[str, Any] | None:
-    from metralectl.seams import store
-
+def _read(path: Path) -> object:
+    """The record's JSON, or None: a link (never followed out of the state dir), not a regular file, not this
+    user's, larger than RECORD_LIMIT, or not JSON."""
     try:
-        data = store.read_json(path)
-    except MetralError:
-        return None  # not a regular file, or too large: not a record
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size > RECORD_LIMIT:
+            return None
+        data = os.read(fd, RECORD_LIMIT + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return None if len(data) > RECORD_LIMIT else json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _checked(path: Path) -> dict[str, Any] | None:
+    data = _read(path)
     if not isinstance(data, dict) or data.get("schema") != 1:
         return None
     url, keys, identity, started = (data.get(k) for k in ("url", "keys", "identity", "started"))
@@ -78,7 +100,26 @@ def _checked(path: Path) -> dict[str, Any] | None:
     if path.stem != str(identity.get("pid")):
         return None  # a record under another pid's name: not what the gateway wrote
     return {"url": url, "pid": identity["pid"], "keys": keys, "identity": identity,
-            "started": started if isinstance(started, str) and len(started) <= 40 else None}
+            "started": started if isinstance(started, str) and len(started) <= 40 else None,
+            "here": this_machine(match.group(1).strip("[]"))}
+
+
+def this_machine(address: str) -> bool:
+    """Whether `address` is one of this host's: loopback, unspecified (a gateway on every address), or one a socket
+    can bind here (the kernel's own answer, no lookup). Any other is a record's claim about another host."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+    except OSError as exc:
+        return exc.errno not in (errno.EADDRNOTAVAIL, errno.EINVAL, errno.EAFNOSUPPORT)
+    return True
 
 
 def _paths() -> list[Path]:
@@ -90,7 +131,7 @@ def _paths() -> list[Path]:
 
 
 def running() -> list[dict[str, Any]]:
-    """The gateways whose record names a process that still runs: {url, pid, keys, started}."""
+    """The gateways whose record names a process that still runs: {url, pid, keys, started, here}."""
     from metralectl.seams.process import group
 
     out = []
@@ -117,8 +158,8 @@ def health(url: str, timeout: float = 0.5) -> dict[str, Any] | None:
     from metralectl.seams.httpclient import Failed, get_once
 
     match = URL_RE.fullmatch(url)
-    if match is None:
-        return None
+    if match is None or not this_machine(match.group(1).strip("[]")):
+        return None  # never asked of another host on a record's word
     try:
         reply = get_once(match.group(1).strip("[]"), int(match.group(2)), "/health", timeout, limit=HEALTH_LIMIT + 1)
     except Failed:
@@ -127,6 +168,6 @@ def health(url: str, timeout: float = 0.5) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(reply.body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
         return None
     return data if isinstance(data, dict) else None

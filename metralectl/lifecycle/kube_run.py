@@ -221,7 +221,7 @@ def stop(client: KubeClient, namespace: str, recipe_name: str | None) -> list[st
                 continue
             raise
         for obj in found:
-            name = str(obj["metadata"]["name"])
+            name = _name(obj)  # checked against the API's name grammar by delete(), before it goes into a URL
             if client.delete(kind, namespace, name):
                 deleted.append(f"{kind} {namespace}/{name}")
     return deleted

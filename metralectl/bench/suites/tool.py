@@ -33,7 +33,7 @@ def tool_call_problems(r: RequestResult, names: set[str]) -> list[str]:
         try:
             if not isinstance(json.loads(call.get("arguments") or ""), dict):
                 problems.append(f"call {i}: arguments are not a JSON object")
-        except ValueError:
+        except (ValueError, RecursionError):  # the engine's text: nested past Python's stack is not valid either
             problems.append(f"call {i}: arguments are not valid JSON: {str(call.get('arguments'))[:60]!r}")
     if r.finish_reason != "tool_calls":
         problems.append(f"finish_reason {r.finish_reason!r}, expected 'tool_calls'")

@@ -1,11 +1,16 @@
 """The Kubernetes API calls `--on kube` makes, over httpx against the REST API (no client library): server-side
 apply (fieldManager=metralectl, force), pods by label, a pod's log (tail, capped), events, delete by name, and a
-GET through the API server's service proxy. Every answer is read capped (seams/bounded.py); the server's own
+GET through the API server's service proxy. Every answer is read capped (seams/bounded.py) and within a deadline
+(a stream that never ends stops); an answer that is no JSON object, too deep, or names an object outside the
+API's name grammar is exit 65; a redirect is never followed (exit 69, naming where it pointed); the server's own
 words reach an error only escaped (safetext.clean) and cut short."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -20,7 +25,10 @@ FIELD_MANAGER = "metralectl"
 APPLY_TYPE = "application/apply-patch+yaml"
 LIST_LIMIT = 16 << 20  # a list of pods or events
 LOG_LIMIT = 1 << 20  # a pod's log tail
-TIMEOUT_S = 15.0
+TIMEOUT_S = 15.0  # one read
+DEADLINE_S = 120.0  # a whole answer: a server that trickles bytes forever is cut here
+# a name the API server gives an object (DNS-1123 subdomain): it goes into a URL path, so never '/' or '..'
+NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 # kind -> (API prefix, plural) of what `export kube` renders
 KINDS = {
     "Deployment": ("/apis/apps/v1", "deployments"),
@@ -39,14 +47,21 @@ class KubeFailed(MetralError):
         self.status = status
 
 
+class KubeAnswerInvalid(MetralError):
+    """The API server answered something no API server sends: not JSON, too deep, the wrong shape, a bad name."""
+
+    exit_code = ExitCode.DATA
+
+
 class KubeClient:
-    def __init__(self, config: KubeConfig, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(self, config: KubeConfig, timeout_s: float = TIMEOUT_S, deadline_s: float = DEADLINE_S) -> None:
         import httpx
 
         headers = {"Accept": "application/json", "User-Agent": "metralectl"}
         if config.token:
             headers["Authorization"] = f"Bearer {config.token}"
         self.config = config
+        self.deadline_s = deadline_s
         self._http = httpx.Client(base_url=config.server, headers=headers, timeout=timeout_s, trust_env=False,
                                   verify=config.ssl_context(), follow_redirects=False)
 
@@ -65,24 +80,21 @@ class KubeClient:
         path = object_path(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         data = self._call("PATCH", path, params={"fieldManager": FIELD_MANAGER, "force": "true"},
                           content=json.dumps(obj).encode(), content_type=APPLY_TYPE, what=f"apply {obj['kind']}")
-        answer = json.loads(data)
-        return answer if isinstance(answer, dict) else {}
+        return _object(data, f"apply {obj['kind']}")
 
     def objects(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         prefix, plural = KINDS[kind] if kind in KINDS else ("/api/v1", kind)
-        data = self._call("GET", f"{prefix}/namespaces/{quote(namespace)}/{plural}",
+        data = self._call("GET", f"{prefix}/namespaces/{quote(namespace, safe='')}/{plural}",
                           params={"labelSelector": selector}, what=f"list {plural}")
-        items = json.loads(data).get("items")
-        return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+        return _items(data, f"list {plural}")
 
     def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.objects("pods", namespace, selector)
 
     def events(self, namespace: str, pod: str) -> list[dict[str, Any]]:
-        data = self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/events",
-                          params={"fieldSelector": f"involvedObject.name={pod}"}, what="list events")
-        items = json.loads(data).get("items")
-        return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+        data = self._call("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/events",
+                          params={"fieldSelector": f"involvedObject.name={checked_name(pod)}"}, what="list events")
+        return _items(data, "list events")
 
     def log(self, namespace: str, pod: str, tail: int, *, previous: bool = False) -> list[str]:
         """The last `tail` lines of the pod's engine container (limitBytes asks the server to stop; the read is
@@ -90,8 +102,8 @@ class KubeClient:
         params = {"container": "engine", "tailLines": str(tail), "limitBytes": str(LOG_LIMIT)}
         if previous:
             params["previous"] = "true"
-        data = self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/log", params=params,
-                          what="pod log", limit=LOG_LIMIT, accept="text/plain")
+        data = self._call("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{checked_name(pod)}/log",
+                          params=params, what="pod log", limit=LOG_LIMIT, accept="text/plain")
         return data.decode("utf-8", "replace").splitlines()
 
     def delete(self, kind: str, namespace: str, name: str) -> bool:
@@ -109,10 +121,12 @@ class KubeClient:
         """GET `path` of a Service through the API server's service proxy: (status, the body's first bytes)."""
         import httpx
 
-        target = f"/api/v1/namespaces/{quote(namespace)}/services/{quote(service)}:{port}/proxy/{path.lstrip('/')}"
+        target = (f"/api/v1/namespaces/{quote(namespace, safe='')}/services/{checked_name(service)}:{port}/proxy/"
+                  f"{path.lstrip('/')}")
         try:
             with self._http.stream("GET", target) as response:
-                return response.status_code, bounded.peek(response.iter_bytes(), 4096).decode("utf-8", "replace")
+                body = bounded.peek(self._timed(response.iter_bytes(), "the service proxy"), 4096)
+                return response.status_code, body.decode("utf-8", "replace")
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
 
@@ -130,9 +144,25 @@ class KubeClient:
                 if response.status_code >= 400:
                     body = bounded.peek(response.iter_bytes()).decode("utf-8", "replace")
                     raise _refused(what, response.status_code, body)
-                return bounded.httpx_body(response, limit, f"the API server's answer to {what}")
+                if response.status_code >= 300:  # never followed: the token would go with it
+                    where = clean(response.headers.get("location", "nowhere"), 200)
+                    raise KubeFailed(f"{what}: the API server answered {response.status_code}, a redirect to {where}; "
+                                     "metralectl does not follow redirects of the API server",
+                                     "point the kubeconfig's server at the API server itself",
+                                     status=response.status_code)
+                return bounded.read_chunks(self._timed(response.iter_bytes(), what), limit,
+                                           f"the API server's answer to {what}")
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
+
+    def _timed(self, chunks: Iterator[bytes], what: str) -> Iterator[bytes]:
+        """The chunks of an answer until the deadline: one read has its own timeout, the whole answer this one."""
+        end = time.monotonic() + self.deadline_s
+        for chunk in chunks:
+            if time.monotonic() > end:
+                raise KubeFailed(f"{what}: the API server kept sending for more than {self.deadline_s:.0f} s; "
+                                 "metralectl stopped reading", "check what answers at the kubeconfig's server")
+            yield chunk
 
     def _unreachable(self, exc: Exception) -> KubeFailed:
         return KubeFailed(f"the API server at {clean(self.config.server, 200)} (context "
@@ -142,7 +172,32 @@ class KubeClient:
 
 def object_path(kind: str, namespace: str, name: str) -> str:
     prefix, plural = KINDS[kind]
-    return f"{prefix}/namespaces/{quote(namespace)}/{plural}/{quote(name)}"
+    return f"{prefix}/namespaces/{quote(namespace, safe='')}/{plural}/{checked_name(name)}"
+
+
+def checked_name(name: object) -> str:
+    """An object's name as the API server gives it (a DNS-1123 subdomain), before it goes into a URL path."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise KubeAnswerInvalid(f"the API server named an object {clean(str(name), 80)!r}, which is no Kubernetes "
+                                "name (lower-case letters, digits, '-' and '.')",
+                                "check what answers at the kubeconfig's server")
+    return name
+
+
+def _object(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError), or nested past Python's stack
+        value = None
+    if not isinstance(value, dict):
+        raise KubeAnswerInvalid(f"the API server's answer to {what} is not a JSON object ({len(data)} bytes)",
+                                "check what answers at the kubeconfig's server")
+    return value
+
+
+def _items(data: bytes, what: str) -> list[dict[str, Any]]:
+    items = _object(data, what).get("items")
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
 
 
 def _refused(what: str, status: int, body: str) -> KubeFailed:

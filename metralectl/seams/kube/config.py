@@ -1,12 +1,15 @@
 """A kubeconfig read the way kubectl reads its basics: $KUBECONFIG (the first file of the list that exists) or
 ~/.kube/config; the current context or the one named; the cluster's server and CA; the user's bearer token or
 client certificate. Credential plugins (exec, auth-provider) run other programs and are refused with the fix.
-The file holds secrets: it is read capped (filecap) and nothing of it but names is ever printed."""
+The file holds secrets: it is read capped (filecap) and nothing of it but names is ever printed. What it holds is
+checked before use, each fault exit 65 naming the key: the server an http(s) URL, the token printable ASCII (it
+goes in a header), the CA and client certificate PEM that ssl loads, the files it names regular and present."""
 
 from __future__ import annotations
 
 import base64
 import os
+import re
 import ssl
 import tempfile
 from dataclasses import dataclass
@@ -17,6 +20,8 @@ from metralectl.errors import ExitCode, MetralError
 from metralectl.safetext import clean
 
 CONFIG_LIMIT = 4 << 20
+SERVER_RE = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?", re.ASCII)
+TOKEN_RE = re.compile(r"[\x21-\x7e]{1,16384}")
 NO_PLUGINS = ("metralectl does not run credential plugins: give the context a user with a token or a client "
               "certificate (`kubectl create token SA` gives a token; or `kubectl config set-credentials NAME "
               "--token=...`), or a copy of the kubeconfig with such a user in $KUBECONFIG")
@@ -31,14 +36,26 @@ class KubeConfig:
     ca_pem: str | None = None  # PEM of the CA to trust; None: the system's
     client_cert_pem: str | None = None
     client_key_pem: str | None = None
-    insecure: bool = False  # insecure-skip-tls-verify: true in the kubeconfig (said in `run`'s progress)
+    insecure: bool = False  # insecure-skip-tls-verify: true in the kubeconfig (a warning on every --on kube command)
     source: str = ""
 
     def ssl_context(self) -> ssl.SSLContext | bool:
-        """What httpx's `verify` takes: an SSLContext trusting the cluster's CA (client certificate loaded)."""
+        """What httpx's `verify` takes: an SSLContext trusting the cluster's CA (client certificate loaded); a CA
+        or certificate ssl cannot load is exit 65, naming which."""
         if not self.server.startswith("https://"):
             return False
-        ctx = ssl.create_default_context(cadata=self.ca_pem) if self.ca_pem else ssl.create_default_context()
+        what = "certificate-authority"
+        try:
+            ctx = ssl.create_default_context(cadata=self.ca_pem) if self.ca_pem else ssl.create_default_context()
+            what = "client-certificate / client-key"
+            self._load_client(ctx)
+        except (ssl.SSLError, ValueError) as exc:
+            raise MetralError(f"kubeconfig {self.source}, context {clean(self.context, 80)!r}: its {what} is not "
+                              f"PEM that ssl loads ({clean(str(exc), 120)})", "fix the kubeconfig's " + what,
+                              exit_code=ExitCode.DATA) from None
+        return ctx
+
+    def _load_client(self, ctx: ssl.SSLContext) -> None:
         if self.insecure:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
@@ -51,7 +68,6 @@ class KubeConfig:
                     with os.fdopen(fd, "w") as out:
                         out.write(text)
                 ctx.load_cert_chain(cert, key)
-        return ctx
 
 
 def config_path() -> Path:
@@ -100,12 +116,20 @@ def load(context: str | None = None, path: Path | None = None) -> KubeConfig:
         plugin = "exec" if "exec" in user else "auth-provider"
         raise MetralError(f"context {clean(name, 80)!r}: its user authenticates through a credential plugin "
                           f"({plugin})", NO_PLUGINS, exit_code=ExitCode.USAGE)
+    server = str(cluster["server"]).rstrip("/")
+    if not SERVER_RE.fullmatch(server):
+        raise MetralError(f"context {clean(name, 80)!r}: the cluster's server {clean(server, 120)!r} in {path} is no "
+                          "http(s) URL", "fix the kubeconfig's clusters[].cluster.server", exit_code=ExitCode.DATA)
     base = path.parent
     token = user.get("token")
     if token is None and user.get("tokenFile"):
         token = _file(base, str(user["tokenFile"]), "tokenFile").strip()
+    if token and not TOKEN_RE.fullmatch(str(token)):
+        raise MetralError(f"context {clean(name, 80)!r}: the user's token in {path} (or its tokenFile) is not "
+                          "printable ASCII, so it cannot go in a header", "fix the kubeconfig's token",
+                          exit_code=ExitCode.DATA)
     return KubeConfig(
-        context=name, server=str(cluster["server"]).rstrip("/"), namespace=str(ctx.get("namespace") or "default"),
+        context=name, server=server, namespace=str(ctx.get("namespace") or "default"),
         token=str(token) if token else None,
         ca_pem=_pem(cluster, "certificate-authority", base),
         client_cert_pem=_pem(user, "client-certificate", base), client_key_pem=_pem(user, "client-key", base),
@@ -121,9 +145,17 @@ def _named(doc: dict[str, Any], key: str, inner: str, path: Path) -> dict[str, d
 
 
 def _file(base: Path, name: str, what: str) -> str:
+    """A file the kubeconfig names (a path, as kubectl takes it: a `file://` URL is no path), read capped."""
     from metralectl.filecap import read_text
 
-    return read_text(base / Path(name).expanduser(), CONFIG_LIMIT, f"kubeconfig {what}")
+    path = base / Path(name).expanduser()
+    try:
+        return read_text(path, CONFIG_LIMIT, f"kubeconfig {what}")
+    except (OSError, ValueError) as exc:  # missing, unreadable, not UTF-8
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        raise MetralError(f"the kubeconfig's {what} {clean(str(path), 200)} cannot be read: {why}",
+                          f"fix {what} in the kubeconfig (a path, relative to the kubeconfig's directory)",
+                          exit_code=ExitCode.DATA) from None
 
 
 def _pem(section: dict[str, Any], key: str, base: Path) -> str | None:
