@@ -47,3 +47,25 @@ def test_the_pinned_dump_is_trtllm_serves_click_command() -> None:
                                     "pinned", "source", lineterm="", n=1)
         pytest.fail("trtllm-serve's options drifted from the pinned dump (regenerate it: docs/engines.md, "
                     "TensorRT-LLM):\n" + "\n".join(list(diff)[:80]))
+
+
+def test_an_unknown_flag_is_named_from_the_pinned_commands_own_error() -> None:
+    """The pinned serve command, run by click itself (its imports stubbed) with a flag it lacks: its usage error is
+    what the engine file's bad-flag signature names."""
+    from metralectl.lifecycle.boot import BootLog
+    from tests.unit.recipe_helpers import catalog
+
+    src = source_dir()
+    if not (src / "tensorrt_llm" / "commands" / "serve.py").is_file():
+        pytest.skip(f"TensorRT-LLM source at {REVISION} is not cached at {src}")
+    code = ("import importlib.util, sys; from pathlib import Path\n"
+            f"spec = importlib.util.spec_from_file_location('o', {str(REPO / 'scripts' / 'trtllm-options.py')!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            f"m.load_serve(Path({str(src)!r})).main(['org/model', '--bogus-flag', '1'], prog_name='trtllm-serve')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "bogus-flag" in out.stderr, out.stderr
+    log = BootLog(catalog().engines["trtllm"], "127.0.0.1", 8000)
+    for line in out.stderr.splitlines():
+        log.feed(line)
+    assert log.failure is not None and log.failure.cause == "bad-flag", out.stderr
+    assert "--bogus-flag" in log.failure.message

@@ -107,6 +107,26 @@ def test_roles_and_fit_metralectl_owns() -> None:
     assert contract.config_file is not None and contract.config_file.flag == "extra_llm_api_options"
 
 
+def test_its_log_lines_give_the_ready_phase_and_named_failures() -> None:
+    """The wording of tensorrt_llm/logger.py's prefix, uvicorn's ready line and the failures engine/trtllm.yaml names."""
+    from metralectl.lifecycle.boot import BootLog, message_of
+
+    engine = catalog().engines["trtllm"]
+    assert message_of("[12/04/2026-05:40:03] [TRT-LLM] [I] Loading model", engine.log_prefix) == "Loading model"
+    assert message_of("[12/04/2026-05:40:03] [TRT-LLM] [MPI_Rank 1] [W] slow", engine.log_prefix) == "slow"
+    assert message_of("[TensorRT-LLM][INFO] Memory usage", engine.log_prefix) == "Memory usage"
+    log = BootLog(engine, "127.0.0.1", 8000)
+    assert [log.feed(line) for line in ("INFO:     Started server process [7]",
+                                        "INFO:     Application startup complete.")] == [None, "ready"]
+    for cause, line in (("bad-flag", "Error: No such option '--max_batch_sze'."),
+                        ("out-of-memory", "[12/04/2026-05:40:03] [TRT-LLM] [E] torch.OutOfMemoryError: CUDA out of memory"),
+                        ("no-weights", "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate cached "
+                                       "snapshot folder")):
+        log = BootLog(engine, "127.0.0.1", 8000)
+        log.feed(line)
+        assert log.failure is not None and log.failure.cause == cause and log.failure.remedy, line
+
+
 def test_a_misspelt_trtllm_flag_is_refused_with_a_suggestion(tmp_path: Path) -> None:
     data = read(RECIPE)
     data["serve"]["max_batch_sze"] = 8
