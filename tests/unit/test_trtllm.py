@@ -256,3 +256,11 @@ def test_the_file_is_never_written_through_a_symlink(isolated_env: Path, tmp_pat
     Path(spec.files[0].host_path).symlink_to(victim)  # the file itself a link: replaced, not followed
     write_spec_files(spec)
     assert victim.read_text() == "keep" and not Path(spec.files[0].host_path).is_symlink()
+
+
+@pytest.mark.parametrize("kind", ["kube", "compose"])
+def test_an_export_refuses_a_recipe_whose_file_it_would_not_carry(kind: str) -> None:
+    out = _cli("export", kind, "qwen3-8b-fp8-trtllm")
+    assert out.returncode == 64 and out.stdout == "", out.stdout + out.stderr
+    assert "engine-config" in out.stderr and "metralectl run qwen3-8b-fp8-trtllm" in out.stderr
+    assert "Traceback" not in out.stderr
