@@ -264,3 +264,12 @@ def test_an_export_refuses_a_recipe_whose_file_it_would_not_carry(kind: str) -> 
     assert out.returncode == 64 and out.stdout == "", out.stdout + out.stderr
     assert "engine-config" in out.stderr and "metralectl run qwen3-8b-fp8-trtllm" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_fit_estimate_says_how_trtllm_sizes_its_kv_cache() -> None:
+    from metralectl.core.fit import kv_part
+
+    cat = catalog()
+    recipe = cat.recipes["qwen3-8b-fp8-trtllm"]
+    part = kv_part(cat.model_of(recipe), recipe)
+    assert part.gb is None and "0.9 of the memory free after the weights" in part.basis and "auto" in part.basis
