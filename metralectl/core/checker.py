@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from metralectl.core import checker_text as text
 from metralectl.core.checker_checkpoint import World, check_checkpoint
+from metralectl.core.checker_engine_config import check_engine_config
 from metralectl.core.checker_sections import check_env, check_source, check_validated
 from metralectl.core.checker_serve import Context, _add_hint, _is_set, check_serve
 from metralectl.core.contract import EngineContract
@@ -28,7 +29,8 @@ from metralectl.wording import count, noun
 __all__ = ["World", "check_recipe", "_add_hint"]
 
 TOP_KEYS = ("schema", "name", "description", "extends", "engine", "engine-revision", "source", "provenance",
-            "checkpoint", "hardware", "image", "image-tag", "runtime", "serve", "resources", "env", "tags", "validated")
+            "checkpoint", "hardware", "image", "image-tag", "runtime", "serve", "engine-config", "resources", "env", "tags",
+            "validated")
 REQUIRED_TOP = ("schema", "name", "description", "engine", "checkpoint", "hardware", "image", "serve",
                 "resources", "validated")
 RESOURCE_KEYS = ("port", "bind", "memory-utilization", "gpus", "ranks", "master-port", "tp-size", "ep-size",
@@ -64,6 +66,7 @@ def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Rec
     resources = _resources(check, top, ctx, serve)
     runtime = _runtime(check, top, ctx.contract, resources)
     env = check_env(check, top, ctx.contract, ctx.revision)
+    engine_config = check_engine_config(check, top, ctx.contract)
     tags = tuple(check.string_list(top, (), "tags"))
     validated = check_validated(check, top, world)
     if name and origin.path and origin.kind != "set":
@@ -82,7 +85,7 @@ def check_recipe(doc: Document, world: World, origin: RecipeOrigin) -> tuple[Rec
         validated=validated, origin=origin,
         warnings=tuple(p.render() for p in check.problems if p.severity == "warning"),
         engine_revision=ctx.revision.id, source=source, provenance=provenance, image_tag=image_tag,
-        runtime=runtime,
+        runtime=runtime, engine_config=engine_config,
     )
     return recipe, check.problems
 

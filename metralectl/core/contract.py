@@ -16,6 +16,7 @@ from typing import Any, Literal, cast, get_args
 
 from metralectl.core import engine_profile as P
 from metralectl.core import engine_revisions
+from metralectl.core.engine_config import ConfigFile, parse_config_file
 from metralectl.core.engine_flags import FlagSpec, Lever, parse_flag
 from metralectl.core.engine_revisions import Policy, Revision
 from metralectl.core.schema import Checker
@@ -27,7 +28,8 @@ _READINESS_KEYS = ("style", "marker", "health-path", "health-ready-status", "hea
 _TOP_KEYS = ("schema", "name", "display-name", "binary", "serve-command", "model-argument", "version-command",
              "default-port", "default-bind", "readiness", "log-phases", "log-failures", "endpoints", "flags",
              "request-dialect", "log-prefix", "rules", "auth-flags", "multi-rank", "metrics", "weights", "memory-utilization", "fit-roles", "quants", "launcher-sets",
-             "exclusive-groups", "rank-symmetric", "levers", "env-passthrough", "served-name-flag", "process")
+             "exclusive-groups", "rank-symmetric", "levers", "env-passthrough", "served-name-flag", "process",
+             "config-file")
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class EngineContract:
     multi_rank: MultiRank = "none"  # none | rendezvous (ranks meet at --master-addr/--master-port: Metrale's EP=2)
     served_name_flag: str | None = None  # the flag that names the model /v1/models reports (model-name, alias)
     process: P.ProcessStart | None = None  # how it starts as a host process (`runtime: process`); None: it cannot
+    config_file: ConfigFile | None = None  # the file a recipe's `engine-config:` becomes (core/engine_config.py)
 
     def has_rule(self, rule: str) -> bool:
         return rule in self.rules
@@ -171,6 +174,7 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         multi_rank=cast(MultiRank, str(top.get("multi-rank", "none"))),  # checked below
         served_name_flag=_served_name_flag(check, top, flags),
         process=P.parse_process(check, top.get("process")),
+        config_file=parse_config_file(check, top.get("config-file"), flags),
     )
     for flag in contract.auth_flags:
         if flag not in flags:

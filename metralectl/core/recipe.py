@@ -99,6 +99,7 @@ class Recipe:
     provenance: Provenance | None = None
     image_tag: str | None = None  # `image-tag:`: run the image under this tag instead of its ref's
     runtime: str = "docker"  # RUNTIMES: a container, or a host process
+    engine_config: dict[str, Any] = field(default_factory=dict)  # `engine-config:`, the engine's generated file
 
     @property
     def multi_rank(self) -> bool:

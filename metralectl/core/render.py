@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from metralectl import paths
 from metralectl.core.contract import EngineContract
+from metralectl.core.engine_config import GeneratedFile, generated
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.image_info import ImageInfo
 # The label table lives in core.labels; these names stay importable from here for older callers.
@@ -69,6 +70,7 @@ class ContainerSpec:
     cap_add: tuple[str, ...] = ()
     ulimits: tuple[tuple[str, int, int], ...] = ()  # (name, soft, hard)
     shm_size: str | None = None
+    files: tuple[GeneratedFile, ...] = ()  # written by the launch before it starts (core/engine_config.py)
 
     @property
     def is_process(self) -> bool:
@@ -86,7 +88,7 @@ class ContainerSpec:
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-_PROFILE_FIELDS = ("devices", "cap_add", "ulimits", "shm_size")
+_PROFILE_FIELDS = ("devices", "cap_add", "ulimits", "shm_size", "files")
 
 
 def hf_mounts(container_hf_home: str = CONTAINER_HF_HOME) -> tuple[Mount, ...]:
@@ -204,12 +206,19 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
     env.update(contract.weights.offline_env)  # the weights were verified in the cache: never download at start
     env.update(recipe.env)
     env.update(extra_env or {})
+    command = serve_argv(recipe, contract, rank=rank, master_addr=master_addr)
+    mounts = hf_mounts(contract.weights.container_hf_home)
+    made = generated(recipe.name, contract.display_name, contract.config_file, recipe.engine_config, process=False)
+    if made is not None:  # the recipe's engine-config, mounted read-only where the flag points
+        command += made[1]
+        mounts += (Mount(made[0].host_path, made[2], read_only=True),)
     spec = ContainerSpec(
         name=container_name(recipe, rank),
         image=image.ref,
-        command=tuple(serve_argv(recipe, contract, rank=rank, master_addr=master_addr)),
+        command=tuple(command),
         env=env,
-        mounts=hf_mounts(contract.weights.container_hf_home),
+        mounts=mounts,
+        files=(made[0],) if made else (),
         gpus=gpus,
         port=recipe.resources.ranks[rank].port,
         bind=recipe.resources.bind,
@@ -233,8 +242,11 @@ def _process_spec(recipe: Recipe, contract: EngineContract, program: str | None,
     env = process_env(contract)
     env.update(recipe.env)
     env.update(extra_env or {})
+    made = generated(recipe.name, contract.display_name, contract.config_file, recipe.engine_config, process=True)
+    if made is not None:  # a host process reads the file where it is written
+        argv += made[1]
     spec = ContainerSpec(name=container_name(recipe, rank), image=PROCESS_IMAGE_PREFIX + argv[0], command=tuple(argv),
-                         env=env, gpus=None, port=recipe.resources.ranks[rank].port, bind=recipe.resources.bind,
+                         env=env, files=(made[0],) if made else (), gpus=None, port=recipe.resources.ranks[rank].port, bind=recipe.resources.bind,
                          rank=rank)
     return _labelled(spec, recipe, contract, rank)
 
@@ -249,7 +261,7 @@ def _labelled(spec: ContainerSpec, recipe: Recipe, contract: EngineContract, ran
     }
     if recipe.multi_rank:
         labels[LABEL_RANK] = str(rank)
-    return ContainerSpec(**{**asdict(spec), "labels": labels, "mounts": spec.mounts})
+    return ContainerSpec(**{**asdict(spec), "labels": labels, "mounts": spec.mounts, "files": spec.files})
 
 
 def _shell_path(path: str) -> str:

@@ -98,6 +98,10 @@ def rank_specs(catalog: Catalog, recipe: Recipe, options: KubeOptions) -> list[C
         raise MetralError(f"{recipe.name} runs as a host process (runtime: process); manifests run containers",
                           "export a recipe that runs in Docker (`--runtime docker` is the same recipe in a container)",
                           exit_code=ExitCode.USAGE)
+    if recipe.engine_config:  # a file `run` writes on this host before the start: no manifest carries it yet
+        raise MetralError(f"{recipe.name} has an engine-config: section (a file `run` writes and mounts); exports "
+                          "do not carry it yet", f"serve it with `metralectl run {recipe.name}`",
+                          exit_code=ExitCode.USAGE)
     if recipe.multi_rank and not options.roce_interface:
         raise MetralError(f"{recipe.name} is multi-rank: NCCL_SOCKET_IFNAME must be named, never guessed",
                           "pass --roce-interface IF (the ConnectX port with an IPv4 address on every node, e.g. "

@@ -154,6 +154,8 @@ def boot(recipe: Recipe, catalog: Catalog, ranks: Sequence[Rank], run_id: str, u
 def _start(rank: Rank, labels: dict[str, str], run_id: str, on_event: Listener) -> None:
     on_event(Step("starting", rank.shown))
     cancel.checkpoint()
+    if rank.spec.files:
+        _write_files(rank.spec)
     try:
         rank.container = rank.runtime.create_and_start(rank.spec, labels)
     except RuntimeFailure as exc:
@@ -176,3 +178,14 @@ def remove(ranks: Sequence[Rank]) -> list[str]:
         except MetralError:
             left.append(rank.shown)
     return left
+
+
+def _write_files(spec: ContainerSpec) -> None:
+    """The spec's generated files, written before its engine starts; a write that fails stops the start."""
+    from metralectl.lifecycle.specs import write_spec_files
+
+    try:
+        write_spec_files(spec)
+    except OSError as exc:
+        raise MetralError(f"could not write {spec.files[0].host_path}: {exc.strerror or exc}",
+                          "check that the state directory (~/.metrale/state) is writable") from None

@@ -50,6 +50,24 @@ def engine_environment(spec: ContainerSpec) -> dict[str, str]:
 def command_text(spec: ContainerSpec) -> str:
     """The exact start of `spec` as a shell line: its `docker run`, or for a host process `env -i` with every
     variable it gets, then its argv (what `run --print`, `show` and the dashboard's plan show)."""
-    from metralectl.core.render import docker_run_command, process_command
+    from metralectl.core.engine_config import files_text
+    from metralectl.core.render import _shell_path, docker_run_command, process_command
 
-    return process_command(spec, engine_environment(spec)) if spec.is_process else docker_run_command(spec)
+    start = process_command(spec, engine_environment(spec)) if spec.is_process else docker_run_command(spec)
+    return files_text(spec.files, _shell_path) + start
+
+
+def write_spec_files(spec: ContainerSpec) -> None:
+    """Write the files a spec's engine reads (its generated config) where the spec says, just before it starts:
+    inside the state dir's engine-config/ only, atomically, 0644 (the engine in the container may run as another
+    user), never through a symlink (ownedfs: a link on the way is refused, not followed out)."""
+    from pathlib import Path
+
+    from metralectl.core.engine_config import CONFIG_DIR
+    from metralectl.ownedfs import Owned
+
+    for file in spec.files:
+        path = Path(file.host_path)
+        owned = Owned(path.parent.parent, "metralectl's state directory")
+        owned.make_root()
+        owned.put(f"{CONFIG_DIR}/{path.name}", file.text, mode=0o644)

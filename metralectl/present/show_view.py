@@ -126,13 +126,17 @@ def _command(catalog: Catalog, recipe: Recipe, rank: int) -> str:
 
 
 _CONTINUED = " \\\n  "  # docker_run_command's own line break between options
+_FILE_END = "\nMETRALECTL_EOF\n"  # the end of the generated file's lines (core/engine_config.py files_text)
 
 
 def shown(line: str) -> str:
     """One line of `show`, escaped as a whole (a user's or a synced recipe's strings: its description,
     validated.source, a serve value, an env value, the command that quotes them); the command keeps the
-    line breaks docker_run_command put between its options."""
-    return _CONTINUED.join(clean(part) for part in line.split(_CONTINUED))
+    line breaks docker_run_command put between its options, and a generated file's lines before it (its text is
+    YAML that yaml.safe_dump wrote: a control character in a value is escaped there)."""
+    files, marker, start = line.partition(_FILE_END) if line.startswith("mkdir -p ") else ("", "", line)
+    head = "\n".join(clean(part) for part in (files + marker).split("\n")) if marker else ""
+    return head + _CONTINUED.join(clean(part) for part in start.split(_CONTINUED))
 
 
 def _provenance(catalog: Catalog, recipe: Recipe) -> list[str]:

@@ -224,6 +224,8 @@ def test_every_shipped_recipes_manifests_validate(operator: None, name: str) -> 
     recipe = cat.recipes[name]
     if recipe.runtime == "process":
         pytest.skip("a host-process recipe has no container to export")
+    if recipe.engine_config:
+        pytest.skip("an engine-config file is not exported yet (tests/unit/test_trtllm.py: the refusal)")
     docs = _docs(dump(kube_manifests(cat, recipe, _options(recipe))))
     for doc in docs:
         if doc["kind"] == "LeaderWorkerSet":
