@@ -61,7 +61,7 @@ class Gateway:
     def _publish(self, table: Table) -> None:
         before = self.table
         self.table = table
-        self.metrics.served.set(len(table.routes))
+        self.metrics.publish(table)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         went = sorted({r.recipe for r in before.routes} - {r.recipe for r in table.routes} & set(table.exited.values()))

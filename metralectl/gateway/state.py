@@ -101,6 +101,19 @@ def running() -> list[dict[str, Any]]:
     return out
 
 
+def listed() -> list[dict[str, Any]]:
+    """Every well-formed record, stale ones included: {url, pid, keys, started, running} (`top`, the dashboard and the
+    page show a stale one as gone, never as serving)."""
+    from metralectl.seams.process import group
+
+    out = []
+    for path in _paths():
+        found = _checked(path)
+        if found is not None:
+            out.append({**found, "running": group.is_running(found.pop("identity"))})
+    return out
+
+
 def forget_stale() -> None:
     """Remove the records of gateways that no longer run (this user's own state directory)."""
     from metralectl.seams.process import group
