@@ -22,6 +22,7 @@ from metralectl.errors import MetralError
 
 MAX_RECORDS = 32
 HEALTH_LIMIT = 64 * 1024
+MONITOR_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
 URL_RE = re.compile(r"http://(\[[0-9a-fA-F:]+\]|[0-9.]+):([0-9]{1,5})")
 
 
@@ -31,9 +32,11 @@ def records_dir() -> Path:
     return store.state_dir() / "gateways"
 
 
-def record(url: str, keys: int, pid: int | None = None) -> Path | None:
+def record(url: str, keys: int, pid: int | None = None, monitor: str | None = None) -> Path | None:
     """Say that this process serves a gateway at `url`; the path written (None when this process cannot be
-    named, which leaves it out of `ps` but serving)."""
+    named, which leaves it out of `ps` but serving). `monitor`: the credential that reads its /metrics when API keys
+    are in force (`top`, the dashboard and the agent of this user read it here: the file is 0600 in this user's
+    state directory; `ps --json` never prints it)."""
     from metralectl.seams import store
     from metralectl.seams.process import group
 
@@ -43,7 +46,7 @@ def record(url: str, keys: int, pid: int | None = None) -> Path | None:
         return None
     forget_stale()
     path = records_dir() / f"{pid}.json"
-    store.write_json(path, {"schema": 1, "url": url, "keys": keys, "identity": identity,
+    store.write_json(path, {"schema": 1, "url": url, "keys": keys, "identity": identity, "monitor": monitor,
                             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, mode=0o600)
     return path
 
@@ -77,8 +80,10 @@ def _checked(path: Path) -> dict[str, Any] | None:
         return None
     if path.stem != str(identity.get("pid")):
         return None  # a record under another pid's name: not what the gateway wrote
+    monitor = data.get("monitor")
     return {"url": url, "pid": identity["pid"], "keys": keys, "identity": identity,
-            "started": started if isinstance(started, str) and len(started) <= 40 else None}
+            "started": started if isinstance(started, str) and len(started) <= 40 else None,
+            "monitor": monitor if isinstance(monitor, str) and MONITOR_RE.fullmatch(monitor) else None}
 
 
 def _paths() -> list[Path]:
@@ -97,13 +102,14 @@ def running() -> list[dict[str, Any]]:
     for path in _paths():
         found = _checked(path)
         if found is not None and group.is_running(found.pop("identity")):
+            found.pop("monitor")  # a credential: `ps --json` prints what this returns
             out.append(found)
     return out
 
 
 def listed() -> list[dict[str, Any]]:
-    """Every well-formed record, stale ones included: {url, pid, keys, started, running} (`top`, the dashboard and the
-    page show a stale one as gone, never as serving)."""
+    """Every well-formed record, stale ones included: {url, pid, keys, started, monitor, running} (`top`, the
+    dashboard and the page show a stale one as gone, never as serving; `monitor` reads its /metrics)."""
     from metralectl.seams.process import group
 
     out = []

@@ -21,15 +21,16 @@ def observe(timeout: float = METRICS_TIMEOUT_S) -> list[GatewayRow]:
     for record in state.listed():
         running = bool(record.pop("running"))
         if not running:
+            record.pop("monitor", None)
             rows.append(gateway_row(record, running=False))
             continue
-        text, failure, needs_key = _metrics(record["url"], timeout)
+        text, failure, needs_key = _metrics(record["url"], timeout, record.pop("monitor", None))
         rows.append(gateway_row(record, running=True, text=text, failure=failure, needs_key=needs_key))
     return rows
 
 
-def _metrics(url: str, timeout: float) -> tuple[str | None, str | None, bool]:
-    """(text, why not, whether a key is needed)."""
+def _metrics(url: str, timeout: float, monitor: str | None) -> tuple[str | None, str | None, bool]:
+    """(text, why not, whether a key is needed); `monitor`: the record's credential for /metrics (keys in force)."""
     from metralectl.seams.bounded import METRICS_LIMIT
     from metralectl.seams.httpclient import Failed, get_once
 
@@ -38,7 +39,7 @@ def _metrics(url: str, timeout: float) -> tuple[str | None, str | None, bool]:
         return None, "not a gateway address", False
     try:
         reply = get_once(match.group(1).strip("[]"), int(match.group(2)), "/metrics", timeout,
-                         limit=METRICS_LIMIT + 1)
+                         limit=METRICS_LIMIT + 1, headers={"Authorization": f"Bearer {monitor}"} if monitor else None)
     except Failed as exc:
         return None, f"not answering ({exc.kind})", False
     if reply.status == 401:

@@ -4,6 +4,8 @@ processes beside each other on one box and the real CLI's gateway routing to bot
 - `top --once --json`: a row per served engine (recipe, engine, the model id it serves, its port, its numbers) and a
   `gateways` list read from the gateway's own /metrics (found through its state record): the recipes it routes,
   its requests and errors; the plain view says the same in its tables.
+- With API keys in force (a client needs one, /metrics too), `top` still reads the gateway's /metrics: with the
+  credential its own 0600 state record holds, which `ps --json` never prints.
 - The gateway killed with -9 leaves its record behind: `top` shows it `gone`, with no number, never as serving.
 """
 
@@ -46,14 +48,23 @@ def test_top_shows_every_served_model_and_the_gateway_and_a_killed_gateway_as_go
     beta = box.recipe("beta", SECOND, ports["beta"], alias="tiny-beta")
     for recipe in (alpha, beta):
         box.cli("run", recipe, check=True, timeout=300)
+    key = box.cli("gateway", "keys", "add", "client", "--model", "*", check=True).stdout.strip()
     gateway = Gateway(box.env)
     try:
         both = lambda line: len({m["recipe"] for m in line["models"]}) == 2  # noqa: E731
         if not both(gateway.first):  # the listening line may name both already
             gateway.wait_line(both)
         for model in ("tiny-alpha", "tiny-alpha", "tiny-beta"):
-            assert gateway.chat(model, max_tokens=2)[0] == 200
-        assert gateway.chat("nobody-serves-this")[0] == 404
+            chat = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+            assert gateway.request("POST", "/v1/chat/completions", chat, headers={"Authorization": f"Bearer {key}"}
+                                   )[0] == 200
+        assert gateway.request("POST", "/v1/chat/completions", {"model": "nobody-serves-this", "messages": []},
+                               headers={"Authorization": f"Bearer {key}"})[0] == 404
+        assert gateway.request("GET", "/metrics")[0] == 401  # keys in force: /metrics is not anyone's
+        record = box.home / "metrale" / "state" / "gateways" / f"{gateway.proc.pid}.json"
+        assert record.stat().st_mode & 0o777 == 0o600
+        monitor = json.loads(record.read_text())["monitor"]
+        assert monitor not in box.cli("ps", "--json", check=True).stdout
 
         top = _top(box)
         engines = {e["recipe"]: e for e in top["engines"]}
@@ -67,8 +78,9 @@ def test_top_shows_every_served_model_and_the_gateway_and_a_killed_gateway_as_go
         assert shown["url"] == f"http://127.0.0.1:{gateway.port}" and shown["pid"] == gateway.proc.pid, shown
         assert shown["state"] == "serving" and shown["error"] is None, shown
         assert shown["routed"] == [alpha, beta] and shown["loading"] == [] and shown["models_served"] == 2, shown
-        assert shown["requests"] == 4 and shown["errors"] == 1 and shown["queue_depth"] == 0, shown
-        assert shown["errors_by_reason"] == {"unknown-model": 1} and shown["evictions"] == 0, shown
+        assert shown["requests"] == 5 and shown["errors"] == 2 and shown["queue_depth"] == 0, shown  # the 401 too
+        assert shown["errors_by_reason"] == {"unknown-model": 1, "unauthorized": 1}, shown
+        assert shown["evictions"] == 0 and shown["keys"] == 1, shown
 
         plain = box.cli("top", "--once", "--interval", "0.3", check=True, timeout=60).stdout
         for word in (alpha, beta, "tiny-alpha", "tiny-beta", str(ports["alpha"]), f"127.0.0.1:{gateway.port}",

@@ -3,6 +3,11 @@ registry and its text), and what is shown of a gateway that is gone or whose por
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from metralectl.gateway import auth, keys
 from metralectl.gateway.metrics import Metrics
 from metralectl.gateway.routes import Route, Table
 from metralectl.telemetry.gateway_view import gateway_row
@@ -49,3 +54,16 @@ def test_hostile_model_names_are_capped_and_bounded() -> None:
     lines = [f'metralectl_gateway_model_routed{{model="{i}{"x" * 500}"}} 1' for i in range(200)]
     row = gateway_row(RECORD, running=True, text="\n".join(lines) + "\n")
     assert row.state == "serving" and len(row.models) <= 64 and all(len(n) <= 120 for n in row.names("routed"))
+
+
+def test_the_monitor_credential_reads_metrics_only_and_never_stands_for_a_key(tmp_path: Path) -> None:
+    watch = keys.KeyWatch(tmp_path / "keys.json")
+    keys.add("a", ("m",), watch.path)
+    assert watch.poll() is True
+    monitor = "m" * 43
+    assert auth.authorize(watch, False, f"Bearer {monitor}", monitor) is None  # let in, as no key is
+    for header in (None, "Bearer wrong", f"Bearer {monitor}x", monitor):
+        with pytest.raises(auth.Unauthorized):
+            auth.authorize(watch, False, header, monitor)
+    with pytest.raises(auth.Unauthorized):  # not given the monitor (any path but GET /metrics): no key at all
+        auth.authorize(watch, False, f"Bearer {monitor}")
