@@ -50,7 +50,8 @@ def top(
     url: list[str] = typer.Option(None, "--url", metavar="URL",
                                   help="Watch this engine (repeatable), not the ones metralectl serves."),
 ) -> None:
-    """Live view of the GPUs, the served engines and the gateways: util, power, energy rate, thermal, memory, tok/s, TTFT."""
+    """Live view of the GPUs, the served engines and the gateways: util, power, energy rate, thermal, memory, tok/s,
+    TTFT."""
     from metralectl.errors import UsageError
 
     live = not once and not as_json
@@ -354,7 +355,8 @@ def _engine_cells(e: EngineRow) -> list[Any]:
     requests = _num(s.requests_total if s else None)
     active = _num(s.requests_active if s else None)
     port = str(e.target.port) if e.target.port is not None else "?"
-    return [_engine_name(e), e.engine or "?", e.model or "?", port, state, _num(e.tokens_per_s, digits=1), active, ttft,
+    return [_engine_name(e), e.engine or "?", e.model or "?", port, state, _num(e.tokens_per_s, digits=1), active,
+            ttft,
             _pct(e.prefix_cache_hit_rate), _pct(e.spec_acceptance), requests, e.target.url]
 
 

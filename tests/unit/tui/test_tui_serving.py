@@ -172,8 +172,8 @@ def test_every_served_engine_and_the_gateways_are_shown_their_text_escaped(servi
 
     services.served = ["qwen3.5-35b-a3b", "gemma-4-e4b"]
     view_ = several_view(0)
-    hostile = replace(view_.gateways[0], models=(*view_.gateways[0].models,
-                                                 replace(view_.gateways[0].models[0], name="[bold]x\x1b[2J", requests=0, loads=0)))
+    named = replace(view_.gateways[0].models[0], name="[bold]x\x1b[2J", requests=0, loads=0)
+    hostile = replace(view_.gateways[0], models=(*view_.gateways[0].models, named))
     services.views = [replace(view_, gateways=(hostile, view_.gateways[1]))]
 
     def shown(widget: ServedEngines) -> str:
