@@ -2,8 +2,9 @@
 
     GET  /                         the control-plane page (static HTML + JS + CSS served from here, no CDN)
     GET  /api/status               can this machine run models (the agent's own, re-checked answer)
-    GET  /api/serving              what is serving (lifecycle.status.collect), and what change is in progress,
-                                   whoever started it (the lifecycle lock's holder)
+    GET  /api/serving              what is serving (lifecycle.status.collect: every served model), this box's
+                                   gateways (each from its own /metrics; `gone` when its process is), and what
+                                   change is in progress, whoever started it (the lifecycle lock's holder)
     GET  /api/recipes              the library rows
     GET  /api/telemetry            the newest GPU sample, or why there is none
     GET  /api/history              recorded benchmark runs

@@ -125,13 +125,17 @@ class LifecycleOps:
         return open_local(timeout=timeout)
 
     def serving(self) -> dict[str, Any]:
+        """Every served model (status.collect) and this box's gateways, each read from its own /metrics
+        (gateway/watch.py; one whose process is gone is `gone`)."""
+        from metralectl.gateway.watch import observe
         from metralectl.lifecycle import status
 
+        gateways = [g.to_json() for g in observe()]
         try:
             with self._runtime() as runtime:
-                return status.collect(runtime).to_json()
+                return {**status.collect(runtime).to_json(), "gateways": gateways}
         except MetralError as exc:
-            return {"serving": [], **error_json(exc)}
+            return {"serving": [], "gateways": gateways, **error_json(exc)}
 
     def recipes(self) -> dict[str, Any]:
         """The library rows, each with `fit_note` (why FITS is not yes, app/library_words) and `blocked`

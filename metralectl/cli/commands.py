@@ -57,8 +57,8 @@ COMMANDS: dict[str, Entry] = {
                        "images."),
     "prune": Entry(_DISK, "Remove weights metralectl pulled that no recipe names, dead downloads, and catalog images "
                           "no recipe runs."),
-    "top": Entry("metralectl.cli.top_cmd", "Live view of the GPUs and the served engine: util, power, energy rate, "
-                                           "thermal, memory, tok/s, TTFT."),
+    "top": Entry("metralectl.cli.top_cmd", "Live view of the GPUs, the served engines and the gateways: util, "
+                                           "power, energy rate, thermal, memory, tok/s, TTFT."),
     "tui": Entry("metralectl.cli.tui_cmd", "Open the dashboard: Serving, Library, Benchmarks and Doctor views "
                                            "(keyboard first; ctrl+p for commands).", command="tui"),
     "id": Entry(_AGENT, "This box's identity: its Ed25519 fingerprint (created on first use)."),

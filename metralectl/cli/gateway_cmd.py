@@ -139,7 +139,10 @@ def gateway(
 
     from metralectl.gateway import state
 
-    recorded = state.record(url, len(keys.ring.keys))  # `ps` shows it while it runs
+    import secrets
+
+    gateway_.monitor = secrets.token_urlsafe(32)  # `top`, the dashboard and the page read /metrics with it
+    recorded = state.record(url, len(keys.ring.keys), monitor=gateway_.monitor)  # `ps` shows it while it runs
     try:
         interrupted = asyncio.run(main())
     finally:

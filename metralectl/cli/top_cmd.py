@@ -1,4 +1,4 @@
-"""`top`: a live view of the GPUs and the served engine. The numbers come from
+"""`top`: a live view of the GPUs, the served engines (a row each) and this box's gateways. The numbers come from
 metralectl.telemetry (watch: sampler + engine poller; view: the pure model); this module only renders.
 rich is imported inside the command, so other commands never load it.
 
@@ -22,6 +22,7 @@ from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.telemetry.engine_view import EngineRow
+    from metralectl.telemetry.gateway_view import GatewayRow
     from metralectl.telemetry.view import GpuRow, TopView
 
 GiB = 1024**3
@@ -29,8 +30,11 @@ REFRESH_HZ = 4.0  # the display; the sampler runs at 10 Hz on its own thread
 GPU_COLUMNS = ("GPU", "UTIL", "POWER", "ENERGY", "TEMP GPU/MEM", "THERMAL", "THROTTLE", "CLOCKS SM/MEM",
                "MEMORY")
 WRAPPING = {"MEMORY", "THROTTLE", "URL"}  # these wrap in a narrow terminal; the others keep their width
-ENGINE_COLUMNS = ("ENGINE", "STATE", "TOK/S", "ACTIVE", "TTFT p50/p95", "PREFIX HIT", "SPEC ACC", "REQUESTS",
-                  "URL")
+ENGINE_COLUMNS = ("RECIPE", "ENGINE", "MODEL", "PORT", "STATE", "TOK/S", "ACTIVE", "TTFT p50/p95", "PREFIX HIT",
+                  "SPEC ACC", "REQUESTS", "URL")
+GATEWAY_COLUMNS = ("GATEWAY", "PID", "STATE", "ROUTED", "LOADING", "QUEUE", "LOADS", "EVICTIONS", "REQUESTS",
+                   "ERRORS")
+WRAPPING = WRAPPING | {"MODEL", "ROUTED", "LOADING"}
 BENIGN_REASONS = ("gpu_idle", "applications_clocks", "display_clocks")  # shown only in --json
 METHOD_MARK = {"counter": "", "instant-integral": " ∫", "average-integral": " ∫avg"}
 
@@ -46,7 +50,8 @@ def top(
     url: list[str] = typer.Option(None, "--url", metavar="URL",
                                   help="Watch this engine (repeatable), not the ones metralectl serves."),
 ) -> None:
-    """Live view of the GPUs and the served engine: util, power, energy rate, thermal, memory, tok/s, TTFT."""
+    """Live view of the GPUs, the served engines and the gateways: util, power, energy rate, thermal, memory, tok/s,
+    TTFT."""
     from metralectl.errors import UsageError
 
     live = not once and not as_json
@@ -125,7 +130,10 @@ def _session(interval: float, urls: list[str]) -> Any:
         notes.append(f"no thermal lines: the catalog did not load ({exc.message})")
     probe = NvmlProbe(gpu_classes=classes, unified_classes=unified)
     discover = fixed_targets(urls) if urls else EngineDiscovery()  # one Docker connection for all of top
-    return TopSession(probe, discover, lines, interval_s=interval, notes=notes)
+    from metralectl.gateway.watch import observe
+
+    gateways = None if urls else observe  # --url watches those engines only
+    return TopSession(probe, discover, lines, interval_s=interval, notes=notes, gateways=gateways)
 
 
 def _once(session: Any, interval: float) -> TopView:
@@ -220,6 +228,18 @@ def render(view: TopView, *, recording: Path | None = None, live: bool = False) 
                 parts.append(Text(clean(f"{_engine_name(e)}: {e.error}"), style="yellow"))
     else:
         parts.append(Text(clean(view.engine_note or "no engine"), style="dim"))
+    if view.gateways:
+        parts.append(Text(""))
+        table = Table(box=None, pad_edge=False, header_style="bold", expand=False)
+        for col in GATEWAY_COLUMNS:
+            table.add_column(col, no_wrap=col not in WRAPPING)
+        for gw in view.gateways:
+            table.add_row(*map(cell, _gateway_cells(gw)))
+        parts.append(table)
+        for gw in view.gateways:
+            if gw.error:
+                parts.append(Text(clean(f"gateway {gw.url} (pid {gw.pid}): {gw.error}"),
+                                  style="dim" if gw.state == "gone" else "yellow"))
     for line in view.notes:
         parts.append(Text(clean(line), style="dim"))
     footer = [f"rates over the last {_rate_window(view):g} s"] if view.gpus or view.engines else []
@@ -308,6 +328,22 @@ def _engine_name(e: EngineRow) -> str:
     return e.target.recipe or e.target.name or "(--url)"
 
 
+def _gateway_cells(g: GatewayRow) -> list[Any]:
+    from rich.text import Text
+
+    from metralectl.safetext import clean
+
+    state = Text(clean(g.state), style={"serving": "green", "gone": "dim"}.get(g.state, "yellow"))
+    if not g.serving:  # gone (its process is not there) or unreadable: no number is shown as if it were current
+        return [g.url, str(g.pid), state, "-", "-", "-", "-", "-", "-", "-"]
+    loads = g.loads or {}
+    load_words = f"{loads.get('loaded', 0)}" + "".join(f", {loads[k]} {k}" for k in ("failed", "refused")
+                                                        if loads.get(k))
+    return [g.url, str(g.pid), state, ", ".join(g.names("routed")) or "-", ", ".join(g.names("loading")) or "-",
+            _num(g.total("queue_depth")), load_words, _num(g.total("evictions")), _num(g.total("requests")),
+            _num(g.total("errors"))]
+
+
 def _engine_cells(e: EngineRow) -> list[Any]:
     from rich.text import Text
 
@@ -318,7 +354,9 @@ def _engine_cells(e: EngineRow) -> list[Any]:
     ttft = f"{_ms(e.ttft_p50_s)}/{_ms(e.ttft_p95_s)}" + (" (all)" if e.ttft_scope == "lifetime" else "")
     requests = _num(s.requests_total if s else None)
     active = _num(s.requests_active if s else None)
-    return [_engine_name(e), state, _num(e.tokens_per_s, digits=1), active, ttft,
+    port = str(e.target.port) if e.target.port is not None else "?"
+    return [_engine_name(e), e.engine or "?", e.model or "?", port, state, _num(e.tokens_per_s, digits=1), active,
+            ttft,
             _pct(e.prefix_cache_hit_rate), _pct(e.spec_acceptance), requests, e.target.url]
 
 

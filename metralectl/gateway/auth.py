@@ -3,6 +3,7 @@ file's hashes, and the key's models against the model a request names (its recip
 
 from __future__ import annotations
 
+import hmac
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -14,10 +15,14 @@ class Unauthorized(Exception):
     """No valid key where one is needed: answered 401."""
 
 
-def authorize(keys: KeyWatch | None, require_key: bool, header: str | None) -> ApiKey | None:
-    """The client's key when keys are in force; None when they are not (no key configured, loopback only)."""
+def authorize(keys: KeyWatch | None, require_key: bool, header: str | None,
+              monitor: str | None = None) -> ApiKey | None:
+    """The client's key when keys are in force; None when they are not (no key configured, loopback only), or when
+    the header carries `monitor` (the gateway's own credential for its /metrics, in its 0600 state record)."""
     ring = keys.ring if keys is not None else None
     if not ring and not require_key:
+        return None
+    if monitor and hmac.compare_digest((header or "").encode(), f"Bearer {monitor}".encode()):
         return None
     if not ring:
         raise Unauthorized("the gateway listens beyond loopback and no API key is configured")

@@ -189,6 +189,7 @@ class Loader:
     async def _load(self, recipe: str) -> None:
         async with self._lock:
             self.loading, started = recipe, time.monotonic()
+            self._set_loading(recipe, 1)
             self._progress()
             try:
                 await self._make_room(recipe)
@@ -206,6 +207,11 @@ class Loader:
                     self.metrics.resident.labels(recipe).set(1)
             finally:
                 self.loading = None
+                self._set_loading(recipe, 0)
+
+    def _set_loading(self, recipe: str, value: int) -> None:
+        if self.metrics is not None:
+            self.metrics.loading.labels(recipe).set(value)
 
     async def _make_room(self, recipe: str) -> None:
         budget, need = await asyncio.to_thread(self.ops.budget), await asyncio.to_thread(self.ops.footprint, recipe)

@@ -3,8 +3,13 @@ served name; unknown names are counted under `model="(unknown)"` so a client can
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from metralectl.gateway.routes import Table
 
 UNKNOWN = "(unknown)"
 
@@ -34,6 +39,14 @@ class Metrics:
         self.served = Gauge("metralectl_gateway_models_served", "Models (recipes) the gateway routes to now",
                             registry=r)
 
+        # what `top`, the dashboard and the page show of the gateway (telemetry/gateway_view.py reads these)
+        self.routed = Gauge("metralectl_gateway_model_routed", "1 while the gateway routes to the recipe's engine "
+                            "(whoever started it), 0 once it no longer does", ["model"], registry=r)
+        self.starting = Gauge("metralectl_gateway_model_starting", "1 while a run, swap or load on demand starts or "
+                              "replaces the model (its requests wait), else 0", ["model"], registry=r)
+        self.loading = Gauge("metralectl_gateway_model_loading", "1 while the gateway's loader loads the model on "
+                             "demand (room made, engine starting), else 0", ["model"], registry=r)
+        self._shown: dict[Gauge, set[str]] = {}
         self.resident = Gauge("metralectl_gateway_model_resident", "1 while the gateway's loader has the model loaded, "
                               "0 once it evicted it", ["model"], registry=r)
         self.loads = Counter("metralectl_gateway_loads", "Loads on demand, by model and outcome (loaded, failed, "
@@ -43,6 +56,16 @@ class Metrics:
         self.load_seconds = Histogram("metralectl_gateway_load_seconds", "Time a load on demand took (room made, "
                                       "engine started and ready)", ["model"], registry=r,
                                       buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800))
+
+    def publish(self, table: Table) -> None:
+        """The routing table's state as gauges: how many engines, which recipes are routed and which are starting."""
+        self.served.set(len(table.routes))
+        routed = {route.recipe for route in table.routes}
+        for gauge, now in ((self.routed, routed), (self.starting, set(table.starting))):
+            shown = self._shown.setdefault(gauge, set())  # the names it has shown: set back to 0, never dropped
+            shown |= now
+            for name in shown:
+                gauge.labels(name).set(1 if name in now else 0)
 
     def text(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

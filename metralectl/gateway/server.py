@@ -56,12 +56,13 @@ class Gateway:
         self._waiting: dict[str, int] = {}
         self._clients: set[asyncio.Task[Any]] = set()  # each client connection's task: cancelled as the gateway stops
         self.on_table: Any = None  # called with each new Table whose routes differ (the CLI's status line)
+        self.monitor: str | None = None  # the credential that reads /metrics with keys in force (state.record)
 
     # the table
     def _publish(self, table: Table) -> None:
         before = self.table
         self.table = table
-        self.metrics.served.set(len(table.routes))
+        self.metrics.publish(table)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         went = sorted({r.recipe for r in before.routes} - {r.recipe for r in table.routes} & set(table.exited.values()))
@@ -127,7 +128,8 @@ class Gateway:
 
     def _authorize(self, request: http1.Request) -> ApiKey | None:
         try:
-            key = auth.authorize(self.keys, self.require_key, request.header("authorization"))
+            key = auth.authorize(self.keys, self.require_key, request.header("authorization"),
+                                 self.monitor if request.method == "GET" and request.path == "/metrics" else None)
         except auth.Unauthorized as no:
             raise Answered(401, str(no), "invalid_request_error", "invalid_api_key", "unauthorized") from None
         if key is not None:
@@ -135,8 +137,7 @@ class Gateway:
         return key
 
     async def _serve(self, request: http1.Request, reader: ClientReader, writer: asyncio.StreamWriter) -> bool:
-        path = request.path
-        key = None
+        path, key = request.path, None
         if path != "/health":
             try:
                 key = self._authorize(request)
@@ -250,8 +251,7 @@ class Gateway:
         self._waiting[model] = self._waiting.get(model, 0) + 1
         gauge = self.metrics.queue_depth.labels(model)
         gauge.inc()
-        started = time.monotonic()
-        progress = (table.holder, table.phase)
+        started, progress = time.monotonic(), (table.holder, table.phase)
         last_progress = started
         try:
             while True:

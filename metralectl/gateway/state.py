@@ -27,6 +27,7 @@ from typing import Any
 MAX_RECORDS = 32
 HEALTH_LIMIT = 64 * 1024
 RECORD_LIMIT = 64 * 1024  # a record is a few hundred bytes
+MONITOR_RE = re.compile(r"[A-Za-z0-9_-]{32,128}")
 URL_RE = re.compile(r"http://(\[[0-9a-fA-F:]+\]|[0-9.]+):([0-9]{1,5})")
 
 
@@ -36,9 +37,11 @@ def records_dir() -> Path:
     return store.state_dir() / "gateways"
 
 
-def record(url: str, keys: int, pid: int | None = None) -> Path | None:
+def record(url: str, keys: int, pid: int | None = None, monitor: str | None = None) -> Path | None:
     """Say that this process serves a gateway at `url`; the path written (None when this process cannot be
-    named, which leaves it out of `ps` but serving)."""
+    named, which leaves it out of `ps` but serving). `monitor`: the credential that reads its /metrics when API keys
+    are in force (`top`, the dashboard and the agent of this user read it here: the file is 0600 in this user's
+    state directory; `ps --json` never prints it)."""
     from metralectl.seams import store
     from metralectl.seams.process import group
 
@@ -48,7 +51,7 @@ def record(url: str, keys: int, pid: int | None = None) -> Path | None:
         return None
     forget_stale()
     path = records_dir() / f"{pid}.json"
-    store.write_json(path, {"schema": 1, "url": url, "keys": keys, "identity": identity,
+    store.write_json(path, {"schema": 1, "url": url, "keys": keys, "identity": identity, "monitor": monitor,
                             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, mode=0o600)
     return path
 
@@ -99,9 +102,11 @@ def _checked(path: Path) -> dict[str, Any] | None:
         return None
     if path.stem != str(identity.get("pid")):
         return None  # a record under another pid's name: not what the gateway wrote
+    monitor = data.get("monitor")
     return {"url": url, "pid": identity["pid"], "keys": keys, "identity": identity,
             "started": started if isinstance(started, str) and len(started) <= 40 else None,
-            "here": this_machine(match.group(1).strip("[]"))}
+            "here": this_machine(match.group(1).strip("[]")),
+            "monitor": monitor if isinstance(monitor, str) and MONITOR_RE.fullmatch(monitor) else None}
 
 
 def this_machine(address: str) -> bool:
@@ -138,7 +143,21 @@ def running() -> list[dict[str, Any]]:
     for path in _paths():
         found = _checked(path)
         if found is not None and group.is_running(found.pop("identity")):
+            found.pop("monitor")  # a credential: `ps --json` prints what this returns
             out.append(found)
+    return out
+
+
+def listed() -> list[dict[str, Any]]:
+    """Every well-formed record, stale ones included: {url, pid, keys, started, monitor, running} (`top`, the
+    dashboard and the page show a stale one as gone, never as serving; `monitor` reads its /metrics)."""
+    from metralectl.seams.process import group
+
+    out = []
+    for path in _paths():
+        found = _checked(path)
+        if found is not None:
+            out.append({**found, "running": group.is_running(found.pop("identity"))})
     return out
 
 

@@ -20,6 +20,16 @@ class EngineTarget:
     name: str | None = None  # the container's name
     recipe: str | None = None
     source: EngineSource = "url"
+    engine: str | None = None  # the engine file's name (its container's label)
+
+    @property
+    def port(self) -> int | None:
+        from urllib.parse import urlsplit
+
+        try:
+            return urlsplit(self.url).port
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,7 @@ class EngineObservation:
     snapshots: tuple[EngineSnapshot, ...] = ()
     error: str | None = None
     state: EngineState = "ok"
+    model: str | None = None  # the id the engine's /v1/models lists first (asked once per engine)
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,11 @@ class EngineRow:
     error: str | None
     snapshot: EngineSnapshot | None  # the newest
     rates: EngineRates | None  # over the window; None until two snapshots are there
+    model: str | None = None
+
+    @property
+    def engine(self) -> str | None:
+        return self.target.engine or (self.snapshot.engine if self.snapshot and self.snapshot.engine else None)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -93,9 +109,9 @@ class EngineRow:
         s, r = self.snapshot, self.rates
         return {
             "url": self.target.url, "name": self.target.name, "recipe": self.target.recipe,
-            "source": self.target.source,
+            "source": self.target.source, "port": self.target.port, "model": self.model,
             "state": self.state, "error": self.error,
-            "engine": (s.engine or None) if s else None,
+            "engine": self.engine,
             "requests_active": _count(s.requests_active) if s else None,
             "requests_waiting": _count(s.requests_waiting) if s else None,
             "engine_stream_tokens_per_s": s.stream_tokens_per_s if s else None,  # one request's decode rate, not the server's
@@ -146,4 +162,4 @@ def engine_row(obs: EngineObservation) -> EngineRow:
                 rates = candidate
                 break
             rates = candidate  # keep the reset flag visible if nothing newer works
-    return EngineRow(obs.target, obs.state, obs.error, newest, rates)
+    return EngineRow(obs.target, obs.state, obs.error, newest, rates, obs.model)

@@ -21,6 +21,7 @@ from typing import Any
 from metralectl.core.gpudata import GpuInfo, GpuSample, GpuSystem, GpuUnavailable, MemoryState
 from metralectl.telemetry.energy import Method, Scope, Trapezoid
 from metralectl.telemetry.engine_view import EngineObservation, EngineRow, engine_row
+from metralectl.telemetry.gateway_view import GatewayRow
 from metralectl.telemetry.sampler import Sample, SamplerStats
 from metralectl.telemetry.thermal import (
     ThermalLines,
@@ -188,6 +189,7 @@ class TopView:
     engine_note: str | None  # why no engine is shown ("metralectl is serving nothing", "Docker: …")
     sampler: SamplerStats | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    gateways: tuple[GatewayRow, ...] = ()  # this box's gateways (their records and /metrics), gone ones included
 
     @property
     def thermal(self) -> ThermalState:
@@ -206,6 +208,7 @@ class TopView:
             "gpu": gpu, "gpus": [g.to_json() for g in self.gpus],
             "thermal": self.thermal if self.gpus else None,
             "engines": [e.to_json() for e in self.engines], "engine_note": self.engine_note,
+            "gateways": [g.to_json() for g in self.gateways],
             "sampler": None if st is None else {
                 "hz": st.hz, "tick_hz": st.tick_hz, "energy_hz": st.energy_hz, "samples": st.samples,
                 "missed_ticks": st.missed_ticks, "cpu_pct": st.cpu_pct, "lateness_p99_s": st.lateness_p99_s,
@@ -269,6 +272,7 @@ class TopModel:
         sampler: SamplerStats | None = None,
         notes: Sequence[str] = (),
         container_of: ContainerOf | None = None,
+        gateways: Sequence[GatewayRow] = (),
     ) -> TopView:
         """`samples`: the sampler's newest samples, oldest first, covering at least the rate window."""
         rows: list[GpuRow] = []
@@ -283,7 +287,7 @@ class TopModel:
                                     self._thermal.get(g.uuid), self._lines_for(info), container_of))
         return TopView(wall=wall, t=samples[-1].t if samples else None, interval_s=interval_s, gpu=gpu,
                        gpus=tuple(rows), engines=tuple(engine_row(o) for o in engines),
-                       engine_note=engine_note, sampler=sampler, notes=tuple(notes))
+                       engine_note=engine_note, sampler=sampler, notes=tuple(notes), gateways=tuple(gateways))
 
 
 def thermal_lines_from(hardware: Mapping[str, Any]) -> dict[str, ThermalLines]:

@@ -22,6 +22,7 @@ from metralectl.telemetry.engine_metrics import UNKNOWN_ENGINE, catalog_maps, pa
 from metralectl.telemetry.sampler import Sample, Sampler
 from metralectl.telemetry.thermal import ThermalLines
 from metralectl.telemetry.engine_view import EngineObservation, EngineState, EngineTarget
+from metralectl.telemetry.gateway_view import GatewayRow
 from metralectl.telemetry.view import RATE_WINDOW_S, TopModel, TopView
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 NO_ENGINE = f"no engine: {NOTHING_SERVED} (`metralectl run RECIPE`, or --url for another engine)"
 Discovery = Callable[[], "tuple[list[EngineTarget], str | None]"]
+Gateways = Callable[[], "list[GatewayRow]"]  # gateway/watch.observe: this box's gateways, each read once
 
 
 class MetricsClient(Protocol):
@@ -43,7 +45,7 @@ def discover_engines(
 ) -> tuple[list[EngineTarget], str | None]:
     """The engines metralectl serves on this box (any owner's), from the daemon's labelled containers:
     (targets, None), or ([], why none) — no Docker is a note, not an error."""
-    from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE
+    from metralectl.core.labels import LABEL_ENDPOINT, LABEL_ENGINE, LABEL_RECIPE
 
     try:
         if runtime_factory is None:  # this machine's containers and host processes
@@ -53,7 +55,8 @@ def discover_engines(
             containers = runtime.containers(mine=False, all_states=False)
     except MetralError as exc:
         return [], f"no engine found: {exc.message}"
-    targets = [EngineTarget(c.labels[LABEL_ENDPOINT], c.name, c.labels.get(LABEL_RECIPE), "container")
+    targets = [EngineTarget(c.labels[LABEL_ENDPOINT], c.name, c.labels.get(LABEL_RECIPE), "container",
+                            c.labels.get(LABEL_ENGINE))
                for c in containers if c.running and c.labels.get(LABEL_ENDPOINT)]
     _OURS.clear()
     _OURS.update({c.id: c.name for c in containers})
@@ -115,6 +118,8 @@ class _Engine:
     snapshots: collections.deque[Any]
     error: str | None = None
     state: EngineState = "ok"
+    model: str | None = None
+    model_asked: bool = False
 
 
 class EnginePoller:
@@ -124,8 +129,11 @@ class EnginePoller:
 
     def __init__(self, discover: Discovery, *, interval_s: float = 1.0, window_s: float = RATE_WINDOW_S,
                  client_factory: Callable[[str, float], MetricsClient] | None = None,
-                 rediscover_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 rediscover_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 gateways: Gateways | None = None) -> None:
         self._discover = discover
+        self._observe_gateways = gateways
+        self._gateways: list[GatewayRow] = []
         self.interval_s = interval_s
         self.window_s = window_s
         self._client_factory = client_factory or _http_client
@@ -147,6 +155,14 @@ class EnginePoller:
             self._discovered_at = now
         for engine in list(self._engines.values()):
             self._scrape(engine)
+        if self._observe_gateways is not None:
+            rows = self._observe_gateways()  # on this thread: a gateway that hangs never stalls the display
+            with self._lock:
+                self._gateways = rows
+
+    def gateways(self) -> list[GatewayRow]:
+        with self._lock:
+            return list(self._gateways)
 
     def _rediscover(self) -> None:
         targets, note = self._discover()
@@ -184,8 +200,13 @@ class EnginePoller:
             while len(engine.snapshots) > 2 and t - engine.snapshots[1].t >= self.window_s:
                 engine.snapshots.popleft()  # keep one snapshot at or just past the window's start
             engine.error, engine.state = None, "ok"
+            ask_model = not engine.model_asked
+            engine.model_asked = True
             if snapshot.engine == UNKNOWN_ENGINE.engine:
                 engine.error, engine.state = unknown_engine_note(text), "unknown-engine"
+
+        if ask_model:
+            engine.model = _served_model(engine.client)
 
     def _failed(self, engine: _Engine, message: str, state: EngineState) -> None:
         with self._lock:
@@ -194,7 +215,7 @@ class EnginePoller:
 
     def observations(self) -> tuple[list[EngineObservation], str | None]:
         with self._lock:
-            obs = [EngineObservation(e.target, tuple(e.snapshots), e.error, e.state)
+            obs = [EngineObservation(e.target, tuple(e.snapshots), e.error, e.state, e.model)
                    for e in self._engines.values()]
             return obs, self._note
 
@@ -222,6 +243,18 @@ class EnginePoller:
             close()
 
 
+def _served_model(client: MetricsClient) -> str | None:
+    """The engine's served model id, asked once per engine after its first good scrape (None when it does not say)."""
+    ask = getattr(client, "served_model", None)
+    if ask is None:
+        return None
+    try:
+        model = ask()
+    except MetralError:
+        return None
+    return model[:200] if isinstance(model, str) and model else None
+
+
 def _http_client(url: str, timeout_s: float) -> MetricsClient:
     from metralectl.seams.endpoint import EngineClient
 
@@ -236,7 +269,7 @@ class TopSession:
                  interval_s: float = 1.0, hz: float = 10.0, energy_hz: float = 1.0,
                  rate_window_s: float | None = None, notes: Sequence[str] = (),
                  client_factory: Callable[[str, float], MetricsClient] | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, gateways: Gateways | None = None) -> None:
         self.interval_s = interval_s
         self._probe = probe
         # rates cover at least one interval, so each record's rates span the time since the last one
@@ -244,7 +277,7 @@ class TopSession:
         self._hz, self._energy_hz, self._window = hz, energy_hz, window
         self.model = TopModel(lines, rate_window_s=window)
         self.poller = EnginePoller(discover, interval_s=interval_s, window_s=window,
-                                   client_factory=client_factory)
+                                   client_factory=client_factory, gateways=gateways)
         self.gpu: GpuSystem | GpuUnavailable = GpuUnavailable("not opened yet")
         self.sampler: Sampler | None = None
         self._notes = tuple(notes)
@@ -288,7 +321,7 @@ class TopSession:
                                engine_note=None if engines else note,
                                wall=samples[-1].wall if samples else self._wall(),
                                interval_s=self.interval_s, sampler=stats, notes=self._notes,
-                               container_of=our_container_of)
+                               container_of=our_container_of, gateways=self.poller.gateways())
 
     def close(self) -> None:
         self.poller.stop()

@@ -21,12 +21,13 @@ class TopFeed:
         self._session: TopSession | None = None
 
     def start(self) -> None:
+        from metralectl.gateway.watch import observe
         from metralectl.seams.gpu import NvmlProbe
         from metralectl.telemetry.view import thermal_lines_from
         from metralectl.telemetry.watch import EngineDiscovery, TopSession
 
         self._session = TopSession(NvmlProbe(), EngineDiscovery(runtime=self._runtime), thermal_lines_from(self._catalog.hardware),
-                                   interval_s=self.interval_s, hz=4.0, energy_hz=1.0).start()
+                                   interval_s=self.interval_s, hz=4.0, energy_hz=1.0, gateways=observe).start()
 
     def view(self) -> TopView:
         assert self._session is not None, "start() first"

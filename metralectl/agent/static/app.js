@@ -123,6 +123,7 @@ async function refreshServing() {
   $("#serving-busy").hidden = !s.in_progress || ours;
   setText($("#serving-busy"), s.in_progress ? `In progress on this machine: ${s.in_progress}` : "");
   renderServing();
+  renderGateways(s.gateways || []);
   $("#serving-empty").hidden = serving.length > 0 || !!s.error;
   if (s.degraded) { err.hidden = false; setText(err, `DEGRADED: ${s.degraded}`); }
   renderRecipeButtons();
@@ -133,6 +134,25 @@ function renderServing() {
     el("td", { title: x.recipe }, x.recipe), el("td", { title: x.name }, x.name), el("td", { class: "short" }, x.state),
     el("td", { class: "short" }, x.health), el("td", { class: "short" }, x.uptime), el("td", { title: x.endpoint }, x.endpoint),
     el("td", { class: "action" }, el("button", { class: "danger", ...actionAttrs(() => askStop(x)) }, "Stop")))));
+}
+
+// A gateway's numbers come from its own /metrics (agent/ops.py); one whose process is gone shows none.
+function renderGateways(gateways) {
+  $("#gateways").hidden = gateways.length === 0;
+  const num = (g, v) => (g.state === "serving" && v !== null && v !== undefined ? String(v) : "-");
+  const names = (g, list) => (g.state === "serving" && list.length ? list.join(", ") : "-");
+  const loads = (g) => {
+    if (g.state !== "serving" || !g.loads) return "-";
+    const extra = ["failed", "refused"].filter((k) => g.loads[k]).map((k) => `, ${g.loads[k]} ${k}`).join("");
+    return `${g.loads.loaded || 0}${extra}`;
+  };
+  $("#gateways tbody").replaceChildren(...gateways.map((g) => el("tr", { class: "gateway", "data-state": g.state },
+    el("td", { title: g.url }, g.url), el("td", { class: "short" }, String(g.pid)),
+    el("td", { class: g.state === "serving" ? "short ok" : "short muted", title: g.error || "" }, g.state),
+    el("td", {}, names(g, g.routed || [])), el("td", {}, names(g, g.loading || [])),
+    el("td", { class: "short" }, num(g, g.queue_depth)), el("td", { class: "short" }, loads(g)),
+    el("td", { class: "short" }, num(g, g.evictions)), el("td", { class: "short" }, num(g, g.requests)),
+    el("td", { class: "short" }, num(g, g.errors)))));
 }
 
 // -- recipes ------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from metralectl.tui.telemetry_history import CHARTS, TelemetryHistory
 from metralectl.tui.views import services_of
 from metralectl.tui.widgets.chart import Chart
 from metralectl.tui.widgets.log_tail import LogTail
+from metralectl.tui.widgets.served_engines import ServedEngines
 from metralectl.tui.widgets.serving_card import ServingCard
 from metralectl.wording import count
 
@@ -74,6 +75,7 @@ class ServingView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield ServingCard(id="serving-card")
+        yield ServedEngines(id="served-engines")  # every engine's numbers and the gateways (telemetry)
         with Grid(id="charts"):
             for key, title in CHARTS:
                 yield Chart(title, id=f"chart-{key}", classes="chart")
@@ -259,6 +261,7 @@ class ServingView(Vertical):
         view = self.history.latest
         if view is None:
             return
+        self.query_one(ServedEngines).show(view)
         notes = Text()
         from metralectl.core.gpudata import GpuUnavailable
 

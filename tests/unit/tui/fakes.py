@@ -314,3 +314,22 @@ class FakeServices:
         self.calls.append(("doctor",))
         self._maybe_fail("doctor")
         return list(self.checks)
+
+
+def several_view(i: int = 0) -> TopView:
+    """Two engines side by side (the second a llama-server on its own port) and two gateways: one serving (its
+    numbers from its /metrics), one whose process is gone (its record stale)."""
+    from metralectl.telemetry.gateway_view import GatewayModel, GatewayRow
+
+    first = replace(engine_row(), model="qwen3.5-35b-a3b")
+    second = replace(engine_row(tok_s=64.5, active=1.0, ttft_s=0.018),
+                     target=EngineTarget("http://127.0.0.1:8890", "metralectl-gemma-4-e4b", "gemma-4-e4b", "container",
+                                         "llama-cpp"), model="gemma-4-e4b-q8")
+    serving = GatewayRow("http://127.0.0.1:8090", 4242, 1, "2026-12-04T05:00:00Z", "serving", models_served=2,
+                         models=(GatewayModel("gemma-4-e4b", routed=True, requests=7, loads=1),
+                                 GatewayModel("qwen3.5-35b-a3b", routed=True, requests=12, errors=1, in_flight=2),
+                                 GatewayModel("qwen3-8b", loading=True, queue_depth=3, evictions=1)),
+                         loads={"loaded": 1}, errors_by_reason={"upstream": 1})
+    gone = GatewayRow("http://127.0.0.1:8091", 4343, 0, None, "gone", error="its process is gone")
+    base = top_view(i)
+    return replace(base, engines=(first, second), gateways=(serving, gone))

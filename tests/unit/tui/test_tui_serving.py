@@ -160,3 +160,39 @@ def test_a_chart_says_its_scale_and_peak() -> None:
     lines = drawn.splitlines()
     assert "120 W" in lines[0]
     assert "top 275 · peak 250" in lines[1], drawn  # 250 × 1.1: the auto scale's headroom, said
+
+
+def test_every_served_engine_and_the_gateways_are_shown_their_text_escaped(services: FakeServices) -> None:
+    """Two engines side by side (each its engine, model, port and numbers) and the gateways: one serving with what it
+    routes, loads and counts, one gone (no number); a name from a gateway's /metrics is shown as text, never markup."""
+    from dataclasses import replace
+
+    from metralectl.tui.widgets.served_engines import ServedEngines
+    from tests.unit.tui.fakes import several_view
+
+    services.served = ["qwen3.5-35b-a3b", "gemma-4-e4b"]
+    view_ = several_view(0)
+    named = replace(view_.gateways[0].models[0], name="[bold]x\x1b[2J", requests=0, loads=0)
+    hostile = replace(view_.gateways[0], models=(*view_.gateways[0].models, named))
+    services.views = [replace(view_, gateways=(hostile, view_.gateways[1]))]
+
+    def shown(widget: ServedEngines) -> str:
+        from tests.unit.tui.test_tui_snapshots import screen_text
+
+        return screen_text(widget.app)  # the screen as painted
+
+    async def scenario() -> None:
+        app = MetralectlApp(services, status_every_s=0.2)
+        async with app.run_test(size=(240, 50)) as pilot:  # wide: each gateway's words on one line
+            widget = app.query_one(ServedEngines)
+            await until(pilot, lambda: widget.display and "8091" in shown(widget), what="engines and gateways")
+            text = shown(widget)
+            for words in ("qwen3.5-35b-a3b", "gemma-4-e4b-q8", "llama-cpp", "8888", "8890", "64.5",
+                          "gateway http://127.0.0.1:8090 (pid 4242) serving", "loading qwen3-8b", "queue 3",
+                          "evictions 1", "requests 19", "errors 1", "gateway http://127.0.0.1:8091 (pid 4343) gone"):
+                assert words in text, (words, text)
+            assert "[bold]x\\x1b[2J" in text and "\x1b" not in text  # escaped, and not read as markup
+            [gone] = [x for x in text.splitlines() if "8091" in x]
+            assert "requests" not in gone and "serving" not in gone, gone
+
+    asyncio.run(scenario())

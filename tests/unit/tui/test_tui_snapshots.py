@@ -15,7 +15,7 @@ from textual.widgets import DataTable
 from metralectl.tui.app import MetralectlApp
 from metralectl.tui.views.serving import ServingView
 from tests.unit.tui.conftest import until
-from tests.unit.tui.fakes import FakeServices, top_view
+from tests.unit.tui.fakes import FakeServices, several_view, top_view
 
 pytest.importorskip("pytest_textual_snapshot")
 
@@ -35,9 +35,16 @@ class SnapshotFeed:
         pass
 
 
+class SeveralFeed(SnapshotFeed):
+    def view(self) -> Any:
+        return several_view(0)
+
+
 class SnapshotServices(FakeServices):
+    several = False
+
     def telemetry(self) -> SnapshotFeed:  # type: ignore[override]
-        return SnapshotFeed()
+        return SeveralFeed() if self.several else SnapshotFeed()
 
 
 def make_app(served: bool = True, theme: str = "textual-dark") -> MetralectlApp:
@@ -104,6 +111,23 @@ def test_serving_80x24(snap_compare: Any) -> None:
 
 def test_serving_200x50(snap_compare: Any) -> None:
     assert snap_compare(make_app(), terminal_size=(200, 50), run_before=serving_ready)
+
+
+def test_serving_several_models_and_gateways_120x40(snap_compare: Any) -> None:
+    """Two engines side by side, each with its engine, model and port; a gateway serving and one gone."""
+    services = SnapshotServices(served=["qwen3.5-35b-a3b", "gemma-4-e4b"])
+    services.several = True
+    app = MetralectlApp(services, theme="textual-dark", status_every_s=3600.0)
+
+    async def ready(pilot: Pilot[int]) -> None:
+        await started(pilot)
+        view = pilot.app.query_one(ServingView)
+        await until(pilot, lambda: view.history.latest is not None and view.report is not None, what="first data")
+        view.telemetry.extend([several_view(i) for i in range(1, 60)])
+        await until(pilot, lambda: len(view.history.values("util")) == 60, what="burst drawn")
+        await settled(pilot, "gemma-4-e4b-q8", "8091", "Tokens/s")
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=ready)
 
 
 def test_library_light_120x40(snap_compare: Any) -> None:
