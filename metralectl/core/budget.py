@@ -58,9 +58,11 @@ class Room:
 def footprint_of_estimate(name: str, est: MemoryEstimate, meaning: MemoryMeaning) -> Footprint:
     """A recipe's footprint from its fit estimate. An engine that takes a fraction of the memory whatever the model
     needs (vLLM's --gpu-memory-utilization of the total, SGLang's of what the weights leave) takes that share:
-    the estimate's budget when it is larger than weights + KV + reserve."""
+    the estimate's budget when it is larger than weights + KV + reserve. Not when the engine's cache is a fixed size
+    (vLLM's CPU build with VLLM_CPU_KVCACHE_SPACE): then the fraction is not what it takes."""
     total = est.total_gb
-    if meaning in ("fraction-of-total", "fraction-of-free-after-weights") and est.budget.gb is not None:
+    if (meaning in ("fraction-of-total", "fraction-of-free-after-weights") and est.budget.gb is not None
+            and not est.kv_pool.fixed):
         if total is None or est.budget.gb > total:
             return Footprint(name, est.budget.gb, f"estimate: the engine takes {est.budget.basis}")
     if total is None:

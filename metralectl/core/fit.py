@@ -22,7 +22,7 @@ KV_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5, "turbo2": 0.25, "turbo3": 3 /
 # Bits per weight of a checkpoint, scales included: NVFP4 = 4-bit values + one FP8 scale per 16. GGUF block
 # quants by their block layout (Q8_0: 32 int8 + an f16 scale = 8.5 bits); the K-quant mixes (Q4_K_M: Q4_K with
 # some tensors in Q6_K) and the dynamic ones (UD-*) vary per model: no single figure, so unknown.
-WEIGHT_BITS = {"nvfp4": 4.5, "mxfp4": 4.25, "fp8": 8.0, "bf16": 16.0,
+WEIGHT_BITS = {"nvfp4": 4.5, "mxfp4": 4.25, "fp8": 8.0, "bf16": 16.0, "fp16": 16.0, "fp32": 32.0,
                "Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q6_K": 6.5625, "IQ4_NL": 4.5,
                "IQ4_XS": 4.25, "MXFP4": 4.25, "F16": 16.0, "BF16": 16.0, "F32": 32.0}
 # llama.cpp's KV cache types (--cache-type-k/-v), bytes per element: block quants with their scales.
@@ -35,6 +35,7 @@ class Part:
     label: str
     gb: float | None
     basis: str  # how it was computed, or why it is unknown
+    fixed: bool = False  # the engine takes this much whatever its memory fraction says (vLLM's CPU cache space)
 
 
 @dataclass(frozen=True)

@@ -128,3 +128,39 @@ def test_stop_with_several_served_needs_a_name_or_all() -> None:
     assert "`metralectl stop RECIPE`" in (asked.value.hint or "")
     assert [c.name for c in select(rt, B, False)] == [f"metralectl-{B}"]
     assert len(select(rt, None, True)) == 2
+
+
+def test_vllm_s_cpu_build_told_a_cache_size_takes_that_not_its_memory_fraction() -> None:
+    """vLLM's CPU build with VLLM_CPU_KVCACHE_SPACE=N allocates N GiB of cache and no share of the RAM: its footprint
+    is weights + N GiB + its processes, not (RAM − what the OS keeps) × memory-utilization (11 GB on a 25 GB box for
+    a model that held 3 GB: the gateway evicted everything for it, and `run` refused it beside a 0.5 GB model)."""
+    from dataclasses import replace
+
+    from metralectl.core.engines.vllm import CPU_PROCESSES_GB
+    from metralectl.core.fit import estimate
+
+    cat = catalog()
+    gpu_recipe = cat.recipes["qwen3.6-35b-a3b-vllm"]
+    recipe, model = replace(gpu_recipe, hardware="cpu"), cat.model_of(gpu_recipe)
+    cpu, meaning = cat.hardware["cpu"], cat.engines["vllm"].memory_meaning
+
+    def footprint(env: dict[str, str]) -> Footprint:
+        est = estimate(replace(recipe, env=env), model, cpu, None, meaning, host_ram_gb=25.0,
+                       roles=cat.engines["vllm"].fit_roles)
+        return footprint_of_estimate(recipe.name, est, meaning)
+
+    share = footprint({})  # no cache size: its CPU worker takes memory-utilization of the RAM, as on a GPU
+    assert share.gb is not None and "utilization" in share.basis, share
+    told = footprint({"VLLM_CPU_KVCACHE_SPACE": "2"})
+    weights = estimate(recipe, model, cpu, None, meaning, host_ram_gb=25.0).weights.gb
+    assert weights is not None and told.basis == "estimate", told
+    assert told.gb == pytest.approx(weights + 2 * 2**30 / 1e9 + CPU_PROCESSES_GB), told
+    assert told.gb < share.gb or weights > share.gb
+    for ignored in ("0", "", "two"):  # vLLM's auto size, or a value it refuses itself: the share stands
+        assert footprint({"VLLM_CPU_KVCACHE_SPACE": ignored}) == share
+
+
+def test_a_checkpoint_in_fp32_or_fp16_is_sized_by_its_parameters() -> None:
+    from metralectl.core.fit import WEIGHT_BITS
+
+    assert WEIGHT_BITS["fp32"] == 32.0 and WEIGHT_BITS["fp16"] == 16.0
