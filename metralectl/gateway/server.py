@@ -10,14 +10,15 @@ connection is closed, which is how an engine learns to stop generating.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from metralectl.gateway import auth, http1
-from metralectl.gateway.http1 import Answered, ClientReader
+from metralectl.gateway import auth, http1, timing
+from metralectl.gateway.http1 import Answered, ClientReader, NotSent
 from metralectl.gateway.keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
 from metralectl.gateway.loader import Loader, LoadRefused, wait_loaded
@@ -56,6 +57,7 @@ class Gateway:
         self._waiting: dict[str, int] = {}
         self._clients: set[asyncio.Task[Any]] = set()  # each client connection's task: cancelled as the gateway stops
         self.on_table: Any = None  # called with each new Table whose routes differ (the CLI's status line)
+        self.timing = timing.target()  # the gateway's own time per request, kept only when asked (timing.py)
 
     # the table
     def _publish(self, table: Table) -> None:
@@ -82,17 +84,12 @@ class Gateway:
                 self._rescan.clear()
                 self._publish(await asyncio.to_thread(self.scanner.scan))
                 last_seen, last_scan = seen, time.monotonic()
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._rescan.wait(), LIFECYCLE_POLL_S)
-            except asyncio.TimeoutError:
-                pass
 
-    async def _table_change(self, timeout: float) -> bool:
-        try:
+    async def _table_change(self, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
 
     # connections
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -106,6 +103,8 @@ class Gateway:
             while True:
                 try:
                     request = await http1.read_request(reader, self.limits.max_body)
+                    if self.timing is not None:
+                        request.received = timing.now()
                 except http1.Closed:
                     return
                 except http1.BadRequest as bad:
@@ -289,7 +288,7 @@ class Gateway:
                 self.loader.begin(route.recipe)  # in flight: never evicted mid-request, and its last use
             try:
                 return await self._forward(route, request, payload, model, path, writer)
-            except _NotSent:  # the engine was not there (a swap stopped it, a run is starting it): wait, again
+            except NotSent:  # the engine was not there (a swap stopped it, a run is starting it): wait, again
                 refused_since = refused_since or time.monotonic()
                 if time.monotonic() - refused_since > self.limits.connect_timeout_s:
                     break
@@ -326,9 +325,10 @@ class Gateway:
             try:
                 reader, writer, pooled = await self._connect(route)
             except (OSError, asyncio.TimeoutError):
-                raise _NotSent() from None
+                raise NotSent() from None
             try:
                 writer.write(head + payload)
+                sent = timing.now() if self.timing is not None else 0
                 await writer.drain()
                 response = await http1.read_response_head(reader)
                 break
@@ -336,13 +336,13 @@ class Gateway:
                 writer.close()
                 if pooled:
                     continue  # a kept-alive connection the engine had closed: a fresh one
-                raise _NotSent() from None
+                raise NotSent() from None
             except BaseException:
                 writer.close()
                 raise
         gauge = self.metrics.in_flight.labels(model)
         gauge.inc()
-        reusable = False
+        reusable, marks = False, ([] if self.timing is not None else None)
         try:
             out = http1.forwarded(response.headers)
             if response.length is not None:
@@ -350,7 +350,9 @@ class Gateway:
             elif response.status not in (204, 304):
                 out.append(("Transfer-Encoding", "chunked"))
             client.write(http1.head_bytes(f"HTTP/1.1 {response.status} {response.reason}".rstrip(), out))
-            reusable = await http1.relay_body(reader, response, client)
+            reusable = await http1.relay_body(reader, response, client, marks)
+            if marks is not None:
+                timing.keep(request.received, sent, marks)
             self.metrics.requests.labels(model, path, str(response.status)).inc()
             return True
         except (ConnectionError, asyncio.IncompleteReadError, http1.BadRequest):
@@ -371,10 +373,6 @@ def _gone(model: str, table: Table) -> Answered:
     return Answered(502, f"the engine serving `{model[:200]}` went away (it exited without being stopped): "
                          f"`metralectl logs {recipe[:200]}` says why, `metralectl run {recipe[:200]}` starts it again",
                     "server_error", "upstream_gone", "upstream")
-
-
-class _NotSent(Exception):
-    """Nothing of the request reached a live engine: safe to send again."""
 
 
 async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> None:
@@ -398,3 +396,5 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
         if clients:
             await asyncio.wait(clients, timeout=5.0)
         await asyncio.to_thread(gateway.scanner.close)
+        if gateway.timing is not None:
+            timing.dump(gateway.timing)
