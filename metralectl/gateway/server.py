@@ -2,7 +2,7 @@
 answer as it comes, and hold a request whose model is starting or swapping in a bounded queue.
 
 One asyncio loop, no thread per request. The routing table (routes.py) is replaced whole by a scan on a worker
-thread, so a request only reads a dict. Engine connections are kept alive in a small pool per address. A client
+thread, so a request only reads a dict. Engine connections come from pool.py (kept alive, or opened ahead). A client
 that goes away (EOF or reset on its socket, seen by ClientReader) cancels its relay, and the relay's engine
 connection is closed, which is how an engine learns to stop generating.
 """
@@ -21,6 +21,7 @@ from metralectl.gateway import auth, http1, timing
 from metralectl.gateway.http1 import Answered, ClientReader, NotSent
 from metralectl.gateway.keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
+from metralectl.gateway.pool import SPARES, Pool
 from metralectl.gateway.loader import Loader, LoadRefused, wait_loaded
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
 
@@ -30,7 +31,6 @@ ROUTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                     "/tokenize", "/detokenize", "/apply-template"})
 UNNAMED = frozenset({"/tokenize", "/detokenize", "/apply-template"})  # llama-server's take no `model`: the only
 # engine when one serves, else the body names it (llama-server ignores the field)
-POOL_PER_ENGINE = 128
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class Limits:
     queue_size: int = 256  # requests waiting per model
     queue_stall_s: float = 300.0  # a waiting request fails after this long with no progress of its model's start
     connect_timeout_s: float = 5.0
+    spares: int = SPARES  # engine connections opened ahead of need, per engine (pool.py)
 
 
 class Gateway:
@@ -53,7 +54,7 @@ class Gateway:
         self.table = Table()
         self._changed = asyncio.Event()
         self._rescan = asyncio.Event()
-        self._pools: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self.pool = Pool(limits.connect_timeout_s, limits.spares)  # engine connections: kept, and spares ahead
         self._waiting: dict[str, int] = {}
         self._clients: set[asyncio.Task[Any]] = set()  # each client connection's task: cancelled as the gateway stops
         self.on_table: Any = None  # called with each new Table whose routes differ (the CLI's status line)
@@ -302,20 +303,6 @@ class Gateway:
         raise Answered(502, f"the engine serving `{model}` does not answer", "server_error", "upstream_unreachable",
                        "upstream")
 
-    async def _connect(self, route: Route) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
-        pool = self._pools.get((route.host, route.port))
-        while pool:
-            reader, writer = pool.pop()
-            if not writer.is_closing() and not reader.at_eof():
-                return reader, writer, True
-            writer.close()
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(route.host, route.port, limit=http1.HEAD_LIMIT), self.limits.connect_timeout_s)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return reader, writer, False
-
     async def _forward(self, route: Route, request: http1.Request, payload: bytes, model: str, path: str,
                        client: asyncio.StreamWriter) -> bool:
         headers = [*http1.forwarded(request.headers), ("Host", f"{route.host}:{route.port}"),
@@ -323,7 +310,7 @@ class Gateway:
         head = http1.head_bytes(f"{request.method} {request.target} HTTP/1.1", headers)
         while True:
             try:
-                reader, writer, pooled = await self._connect(route)
+                reader, writer, pooled = await self.pool.take((route.host, route.port))
             except (OSError, asyncio.TimeoutError):
                 raise NotSent() from None
             try:
@@ -342,7 +329,7 @@ class Gateway:
                 raise
         gauge = self.metrics.in_flight.labels(model)
         gauge.inc()
-        reusable, marks = False, ([] if self.timing is not None else None)
+        reusable, marks = False, ([] if self.timing is not None else None)  # type: bool, list[int] | None
         try:
             out = http1.forwarded(response.headers)
             if response.length is not None:
@@ -360,11 +347,7 @@ class Gateway:
             return False  # the answer was cut: the client's connection closes too, so it sees that it was
         finally:
             gauge.dec()
-            pool = self._pools.setdefault((route.host, route.port), [])
-            if reusable and len(pool) < POOL_PER_ENGINE:
-                pool.append((reader, writer))
-            else:
-                writer.close()
+            self.pool.give((route.host, route.port), (reader, writer), reusable)
 
 
 def _gone(model: str, table: Table) -> Answered:
@@ -395,6 +378,7 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
             client.cancel()
         if clients:
             await asyncio.wait(clients, timeout=5.0)
+        gateway.pool.close()
         await asyncio.to_thread(gateway.scanner.close)
         if gateway.timing is not None:
             timing.dump(gateway.timing)
