@@ -3,9 +3,11 @@ noise falls on every path alike, because every path is measured at the same mome
 
 One pool of `c` client workers takes jobs from one sequence: job k sends prompt k // P over path k % P (P paths:
 direct, gateway, and LiteLLM's proxy when it runs), the order within each prompt's group rotated so no path always
-goes first. So at any moment about c/P requests of each path are in flight, each prompt (a seeded random text of
-`isl` words) goes once over every path within a few milliseconds, with the same seed, temperature 0 and a fixed
-output length (`ignore_eos`). Each request is a fresh connection (`Connection: close`), the same way on every path.
+goes first. So at any moment about c/P requests of each path are in flight, each prompt goes once over every path
+within a few milliseconds, with the same seed, temperature 0 and a fixed output length (`ignore_eos`). Prompts:
+PROMPTS seeded random texts cut to `isl` - 16 tokens by the engine's own /tokenize and /detokenize (its chat
+template adds the rest), each group's prefixed with its own seed, so no two groups share a prefix the engine could
+serve from its cache (and `cache_prompt` is off where llama-server reads it). Each request is a fresh connection (`Connection: close`), the same way on every path.
 A request's TTFT runs from just before its connect to the first SSE event with output text; its output rate is
 its content events over its time. Only groups started after the warm-up and answered over every path are counted.
 
@@ -27,11 +29,28 @@ from typing import Any
 from urllib.parse import urlsplit
 
 BOOT = 1000
+PROMPTS = 64
 
 
 def prompt(seed: int, words: int) -> str:
     rng = random.Random(seed)
     return " ".join(f"{rng.choice('bcdfghklmnprstvz')}{rng.choice('aeiou')}{rng.randrange(100)}" for _ in range(words))
+
+
+def sized_prompts(engine: str, isl: int) -> list[str]:
+    """PROMPTS texts of isl - 16 tokens each, cut by the engine's tokenizer (llama-server's /tokenize)."""
+    import urllib.request
+
+    def post(path: str, body: dict[str, Any]) -> Any:
+        request = urllib.request.Request(engine + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return json.loads(answer.read())
+
+    out = []
+    for i in range(PROMPTS):
+        tokens = post("/tokenize", {"content": prompt(i, isl)})["tokens"][:max(8, isl - 16)]
+        out.append(post("/detokenize", {"tokens": tokens})["content"])
+    return out
 
 
 async def one(url: str, body: bytes) -> dict[str, Any]:
@@ -100,9 +119,10 @@ async def phase(urls: dict[str, str], c: int, ns: Any, seed_base: int) -> dict[s
             g = k // len(paths)
             path = paths[(k + g) % len(paths)]
             seed = seed_base + g
-            body = json.dumps({"model": ns.alias, "messages": [{"role": "user", "content": prompt(seed, ns.isl)}],
+            text = f"{seed}: {ns.prompts[g % len(ns.prompts)]}"
+            body = json.dumps({"model": ns.alias, "messages": [{"role": "user", "content": text}],
                                "max_tokens": ns.osl, "stream": True, "temperature": 0, "seed": seed,
-                               "ignore_eos": True}).encode()
+                               "ignore_eos": True, "cache_prompt": False}).encode()
             at = time.monotonic()
             got = await one(urls[path], body)
             group = groups.setdefault(g, {"at": at})
@@ -193,6 +213,7 @@ def run(urls: dict[str, str], concurrencies: list[int], ns: Any) -> list[dict[st
     import sys
 
     phases: list[dict[str, Any]] = []
+    ns.prompts = sized_prompts(urls["direct"], ns.isl)
     give_up = ns.started + ns.budget if ns.budget else float("inf")  # from the benchmark's own start
     for round_ in range(ns.rounds):
         for c in concurrencies:
