@@ -241,7 +241,13 @@ def paired_report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concu
             {path: g[path] for path in g if path != "at"} for g in p["groups"]]} for p in phases]
         ns.json.write_text(json.dumps({"design": "paired-concurrent", "summary": summary, "targets": TARGETS,
                                        "phases": kept, "gateway_inside": own,
-                                       "params": {k: str(v) for k, v in vars(ns).items()}}, indent=1))
+                                       "params": {k: str(v) for k, v in vars(ns).items() if k != "prompts"}},
+                                      indent=1))
+        ns.json.with_suffix(".md").write_text(gateway_paired.markdown(
+            summary, " ".join([Path(sys.executable).name, *sys.argv]),
+            f"Design: paired-concurrent (benchmarks/gateway_paired.py). Added = via - direct, ms, 95 % bootstrap "
+            f"intervals over the groups; targets +{TARGETS['ttft_p50_ms']} ms p50, +{TARGETS['ttft_p99_ms']} ms p99, "
+            f"tok/s within {TARGETS['tok_s_ratio']:.0%}; held / missed / open: the interval within, beyond, across."))
     return 1 if errors or not summary else 0
 
 

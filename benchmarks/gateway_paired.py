@@ -262,3 +262,23 @@ def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencie
                          f"{i['piece_mean_us']:.1f} us mean, worst-per-request p99 {i['piece_max_p99_ms']:.3f} ms")
             print(line)
     return rows
+
+
+def markdown(rows: list[dict[str, Any]], command: str, note: str) -> str:
+    """The summary as a markdown table (results/*.md beside the JSON)."""
+    def ci(x: list[float], digits: int = 2) -> str:
+        return f"{x[0]:+.{digits}f} [{x[1]:+.{digits}f}, {x[2]:+.{digits}f}]"
+
+    out = [note, "", "| c | via | groups | TTFT p50 direct → via (ms) | added p50 [95 %] | paired median added | "
+           "added p99 [95 %] | tok/s ratio [95 %] | gateway's own TTFT p50 / p99 (inside) | verdicts |",
+           "|---:|---|---:|---|---|---|---|---|---|---|"]
+    for r in rows:
+        inside = r.get("inside")
+        own = f"{inside['own_ttft_p50_ms']:.3f} / {inside['own_ttft_p99_ms']:.3f} ms" if inside else "-"
+        ratio = r["tok_s_ratio"]
+        out.append(f"| {r['concurrency']} | {r['via']} | {r['groups']} | {r['direct_ttft_p50_ms']:.2f} → "
+                   f"{r['via_ttft_p50_ms']:.2f} | {ci(r['added_ttft_p50_ms'])} | {ci(r['paired_median_added_ms'])} | "
+                   f"{ci(r['added_ttft_p99_ms'])} | {ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] | {own} | "
+                   + ", ".join(f"{k} {v}" for k, v in r["verdicts"].items()) + " |")
+    out += ["", "```sh", command, "```", ""]
+    return "\n".join(out)
