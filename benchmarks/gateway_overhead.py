@@ -1,16 +1,15 @@
 #!/usr/bin/env python3
-"""What `metralectl gateway` costs (a script, not a test): metralectl's own bench against a REAL llama-server,
-direct and through the gateway, interleaved in one run, at each concurrency.
+"""What `metralectl gateway` costs (a script, not a test): a REAL llama-server direct and through the gateway (and
+LiteLLM's proxy), in one run, at each concurrency.
 
     PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--design paired|sequential] [--concurrencies 1,16,64]
-        [--rounds 3] [--duration 10]
-        [--isl 128] [--osl 64] [--preset tiny|1b] [--llama-server PATH] [--python PY] [--json FILE]
+        [--rounds 3] [--duration 10] [--warmup 2] [--budget SECONDS] [--isl 128] [--osl 64] [--preset tiny|1b] [--llama-server PATH] [--python PY] [--json FILE]
         [--ngl 0|all --hardware cpu|hopper --gpus none|all] [--litellm PATH-TO-litellm]
 
 It lays out a box of its own in a temporary directory (config, state, HF cache with the tiny GGUF of
 tests/real_llamacpp/build_tiny_gguf.py, no Docker), serves it with `metralectl run` as a host process (CI's cached
-llama-server, found as the tests find it), starts `metralectl gateway` (with METRALECTL_GATEWAY_TIMING: it keeps its own time per request, metralectl/gateway/timing.py),
-then measures in one of two designs. `--design paired` (the default; benchmarks/gateway_paired.py says how): one
+llama-server, found as the tests find it), starts `metralectl gateway` (with METRALECTL_GATEWAY_TIMING: it keeps its own time per
+request, metralectl/gateway/timing.py), then measures in one of two designs. `--design paired` (the default; benchmarks/gateway_paired.py says how): one
 client pool sends the same prompts over every path at the same moments, so the engine's noise cancels, and reports
 bootstrap intervals and the gateway's own time from inside it. `--design sequential` (the first H200 figures,
 benchmarks/results/h200_gateway_overhead.json): for each round and concurrency it runs
@@ -21,8 +20,9 @@ rounds of TTFT p50 and p99 of each, the added TTFT (gateway - direct) and the ou
 wheel's venv: then this checkout is kept off its path, and every command runs outside it). `--litellm` adds LiteLLM's
 proxy (its `litellm` command, from a venv of its own) routing the same engine as a third target in the same
 rounds, so the gateway is compared with a peer under the same noise. `--ngl/--hardware/--gpus` put the engine
-on a GPU (the lent H200: docs/h200.md). Exit 1 if any bench run failed or lost a request; the targets are judged in the table, not the
-exit code (a busy machine's noise is no verdict on the gateway).
+on a GPU (the lent H200: docs/h200.md). `--json FILE` writes every request's figures (paired: and a markdown table
+beside it, FILE.md). Exit 1 if any request failed; the targets are judged in the table, not the exit code (a busy
+machine's noise is no verdict on the gateway).
 """
 
 from __future__ import annotations
