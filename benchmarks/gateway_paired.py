@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 BOOT = 1000
+REQUEST_TIMEOUT_S = 60
 PROMPTS = 64
 
 
@@ -124,7 +125,10 @@ async def phase(urls: dict[str, str], c: int, ns: Any, seed_base: int) -> dict[s
                                "max_tokens": ns.osl, "stream": True, "temperature": 0, "seed": seed,
                                "ignore_eos": True, "cache_prompt": False}).encode()
             at = time.monotonic()
-            got = await one(urls[path], body)
+            try:  # a hung request must not hang the run (the device call has a hard limit)
+                got = await asyncio.wait_for(one(urls[path], body), REQUEST_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                got = {"error": f"no answer in {REQUEST_TIMEOUT_S} s"}
             group = groups.setdefault(g, {"at": at})
             group["at"] = min(group["at"], at)
             group[path] = got
