@@ -15,8 +15,9 @@
 # Env: KIT, OUT, WORK (as run_lifecycle_gpu.sh: kept on a warm machine), DEADLINE_S (default 560),
 # DESIGN (paired), ROUNDS (4), DURATION (25 s per round and concurrency, after WARMUP 3), CONCURRENCIES (1,16,64),
 # PRESET (1b), BUILD_ONLY (1: stop once built). The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
-# plus ~40 s (4 x 3 x 28 s = 336 s): it must fit one call after the venv, so keep it under ~450 s. Exit 0 when every bench run answered every
-# request; the targets are judged in the table (gateway-overhead.txt in the tar).
+# plus ~60 s (4 x 3 x 28 s = 336 s): it must fit one call after the venv, so keep it under ~450 s (--budget stops
+# starting phases that would end past the call's limit; what ran is reported). Exit 0 when every request was
+# answered; the targets are judged in the table (gateway-overhead.txt and .md in the tar, and on stdout).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 KIT="$(cd "${KIT:?KIT must name the carried folder (fetch_llamacpp_kit.sh made it)}" && pwd)" || exit 2
