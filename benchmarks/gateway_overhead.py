@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""What `metralectl gateway` costs (a script, not a test): metralectl's own bench against a REAL llama-server,
-direct and through the gateway, interleaved in one run, at each concurrency.
+"""What `metralectl gateway` costs (a script, not a test): a REAL llama-server direct and through the gateway (and
+LiteLLM's proxy), in one run, at each concurrency.
 
-    PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--concurrencies 1,16,64] [--rounds 3] [--duration 10]
-        [--isl 128] [--osl 64] [--preset tiny|1b] [--llama-server PATH] [--python PY] [--json FILE]
+    PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--design paired|sequential] [--concurrencies 1,16,64]
+        [--rounds 3] [--duration 10] [--warmup 2] [--budget SECONDS] [--isl 128] [--osl 64] [--preset tiny|1b] [--llama-server PATH] [--python PY] [--json FILE]
         [--ngl 0|all --hardware cpu|hopper --gpus none|all] [--litellm PATH-TO-litellm]
 
 It lays out a box of its own in a temporary directory (config, state, HF cache with the tiny GGUF of
 tests/real_llamacpp/build_tiny_gguf.py, no Docker), serves it with `metralectl run` as a host process (CI's cached
-llama-server, found as the tests find it), starts `metralectl gateway`, then for each round and concurrency runs
+llama-server, found as the tests find it), starts `metralectl gateway` (with METRALECTL_GATEWAY_TIMING: it keeps its own time per
+request, metralectl/gateway/timing.py), then measures in one of two designs. `--design paired` (the default; benchmarks/gateway_paired.py says how): one
+client pool sends the same prompts over every path at the same moments, so the engine's noise cancels, and reports
+bootstrap intervals and the gateway's own time from inside it. `--design sequential` (the first H200 figures,
+benchmarks/results/h200_gateway_overhead.json): for each round and concurrency it runs
 `metralectl bench run concurrency-sweep` once at the engine's own URL and once at the gateway's (which goes first
 alternates by round, so drift over the run falls on both alike). Per concurrency it reports the medians over the
 rounds of TTFT p50 and p99 of each, the added TTFT (gateway - direct) and the output tok/s ratio, against issue
@@ -16,8 +20,9 @@ rounds of TTFT p50 and p99 of each, the added TTFT (gateway - direct) and the ou
 wheel's venv: then this checkout is kept off its path, and every command runs outside it). `--litellm` adds LiteLLM's
 proxy (its `litellm` command, from a venv of its own) routing the same engine as a third target in the same
 rounds, so the gateway is compared with a peer under the same noise. `--ngl/--hardware/--gpus` put the engine
-on a GPU (the lent H200: docs/h200.md). Exit 1 if any bench run failed or lost a request; the targets are judged in the table, not the
-exit code (a busy machine's noise is no verdict on the gateway).
+on a GPU (the lent H200: docs/h200.md). `--json FILE` writes every request's figures (paired: and a markdown table
+beside it, FILE.md). Exit 1 if any request failed; the targets are judged in the table, not the exit code (a busy
+machine's noise is no verdict on the gateway).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 TARGETS = {"ttft_p50_ms": 0.3, "ttft_p99_ms": 1.0, "tok_s_ratio": 0.02}
 
 
@@ -125,7 +131,10 @@ def litellm(ns: argparse.Namespace, home: Path, port: int, engine_port: int) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--design", choices=("paired", "sequential"), default="paired")
     ap.add_argument("--concurrencies", default="1,16,64")
+    ap.add_argument("--budget", type=float, default=0, help="paired: run no phase that would end past this many "
+                    "seconds from this script's start (what ran is reported); 0: no limit")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
@@ -142,6 +151,7 @@ def main() -> int:
     ap.add_argument("--litellm", type=Path, help="LiteLLM's `litellm` command: its proxy as a third target")
     ap.add_argument("--keep", type=Path, help="copy every bench run's records (requests.jsonl...) here")
     ns = ap.parse_args()
+    ns.started = time.monotonic()
     ns.alias = "overhead"
     concurrencies = [int(c) for c in ns.concurrencies.split(",")]
     sys.path.insert(0, str(REPO / "tests" / "real_llamacpp"))
@@ -175,9 +185,11 @@ def main() -> int:
         if run.returncode != 0:
             sys.exit(f"gateway_overhead: `metralectl run` failed:\n{run.stderr}")
         print(f"engine: {box.cli('ps').stdout.strip()}", file=sys.stderr)
+        timing = Path(tmp) / "gateway-timing.jsonl"  # the gateway writes it as it stops
         servers = [subprocess.Popen([ns.python, "-m", "metralectl", "gateway", "--listen",
                                      f"127.0.0.1:{ports['gateway'].port}", "--json"], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=box.env, cwd=tmp)]
+                                    stderr=open(Path(tmp) / "gateway.log", "w"), text=True, cwd=tmp,
+                                    env={**box.env, "METRALECTL_GATEWAY_TIMING": str(timing)})]
         targets = ["direct", "gateway"]
         try:
             assert servers[0].stdout is not None
@@ -187,7 +199,11 @@ def main() -> int:
                 targets.append("litellm")
             urls = {name: f"http://127.0.0.1:{held.port}" for name, held in ports.items()}
             rows: list[dict[str, Any]] = []
-            for round_ in range(ns.rounds):
+            if ns.design == "paired":
+                import gateway_paired
+
+                phases = gateway_paired.run({t: urls[t] for t in targets}, concurrencies, ns)
+            for round_ in range(ns.rounds if ns.design == "sequential" else 0):
                 for c in concurrencies:
                     for target in targets[round_ % len(targets):] + targets[:round_ % len(targets)]:
                         row = {"round": round_, "concurrency": c, "target": target, **bench(box, urls[target], ns, c)}
@@ -205,7 +221,34 @@ def main() -> int:
                 shutil.copytree(Path(tmp) / "metrale" / "runs", ns.keep, dirs_exist_ok=True)
             for held in ports.values():
                 held.close()
+            own = [json.loads(line) for line in timing.read_text().splitlines()] if timing.exists() else []
+    if ns.design == "paired":
+        return paired_report(phases, own, concurrencies, targets[1:], ns)
     return report(rows, concurrencies, ns)
+
+
+def paired_report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencies: list[int],
+                  vias: list[str], ns: argparse.Namespace) -> int:
+    import gateway_paired
+
+    summary = gateway_paired.report(phases, own, concurrencies, vias, TARGETS)
+    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    errors = [e for p in phases for e in p["errors"]]
+    for e in errors[:20]:
+        print(f"failed: {e}", file=sys.stderr)
+    if ns.json:
+        kept = [{k: v for k, v in p.items() if k != "groups"} | {"requests": [
+            {path: g[path] for path in g if path != "at"} for g in p["groups"]]} for p in phases]
+        ns.json.write_text(json.dumps({"design": "paired-concurrent", "summary": summary, "targets": TARGETS,
+                                       "phases": kept, "gateway_inside": own,
+                                       "params": {k: str(v) for k, v in vars(ns).items() if k != "prompts"}},
+                                      indent=1))
+        ns.json.with_suffix(".md").write_text(gateway_paired.markdown(
+            summary, " ".join([Path(sys.executable).name, *sys.argv]),
+            f"Design: paired-concurrent (benchmarks/gateway_paired.py). Added = via - direct, ms, 95 % bootstrap "
+            f"intervals over the groups; targets +{TARGETS['ttft_p50_ms']} ms p50, +{TARGETS['ttft_p99_ms']} ms p99, "
+            f"tok/s within {TARGETS['tok_s_ratio']:.0%}; held / missed / open: the interval within, beyond, across."))
+    return 1 if errors or not summary else 0
 
 
 def report(rows: list[dict[str, Any]], concurrencies: list[int], ns: argparse.Namespace) -> int:

@@ -2,16 +2,22 @@
 # On the lent H200: what `metralectl gateway` costs in front of a real engine on a real GPU, on a machine with
 # cores to spare (issue 32's speed targets; the 2-core development box cannot say, docs/gateway.md).
 # llama-server built with CUDA (build_llama_server_cuda.sh, resumable: the first call may only build),
-# metralectl from the kit's wheel in a fresh venv, then benchmarks/gateway_overhead.py: metralectl's own bench
-# direct and through the gateway, interleaved, at each concurrency, the 1B random-weight GGUF on the GPU.
+# metralectl from the kit's wheel in a fresh venv, then benchmarks/gateway_overhead.py at each concurrency, the 1B
+# random-weight GGUF on the GPU, in the paired design (DESIGN=paired, the default: one client pool sends the same
+# prompts direct and through the gateway at the same moments, so the engine's noise falls on both alike; bootstrap
+# intervals; the gateway's own time per request from inside it) or the first one (DESIGN=sequential: metralectl's
+# own bench direct, then through the gateway, interleaved by round).
 #
 #   (here)   METRALECTL_REF=<commit> bash benchmarks/h200/fetch_llamacpp_kit.sh build/h200-lifecycle
 #   (device) mkdir -p /tmp/src && tar -xzf build/h200-lifecycle/src.tar.gz -C /tmp/src &&
 #            KIT=$PWD/build/h200-lifecycle bash /tmp/src/benchmarks/h200/run_gateway_overhead.sh
 #
 # Env: KIT, OUT, WORK (as run_lifecycle_gpu.sh: kept on a warm machine), DEADLINE_S (default 560),
-# ROUNDS (3), DURATION (10), CONCURRENCIES (1,16,64), PRESET (1b), BUILD_ONLY (1: stop once built). Exit 0 when every bench run answered every
-# request; the targets are judged in the table (gateway-overhead.txt in the tar).
+# DESIGN (paired), ROUNDS (4), DURATION (25 s per round and concurrency, after WARMUP 3), CONCURRENCIES (1,16,64),
+# PRESET (1b), BUILD_ONLY (1: stop once built). The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
+# plus ~60 s (4 x 3 x 28 s = 336 s): it must fit one call after the venv, so keep it under ~450 s (--budget stops
+# starting phases that would end past the call's limit; what ran is reported). Exit 0 when every request was
+# answered; the targets are judged in the table (gateway-overhead.txt and .md in the tar, and on stdout).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 KIT="$(cd "${KIT:?KIT must name the carried folder (fetch_llamacpp_kit.sh made it)}" && pwd)" || exit 2
@@ -44,7 +50,8 @@ mkdir -p "$RES"
 note "gateway_overhead (from the wheel), ${left}s left"
 (cd "$WORK" && timeout $((left - 20)) "$VENV/bin/python" "$HERE/../gateway_overhead.py" --python "$VENV/bin/python" \
   --llama-server "$BIN" --preset "${PRESET:-1b}" --ngl all --hardware hopper --gpus all \
-  --concurrencies "${CONCURRENCIES:-1,16,64}" --rounds "${ROUNDS:-3}" --duration "${DURATION:-10}" \
+  --design "${DESIGN:-paired}" --concurrencies "${CONCURRENCIES:-1,16,64}" --rounds "${ROUNDS:-4}" \
+  --duration "${DURATION:-25}" --warmup "${WARMUP:-3}" --budget $((left - 70)) \
   --json "$RES/gateway-overhead.json" --keep "$RES/runs" >"$RES/gateway-overhead.txt" 2>"$RES/gateway-overhead.err")
 rc=$?
 uptime >>"$RES/environment.txt"

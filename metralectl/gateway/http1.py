@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,6 +44,7 @@ class Request:
     headers: list[tuple[str, str]]
     body: bytes = b""
     keep_alive: bool = True
+    received: int = 0  # timing.now() as its last byte was read, when the gateway keeps its own time (timing.py)
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -186,10 +188,12 @@ def head_bytes(first_line: str, headers: list[tuple[str, str]]) -> bytes:
     return (first_line + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode("latin-1")
 
 
-async def relay_body(upstream: asyncio.StreamReader, response: Response, client: asyncio.StreamWriter) -> bool:
+async def relay_body(upstream: asyncio.StreamReader, response: Response, client: asyncio.StreamWriter,
+                     marks: list[int] | None = None) -> bool:
     """The engine's body to the client as it arrives, each piece written and drained at once (an SSE event is
     never held back). The client's framing is chunked whenever the engine's is not a Content-Length. Returns
-    whether the engine's connection may be reused (its body ended where its framing said)."""
+    whether the engine's connection may be reused (its body ended where its framing said). marks: each piece's
+    time from its read to its write to the client is appended (ns; timing.py), when given."""
     if response.status in (204, 304) or response.length == 0:
         return response.keep_alive
     if response.length is not None:
@@ -198,8 +202,11 @@ async def relay_body(upstream: asyncio.StreamReader, response: Response, client:
             piece = await upstream.read(min(left, 1 << 16))
             if not piece:
                 raise ConnectionResetError("the engine closed before the end of its answer")
+            read_at = time.perf_counter_ns() if marks is not None else 0
             left -= len(piece)
             client.write(piece)
+            if marks is not None:
+                marks.append(time.perf_counter_ns() - read_at)
             await client.drain()
         return response.keep_alive
     if response.chunked:
@@ -210,8 +217,11 @@ async def relay_body(upstream: asyncio.StreamReader, response: Response, client:
             piece = await upstream.read(1 << 16)
             if not piece:
                 raise ConnectionResetError("the engine closed before the end of its answer")
+            read_at = time.perf_counter_ns() if marks is not None else 0
             stop = end.feed(piece)
             client.write(piece if stop is None else piece[:stop])
+            if marks is not None:
+                marks.append(time.perf_counter_ns() - read_at)
             await client.drain()
             if stop is not None:
                 # Not reused: llama-server often closes a connection after a streamed answer, some time after its
@@ -307,6 +317,10 @@ class ClientReader(asyncio.StreamReader):
     def set_exception(self, exc: Exception) -> None:
         super().set_exception(exc)
         self._went()
+
+
+class NotSent(Exception):
+    """Nothing of the request reached a live engine: safe to send again."""
 
 
 class Answered(Exception):

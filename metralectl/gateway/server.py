@@ -2,7 +2,7 @@
 answer as it comes, and hold a request whose model is starting or swapping in a bounded queue.
 
 One asyncio loop, no thread per request. The routing table (routes.py) is replaced whole by a scan on a worker
-thread, so a request only reads a dict. Engine connections are kept alive in a small pool per address. A client
+thread, so a request only reads a dict. Engine connections come from pool.py (kept alive, or opened ahead). A client
 that goes away (EOF or reset on its socket, seen by ClientReader) cancels its relay, and the relay's engine
 connection is closed, which is how an engine learns to stop generating.
 """
@@ -10,16 +10,18 @@ connection is closed, which is how an engine learns to stop generating.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from metralectl.gateway import auth, http1
-from metralectl.gateway.http1 import Answered, ClientReader
+from metralectl.gateway import auth, http1, timing
+from metralectl.gateway.http1 import Answered, ClientReader, NotSent
 from metralectl.gateway.keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
+from metralectl.gateway.pool import SPARES, Pool
 from metralectl.gateway.loader import Loader, LoadRefused, wait_loaded
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
 
@@ -29,7 +31,6 @@ ROUTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                     "/tokenize", "/detokenize", "/apply-template"})
 LABELLED = ROUTED | {"/v1/models", "/metrics", "/health"}  # the paths metrics name; any other is "(other)", not its own
 UNNAMED = frozenset({"/tokenize", "/detokenize", "/apply-template"})  # no `model`: the one engine's, else the body's
-POOL_PER_ENGINE = 128
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Limits:
     queue_size: int = 256  # requests waiting per model
     queue_stall_s: float = 300.0  # a waiting request fails after this long with no progress of its model's start
     connect_timeout_s: float = 5.0
+    spares: int = SPARES  # engine connections opened ahead of need, per engine (pool.py)
 
 
 class Gateway:
@@ -52,11 +54,12 @@ class Gateway:
         self.table = Table()
         self._changed = asyncio.Event()
         self._rescan = asyncio.Event()
-        self._pools: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self.pool = Pool(limits.connect_timeout_s, limits.spares)  # engine connections: kept, and spares ahead
         self._waiting: dict[str, int] = {}
         self._clients: set[asyncio.Task[Any]] = set()  # each client connection's task: cancelled as the gateway stops
         self.on_table: Any = None  # called with each new Table whose routes differ (the CLI's status line)
         self.monitor: str | None = None  # the credential that reads /metrics with keys in force (state.record)
+        self.timing = timing.target()  # the gateway's own time per request, kept only when asked (timing.py)
 
     # the table
     def _publish(self, table: Table) -> None:
@@ -83,17 +86,12 @@ class Gateway:
                 self._rescan.clear()
                 self._publish(await asyncio.to_thread(self.scanner.scan))
                 last_seen, last_scan = seen, time.monotonic()
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._rescan.wait(), LIFECYCLE_POLL_S)
-            except asyncio.TimeoutError:
-                pass
 
-    async def _table_change(self, timeout: float) -> bool:
-        try:
+    async def _table_change(self, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
 
     # connections
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -107,6 +105,8 @@ class Gateway:
             while True:
                 try:
                     request = await http1.read_request(reader, self.limits.max_body)
+                    if self.timing is not None:
+                        request.received = timing.now()
                 except http1.Closed:
                     return
                 except http1.BadRequest as bad:
@@ -289,7 +289,7 @@ class Gateway:
                 self.loader.begin(route.recipe)  # in flight: never evicted mid-request, and its last use
             try:
                 return await self._forward(route, request, payload, model, path, writer)
-            except _NotSent:  # the engine was not there (a swap stopped it, a run is starting it): wait, again
+            except NotSent:  # the engine was not there (a swap stopped it, a run is starting it): wait, again
                 refused_since = refused_since or time.monotonic()
                 if time.monotonic() - refused_since > self.limits.connect_timeout_s:
                     break
@@ -303,20 +303,6 @@ class Gateway:
         raise Answered(502, f"the engine serving `{model}` does not answer", "server_error", "upstream_unreachable",
                        "upstream")
 
-    async def _connect(self, route: Route) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
-        pool = self._pools.get((route.host, route.port))
-        while pool:
-            reader, writer = pool.pop()
-            if not writer.is_closing() and not reader.at_eof():
-                return reader, writer, True
-            writer.close()
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(route.host, route.port, limit=http1.HEAD_LIMIT), self.limits.connect_timeout_s)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return reader, writer, False
-
     async def _forward(self, route: Route, request: http1.Request, payload: bytes, model: str, path: str,
                        client: asyncio.StreamWriter) -> bool:
         headers = [*http1.forwarded(request.headers), ("Host", f"{route.host}:{route.port}"),
@@ -324,11 +310,12 @@ class Gateway:
         head = http1.head_bytes(f"{request.method} {request.target} HTTP/1.1", headers)
         while True:
             try:
-                reader, writer, pooled = await self._connect(route)
+                reader, writer, pooled = await self.pool.take((route.host, route.port))
             except (OSError, asyncio.TimeoutError):
-                raise _NotSent() from None
+                raise NotSent() from None
             try:
                 writer.write(head + payload)
+                sent = timing.now() if self.timing is not None else 0
                 await writer.drain()
                 response = await http1.read_response_head(reader)
                 break
@@ -336,13 +323,13 @@ class Gateway:
                 writer.close()
                 if pooled:
                     continue  # a kept-alive connection the engine had closed: a fresh one
-                raise _NotSent() from None
+                raise NotSent() from None
             except BaseException:
                 writer.close()
                 raise
         gauge = self.metrics.in_flight.labels(model)
         gauge.inc()
-        reusable = False
+        reusable, marks = False, ([] if self.timing is not None else None)  # type: bool, list[int] | None
         try:
             out = http1.forwarded(response.headers)
             if response.length is not None:
@@ -350,7 +337,9 @@ class Gateway:
             elif response.status not in (204, 304):
                 out.append(("Transfer-Encoding", "chunked"))
             client.write(http1.head_bytes(f"HTTP/1.1 {response.status} {response.reason}".rstrip(), out))
-            reusable = await http1.relay_body(reader, response, client)
+            reusable = await http1.relay_body(reader, response, client, marks)
+            if marks is not None:
+                timing.keep(request.received, sent, marks)
             self.metrics.requests.labels(model, path, str(response.status)).inc()
             return True
         except (ConnectionError, asyncio.IncompleteReadError, http1.BadRequest):
@@ -358,11 +347,7 @@ class Gateway:
             return False  # the answer was cut: the client's connection closes too, so it sees that it was
         finally:
             gauge.dec()
-            pool = self._pools.setdefault((route.host, route.port), [])
-            if reusable and len(pool) < POOL_PER_ENGINE:
-                pool.append((reader, writer))
-            else:
-                writer.close()
+            self.pool.give((route.host, route.port), (reader, writer), reusable)
 
 
 def _gone(model: str, table: Table) -> Answered:
@@ -371,10 +356,6 @@ def _gone(model: str, table: Table) -> Answered:
     return Answered(502, f"the engine serving `{model[:200]}` went away (it exited without being stopped): "
                          f"`metralectl logs {recipe[:200]}` says why, `metralectl run {recipe[:200]}` starts it again",
                     "server_error", "upstream_gone", "upstream")
-
-
-class _NotSent(Exception):
-    """Nothing of the request reached a live engine: safe to send again."""
 
 
 async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> None:
@@ -397,4 +378,7 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
             client.cancel()
         if clients:
             await asyncio.wait(clients, timeout=5.0)
+        gateway.pool.close()
         await asyncio.to_thread(gateway.scanner.close)
+        if gateway.timing is not None:
+            timing.dump(gateway.timing)

@@ -1,0 +1,288 @@
+"""The paired, concurrent design of benchmarks/gateway_overhead.py (its default, `--design paired`): the engine's
+noise falls on every path alike, because every path is measured at the same moments.
+
+One pool of `c` client workers takes jobs from one sequence: job k sends prompt k // P over path k % P (P paths:
+direct, gateway, and LiteLLM's proxy when it runs), the order within each prompt's group rotated so no path always
+goes first. So at any moment about c/P requests of each path are in flight, each prompt goes once over every path
+within a few milliseconds, with the same seed, temperature 0 and a fixed output length (`ignore_eos`). Prompts:
+PROMPTS seeded random texts cut to `isl` - 16 tokens by the engine's own /tokenize and /detokenize (its chat
+template adds the rest), each group's prefixed with its own seed, so no two groups share a prefix the engine could
+serve from its cache (and `cache_prompt` is off where llama-server reads it). Each request is a fresh connection (`Connection: close`), the same way on every path.
+A request's TTFT runs from just before its connect to the first SSE event with output text; its output rate is
+its content events over its time. Only groups started after the warm-up and answered over every path are counted.
+
+Per concurrency (rounds pooled), against direct: the added TTFT p50 and p99 (difference of the percentiles), the
+median of the paired differences, the ratio of output rates (sum of tokens over sum of request time), each with a
+95 % bootstrap interval over the groups; and the gateway's own time from inside it (METRALECTL_GATEWAY_TIMING,
+metralectl/gateway/timing.py) over the same window: a figure the engine's noise does not reach.
+A target is "held" when the interval's bound is within it, "missed" when the interval lies beyond it, else "open".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+BOOT = 1000
+REQUEST_TIMEOUT_S = 60
+PROMPTS = 64
+
+
+def prompt(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(f"{rng.choice('bcdfghklmnprstvz')}{rng.choice('aeiou')}{rng.randrange(100)}" for _ in range(words))
+
+
+def sized_prompts(engine: str, isl: int) -> list[str]:
+    """PROMPTS texts of isl - 16 tokens each, cut by the engine's tokenizer (llama-server's /tokenize)."""
+    import urllib.request
+
+    def post(path: str, body: dict[str, Any]) -> Any:
+        request = urllib.request.Request(engine + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return json.loads(answer.read())
+
+    out = []
+    for i in range(PROMPTS):
+        tokens = post("/tokenize", {"content": prompt(i, isl)})["tokens"][:max(8, isl - 16)]
+        out.append(post("/detokenize", {"tokens": tokens})["content"])
+    return out
+
+
+async def one(url: str, body: bytes) -> dict[str, Any]:
+    """One streamed chat request; its TTFT, time, content events. Any fault is an `error` (never raised)."""
+    parts = urlsplit(url)
+    began = time.perf_counter()
+    try:
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port, limit=1 << 20)
+    except OSError as e:
+        return {"error": f"connect: {e}"}
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer none\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                     % (parts.netloc.encode(), len(body), body))
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200") and not head.startswith(b"HTTP/1.0 200"):
+            rest = await asyncio.wait_for(reader.read(2000), 5)
+            return {"error": (head.split(b"\r\n", 1)[0] + b" " + rest[:300]).decode("latin-1")}
+        chunked = b"transfer-encoding: chunked" in head.lower()
+        buf, first, tokens, done = b"", None, 0, False
+        while not done:
+            if chunked:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                data = (await reader.readexactly(size + 2))[:-2] if size else b""
+            else:
+                data = await reader.read(1 << 16)
+            if not data:
+                break
+            buf += data.replace(b"\r\n", b"\n")
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                for line in event.split(b"\n"):
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        continue
+                    choices = json.loads(payload).get("choices") or [{}]
+                    if (choices[0].get("delta") or {}).get("content"):
+                        tokens += 1
+                        if first is None:
+                            first = time.perf_counter()
+        end = time.perf_counter()
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, asyncio.TimeoutError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        writer.close()
+    if first is None or not done:
+        return {"error": f"no output text (done={done})"}
+    return {"ttft_ms": (first - began) * 1e3, "e2e_ms": (end - began) * 1e3, "tokens": tokens}
+
+
+async def phase(urls: dict[str, str], c: int, ns: Any, seed_base: int) -> dict[str, Any]:
+    """One round at concurrency c: every path under the same load at the same time."""
+    paths = list(urls)
+    groups: dict[int, dict[str, Any]] = {}
+    counter = 0
+    started = time.monotonic()
+    measure_from, stop_at = started + ns.warmup, started + ns.warmup + ns.duration
+
+    async def worker() -> None:
+        nonlocal counter
+        while time.monotonic() < stop_at:
+            k, counter = counter, counter + 1
+            g = k // len(paths)
+            path = paths[(k + g) % len(paths)]
+            seed = seed_base + g
+            text = f"{seed}: {ns.prompts[g % len(ns.prompts)]}"
+            body = json.dumps({"model": ns.alias, "messages": [{"role": "user", "content": text}],
+                               "max_tokens": ns.osl, "stream": True, "temperature": 0, "seed": seed,
+                               "ignore_eos": True, "cache_prompt": False}).encode()
+            at = time.monotonic()
+            try:  # a hung request must not hang the run (the device call has a hard limit)
+                got = await asyncio.wait_for(one(urls[path], body), REQUEST_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                got = {"error": f"no answer in {REQUEST_TIMEOUT_S} s"}
+            group = groups.setdefault(g, {"at": at})
+            group["at"] = min(group["at"], at)
+            group[path] = got
+
+    window = time.monotonic_ns()
+    await asyncio.gather(*(worker() for _ in range(c)))
+    counted = [g for g in groups.values() if g["at"] >= measure_from and all(p in g for p in paths)]
+    errors = [f"{p}: {g[p]['error']}" for g in groups.values() for p in paths if "error" in g.get(p, {})]
+    ok = [g for g in counted if not any("error" in g[p] for p in paths)]
+    return {"window_ns": (window + int(ns.warmup * 1e9), time.monotonic_ns()), "groups": ok,
+            "errors": errors, "incomplete": len(counted) - len(ok)}
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    i = q * (len(s) - 1)
+    lo = int(i)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (i - lo)
+
+
+def _ci(columns: dict[str, Any], stat: Any, seed: int) -> tuple[float, float, float]:
+    """stat(columns) (numpy arrays, one value per group, the last axis) and its 95 % bootstrap interval: the
+    groups resampled with replacement BOOT times, all at once (numpy; a pure-Python loop took minutes)."""
+    import numpy as np
+
+    n = len(next(iter(columns.values())))
+    idx = np.random.default_rng(seed).integers(0, n, (BOOT, n))
+    boot = stat({k: v[idx] for k, v in columns.items()})
+    return float(stat(columns)), float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
+
+
+def verdict(ci: tuple[float, float, float], low: float, high: float) -> str:
+    if low <= ci[1] and ci[2] <= high:
+        return "held"
+    if ci[2] < low or ci[1] > high:
+        return "missed"
+    return "open"
+
+
+def summarize(c: int, via: str, groups: list[dict[str, Any]], own: list[dict[str, Any]],
+              targets: dict[str, float]) -> dict[str, Any]:
+    import numpy as np
+
+    def ttft(p: str, gs: list[dict[str, Any]]) -> list[float]:
+        return [g[p]["ttft_ms"] for g in gs]
+
+    cols = {f"{p}.{k}": np.array([g[p][k] for g in groups], dtype=float)
+            for p in ("direct", via) for k in ("ttft_ms", "e2e_ms", "tokens")}
+    d, v = "direct.", f"{via}."
+
+    def added(q: float) -> Any:
+        return lambda x: np.percentile(x[v + "ttft_ms"], q, axis=-1) - np.percentile(x[d + "ttft_ms"], q, axis=-1)
+
+    p50, p99 = _ci(cols, added(50), c), _ci(cols, added(99), c + 1)
+    paired = _ci(cols, lambda x: np.median(x[v + "ttft_ms"] - x[d + "ttft_ms"], axis=-1), c + 2)
+    ratio = _ci(cols, lambda x: (x[v + "tokens"].sum(-1) / x[v + "e2e_ms"].sum(-1))
+                / (x[d + "tokens"].sum(-1) / x[d + "e2e_ms"].sum(-1)), c + 3)
+    row: dict[str, Any] = {
+        "concurrency": c, "via": via, "design": "paired-concurrent", "groups": len(groups),
+        "direct_ttft_p50_ms": _pct(ttft("direct", groups), .5), "via_ttft_p50_ms": _pct(ttft(via, groups), .5),
+        "direct_ttft_p99_ms": _pct(ttft("direct", groups), .99), "via_ttft_p99_ms": _pct(ttft(via, groups), .99),
+        "added_ttft_p50_ms": p50, "added_ttft_p99_ms": p99, "paired_median_added_ms": paired, "tok_s_ratio": ratio,
+        "direct_tokens_per_request": statistics.mean(g["direct"]["tokens"] for g in groups),
+        "via_tokens_per_request": statistics.mean(g[via]["tokens"] for g in groups),
+        "verdicts": {"ttft_p50": verdict(p50, -1e9, targets["ttft_p50_ms"]),
+                     "ttft_p99": verdict(p99, -1e9, targets["ttft_p99_ms"]),
+                     "tok_s": verdict(ratio, 1 - targets["tok_s_ratio"], 1 + targets["tok_s_ratio"])}}
+    if via == "gateway" and own:
+        mine = [(r["up_ns"] + r["first_ns"]) / 1e6 for r in own]
+        pieces = [r["pieces_max_ns"] / 1e6 for r in own]
+        row["inside"] = {"requests": len(own), "own_ttft_p50_ms": _pct(mine, .5), "own_ttft_p99_ms": _pct(mine, .99),
+                         "own_ttft_max_ms": max(mine), "up_p50_ms": _pct([r["up_ns"] / 1e6 for r in own], .5),
+                         "up_p99_ms": _pct([r["up_ns"] / 1e6 for r in own], .99),
+                         "piece_max_p99_ms": _pct(pieces, .99),
+                         "piece_mean_us": sum(r["pieces_sum_ns"] for r in own) / 1e3
+                         / max(1, sum(r["pieces"] for r in own))}
+        row["verdicts"]["inside_p50"] = "held" if row["inside"]["own_ttft_p50_ms"] <= targets["ttft_p50_ms"] else "missed"
+        row["verdicts"]["inside_p99"] = "held" if row["inside"]["own_ttft_p99_ms"] <= targets["ttft_p99_ms"] else "missed"
+    return row
+
+
+def run(urls: dict[str, str], concurrencies: list[int], ns: Any) -> list[dict[str, Any]]:
+    """Every round at every concurrency; returns the phases (groups, errors, windows), in order."""
+    import sys
+
+    phases: list[dict[str, Any]] = []
+    ns.prompts = sized_prompts(urls["direct"], ns.isl)
+    give_up = ns.started + ns.budget if ns.budget else float("inf")  # from the benchmark's own start
+    for round_ in range(ns.rounds):
+        for c in concurrencies:
+            if time.monotonic() + ns.warmup + ns.duration + 15 > give_up:  # what ran is kept and reported
+                print(f"out of time (--budget {ns.budget:g} s): round {round_ + 1} c={c} and later not run",
+                      file=sys.stderr, flush=True)
+                return phases
+            got = asyncio.run(phase(urls, c, ns, seed_base=(round_ * 1000 + c) * 100_000))
+            got.update(round=round_, concurrency=c)
+            phases.append(got)
+            print(json.dumps({"round": round_, "concurrency": c, "groups": len(got["groups"]),
+                              "errors": len(got["errors"]), "first_errors": got["errors"][:3]}), file=sys.stderr,
+                  flush=True)
+    return phases
+
+
+def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencies: list[int], vias: list[str],
+           targets: dict[str, float]) -> list[dict[str, Any]]:
+    rows = []
+
+    def fmt(ci: tuple[float, float, float], scale: str = "ms") -> str:
+        return f"{ci[0]:+.3f} [{ci[1]:+.3f}, {ci[2]:+.3f}]" if scale == "ms" else f"{ci[0]:.4f} [{ci[1]:.4f}, {ci[2]:.4f}]"
+
+    print(f"design: paired-concurrent (one client pool, jobs alternating over {', '.join(['direct', *vias])}); "
+          f"added = via - direct, ms, [95 % bootstrap]; targets +{targets['ttft_p50_ms']} ms p50, "
+          f"+{targets['ttft_p99_ms']} ms p99, tok/s within {targets['tok_s_ratio']:.0%}")
+    for c in concurrencies:
+        mine = [p for p in phases if p["concurrency"] == c]
+        groups = [g for p in mine for g in p["groups"]]
+        inside = [r for r in own if any(p["window_ns"][0] <= r["at_ns"] <= p["window_ns"][1] for p in mine)]
+        if not groups:
+            print(f"c={c}: no complete group (see the errors)")
+            continue
+        for via in vias:
+            row = summarize(c, via, groups, inside, targets)
+            rows.append(row)
+            line = (f"c={c:<3} {via:8} n={row['groups']:<5} p50 {row['direct_ttft_p50_ms']:.2f}->"
+                    f"{row['via_ttft_p50_ms']:.2f} added {fmt(row['added_ttft_p50_ms'])} | paired median "
+                    f"{fmt(row['paired_median_added_ms'])} | p99 {row['direct_ttft_p99_ms']:.2f}->"
+                    f"{row['via_ttft_p99_ms']:.2f} added {fmt(row['added_ttft_p99_ms'])} | tok/s "
+                    f"{fmt(row['tok_s_ratio'], 'x')} | {row['verdicts']}")
+            if "inside" in row:
+                i = row["inside"]
+                line += (f"\n      inside the gateway ({i['requests']} requests): own TTFT p50 {i['own_ttft_p50_ms']:.3f}"
+                         f" p99 {i['own_ttft_p99_ms']:.3f} max {i['own_ttft_max_ms']:.3f} ms; per later piece "
+                         f"{i['piece_mean_us']:.1f} us mean, worst-per-request p99 {i['piece_max_p99_ms']:.3f} ms")
+            print(line)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], command: str, note: str) -> str:
+    """The summary as a markdown table (results/*.md beside the JSON)."""
+    def ci(x: list[float], digits: int = 2) -> str:
+        return f"{x[0]:+.{digits}f} [{x[1]:+.{digits}f}, {x[2]:+.{digits}f}]"
+
+    out = [note, "", "| c | via | groups | TTFT p50 direct → via (ms) | added p50 [95 %] | paired median added | "
+           "added p99 [95 %] | tok/s ratio [95 %] | gateway's own TTFT p50 / p99 (inside) | verdicts |",
+           "|---:|---|---:|---|---|---|---|---|---|---|"]
+    for r in rows:
+        inside = r.get("inside")
+        own = f"{inside['own_ttft_p50_ms']:.3f} / {inside['own_ttft_p99_ms']:.3f} ms" if inside else "-"
+        ratio = r["tok_s_ratio"]
+        out.append(f"| {r['concurrency']} | {r['via']} | {r['groups']} | {r['direct_ttft_p50_ms']:.2f} → "
+                   f"{r['via_ttft_p50_ms']:.2f} | {ci(r['added_ttft_p50_ms'])} | {ci(r['paired_median_added_ms'])} | "
+                   f"{ci(r['added_ttft_p99_ms'])} | {ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] | {own} | "
+                   + ", ".join(f"{k} {v}" for k, v in r["verdicts"].items()) + " |")
+    out += ["", "```sh", command, "```", ""]
+    return "\n".join(out)

@@ -1,0 +1,53 @@
+"""The gateway's own time per relayed request, measured inside it, so that its cost is a number the engine's
+noise does not touch (benchmarks/gateway_overhead.py reads it; docs/gateway.md says how).
+
+Off unless METRALECTL_GATEWAY_TIMING names a file when the gateway starts: then each relayed request keeps
+    up_ns      from its last byte read (read_request returned) to its bytes handed to the engine's socket
+               (routing, JSON, a pooled or new connection, the head written; and any wait in a model's queue
+               while it loads, so a benchmark measures a model already served)
+    first_ns   from the engine's first body piece read to that piece handed to the client's socket
+    pieces     every later piece's read-to-client-write time (their count, sum and worst)
+and the gateway writes them as JSON lines to that file as it stops (nothing is written while it serves: the
+relay's path stays free of file I/O). Off, the relay pays one `is None` test per piece.
+What it cannot see: the event loop's wake-up after a socket becomes readable (shared with every asyncio
+server); the benchmark's paired client-side figure includes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+ENV = "METRALECTL_GATEWAY_TIMING"
+_records: list[tuple[int, int, int, list[int]]] = []  # (received at, monotonic ns; up_ns; first_ns; later pieces)
+
+
+def target() -> Path | None:
+    """The file to write when the gateway stops (read once by the server as it starts)."""
+    value = os.environ.get(ENV, "").strip()
+    return Path(value) if value else None
+
+
+def now() -> int:
+    return time.perf_counter_ns()
+
+
+def keep(received: int, sent: int, pieces: list[int]) -> None:
+    """One relayed request: `received`/`sent` from now(); pieces: each body piece's read-to-write ns, in order."""
+    _records.append((received, sent - received, pieces[0] if pieces else 0, pieces[1:]))
+
+
+def dump(path: Path) -> int:
+    """Writes (appends) every kept request as a JSON line; returns how many. `at_ns` is CLOCK_MONOTONIC, which a
+    benchmark on the same machine compares with its own phases."""
+    offset = time.monotonic_ns() - time.perf_counter_ns()  # both CLOCK_MONOTONIC on Linux: 0 there; kept general
+    with open(path, "a", encoding="utf-8") as out:
+        for received, up, first, later in _records:
+            out.write(json.dumps({"at_ns": received + offset, "up_ns": up, "first_ns": first,
+                                  "pieces": len(later), "pieces_sum_ns": sum(later),
+                                  "pieces_max_ns": max(later, default=0)}) + "\n")
+    count = len(_records)
+    _records.clear()
+    return count

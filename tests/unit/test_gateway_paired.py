@@ -1,0 +1,88 @@
+"""benchmarks/gateway_paired.py, the paired design of the gateway's overhead benchmark, against two stub engines
+on loopback (one answering 20 ms later than the other): every prompt goes over both paths, with the same body,
+the order rotated, both paths in flight at once; and the summary finds the 20 ms with an interval around it and
+calls the +0.3 ms target missed, where two equal paths leave it open or held."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+from tests.unit.recipe_helpers import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gateway_paired  # noqa: E402
+
+TARGETS = {"ttft_p50_ms": 0.3, "ttft_p99_ms": 1.0, "tok_s_ratio": 0.02}
+ORDER: list[tuple[str, int]] = []  # (path, seed) as requests arrive, over both stubs
+
+
+class Stub:
+    def __init__(self, path: str, delay: float) -> None:
+        self.path, self.delay, self.in_flight, self.most = path, delay, 0, 0
+        self.bodies: list[dict[str, Any]] = []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        self.bodies.append(json.loads(await reader.readexactly(length)))
+        ORDER.append((self.path, self.bodies[-1]["seed"]))
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await asyncio.sleep(self.delay + 0.01)
+        for i in range(4):
+            data = b'data: {"choices":[{"delta":{"content":"w%d"}}]}\n\n' % i
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await asyncio.sleep(0.002)
+        data = b"data: [DONE]\n\n"
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+        await writer.drain()
+        self.in_flight -= 1
+        writer.close()
+
+
+async def measure(delays: dict[str, float], c: int) -> tuple[dict[str, Any], dict[str, Stub]]:
+    ORDER.clear()
+    stubs = {path: Stub(path, delay) for path, delay in delays.items()}
+    servers = {path: await asyncio.start_server(stub.handle, "127.0.0.1", 0) for path, stub in stubs.items()}
+    urls = {path: f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}" for path, server in servers.items()}
+    ns = SimpleNamespace(warmup=0.1, duration=1.2, alias="m", osl=4, prompts=["alpha", "beta", "gamma"])
+    try:
+        return await gateway_paired.phase(urls, c, ns, seed_base=1000), stubs
+    finally:
+        for server in servers.values():
+            server.close()
+
+
+def test_every_prompt_goes_over_both_paths_at_once_with_the_same_body_in_rotated_order() -> None:
+    got, stubs = asyncio.run(measure({"direct": 0.0, "gateway": 0.0}, c=4))
+    assert not got["errors"] and len(got["groups"]) > 20, got
+    direct, gateway = stubs["direct"].bodies, stubs["gateway"].bodies
+    by_seed = {b["seed"]: b for b in direct}
+    paired = [b for b in gateway if b["seed"] in by_seed]
+    assert len(paired) >= len(got["groups"])
+    for body in paired:
+        assert body == by_seed[body["seed"]] and body["stream"] and body["ignore_eos"] and body["max_tokens"] == 4
+    assert stubs["direct"].most >= 2 and stubs["gateway"].most >= 2  # both paths loaded at the same time
+    got, stubs = asyncio.run(measure({"direct": 0.0, "gateway": 0.0}, c=1))  # one worker: the order is the sequence
+    firsts = [path for i, (path, seed) in enumerate(ORDER) if i == 0 or ORDER[i - 1][1] != seed]
+    assert firsts[:6] == ["direct", "gateway"] * 3, ORDER[:12]  # which path goes first alternates by group
+
+
+def test_a_path_20_ms_slower_is_found_and_the_target_called_missed() -> None:
+    got, _ = asyncio.run(measure({"direct": 0.0, "gateway": 0.02}, c=2))
+    row = gateway_paired.summarize(2, "gateway", got["groups"], [], TARGETS)
+    median, low, high = row["paired_median_added_ms"]
+    assert 15 < median < 40 and low <= median <= high and low > 10, row
+    assert row["verdicts"]["ttft_p50"] == "missed" and row["verdicts"]["ttft_p99"] == "missed", row
+
+
+def test_two_equal_paths_are_not_called_missed() -> None:
+    got, _ = asyncio.run(measure({"direct": 0.0, "gateway": 0.0}, c=2))
+    row = gateway_paired.summarize(2, "gateway", got["groups"], [], TARGETS)
+    assert row["verdicts"]["tok_s"] != "missed" and row["verdicts"]["ttft_p50"] != "missed", row
+    assert row["added_ttft_p50_ms"][1] < 0.3 and abs(row["paired_median_added_ms"][0]) < 5, row

@@ -1,0 +1,130 @@
+"""The gateway's engine connections (pool.py) and its own time per request (timing.py), with the real Gateway
+relaying to a stub engine on loopback that streams chunked SSE as llama-server does: a streamed request finds
+a connection opened ahead (no connect on its path), a spare the engine dropped is not used, and with
+METRALECTL_GATEWAY_TIMING the gateway writes one line per relayed request as it stops (nothing without it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from metralectl.gateway.routes import Route, Table
+from metralectl.gateway.server import Gateway, serve
+
+EVENTS = 5
+
+
+class Engine:
+    """Answers each POST with EVENTS SSE events, chunked, then ends the chunked body and closes (llama-server's
+    way after a stream). Keeps when each connection was accepted and when its request arrived."""
+
+    def __init__(self, drop_idle_after: float | None = None) -> None:
+        self.accepted: list[float] = []
+        self.requested: list[tuple[int, float]] = []  # (connection index, when its request arrived)
+        self.drop_idle_after = drop_idle_after
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        index = len(self.accepted)
+        self.accepted.append(time.monotonic())
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.drop_idle_after)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+            writer.close()  # an idle connection dropped (a keep-alive timeout)
+            return
+        self.requested.append((index, time.monotonic()))
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(EVENTS):
+            data = b'data: {"choices":[{"delta":{"content":"w%d"}}]}\n\n' % i
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await writer.drain()
+            await asyncio.sleep(0.005)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+
+class Fixed:
+    def __init__(self, port: int) -> None:
+        self.route = Route("stub", f"http://127.0.0.1:{port}", "127.0.0.1", port, ("stub",), ("stub",))
+
+    def lifecycle(self) -> tuple[None, None]:
+        return None, None
+
+    def scan(self) -> Table:
+        return Table((self.route,), by_name={"stub": self.route})
+
+    def close(self) -> None:
+        pass
+
+
+async def chat(port: int) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = json.dumps({"model": "stub", "stream": True, "messages": []}).encode()
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body), body))
+    answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert answer.count(b"data: ") == EVENTS and answer.endswith(b"0\r\n\r\n"), answer
+    return answer
+
+
+async def session(engine: Engine, gaps: list[float]) -> Gateway:
+    """A gateway in front of `engine`; one streamed request after each gap (s); returns the stopped gateway."""
+    upstream = await asyncio.start_server(engine.handle, "127.0.0.1", 0)
+    gateway = Gateway(Fixed(upstream.sockets[0].getsockname()[1]))  # type: ignore[arg-type]
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    ready = asyncio.Event()
+    server = asyncio.ensure_future(serve(gateway, sock, lambda _table: ready.set()))
+    await ready.wait()
+    try:
+        for gap in gaps:
+            await asyncio.sleep(gap)
+            await chat(sock.getsockname()[1])
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+        upstream.close()
+    return gateway
+
+
+def test_a_streamed_request_finds_an_engine_connection_opened_before_it_arrived() -> None:
+    engine = Engine()
+    asyncio.run(session(engine, [0, 0.3, 0.3]))
+    assert len(engine.requested) == 3
+    for index, at in engine.requested[1:]:  # the later requests: on a connection made ahead, long before
+        assert at - engine.accepted[index] > 0.2, (engine.accepted, engine.requested)
+
+
+def test_a_spare_the_engine_dropped_is_not_used_and_the_request_is_answered() -> None:
+    engine = Engine(drop_idle_after=0.1)
+    gateway = asyncio.run(session(engine, [0, 0.5, 0.5]))
+    assert len(engine.requested) == 3  # every request answered (chat() checks each stream), none on a dropped one
+    assert gateway.pool.opened >= 4  # the dropped spares were replaced
+
+
+def test_the_gateway_keeps_its_own_time_per_request_only_when_asked(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "timing.jsonl"
+    asyncio.run(session(Engine(), [0, 0.05]))
+    assert not out.exists()
+    monkeypatch.setenv("METRALECTL_GATEWAY_TIMING", str(out))
+    before = time.monotonic_ns()
+    asyncio.run(session(Engine(), [0, 0.05, 0.05]))
+    lines: list[dict[str, Any]] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 3, lines
+    for line in lines:
+        assert before < line["at_ns"] < time.monotonic_ns()
+        assert 0 < line["up_ns"] < 1e9 and 0 < line["first_ns"] < 1e9
+        # the body's later pieces: EVENTS events 5 ms apart and the end, one read each unless a busy loop merged some
+        assert 1 <= line["pieces"] <= EVENTS and line["pieces_max_ns"] * line["pieces"] >= line["pieces_sum_ns"] > 0
