@@ -22,7 +22,7 @@ the measurements.
 
     PYTHONPATH=. python3 benchmarks/aiperf_rate_side_by_side.py [--rates 2,4,8,16|auto] [--arrival constant]
         [--prompt-tokens 128] [--osl 32] [--duration-s 10] [--warmup-s 2] [--slots 4] [--threads 2]
-        [--aiperf-venv DIR] [--llama-server BIN] [--gguf FILE] [--json FILE] [--md FILE]
+        [--aiperf-venv DIR] [--llama-server BIN] [--gguf FILE] [--workdir DIR] [--json FILE] [--md FILE]
 
 `--rates auto` lets metralectl's `rates=auto` find saturation first (short windows) and compares on the rates it ran.
 Exit 1 when a tool failed to run or a request failed in either tool (the table is still written, and says so).
@@ -205,15 +205,17 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=None, help="its tokenizer folder (default: written here)")
     ap.add_argument("--metralectl", default="wheel", help="wheel (default), tree, or a Python with metralectl installed")
     ap.add_argument("--metralectl-param", action="append", default=[], metavar="K=V")
+    ap.add_argument("--workdir", default=None, help="keep the logs and records here (default: a temp folder)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     a = ap.parse_args()
     a.server_arg = [x for s in a.server_arg for x in s.split("=", 1)]
     venv = aiperf_venv(a.aiperf_venv)
-    tmp = Path(tempfile.mkdtemp(prefix="aiperf-rate-"))
+    tmp = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="aiperf-rate-"))
+    tmp.mkdir(parents=True, exist_ok=True)
     mctl, menv, mwhat = metralectl_python(a.metralectl, tmp)
     gguf, tok = model(a, tmp)
-    (tmp / "ahome").mkdir()
+    (tmp / "ahome").mkdir(exist_ok=True)
     base = [f"arrival={a.arrival}", f"isl={a.prompt_tokens}", f"osl={a.osl}", f"duration_s={a.duration_s:g}",
             f"warmup_s={a.warmup_s:g}", "client_bound=warn", "continuous_usage=false", "temperature=0",
             *a.metralectl_param]
@@ -251,16 +253,21 @@ def main() -> int:
             row.update(T.agreement(row, a.tolerance))
             doc["rows"].append(row)
             print(T.row_line(row), file=sys.stderr)
+            save(doc, a)  # after every rate: a run cut short keeps what it measured
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
+    print(save(doc, a))
+    return 0 if doc["rows"] and all(r["complete"] for r in doc["rows"]) else 1
+
+
+def save(doc: dict[str, Any], a: argparse.Namespace) -> str:
     md = T.markdown(doc)
-    print(md)
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=1, default=str))
     if a.md:
         Path(a.md).write_text(md)
-    return 0 if all(r["complete"] for r in doc["rows"]) else 1
+    return md
 
 
 if __name__ == "__main__":
