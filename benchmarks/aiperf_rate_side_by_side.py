@@ -210,6 +210,8 @@ def main() -> int:
     ap.add_argument("--md", default=None)
     a = ap.parse_args()
     a.server_arg = [x for s in a.server_arg for x in s.split("=", 1)]
+    # a `timeout` (the H200 script's) sends SIGTERM: unwind, so the server (its own session) is stopped below
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     venv = aiperf_venv(a.aiperf_venv)
     tmp = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="aiperf-rate-"))
     tmp.mkdir(parents=True, exist_ok=True)

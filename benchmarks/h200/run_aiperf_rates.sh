@@ -98,7 +98,9 @@ budget=$(( $(left) - 10 ))
 n_rates=$(tr ',' '\n' <<<"$RATES" | wc -l)
 need=$(python3 -c "print(int($n_rates * (2 * ($DURATION_S + $WARMUP_S) + 15) + 40))")
 note "the sweep: rates $RATES, ~${need}s needed, ${budget}s left"
-[ "$budget" -gt 60 ] || { note "no time left for the sweep: call again (the build and venvs are kept)"; exit 1; }
+if [ "$budget" -lt "$need" ]; then
+  note "not enough time left for the whole sweep in this call: call again (the build, venvs and model are kept)"; exit 1
+fi
 cd "$RES" || exit 1  # not a checkout's root: its metralectl/ would shadow the installed wheel
 timeout --kill-after=10 "$budget" "$VENV/bin/python" "$TREE/benchmarks/aiperf_rate_side_by_side.py" \
   --aiperf-venv "$AVENV" --llama-server "$BIN" --gguf "$GGUF" --metralectl "$VENV/bin/python" \
