@@ -42,9 +42,9 @@ def aiperf_result(out: Path) -> dict[str, Any]:
         e = r["error"]
         said = (e.get("type") or "") + ": " + str(e.get("message") or "")[:120] if isinstance(e, dict) else str(e)[:120]
         errors[said] = errors.get(said, 0) + 1
-    for e in doc.get("error_summary") or []:  # errors it counted without a per-request record
-        said = json.dumps(e.get("error_details") or e)[:160]
-        errors.setdefault(said, int(e.get("count") or 0))
+    for e in ([] if bad else doc.get("error_summary") or []):  # errors it counted without a per-request record
+        d = e.get("error_details") or {}
+        errors[f"{d.get('type') or ''}: {str(d.get('message') or '')[:120]}"] = int(e.get("count") or 0)
     ttft = [metric(r, "time_to_first_token") for r in good if metric(r, "time_to_first_token") is not None]
     itl = [metric(r, "inter_token_latency") for r in good if metric(r, "inter_token_latency") is not None]
     return {
@@ -56,7 +56,8 @@ def aiperf_result(out: Path) -> dict[str, Any]:
         "requests": len(recs), "ok": len(good), "failed": len(bad) or sum(errors.values()), "retried": None,
         "error_kinds": errors, "prompt_tokens": [metric(r, "usage_prompt_tokens") or metric(r, "input_sequence_length")
                                                  for r in good],
-        "output_tokens": tokens, "achieved_rps": len(good) / span_s if span_s > 0 else None,
+        # requests answered per second, failed ones included (an error is an answer too: saturation is about load)
+        "output_tokens": tokens, "achieved_rps": len(recs) / span_s if span_s > 0 else None,
         "duration_s": (doc.get("benchmark_duration") or {}).get("avg"),
     }
 
@@ -77,7 +78,7 @@ def metralectl_result(doc: dict[str, Any], lines: list[dict[str, Any]], rc: int)
         "itl_p50": (s.get("itl_ms") or {}).get("p50"),
         "requests": s.get("requests"), "ok": s.get("ok"), "failed": s.get("errors"), "retried": s.get("retried"),
         "error_kinds": s.get("error_kinds") or {}, "prompt_tokens": [r.get("prompt_tokens") for r in good],
-        "output_tokens": tokens, "achieved_rps": len(good) / span_s if span_s > 0 else None,
+        "output_tokens": tokens, "achieved_rps": len(measured) / span_s if span_s > 0 else None,
         "status": doc.get("status"), "rc": rc, "error": doc.get("error"),
     }
 
