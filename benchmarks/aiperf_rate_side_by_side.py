@@ -149,8 +149,8 @@ def aiperf_cmd(a: argparse.Namespace, venv: Path, url: str, tok: Path, isl: int,
 
 def run_aiperf(cmd: list[str], out: Path, home: Path) -> dict[str, Any]:
     # no HF_HUB_OFFLINE: AIPerf 0.13 then refuses a local tokenizer folder ("Repo id must be in the form ...")
-    env = {**os.environ, "HOME": str(home), "NO_COLOR": "1"}
-    env.pop("PYTHONPATH", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HOME=str(home), NO_COLOR="1")
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out.parent, timeout=900)
     if done.returncode != 0 or not (out / "profile_export_aiperf.json").exists():
         return {"run_failed": f"aiperf exit {done.returncode}: {(done.stderr or done.stdout)[-1500:]}"}
