@@ -14,9 +14,11 @@
 # to the sweep. Env: KIT, OUT, WORK (default build/h200-aiperf-work under the current folder: ignored, not
 # carried, kept on a warm machine), DEADLINE_S (default 570), RATES (default 4,8,16,32 requests/s: the 1b Q8_0
 # model saturates near 25/s at 128/128 with 64 slots), ARRIVAL (constant), PROMPT (128 server-side tokens),
-# OSL (128), DURATION_S (15), WARMUP_S (3), NP (64 slots), CTX (65536), NGL (99), PRESET (1b), PYTHON.
-# CPU dry run: LLAMA_SERVER=<built llama-server> NGL=0 PRESET=tiny NP=4 CTX=4096 RATES=2,4 DURATION_S=3 OSL=16
-# PYTHON=<a Python 3.12 like the device's>.
+# OSL (128), DURATION_S (15), WARMUP_S (3), NP (64 slots), CTX (65536), NGL (99), PRESET (1b), THREADS
+# (llama-server -t; 0: its default), PYTHON.
+# CPU dry run: LLAMA_SERVER=<built llama-server> NGL=0 THREADS=1 PRESET=tiny NP=4 CTX=4096 RATES=2,4 DURATION_S=3
+# OSL=16 PYTHON=<a Python 3.12 like the device's> (THREADS=1 on 2 cores: a server computing on every core starves
+# the clients, metralectl's TTFT p50 then read 228 ms against 3.6 ms with one thread).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 TREE="$(cd "$HERE/../.." && pwd)"
@@ -26,7 +28,7 @@ WORK="${WORK:-$PWD/build/h200-aiperf-work}"
 DEADLINE_S="${DEADLINE_S:-570}"
 RATES="${RATES:-4,8,16,32}" ARRIVAL="${ARRIVAL:-constant}" PROMPT="${PROMPT:-128}" OSL="${OSL:-128}"
 DURATION_S="${DURATION_S:-15}" WARMUP_S="${WARMUP_S:-3}" NP="${NP:-64}" CTX="${CTX:-65536}" NGL="${NGL:-99}"
-PRESET="${PRESET:-1b}" PYTHON="${PYTHON:-python3}"
+PRESET="${PRESET:-1b}" PYTHON="${PYTHON:-python3}" THREADS="${THREADS:-0}"
 START=$SECONDS
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 RES="$WORK/results-$STAMP"
@@ -105,7 +107,7 @@ cd "$RES" || exit 1  # not a checkout's root: its metralectl/ would shadow the i
 timeout --kill-after=10 "$budget" "$VENV/bin/python" "$TREE/benchmarks/aiperf_rate_side_by_side.py" \
   --aiperf-venv "$AVENV" --llama-server "$BIN" --gguf "$GGUF" --metralectl "$VENV/bin/python" \
   --rates "$RATES" --arrival "$ARRIVAL" --prompt-tokens "$PROMPT" --osl "$OSL" --duration-s "$DURATION_S" \
-  --warmup-s "$WARMUP_S" --slots "$NP" --ctx "$CTX" --server-arg="-ngl=$NGL" --workdir "$RES/sbs" \
+  --warmup-s "$WARMUP_S" --slots "$NP" --ctx "$CTX" --threads "$THREADS" --server-arg="-ngl=$NGL" --workdir "$RES/sbs" \
   --json "$OUT/aiperf_rates.json" --md "$OUT/aiperf_rates.md"
 RC=$?
 [ "$RC" = 124 ] && note "the sweep ran out of time: fewer RATES or a shorter DURATION_S"
