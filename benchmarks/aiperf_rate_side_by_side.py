@@ -114,7 +114,8 @@ def serve(a: argparse.Namespace, gguf: Path, log: Path) -> tuple[subprocess.Pope
 
     def start(port: int) -> tuple[subprocess.Popen[bytes], list[str], str]:
         cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", str(a.ctx), "-np", str(a.slots),
-               "--alias", "tiny", *(["-t", str(a.threads)] if a.threads else []), *a.server_arg]
+               "--alias", "tiny", "--threads-http", str(a.threads_http), *(["-t", str(a.threads)] if a.threads else []),
+               *a.server_arg]
         with log.open("wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         for _ in range(900):
@@ -197,6 +198,10 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=4, help="llama-server -np")
     ap.add_argument("--ctx", type=int, default=4096, help="llama-server -c (split over the slots)")
     ap.add_argument("--threads", type=int, default=0, help="llama-server -t (0: its default)")
+    ap.add_argument("--threads-http", type=int, default=320,
+                    help="llama-server --threads-http: one thread serves one connection, its default (slots + 2) leaves "
+                         "connections beyond it waiting for an idle one's 5-s keep-alive timeout; metralectl's rate "
+                         "suite opens max_inflight (256) up front, AIPerf as many as it needs")
     ap.add_argument("--server-arg", action="append", default=[], help="one more llama-server argument (e.g. -ngl=99)")
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--aiperf-venv", default=None)
