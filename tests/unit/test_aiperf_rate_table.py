@@ -77,3 +77,13 @@ def test_a_tool_that_did_not_run_is_a_row_that_says_so() -> None:
                        "aiperf": {"ok": 1}}, 0.03)
     assert row == {"complete": False, "ratio": None, "same_def_ratio": None, "agree": False,
                    "why": "a tool did not run: metralectl exit 69, no record: nothing answers"}
+
+
+def test_a_client_that_sent_late_is_named_not_the_server(tmp_path: Path) -> None:
+    # AIPerf's 12 requests went out 0.5 s apart where 4/s asks 0.25 s: its own scheduling, not saturation
+    _aiperf_export(tmp_path / "a", n_ok=12, n_err=0, gap_ns=500_000_000)
+    a = T.aiperf_result(tmp_path / "a")
+    assert abs(a["send_span_s"] - 5.5) < 1e-9
+    row = T.agreement({"rate": 4.0, "metralectl": _metralectl(12), "aiperf": a}, 0.03)
+    assert "AIPerf sent late: its 12 requests went out over 5.50 s where 4/s asks 2.75 s" in row["why"]
+    assert "past saturation" not in row["why"] and "metralectl sent late" not in row["why"]
