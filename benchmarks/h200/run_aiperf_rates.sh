@@ -13,8 +13,8 @@
 # call ends after the build (exit 1, "call again") and the same command on the still-warm machine goes straight
 # to the sweep. Env: KIT, OUT, WORK (default build/h200-aiperf-work under the current folder: ignored, not
 # carried, kept on a warm machine), DEADLINE_S (default 570), RATES (default 4,8,16,32 requests/s: the 1b Q8_0
-# model saturates near 25/s at 128/128 with 64 slots), ARRIVAL (constant), PROMPT (128 server-side tokens),
-# OSL (128), DURATION_S (15), WARMUP_S (3), NP (64 slots), CTX (65536), NGL (99), PRESET (1b), THREADS
+# model served ~26-29 requests/s of 128/128 at 64 streams), ARRIVAL (constant), PROMPT (128 server-side tokens),
+# OSL (128), DURATION_S (10), WARMUP_S (2), NP (64 slots), CTX (65536), NGL (99), PRESET (1b), THREADS
 # (llama-server -t; 0: its default), PYTHON.
 # CPU dry run: LLAMA_SERVER=<built llama-server> NGL=0 THREADS=1 PRESET=tiny NP=4 CTX=4096 RATES=2,4 DURATION_S=3
 # OSL=16 PYTHON=<a Python 3.12 like the device's> (THREADS=1 on 2 cores: a server computing on every core starves
@@ -27,7 +27,7 @@ OUT="${OUT:-/tmp/aiperf-rates-out}"
 WORK="${WORK:-$PWD/build/h200-aiperf-work}"
 DEADLINE_S="${DEADLINE_S:-570}"
 RATES="${RATES:-4,8,16,32}" ARRIVAL="${ARRIVAL:-constant}" PROMPT="${PROMPT:-128}" OSL="${OSL:-128}"
-DURATION_S="${DURATION_S:-15}" WARMUP_S="${WARMUP_S:-3}" NP="${NP:-64}" CTX="${CTX:-65536}" NGL="${NGL:-99}"
+DURATION_S="${DURATION_S:-10}" WARMUP_S="${WARMUP_S:-2}" NP="${NP:-64}" CTX="${CTX:-65536}" NGL="${NGL:-99}"
 PRESET="${PRESET:-1b}" PYTHON="${PYTHON:-python3}" THREADS="${THREADS:-0}"
 START=$SECONDS
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
