@@ -12,8 +12,8 @@ What it holds, at two open-loop rates (constant arrivals, far below this model's
   2 and 4 requests/s × 16 tokens), and with the server undisturbed they agree within 0.3 % (here: 32.0 vs 31.9 and
   64.0 vs 63.8 tok/s); but the CI machine has 2 shared cores (load average 8 while this was written) on which
   llama-server stalls for hundreds of ms to seconds, and a stall in one tool's turn moves the tokens that land
-  inside that tool's 4-s window (or AIPerf's first-send-to-last-answer span): one run here read 1.256 for that
-  reason. A tool that miscounts (prompt tokens as output, usage counted twice, a request dropped) is caught by
+  inside that tool's 4-s window (or AIPerf's first-send-to-last-answer span): one run here read 1.256 (before
+  the script gave llama-server an HTTP thread per connection, whose lack stalled requests 5 s at a time). A tool that miscounts (prompt tokens as output, usage counted twice, a request dropped) is caught by
   the exact counts above, not by this band.
 """
 
