@@ -4,8 +4,8 @@ every request counted (the record's stages say how many were sent and how many c
 
 - `depth`: pp/tg at depths 0 and 1024; 4096 does not fit the 4096-token context the server reports (/props) and
   is skipped and said; the prompts are sized to pp + depth tokens as the server counts them.
-- `depth prefix_cache=true`: the context loaded, then the prompt after it: the warm prompt's first token comes
-  faster than the load's, and the ctx_ numbers are there.
+- `depth prefix_cache=true`: the context loaded, then the prompt after it: the engine evaluates only the prompt's tail
+  (its own log says so), and the ctx_ numbers are there.
 - `rate rates=auto`: the sweep runs until it says why it stopped, with a knee and goodput next to throughput.
 - `shared-prefix`: one system prompt for every user; every prompt is prefix + suffix tokens as the server counts.
 - `trace`: the shipped sample replayed (faster), every request of it sent once, at its time, with its lengths; a
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -32,6 +32,8 @@ from tests.ports import PortTaken, pick_port, port_in_use, start_retrying
 pytestmark = [pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "images" / "build-llama-server.sh"
+SERVER_LOGS: dict[str, Path] = {}  # the module's llama-server URL -> its log (the engine's own account of each request)
+EVALUATED = re.compile(r"prompt eval time =\s+[\d.]+ ms /\s+(\d+) tokens")
 
 
 def _fail_or_skip(reason: str) -> None:
@@ -99,6 +101,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("workloads")
     model = build_tiny_gguf.install(tmp / "hub")
     proc, url = start_llama_server(binary, Path(model["file"]), tmp / "llama-server.log")
+    SERVER_LOGS[url] = tmp / "llama-server.log"
     try:
         yield url
     finally:
@@ -152,16 +155,22 @@ def test_depth_sweep_pp_tg_at_depths_within_the_served_context(server: str, tmp_
 
 
 def test_depth_prefix_cache_loads_the_context_then_measures_the_prompt_after_it(server: str, tmp_path: Path) -> None:
+    log = SERVER_LOGS[server]
+    before = log.stat().st_size
     rc, doc, err = bench(tmp_path, server, "depth", "depths=0,2048", "pp=64", "tg=8", "runs=3", "prefix_cache=true")
     every_request_counted(doc, rc, err)
     d0, d2048 = doc["summary"]["depths"]
     assert "ctx_pp_tok_s" not in d0 and d2048["ctx_pp_tok_s"]["n"] == d2048["pp_tok_s"]["n"] == 3
     assert doc["stages"][1]["summary"]["requests"] == 6  # three pairs: the load, then the prompt
-    load_ttfr = [r["ttft_ms"] for r in _requests(tmp_path, doc) if r["stage"].endswith("d2048") and r["tag"] == "ctx"
-                 and r["phase"] == "measure"]
-    # the context was cached: the prompt after it starts faster than the load (medians: a shared CI box is noisy)
-    assert statistics.median(load_ttfr) > statistics.median(d2048["ttfr_ms"]["values"]), (load_ttfr, d2048["ttfr_ms"])
     assert d2048["ctx_prompt_tokens"][0] < d2048["prompt_tokens"][0]
+    # The context was cached, by the engine's own account (its log: how many prompt tokens each request evaluated),
+    # not by timing (on a shared 2-core box the 40 ms a cache hit saves here is within the noise): the last six
+    # requests are the measured pairs, each a load of the whole context then a prompt that evaluates only its tail.
+    with log.open("rb") as f:
+        f.seek(before)
+        evaluated = [int(n) for n in EVALUATED.findall(f.read().decode(errors="replace"))]
+    loads, prompts = evaluated[-6::2], evaluated[-5::2]
+    assert all(n >= 2048 for n in loads) and all(n <= 64 + 32 for n in prompts), evaluated
 
 
 def _requests(tmp_path: Path, doc: dict[str, Any]) -> list[dict[str, Any]]:

@@ -76,8 +76,19 @@ def fleet(tmp_path: Path, scripted: Thermal) -> Iterator[Fleet]:
     f.stop()
 
 
-UNITS = ["decode repeats=3 max_tokens=16 warmup=1",
+# client_bound=warn: on a shared CI box the decode unit's client can fall behind its timing budget, which fails the
+# run by default (a unit that failed, exit 1): these tests check scheduling, parking and signing, not timing accuracy
+UNITS = ["decode repeats=3 max_tokens=16 warmup=1 client_bound=warn",
          "tool-call repeats=2", "tool-call repeats=2", "tool-call repeats=2", "tool-call repeats=2"]
+
+
+def _why_not_ok(events: list[dict[str, Any]]) -> str:
+    """What did not go well, first (the whole event stream is long and gets cut where CI prints it)."""
+    final = next((e for e in events if e["event"] == "final"), {})
+    bad = [(u["unit"]["id"], u["node"], u["state"], u.get("error"), u.get("reason")) for u in final.get("units") or []
+           if u["state"] != "accepted"]
+    said = [e for e in events if e["event"] in ("retired", "failed", "thermal")]
+    return f"units not accepted: {bad}\nretired/failed/thermal: {said}\n"
 
 
 def _unit_args(units: list[str]) -> list[str]:
@@ -87,8 +98,8 @@ def _unit_args(units: list[str]) -> list[str]:
 def test_campaign_parks_a_hot_node_and_resumes_it(fleet: Fleet) -> None:
     done = fleet.cli("--node", fleet.a.addr, "--node", fleet.b.addr, "--reference", fleet.a.addr,
                      "--thermal-poll", "0.3", "--json", *_unit_args(UNITS))
-    assert done.returncode == 0, done.stderr + done.stdout
     events = _events(done.stdout)
+    assert done.returncode == 0, _why_not_ok(events) + done.stderr + done.stdout
     kinds = [e["event"] for e in events]
     assert kinds.count("fleet") == 2 and all(e["admitted"] for e in events if e["event"] == "fleet")
     plan = next(e for e in events if e["event"] == "plan")
@@ -196,7 +207,7 @@ def test_this_box_is_a_node_too(tmp_path: Path) -> None:
     try:
         assert local.blocking() == []
         remote = RemoteNode(fleet.me, NodeRef.lookup(fleet.a.addr, fleet.here), known_keys(fleet.here))
-        units = [PlannedUnit("decode", "decode", {"repeats": "3", "max_tokens": "16"}, expected_s=9, group="d")]
+        units = [PlannedUnit("decode", "decode", {"repeats": "3", "max_tokens": "16", "client_bound": "warn"}, expected_s=9, group="d")]
         units += [PlannedUnit(f"tool-{i}", "tool-call", {"repeats": "2"}, expected_s=5 - i, group=f"t{i}") for i in range(3)]
         lines = {"local": ThermalLines(80, 70), remote.name: ThermalLines(80, 70)}
         record = Campaign("loc", units, [local, remote], "local", lines, tmp_path / "campaign").run()
