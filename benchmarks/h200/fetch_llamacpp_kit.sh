@@ -15,6 +15,8 @@
 #                                   which need not be this one
 #   wheels-top/                     only with METRALECTL_TOP_SRC: a second metralectl wheel (from that
 #                                   checkout at METRALECTL_TOP_REF, default HEAD) that runs `top` alone
+#   wheels-aiperf/                  only with AIPERF=1: AIPerf 0.13.0 (--no-deps) and the part of its dependencies
+#                                   `aiperf profile` imports that the H200 lacks (run_aiperf_rates.sh)
 #   KIT.txt                         what is in it: versions, commits, sha256s
 #
 #   bash benchmarks/h200/fetch_llamacpp_kit.sh [KIT_DIR]
@@ -22,7 +24,7 @@
 # Env: METRALECTL_SRC (a git checkout to build the metralectl wheel from; default this tree),
 # METRALECTL_REF (the commit there; default HEAD, built from `git archive`, so uncommitted changes are
 # left out), SDIST_DIR (where the full sdist is kept between calls; default build/llama-sdist), TRIM
-# (default 1). Fails over 60 MiB (the device carries 64 MiB with the working tree).
+# (default 1), AIPERF (1: add wheels-aiperf/). Fails over 60 MiB (the device carries 64 MiB with the working tree).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KIT="${1:-build/h200-device}"
@@ -102,6 +104,22 @@ for name in torch transformers tokenizers huggingface_hub hf_xet numpy safetenso
   rm -f "$KIT/wheels/$name"*.whl
 done
 
+rm -rf "$KIT/wheels-aiperf"
+if [ "${AIPERF:-0}" = 1 ]; then
+  # AIPerf 0.13.0 for run_aiperf_rates.sh: the wheel without its declared dependencies (hundreds of MB: pandas,
+  # pyarrow, scipy, plotly, dash, ...) and what `aiperf profile` imports (aiperf-runtime.txt) with theirs, less what
+  # the H200 already has and is large (pillow, uvloop) and what wheels/ carries already; installed --no-deps.
+  say "downloading AIPerf 0.13.0 and its runtime set"
+  mkdir -p "$KIT/wheels-aiperf"
+  "${PIP[@]}" download -q "${TARGET[@]}" -d "$KIT/wheels-aiperf" -r benchmarks/h200/aiperf-runtime.txt pydantic
+  "${PIP[@]}" download -q "${TARGET[@]}" -d "$KIT/wheels-aiperf" --no-deps "aiperf==0.13.0"
+  for w in "$KIT"/wheels-aiperf/*.whl; do
+    name="$(basename "$w" | cut -d- -f1)"
+    case "$name" in pillow|uvloop|numpy) rm -f "$w"; continue ;; esac
+    if compgen -G "$KIT/wheels/$name-*.whl" >/dev/null; then rm -f "$w"; fi
+  done
+fi
+
 say "packing this tree's tracked files (src.tar.gz)"
 git ls-files -z | tar --null -T - -czf "$KIT/src.tar.gz"
 {
@@ -112,6 +130,7 @@ git ls-files -z | tar --null -T - -czf "$KIT/src.tar.gz"
   echo "src.tar.gz-from=$PWD $(git describe --always --dirty) sha256=$(sha256sum "$KIT/src.tar.gz" | cut -d' ' -f1)"
   echo "made=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   (cd "$KIT/wheels" && ls)
+  [ -d "$KIT/wheels-aiperf" ] && (cd "$KIT/wheels-aiperf" && ls)
 } >"$KIT/KIT.txt"
 
 total=$(du -cb "$KIT"/*.tar.gz "$KIT"/wheels*/*.whl | tail -1 | cut -f1)
