@@ -109,3 +109,27 @@ def test_a_record_naming_another_users_process_or_another_pid_is_not_shown(home:
             _write(state.records_dir() / "1.json", {**_record("http://127.0.0.1:9"), "identity": init})
     _write(state.records_dir() / "4242424.json", _record("http://127.0.0.1:9"))  # this process, under another name
     assert state.running() == []
+
+
+def test_top_never_asks_a_record_naming_another_host_nor_sends_it_the_credential(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`top`, the dashboard and the page (gateway/watch.py) read /metrics with the record's credential: a record
+    whose address is not this machine's is shown, not asked, and the credential goes nowhere."""
+    from metralectl.gateway import watch
+    from metralectl.seams import httpclient
+
+    asked: list[tuple[str, object]] = []
+
+    def get_once(host: str, *args: object, **kwargs: object) -> object:
+        asked.append((host, kwargs.get("headers")))
+        raise httpclient.Failed("ConnectError", "not in this test")
+
+    monkeypatch.setattr(httpclient, "get_once", get_once)
+    record = {**_record("http://203.0.113.5:8090"), "monitor": "m" * 40}
+    _write(state.records_dir() / f"{os.getpid()}.json", record)
+    [row] = watch.observe(timeout=0.2)
+    assert asked == []
+    assert "not asked" in str(row) and "m" * 40 not in str(row)
+    _write(state.records_dir() / f"{os.getpid()}.json", {**record, "url": "http://127.0.0.1:9"})
+    watch.observe(timeout=0.2)
+    assert [host for host, _ in asked] == ["127.0.0.1"]  # loopback is asked, with the credential
