@@ -60,7 +60,8 @@ EXIT_MEANINGS: dict[ExitCode, tuple[str, str]] = {
                       "found a problem; a peer refused; a signature did not verify; `agent status`: no agent "
                       "runs; `search` matched no recipe; nothing is served (or not the recipe named) for `logs`, "
                       "`chat`, `bench` or `swap`: Docker answered, and there is nothing to act on until `run` "
-                      "serves one; `run` of a recipe while another one (or the same one with other settings) serves"),
+                      "serves one; `run` of a recipe while another one (or the same one with other settings) serves and it "
+                      "does not fit the memory budget beside it (the refusal gives the numbers)"),
     ExitCode.GATE: ("it ran, and a gate said no",
                     "a benchmark or campaign completed and a gate's verdict is fail "
                     "(`--no-fail-on-verdict` turns this into 0)"),
