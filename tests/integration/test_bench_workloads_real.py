@@ -136,12 +136,12 @@ def every_request_counted(doc: dict[str, Any], rc: int, stderr: str) -> None:
 
 
 def test_depth_sweep_pp_tg_at_depths_within_the_served_context(server: str, tmp_path: Path) -> None:
-    rc, doc, err = bench(tmp_path, server, "depth", "depths=0,1024,4096", "pp=128", "tg=16", "runs=2")
+    rc, doc, err = bench(tmp_path, server, "depth", "depths=0,1024,4096", "pp=128", "tg=64", "runs=2")
     every_request_counted(doc, rc, err)
     summary = doc["summary"]
     assert summary["skipped_depths"] == [4096] and summary["max_context"] == 4096, summary
     assert "n_ctx of /props" in doc["context_limit"]
-    assert [s["name"] for s in doc["stages"]] == ["pp128 tg16 @ d0", "pp128 tg16 @ d1024"]
+    assert [s["name"] for s in doc["stages"]] == ["pp128 tg64 @ d0", "pp128 tg64 @ d1024"]
     assert [s["summary"]["requests"] for s in doc["stages"]] == [2, 2]  # the warm-up run is not measured
     for row in summary["depths"]:
         # the server's own count of every prompt: pp + depth, as sized with /tokenize (the longest below it when a
@@ -150,8 +150,13 @@ def test_depth_sweep_pp_tg_at_depths_within_the_served_context(server: str, tmp_
         assert row["pp_tok_s"]["n"] == 2 and row["pp_tok_s"]["mean"] > 0, row
         # tg needs two distinct arrival times: a busy box may read a whole short answer at once (llama-benchy then
         # has no tg for that run either)
-        assert 1 <= row["tg_tok_s"]["n"] <= 2 and row["tg_tok_s"]["mean"] > 0 and row["api_rtt_ms"] > 0, row
-    assert doc["api_rtt_ms"] > 0 and doc["summary"]["headline"]["d1024.tg_tok_s"] > 0
+        assert row["tg_tok_s"]["n"] <= 2 and (row["tg_tok_s"]["n"] == 0 or row["tg_tok_s"]["mean"] > 0), row
+        assert row["api_rtt_ms"] > 0, row
+    # 64 tokens take tens of ms to generate here: at least one run of the sweep sees them arrive apart (seen on CI: a
+    # stalled box read both 16-token answers at depth 0 at once, so that row had no tg, as llama-benchy would not)
+    assert sum(row["tg_tok_s"]["n"] for row in summary["depths"]) >= 1, summary["depths"]
+    d1024 = summary["depths"][1]["tg_tok_s"]
+    assert doc["api_rtt_ms"] > 0 and (summary["headline"].get("d1024.tg_tok_s") or 0) > 0 or d1024["n"] == 0
 
 
 def test_depth_prefix_cache_loads_the_context_then_measures_the_prompt_after_it(server: str, tmp_path: Path) -> None:
