@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +97,8 @@ class _State:
         self.sent_measured = 0
         self.t_measure: int | None = None if (spec.warmup_requests or spec.warmup_s) else t0
         self.t_end: int | None = None
+        # open loop: when the next request falls due; the window waits for the dispatcher to reach its end
+        self.due_next = sys.maxsize if not spec.open_loop else t0
         self.pending_measured = 0
         self.all_measured_done = asyncio.Event()
         self.records: list[tuple[int, str, int | None, RawResponse, Planned]] = []
@@ -178,27 +181,40 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
     cancelled = False
     in_flight: set[asyncio.Task[Any]] = set()
 
-    async def one(index: int, t_sched: int | None) -> bool:
-        if state.stopped is not None:
-            return False
-        now = perf_ns()
-        phase = state.phase_for_send(now)
-        if phase == "drain" and spec.concurrency == 1 and not spec.open_loop:
-            return False  # one stream: no load to keep up for anyone
-        planned = plan(index * index_stride + worker)
-        raw = RawResponse(now)
-        state.records.append((index, phase, t_sched, raw, planned))  # on record before it is sent
+    def take_phase(t: int) -> str:
+        phase = state.phase_for_send(t)
         if phase == "measure":
             state.sent_measured += 1
             state.pending_measured += 1
         state.sent += 1
+        return phase
+
+    def release(phase: str) -> None:
+        if phase == "measure":
+            state.pending_measured -= 1
+            if state.t_end is not None and state.pending_measured == 0:
+                state.all_measured_done.set()
+
+    async def one(index: int, t_sched: int | None, due_phase: str | None = None) -> bool:
+        """Send one request. An open-loop request's phase was taken when it fell due (`due_phase`): one
+        due inside the window belongs to it even when a stalled loop sends it late (the slip says how late)."""
+        if state.stopped is not None:
+            if due_phase is not None:
+                release(due_phase)
+            return False
+        now = perf_ns()
+        phase = due_phase
+        if phase is None:
+            if spec.concurrency == 1 and state.phase_for_send(now) == "drain":
+                return False  # one stream: no load to keep up for anyone
+            phase = take_phase(now)
+        planned = plan(index * index_stride + worker)
+        raw = RawResponse(now)
+        state.records.append((index, phase, t_sched, raw, planned))  # on record before it is sent
         try:
             await tr.stream(planned.body, spec.timeout_s, raw)
         finally:
-            if phase == "measure":
-                state.pending_measured -= 1
-                if state.t_end is not None and state.pending_measured == 0:
-                    state.all_measured_done.set()
+            release(phase)
         state.note_end(raw, phase)
         return True
 
@@ -208,6 +224,12 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
             i += spec.concurrency
 
     async def dispatcher() -> None:
+        try:
+            await dispatch()
+        finally:
+            state.due_next = sys.maxsize  # nothing more falls due: the window need not wait for it
+
+    async def dispatch() -> None:
         nonlocal queued
         rng = random.Random(spec.seed * 1000003 + worker)
         per_s = (spec.rate or 1.0) * rate_share
@@ -219,8 +241,10 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
                     await asyncio.sleep(0)  # the last request's task takes its phase (measure) first
                     if state.t_end is None:
                         state.t_end = -1  # the trace is sent: the window closes when its requests end
+                    state.due_next = sys.maxsize
                     return
                 t = t0 + int(spec.schedule[i] * 1e9)
+            state.due_next = t
             delay = (t - perf_ns()) / 1e9
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -229,7 +253,8 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
                 queued += 1
             else:
                 slips.append((woke - t) / 1e6)
-            task = loop.create_task(one(i, t))
+            # the phase is taken now, in order, by the due time: a stalled loop's backlog is still counted
+            task = loop.create_task(one(i, t, take_phase(t)))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
             i += 1
@@ -335,9 +360,14 @@ async def _wait_window(spec: LoadSpec, state: _State) -> None:
         if spec.duration_s is not None and state.t_measure is not None:
             end = state.t_measure + int(spec.duration_s * 1e9)
             now = perf_ns()
-            if now >= end:
+            # a stalled loop wakes here before the dispatcher has sent its backlog: what fell due in the
+            # window is taken (and waited for) before the window is called closed
+            if now >= end and state.due_next >= end:
                 state.t_end = state.t_end or end
                 return
+            if now >= end:
+                await asyncio.sleep(0)
+                continue
             await asyncio.sleep(min((end - now) / 1e9, 0.05))
             continue
         if state.t_end is not None or state.stopped is not None:

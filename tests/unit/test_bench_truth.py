@@ -94,13 +94,53 @@ def test_tool_call_deltas_count_as_tokens() -> None:
 
 
 def test_open_loop_rate_and_window() -> None:
+    """A request belongs to the window it fell due in: 1 s at 50/s is 50 requests, every one counted, on a
+    quiet box or a stalled one (the stall shows in the dispatch slip, which is measured, not bounded, here:
+    benchmarks/bench_client.py holds the slip budget). A busy CI box once sent the window's last 8 late and
+    the window counted 42."""
     with truth_server("--ttft-ms", "5", "--itl-ms", "2") as url:
         spec = LoadSpec(mode="constant", rate=50, concurrency=32, warmup_s=0.2, duration_s=1.0)
         out = run_load(spec, url, PATH, RequestFactory(model="m", max_tokens=10, text="x"))
     agg = aggregate(out.results, out.window)
-    assert 45 <= agg["requests"] <= 55 and agg["errors"] == 0
-    assert out.health["dispatch_slip_ms"]["p50"] < 2.0 and out.health["queued_arrivals"] == 0
-    assert agg["output_tok_s"] == pytest.approx(500, rel=0.15)
+    measured = sorted((r for r in out.results if r.phase == "measure"), key=lambda r: r.index)
+    assert agg["requests"] == 50 and agg["errors"] == 0
+    assert [r.index for r in measured] == list(range(10, 60))  # due at 0.2 s .. 1.18 s, 20 ms apart
+    assert {r.t_sched - out.t0 for r in measured} == {k * 20_000_000 for k in range(10, 60)}
+    assert sum(r.output_tokens for r in measured) == 500 and agg["output_tok_s"] > 0
+    assert out.health["dispatch_slip_ms"]["p50"] >= 0
+
+
+class _StallingFactory(RequestFactory):
+    """Blocks the client's event loop for `stall_s` while building request `at`: a box that took the
+    client's core away just before the window's end."""
+
+    def __init__(self, at: int, stall_s: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        object.__setattr__(self, "_at", at)
+        object.__setattr__(self, "_stall_s", stall_s)
+
+    def __call__(self, index: int) -> Any:
+        if index == self._at:
+            import time as _time
+
+            _time.sleep(self._stall_s)
+        return super().__call__(index)
+
+
+def test_a_stalled_client_still_sends_and_counts_what_fell_due_in_the_window() -> None:
+    """The loop stalls 0.35 s at request 50 (due 1.0 s; the window is 0.2-1.2 s): requests 51-59 fall due
+    during the stall. Phased by the time they were sent, they were drain (or never sent: the run ended with
+    them queued), and the window counted 41; phased by their due time, all 50 are measured and sent, late."""
+    with truth_server("--ttft-ms", "5", "--itl-ms", "2") as url:
+        spec = LoadSpec(mode="constant", rate=50, concurrency=32, warmup_s=0.2, duration_s=1.0)
+        factory = _StallingFactory(50, 0.35, model="m", max_tokens=10, text="x")
+        out = run_load(spec, url, PATH, factory)
+    measured = [r for r in out.results if r.phase == "measure"]
+    assert sorted(r.index for r in measured) == list(range(10, 60))
+    assert all(r.ok and r.output_tokens == 10 for r in measured), [r.error for r in measured if not r.ok][:3]
+    late = [r for r in measured if r.index > 50]
+    assert all(r.t_send - r.t_sched >= 150_000_000 for r in late)  # sent after the stall: the slip says so
+    assert out.health["dispatch_slip_ms"]["max"] >= 150
 
 
 def test_open_loop_schedule_starts_after_the_collection_in_a_large_heap() -> None:
