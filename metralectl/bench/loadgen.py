@@ -145,6 +145,19 @@ class _State:
         return "measure"
 
 
+OPEN_LOOP_PREWARM = 2  # connections an open-loop run opens before its schedule; warm-up opens what the rate needs
+
+
+def prewarm_for(spec: LoadSpec) -> int:
+    """Connections to open before the load. A closed loop uses all of its streams at once: every one. An open
+    loop's pool is a ceiling (max_inflight, 256 by default), not what the rate uses: opened up front, those idle
+    connections held a llama-server's HTTP threads (slots + 2 by default, one connection each) and every request
+    sent on another waited for an idle one's keep-alive timeout (5 s). Its warm-up opens the few it needs."""
+    if not spec.open_loop:
+        return spec.concurrency
+    return min(spec.concurrency, OPEN_LOOP_PREWARM)
+
+
 async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], Planned], *, worker: int = 0,
                      index_stride: int = 1, start_ns: int | None = None, rate_share: float = 1.0,
                      phase_offset_s: float = 0.0, headers: dict[str, str] | None = None,
@@ -155,7 +168,7 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
     tr = transport
     if tr is None:  # a sharded worker hands in its transport already connected
         tr = make_transport(spec.transport, url, path, pool, headers)
-        await tr.open(pool)
+        await tr.open(prewarm_for(spec))
     loop = asyncio.get_running_loop()
     # A full garbage collection over a heap of stamped pieces stalls the loop for tens of ms (seen: 34 ms
     # at 64 streams), which lands in every stamp of that moment; nothing in the hot path makes cycles. It
@@ -314,6 +327,7 @@ async def run_worker(spec: LoadSpec, url: str, path: str, plan: Callable[[int], 
               "queued_arrivals": queued, "workers": 1,
               # raw transports: idle connections found closed, not reused
               "idle_closed": getattr(tr, "idle_closed", None),
+              "connections_opened": getattr(tr, "opened", None),
               "filler_stopped": state.stopped if state.stopped and not state.aborted else None}
     raws = [raw for *_, raw, _ in state.records] if keep_raw else []
     return WorkerOutcome(results, window, health, t0, cancelled, raws, t0_unix_ns, state.aborted, drain_timed_out)

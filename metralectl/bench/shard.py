@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from metralectl import cancel
-from metralectl.bench.loadgen import LoadSpec, Planned, Progress, WorkerOutcome, run_worker
+from metralectl.bench.loadgen import LoadSpec, Planned, Progress, WorkerOutcome, prewarm_for, run_worker
 
 STREAMS_PER_PROCESS = 256  # one process stayed within the error budget to 384 streams at 10 ms ITL (docs/bench.md)
 
@@ -84,7 +84,7 @@ def _worker_main(conn: Any, spec: LoadSpec, url: str, path: str, plan: Callable[
 
         loop = asyncio.get_running_loop()
         tr = make_transport(spec.transport, url, path, spec.concurrency, headers)
-        await tr.open(spec.concurrency)
+        await tr.open(prewarm_for(spec))
         conn.send(("ready", None))
         start_ns = await loop.run_in_executor(None, conn.recv)
         task = asyncio.current_task()
@@ -194,6 +194,7 @@ def merge(outcomes: list[WorkerOutcome], *, cancelled: bool = False, errors: lis
         "dispatch_slip_ms": _worst(per, "dispatch_slip_ms"),
         "queued_arrivals": sum(h.get("queued_arrivals", 0) for h in per),
         "idle_closed": sum(h.get("idle_closed") or 0 for h in per),
+        "connections_opened": sum(h.get("connections_opened") or 0 for h in per),
         "per_worker": per,
         "worker_errors": errors or [],
     }

@@ -229,6 +229,7 @@ class RawTransport:
         self.pool = pool
         self._idle: list[_Framer] = []
         self._open = 0
+        self.opened = 0  # connections opened in all (a health figure: the pool a load really needed)
         self.idle_closed = 0  # idle connections found closed (or unfit) when a request wanted one
         self._slots = asyncio.Semaphore(pool)
         self.kernel_stamps = kernel_stamps and self.ssl is None and sys.platform == "linux"
@@ -237,6 +238,7 @@ class RawTransport:
     async def _connect(self) -> _Framer:
         loop = asyncio.get_running_loop()
         self._open += 1
+        self.opened += 1
         if self._clock is not None:
             infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
             family, kind, proto, _, addr = infos[0]

@@ -237,3 +237,19 @@ def test_client_bound_guard_fires_on_the_loaded_client_and_not_on_the_quiet_one(
         assert not flagged, estimate
     elif true_p99 > 4.0:
         assert flagged, estimate  # the 'quiet' machine was not quiet: the guard must still tell the truth
+
+
+def test_an_open_loop_opens_the_connections_its_rate_needs_not_its_ceiling() -> None:
+    """max_inflight (256 by default) is a ceiling: opened up front, the idle connections held a llama-server's
+    HTTP threads (slots + 2) and every request sent on another waited 5 s for a keep-alive timeout. At 20/s
+    with requests of ~30 ms, a handful is in flight at once; the run opens about that many."""
+    with truth_server("--ttft-ms", "5", "--itl-ms", "2") as url:
+        spec = LoadSpec(mode="constant", rate=20, concurrency=256, warmup_s=0.2, duration_s=0.5)
+        out = run_load(spec, url, PATH, RequestFactory(model="m", max_tokens=10, text="x"))
+    measured = [r for r in out.results if r.phase == "measure"]
+    assert len(measured) == 10 and all(r.ok for r in measured)
+    assert 1 <= out.health["connections_opened"] <= 16, out.health["connections_opened"]
+    # a closed loop still opens every stream's connection before its window
+    with truth_server("--ttft-ms", "5", "--itl-ms", "2") as url:
+        out = run_load(LoadSpec(concurrency=6, requests=6), url, PATH, RequestFactory(model="m", max_tokens=4, text="x"))
+    assert out.health["connections_opened"] == 6
