@@ -19,6 +19,13 @@ from dataclasses import dataclass, field
 
 HEAD_LIMIT = 64 * 1024  # a request's or a response's head (request line + headers)
 CHUNK_SIZE_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")
+# RFC 9110 5.6.2: a method and a header name are tokens; a request target is visible ASCII (no space, no control).
+TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+TARGET_RE = re.compile(rb"[\x21-\x7e]+")
+# RFC 9110 5.5: a field value with CR, LF or NUL is invalid. Forwarded as it came, a bare LF ends the line at an
+# engine that splits lines on LF (llama-server does): a client could add headers of its choosing, a second
+# Content-Length among them, and smuggle a request onto a pooled engine connection another client's answer uses.
+BAD_VALUE_RE = re.compile(rb"[\r\n\x00]")
 # RFC 9110 7.6.1 and the headers that only describe one connection: never forwarded either way.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
@@ -72,10 +79,29 @@ def _headers(lines: list[bytes]) -> list[tuple[str, str]]:
     out = []
     for line in lines:
         name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip() or b" " in name:
+        if not sep or not TOKEN_RE.fullmatch(name):
             raise BadRequest(400, "a header line is not `Name: value`")
-        out.append((name.decode("latin-1"), value.strip().decode("latin-1")))
+        if BAD_VALUE_RE.search(value):
+            raise BadRequest(400, "a header value holds a line break or a NUL")
+        out.append((name.decode("latin-1"), value.strip(b" \t").decode("latin-1")))
     return out
+
+
+def _framing(request: Request) -> tuple[bool, str | None]:
+    """(chunked, Content-Length) of a request, or a 400/501 where they could be read two ways (RFC 9112 6.1, 6.3):
+    both headers, two Transfer-Encodings, or two different lengths. One reader taking the first and another the
+    last is how a request is smuggled past a proxy."""
+    encodings = [v for k, v in request.headers if k.lower() == "transfer-encoding"]
+    lengths = {v for k, v in request.headers if k.lower() == "content-length"}
+    if encodings and lengths:
+        raise BadRequest(400, "the request has both Transfer-Encoding and Content-Length")
+    if len(encodings) > 1:
+        raise BadRequest(400, "the request has more than one Transfer-Encoding header")
+    if len(lengths) > 1:
+        raise BadRequest(400, "the request has two different Content-Length values")
+    if encodings and encodings[0].lower() != "chunked":
+        raise BadRequest(501, "only a chunked or a Content-Length request body is understood")
+    return bool(encodings), next(iter(lengths), None)
 
 
 async def read_head(reader: asyncio.StreamReader) -> list[bytes]:
@@ -93,19 +119,19 @@ async def read_head(reader: asyncio.StreamReader) -> list[bytes]:
 
 async def read_request(reader: asyncio.StreamReader, body_limit: int) -> Request:
     lines = await read_head(reader)
-    parts = lines[0].decode("latin-1").split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0") or not TOKEN_RE.fullmatch(parts[0]) \
+            or not TARGET_RE.fullmatch(parts[1]):
         raise BadRequest(400, "the request line is not `METHOD TARGET HTTP/1.x`")
-    method, target, version = parts
+    method, target, version = (part.decode("ascii") for part in parts)
     request = Request(method, target, version, _headers(lines[1:]))
     connection = (request.header("connection") or "").lower()
     request.keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-    if (request.header("transfer-encoding") or "").lower() == "chunked":
+    chunked, content_length = _framing(request)
+    if chunked:
         request.body = await read_chunked_body(reader, body_limit)
-    elif request.header("transfer-encoding"):
-        raise BadRequest(501, "only a chunked or a Content-Length request body is understood")
     else:
-        length = request.header("content-length") or "0"
+        length = content_length or "0"
         if not (length.isascii() and length.isdigit() and len(length) <= 18):  # not '²', not 5000 digits
             raise BadRequest(400, f"Content-Length {length[:20]!r} is not a number")
         if int(length) > body_limit:
