@@ -84,9 +84,19 @@ def _unknown_flag(check: Checker, keypath: KeyPath, key: str, contract: EngineCo
         check.error(keypath, f"--{bare} is written `{negated.name}: false`")
         return
     guess = did_you_mean(bare, list(contract.flags) + list(contract.aliases))
-    help_command = " ".join([contract.binary, *contract.serve_command, "--help"])
+    help_command = " ".join([*_start_words(contract), "--help"])
     check.error(keypath, f"unknown engine flag --{bare} ({contract.display_name} has no such serve flag)",
                 f"did you mean `{guess}`?" if guess else f"see `{help_command}` for the flag list")
+
+
+def _start_words(contract: EngineContract) -> list[str]:
+    """How the engine's serve command starts: an image that runs the command it is given has the whole of it in
+    serve-command (`vllm serve`, `python3 -m sglang.launch_server`), one whose entrypoint is the binary has the
+    words after it (`serve`)."""
+    command = list(contract.serve_command)
+    if command and command[0] == contract.binary.split()[0]:
+        return command
+    return [contract.binary, *command]
 
 
 def _value_hint(spec: FlagSpec, revision: Revision, value: Any = None) -> str | None:

@@ -127,3 +127,22 @@ def test_the_fit_estimate_says_which_memory_meaning_it_used() -> None:
     assert after.budget.gb is not None and after.weights.gb is not None
     util = flagship.resources.memory_utilization
     assert after.budget.gb == pytest.approx(after.weights.gb + (hw.memory_gb(None) - after.weights.gb) * util)
+
+
+def test_every_engines_unknown_flag_hint_names_its_serve_command_once(tmp_path: Path) -> None:
+    """An engine whose image runs the command it is given has the whole command in serve-command; the hint put the
+    binary before it again (`trtllm-serve trtllm-serve --help`, `vllm vllm serve --help`)."""
+    from tests.unit.recipe_helpers import catalog
+
+    seen, engines = 0, set()
+    for path in sorted((REPO / "recipes").glob("*.yaml")):
+        data = read(path)
+        data.setdefault("serve", {})["zzz-unknown-flag"] = 1
+        hints = [p.hint for p in errors(check(tmp_path, data, path.name)) if p.key == "serve.zzz-unknown-flag"]
+        assert len(hints) == 1, (path.name, hints)
+        command = hints[0].removeprefix("see `").removesuffix(" --help` for the flag list").split()
+        contract = catalog().engines[catalog().recipe(path.stem).engine]
+        engines.add(contract.name)
+        assert command[0] == contract.binary.split()[0] and command.count(command[0]) == 1, (path.name, hints[0])
+        seen += 1
+    assert len(engines) >= 5, engines
