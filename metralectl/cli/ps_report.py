@@ -44,9 +44,15 @@ def ps(as_json: bool) -> None:
     """The `ps` command without --repair: what app/serving.py's Serving.ps() does then (this machine's runtime:
     its containers and host processes, status.collect), without importing the use-case layer (it loads the launch
     machinery)."""
+    from metralectl.errors import MetralError
     from metralectl.lifecycle.local_runtime import open_local
-    with open_local() as runtime:
-        report = collect(runtime)
+    try:
+        with open_local() as runtime:
+            report = collect(runtime)
+    except MetralError:
+        if not as_json:  # no engine can be listed (Docker unreachable), but a gateway on this box still can
+            _note_gateways(_gateways())
+        raise
     show(report, as_json)
 
 
@@ -103,6 +109,13 @@ def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, s
         note("    hint: `metralectl ps --repair` restores a serving model")
     if report.last_swap:
         note(f"last swap: {clean(report.last_swap, 600)}")
+    _note_gateways(gateways)
+
+
+def _note_gateways(gateways: list[dict[str, Any]]) -> None:
+    from metralectl.safetext import clean
+    from metralectl.wording import count
+
     for g in gateways:
         live = (f"routes {count(g['models'] or 0, 'name')}" + (f", {g['waiting']} waiting" if g["waiting"] else "")
                 if g["answering"] else style("not answering", "33", sys.stderr) if g["here"] else

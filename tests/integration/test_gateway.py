@@ -133,6 +133,20 @@ def test_ps_shows_a_running_gateway_and_forgets_it_when_it_stops(env: dict[str, 
     assert list((Path(env["METRALE_HOME"]) / "state" / "gateways").glob("*.json")) == []  # removed as it stopped
 
 
+def test_ps_on_a_box_without_docker_or_host_processes_still_names_the_gateway(env: dict[str, str]) -> None:
+    """No engine can be listed (Docker unreachable, no host process ever ran): exit 69 with Docker's error, as
+    before; the gateway that runs here was not shown at all."""
+    gateway = Gateway(env)
+    try:
+        out = subprocess.run([sys.executable, "-m", "metralectl", "ps"], capture_output=True, text=True, env=env,
+                             cwd=REPO, timeout=60)
+    finally:
+        gateway.stop()
+    assert out.returncode == 69 and "nothing listens at DOCKER_HOST" in out.stderr, out.stderr
+    assert f"gateway http://127.0.0.1:{gateway.port} (pid {gateway.proc.pid}): routes 0 names" in out.stderr, out.stderr
+    assert out.stdout == ""
+
+
 def test_a_gateway_killed_leaves_a_record_nobody_shows_and_the_next_removes_it(env: dict[str, str]) -> None:
     gateway = Gateway(env)
     records = Path(env["METRALE_HOME"]) / "state" / "gateways"
