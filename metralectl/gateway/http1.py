@@ -22,9 +22,10 @@ CHUNK_SIZE_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")
 # RFC 9110 5.6.2: a method and a header name are tokens; a request target is visible ASCII (no space, no control).
 TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 TARGET_RE = re.compile(rb"[\x21-\x7e]+")
-# RFC 9110 5.5: a field value with CR, LF or NUL is invalid. Forwarded as it came, a bare LF ends the line at an
-# engine that splits lines on LF (llama-server does): a client could add headers of its choosing, a second
-# Content-Length among them, and smuggle a request onto a pooled engine connection another client's answer uses.
+# RFC 9110 5.5: a field value with CR, LF or NUL is invalid. Forwarded as it came to an engine that splits lines on
+# a bare LF, a client could add headers of its choosing, a second Content-Length among them, and smuggle a request
+# onto a pooled engine connection another client's answer uses (llama-server refuses such a head; not every parser
+# does, and the gateway does not rely on the engine behind it).
 BAD_VALUE_RE = re.compile(rb"[\r\n\x00]")
 # RFC 9110 7.6.1 and the headers that only describe one connection: never forwarded either way.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",

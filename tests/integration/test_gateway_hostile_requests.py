@@ -26,8 +26,8 @@ CASES = {
 
 
 # Heads that two readers could frame two ways (RFC 9112 6.1/6.3, RFC 9110 5.5): each went on as a 200 /health before;
-# forwarded to an engine on a pooled connection, the bare LF, the NUL or the control character in the target let a
-# client add headers (a second Content-Length) and smuggle a request whose answer another client would read.
+# forwarded to an engine with a laxer parser on a pooled connection, the bare LF, the NUL or the control character
+# could add headers (a second Content-Length) and smuggle a request whose answer another client would read.
 HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n"
 SMUGGLING = {
     "te-and-cl": HEALTH + b"Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n",
