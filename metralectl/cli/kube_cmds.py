@@ -69,7 +69,9 @@ def logs(on: str, namespace: str | None, recipe_name: str | None, tail: int) -> 
         print(log_line(line, False))
 
 
-def stop(on: str, namespace: str | None, recipe_name: str | None, all_: bool) -> None:
+def stop(on: str, namespace: str | None, recipe_name: str | None, all_: bool, timeout_s: float = 30.0) -> None:
+    """Delete the recipe's objects, then wait until their pods ended: Kubernetes' grace period (30 s) plus
+    `timeout_s`."""
     from metralectl.errors import ExitCode, MetralError
     from metralectl.lifecycle import kube_run
 
@@ -79,8 +81,11 @@ def stop(on: str, namespace: str | None, recipe_name: str | None, all_: bool) ->
     client, ns = _client(on, namespace)
     with client:
         deleted = kube_run.stop(client, ns, recipe_name)
-    if not deleted:
-        note(f"nothing to stop in namespace {clean(ns)}")
-    for line in deleted:
-        print(clean(f"deleted {line}"))
-    sys.stdout.flush()
+        if not deleted:
+            note(f"nothing to stop in namespace {clean(ns)}")
+        for line in deleted:
+            print(clean(f"deleted {line}"))
+        sys.stdout.flush()
+        took = kube_run.wait_gone(client, ns, recipe_name, kube_run.GRACE_S + timeout_s, note)
+    if deleted:
+        note(f"every pod ended ({took:.1f} s)")

@@ -295,7 +295,8 @@ def _stopped_line(r: Any) -> str:
 def stop(
     recipe_name: str = typer.Argument(None, metavar="[RECIPE]", help="Which recipe's container (default: the one served)."),
     all_: bool = typer.Option(False, "--all", help="Every metralectl container."),
-    timeout: float = typer.Option(30.0, "--timeout", help="Seconds between SIGTERM and SIGKILL."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Seconds between SIGTERM and SIGKILL (--on kube: the pods' "
+                                                          "grace, 30 s, plus this to end)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     on: str = typer.Option(None, "--on", metavar="kube[:CONTEXT]", help="Delete the recipe's objects on a Kubernetes cluster (RECIPE or --all)."),
     namespace: str = typer.Option(None, "--namespace", "-n", help="With --on kube: the namespace (default: the context's)."),
@@ -306,7 +307,7 @@ def stop(
             raise typer.BadParameter("--namespace is for --on kube")
         from metralectl.cli import kube_cmds
 
-        kube_cmds.stop(on, namespace, recipe_name, all_)
+        kube_cmds.stop(on, namespace, recipe_name, all_, timeout)
         return
     from metralectl.app.serving import Change, StopIncomplete
 

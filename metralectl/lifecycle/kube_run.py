@@ -19,6 +19,7 @@ from metralectl.errors import ExitCode, MetralError
 from metralectl.lifecycle.kube_export import INSTANCE_LABEL, LOOPBACK, MANAGED_BY_LABEL, KubeOptions, \
     kube_manifests, label_value
 from metralectl.safetext import clean
+from metralectl.wording import count
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -206,6 +207,34 @@ def logs(client: KubeClient, namespace: str, recipe_name: str | None, tail: int)
                           "`metralectl ps --on kube` lists them", exit_code=ExitCode.FAILED)
     leader = sorted(pods, key=_name)[0]
     return client.log(namespace, _name(leader), tail)
+
+
+GRACE_S = 30.0  # what Kubernetes gives a pod between SIGTERM and SIGKILL when its spec sets none (export sets none)
+
+
+def wait_gone(client: KubeClient, namespace: str, recipe_name: str | None, timeout_s: float,
+              progress: Callable[[str], None], *, sleep: Callable[[float], None] = time.sleep,
+              clock: Callable[[], float] = time.monotonic, poll_s: float = POLL_S) -> float:
+    """Wait until no pod of the recipe (None: of metralectl's) is left in the namespace: deleting the objects only
+    asks; the engine still holds its GPU and its port until its pod ended, and a `run` started before would find
+    them taken. The seconds it took; FAILED naming the pods still there after `timeout_s`."""
+    selector = recipe_selector(recipe_name)
+    start = clock()
+    said: int | None = None
+    while True:
+        left = sorted(_name(pod) for pod in client.pods(namespace, selector))
+        if not left:
+            return clock() - start
+        if len(left) != said:
+            progress(f"waiting for {count(len(left), 'pod')} to end: {', '.join(clean(n, 80) for n in left[:4])}")
+            said = len(left)
+        if clock() - start >= timeout_s:
+            raise MetralError(f"{count(len(left), 'pod')} of what was deleted still there after {timeout_s:g} s: "
+                              f"{', '.join(clean(n, 80) for n in left[:8])}",
+                              f"kubectl -n {clean(namespace, 80)} get pods -l {selector} (a node that stopped answering "
+                              "keeps its pods listed until the node controller gives up on it)",
+                              exit_code=ExitCode.FAILED)
+        sleep(poll_s)
 
 
 def stop(client: KubeClient, namespace: str, recipe_name: str | None) -> list[str]:

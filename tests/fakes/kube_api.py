@@ -38,6 +38,9 @@ class FakeKube:
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (plural, ns, name)
     lws_installed: bool = False
     refuse_apply: str | None = None  # a Status message to refuse every apply with (403)
+    # pods of a deleted object stay listed (terminating) for this many pod lists; -1: for ever (a node that went away)
+    terminating_lists: int = 0
+    lingering: dict[str, tuple[dict[str, str], int]] = field(default_factory=dict)  # pod name -> (labels, lists left)
 
     def start(self, context: ssl.SSLContext | None = None) -> str:
         fake = self
@@ -115,9 +118,13 @@ class FakeKube:
             self.objects[(plural, ns, name)] = stored
             return 200, stored, "application/json"
         if r.method == "DELETE" and name:
+            before = dict(self._templates())
             if self.objects.pop((plural, ns, name), None) is None:
                 return 404, {"kind": "Status", "message": f'{plural} "{name}" not found', "code": 404}, \
                     "application/json"
+            if self.terminating_lists:
+                gone = {pod: labels for pod, labels in before.items() if pod not in dict(self._templates())}
+                self.lingering.update({pod: (labels, self.terminating_lists) for pod, labels in gone.items()})
             return 200, {"kind": "Status", "status": "Success"}, "application/json"
         if r.method == "GET" and name is None:
             wanted = dict(kv.split("=", 1) for kv in r.query.get("labelSelector", "").split(",") if kv)
@@ -142,6 +149,13 @@ class FakeKube:
 
     def _pods(self, selector: str) -> list[dict[str, Any]]:
         pods = []
+        for pod_name, (labels, left) in list(self.lingering.items()):  # terminating: listed, then gone
+            wanted = dict(kv.split("=", 1) for kv in selector.split(",") if kv)
+            if left == 0 or not all(labels.get(k) == v for k, v in wanted.items()):
+                continue
+            self.lingering[pod_name] = (labels, left - 1 if left > 0 else left)
+            pods.append({"metadata": {"name": pod_name, "labels": labels, "deletionTimestamp": "2026-12-04T00:00:00Z"},
+                         "spec": {"nodeName": "spark-1"}, "status": {"phase": "Running"}})
         for pod_name, labels in self._templates():
             wanted = dict(kv.split("=", 1) for kv in selector.split(",") if kv)
             if not all(labels.get(k) == v for k, v in wanted.items()):

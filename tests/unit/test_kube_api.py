@@ -262,3 +262,40 @@ def _pki(tmp_path: Path) -> Path:
         ossl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
              f"{who}.pem", "-days", "2", *ext)
     return pki
+
+
+def test_stop_on_kube_waits_until_the_pods_ended(tmp_path: Path, fake: FakeKube) -> None:
+    """Deleting only asks: the engine holds its GPU and port until its pod ended. stop returned while the pod was
+    still terminating, and a `run` right after found them taken."""
+    config = _kubeconfig(tmp_path / "kc", fake.start())
+    assert _cli(tmp_path, config, "run", RECIPE, *SETS, "--on", "kube:lab").returncode == 0
+    fake.terminating_lists = 2
+    stop = _cli(tmp_path, config, "stop", RECIPE, "--on", "kube")
+    assert stop.returncode == 0, stop.stderr
+    assert "waiting for 1 pod to end: " + NAME in stop.stderr and "every pod ended" in stop.stderr, stop.stderr
+    deleted_at = max(i for i, r in enumerate(fake.requests) if r.method == "DELETE")
+    lists = [r for r in fake.requests[deleted_at:] if r.method == "GET" and r.path.endswith("/pods")]
+    assert len(lists) == 3  # two that still listed it, then one that did not
+    assert fake.lingering[next(iter(fake.lingering))][1] == 0
+
+
+def test_a_pod_that_never_ends_fails_stop_naming_it() -> None:
+    from metralectl.errors import ExitCode, MetralError
+    from metralectl.lifecycle.kube_run import wait_gone
+
+    class Stuck:
+        asked = 0
+
+        def pods(self, namespace: str, selector: str) -> list[dict[str, object]]:
+            self.asked += 1
+            return [{"metadata": {"name": "metralectl-x-0"}}, {"metadata": {"name": "metralectl-x-0-1\x1b[2J"}}]
+
+    now = [0.0]
+    said: list[str] = []
+    client = Stuck()
+    with pytest.raises(MetralError) as err:
+        wait_gone(client, "llm", "x", 60.0, said.append, sleep=lambda s: now.__setitem__(0, now[0] + s),  # type: ignore[arg-type]
+                  clock=lambda: now[0], poll_s=2.0)
+    assert err.value.exit_code == ExitCode.FAILED and "2 pods of what was deleted still there after 60 s" in str(err.value)
+    assert "\x1b" not in str(err.value) and "metralectl-x-0-1" in str(err.value)
+    assert client.asked == 31 and said == ["waiting for 2 pods to end: metralectl-x-0, metralectl-x-0-1\\x1b[2J"]
