@@ -59,12 +59,12 @@ def ps(on: str, namespace: str | None, as_json: bool) -> None:
               f"{'yes' if row['ready'] else 'no':<6} {clean(row['node'], 40)}")
 
 
-def logs(on: str, namespace: str | None, recipe_name: str | None, tail: int) -> None:
+def logs(on: str, namespace: str | None, recipe_name: str | None, tail: int, rank: int | None = None) -> None:
     from metralectl.lifecycle import kube_run
 
     client, ns = _client(on, namespace)
     with client:
-        lines = kube_run.logs(client, ns, recipe_name, tail)
+        lines = kube_run.logs(client, ns, recipe_name, tail, rank)
     for line in lines:
         print(log_line(line, False))
 

@@ -200,13 +200,30 @@ def ps(client: KubeClient, namespace: str) -> list[dict[str, Any]]:
     return rows
 
 
-def logs(client: KubeClient, namespace: str, recipe_name: str | None, tail: int) -> list[str]:
+WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"  # LWS labels each pod of a group with its rank
+
+
+def logs(client: KubeClient, namespace: str, recipe_name: str | None, tail: int, rank: int | None = None) -> list[str]:
+    """The last `tail` lines of the head pod (rank 0), or of rank `rank`'s: LWS's worker-index label says which pod
+    is which; a Deployment's one pod is rank 0."""
     pods = client.pods(namespace, recipe_selector(recipe_name))
     if not pods:
         raise MetralError(f"no metralectl pod{' of ' + recipe_name if recipe_name else ''} in namespace {namespace}",
                           "`metralectl ps --on kube` lists them", exit_code=ExitCode.FAILED)
-    leader = sorted(pods, key=_name)[0]
-    return client.log(namespace, _name(leader), tail)
+    if rank is None:
+        return client.log(namespace, _name(sorted(pods, key=_name)[0]), tail)
+    ranks = {_labels(pod).get(WORKER_INDEX, "0"): pod for pod in pods}
+    if str(rank) not in ranks:
+        have = ", ".join(clean(k, 20) for k in sorted(ranks))
+        raise MetralError(f"no pod of rank {rank}{' of ' + recipe_name if recipe_name else ''} in namespace "
+                          f"{namespace} (ranks there: {have})", "`metralectl ps --on kube` lists them",
+                          exit_code=ExitCode.FAILED)
+    return client.log(namespace, _name(ranks[str(rank)]), tail)
+
+
+def _labels(pod: dict[str, Any]) -> dict[str, str]:
+    labels = (pod.get("metadata") or {}).get("labels")
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
 
 GRACE_S = 30.0  # what Kubernetes gives a pod between SIGTERM and SIGKILL when its spec sets none (export sets none)

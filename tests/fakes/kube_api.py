@@ -142,8 +142,9 @@ class FakeKube:
                 out.append((name + "-7d9f-abcde", obj["spec"]["template"]["metadata"]["labels"]))
             elif plural == "leaderworkersets":
                 group = obj["spec"]["leaderWorkerTemplate"]
-                out.append((name + "-0", group["leaderTemplate"]["metadata"]["labels"]))
-                out.extend((f"{name}-0-{i}", group["workerTemplate"]["metadata"]["labels"])
+                index = "leaderworkerset.sigs.k8s.io/worker-index"  # the rank label LWS's controller adds
+                out.append((name + "-0", {**group["leaderTemplate"]["metadata"]["labels"], index: "0"}))
+                out.extend((f"{name}-0-{i}", {**group["workerTemplate"]["metadata"]["labels"], index: str(i)})
                            for i in range(1, group["size"]))
         return out
 

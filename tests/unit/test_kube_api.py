@@ -95,6 +95,14 @@ def test_a_multi_rank_recipe_applies_exports_leaderworkerset_and_waits_for_both_
     name = objects[0]["metadata"]["name"]
     assert f"pods: {name}-0, {name}-0-1" in ran.stdout
     assert _cli(tmp_path, config, "run", *args, "--on", "kube", "--worker", "ssh://b").returncode == 64
+    # each rank's log: the pod LWS labels with that worker index (the head's by default); a rank it lacks, named
+    for rank, pod in ((None, f"{name}-0"), (0, f"{name}-0"), (1, f"{name}-0-1")):
+        logs = _cli(tmp_path, config, "logs", "qwen3.5-122b-a10b-ep2", "--on", "kube",
+                    *(["--rank", str(rank)] if rank is not None else []))
+        assert logs.returncode == 0, logs.stderr
+        assert [r for r in fake.requests if r.path.endswith("/log")][-1].path.endswith(f"/pods/{pod}/log"), rank
+    missing = _cli(tmp_path, config, "logs", "qwen3.5-122b-a10b-ep2", "--on", "kube", "--rank", "2")
+    assert missing.returncode == 1 and "no pod of rank 2" in missing.stderr and "ranks there: 0, 1" in missing.stderr
 
 
 def test_a_pod_that_cannot_start_is_deleted_and_says_why_escaped(tmp_path: Path, fake: FakeKube) -> None:
