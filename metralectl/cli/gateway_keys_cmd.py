@@ -25,7 +25,7 @@ def add(name: str = typer.Argument(..., help="A name for the key (who or what us
         as_json: bool = typer.Option(False, "--json", help="Print the key and its entry as JSON.")) -> None:
     """Make a key for the models named; print it once (only its hash is kept)."""
     from metralectl.errors import UsageError
-    from metralectl.gateway import keys
+    from metralectl.core import gateway_keys as keys
 
     if bool(model) == all_models:
         raise UsageError("name the models the key may use (`--model M`, repeatable) or give `--all-models`",
@@ -43,7 +43,7 @@ def add(name: str = typer.Argument(..., help="A name for the key (who or what us
 @keys_app.command("list")
 def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """The keys: name, prefix, models, when made (never the key: only its hash is kept)."""
-    from metralectl.gateway import keys
+    from metralectl.core import gateway_keys as keys
     from metralectl.safetext import clean
 
     ring = keys.load()
@@ -64,7 +64,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 def rm(name: str = typer.Argument(..., help="The key's name (`gateway keys list`)."),
        as_json: bool = typer.Option(False, "--json", help="Print the removed key's entry (never the key) as JSON.")) -> None:
     """Remove a key: a running gateway refuses it within 50 ms."""
-    from metralectl.gateway import keys
+    from metralectl.core import gateway_keys as keys
 
     gone = keys.remove(name)
     if as_json:

@@ -19,7 +19,7 @@ from typing import Any
 
 from metralectl.gateway import auth, http1, timing
 from metralectl.gateway.http1 import Answered, ClientReader, NotSent
-from metralectl.gateway.keys import ApiKey, KeyWatch
+from metralectl.core.gateway_keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
 from metralectl.gateway.pool import SPARES, Pool
 from metralectl.gateway.loader import Loader, LoadRefused, wait_loaded
