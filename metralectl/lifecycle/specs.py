@@ -33,9 +33,14 @@ def program_of(catalog: Catalog, recipe: Recipe) -> Program:
 
 
 def spec_here(catalog: Catalog, recipe: Recipe, **options: Any) -> ContainerSpec:
-    """spec_for(), with the program of a host-process recipe located on this machine."""
+    """spec_for(), with the program of a host-process recipe located on this machine, and engine auth decided
+    here (gateway keys exist and the engine takes a token file: lifecycle/engine_token.py)."""
+    from metralectl.lifecycle.engine_token import token_path_for
+
     if recipe.runtime == "process" and "program" not in options:
         options["program"] = program_of(catalog, recipe).path
+    if "engine_token" not in options:
+        options["engine_token"] = token_path_for(recipe, catalog.engines[recipe.engine])
     return spec_for(catalog, recipe, **options)
 
 
@@ -60,11 +65,17 @@ def command_text(spec: ContainerSpec) -> str:
 def write_spec_files(spec: ContainerSpec) -> None:
     """Write the files a spec's engine reads (its generated config) where the spec says, just before it starts:
     inside the state dir's engine-config/ only, atomically, 0644 (the engine in the container may run as another
-    user), never through a symlink (ownedfs: a link on the way is refused, not followed out)."""
+    user), never through a symlink (ownedfs: a link on the way is refused, not followed out). An engine that asks
+    metralectl's engine token gets it made here when missing (lifecycle/engine_token.py)."""
     from pathlib import Path
 
     from metralectl.core.engine_config import CONFIG_DIR
+    from metralectl.core.labels import LABEL_ENGINE_AUTH
+    from metralectl.lifecycle import engine_token
     from metralectl.ownedfs import Owned
+
+    if LABEL_ENGINE_AUTH in spec.labels:
+        engine_token.ensure()
 
     for file in spec.files:
         path = Path(file.host_path)
