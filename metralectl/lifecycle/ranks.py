@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from metralectl import cancel
 from metralectl.core.catalog import Catalog
-from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID, LABEL_SETS
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_ENGINE_AUTH, LABEL_RUN_ID, LABEL_SETS
 from metralectl.core.recipe import Recipe
 from metralectl.core.render import ContainerSpec
 from metralectl.errors import MetralError
@@ -156,7 +156,7 @@ def boot(recipe: Recipe, catalog: Catalog, ranks: Sequence[Rank], run_id: str, u
 def _start(rank: Rank, labels: dict[str, str], run_id: str, on_event: Listener) -> None:
     on_event(Step("starting", rank.shown))
     cancel.checkpoint()
-    if rank.spec.files:
+    if rank.spec.files or LABEL_ENGINE_AUTH in rank.spec.labels:  # its generated config, the engine token
         _write_files(rank.spec)
     try:
         rank.container = rank.runtime.create_and_start(rank.spec, labels)

@@ -1,0 +1,120 @@
+"""The engines behind the gateway ask metralectl's own token once gateway keys exist (docs/gateway.md, "Engines
+behind the gateway"), with the REAL llama-server run as a host process, all through the real CLI.
+
+With one gateway key: `run` starts llama-server with `--api-key-file` naming the token file (0644 in a 0700
+directory; the token never on the command line nor in `run --print`); a request straight to the engine's port
+without the token is a 401 (/metrics too), with it 200; metralectl's own readiness, `ps` health, `chat`, a short
+`bench run`, `top --once` and the gateway (a client with its gateway key) all work; `stop` leaves no engine
+process and no listener. With no key nothing changes: no flag, no label, no token file, the engine open.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.integration.gateway_client import Gateway
+from tests.integration.test_llamacpp_process import (TINY, ProcBox, _requests, box, hf_home,  # noqa: F401
+                                                     llama_server)
+
+pytestmark = [pytest.mark.integration]
+LABEL = "ai.metrale.metralectl.engine-auth"
+
+
+def _direct(port: int, method: str, path: str, token: str | None = None) -> int:
+    """A client that reaches the engine's port itself, past the gateway."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}) if method == "POST" else None
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+        conn.request(method, path, body=body, headers=headers)
+        reply = conn.getresponse()
+        reply.read()
+        return reply.status
+    finally:
+        conn.close()
+
+
+def _cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def test_with_a_gateway_key_the_engine_asks_the_token_and_everything_of_ours_sends_it(box: ProcBox) -> None:  # noqa: F811
+    port = box.own_port()
+    served = box.recipe("auth", TINY, port, alias="tiny-auth")
+    key = box.cli("gateway", "keys", "add", "mine", "--model", served, check=True).stdout.strip()
+    token_file = box.home / "metrale" / "state" / "engine-auth" / "token"
+
+    printed = box.cli("run", served, "--print", check=True).stdout
+    assert f"--api-key-file {token_file}" in printed, printed
+    spec = box.json("run", served, "--print", "--json")
+    assert spec["labels"][LABEL] == "metralectl-token", spec["labels"]
+
+    run = box.cli("run", served, timeout=300)  # its readiness polls /health and asks /v1/models with the token
+    assert run.returncode == 0, run.stderr
+    token = token_file.read_text().strip()
+    assert len(token) == 43 and token not in printed and token not in run.stdout + run.stderr
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o644
+    assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+    [engine] = box.engines()
+    words = _cmdline(engine)
+    assert words[words.index("--api-key-file") + 1] == str(token_file) and token not in words
+
+    # past the gateway: nothing without the token
+    assert _direct(port, "POST", "/v1/chat/completions") == 401
+    assert _direct(port, "POST", "/v1/chat/completions", "mk-" + "x" * 43) == 401
+    assert _direct(port, "GET", "/metrics") == 401
+    assert _direct(port, "POST", "/v1/chat/completions", token) == 200
+
+    ps = box.json("ps", "--json")
+    [row] = ps["serving"]
+    assert (row["recipe"], row["health"]) == (served, "ok"), row
+    chat = box.cli("chat", served, "Hello", "--max-tokens", "4", timeout=120)
+    assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr
+    bench = box.cli("bench", "run", "decode", "-p", "repeats=1", "-p", "max_tokens=8", "-p", "client_bound=warn",
+                    "--format", "json", timeout=600)
+    record = json.loads(bench.stdout)
+    assert bench.returncode == 0 and record["status"] == "completed", bench.stderr
+    lines = _requests(box, record)
+    assert lines and all(r["ok"] for r in lines), [(r["error_kind"], r["error"]) for r in lines if not r["ok"]]
+    top = box.json("top", "--once", "--json", "--interval", "0.5", timeout=60)
+    [watched] = [e for e in top["engines"] if e["url"] == f"http://127.0.0.1:{port}"]
+    assert watched["state"] == "ok" and watched["totals"]["generation_tokens"] > 0, watched
+
+    gateway = Gateway(box.env)
+    try:
+        chat_body = {"model": served, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3}
+        status, _, body = gateway.request("POST", "/v1/chat/completions", chat_body,
+                                          headers={"Authorization": f"Bearer {key}"})
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3, body
+        _, _, body = gateway.request("GET", "/v1/models", headers={"Authorization": f"Bearer {key}"})
+        assert sorted(m["id"] for m in json.loads(body)["data"]) == [served, "tiny-auth"]  # asked with the token
+    finally:
+        said = gateway.stop()
+    assert "Traceback" not in said and token not in said and key not in said, said
+
+    stopped = box.json("stop", "--json", timeout=120)
+    assert [r["removed"] for r in stopped] == [True], stopped
+    assert box.engines() == [] and box.supervisors() == [] and not box.listening(port)
+    written = [p for p in (box.home / "metrale").rglob("*") if p.is_file() and p != token_file]
+    assert written and not [p for p in written if token.encode() in p.read_bytes()]  # no record, log or state keeps it
+
+
+def test_with_no_key_nothing_changes(box: ProcBox) -> None:  # noqa: F811
+    port = box.own_port()
+    served = box.recipe("open", TINY, port, alias="tiny-open")
+    spec = box.json("run", served, "--print", "--json")
+    assert "--api-key-file" not in spec["command"] and LABEL not in spec["labels"]
+    run = box.cli("run", served, timeout=300)
+    assert run.returncode == 0, run.stderr
+    [engine] = box.engines()
+    assert "--api-key-file" not in _cmdline(engine)
+    assert _direct(port, "POST", "/v1/chat/completions") == 200
+    assert not (box.home / "metrale" / "state" / "engine-auth").exists()
+    stopped = box.json("stop", "--json", timeout=120)
+    assert [r["removed"] for r in stopped] == [True], stopped
+    assert box.engines() == [] and not box.listening(port)
