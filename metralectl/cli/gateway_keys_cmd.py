@@ -1,4 +1,4 @@
-"""`metralectl gateway keys add|list|rm`: the gateway's API keys (docs/gateway.md, "Keys").
+"""`metralectl gateway keys add|list|rm|engine-token`: the gateway's API keys (docs/gateway.md, "Keys").
 
 A new key is printed once, on stdout (data: `KEY=$(metralectl gateway keys add ci --model qwen3-8b)`); the file
 keeps only its SHA-256. A running gateway picks up a change within 50 ms.
@@ -74,6 +74,18 @@ def rm(name: str = typer.Argument(..., help="The key's name (`gateway keys list`
     if not keys.load():
         print("note: no API key is left: a gateway on loopback lets every local client in; one listening beyond "
               "loopback without --allow-remote lets nobody in", file=sys.stderr)
+
+
+@keys_app.command("engine-token")
+def engine_token(as_json: bool = typer.Option(False, "--json", help="Print the token and its file as JSON.")) -> None:
+    """Print metralectl's own engine token: with keys, the engines behind the gateway ask it of direct clients."""
+    from metralectl.lifecycle import engine_token as token
+
+    value = token.read()
+    # stdout is data: `TOKEN=$(metralectl gateway keys engine-token)`
+    print(json.dumps({"token": value, "file": str(token.token_path())}) if as_json else value)
+    note(f"the engines metralectl starts while gateway keys exist ask it (`Authorization: Bearer …`); it is kept in "
+         f"{token.token_path()}: prefer the gateway, with a key of its own, for every client")
 
 
 def register(app: typer.Typer) -> None:

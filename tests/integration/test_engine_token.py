@@ -69,6 +69,7 @@ def test_with_a_gateway_key_the_engine_asks_the_token_and_everything_of_ours_sen
     assert _direct(port, "POST", "/v1/chat/completions", "mk-" + "x" * 43) == 401
     assert _direct(port, "GET", "/metrics") == 401
     assert _direct(port, "POST", "/v1/chat/completions", token) == 200
+    assert box.cli("gateway", "keys", "engine-token", check=True).stdout.strip() == token  # for an operator who must
 
     ps = box.json("ps", "--json")
     [row] = ps["serving"]
