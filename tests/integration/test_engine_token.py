@@ -1,11 +1,13 @@
 """The engines behind the gateway ask metralectl's own token once gateway keys exist (docs/gateway.md, "Engines
-behind the gateway"), with the REAL llama-server run as a host process, all through the real CLI.
+behind the gateway"), with the REAL llama-server run as a host process, and in a container, all through the real
+CLI.
 
 With one gateway key: `run` starts llama-server with `--api-key-file` naming the token file (0644 in a 0700
 directory; the token never on the command line nor in `run --print`); a request straight to the engine's port
 without the token is a 401 (/metrics too), with it 200; metralectl's own readiness, `ps` health, `chat`, a short
 `bench run`, `top --once` and the gateway (a client with its gateway key) all work; `stop` leaves no engine
-process and no listener. With no key nothing changes: no flag, no label, no token file, the engine open.
+process and no listener. With no key nothing changes: no flag, no label, no token file, the engine open. In a
+container the file is bind-mounted read-only and the flag points at the mount; `docker inspect` shows no token.
 """
 
 from __future__ import annotations
@@ -13,11 +15,16 @@ from __future__ import annotations
 import http.client
 import json
 import stat
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import TEST_HARDWARE, Box
 from tests.integration.gateway_client import Gateway
+from tests.integration.test_llamacpp_lifecycle import _install_models, _llama_recipe, llama_image  # noqa: F401
+from tests.integration.test_llamacpp_lifecycle import _requests as _lifecycle_requests
 from tests.integration.test_llamacpp_process import (TINY, ProcBox, _requests, box, hf_home,  # noqa: F401
                                                      llama_server)
 
@@ -119,3 +126,57 @@ def test_with_no_key_nothing_changes(box: ProcBox) -> None:  # noqa: F811
     stopped = box.json("stop", "--json", timeout=120)
     assert [r["removed"] for r in stopped] == [True], stopped
     assert box.engines() == [] and not box.listening(port)
+
+
+@pytest.fixture()
+def docker_box(tmp_path: Path, docker_daemon: None) -> Iterator[Box]:
+    """A Docker box with no engine double (none is run here): the llama-server image only."""
+    machine = Box(tmp_path, {})
+    try:
+        yield machine
+    finally:
+        machine.cleanup()
+
+
+@pytest.mark.docker
+def test_a_container_gets_the_token_file_mounted_read_only(docker_box: Box, llama_image: str) -> None:  # noqa: F811
+    box = docker_box
+    (box.config / "images" / "llama-test.yaml").write_text(
+        f"schema: 1\nid: llama-test\nref: {llama_image}\nengine: llama-cpp\nhardware: [{TEST_HARDWARE}]\n"
+        "platform: linux/amd64\nrevision-label: org.opencontainers.image.version\n")
+    model = _install_models(box)
+    port = box.own_port()
+    served = _llama_recipe(box, "auth", model["repo"], port)
+    box.cli("gateway", "keys", "add", "mine", "--all-models", check=True)
+    token_file = box.home / "metrale" / "state" / "engine-auth" / "token"
+
+    run = box.cli("run", served, timeout=300)
+    assert run.returncode == 0, run.stderr
+    token = token_file.read_text().strip()
+    [name] = box.containers()
+    inspect = subprocess.run(["docker", "inspect", name], capture_output=True, text=True, check=True).stdout
+    assert token not in inspect  # `docker inspect` shows the path, never the token
+    [info] = json.loads(inspect)
+    args = info["Args"]
+    assert args[args.index("--api-key-file") + 1] == "/run/metralectl/engine-token", args
+    [mount] = [m for m in info["Mounts"] if m["Destination"] == "/run/metralectl/engine-token"]
+    assert mount["Source"] == str(token_file) and mount["RW"] is False, mount
+    assert info["Config"]["Labels"][LABEL] == "metralectl-token"
+
+    assert _direct(port, "POST", "/v1/chat/completions") == 401
+    assert _direct(port, "POST", "/v1/chat/completions", token) == 200  # the engine in the container read the file
+    [row] = json.loads(box.cli("ps", "--json", check=True).stdout)["serving"]
+    assert row["health"] == "ok", row
+    url = f"http://127.0.0.1:{port}"
+    bench = box.cli("bench", "run", "decode", "--url", url, "-p", "repeats=1", "-p", "max_tokens=8",
+                    "-p", "client_bound=warn", "--format", "json", timeout=600)
+    record = json.loads(bench.stdout)
+    assert bench.returncode == 0 and record["status"] == "completed", bench.stderr
+    lines = _lifecycle_requests(box, record)
+    assert lines and all(r["ok"] for r in lines), [(r["error_kind"], r["error"]) for r in lines if not r["ok"]]
+    top = json.loads(box.cli("top", "--once", "--json", "--interval", "0.5", check=True, timeout=60).stdout)
+    [watched] = [e for e in top["engines"] if e["url"] == url]
+    assert watched["state"] == "ok", watched
+
+    box.cli("stop", "--json", check=True, timeout=120)
+    assert box.containers(all_=True) == []
