@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.integration.conftest import TEST_HARDWARE, Box
+from tests.integration.test_budget_llamacpp import _gateway
 from tests.integration.gateway_client import Gateway
 from tests.integration.test_llamacpp_lifecycle import _install_models, _llama_recipe, llama_image  # noqa: F401
 from tests.integration.test_llamacpp_lifecycle import _requests as _lifecycle_requests
@@ -180,3 +183,29 @@ def test_a_container_gets_the_token_file_mounted_read_only(docker_box: Box, llam
 
     box.cli("stop", "--json", check=True, timeout=120)
     assert box.containers(all_=True) == []
+
+
+def test_a_model_the_gateway_loads_on_demand_asks_the_token_too(box: ProcBox) -> None:  # noqa: F811
+    """The gateway's loader starts engines through `run`'s own path: with a key, the engine it loads asks the token,
+    and the gateway's request to it carries the token, never the client's key."""
+    port = box.own_port()
+    served = box.recipe("loaded", TINY, port, alias="tiny-loaded")
+    key = box.cli("gateway", "keys", "add", "mine", "--all-models", check=True).stdout.strip()
+    proc, url = _gateway(box)
+    try:
+        reply = httpx.post(f"{url}/v1/chat/completions", timeout=300, headers={"Authorization": f"Bearer {key}"},
+                           json={"model": served, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
+        [engine] = box.engines()
+        assert "--api-key-file" in _cmdline(engine)
+        assert _direct(port, "POST", "/v1/chat/completions") == 401
+        assert _direct(port, "POST", "/v1/chat/completions", key) == 401  # a gateway key is no engine token
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    box.cli("stop", "--all", "--json", timeout=120)
+    assert box.engines() == [] and not box.listening(port)
