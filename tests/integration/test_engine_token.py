@@ -209,3 +209,45 @@ def test_a_model_the_gateway_loads_on_demand_asks_the_token_too(box: ProcBox) ->
             proc.wait()
     box.cli("stop", "--all", "--json", timeout=120)
     assert box.engines() == [] and not box.listening(port)
+
+
+@pytest.fixture()
+def double_box(tmp_path: Path, engine_images: dict[str, str]) -> Iterator[Box]:
+    """A Docker box with the Metrale engine double's images (conftest's `box`, under another name: this module's
+    `box` is the host-process one)."""
+    machine = Box(tmp_path, engine_images)
+    try:
+        yield machine
+    finally:
+        machine.cleanup()
+
+
+@pytest.mark.docker
+def test_metrale_is_handed_require_auth_and_the_tokens_file(double_box: Box) -> None:
+    """Metrale's way (engine/metrale.yaml `token-file:`), against the engine double, which holds --require-auth
+    --auth-tokens-file as the engine does (POST routes ask the token; /health and /metrics stay open)."""
+    box = double_box
+    box.weights_complete()
+    port = box.own_port()
+    served = box.recipe("auth", port=port)
+    key = box.cli("gateway", "keys", "add", "mine", "--all-models", check=True).stdout.strip()
+    printed = box.cli("run", served, "--print", check=True).stdout
+    assert "--require-auth" in printed and "--auth-tokens-file /run/metralectl/engine-token" in printed, printed
+
+    run = box.cli("run", served, timeout=300)
+    assert run.returncode == 0, run.stderr
+    token = (box.home / "metrale" / "state" / "engine-auth" / "token").read_text().strip()
+    assert _direct(port, "POST", "/v1/chat/completions") == 401
+    assert _direct(port, "POST", "/v1/chat/completions", token) == 200
+    chat = box.cli("chat", served, "Hello", "--max-tokens", "4", timeout=120)
+    assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr
+    gateway = Gateway(box.env)
+    try:
+        status, _, body = gateway.request("POST", "/v1/chat/completions", {
+            "model": served, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3},
+            headers={"Authorization": f"Bearer {key}"})
+        assert status == 200, body
+    finally:
+        gateway.stop()
+    box.cli("stop", "--json", check=True, timeout=120)
+    assert box.containers(all_=True) == []
