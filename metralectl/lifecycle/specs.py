@@ -58,8 +58,16 @@ def command_text(spec: ContainerSpec) -> str:
     from metralectl.core.engine_config import files_text
     from metralectl.core.render import _shell_path, docker_run_command, process_command
 
+    from metralectl.core.labels import LABEL_ENGINE_AUTH
+
     start = process_command(spec, engine_environment(spec)) if spec.is_process else docker_run_command(spec)
-    return files_text(spec.files, _shell_path) + start
+    token = ""
+    if LABEL_ENGINE_AUTH in spec.labels:  # its path only, never the token: `run` makes the file when missing
+        from metralectl.lifecycle.engine_token import token_path
+
+        token = (f"# {_shell_path(str(token_path()))}: metralectl's engine token, made by `metralectl run` "
+                 "(`metralectl gateway keys engine-token` prints it)\n")
+    return files_text(spec.files, _shell_path) + token + start
 
 
 def write_spec_files(spec: ContainerSpec) -> None:

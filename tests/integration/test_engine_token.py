@@ -28,7 +28,7 @@ from tests.integration.test_budget_llamacpp import _gateway
 from tests.integration.gateway_client import Gateway
 from tests.integration.test_llamacpp_lifecycle import _install_models, _llama_recipe, llama_image  # noqa: F401
 from tests.integration.test_llamacpp_lifecycle import _requests as _lifecycle_requests
-from tests.integration.test_llamacpp_process import (TINY, ProcBox, _requests, box, hf_home,  # noqa: F401
+from tests.integration.test_llamacpp_process import (SECOND, TINY, ProcBox, _requests, box, hf_home,  # noqa: F401
                                                      llama_server)
 
 pytestmark = [pytest.mark.integration]
@@ -84,6 +84,13 @@ def test_with_a_gateway_key_the_engine_asks_the_token_and_everything_of_ours_sen
     ps = box.json("ps", "--json")
     [row] = ps["serving"]
     assert (row["recipe"], row["health"]) == (served, "ok"), row
+    second = box.recipe("auth2", SECOND, port, alias="tiny-auth2")  # a swap drains (/metrics) and starts with it
+    swapped = box.json("swap", second, "--json", timeout=300)
+    assert swapped["outcome"] == "swapped" and swapped["model"] == "tiny-auth2", swapped
+    back = box.json("swap", served, "--json", timeout=300)
+    assert back["outcome"] == "swapped" and back["model"] == "tiny-auth", back
+    [engine] = box.engines()
+    assert "--api-key-file" in _cmdline(engine) and _direct(port, "POST", "/v1/chat/completions") == 401
     chat = box.cli("chat", served, "Hello", "--max-tokens", "4", timeout=120)
     assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr
     bench = box.cli("bench", "run", "decode", "-p", "repeats=1", "-p", "max_tokens=8", "-p", "client_bound=warn",
