@@ -30,6 +30,8 @@ READ_TIMEOUT_S = 300.0  # the most between two pieces of the stream (a long prom
 class ChatTarget:
     url: str  # the engine's base URL (no /v1)
     recipe: str | None  # the recipe metralectl serves there, when it does
+    # its engine's labels (none for --url): whether it asks metralectl's engine token (lifecycle/engine_token.py)
+    labels: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -67,30 +69,36 @@ def resolve(recipe: str | None, url: str | None) -> ChatTarget:
         return ChatTarget(base_url(url), recipe)
     from metralectl.app.not_served import not_served
 
-    served = served_endpoints()
+    engines = served_engines()
+    served = [(name, u) for name, u, _ in engines]
     if recipe is not None:
-        matches = [u for name, u in served if name == recipe]
+        matches = [(u, labels) for name, u, labels in engines if name == recipe]
         if not matches:
             raise not_served(clean(recipe, 120), [clean(name, 120) for name, _ in served])
-        return ChatTarget(matches[0], recipe)
+        return ChatTarget(matches[0][0], recipe, matches[0][1])
     if not served:
         raise not_served(None, [], f"{RUN_ONE}; `--url URL` chats with another endpoint")
     if len({u for _, u in served}) > 1:
         names = ", ".join(sorted(clean(name, 120) for name, _ in served))
         raise UsageError(f"{len(served)} models are served ({names}): which one?",
                          "name it: `metralectl chat RECIPE [PROMPT]`")
-    name, endpoint = served[0]
-    return ChatTarget(endpoint, name)
+    name, endpoint, labels = engines[0]
+    return ChatTarget(endpoint, name, labels)
 
 
 def served_endpoints() -> list[tuple[str, str]]:
     """(recipe, endpoint URL) of every running metralectl engine (a container or a host process) that publishes an
     endpoint."""
+    return [(name, url) for name, url, _ in served_engines()]
+
+
+def served_engines() -> list[tuple[str, str, dict[str, str]]]:
+    """served_endpoints(), with each engine's labels."""
     from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE
     from metralectl.lifecycle.local_runtime import open_local
     with open_local(timeout=10.0) as runtime:  # containers and host processes
         containers = runtime.containers(mine=False)
-    return [(c.labels.get(LABEL_RECIPE, "?"), c.labels[LABEL_ENDPOINT].rstrip("/")) for c in containers
+    return [(c.labels.get(LABEL_RECIPE, "?"), c.labels[LABEL_ENDPOINT].rstrip("/"), dict(c.labels)) for c in containers
             if c.running and c.labels.get(LABEL_ENDPOINT)]
 
 
@@ -106,9 +114,11 @@ class ChatClient:
     """One engine's chat endpoint; `ask` streams one answer."""
 
     def __init__(self, target: ChatTarget, headers: dict[str, str] | None = None) -> None:
+        from metralectl.lifecycle.engine_token import engine_headers
         from metralectl.seams.httpclient import Client
 
         self.target = target
+        headers = {**engine_headers(target.labels), **(headers or {})}  # the engine token, when it asks it
         self._http = Client(timeout=READ_TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S, headers=headers)
         self.model: str | None = None
 

@@ -103,7 +103,11 @@ def _factory(stage: Stage, p: dict[str, Any], model: str, shaped: Shaped | None,
 def run(req: RunRequest, on_event: Listener = lambda e: None) -> RunOutcome:
     """Run the suite; returns the final record (also on disk) and its directory. Raises RunInterrupted on
     Ctrl-C/SIGTERM, after writing the record as interrupted."""
+    from metralectl.lifecycle.engine_token import engine_headers
+
     suite = get_suite(req.suite)
+    # the engine token when metralectl's engine there asks it (its labels); --header's own win
+    req = replace(req, headers={**engine_headers((req.managed or {}).get("labels")), **req.headers})
     p = req.params
     stages = suite.stages(p)
     if p.get("tokenizer"):

@@ -152,7 +152,7 @@ def _managed_on(runtime: ContainerRuntime, url: str | None) -> dict[str, Any] | 
     except MetralError:
         revision = None
     return {"recipe": c.labels.get(LABEL_RECIPE), "spec_hash": c.labels.get(LABEL_SPEC_HASH), "image": c.image,
-            "image_revision": revision, "container": c.name, "url": c.labels[LABEL_ENDPOINT]}
+            "image_revision": revision, "container": c.name, "url": c.labels[LABEL_ENDPOINT], "labels": dict(c.labels)}
 
 
 def served_context(control: Control) -> tuple[int | None, str | None]:

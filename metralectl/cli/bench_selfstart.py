@@ -29,7 +29,7 @@ def served(recipe_name: str, progress: Any) -> Iterator[tuple[str, dict[str, Any
             revision = runtime.image_state(info.image).revision if info else None
         managed = {"recipe": recipe.name, "spec_hash": info.labels.get(LABEL_SPEC_HASH) if info else None,
                    "image": info.image if info else None, "image_revision": revision,
-                   "container": launched.container, "url": launched.url}
+                   "container": launched.container, "url": launched.url, "labels": dict(info.labels) if info else {}}
         yield launched.url, managed, recipe
     finally:
         progress(Event("note", f"stopping {launched.container} (self-started)"))

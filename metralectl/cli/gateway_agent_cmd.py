@@ -17,7 +17,7 @@ def enable(listen: str = typer.Option(None, "--listen", metavar="HOST:PORT",
     """Have the agent run the gateway (started within 2 s by a running agent, and whenever the agent starts)."""
     from metralectl.agent.gateway_child import save_setting
     from metralectl.gateway.listen import DEFAULT_LISTEN, parse_listen
-    from metralectl.gateway import keys
+    from metralectl.core import gateway_keys as keys
     from metralectl.seams.agent_files import read_state
 
     if listen is not None:

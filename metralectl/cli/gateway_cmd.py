@@ -77,7 +77,7 @@ def gateway(
     import asyncio
     import signal
 
-    from metralectl.gateway.keys import KeyWatch
+    from metralectl.core.gateway_keys import KeyWatch
     from metralectl.gateway.routes import Scanner
     from metralectl.gateway.server import Gateway, Limits, serve
 

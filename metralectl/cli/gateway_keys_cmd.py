@@ -1,4 +1,4 @@
-"""`metralectl gateway keys add|list|rm`: the gateway's API keys (docs/gateway.md, "Keys").
+"""`metralectl gateway keys add|list|rm|engine-token`: the gateway's API keys (docs/gateway.md, "Keys").
 
 A new key is printed once, on stdout (data: `KEY=$(metralectl gateway keys add ci --model qwen3-8b)`); the file
 keeps only its SHA-256. A running gateway picks up a change within 50 ms.
@@ -25,7 +25,7 @@ def add(name: str = typer.Argument(..., help="A name for the key (who or what us
         as_json: bool = typer.Option(False, "--json", help="Print the key and its entry as JSON.")) -> None:
     """Make a key for the models named; print it once (only its hash is kept)."""
     from metralectl.errors import UsageError
-    from metralectl.gateway import keys
+    from metralectl.core import gateway_keys as keys
 
     if bool(model) == all_models:
         raise UsageError("name the models the key may use (`--model M`, repeatable) or give `--all-models`",
@@ -43,7 +43,7 @@ def add(name: str = typer.Argument(..., help="A name for the key (who or what us
 @keys_app.command("list")
 def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """The keys: name, prefix, models, when made (never the key: only its hash is kept)."""
-    from metralectl.gateway import keys
+    from metralectl.core import gateway_keys as keys
     from metralectl.safetext import clean
 
     ring = keys.load()
@@ -64,7 +64,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 def rm(name: str = typer.Argument(..., help="The key's name (`gateway keys list`)."),
        as_json: bool = typer.Option(False, "--json", help="Print the removed key's entry (never the key) as JSON.")) -> None:
     """Remove a key: a running gateway refuses it within 50 ms."""
-    from metralectl.gateway import keys
+    from metralectl.core import gateway_keys as keys
 
     gone = keys.remove(name)
     if as_json:
@@ -74,6 +74,18 @@ def rm(name: str = typer.Argument(..., help="The key's name (`gateway keys list`
     if not keys.load():
         print("note: no API key is left: a gateway on loopback lets every local client in; one listening beyond "
               "loopback without --allow-remote lets nobody in", file=sys.stderr)
+
+
+@keys_app.command("engine-token")
+def engine_token(as_json: bool = typer.Option(False, "--json", help="Print the token and its file as JSON.")) -> None:
+    """Print metralectl's own engine token: with keys, the engines behind the gateway ask it of direct clients."""
+    from metralectl.lifecycle import engine_token as token
+
+    value = token.read()
+    # stdout is data: `TOKEN=$(metralectl gateway keys engine-token)`
+    print(json.dumps({"token": value, "file": str(token.token_path())}) if as_json else value)
+    note(f"the engines metralectl starts while gateway keys exist ask it (`Authorization: Bearer …`); it is kept in "
+         f"{token.token_path()}: prefer the gateway, with a key of its own, for every client")
 
 
 def register(app: typer.Typer) -> None:

@@ -19,6 +19,7 @@ from metralectl.core import engine_revisions
 from metralectl.core.engine_config import ConfigFile, parse_config_file
 from metralectl.core.engine_flags import FlagSpec, Lever, parse_flag
 from metralectl.core.engine_revisions import Policy, Revision
+from metralectl.core.engine_token_file import TokenFile, parse_token_file
 from metralectl.core.schema import Checker
 from metralectl.core.yamlsrc import Document
 
@@ -29,7 +30,7 @@ _TOP_KEYS = ("schema", "name", "display-name", "binary", "serve-command", "model
              "default-port", "default-bind", "readiness", "log-phases", "log-failures", "endpoints", "flags",
              "request-dialect", "log-prefix", "rules", "auth-flags", "multi-rank", "metrics", "weights", "memory-utilization", "fit-roles", "quants", "launcher-sets",
              "exclusive-groups", "rank-symmetric", "levers", "env-passthrough", "served-name-flag", "process",
-             "config-file")
+             "config-file", "token-file")
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class EngineContract:
     served_name_flag: str | None = None  # the flag that names the model /v1/models reports (model-name, alias)
     process: P.ProcessStart | None = None  # how it starts as a host process (`runtime: process`); None: it cannot
     config_file: ConfigFile | None = None  # the file a recipe's `engine-config:` becomes (core/engine_config.py)
+    token_file: TokenFile | None = None  # how it is handed metralectl's engine token (core/engine_token_file.py)
 
     def has_rule(self, rule: str) -> bool:
         return rule in self.rules
@@ -175,6 +177,7 @@ def parse_contract(doc: Document, engine_dir: Path | None = None) -> tuple[Engin
         served_name_flag=_served_name_flag(check, top, flags),
         process=P.parse_process(check, top.get("process")),
         config_file=parse_config_file(check, top.get("config-file"), flags),
+        token_file=parse_token_file(check, top.get("token-file"), flags),
     )
     for flag in contract.auth_flags:
         if flag not in flags:

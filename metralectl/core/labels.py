@@ -22,13 +22,17 @@ LABEL_RUN_ID = f"{LABEL_PREFIX}.run-id"  # this start; removal of a failed start
 LABEL_ENDPOINT = f"{LABEL_PREFIX}.endpoint"  # the engine's base URL (bench, telemetry, swap read it)
 LABEL_SETS = f"{LABEL_PREFIX}.sets"  # the `--set` overrides, joined by \x1f (swap reads them back)
 LABEL_ENGINE = f"{LABEL_PREFIX}.engine"  # the engine file's name (metrale, llama-cpp): ps/bench/top name it
+# "metralectl-token": the engine asks metralectl's engine token (lifecycle/engine_token.py); whoever talks to it
+# directly sends `Authorization: Bearer <token>`
+LABEL_ENGINE_AUTH = f"{LABEL_PREFIX}.engine-auth"
+ENGINE_AUTH_TOKEN = "metralectl-token"
 
 # Short-lived helper containers, never taken for engines.
 LABEL_PROBE = f"{LABEL_PREFIX}.probe"  # the network/HF-cache probe (seams/docker/containers.run_probe)
 LABEL_DOCTOR = f"{LABEL_PREFIX}.doctor"  # doctor's GPU probe container
 
 ALL = (LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH, LABEL_OWNER, LABEL_RANK, LABEL_RUN_ID, LABEL_ENDPOINT,
-       LABEL_SETS, LABEL_ENGINE, LABEL_PROBE, LABEL_DOCTOR)
+       LABEL_SETS, LABEL_ENGINE, LABEL_PROBE, LABEL_DOCTOR, LABEL_ENGINE_AUTH)
 
 
 def owner() -> str:

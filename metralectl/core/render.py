@@ -23,7 +23,7 @@ from metralectl.core.engine_config import GeneratedFile, generated
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.image_info import ImageInfo
 # The label table lives in core.labels; these names stay importable from here for older callers.
-from metralectl.core.labels import LABEL_ENGINE
+from metralectl.core.labels import ENGINE_AUTH_TOKEN, LABEL_ENGINE, LABEL_ENGINE_AUTH
 from metralectl.core.labels import LABEL_MANAGED as LABEL_MANAGED
 from metralectl.core.labels import LABEL_OWNER as LABEL_OWNER
 from metralectl.core.labels import LABEL_PREFIX as LABEL_PREFIX
@@ -191,9 +191,13 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
            master_addr: str | None = None, extra_env: dict[str, str] | None = None,
            gpus_override: str | int | None = "recipe", hardware: HardwareClass | None = None,
            roce_interface: str | None = None, rdma: bool = True, rdma_device: str | None = None,
-           program: str | None = None) -> ContainerSpec:
+           program: str | None = None, engine_token: str | None = None) -> ContainerSpec:
+    """`engine_token`: the host path of metralectl's engine token file, when the launch layer turned engine auth
+    on (lifecycle/engine_token.py): the engine is handed the file (never the token) and labelled to ask it."""
+    if engine_token and contract.token_file is None:
+        raise MetralError(f"the {contract.display_name} engine takes no token file", "a bug if you see this")
     if recipe.runtime == "process":
-        return _process_spec(recipe, contract, program, rank=rank, extra_env=extra_env)
+        return _process_spec(recipe, contract, program, rank=rank, extra_env=extra_env, engine_token=engine_token)
     gpus: str | int | None = recipe.resources.gpus
     if gpus == "none":
         gpus = None
@@ -212,6 +216,9 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
     if made is not None:  # the recipe's engine-config, mounted read-only where the flag points
         command += made[1]
         mounts += (Mount(made[0].host_path, made[2], read_only=True),)
+    if engine_token and contract.token_file is not None:  # mounted read-only where the flag points
+        command += contract.token_file.words(contract.flags, contract.token_file.container_path)
+        mounts += (Mount(engine_token, contract.token_file.container_path, read_only=True),)
     spec = ContainerSpec(
         name=container_name(recipe, rank),
         image=image.ref,
@@ -228,11 +235,11 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
         ulimits=profile.extras(rdma).ulimits if profile else (),
         shm_size=profile.shm_size if profile else None,
     )
-    return _labelled(spec, recipe, contract, rank)
+    return _labelled(spec, recipe, contract, rank, bool(engine_token))
 
 
 def _process_spec(recipe: Recipe, contract: EngineContract, program: str | None, *, rank: int,
-                  extra_env: dict[str, str] | None) -> ContainerSpec:
+                  extra_env: dict[str, str] | None, engine_token: str | None = None) -> ContainerSpec:
     """The process-mode spec: argv from the absolute program, the env the recipe and the engine file state
     (the runtime adds only its fixed allow-list from the caller's environment), nothing of a container."""
     if not program or not os.path.isabs(program):
@@ -245,13 +252,16 @@ def _process_spec(recipe: Recipe, contract: EngineContract, program: str | None,
     made = generated(recipe.name, contract.display_name, contract.config_file, recipe.engine_config, process=True)
     if made is not None:  # a host process reads the file where it is written
         argv += made[1]
+    if engine_token and contract.token_file is not None:  # a host process reads the token file where it is
+        argv += contract.token_file.words(contract.flags, engine_token)
     spec = ContainerSpec(name=container_name(recipe, rank), image=PROCESS_IMAGE_PREFIX + argv[0], command=tuple(argv),
                          env=env, files=(made[0],) if made else (), gpus=None, port=recipe.resources.ranks[rank].port, bind=recipe.resources.bind,
                          rank=rank)
-    return _labelled(spec, recipe, contract, rank)
+    return _labelled(spec, recipe, contract, rank, bool(engine_token))
 
 
-def _labelled(spec: ContainerSpec, recipe: Recipe, contract: EngineContract, rank: int) -> ContainerSpec:
+def _labelled(spec: ContainerSpec, recipe: Recipe, contract: EngineContract, rank: int,
+              engine_auth: bool = False) -> ContainerSpec:
     labels = {
         LABEL_MANAGED: "true",
         LABEL_RECIPE: recipe.name,
@@ -261,6 +271,8 @@ def _labelled(spec: ContainerSpec, recipe: Recipe, contract: EngineContract, ran
     }
     if recipe.multi_rank:
         labels[LABEL_RANK] = str(rank)
+    if engine_auth:
+        labels[LABEL_ENGINE_AUTH] = ENGINE_AUTH_TOKEN
     return ContainerSpec(**{**asdict(spec), "labels": labels, "mounts": spec.mounts, "files": spec.files})
 
 

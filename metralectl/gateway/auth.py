@@ -7,7 +7,7 @@ import hmac
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from metralectl.gateway.keys import ApiKey, KeyWatch
+    from metralectl.core.gateway_keys import ApiKey, KeyWatch
     from metralectl.gateway.routes import Route
 
 

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_RUN_ID
 from metralectl.errors import MetralError
+from metralectl.lifecycle.engine_token import engine_headers
 
 if TYPE_CHECKING:
     from metralectl.seams.docker.protocol import ContainerRuntime
@@ -36,6 +37,9 @@ class Route:
     names: tuple[str, ...]  # the recipe's name first, then the ids the engine lists
     models: tuple[str, ...] = ()  # the ids the engine's /v1/models lists (an upstream request names the first)
     owned_by: str | None = None  # what the engine's /v1/models says owns them (llamacpp, vllm, metrale: bench reads it)
+    # what every request to it carries: metralectl's engine token when it asks it (lifecycle/engine_token.py), in
+    # place of the client's own key, which is never passed on
+    upstream: tuple[tuple[str, str], ...] = field(default=(), repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -112,14 +116,15 @@ class Scanner:
             self._runtime.close()
             self._runtime = None
 
-    def _engine_models(self, run_id: str, url: str) -> tuple[tuple[str, ...], str | None] | None:
+    def _engine_models(self, run_id: str, url: str,
+                       headers: dict[str, str]) -> tuple[tuple[str, ...], str | None] | None:
         key = (run_id, url)
         if key in self._models:
             return self._models[key]
         from metralectl.seams.endpoint import EngineClient
 
         try:
-            with EngineClient(url, timeout=1.0) as client:
+            with EngineClient(url, timeout=1.0, headers=headers) as client:
                 data = client.get_json("/v1/models")
         except MetralError:
             return None
@@ -149,9 +154,13 @@ class Scanner:
                     exited.add(recipe)
                 if not info.running or where is None or not recipe:
                     continue
-                ids, owner = self._engine_models(info.labels.get(LABEL_RUN_ID, info.id), url) or ((), None)
+                try:  # a token that cannot be read: the engine answers 401, which the client sees
+                    headers = engine_headers(info.labels)
+                except MetralError:
+                    headers = {}
+                ids, owner = self._engine_models(info.labels.get(LABEL_RUN_ID, info.id), url, headers) or ((), None)
                 names = tuple(dict.fromkeys((recipe, *ids)))
-                routes.append(Route(recipe, url, where[0], where[1], names, ids, owner))
+                routes.append(Route(recipe, url, where[0], where[1], names, ids, owner, tuple(headers.items())))
                 for name in names:
                     self._aliases[name] = recipe
             return self._table(routes, holder, journal, exited)

@@ -19,7 +19,7 @@ from typing import Any
 
 from metralectl.gateway import auth, http1, timing
 from metralectl.gateway.http1 import Answered, ClientReader, NotSent
-from metralectl.gateway.keys import ApiKey, KeyWatch
+from metralectl.core.gateway_keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
 from metralectl.gateway.pool import SPARES, Pool
 from metralectl.gateway.loader import Loader, LoadRefused, wait_loaded
@@ -305,8 +305,9 @@ class Gateway:
 
     async def _forward(self, route: Route, request: http1.Request, payload: bytes, model: str, path: str,
                        client: asyncio.StreamWriter) -> bool:
-        headers = [*http1.forwarded(request.headers), ("Host", f"{route.host}:{route.port}"),
-                   ("Content-Length", str(len(payload)))]
+        headers = [*((k, v) for k, v in http1.forwarded(request.headers) if not (route.upstream and k.lower() ==
+                   "authorization")), *route.upstream, ("Host", f"{route.host}:{route.port}"),
+                   ("Content-Length", str(len(payload)))]  # the engine token replaces any client's
         head = http1.head_bytes(f"{request.method} {request.target} HTTP/1.1", headers)
         while True:
             try:

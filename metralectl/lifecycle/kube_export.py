@@ -107,7 +107,8 @@ def rank_specs(catalog: Catalog, recipe: Recipe, options: KubeOptions) -> list[C
                           "pass --roce-interface IF (the ConnectX port with an IPv4 address on every node, e.g. "
                           "enp1s0f0np0)", exit_code=ExitCode.USAGE)
     return [spec_here(catalog, recipe, rank=rank, master_addr=LEADER_ADDRESS, roce_interface=options.roce_interface,
-                      rdma=options.rdma, rdma_device=options.rdma_device)
+                      rdma=options.rdma, rdma_device=options.rdma_device,
+                      engine_token=None)  # a host file no manifest carries: exports leave engine auth off
             for rank in range(recipe.resources.world_size)]
 
 

@@ -22,6 +22,7 @@ from metralectl.seams.endpoint import EngineClient, base_url
 from metralectl.seams.ports import port_free
 from metralectl.errors import ExitCode, MetralError
 from metralectl.lifecycle.boot import LaunchFailed  # noqa: F401  (re-exported: a launch's failure)
+from metralectl.lifecycle.engine_token import engine_headers
 from metralectl.lifecycle.preflight import (containers_refusal, launch_refusal, multi_rank_refusal, observe,
                                             port_refusal, same_launch)
 from metralectl.lifecycle.events import Listener, Step, Transfer, Warning_, ignore
@@ -196,13 +197,14 @@ def already_serving(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
         return None
     url = same.labels.get(LABEL_ENDPOINT) or base_url(spec.bind, spec.port)
     readiness = catalog.engines[recipe.engine].readiness
-    health = health_now(url, readiness, 5.0)
+    headers = engine_headers(same.labels)  # the engine token, when the engine asks it
+    health = health_now(url, readiness, 5.0, headers)
     if health.kind != "ready":
         raise MetralError(f"{recipe.name} is already running with these settings ({same.name}), but its engine is "
                           f"not ready: GET {readiness.health_path}: {health.describe()}",
                           f"`metralectl logs {recipe.name}` shows why; `metralectl run {recipe.name} --replace` restarts it")
     on_event(Step("serving", f"{recipe.name} is already served with these settings ({same.name}): nothing to start"))
-    with EngineClient(url) as client:
+    with EngineClient(url, headers=headers) as client:
         model = client.served_model()
     return Launched(same.labels.get(LABEL_RUN_ID, ""), recipe.name, same.name, same.id, url, model, 0.0,
                     already_serving=True, runtime="process" if spec.is_process else "docker")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from metralectl import cancel
 from metralectl.core.catalog import Catalog
-from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RUN_ID, LABEL_SETS
+from metralectl.core.labels import LABEL_ENDPOINT, LABEL_ENGINE_AUTH, LABEL_RUN_ID, LABEL_SETS
 from metralectl.core.recipe import Recipe
 from metralectl.core.render import ContainerSpec
 from metralectl.errors import MetralError
@@ -27,6 +27,7 @@ from metralectl.lifecycle.boot import REMEDIES, BootLog, Diagnosis, LaunchFailed
 from metralectl.lifecycle.events import ContainerStarted, Failed, Listener, Ready, Step, Warning_
 from metralectl.lifecycle.logfollow import Watched, rank_label
 from metralectl.lifecycle import readiness
+from metralectl.lifecycle.engine_token import engine_headers
 from metralectl.seams import store
 from metralectl.seams.docker.containers import ContainerInfo
 from metralectl.seams.docker.errors import GPU_CAUSES, RuntimeFailure
@@ -106,10 +107,11 @@ def boot(recipe: Recipe, catalog: Catalog, ranks: Sequence[Rank], run_id: str, u
             record.started(rank.rank, rank.container.id)
         watched = [Watched(r.rank, r.runtime, r.container.id, BootLog(contract, r.spec.bind, r.spec.port), r.log_path,
                            r.role, r.where) for r in ranks if r.container is not None]
+        headers = engine_headers(ranks[0].spec.labels)  # the engine token, when the engine asks it
         phases, ready_at = readiness.wait_ready(watched, url, contract.readiness, clock, on_event,
-                                                answer_timeout_s=answer_timeout_s, network=network)
+                                                answer_timeout_s=answer_timeout_s, network=network, headers=headers)
         cancel.checkpoint()  # a cancel that came before ready was reported wins: the cleanup below
-        with EngineClient(url) as client:
+        with EngineClient(url, headers=headers) as client:
             model = client.served_model()
         elapsed = time.monotonic() - clock.started
         on_event(Ready(url, model, elapsed))
@@ -154,7 +156,7 @@ def boot(recipe: Recipe, catalog: Catalog, ranks: Sequence[Rank], run_id: str, u
 def _start(rank: Rank, labels: dict[str, str], run_id: str, on_event: Listener) -> None:
     on_event(Step("starting", rank.shown))
     cancel.checkpoint()
-    if rank.spec.files:
+    if rank.spec.files or LABEL_ENGINE_AUTH in rank.spec.labels:  # its generated config, the engine token
         _write_files(rank.spec)
     try:
         rank.container = rank.runtime.create_and_start(rank.spec, labels)
@@ -187,5 +189,6 @@ def _write_files(spec: ContainerSpec) -> None:
     try:
         write_spec_files(spec)
     except OSError as exc:
-        raise MetralError(f"could not write {spec.files[0].host_path}: {exc.strerror or exc}",
+        where = spec.files[0].host_path if spec.files else "metralectl's engine token"
+        raise MetralError(f"could not write {where}: {exc.strerror or exc}",
                           "check that the state directory (~/.metrale/state) is writable") from None

@@ -99,9 +99,11 @@ class HealthPoller(threading.Thread):
     own clock on the same machine); `changes` counts answers that differed from the one before.
     """
 
-    def __init__(self, url: str, readiness: Readiness, *, interval_s: float = HEALTH_POLL_S) -> None:
+    def __init__(self, url: str, readiness: Readiness, *, interval_s: float = HEALTH_POLL_S,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(daemon=True, name="health-poll")
         self.url = url
+        self.headers = headers  # the engine token's, when the engine asks it (lifecycle/engine_token.py)
         self.readiness = readiness
         self.interval_s = interval_s
         self.stop_event = threading.Event()
@@ -116,7 +118,7 @@ class HealthPoller(threading.Thread):
             return self._state
 
     def run(self) -> None:
-        with EngineClient(self.url, timeout=HEALTH_TIMEOUT_S) as client:
+        with EngineClient(self.url, timeout=HEALTH_TIMEOUT_S, headers=self.headers) as client:
             while not self.stop_event.is_set():
                 began = time.monotonic()
                 state = classify_health(client.health(self.readiness.health_path), self.readiness)
@@ -186,39 +188,42 @@ def warnings_at_ready(log: BootLog, held_s: float) -> list[str]:
             f"stayed up for {held_s:g} s, but may not stay up: {log.failure.remedy}"]
 
 
-def health_now(url: str, readiness: Readiness, timeout_s: float) -> HealthState:
+def health_now(url: str, readiness: Readiness, timeout_s: float,
+               headers: dict[str, str] | None = None) -> HealthState:
     """One answer of a serving engine's health, classified (a `run` of what serves already; a swap's repair)."""
-    with EngineClient(url, timeout=timeout_s) as client:
+    with EngineClient(url, timeout=timeout_s, headers=headers) as client:
         return classify_health(client.health(readiness.health_path), readiness)
 
 
 class FirstAnswer(threading.Thread):
     """One real 1-token request, off the waiting loop (a hung request must not stop it noticing a dead rank)."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str] | None = None) -> None:
         super().__init__(daemon=True, name="first-request")
         self.url = url
+        self.headers = headers
         self.timeout_s = timeout_s
         self.result: Health | None = None
         self.finished = threading.Event()
 
     def run(self) -> None:
         try:
-            with EngineClient(self.url, timeout=5.0) as client:
+            with EngineClient(self.url, timeout=5.0, headers=self.headers) as client:
                 self.result = client.answer_one(self.timeout_s)
         finally:
             self.finished.set()
 
 
 def wait_ready(ranks: Sequence[Watched], url: str, readiness: Readiness, clock: BootClock, on_event: Listener, *,
-               answer_timeout_s: float | None = None, network: str = "") -> tuple[dict[str, float], float]:
+               answer_timeout_s: float | None = None, network: str = "",
+               headers: dict[str, str] | None = None) -> tuple[dict[str, float], float]:
     """Until the head (ranks[0]) is ready, or the launch is known to fail: a faulted /health, any rank's exit, a
     failed real request, a stall, the boot timeout (LaunchFailed, naming the rank). `answer_timeout_s`: a real
     request must be answered after /health 200 (multi-rank); `network`: the RoCE interface, for the stuck-NCCL
-    diagnosis. Returns the phases (seconds from clock.started) and the wall-clock time the 200 arrived."""
+    diagnosis; `headers`: the engine token's, when it asks one. Returns the phases (seconds from clock.started) and the wall-clock time the 200 arrived."""
     logs = Logs(ranks, clock.started, on_event)
     logs.follow()
-    poller = HealthPoller(url, readiness)  # only the head serves HTTP
+    poller = HealthPoller(url, readiness, headers=headers)  # only the head serves HTTP
     poller.start()
     try:
         return _Wait(ranks, logs, poller, url, readiness, clock, on_event, answer_timeout_s, network).run()
@@ -237,6 +242,7 @@ class _Wait:
         self.answer_s = answer_timeout_s if answer_timeout_s is not None else (
             LAZY_ANSWER_S if readiness.style == "lazy-load" else None)
         self.request: FirstAnswer | None = None
+        self.headers = poller.headers
         self.announced = False
         self.hold_until: float | None = None
 
@@ -299,7 +305,7 @@ class _Wait:
             self.on_event(Step("request", f"a real request to the head ({self.url}, max_tokens 1, up to "
                                           f"{self.answer_s:g} s): the worker must take part") if self.multi else
                           Step("health", "healthy; asking for one answer (the engine loads on first use)"))
-            self.request = FirstAnswer(self.url, self.answer_s)
+            self.request = FirstAnswer(self.url, self.answer_s, self.headers)
             self.request.start()
         if not self.request.finished.is_set():
             return False

@@ -33,9 +33,14 @@ def program_of(catalog: Catalog, recipe: Recipe) -> Program:
 
 
 def spec_here(catalog: Catalog, recipe: Recipe, **options: Any) -> ContainerSpec:
-    """spec_for(), with the program of a host-process recipe located on this machine."""
+    """spec_for(), with the program of a host-process recipe located on this machine, and engine auth decided
+    here (gateway keys exist and the engine takes a token file: lifecycle/engine_token.py)."""
+    from metralectl.lifecycle.engine_token import token_path_for
+
     if recipe.runtime == "process" and "program" not in options:
         options["program"] = program_of(catalog, recipe).path
+    if "engine_token" not in options:
+        options["engine_token"] = token_path_for(recipe, catalog.engines[recipe.engine])
     return spec_for(catalog, recipe, **options)
 
 
@@ -53,18 +58,32 @@ def command_text(spec: ContainerSpec) -> str:
     from metralectl.core.engine_config import files_text
     from metralectl.core.render import _shell_path, docker_run_command, process_command
 
+    from metralectl.core.labels import LABEL_ENGINE_AUTH
+
     start = process_command(spec, engine_environment(spec)) if spec.is_process else docker_run_command(spec)
-    return files_text(spec.files, _shell_path) + start
+    token = ""
+    if LABEL_ENGINE_AUTH in spec.labels:  # its path only, never the token: `run` makes the file when missing
+        from metralectl.lifecycle.engine_token import token_path
+
+        token = (f"# {_shell_path(str(token_path()))}: metralectl's engine token, made by `metralectl run` "
+                 "(`metralectl gateway keys engine-token` prints it)\n")
+    return files_text(spec.files, _shell_path) + token + start
 
 
 def write_spec_files(spec: ContainerSpec) -> None:
     """Write the files a spec's engine reads (its generated config) where the spec says, just before it starts:
     inside the state dir's engine-config/ only, atomically, 0644 (the engine in the container may run as another
-    user), never through a symlink (ownedfs: a link on the way is refused, not followed out)."""
+    user), never through a symlink (ownedfs: a link on the way is refused, not followed out). An engine that asks
+    metralectl's engine token gets it made here when missing (lifecycle/engine_token.py)."""
     from pathlib import Path
 
     from metralectl.core.engine_config import CONFIG_DIR
+    from metralectl.core.labels import LABEL_ENGINE_AUTH
+    from metralectl.lifecycle import engine_token
     from metralectl.ownedfs import Owned
+
+    if LABEL_ENGINE_AUTH in spec.labels:
+        engine_token.ensure()
 
     for file in spec.files:
         path = Path(file.host_path)

@@ -13,6 +13,8 @@ from metralectl.seams.endpoint import health_once
 from metralectl.core.labels import LABEL_ENDPOINT, LABEL_RECIPE, LABEL_RUN_ID
 from metralectl.seams.docker.containers import ContainerInfo
 from metralectl.seams.docker.protocol import ContainerRuntime
+from metralectl.errors import MetralError
+from metralectl.lifecycle.engine_token import engine_headers
 @dataclass(frozen=True)
 class Serving:
     recipe: str
@@ -69,7 +71,11 @@ def _health(container: ContainerInfo) -> str:
     url = container.labels.get(LABEL_ENDPOINT)
     if not container.running or not url:
         return "-"
-    answer = health_once(url, timeout=1.0)
+    try:  # llama-server's and Metrale's /health are open; an engine that asks the token for it gets it
+        headers = engine_headers(container.labels)
+    except MetralError as exc:
+        return f"engine token: {exc.message}"
+    answer = health_once(url, timeout=1.0, headers=headers)
     if answer.status is None:
         return "no answer"
     if answer.ready:

@@ -18,6 +18,7 @@ from metralectl.seams import store
 from metralectl.core.catalog import Catalog
 from metralectl.seams.endpoint import EngineClient, requests_active
 from metralectl.errors import ExitCode, MetralError
+from metralectl.lifecycle.engine_token import engine_headers
 from metralectl.lifecycle.events import Listener, Step, Warning_, ignore
 from metralectl.lifecycle.launch import LaunchFailed, LaunchOptions, preflight, start_and_wait
 from metralectl.lifecycle.memory import MemoryWatch
@@ -92,13 +93,14 @@ def swap_refused(new: Recipe, new_sets: list[str],
     return swap_refusal(new, new_sets, running, served_sets(served) if served else ()), served
 
 
-def drain(url: str, timeout_s: float, on_event: Listener, active_series: tuple[str, ...]) -> float:
+def drain(url: str, timeout_s: float, on_event: Listener, active_series: tuple[str, ...],
+          headers: dict[str, str] | None = None) -> float:
     """Wait (bounded) until the engine has no request in flight (its requests-active series); returns the
-    seconds waited."""
+    seconds waited. `headers`: the engine token's, when the engine asks it (llama-server's /metrics does)."""
     started = time.monotonic()
     shown: float | None = None
     on_event(Step("draining", f"waiting for requests in flight to finish (up to {timeout_s:g} s)"))
-    with EngineClient(url, timeout=1.0) as client:
+    with EngineClient(url, timeout=1.0, headers=headers) as client:
         while True:
             try:
                 active = requests_active(client.metrics_text(), active_series)
@@ -141,7 +143,8 @@ def swap(new: Recipe, new_sets: list[str], catalog: Catalog, runtime: ContainerR
     _journal("draining", body)
     url = old_container.labels.get(LABEL_ENDPOINT, "")
     active_series = catalog.engines[old.engine].metrics.names("requests-active")
-    phases["drain"] = drain(url, drain_timeout_s, on_event, active_series) if url and active_series else 0.0
+    phases["drain"] = drain(url, drain_timeout_s, on_event, active_series,
+                            engine_headers(old_container.labels)) if url and active_series else 0.0
     cancel.checkpoint()  # the last place a cancel leaves the old model serving
     body["stopped_at"] = time.time()  # wall clock: a repair in another process measures the downtime from it
     _journal("stopping-old", body)
@@ -312,4 +315,4 @@ def _healthy(container: ContainerInfo) -> bool:
     from metralectl.core.contract import Readiness
     from metralectl.lifecycle.readiness import health_now
 
-    return health_now(url, Readiness(), 1.0).kind == "ready"
+    return health_now(url, Readiness(), 1.0, engine_headers(container.labels)).kind == "ready"

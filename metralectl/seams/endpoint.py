@@ -29,13 +29,14 @@ def base_url(bind: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def health_once(url: str, timeout: float, path: str = "/health") -> Health:
+def health_once(url: str, timeout: float, path: str = "/health", headers: dict[str, str] | None = None) -> Health:
     """One GET of the engine's health, as EngineClient(url, timeout).health() answers it (status, first 500
     characters of the body), for `ps`: a plain http:// URL goes through httpclient.get_once (http.client), since
     importing httpx costs `ps` more than all its other work. Anything else (https://) goes through
     EngineClient. When nothing answers, `error` names the socket's error (httpx would name its own exception
     for it). The URL is a container's label, anyone's on a shared daemon: one that is no http(s) URL is an
-    answer that says so, and no more of the body than PEEK_LIMIT is read."""
+    answer that says so, and no more of the body than PEEK_LIMIT is read. `headers`: added to the request (the
+    engine token, when the engine asks it)."""
     from urllib.parse import urlsplit
 
     from metralectl.safetext import clean
@@ -50,11 +51,11 @@ def health_once(url: str, timeout: float, path: str = "/health") -> Health:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return Health(None, "", f"{clean(url, 120)!r} is not an http(s) URL")
     if parts.scheme != "http":
-        with EngineClient(url, timeout=timeout) as client:
+        with EngineClient(url, timeout=timeout, headers=headers) as client:
             return client.health(path)
     try:  # only the first 500 characters are kept
         reply = get_once(parts.hostname, port or 80, parts.path + (f"?{parts.query}" if parts.query else ""),
-                         timeout, limit=PEEK_LIMIT, headers={"Accept": "*/*", "Connection": "close"})
+                         timeout, limit=PEEK_LIMIT, headers={"Accept": "*/*", "Connection": "close", **(headers or {})})
     except Failed as exc:
         if exc.bad_url:  # a control character or a space in the host or the path
             return Health(None, "", f"{clean(url, 120)!r} is not a URL ({clean(exc.detail, 120)})")

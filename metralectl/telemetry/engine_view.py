@@ -5,7 +5,7 @@ trailing window -> its row (state, rates over the window, lifetime figures) and 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from metralectl.telemetry.engine_metrics import EngineRates, EngineSnapshot, engine_rates
@@ -21,6 +21,8 @@ class EngineTarget:
     recipe: str | None = None
     source: EngineSource = "url"
     engine: str | None = None  # the engine file's name (its container's label)
+    # its container's labels: whether it asks metralectl's engine token (lifecycle/engine_token.engine_headers)
+    labels: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def port(self) -> int | None:

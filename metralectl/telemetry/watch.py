@@ -40,6 +40,12 @@ class MetricsClient(Protocol):
     def close(self) -> None: ...
 
 
+class ClientFactory(Protocol):
+    """(url, timeout_s, headers): a client of one engine's /metrics; headers carry the engine token when it asks it."""
+
+    def __call__(self, url: str, timeout_s: float, headers: dict[str, str] | None, /) -> MetricsClient: ...
+
+
 def discover_engines(
     runtime_factory: Callable[[], ContainerRuntime] | None = None,
 ) -> tuple[list[EngineTarget], str | None]:
@@ -56,7 +62,7 @@ def discover_engines(
     except MetralError as exc:
         return [], f"no engine found: {exc.message}"
     targets = [EngineTarget(c.labels[LABEL_ENDPOINT], c.name, c.labels.get(LABEL_RECIPE), "container",
-                            c.labels.get(LABEL_ENGINE))
+                            c.labels.get(LABEL_ENGINE), dict(c.labels))
                for c in containers if c.running and c.labels.get(LABEL_ENDPOINT)]
     _OURS.clear()
     _OURS.update({c.id: c.name for c in containers})
@@ -128,7 +134,7 @@ class EnginePoller:
     every `rediscover_s` (a swap or a new `run` shows up by itself)."""
 
     def __init__(self, discover: Discovery, *, interval_s: float = 1.0, window_s: float = RATE_WINDOW_S,
-                 client_factory: Callable[[str, float], MetricsClient] | None = None,
+                 client_factory: ClientFactory | None = None,
                  rediscover_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
                  gateways: Gateways | None = None) -> None:
         self._discover = discover
@@ -178,8 +184,19 @@ class EnginePoller:
                     self._engines[url].target = target
                 else:
                     keep = max(2, math.ceil(self.window_s / self.interval_s) + 1)
-                    self._engines[url] = _Engine(target, self._client_factory(url, self._timeout_s),
+                    self._engines[url] = _Engine(target, self._client(target),
                                                  collections.deque(maxlen=keep))
+
+    def _client(self, target: EngineTarget) -> MetricsClient:
+        """A client of one engine, with the engine token when the engine asks it (llama-server's /metrics does);
+        a token that cannot be read leaves the scrape to say 401."""
+        from metralectl.lifecycle.engine_token import engine_headers
+
+        try:
+            headers = engine_headers(target.labels)
+        except MetralError:
+            headers = {}
+        return self._client_factory(target.url, self._timeout_s, headers)
 
     def _scrape(self, engine: _Engine) -> None:
         t = self._clock()
@@ -255,10 +272,10 @@ def _served_model(client: MetricsClient) -> str | None:
     return model[:200] if isinstance(model, str) and model else None
 
 
-def _http_client(url: str, timeout_s: float) -> MetricsClient:
+def _http_client(url: str, timeout_s: float, headers: dict[str, str] | None = None, /) -> MetricsClient:
     from metralectl.seams.endpoint import EngineClient
 
-    return EngineClient(url, timeout=timeout_s)
+    return EngineClient(url, timeout=timeout_s, headers=headers)
 
 
 class TopSession:
@@ -268,7 +285,7 @@ class TopSession:
     def __init__(self, probe: GpuProbe, discover: Discovery, lines: dict[str, ThermalLines], *,
                  interval_s: float = 1.0, hz: float = 10.0, energy_hz: float = 1.0,
                  rate_window_s: float | None = None, notes: Sequence[str] = (),
-                 client_factory: Callable[[str, float], MetricsClient] | None = None,
+                 client_factory: ClientFactory | None = None,
                  wall: Callable[[], float] = time.time, gateways: Gateways | None = None) -> None:
         self.interval_s = interval_s
         self._probe = probe

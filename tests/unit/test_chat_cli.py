@@ -305,7 +305,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     from metralectl.app import chat
 
     found: list[tuple[str, str]] = []
-    monkeypatch.setattr(chat, "served_endpoints", lambda: list(found))
+    monkeypatch.setattr(chat, "served_engines", lambda: [(name, url, {}) for name, url in found])
     return found
 
 

@@ -1,4 +1,4 @@
-"""The gateway's API keys (metralectl/gateway/keys.py, auth.py, cli/gateway_keys_cmd.py): hashes at rest, a file
+"""The gateway's API keys (metralectl/core/gateway_keys.py, auth.py, cli/gateway_keys_cmd.py): hashes at rest, a file
 another user could write refused, each bad entry named, scopes by recipe or served id, a revoked key refused on
 the next poll while a broken file keeps the last good keys, the CLI's errors and `--listen` with keys."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from metralectl.errors import UsageError
-from metralectl.gateway import auth, keys
+from metralectl.core import gateway_keys as keys
+from metralectl.gateway import auth
 from metralectl.gateway.routes import Route
 
 

@@ -1,4 +1,4 @@
-"""An attacker's pass over the gateway's keys file (gateway/keys.py, `gateway keys add|list|rm`): a file nested past
+"""An attacker's pass over the gateway's keys file (core/gateway_keys.py, `gateway keys add|list|rm`): a file nested past
 Python's stack or not UTF-8, shown fields carrying escapes, a link, a FIFO, a sparse giant, names with control
 characters. Each is refused with exit 65 (64 for a name given on the command line), never 70, never a hang, never
 raw escapes on a terminal; a running gateway's watch keeps its last good keys."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from metralectl.gateway import keys
+from metralectl.core import gateway_keys as keys
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from metralectl.gateway import auth, keys
+from metralectl.core import gateway_keys as keys
+from metralectl.gateway import auth
 from metralectl.gateway.metrics import Metrics
 from metralectl.gateway.routes import Route, Table
 from metralectl.telemetry.gateway_view import gateway_row

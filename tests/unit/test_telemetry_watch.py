@@ -68,7 +68,7 @@ def poller_with(targets: list[EngineTarget], clients: dict[str, FakeClient],
     clock = Clock()
     state: dict[str, Any] = {"targets": targets, "note": None}
     poller = EnginePoller(lambda: (list(state["targets"]), state["note"]), clock=clock,
-                          client_factory=lambda url, timeout: clients.setdefault(url, FakeClient()), **kw)
+                          client_factory=lambda url, timeout, headers: clients.setdefault(url, FakeClient()), **kw)
     poller.state = state  # type: ignore[attr-defined]
     return poller, clock
 
@@ -169,7 +169,7 @@ def test_session_over_a_fake_gpu_and_engine() -> None:
     fake = fk.make_fake([fk.FakeDevice(energy_mj=fk.Counter(step_mj=50_000))])
     client = FakeClient()
     session = TopSession(NvmlProbe(nvml=fake), fixed_targets(["http://e/"]), LINES, interval_s=0.2,
-                         hz=20, energy_hz=5, client_factory=lambda url, t: client)
+                         hz=20, energy_hz=5, client_factory=lambda url, t, headers: client)
     session.start(poll_thread=False)
     try:
         session.poller.poll_once()
@@ -229,3 +229,23 @@ def test_recorder_cuts_a_torn_tail_and_appends_lines(tmp_path: Path) -> None:
     drop_torn_tail(only_fragment)
     assert only_fragment.read_bytes() == b""
     drop_torn_tail(tmp_path / "absent.jsonl")  # nothing to repair
+
+
+def test_an_engine_of_ours_that_asks_the_token_is_scraped_with_it() -> None:
+    """llama-server asks the key for /metrics too: `top` sends metralectl's engine token to an engine of ours that
+    asks it (its labels), and to no other (any owner's engines are watched)."""
+    from metralectl.core.labels import ENGINE_AUTH_TOKEN, LABEL_ENGINE_AUTH
+    from metralectl.lifecycle import engine_token
+
+    engine_token.ensure()
+    asks = {LABEL_ENGINE_AUTH: ENGINE_AUTH_TOKEN, LABEL_OWNER: owner()}
+    targets = [EngineTarget("http://a", labels=asks), EngineTarget("http://b"),
+               EngineTarget("http://c", labels={**asks, LABEL_OWNER: "bob"})]
+    seen: dict[str, dict[str, str] | None] = {}
+
+    def factory(url: str, timeout: float, headers: dict[str, str] | None) -> FakeClient:
+        seen[url] = headers
+        return FakeClient()
+
+    EnginePoller(lambda: (targets, None), client_factory=factory).poll_once()
+    assert seen == {"http://a": {"Authorization": f"Bearer {engine_token.read()}"}, "http://b": {}, "http://c": {}}
