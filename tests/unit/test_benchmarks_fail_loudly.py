@@ -158,6 +158,15 @@ async def _answering(status: bytes) -> asyncio.Server:
     return await asyncio.start_server(handle, "127.0.0.1", 0)
 
 
+def test_the_relay_cpu_bench_says_its_gateway_never_listened_and_prints_no_cpu(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "gateway_relay_cpu.py"), "--python", "/bin/false", "--rounds",
+                          "1", "--streams", "1", "--events", "1", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert "NOT MEASURED: the gateway from" in out.stderr and "exited 1 before listening" in out.stderr, out.stderr
+    assert "CPU" not in out.stdout and not (tmp_path / "r.json").exists()
+
+
 @pytest.mark.parametrize("status", [b"500 Internal Server Error", b""])
 def test_a_relayed_stream_that_is_not_200_stops_the_relay_bench(status: bytes) -> None:
     relay = script("gateway_relay_cpu")
