@@ -207,6 +207,26 @@ def test_paired_overhead_with_every_request_failed_prints_no_figure_and_exits_1(
     assert json.loads(ns.json.read_text())["summary"] == []
 
 
+def test_aiperf_side_by_side_without_aiperf_says_so_before_anything_runs(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "aiperf_rate_side_by_side.py"), "--aiperf-venv",
+                          str(tmp_path / "none"), "--metralectl", "tree", "--llama-server", "/bin/false",
+                          "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert f"NOT MEASURED: AIPerf's venv {tmp_path / 'none'} has no bin/aiperf" in out.stderr, out.stderr
+    assert out.stdout == "" and not (tmp_path / "r.json").exists()
+
+
+def test_benchy_side_by_side_without_llama_benchy_says_so(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "llama_benchy_side_by_side.py"), "--benchy-venv",
+                          str(tmp_path / "none"), "--gguf", str(tmp_path / "x.gguf"), "--tokenizer",
+                          str(tmp_path / "tokenizer.json"), "--llama-server", "/bin/false",
+                          "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert f"NOT MEASURED: llama-benchy's venv {tmp_path / 'none'} has no bin/llama-benchy" in out.stderr, out.stderr
+    assert out.stdout == "" and not (tmp_path / "r.json").exists()
+
+
 def test_benchy_side_by_side_stops_at_a_llama_server_that_exits(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -217,6 +237,22 @@ def test_benchy_side_by_side_stops_at_a_llama_server_that_exits(tmp_path: Path) 
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 1 and "llama-server exited" in out.stderr, out.stderr
     assert out.stdout == "" and not (tmp_path / "r.json").exists()
+
+
+def test_benchy_requests_that_failed_are_no_speeds(tmp_path: Path) -> None:
+    """llama-benchy exits 0 after 'Error during run' and still writes speeds: they would be averaged in."""
+    benchy = script("llama_benchy_side_by_side")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    result = {"latency_ms": 1.0, "benchmarks": [{"context_size": 0, "pp_throughput": {"values": [100.0]},
+                                                 "tg_throughput": {"values": [10.0]}, "e2e_ttft": {"values": [5.0]}}]}
+    fake = venv / "bin" / "llama-benchy"
+    fake.write_text("#!/bin/sh\necho 'Error during run: HTTP 500'\nwhile [ \"$1\" != --save-result ]; do shift; done\n"
+                    f"echo '{json.dumps(result)}' > \"$2\"\n")
+    fake.chmod(0o755)
+    a = argparse.Namespace(pp=8, tg=2, depths=[0], runs=1)
+    with pytest.raises(SystemExit, match="NOT MEASURED: llama-benchy said 2 request error"):
+        benchy.run_benchy(venv, "http://127.0.0.1:9", tmp_path / "tok.json", tmp_path, a, tmp_path / "out.json")
 
 
 class _Box:
