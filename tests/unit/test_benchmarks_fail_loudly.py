@@ -280,3 +280,20 @@ def test_sequential_overhead_counts_no_bench_that_failed_or_had_errors(
     assert "1  gateway  no measurement" in out and not re.search(r"\d+\.\d{2} ", out.split("\n", 1)[1]), out
     assert "failed: c=1 gateway round 0: " in err and "engine said no" in err, err
     assert json.loads(ns.json.read_text())["medians"] == []
+
+
+@pytest.mark.parametrize("status", [b"500 Internal Server Error", b""])
+def test_paired_overhead_stops_at_an_engine_that_cannot_size_its_prompts(status: bytes) -> None:
+    paired = script("gateway_paired")
+
+    async def serve_and_size() -> list[str]:
+        server = await _answering(status)
+        try:
+            url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            return await asyncio.to_thread(paired.sized_prompts, url, 8)
+        finally:
+            server.close()
+
+    with pytest.raises(SystemExit, match=r"NOT MEASURED: the engine at http://127\.0\.0\.1:\d+ did not size the "
+                                         r"prompts \(/tokenize, /detokenize\): " + ("HTTPError" if status else "")):
+        asyncio.run(serve_and_size())
