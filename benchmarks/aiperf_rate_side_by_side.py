@@ -59,6 +59,8 @@ def sh(argv: list[str], what: str, **kw: Any) -> subprocess.CompletedProcess[str
 # --- the pieces: AIPerf, metralectl, the model, the server --------------------------------------------------------
 def aiperf_venv(given: str | None) -> Path:
     if given:
+        if not os.access(Path(given) / "bin" / "aiperf", os.X_OK):  # found out before any server or wheel is made
+            raise SystemExit(f"NOT MEASURED: AIPerf's venv {given} has no bin/aiperf")
         return Path(given)
     return Path(sh(["bash", str(REPO / "benchmarks" / "aiperf_venv.sh")], "building AIPerf's venv").stdout.strip())
 

@@ -48,9 +48,13 @@ def sized_prompts(engine: str, isl: int) -> list[str]:
             return json.loads(answer.read())
 
     out = []
-    for i in range(PROMPTS):
-        tokens = post("/tokenize", {"content": prompt(i, isl)})["tokens"][:max(8, isl - 16)]
-        out.append(post("/detokenize", {"tokens": tokens})["content"])
+    try:
+        for i in range(PROMPTS):
+            tokens = post("/tokenize", {"content": prompt(i, isl)})["tokens"][:max(8, isl - 16)]
+            out.append(post("/detokenize", {"tokens": tokens})["content"])
+    except (OSError, ValueError, KeyError) as e:  # an engine that cannot size a prompt serves no measured request
+        raise SystemExit(f"NOT MEASURED: the engine at {engine} did not size the prompts "
+                         f"(/tokenize, /detokenize): {type(e).__name__}: {e}") from None
     return out
 
 

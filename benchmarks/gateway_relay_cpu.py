@@ -115,7 +115,11 @@ async def measure(tree: Path, ns: argparse.Namespace) -> dict[str, float]:
     child = subprocess.Popen([ns.python, "-c", CHILD, str(upstream)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert child.stdout is not None
-        port = int(await asyncio.to_thread(child.stdout.readline))
+        said = await asyncio.to_thread(child.stdout.readline)
+        if not said.strip().isdigit():  # it died before listening: no CPU of a relay that never ran
+            raise SystemExit(f"NOT MEASURED: the gateway from {tree} exited {child.wait(timeout=10)} before "
+                             f"listening (said {said.strip()!r}; its stderr is above)")
+        port = int(said)
         await one_stream(port, ns.events)  # warm: imports, first connection
         before, began = cpu_seconds(child.pid), time.monotonic()
         relayed = sum(await asyncio.gather(*(one_stream(port, ns.events) for _ in range(ns.streams))))

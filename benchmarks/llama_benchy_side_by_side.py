@@ -87,6 +87,8 @@ def run_benchy(venv: Path, url: str, tokenizer: Path, home: Path, a: argparse.Na
         rows[b["context_size"]] = {"pp": b["pp_throughput"]["values"], "tg": b["tg_throughput"]["values"],
                                    "ttft_ms": b["e2e_ttft"]["values"], "latency_ms": doc["latency_ms"]}
     errors = done.stdout.count("Error during run") + done.stdout.count("HTTP ")
+    if errors:  # its speeds would average over requests that failed
+        raise SystemExit(f"NOT MEASURED: llama-benchy said {errors} request error(s):\n{done.stdout[-3000:]}")
     return cmd, {"rows": rows, "errors_said": errors, "stdout_tail": done.stdout[-600:]}
 
 
@@ -129,6 +131,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     a = ap.parse_args()
+    if a.benchy_venv and not os.access(Path(a.benchy_venv) / "bin" / "llama-benchy", os.X_OK):
+        sys.exit(f"NOT MEASURED: llama-benchy's venv {a.benchy_venv} has no bin/llama-benchy")
     venv = Path(a.benchy_venv or subprocess.run(["bash", str(REPO / "benchmarks" / "llama_benchy_venv.sh")],
                                                 capture_output=True, text=True, check=True).stdout.strip())
     tmp = Path(tempfile.mkdtemp(prefix="benchy-sbs-"))

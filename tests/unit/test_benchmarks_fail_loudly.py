@@ -8,6 +8,8 @@ times of programs that crashed at import), cold_start's commands that fail, a lo
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import importlib.util
 import json
 import re
@@ -15,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -140,3 +143,157 @@ def test_the_lifecycle_benchmark_times_only_an_engine_that_became_ready() -> Non
         lifecycle.raw_ready(rt, spec)
     assert rt.all() == []  # removed all the same
     assert lifecycle.raw_ready(rt, spec) > 0  # the second start boots like the engine
+
+
+# --- the gateway's benchmarks and the side-by-sides -----------------------------------------------------------
+async def _answering(status: bytes) -> asyncio.Server:
+    """A loopback 'engine' that reads a request and answers `status` (b"": closes at once); it holds its port."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if status:
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 5\r\nConnection: close\r\n\r\noops!")
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def test_the_relay_cpu_bench_says_its_gateway_never_listened_and_prints_no_cpu(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "gateway_relay_cpu.py"), "--python", "/bin/false", "--rounds",
+                          "1", "--streams", "1", "--events", "1", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert "NOT MEASURED: the gateway from" in out.stderr and "exited 1 before listening" in out.stderr, out.stderr
+    assert "CPU" not in out.stdout and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("status", [b"500 Internal Server Error", b""])
+def test_a_relayed_stream_that_is_not_200_stops_the_relay_bench(status: bytes) -> None:
+    relay = script("gateway_relay_cpu")
+
+    async def go() -> None:
+        server = await _answering(status)
+        try:
+            await relay.one_stream(server.sockets[0].getsockname()[1], 3)
+        finally:
+            server.close()
+
+    with pytest.raises(SystemExit, match="gateway_relay_cpu: the gateway answered" + (" b'HTTP/1.1 500" if status
+                                                                                       else " b''")):
+        asyncio.run(go())
+
+
+@pytest.mark.parametrize("status", [b"500 Internal Server Error", b""])
+def test_paired_overhead_with_every_request_failed_prints_no_figure_and_exits_1(
+        status: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    paired, overhead = script("gateway_paired"), script("gateway_overhead")
+    ns = argparse.Namespace(warmup=0.0, duration=0.2, alias="overhead", osl=4, prompts=["hi"], json=tmp_path / "r.json")
+
+    async def go() -> dict[str, Any]:
+        server = await _answering(status)
+        try:
+            url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            return await paired.phase({"direct": url, "gateway": url}, 1, ns, seed_base=0)
+        finally:
+            server.close()
+
+    got = asyncio.run(go())
+    assert got["groups"] == [] and got["errors"], got
+    got.update(round=0, concurrency=1)
+    assert overhead.paired_report([got], [], [1], ["gateway"], ns) == 1
+    out, err = capsys.readouterr()
+    assert "c=1: no complete group" in out and not re.search(r"p50 \d|added [+-]\d", out), out
+    assert "failed: direct: " in err and ("500" in err if status else "IncompleteReadError" in err), err
+    assert json.loads(ns.json.read_text())["summary"] == []
+
+
+def test_aiperf_side_by_side_without_aiperf_says_so_before_anything_runs(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "aiperf_rate_side_by_side.py"), "--aiperf-venv",
+                          str(tmp_path / "none"), "--metralectl", "tree", "--llama-server", "/bin/false",
+                          "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert f"NOT MEASURED: AIPerf's venv {tmp_path / 'none'} has no bin/aiperf" in out.stderr, out.stderr
+    assert out.stdout == "" and not (tmp_path / "r.json").exists()
+
+
+def test_benchy_side_by_side_without_llama_benchy_says_so(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "llama_benchy_side_by_side.py"), "--benchy-venv",
+                          str(tmp_path / "none"), "--gguf", str(tmp_path / "x.gguf"), "--tokenizer",
+                          str(tmp_path / "tokenizer.json"), "--llama-server", "/bin/false",
+                          "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert f"NOT MEASURED: llama-benchy's venv {tmp_path / 'none'} has no bin/llama-benchy" in out.stderr, out.stderr
+    assert out.stdout == "" and not (tmp_path / "r.json").exists()
+
+
+def test_benchy_side_by_side_stops_at_a_llama_server_that_exits(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "llama-benchy").symlink_to("/bin/true")
+    out = subprocess.run([sys.executable, str(BENCH / "llama_benchy_side_by_side.py"), "--benchy-venv", str(venv),
+                          "--gguf", str(tmp_path / "x.gguf"), "--tokenizer", str(tmp_path / "tokenizer.json"),
+                          "--llama-server", "/bin/false", "--depths", "0", "--json", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 1 and "llama-server exited" in out.stderr, out.stderr
+    assert out.stdout == "" and not (tmp_path / "r.json").exists()
+
+
+def test_benchy_requests_that_failed_are_no_speeds(tmp_path: Path) -> None:
+    """llama-benchy exits 0 after 'Error during run' and still writes speeds: they would be averaged in."""
+    benchy = script("llama_benchy_side_by_side")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    result = {"latency_ms": 1.0, "benchmarks": [{"context_size": 0, "pp_throughput": {"values": [100.0]},
+                                                 "tg_throughput": {"values": [10.0]}, "e2e_ttft": {"values": [5.0]}}]}
+    fake = venv / "bin" / "llama-benchy"
+    fake.write_text("#!/bin/sh\necho 'Error during run: HTTP 500'\nwhile [ \"$1\" != --save-result ]; do shift; done\n"
+                    f"echo '{json.dumps(result)}' > \"$2\"\n")
+    fake.chmod(0o755)
+    a = argparse.Namespace(pp=8, tg=2, depths=[0], runs=1)
+    with pytest.raises(SystemExit, match="NOT MEASURED: llama-benchy said 2 request error"):
+        benchy.run_benchy(venv, "http://127.0.0.1:9", tmp_path / "tok.json", tmp_path, a, tmp_path / "out.json")
+
+
+class _Box:
+    """gateway_overhead's Box, answering every `metralectl bench run` with one completed process."""
+
+    def __init__(self, done: subprocess.CompletedProcess[str]) -> None:
+        self.done = done
+
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return self.done
+
+
+@pytest.mark.parametrize("rc,stdout", [(1, "Traceback..."), (0, json.dumps({"status": "completed", "summary": {
+    "headline": {"c1_isl8_osl4.ttft_ms_p50": 1.0, "c1_isl8_osl4.ttft_ms_p99": 2.0, "c1_isl8_osl4.output_tok_s": 9.0,
+                 "c1_isl8_osl4.requests": 4, "c1_isl8_osl4.errors": 3}}}))])
+def test_sequential_overhead_counts_no_bench_that_failed_or_had_errors(
+        rc: int, stdout: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    overhead = script("gateway_overhead")
+    ns = argparse.Namespace(isl=8, osl=4, duration=1, warmup=0, alias="overhead", json=tmp_path / "r.json")
+    row = overhead.bench(_Box(subprocess.CompletedProcess([], rc, stdout, "engine said no")), "http://x", ns, 1)
+    assert "failed" in row and ("3 errors" if rc == 0 else "bench exited 1") in row["failed"], row
+    rows = [{"round": 0, "concurrency": 1, "target": t, **row} for t in ("direct", "gateway")]
+    assert overhead.report(rows, [1], ns) == 1
+    out, err = capsys.readouterr()
+    assert "1  gateway  no measurement" in out and not re.search(r"\d+\.\d{2} ", out.split("\n", 1)[1]), out
+    assert "failed: c=1 gateway round 0: " in err and "engine said no" in err, err
+    assert json.loads(ns.json.read_text())["medians"] == []
+
+
+@pytest.mark.parametrize("status", [b"500 Internal Server Error", b""])
+def test_paired_overhead_stops_at_an_engine_that_cannot_size_its_prompts(status: bytes) -> None:
+    paired = script("gateway_paired")
+
+    async def serve_and_size() -> list[str]:
+        server = await _answering(status)
+        try:
+            url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            return await asyncio.to_thread(paired.sized_prompts, url, 8)
+        finally:
+            server.close()
+
+    with pytest.raises(SystemExit, match=r"NOT MEASURED: the engine at http://127\.0\.0\.1:\d+ did not size the "
+                                         r"prompts \(/tokenize, /detokenize\): " + ("HTTPError" if status else "")):
+        asyncio.run(serve_and_size())
