@@ -31,6 +31,14 @@ class Serving:
     rank: int | None = None  # multi-rank deployments: which rank this container is
     node: str | None = None  # ... and the Docker endpoint of its node
 
+    @property
+    def host_process(self) -> bool:
+        """Whether this engine runs as a process on this host (seams/process: its image is `process:<program>`),
+        not in a container."""
+        from metralectl.lifecycle.local_runtime import PROCESS_IMAGE_PREFIX
+
+        return self.image.startswith(PROCESS_IMAGE_PREFIX)
+
 
 @dataclass(frozen=True)
 class StatusReport:

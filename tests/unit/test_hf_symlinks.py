@@ -1,5 +1,5 @@
 """Symlinked sandboxes in the HF cache (issue 27, class 2): a repository folder, a snapshot entry, `blobs`,
-`.metralectl-partial`, a `.part` or `refs/main` that is a link to something outside the cache (a sentinel
+`.metralectl-partial`, a `.part`, its sidecar or `refs/main` that is a link to something outside the cache (a sentinel
 in the test's tmp tree). `pull`, `rm`, `prune` and `list` run as the CLI in a subprocess; each leaves
 every sentinel byte for byte, never reads through such a link (a FIFO behind one would hang it), and
 says what it left alone.
@@ -205,6 +205,26 @@ def test_a_part_that_is_a_link_is_replaced_never_written_through(hub: FakeHub, o
     assert out.returncode == 0, out.stderr
     assert f"{sha}.part: a symbolic link where a partial download belongs" in out.stderr
     assert "resuming" not in out.stderr and weights_of() == "complete"
+    untouched(outside, before)
+
+
+def test_a_sidecar_that_is_a_link_is_neither_followed_nor_resumed_from(hub: FakeHub, outside: Path) -> None:
+    """A genuine first MiB in the part, its sidecar a link to a file an attacker wrote (it names the same content
+    and an ETag of theirs, to be sent back as If-Range): the link is removed as an entry, the file starts afresh."""
+    sha = hub.repos[REPO].files[BIG].sha256
+    folder = hfstaging.partial_folder(base())
+    folder.mkdir(parents=True)
+    (folder / f"{sha}.part").write_bytes(FILES[BIG][: 1 << 20])
+    planted = {"repo": REPO, "path": BIG, "sha256": sha, "size": len(FILES[BIG]), "commit": hub.repos[REPO].commit,
+               "validator": '"attacker-etag"'}
+    (outside / "sidecar.json").write_text(json.dumps(planted))
+    (folder / f"{sha}.json").symlink_to(outside / "sidecar.json")
+    before = tree(outside)
+    out = cli("pull", FLAGSHIP, "--weights-only")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"{sha}.json: a symbolic link where a partial download belongs" in out.stderr, out.stderr
+    assert "resuming" not in out.stderr and weights_of() == "complete"  # a fresh download, not the planted state
+    assert not (folder / f"{sha}.json").is_symlink()
     untouched(outside, before)
 
 

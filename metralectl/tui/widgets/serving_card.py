@@ -1,4 +1,5 @@
-"""What is served: recipe, endpoint, health, uptime, image revision; the last swap; a degraded state."""
+"""What is served: recipe, endpoint, health, uptime, image revision (or "process": a host process); the last swap; a
+degraded state."""
 
 from __future__ import annotations
 
@@ -59,8 +60,10 @@ class ServingCard(Static):
             recipe = line(s.recipe, style="bold")
             if not s.state.startswith("running"):
                 recipe.append_text(line(f" ({s.state})", style="yellow"))
-            table.add_row(recipe, _health(s.health), line(s.uptime), endpoint, line(s.image_revision or "-"),
-                          line(s.owner))
+            # a host process has no image to revise: say that it runs as one (`runtime: process`), since an
+            # operator stopping it or reading its logs looks on the host, not in Docker
+            revision = Text("process", style="cyan") if s.host_process else line(s.image_revision or "-")
+            table.add_row(recipe, _health(s.health), line(s.uptime), endpoint, revision, line(s.owner))
         parts: list[Table | Text] = [table] if report.serving else [
             Text("Nothing is served. Pick a recipe in the Library (2) and press r to run it.", style="dim")]
         if report.degraded:
