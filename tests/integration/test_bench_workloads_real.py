@@ -197,9 +197,11 @@ def test_rate_sweep_to_saturation_says_where_and_why_it_stopped(server: str, tmp
         assert h[f"rate{r:g}.goodput_rps"] is not None and h[f"rate{r:g}.output_tok_s"] is not None, h
         assert 0 <= h[f"rate{r:g}.goodput_rps"] <= h[f"rate{r:g}.offered_rps"] + 1e-9
     # max_inflight (256) is a ceiling: opened up front, the idle connections held this 1-slot server's 3 HTTP
-    # threads and requests sent on the others waited for a keep-alive timeout (5 s) before it read them
+    # threads and requests sent on the others waited for a keep-alive timeout (5 s) before it read them. Below
+    # saturation (2/s) a few are in flight at once; past it requests pile up, each on a connection of its own (94
+    # opened at 16/s on CI), which is what an open loop is for
     opened = [s["client_health"]["connections_opened"] for s in doc["stages"]]
-    assert all(1 <= n <= 64 for n in opened), opened
+    assert 1 <= opened[0] <= 64 and all(n >= 1 for n in opened), opened
 
 
 def test_shared_prefix_every_user_sends_the_one_system_prompt(server: str, tmp_path: Path) -> None:
