@@ -3,7 +3,7 @@
 competing for the cores.
 
     python3 benchmarks/gateway_relay_cpu.py [--tree DIR ...] [--streams 64] [--events 200] [--interval-ms 2]
-        [--rounds 3] [--json FILE]
+        [--requests 1] [--lockstep] [--rounds 3] [--json FILE]
 
 A stub engine (this process, asyncio) answers each POST with a chunked SSE stream of `--events` events of an
 OpenAI chat chunk's size, one write per event, `--interval-ms` apart (an engine's token pace, so the gateway
@@ -12,6 +12,12 @@ gateway started in a child process from each `--tree` (a checkout's root: compar
 goes first alternating by round) with the real `Gateway` class and a fixed one-route table. The child's CPU
 (user + system, from /proc) over the streaming is divided by the events relayed. Every client checks that it
 received every event in order and the stream's end; a lost or torn event fails the run (exit 1).
+
+With `--requests N` each client sends N streamed requests one after another, so new requests arrive while the
+other streams flow (with `--lockstep`, as behind an engine that batches: its streams end together and their clients
+send again together), and the
+gateway's own time per request from inside it (METRALECTL_GATEWAY_TIMING: its last byte in to its write to the
+engine, timing.py) is reported too, its median and p99: what a request waits behind the relay of the others.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,11 +53,35 @@ class Fixed:
 
 sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(512)
 def ready(_table): print(sock.getsockname()[1], flush=True)
-asyncio.run(serve(Gateway(Fixed()), sock, ready))
+try:
+    asyncio.run(serve(Gateway(Fixed()), sock, ready))
+except KeyboardInterrupt:  # stopped by the benchmark (SIGINT: the gateway writes its timing file as it stops)
+    pass
 """
 
 
-async def stub_engine(events: int, interval: float) -> tuple[asyncio.base_events.Server, int]:
+class Ticks:
+    """One clock for every stream (an engine's batch step: all its streams get their next token at once)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.next: asyncio.Future[None] | None = None
+
+    async def wait(self) -> None:
+        if self.next is None:
+            self.next = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_later(self.interval, self._tick)
+        await asyncio.shield(self.next)
+
+    def _tick(self) -> None:
+        now, self.next = self.next, None
+        if now is not None:
+            now.set_result(None)
+
+
+async def stub_engine(events: int, interval: float, lockstep: bool = False) -> tuple[asyncio.base_events.Server, int]:
+    ticks = Ticks(interval)
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
@@ -62,7 +94,7 @@ async def stub_engine(events: int, interval: float) -> tuple[asyncio.base_events
                     data = (CHUNK % i).encode()
                     writer.write(b"%x\r\n%s\r\n" % (len(data), data))
                     await writer.drain()
-                    await asyncio.sleep(interval)
+                    await (ticks.wait() if lockstep else asyncio.sleep(interval))
                 done = b"data: [DONE]\n\n"
                 writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
                 await writer.drain()
@@ -110,9 +142,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def measure(tree: Path, ns: argparse.Namespace) -> dict[str, float]:
-    server, upstream = await stub_engine(ns.events, ns.interval_ms / 1000)
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    server, upstream = await stub_engine(ns.events, ns.interval_ms / 1000, ns.lockstep)
+    timing_file = Path(tempfile.mkdtemp()) / "timing.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(tree), "METRALECTL_GATEWAY_TIMING": str(timing_file)}
     child = subprocess.Popen([ns.python, "-c", CHILD, str(upstream)], stdout=subprocess.PIPE, text=True, env=env)
+    stopped = False
     try:
         assert child.stdout is not None
         said = await asyncio.to_thread(child.stdout.readline)
@@ -122,13 +156,27 @@ async def measure(tree: Path, ns: argparse.Namespace) -> dict[str, float]:
         port = int(said)
         await one_stream(port, ns.events)  # warm: imports, first connection
         before, began = cpu_seconds(child.pid), time.monotonic()
-        relayed = sum(await asyncio.gather(*(one_stream(port, ns.events) for _ in range(ns.streams))))
+        relayed = sum(await asyncio.gather(*(client(port, ns.events, ns.requests) for _ in range(ns.streams))))
         cpu, wall = cpu_seconds(child.pid) - before, time.monotonic() - began
+        child.send_signal(signal.SIGINT)  # the gateway writes its timing file as it stops
+        await asyncio.to_thread(child.wait, 30)
+        stopped = True
     finally:
-        child.terminate()
+        if not stopped:
+            child.terminate()
         child.wait(timeout=10)
         server.close()
-    return {"cpu_s": cpu, "wall_s": wall, "events": relayed, "cpu_us_per_event": cpu / relayed * 1e6}
+    ups = sorted(json.loads(line)["up_ns"] / 1e3 for line in timing_file.read_text().splitlines()[1:]) \
+        if timing_file.exists() else []
+    if len(ups) != ns.streams * ns.requests:
+        raise SystemExit(f"NOT MEASURED: the gateway kept its time for {len(ups)} requests of "
+                         f"{ns.streams * ns.requests} (from {tree})")
+    return {"cpu_s": cpu, "wall_s": wall, "events": relayed, "cpu_us_per_event": cpu / relayed * 1e6,
+            "up_p50_us": ups[len(ups) // 2], "up_p99_us": ups[min(len(ups) - 1, int(len(ups) * 0.99))]}
+
+
+async def client(port: int, events: int, requests: int) -> int:
+    return sum([await one_stream(port, events) for _ in range(requests)])
 
 
 def main() -> int:
@@ -137,6 +185,9 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--interval-ms", type=float, default=2.0)
+    parser.add_argument("--requests", type=int, default=1, help="streamed requests per client, one after another")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="every stream's next event at the same moment (an engine's batch step), not each on its own")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--json", type=Path)
@@ -148,10 +199,14 @@ def main() -> int:
             row = asyncio.run(measure(tree, ns))
             rows[str(tree)].append(row)
             print(f"round {r + 1} {tree}: {row['cpu_us_per_event']:.1f} µs CPU/event "
-                  f"({row['events']:.0f} events, {row['cpu_s']:.2f} s CPU in {row['wall_s']:.2f} s)", file=sys.stderr)
+                  f"({row['events']:.0f} events, {row['cpu_s']:.2f} s CPU in {row['wall_s']:.2f} s); own time per "
+                  f"request p50 {row['up_p50_us']:.0f} µs, p99 {row['up_p99_us']:.0f} µs", file=sys.stderr)
     summary = {tree: statistics.median(x["cpu_us_per_event"] for x in got) for tree, got in rows.items()}
     for tree, value in summary.items():
-        print(f"{value:8.1f} µs CPU per event (median of {ns.rounds})  {tree}")
+        up50 = statistics.median(x["up_p50_us"] for x in rows[tree])
+        up99 = statistics.median(x["up_p99_us"] for x in rows[tree])
+        print(f"{value:8.1f} µs CPU per event, own time per request p50 {up50:.0f} µs p99 {up99:.0f} µs "
+              f"(medians of {ns.rounds})  {tree}")
     if ns.json:
         ns.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(ns).items()}, "rounds": rows,
                                        "median_cpu_us_per_event": summary}, indent=2) + "\n")

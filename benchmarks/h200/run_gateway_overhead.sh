@@ -14,7 +14,8 @@
 #
 # Env: KIT, OUT, WORK (as run_lifecycle_gpu.sh: kept on a warm machine), DEADLINE_S (default 560),
 # DESIGN (paired), ROUNDS (4), DURATION (25 s per round and concurrency, after WARMUP 3), CONCURRENCIES (1,16,64),
-# PRESET (1b), BUILD_ONLY (1: stop once built). The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
+# PRESET (1b), BUILD_ONLY (1: stop once built), LLAMA_SERVER (a llama-server built on an earlier machine of this kind,
+# or a .tar.xz of its bin/llama-server: no build, one call). The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
 # plus ~60 s (4 x 3 x 28 s = 336 s): it must fit one call after the venv, so keep it under ~450 s (--budget stops
 # starting phases that would end past the call's limit; what ran is reported). Exit 0 when every request was
 # answered; the targets are judged in the table (gateway-overhead.txt and .md in the tar, and on stdout).
@@ -36,8 +37,17 @@ source "$HERE/kit_venv.sh"
 kit_venv "$VENV" || exit 1
 (cd "$WORK" && "$VENV/bin/metralectl" --version) >&2
 
-BIN="$(KIT="$KIT" WORK="$WORK" BUDGET_S=$((DEADLINE_S - 30 - (SECONDS - START))) bash "$HERE/build_llama_server_cuda.sh")" || {
-  note "the build is not finished; call again while the machine is warm"; exit 3; }
+if [ -n "${LLAMA_SERVER:-}" ]; then  # one built on an earlier machine of the same kind (a .tar.xz of bin/llama-server)
+  case "$LLAMA_SERVER" in
+    *.tar.xz) mkdir -p "$WORK/prebuilt" && tar -xJf "$LLAMA_SERVER" -C "$WORK/prebuilt" || exit 1
+              BIN="$WORK/prebuilt/bin/llama-server" ;;
+    *) BIN="$LLAMA_SERVER" ;;
+  esac
+  "$BIN" --version >&2 || { note "FAILED: $BIN does not run here"; exit 1; }
+else
+  BIN="$(KIT="$KIT" WORK="$WORK" BUDGET_S=$((DEADLINE_S - 30 - (SECONDS - START))) bash "$HERE/build_llama_server_cuda.sh")" || {
+    note "the build is not finished; call again while the machine is warm"; exit 3; }
+fi
 note "llama-server: $BIN"
 if [ -n "${BUILD_ONLY:-}" ]; then note "built (BUILD_ONLY): call again for the measurement"; exit 0; fi
 left=$((DEADLINE_S - (SECONDS - START)))

@@ -1,15 +1,19 @@
 """The gateway's connections to engines, per address: kept-alive ones given back after an answer, and a spare
 opened ahead of need, so a request's path to its engine holds no TCP connect.
 
-Why a spare: a streamed (chunked) answer's connection is not reused (server.py/http1.py say why: llama-server
+Why spares: a streamed (chunked) answer's connection is not reused (server.py/http1.py say why: llama-server
 closes some of them late), so without one every streamed request paid a loopback connect on its way to the
 engine: ~0.1 ms at the median on the 2-core box and up to 8 ms at p99 there, most of the gateway's own time
 (benchmarks/gateway_overhead.py measures it from inside, metralectl/gateway/timing.py). Taking a connection
 opens its replacement in the background, off the request's path. One spare per address is enough (the refill
-takes ~0.1 ms, requests rarely come closer together) and costs the engine little: an idle connection holds one of
-llama-server's HTTP threads while it waits (it keeps parallel + 4 and makes more on demand). An engine drops an
-idle one after its keep-alive timeout (llama-server: 5 s): noticed as closed at the next take, which then
-connects inline, as before, and opens a new spare.
+takes ~0.1 ms) while requests come one at a time. Under concurrency they come in bursts (an engine batches its
+streams, so they end, and their clients send the next request, together): on the lent H200 at 16 and 64 streams
+one spare left most requests of a burst to connect inline, which cost ~1 ms at the median (p10 0.11 ms), so the
+number kept ahead follows the bursts seen: each take that finds none adds one, up to MAX_SPARES. An idle
+connection costs the engine little: it holds one of llama-server's HTTP threads while it waits (it keeps
+parallel + 4 and makes more on demand). An engine drops an idle one after its keep-alive timeout (llama-server:
+5 s): noticed as closed at the next take, which gives one spare back (the load that wanted it has gone), then
+connects inline and opens a new spare.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from metralectl.gateway import http1
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 Address = tuple[str, int]
 KEPT_PER_ENGINE = 128  # kept-alive connections given back, per address
-SPARES = 1  # connections opened ahead, per address
+SPARES = 1  # connections opened ahead, per address, at first
+MAX_SPARES = 32  # the most it grows to under bursts of requests
 
 
 class Pool:
     def __init__(self, connect_timeout_s: float, spares: int = SPARES) -> None:
         self.connect_timeout_s, self.spares = connect_timeout_s, spares
+        self._wanted: dict[Address, int] = {}  # spares kept ahead per address: grows with bursts (above)
         self._idle: dict[Address, list[Conn]] = {}
         self._opening: dict[Address, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -37,16 +43,25 @@ class Pool:
         """A live kept or spare connection (True: the engine may have closed it meanwhile: a failure on it is
         worth a retry on a fresh one), else a new one (False). OSError or TimeoutError when none can be made."""
         idle = self._idle.get(address)
+        first = address not in self._wanted  # nothing was opened ahead yet: not a burst
+        self._wanted.setdefault(address, self.spares)
         try:
             while idle:
                 reader, writer = idle.pop()
                 if not writer.is_closing() and not reader.at_eof():
                     return reader, writer, True
-                writer.close()
+                writer.close()  # it idled past the engine's keep-alive: one spare fewer is wanted
+                self._wanted[address] = max(self.spares, self._wanted[address] - 1)
+            if self.spares and not first:  # a burst outran the spares: one more ahead for the next
+                self._wanted[address] = min(MAX_SPARES, self._wanted[address] + 1)
             reader, writer = await asyncio.wait_for(self._open(address), self.connect_timeout_s)
             return reader, writer, False
         finally:
             self._ahead(address)
+
+    def wanted(self, address: Address) -> int:
+        """How many connections are kept open ahead for `address` now."""
+        return self._wanted.get(address, self.spares)
 
     def give(self, address: Address, conn: Conn, reusable: bool) -> None:
         idle = self._idle.setdefault(address, [])
@@ -72,12 +87,11 @@ class Pool:
         return reader, writer
 
     def _ahead(self, address: Address) -> None:
-        if len(self._idle.get(address, ())) + self._opening.get(address, 0) >= self.spares:
-            return
-        self._opening[address] = self._opening.get(address, 0) + 1
-        task = asyncio.ensure_future(self._spare(address))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        for _ in range(self.wanted(address) - len(self._idle.get(address, ())) - self._opening.get(address, 0)):
+            self._opening[address] = self._opening.get(address, 0) + 1
+            task = asyncio.ensure_future(self._spare(address))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _spare(self, address: Address) -> None:
         try:
