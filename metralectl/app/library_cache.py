@@ -65,8 +65,9 @@ def read(hardware: str | None) -> tuple[dict[str, Any] | None, str]:
         return None, key
     from metralectl.seams.hf import state as hfstate
 
+    hub = paths.hf_hub_cache()  # once, not per recipe: it reads the environment and the home directory
     for row, checkpoint in zip(rows, checkpoints):  # plain dicts: no recipe types
-        row["weights"] = hfstate.status(SimpleNamespace(**checkpoint))
+        row["weights"] = hfstate.status(SimpleNamespace(**checkpoint), hub)
     return {"target": view["target"], "rows": rows}, key
 
 

@@ -93,6 +93,22 @@ def test_the_timed_starts_load_no_typer_no_yaml_no_other_command(args: list[str]
     assert loaded(args, ("typer", "yaml", *COMMAND_MODULES, *HEAVY)) == "", args
 
 
+@pytest.mark.parametrize("args", [["--help"], ["-h"], [], ["list", "-h"], ["tui", "--help"]])
+def test_help_loads_no_shutil(args: list[str]) -> None:
+    # Click imports shutil (with zlib, bz2 and lzma) for the terminal's width when it is given none: ~3 ms of --help
+    assert loaded(args, ("shutil", "bz2", "lzma")) == "", args
+
+
+@pytest.mark.parametrize("columns", ["", "0", "x", "30", "52", "79", "80", "81", "200"])
+def test_the_help_width_is_the_one_click_would_take(columns: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from metralectl.cli.main import help_width
+
+    monkeypatch.setenv("COLUMNS", columns)
+    assert help_width() == max(min(shutil.get_terminal_size().columns, 80) - 2, 50)
+
+
 @pytest.mark.parametrize("args", [["ps"], ["ps", "--json"], ["--debug", "ps", "--json"], ["ps", "-h"]])
 def test_ps_loads_no_typer_no_yaml_no_other_command_and_no_docker_py(args: list[str], tmp_path: Path) -> None:
     watched = ("typer", "yaml", "docker", "requests", "paramiko", "httpx", "metralectl.app.serving", *COMMAND_MODULES)
