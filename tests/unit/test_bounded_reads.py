@@ -187,3 +187,91 @@ def test_the_open_event_is_measured_across_any_split_of_the_reads(seed: int) -> 
             cut = raw.keep(0, data[at:at + step], event_limit=limit)
             at += step
         assert (cut is not None) == over, (seed, at, cut)
+
+
+class _EndlessDaemon:
+    """A unix socket that answers GET /version as Docker does and every other GET with a JSON body without end
+    (no length, chunks until the client leaves): what the fast Docker transport reads must stay bounded."""
+
+    def __init__(self, path: Path) -> None:
+        import socket
+        import threading
+
+        self.path, self.sent, self.ended = path, 0, threading.Event()
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(8)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: object) -> None:
+        import socket
+
+        assert isinstance(conn, socket.socket)
+        with conn:
+            while True:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    piece = conn.recv(4096)
+                    if not piece:
+                        return
+                    head += piece
+                path = head.split(b" ", 2)[1].decode()
+                if path.startswith("/version"):
+                    body = json.dumps({"ApiVersion": "1.41", "Version": "20.10.24"}).encode()
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(body), body))
+                    continue
+                try:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n[")
+                    while True:
+                        conn.sendall(b'{"Id": "x"},' * 4096)
+                        self.sent += 12 * 4096
+                except OSError:  # the client closed it: it stopped reading
+                    self.ended.set()
+                return
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_docker_socket_whose_answer_never_ends_is_read_to_a_cap(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from metralectl.seams.docker import transport
+
+    monkeypatch.setattr(transport, "ANSWER_CAP", 2 * MiB)
+    daemon = _EndlessDaemon(tmp_path / "docker.sock")
+    try:
+        reader = transport.SocketReader(f"unix://{daemon.path}", 30)
+        with pytest.raises(transport.AnswerTooLarge, match="over 2 MiB"):
+            reader.get("/containers/json", {"all": True})
+        reader.close()
+        assert daemon.ended.wait(30), "the reader never closed the connection"
+        assert daemon.sent <= 2 * MiB + SLACK
+    finally:
+        daemon.close()
+
+
+def test_ps_against_a_socket_whose_answer_never_ends_exits_69_saying_so(tmp_path: Path) -> None:
+    # the whole cap (64 MiB) crosses the socket here: a second or so
+    daemon = _EndlessDaemon(tmp_path / "docker.sock")
+    try:
+        out = subprocess.run([sys.executable, "-m", "metralectl", "ps"], capture_output=True, text=True, cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1",
+                                  "DOCKER_HOST": f"unix://{daemon.path}", "HOME": str(tmp_path)},
+                             timeout=240, stdin=subprocess.DEVNULL)
+        assert daemon.ended.wait(30), "ps never closed the connection"
+        assert daemon.sent <= 64 * MiB + SLACK
+    finally:
+        daemon.close()
+    assert out.returncode == ExitCode.UNAVAILABLE, (out.returncode, out.stderr)
+    assert "sent more than 64 MiB for GET" in _one_line_error(out.stderr)

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from metralectl.seams.docker.endpoints import Endpoint
-from metralectl.seams.docker.errors import Refused, classify_connect_error, refused_failure
-from metralectl.seams.docker.transport import SocketReader, convert_filters, quote
+from metralectl.seams.docker.errors import DockerUnavailable, Refused, classify_connect_error, refused_failure
+from metralectl.seams.docker.transport import AnswerTooLarge, SocketReader, convert_filters, quote
 
 if TYPE_CHECKING:  # docker-py is imported lazily at run time (cold start); this is for the checker only
     from docker import APIClient
@@ -162,6 +162,11 @@ class DaemonClient:
         assert self._reader is not None
         try:
             return self._reader.get(path, params)
+        except AnswerTooLarge as big:
+            raise DockerUnavailable(
+                "answer-too-large", f"what answers at {self.endpoint.url} ({self.endpoint.source}) sent more than "
+                f"{big.cap // (1024 * 1024)} MiB for GET {big.path}: not an answer metralectl reads",
+                "check that the socket is Docker's own (`docker version`), or point DOCKER_HOST at the daemon") from None
         except (OSError, http.client.HTTPException) as exc:
             raise classify_connect_error(self.endpoint, exc) from None
 

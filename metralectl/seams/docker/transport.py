@@ -20,6 +20,17 @@ from typing import Any
 from metralectl.seams.docker.errors import Refused
 
 PREFIX = "http+docker://localhost"  # how docker-py names a unix-socket daemon in its URLs and errors
+# The most of one answer kept: a container list of a thousand containers with their labels is a few MB; what
+# listens on the socket is read as data, and a socket that never ends its answer must not take the memory.
+ANSWER_CAP = 64 * 1024 * 1024
+
+
+class AnswerTooLarge(http.client.HTTPException):
+    """What answered on the daemon's socket sent more than ANSWER_CAP bytes for one request."""
+
+    def __init__(self, path: str, cap: int) -> None:
+        super().__init__(f"the answer to GET {path} is over {cap // (1024 * 1024)} MiB")
+        self.path, self.cap = path, cap
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -82,8 +93,13 @@ class SocketReader:
             try:
                 self._conn.request("GET", path, headers={"User-Agent": "metralectl"})
                 reply = self._conn.getresponse()
-                body = reply.read()
+                body = reply.read(ANSWER_CAP + 1)
+                if len(body) > ANSWER_CAP:
+                    self._drop()  # the rest is never read: the connection cannot be used again
+                    raise AnswerTooLarge(path.split("?", 1)[0], ANSWER_CAP)
                 break
+            except AnswerTooLarge:
+                raise
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()
                 if reused and attempt == 1 and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError,
