@@ -65,7 +65,8 @@ def collect(runtime: ContainerRuntime) -> StatusReport:
 def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, str | None]] | None = None) -> None:
     """What the daemon's labelled containers say is served, as a table (stderr: notes) or JSON. The engine is the
     one the recipe named on the container's label runs on, from the catalog (`?` / null: a recipe it lacks). The
-    memory: measured per container through NVML, else the recipe's estimate (labelled), else `?` / null.
+    memory: measured per container through NVML, else the recipe's estimate (labelled), else `?` / null. An engine
+    run as a host process reads `process` where a container's image revision goes (`runtime` in JSON).
     Labels are anyone's on a shared daemon: the table escapes every cell, the notes are escaped here."""
     from metralectl.safetext import clean
     from metralectl.wording import count
@@ -76,8 +77,9 @@ def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, s
     gateways = _gateways()
     if as_json:
         data = report.to_json()
-        for entry, (gb, source) in zip(data["serving"], memory):
+        for entry, serving, (gb, source) in zip(data["serving"], report.serving, memory):
             entry["engine"] = engines.get(entry["recipe"])
+            entry["runtime"] = "process" if serving.host_process else "docker"
             entry["memory_gb"], entry["memory_source"] = gb, source
         data["gateways"] = gateways
         print(json.dumps(data, indent=2))
@@ -86,7 +88,7 @@ def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, s
     from metralectl.present.table import render_table
 
     rows = [[s.recipe, engines.get(s.recipe, "?"), s.name, s.owner, s.state, s.health, s.uptime,
-             label(*mem), s.endpoint, (s.image_revision or "-")[:24]]
+             label(*mem), s.endpoint, "process" if s.host_process else (s.image_revision or "-")[:24]]
             for s, mem in zip(report.serving, memory)]
     headers = ["RECIPE", "ENGINE", "CONTAINER", "OWNER", "STATE", "HEALTH", "UPTIME", "MEM GB", "ENDPOINT",
                "IMAGE REVISION"]

@@ -70,6 +70,18 @@ def test_ps_table_has_a_memory_column_and_says_what_an_estimate_is(capsys: pytes
     assert "`est.` is the recipe's estimate" in err
 
 
+def test_ps_says_which_engine_runs_as_a_host_process(capsys: pytest.CaptureFixture[str]) -> None:
+    from metralectl.lifecycle.local_runtime import PROCESS_IMAGE_PREFIX
+
+    report = StatusReport([ROW, replace(ROW, name="metralectl-b", recipe="gemma", image_revision=None,
+                                        image=f"{PROCESS_IMAGE_PREFIX}llama-server")])
+    ps_report.show(report, as_json=False, memory=MEMORY)
+    _, first, second = capsys.readouterr().out.splitlines()
+    assert first.rstrip().endswith(" abc") and second.rstrip().endswith(" process")
+    ps_report.show(report, as_json=True, memory=MEMORY)
+    assert [s["runtime"] for s in json.loads(capsys.readouterr().out)["serving"]] == ["docker", "process"]
+
+
 def test_ps_json_gives_memory_and_its_source(capsys: pytest.CaptureFixture[str]) -> None:
     ps_report.show(_report(), as_json=True, memory=[(41.2, "nvml"), (None, None)])
     serving = json.loads(capsys.readouterr().out)["serving"]
