@@ -166,9 +166,10 @@ def run_metralectl(mctl: list[str], env: dict[str, str], url: str, home: Path, p
                           cwd=cwd, timeout=1800)
     try:
         doc = json.loads(done.stdout)
-    except ValueError:
-        return cmd, {"run_failed": f"metralectl exit {done.returncode}, no record: {done.stderr[-1500:]}"}
-    lines = (home / "runs" / "rate" / doc["run_id"] / doc["requests_file"]).read_text().splitlines()
+        lines = (home / "runs" / "rate" / doc["run_id"] / doc["requests_file"]).read_text().splitlines()
+    except (ValueError, TypeError, KeyError, OSError) as exc:  # no record, or one without its requests: not measured
+        return cmd, {"run_failed": f"metralectl exit {done.returncode}, no usable record ({type(exc).__name__}: "
+                                   f"{exc}): {done.stderr[-1500:]}"}
     return cmd, T.metralectl_result(doc, [json.loads(x) for x in lines if x.strip()], done.returncode)
 
 

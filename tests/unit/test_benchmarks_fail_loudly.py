@@ -297,3 +297,12 @@ def test_paired_overhead_stops_at_an_engine_that_cannot_size_its_prompts(status:
     with pytest.raises(SystemExit, match=r"NOT MEASURED: the engine at http://127\.0\.0\.1:\d+ did not size the "
                                          r"prompts \(/tokenize, /detokenize\): " + ("HTTPError" if status else "")):
         asyncio.run(serve_and_size())
+
+
+@pytest.mark.parametrize("printed", ['{"status": "ok"}', '{"run_id": "r1", "requests_file": "requests.jsonl"}', "[]"])
+def test_aiperf_side_by_side_takes_a_record_without_its_requests_as_not_measured(tmp_path: Path, printed: str) -> None:
+    # a record with no run_id, one whose requests file is not there, or no object at all: run_failed, no traceback
+    sbs = script("aiperf_rate_side_by_side")
+    fake = [sys.executable, "-c", f"print({printed!r})"]
+    cmd, got = sbs.run_metralectl(fake, {}, "http://127.0.0.1:9", tmp_path, ["rates=1"], tmp_path)
+    assert set(got) == {"run_failed"} and "no usable record" in got["run_failed"], got
