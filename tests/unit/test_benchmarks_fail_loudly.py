@@ -250,9 +250,37 @@ def test_benchy_requests_that_failed_are_no_speeds(tmp_path: Path) -> None:
     fake.write_text("#!/bin/sh\necho 'Error during run: HTTP 500'\nwhile [ \"$1\" != --save-result ]; do shift; done\n"
                     f"echo '{json.dumps(result)}' > \"$2\"\n")
     fake.chmod(0o755)
-    a = argparse.Namespace(pp=8, tg=2, depths=[0], runs=1)
-    with pytest.raises(SystemExit, match="NOT MEASURED: llama-benchy said 2 request error"):
-        benchy.run_benchy(venv, "http://127.0.0.1:9", tmp_path / "tok.json", tmp_path, a, tmp_path / "out.json")
+    a = argparse.Namespace(pp=8, tg=2, depths=[0], runs=1, benchy_attempts=3)  # not a lost connection: no retry
+    with pytest.raises(SystemExit, match=r"NOT MEASURED: llama-benchy said 2 request error\(s\) \(attempt 1\)"):
+        benchy.run_benchy_attempts(venv, "http://127.0.0.1:9", tmp_path / "tok.json", tmp_path, a,
+                                   tmp_path / "out.json")
+
+
+@pytest.mark.parametrize("attempts", [2, 3])
+def test_benchy_is_run_again_only_for_connections_the_server_closed_and_says_so(tmp_path: Path,
+                                                                                attempts: int) -> None:
+    benchy = script("llama_benchy_side_by_side")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    result = {"latency_ms": 1.0, "benchmarks": [{"context_size": 0, "pp_throughput": {"values": [100.0]},
+                                                 "tg_throughput": None, "e2e_ttft": {"values": [5.0]}}]}
+    fake = venv / "bin" / "llama-benchy"  # its first two runs each lose a request to a closed connection
+    counter = tmp_path / "n"
+    fake.write_text(f"#!/bin/sh\nn=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}\n"
+                    "[ \"$n\" -lt 2 ] && echo 'Error during run: Server disconnected'\n"
+                    "while [ \"$1\" != --save-result ]; do shift; done\n"
+                    f"echo '{json.dumps(result)}' > \"$2\"\n")
+    fake.chmod(0o755)
+    a = argparse.Namespace(pp=8, tg=2, depths=[0], runs=1, benchy_attempts=attempts)
+    run = lambda: benchy.run_benchy_attempts(venv, "http://127.0.0.1:9", tmp_path / "tok.json", tmp_path, a,  # noqa: E731
+                                             tmp_path / "out.json")
+    if attempts == 2:
+        with pytest.raises(SystemExit, match=r"NOT MEASURED: llama-benchy said 1 request error\(s\) \(attempt 2\)"):
+            run()
+        return
+    _, got = run()
+    assert (got["attempts"], got["disconnects_before"]) == (3, [1, 1])
+    assert got["rows"][0] == {"pp": [100.0], "tg": [], "ttft_ms": [5.0], "latency_ms": 1.0}  # no tg measured: none
 
 
 class _Box:
