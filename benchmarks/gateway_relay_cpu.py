@@ -145,7 +145,7 @@ async def measure(tree: Path, ns: argparse.Namespace) -> dict[str, float]:
     server, upstream = await stub_engine(ns.events, ns.interval_ms / 1000, ns.lockstep)
     timing_file = Path(tempfile.mkdtemp()) / "timing.jsonl"
     env = {**os.environ, "PYTHONPATH": str(tree), "METRALECTL_GATEWAY_TIMING": str(timing_file)}
-    child = subprocess.Popen([ns.python, "-c", CHILD, str(upstream)], stdout=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen([ns.python, "-c", CHILD, str(upstream)], stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
     stopped = False
     try:
         assert child.stdout is not None

@@ -1,6 +1,6 @@
-"""HTTP/1.1 framing for the gateway, on asyncio streams: a request's head and body read under caps, a response's
-head parsed, bodies relayed piece by piece as they arrive (never gathered), hop-by-hop headers dropped, and
-errors in OpenAI's shape.
+"""HTTP/1.1 framing for the gateway: a client's request read from its asyncio stream under caps, an engine's
+answer head parsed (its body is relayed by upstream.py), hop-by-hop headers dropped, and errors in OpenAI's
+shape.
 
 Plain asyncio rather than a web framework: the gateway's job is a byte relay that must cost well under a
 millisecond, and the project has no async server among its dependencies (httpx is a client; aiohttp, uvicorn
@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 HEAD_LIMIT = 64 * 1024  # a request's or a response's head (request line + headers)
 CHUNK_SIZE_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")
@@ -184,8 +184,8 @@ async def _trailers(reader: asyncio.StreamReader) -> bytes:
             raise BadRequest(400, "the chunked body's trailers are too long")
 
 
-async def read_response_head(reader: asyncio.StreamReader) -> Response:
-    lines = await read_head(reader)
+def parse_response_head(lines: list[bytes]) -> Response:
+    """An engine's answer head (its lines, the blank line excluded); BadRequest(502) when it is not HTTP/1.x."""
     parts = lines[0].decode("latin-1").split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
         raise BadRequest(502, "the engine's answer is not HTTP/1.x")
@@ -213,57 +213,6 @@ def forwarded(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 def head_bytes(first_line: str, headers: list[tuple[str, str]]) -> bytes:
     return (first_line + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode("latin-1")
-
-
-async def relay_body(upstream: asyncio.StreamReader, response: Response, client: asyncio.StreamWriter,
-                     marks: list[int] | None = None) -> bool:
-    """The engine's body to the client as it arrives, each piece written and drained at once (an SSE event is
-    never held back). The client's framing is chunked whenever the engine's is not a Content-Length. Returns
-    whether the engine's connection may be reused (its body ended where its framing said). marks: each piece's
-    time from its read to its write to the client is appended (ns; timing.py), when given."""
-    if response.status in (204, 304) or response.length == 0:
-        return response.keep_alive
-    if response.length is not None:
-        left = response.length
-        while left:
-            piece = await upstream.read(min(left, 1 << 16))
-            if not piece:
-                raise ConnectionResetError("the engine closed before the end of its answer")
-            read_at = time.perf_counter_ns() if marks is not None else 0
-            left -= len(piece)
-            client.write(piece)
-            if marks is not None:
-                marks.append(time.perf_counter_ns() - read_at)
-            await client.drain()
-        return response.keep_alive
-    if response.chunked:
-        # Bytes are passed on as they arrive, chunk framing and all (several chunks in one write when the engine is
-        # ahead: no await per chunk); ChunkEnd only watches for the last chunk, to know where the answer ends.
-        end = ChunkEnd()
-        while True:
-            piece = await upstream.read(1 << 16)
-            if not piece:
-                raise ConnectionResetError("the engine closed before the end of its answer")
-            read_at = time.perf_counter_ns() if marks is not None else 0
-            stop = end.feed(piece)
-            client.write(piece if stop is None else piece[:stop])
-            if marks is not None:
-                marks.append(time.perf_counter_ns() - read_at)
-            await client.drain()
-            if stop is not None:
-                # Not reused: llama-server often closes a connection after a streamed answer, some time after its
-                # last chunk (seen directly too: a second request on it answered hundreds of ms late, or not at all),
-                # and a request sent on it meanwhile is only sent again once that close arrives. A new loopback
-                # connection costs less (measured: the same TTFT either way on a quiet connection).
-                return False
-    while True:  # until the engine closes: re-framed as chunks
-        piece = await upstream.read(1 << 16)
-        if not piece:
-            client.write(b"0\r\n\r\n")
-            await client.drain()
-            return False
-        client.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-        await client.drain()
 
 
 class ChunkEnd:
@@ -344,6 +293,23 @@ class ClientReader(asyncio.StreamReader):
     def set_exception(self, exc: Exception) -> None:
         super().set_exception(exc)
         self._went()
+
+
+class ClientProtocol(asyncio.StreamReaderProtocol, asyncio.BufferedProtocol):
+    """A client connection's protocol: its bytes read into a buffer of its own (upstream.py says why: asyncio's
+    default read allocates 256 KiB each time), then fed to its ClientReader as a StreamReaderProtocol does."""
+
+    READ_SIZE = 64 * 1024
+
+    def __init__(self, reader: ClientReader, handle: Callable[..., Any]) -> None:
+        super().__init__(reader, handle)
+        self._read = memoryview(bytearray(self.READ_SIZE))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._read
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(self._read[:nbytes]))
 
 
 class NotSent(Exception):

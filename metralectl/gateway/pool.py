@@ -19,11 +19,9 @@ connects inline and opens a new spare.
 from __future__ import annotations
 
 import asyncio
-import socket
 
-from metralectl.gateway import http1
+from metralectl.gateway.upstream import Upstream
 
-Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 Address = tuple[str, int]
 KEPT_PER_ENGINE = 128  # kept-alive connections given back, per address
 SPARES = 1  # connections opened ahead, per address, at first
@@ -34,12 +32,12 @@ class Pool:
     def __init__(self, connect_timeout_s: float, spares: int = SPARES) -> None:
         self.connect_timeout_s, self.spares = connect_timeout_s, spares
         self._wanted: dict[Address, int] = {}  # spares kept ahead per address: grows with bursts (above)
-        self._idle: dict[Address, list[Conn]] = {}
+        self._idle: dict[Address, list[Upstream]] = {}
         self._opening: dict[Address, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.opened = 0  # connections made, inline or ahead (tests read it)
 
-    async def take(self, address: Address) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+    async def take(self, address: Address) -> tuple[Upstream, bool]:
         """A live kept or spare connection (True: the engine may have closed it meanwhile: a failure on it is
         worth a retry on a fresh one), else a new one (False). OSError or TimeoutError when none can be made."""
         idle = self._idle.get(address)
@@ -47,15 +45,14 @@ class Pool:
         self._wanted.setdefault(address, self.spares)
         try:
             while idle:
-                reader, writer = idle.pop()
-                if not writer.is_closing() and not reader.at_eof():
-                    return reader, writer, True
-                writer.close()  # it idled past the engine's keep-alive: one spare fewer is wanted
+                conn = idle.pop()
+                if not conn.closed:
+                    return conn, True
+                conn.close()  # it idled past the engine's keep-alive: one spare fewer is wanted
                 self._wanted[address] = max(self.spares, self._wanted[address] - 1)
             if self.spares and not first:  # a burst outran the spares: one more ahead for the next
                 self._wanted[address] = min(MAX_SPARES, self._wanted[address] + 1)
-            reader, writer = await asyncio.wait_for(self._open(address), self.connect_timeout_s)
-            return reader, writer, False
+            return await asyncio.wait_for(self._open(address), self.connect_timeout_s), False
         finally:
             self._ahead(address)
 
@@ -63,28 +60,25 @@ class Pool:
         """How many connections are kept open ahead for `address` now."""
         return self._wanted.get(address, self.spares)
 
-    def give(self, address: Address, conn: Conn, reusable: bool) -> None:
+    def give(self, address: Address, conn: Upstream, reusable: bool) -> None:
         idle = self._idle.setdefault(address, [])
-        if reusable and len(idle) < KEPT_PER_ENGINE:
+        if reusable and not conn.closed and len(idle) < KEPT_PER_ENGINE:
             idle.append(conn)
         else:
-            conn[1].close()
+            conn.close()
 
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         for idle in self._idle.values():
-            for _, writer in idle:
-                writer.close()
+            for conn in idle:
+                conn.close()
         self._idle.clear()
 
-    async def _open(self, address: Address) -> Conn:
-        reader, writer = await asyncio.open_connection(*address, limit=http1.HEAD_LIMIT)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:  # the request's head and body are one write, but an engine's client may be slow
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    async def _open(self, address: Address) -> Upstream:
+        _, conn = await asyncio.get_running_loop().create_connection(Upstream, *address)
         self.opened += 1
-        return reader, writer
+        return conn
 
     def _ahead(self, address: Address) -> None:
         for _ in range(self.wanted(address) - len(self._idle.get(address, ())) - self._opening.get(address, 0)):

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner
 ROUTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
                     "/tokenize", "/detokenize", "/apply-template"})
 LABELLED = ROUTED | {"/v1/models", "/metrics", "/health"}  # the paths metrics name; any other is "(other)", not its own
+SWITCH_INTERVAL_S = 0.0005  # the longest the event loop waits for the GIL behind the scan's thread (serve())
 UNNAMED = frozenset({"/tokenize", "/detokenize", "/apply-template"})  # no `model`: the one engine's, else the body's
 
 
@@ -315,22 +317,25 @@ class Gateway:
         head = http1.head_bytes(f"{request.method} {request.target} HTTP/1.1", headers)
         while True:
             try:
-                reader, writer, pooled = await self.pool.take((route.host, route.port))
+                conn, pooled = await self.pool.take((route.host, route.port))
             except (OSError, asyncio.TimeoutError):
                 raise NotSent() from None
             try:
-                writer.write(head + payload)
+                conn.send(head + payload)
                 sent = timing.now() if self.timing is not None else 0
-                await writer.drain()
-                response = await http1.read_response_head(reader)
+                response = await conn.head()
                 break
-            except (ConnectionError, asyncio.IncompleteReadError, http1.Closed):
-                writer.close()
+            except http1.Closed:  # before a byte of an answer: a kept-alive one it had dropped, else not there
+                conn.close()
                 if pooled:
-                    continue  # a kept-alive connection the engine had closed: a fresh one
+                    continue
                 raise NotSent() from None
+            except (ConnectionError, http1.BadRequest) as bad:  # an answer's head cut, not HTTP/1.x, or too long
+                conn.close()
+                raise Answered(502, f"the engine serving `{model[:200]}`: {bad}", "server_error", "upstream_malformed",
+                               "upstream") from None
             except BaseException:
-                writer.close()
+                conn.close()
                 raise
         gauge = self.metrics.in_flight.labels(model)
         gauge.inc()
@@ -342,17 +347,17 @@ class Gateway:
             elif response.status not in (204, 304):
                 out.append(("Transfer-Encoding", "chunked"))
             client.write(http1.head_bytes(f"HTTP/1.1 {response.status} {response.reason}".rstrip(), out))
-            reusable = await http1.relay_body(reader, response, client, marks)
+            reusable = await conn.relay(response, client, marks)
             if marks is not None:
                 timing.keep(request.received, sent, marks)
             self.metrics.requests.labels(model, path, str(response.status)).inc()
             return True
-        except (ConnectionError, asyncio.IncompleteReadError, http1.BadRequest):
+        except ConnectionError:
             self.metrics.errors.labels(model, "upstream").inc()
             return False  # the answer was cut: the client's connection closes too, so it sees that it was
         finally:
             gauge.dec()
-            self.pool.give((route.host, route.port), (reader, writer), reusable)
+            self.pool.give((route.host, route.port), conn, reusable)
 
 
 def _gone(model: str, table: Table) -> Answered:
@@ -367,15 +372,19 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
     """Serve on a bound, listening socket until cancelled."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: asyncio.StreamReaderProtocol(ClientReader(http1.HEAD_LIMIT), gateway.handle), sock=sock)
+        lambda: http1.ClientProtocol(ClientReader(http1.HEAD_LIMIT), gateway.handle), sock=sock)
     gateway._publish(await asyncio.to_thread(gateway.scanner.scan))
     refresher = asyncio.ensure_future(gateway.refresh_forever())
     if ready is not None:
         ready(gateway.table)
+    # Scans run on a worker thread, and Python hands the GIL from it to the waiting loop after this interval (5 ms).
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
     try:
         await server.serve_forever()
     finally:  # stopping (Ctrl-C): no new client, and each one's connection closed now, its relay (and so its engine
         # connection) cancelled, streams cut where they are, never waited for; engines are left as they are
+        sys.setswitchinterval(switch)
         server.close()
         refresher.cancel()
         clients = list(gateway._clients)

@@ -38,11 +38,20 @@ class Engine:
 
 
 class Client:
+    """What the gateway's relay uses of a client's StreamWriter and its transport."""
+
     def __init__(self) -> None:
         self.data = b""
+        self.transport = self
 
     def write(self, data: bytes) -> None:
         self.data += data
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
 
     async def drain(self) -> None:
         return None
