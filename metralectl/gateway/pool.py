@@ -53,8 +53,9 @@ class Pool:
             if self.spares and not first:  # a burst outran the spares: one more ahead for the next
                 self._wanted[address] = min(MAX_SPARES, self._wanted[address] + 1)
             return await asyncio.wait_for(self._open(address), self.connect_timeout_s), False
-        finally:
-            self._ahead(address)
+        finally:  # after the request is written (its task runs on to the write before it awaits): spares are
+            # opened off its path, each a task of its own
+            asyncio.get_running_loop().call_soon(self._ahead, address)
 
     def wanted(self, address: Address) -> int:
         """How many connections are kept open ahead for `address` now."""
