@@ -86,3 +86,36 @@ def test_two_equal_paths_are_not_called_missed() -> None:
     row = gateway_paired.summarize(2, "gateway", got["groups"], [], TARGETS)
     assert row["verdicts"]["tok_s"] != "missed" and row["verdicts"]["ttft_p50"] != "missed", row
     assert row["added_ttft_p50_ms"][1] < 0.3 and abs(row["paired_median_added_ms"][0]) < 5, row
+
+
+def test_each_group_keeps_the_order_its_paths_were_sent_in() -> None:
+    got, _ = asyncio.run(measure({"direct": 0.0, "gateway": 0.0}, c=1))
+    firsts = [path for i, (path, seed) in enumerate(ORDER) if i == 0 or ORDER[i - 1][1] != seed]
+    arrived = {seed: [p for p, s in ORDER if s == seed] for _, seed in ORDER}
+    groups = got["groups"]
+    assert len(groups) > 10 and set(firsts) == {"direct", "gateway"}
+    for group in groups:  # one worker: each path's request arrives in the order it was sent
+        assert group["order"] == arrived[group["seed"]], (group, arrived[group["seed"]])
+
+
+def test_what_going_second_costs_at_the_engine_cancels_out_of_the_order_balanced_median() -> None:
+    """An engine where the second request of a pair waits 4.5 ms more (the H200 at c=1) and a gateway that adds
+    0.2 ms: the pooled median of the differences lands on a mode (±4.5 ms), the order-balanced one on +0.2."""
+    import random
+
+    rng = random.Random(7)
+    groups = []
+    for g in range(401):  # one order once more: the pooled median is then one of the two modes
+        order = ["direct", "gateway"] if g % 2 == 0 else ["gateway", "direct"]
+        base = rng.choice([10.5, 15.0])
+        ttft = {path: base + rng.gauss(0, 0.05) + (4.5 if order[1] == path else 0.0) + (0.2 if path == "gateway" else 0)
+                for path in order}
+        groups.append({"at": 0.0, "order": order, **{p: {"ttft_ms": t, "e2e_ms": 100.0, "tokens": 64}
+                                                     for p, t in ttft.items()}})
+    row = gateway_paired.summarize(1, "gateway", groups, [], TARGETS)
+    assert abs(abs(row["paired_median_added_ms"][0]) - 4.5) < 1.0, row  # the pooled median says the order's cost
+    point, low, high = row["order_balanced_median_added_ms"]
+    assert abs(point - 0.2) < 0.05 and low <= point <= high and high - low < 0.1, row
+    assert row["verdicts"]["paired_p50"] == "held"
+    assert gateway_paired.order_balanced([{k: v for k, v in g.items() if k != "order"} for g in groups],
+                                         "gateway", 1) is None  # results from before orders were kept
