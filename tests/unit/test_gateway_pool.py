@@ -6,10 +6,12 @@ METRALECTL_GATEWAY_TIMING the gateway writes one line per relayed request as it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
 from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -77,10 +79,11 @@ async def chat(port: int) -> bytes:
     return answer
 
 
-async def session(engine: Engine, gaps: list[float], burst: int = 1) -> Gateway:
-    """A gateway in front of `engine`; after each gap (s), `burst` streamed requests at once; returns the stopped
-    gateway."""
-    upstream = await asyncio.start_server(engine.handle, "127.0.0.1", 0)
+@contextlib.asynccontextmanager
+async def gateway_before(handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+                         ) -> AsyncIterator[tuple[Gateway, int]]:
+    """A gateway serving on loopback in front of an engine that answers with `handle`: (it, its port)."""
+    upstream = await asyncio.start_server(handle, "127.0.0.1", 0)
     gateway = Gateway(Fixed(upstream.sockets[0].getsockname()[1]))  # type: ignore[arg-type]
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -89,13 +92,20 @@ async def session(engine: Engine, gaps: list[float], burst: int = 1) -> Gateway:
     server = asyncio.ensure_future(serve(gateway, sock, lambda _table: ready.set()))
     await ready.wait()
     try:
-        for gap in gaps:
-            await asyncio.sleep(gap)
-            await asyncio.gather(*(chat(sock.getsockname()[1]) for _ in range(burst)))
+        yield gateway, sock.getsockname()[1]
     finally:
         server.cancel()
         await asyncio.gather(server, return_exceptions=True)
         upstream.close()
+
+
+async def session(engine: Engine, gaps: list[float], burst: int = 1) -> Gateway:
+    """A gateway in front of `engine`; after each gap (s), `burst` streamed requests at once; returns the stopped
+    gateway."""
+    async with gateway_before(engine.handle) as (gateway, port):
+        for gap in gaps:
+            await asyncio.sleep(gap)
+            await asyncio.gather(*(chat(port) for _ in range(burst)))
     return gateway
 
 

@@ -7,35 +7,19 @@ back instead of the gateway gathering the answer."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from metralectl.gateway import upstream
 from metralectl.gateway.http1 import ClientProtocol
-from metralectl.gateway.routes import Route, Table
 from metralectl.gateway.server import Gateway, serve
+from tests.unit.test_gateway_pool import gateway_before as pool_gateway_before
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
-
-
-class Fixed:
-    def __init__(self, port: int) -> None:
-        self.route = Route("stub", f"http://127.0.0.1:{port}", "127.0.0.1", port, ("stub",), ("stub",))
-
-    def lifecycle(self) -> tuple[None, None]:
-        return None, None
-
-    def scan(self) -> Table:
-        return Table((self.route,), by_name={"stub": self.route})
-
-    def close(self) -> None:
-        pass
 
 
 class Engine:
@@ -68,22 +52,8 @@ class Engine:
             writer.close()
 
 
-@contextlib.asynccontextmanager
-async def gateway_before(engine: Engine) -> AsyncIterator[tuple[Gateway, int]]:
-    server = await asyncio.start_server(engine.handle, "127.0.0.1", 0)
-    gateway = Gateway(Fixed(server.sockets[0].getsockname()[1]))  # type: ignore[arg-type]
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    ready = asyncio.Event()
-    serving = asyncio.ensure_future(serve(gateway, sock, lambda _table: ready.set()))
-    await ready.wait()
-    try:
-        yield gateway, sock.getsockname()[1]
-    finally:
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
-        server.close()
+def gateway_before(engine: Engine) -> Any:
+    return pool_gateway_before(engine.handle)
 
 
 def request(close: bool = False) -> bytes:
@@ -234,7 +204,7 @@ def test_a_client_that_does_not_read_holds_the_engine_back_and_then_gets_every_b
             await writer.drain()
             sent[0] += piece
 
-    async def go() -> tuple[int, bytes, str]:
+    async def go() -> tuple[int, str, str]:
         async with gateway_before(Engine(answer)) as (_gateway, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
             writer.write(request())
