@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from typing import Any
+from typing import Any, cast
 
 from metralectl.gateway import http1
 
@@ -41,8 +41,8 @@ class Upstream(asyncio.BufferedProtocol):
 
     # asyncio's side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # Not an isinstance check: another event loop's transports (uvloop's) do all a Transport does without being one
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:  # the request's head and body are one write, but an engine's client may be slow
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
