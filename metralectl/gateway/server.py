@@ -347,10 +347,12 @@ class Gateway:
             elif response.status not in (204, 304):
                 out.append(("Transfer-Encoding", "chunked"))
             client.write(http1.head_bytes(f"HTTP/1.1 {response.status} {response.reason}".rstrip(), out))
-            reusable = await conn.relay(response, client, marks)
-            if marks is not None:
-                timing.keep(request.received, sent, marks)
-            self.metrics.requests.labels(model, path, str(response.status)).inc()
+            def answered() -> None:  # in the callback that wrote the answer's end (upstream.py says why)
+                if marks is not None:
+                    timing.keep(request.received, sent, marks)
+                self.metrics.requests.labels(model, path, str(response.status)).inc()
+
+            reusable = await conn.relay(response, client, marks, answered)
             return True
         except ConnectionError:
             self.metrics.errors.labels(model, "upstream").inc()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from metralectl.gateway import http1
@@ -87,14 +88,18 @@ class Upstream(asyncio.BufferedProtocol):
         return await self._head
 
     async def relay(self, response: http1.Response, client: asyncio.StreamWriter,
-                    marks: list[int] | None = None) -> bool:
+                    marks: list[int] | None = None, answered: Callable[[], None] | None = None) -> bool:
         """The body to the client as it arrives (re-framed as chunks when the engine's runs until it closes).
         Returns whether this connection may serve another request. ConnectionResetError when the engine closed
-        before its answer's end; marks: each piece's time from its read to its write to the client, in ns."""
+        before its answer's end; marks: each piece's time from its read to its write to the client, in ns;
+        answered: called once the answer's last byte is handed to the client, in that callback (a client that
+        reads it and closes at once cancels this task before it wakes: what counts the answer must not wait)."""
         if response.status in (204, 304) or response.length == 0:
             self._head = None
+            if answered is not None:
+                answered()
             return response.keep_alive and not self._buffer and not self.closed
-        relay = _Relay(self, response, client, marks)
+        relay = _Relay(self, response, client, marks, answered)
         self._relay = relay
         try:
             if self._buffer:
@@ -147,21 +152,22 @@ class _Relay:
     """One answer's body, from the engine's data_received to the client's transport."""
 
     def __init__(self, upstream: Upstream, response: http1.Response, client: asyncio.StreamWriter,
-                 marks: list[int] | None) -> None:
+                 marks: list[int] | None, answered: Callable[[], None] | None) -> None:
         loop = asyncio.get_running_loop()
-        self.upstream, self.response, self.marks = upstream, response, marks
+        self.upstream, self.response, self.marks, self.answered = upstream, response, marks, answered
         self.client: asyncio.WriteTransport = client.transport  # type: ignore[assignment]
         self.ended: asyncio.Future[bool] = loop.create_future()  # True: the connection may serve again
         self.full: asyncio.Future[None] = loop.create_future()  # the client's buffer passed CLIENT_BUFFER_HIGH
         self.left = response.length  # Content-Length: bytes still to come
         self.chunks = http1.ChunkEnd() if response.chunked else None
         self.paused = False
+        self.read_at = 0  # when the piece being fed was read (ns), while timing is kept
 
     def feed(self, piece: bytes) -> None:
         if self.ended.done():
             self.upstream.close()  # past the answer's end: nothing may follow on this connection
             return
-        read_at = time.perf_counter_ns() if self.marks is not None else 0
+        self.read_at = time.perf_counter_ns() if self.marks is not None else 0
         if self.left is not None:
             if len(piece) >= self.left:
                 self._write(piece[:self.left])
@@ -185,8 +191,13 @@ class _Relay:
                 self._finish(False)
         else:  # until the engine closes: re-framed as chunks
             self._write(b"%x\r\n%s\r\n" % (len(piece), piece))
-        if self.marks is not None:
-            self.marks.append(time.perf_counter_ns() - read_at)
+        self._mark()
+
+    def _mark(self) -> None:
+        """The piece being fed: its time from read to written, once."""
+        if self.marks is not None and self.read_at:
+            self.marks.append(time.perf_counter_ns() - self.read_at)
+            self.read_at = 0
 
     def source_ended(self, exc: Exception | None) -> None:
         if self.ended.done():
@@ -221,6 +232,9 @@ class _Relay:
 
     def _finish(self, reusable: bool) -> None:
         if not self.ended.done():
+            self._mark()
+            if self.answered is not None:
+                self.answered()
             self.ended.set_result(reusable)
 
     def _fail(self, exc: Exception) -> None:
