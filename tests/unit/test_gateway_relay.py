@@ -244,18 +244,9 @@ def test_a_piece_from_the_engine_is_written_to_the_client_in_the_callback_that_r
     written: list[tuple[bytes, int]] = []
     turns = [0]
 
-    class Client:
-        def __init__(self) -> None:
-            self.transport = self
-
+    class Client(_Client):
         def write(self, data: bytes) -> None:
             written.append((data, turns[0]))
-
-        def is_closing(self) -> bool:
-            return False
-
-        def get_write_buffer_size(self) -> int:
-            return 0
 
     async def go() -> bool:
         loop = asyncio.get_running_loop()
@@ -287,28 +278,13 @@ def test_an_answer_is_counted_when_its_last_byte_is_written_even_if_its_client_l
     gateway before the task woke from the answer's end: a CI run counted 4 requests of 5 that way."""
     counted: list[int] = []
 
-    class Client:
-        transport: Any = None
-
-        def __init__(self) -> None:
-            self.transport = self
-
-        def write(self, data: bytes) -> None:
-            pass
-
-        def is_closing(self) -> bool:
-            return False
-
-        def get_write_buffer_size(self) -> int:
-            return 0
-
     async def go() -> bool:
         conn = upstream.Upstream()
         conn.connection_made(_NoTransport())  # type: ignore[arg-type]
         conn.send(b"POST / HTTP/1.1\r\n\r\n")
         conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234")
         response = await conn.head()
-        relaying: Any = asyncio.ensure_future(conn.relay(response, Client(), [],  # type: ignore[arg-type]
+        relaying: Any = asyncio.ensure_future(conn.relay(response, _Client(), [],  # type: ignore[arg-type]
                                                          lambda: counted.append(1)))
         await asyncio.sleep(0)
         conn.data_received(b"56789")  # the answer's end, written to the client in this callback
@@ -321,6 +297,22 @@ def test_an_answer_is_counted_when_its_last_byte_is_written_even_if_its_client_l
 
     assert asyncio.run(go()) is True
     assert counted == [1]
+
+
+class _Client:
+    """What the relay uses of a client's StreamWriter and its transport (here, one object)."""
+
+    def __init__(self) -> None:
+        self.transport = self
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
 
 
 class _NoTransport:
