@@ -244,10 +244,10 @@ class ChunkEnd:
                 if line.strip() == b"":
                     return i
                 continue
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise ConnectionResetError("the engine's chunked answer is malformed") from None
+            digits = line.split(b";", 1)[0].strip()
+            if not CHUNK_SIZE_RE.fullmatch(digits):  # int(x, 16) takes '-6': a size that walked back, forever
+                raise ConnectionResetError("the engine's chunked answer is malformed")
+            size = int(digits, 16)
             if size == 0:
                 self.last = True
             else:

@@ -37,6 +37,14 @@ def test_malformed_framing_is_refused() -> None:
         ChunkEnd().feed(b"1" * 5000)
 
 
+@pytest.mark.parametrize("size", [b"-6", b"-1", b"0x10", b"1_0", b"+5", b"\xd9\xa3"])
+def test_a_chunk_size_that_is_not_plain_hexadecimal_is_refused_not_looped_on(size: bytes) -> None:
+    """int(x, 16) takes '-6', '0x10' and '1_0': a negative size walked the parser back over its own line, and an
+    engine that sent one held the gateway's event loop (every client) forever."""
+    with pytest.raises(ConnectionResetError):
+        ChunkEnd().feed(size + b"\r\nabc\r\n0\r\n\r\n")
+
+
 def test_hop_by_hop_headers_and_those_connection_names_are_dropped() -> None:
     headers = [("Connection", "keep-alive, X-Private"), ("X-Private", "1"), ("Keep-Alive", "timeout=5"),
                ("Transfer-Encoding", "chunked"), ("Proxy-Authorization", "x"), ("Host", "a"), ("Content-Length", "3"),
