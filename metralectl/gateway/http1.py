@@ -215,6 +215,17 @@ def head_bytes(first_line: str, headers: list[tuple[str, str]]) -> bytes:
     return (first_line + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode("latin-1")
 
 
+def answer_head(response: Response) -> bytes:
+    """The client's head for an engine's answer: its status and end-to-end headers, and the framing the gateway
+    sends it in (the engine's Content-Length, else chunked: an answer that runs until close is re-framed)."""
+    out = forwarded(response.headers)
+    if response.length is not None:
+        out.append(("Content-Length", str(response.length)))
+    elif response.status not in (204, 304):
+        out.append(("Transfer-Encoding", "chunked"))
+    return head_bytes(f"HTTP/1.1 {response.status} {response.reason}".rstrip(), out)
+
+
 class ChunkEnd:
     """Follows a chunked body's framing over pieces split anywhere; feed() returns where the body ends (the
     offset just past the last chunk's trailers in that piece), else None. Malformed framing: ConnectionResetError."""

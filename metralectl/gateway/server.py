@@ -25,6 +25,7 @@ from metralectl.gateway.metrics import UNKNOWN, Metrics
 from metralectl.gateway.pool import SPARES, Pool
 from metralectl.gateway.loader import Loader, LoadRefused, wait_loaded
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
+from metralectl.gateway.upstream import Start
 
 # The engines' own token counters and llama-server's chat template: bench sizes its prompts with them (a prompt
 # sized by guess through the gateway was 220 tokens where 127 were asked, and the comparison with direct was off).
@@ -315,13 +316,22 @@ class Gateway:
                    "authorization")), *route.upstream, ("Host", f"{route.host}:{route.port}"),
                    ("Content-Length", str(len(payload)))]  # the engine token replaces any client's
         head = http1.head_bytes(f"{request.method} {request.target} HTTP/1.1", headers)
+        marks: list[int] | None = [] if self.timing is not None else None
+        sent = 0
+
+        def answered(response: http1.Response) -> None:  # in the callback that wrote its end (upstream.py says why)
+            if marks is not None:
+                timing.keep(request.received, sent, marks)
+            self.metrics.requests.labels(model, path, str(response.status)).inc()
+
+        start = Start(client, marks, answered)  # the answer goes to the client from the callback that read its head
         while True:
             try:
                 conn, pooled = await self.pool.take((route.host, route.port))
             except (OSError, asyncio.TimeoutError):
                 raise NotSent() from None
             try:
-                conn.send(head + payload)
+                conn.send(head + payload, start)
                 sent = timing.now() if self.timing is not None else 0
                 response = await conn.head()
                 break
@@ -339,20 +349,9 @@ class Gateway:
                 raise
         gauge = self.metrics.in_flight.labels(model)
         gauge.inc()
-        reusable, marks = False, ([] if self.timing is not None else None)  # type: bool, list[int] | None
+        reusable = False
         try:
-            out = http1.forwarded(response.headers)
-            if response.length is not None:
-                out.append(("Content-Length", str(response.length)))
-            elif response.status not in (204, 304):
-                out.append(("Transfer-Encoding", "chunked"))
-            client.write(http1.head_bytes(f"HTTP/1.1 {response.status} {response.reason}".rstrip(), out))
-            def answered() -> None:  # in the callback that wrote the answer's end (upstream.py says why)
-                if marks is not None:
-                    timing.keep(request.received, sent, marks)
-                self.metrics.requests.labels(model, path, str(response.status)).inc()
-
-            reusable = await conn.relay(response, client, marks, answered)
+            reusable = await conn.relay(response, start)
             return True
         except ConnectionError:
             self.metrics.errors.labels(model, "upstream").inc()

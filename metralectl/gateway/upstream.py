@@ -13,6 +13,10 @@ into a new 256 KiB bytes, and an allocation that size is an mmap and munmap in g
 
 The head is gathered here (at most HEAD_LIMIT) and parsed by http1; the body's framing (Content-Length, chunked
 or until close) only decides where the answer ends and whether the connection may serve another request.
+With a `Start` given to send(), the answer starts to the client in the callback that read its head: the client's
+head and the first piece that came with it leave in one write, with no loop turn before it (the relay's task wakes
+later, to wait for the end). Before, the head waited a turn for that task and went in a write of its own, the first
+piece in a second one: two sends, and a client woken twice, on the path of every first token.
 """
 
 from __future__ import annotations
@@ -21,12 +25,22 @@ import asyncio
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from metralectl.gateway import http1
 
 READ_SIZE = 64 * 1024  # the most one read takes (under glibc's mmap threshold: see above)
 CLIENT_BUFFER_HIGH = 256 * 1024  # unsent bytes to a client past which the engine's side is paused until it drains
+
+
+@dataclass
+class Start:
+    """Where an answer goes: it starts there in the callback that read its head (given to send())."""
+
+    client: asyncio.StreamWriter
+    marks: list[int] | None = None  # each piece's time from its read to its write to the client, in ns
+    answered: Callable[[http1.Response], None] | None = None  # once the answer's last byte is handed to the client
 
 
 class Upstream(asyncio.BufferedProtocol):
@@ -38,6 +52,8 @@ class Upstream(asyncio.BufferedProtocol):
         self._buffer = bytearray()  # the head so far, and what came after it until the relay starts
         self._head: asyncio.Future[http1.Response] | None = None
         self._relay: _Relay | None = None
+        self._destination: Start | None = None
+        self._started: bool | None = None  # the answer went to its client from the head's callback (keep-alive, done)
         self._read = memoryview(bytearray(READ_SIZE))
 
     # asyncio's side
@@ -73,11 +89,13 @@ class Upstream(asyncio.BufferedProtocol):
         self._ended(exc)
 
     # the gateway's side
-    def send(self, data: bytes) -> None:
-        """A request's head and body (the answer is awaited with head())."""
+    def send(self, data: bytes, start: Start | None = None) -> None:
+        """A request's head and body (the answer's head is awaited with head()). start: where the answer goes; it
+        starts there in the callback that parsed its head, else when relay() is called."""
         assert self.transport is not None
         self._buffer.clear()
         self._head = asyncio.get_running_loop().create_future()
+        self._destination, self._started = start, None
         self.transport.write(data)
 
     async def head(self) -> http1.Response:
@@ -87,35 +105,27 @@ class Upstream(asyncio.BufferedProtocol):
         assert self._head is not None
         return await self._head
 
-    async def relay(self, response: http1.Response, client: asyncio.StreamWriter,
-                    marks: list[int] | None = None, answered: Callable[[], None] | None = None) -> bool:
-        """The body to the client as it arrives (re-framed as chunks when the engine's runs until it closes).
-        Returns whether this connection may serve another request. ConnectionResetError when the engine closed
-        before its answer's end; marks: each piece's time from its read to its write to the client, in ns;
-        answered: called once the answer's last byte is handed to the client, in that callback (a client that
-        reads it and closes at once cancels this task before it wakes: what counts the answer must not wait)."""
-        if response.status in (204, 304) or response.length == 0:
-            self._head = None
-            if answered is not None:
-                answered()
-            return response.keep_alive and not self._buffer and not self.closed
-        relay = _Relay(self, response, client, marks, answered)
-        self._relay = relay
+    async def relay(self, response: http1.Response, start: Start) -> bool:
+        """The body to the client as it arrives (re-framed as chunks when the engine's runs until it closes), its
+        head first, unless it started as its head was read. Returns whether this connection may serve another request.
+        ConnectionResetError when the engine closed before its answer's end. A client that reads the answer and
+        closes at once cancels this task before it wakes: what counts the answer goes in start.answered."""
+        if self._started is None:
+            self._start(response, start)
+        relay = self._relay
         try:
-            if self._buffer:
-                early, self._buffer = bytes(self._buffer), bytearray()
-                relay.feed(early)
-            if self.closed and not relay.ended.done():
-                relay.source_ended(None)
+            if relay is None:  # an answer with no body, written whole as it started
+                return bool(self._started)
             while True:
                 await asyncio.wait((relay.ended, relay.full), return_when=asyncio.FIRST_COMPLETED)
                 if relay.ended.done():
                     return relay.ended.result()
-                await client.drain()  # the client is slow: the engine's side waits (the kernel's buffers fill)
+                await start.client.drain()  # the client is slow: the engine's side waits (the kernel's buffers fill)
                 relay.resume()
         finally:
-            self._relay, self._head = None, None  # idle again: any byte now closes it (data_received)
-            relay.stop()
+            self._relay, self._head, self._destination = None, None, None  # idle again: any byte now closes it
+            if relay is not None:
+                relay.stop()
 
     def close(self) -> None:
         self.closed = True
@@ -134,10 +144,32 @@ class Upstream(asyncio.BufferedProtocol):
         lines = bytes(self._buffer[:end]).split(b"\r\n")
         del self._buffer[:end + 4]
         try:
-            self._head.set_result(http1.parse_response_head(lines))
+            response = http1.parse_response_head(lines)
         except http1.BadRequest as bad:
             _fail_seen(self._head, bad)
             self.close()
+            return
+        self._head.set_result(response)
+        if self._destination is not None:
+            self._start(response, self._destination)
+
+    def _start(self, response: http1.Response, start: Start) -> None:
+        """The answer to its client: its head, with what came after it, in one write."""
+        if response.status in (204, 304) or response.length == 0:
+            start.client.transport.write(http1.answer_head(response))
+            self._started = response.keep_alive and not self._buffer and not self.closed
+            if start.answered is not None:
+                start.answered(response)
+            return
+        self._started = False
+        relay = _Relay(self, response, start)
+        self._relay = relay
+        if self._buffer:
+            early, self._buffer = bytes(self._buffer), bytearray()
+            relay.feed(early)
+        relay.flush()  # the head alone, when no piece came with it
+        if self.closed and not relay.ended.done():
+            relay.source_ended(None)
 
     def _ended(self, exc: Exception | None) -> None:
         self.closed = True
@@ -151,11 +183,11 @@ class Upstream(asyncio.BufferedProtocol):
 class _Relay:
     """One answer's body, from the engine's data_received to the client's transport."""
 
-    def __init__(self, upstream: Upstream, response: http1.Response, client: asyncio.StreamWriter,
-                 marks: list[int] | None, answered: Callable[[], None] | None) -> None:
+    def __init__(self, upstream: Upstream, response: http1.Response, start: Start) -> None:
         loop = asyncio.get_running_loop()
-        self.upstream, self.response, self.marks, self.answered = upstream, response, marks, answered
-        self.client: asyncio.WriteTransport = client.transport  # type: ignore[assignment]
+        self.upstream, self.response, self.marks, self.answered = upstream, response, start.marks, start.answered
+        self.client: asyncio.WriteTransport = start.client.transport  # type: ignore[assignment]
+        self.prefix = http1.answer_head(response)  # the client's head, written with the first piece
         self.ended: asyncio.Future[bool] = loop.create_future()  # True: the connection may serve again
         self.full: asyncio.Future[None] = loop.create_future()  # the client's buffer passed CLIENT_BUFFER_HIGH
         self.left = response.length  # Content-Length: bytes still to come
@@ -219,7 +251,14 @@ class _Relay:
         if not self.ended.done():
             self.ended.cancel()
 
+    def flush(self) -> None:
+        """The client's head, if no piece has taken it along yet."""
+        if self.prefix:
+            self._write(b"")
+
     def _write(self, data: bytes) -> None:
+        if self.prefix:
+            data, self.prefix = self.prefix + data, b""
         if not data or self.client.is_closing():
             return  # a client gone: its task is being cancelled (ClientReader), which closes this connection
         self.client.write(data)
@@ -234,7 +273,7 @@ class _Relay:
         if not self.ended.done():
             self._mark()
             if self.answered is not None:
-                self.answered()
+                self.answered(self.response)
             self.ended.set_result(reusable)
 
     def _fail(self, exc: Exception) -> None:

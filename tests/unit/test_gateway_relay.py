@@ -261,7 +261,7 @@ def test_a_piece_from_the_engine_is_written_to_the_client_in_the_callback_that_r
         conn.send(b"POST / HTTP/1.1\r\n\r\n")
         conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
         response = await conn.head()
-        relaying: Any = asyncio.ensure_future(conn.relay(response, Client()))  # type: ignore[arg-type]
+        relaying: Any = asyncio.ensure_future(conn.relay(response, upstream.Start(Client())))  # type: ignore[arg-type]
         await asyncio.sleep(0)
         for i in range(3):
             at = turns[0]
@@ -271,6 +271,44 @@ def test_a_piece_from_the_engine_is_written_to_the_client_in_the_callback_that_r
         return bool(await relaying)
 
     assert asyncio.run(go()) is False  # a chunked answer's connection is not reused
+
+
+def test_an_answers_head_and_the_piece_read_with_it_go_to_the_client_in_one_write_in_the_callback_that_read_them(
+) -> None:
+    """The first token's path: before, the head waited a loop turn for the relay's task and went in a write of its
+    own, the piece read with it in a second: two sends, and a client woken twice (upstream.py)."""
+    written: list[bytes] = []
+
+    class Client(_Client):
+        def write(self, data: bytes) -> None:
+            written.append(data)
+
+    async def go() -> bool:
+        conn = upstream.Upstream()
+        conn.connection_made(_NoTransport())  # type: ignore[arg-type]
+        start = upstream.Start(Client())  # type: ignore[arg-type]
+        conn.send(b"POST / HTTP/1.1\r\n\r\n", start)
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           b"7\r\ndata: 1\r\n")
+        assert written == [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           b"7\r\ndata: 1\r\n"]  # one write, before this coroutine gave the loop a turn
+        conn.data_received(b"0\r\n\r\n")
+        assert written[1:] == [b"0\r\n\r\n"]
+        return await conn.relay(await conn.head(), start)  # the task only learns of the end
+
+    assert asyncio.run(go()) is False
+    written.clear()
+
+    async def head_alone() -> None:  # a head with no piece behind it yet goes at once (a client waits on it)
+        conn = upstream.Upstream()
+        conn.connection_made(_NoTransport())  # type: ignore[arg-type]
+        conn.send(b"POST / HTTP/1.1\r\n\r\n", upstream.Start(Client()))  # type: ignore[arg-type]
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+        assert written == [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"]
+        conn.data_received(b"ok")
+        assert written[1:] == [b"ok"]
+
+    asyncio.run(head_alone())
 
 
 def test_an_answer_is_counted_when_its_last_byte_is_written_even_if_its_client_leaves_before_the_task_wakes() -> None:
@@ -284,8 +322,8 @@ def test_an_answer_is_counted_when_its_last_byte_is_written_even_if_its_client_l
         conn.send(b"POST / HTTP/1.1\r\n\r\n")
         conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234")
         response = await conn.head()
-        relaying: Any = asyncio.ensure_future(conn.relay(response, _Client(), [],  # type: ignore[arg-type]
-                                                         lambda: counted.append(1)))
+        start = upstream.Start(_Client(), [], lambda _: counted.append(1))  # type: ignore[arg-type]
+        relaying: Any = asyncio.ensure_future(conn.relay(response, start))
         await asyncio.sleep(0)
         conn.data_received(b"56789")  # the answer's end, written to the client in this callback
         relaying.cancel()  # the client's EOF, seen before the relay's task woke
