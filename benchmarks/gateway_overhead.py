@@ -5,6 +5,7 @@ LiteLLM's proxy), in one run, at each concurrency.
     PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--design paired|sequential] [--concurrencies 1,16,64]
         [--rounds 3] [--duration 10] [--warmup 2] [--budget SECONDS] [--isl 128] [--osl 64] [--preset tiny|1b] [--llama-server PATH] [--python PY] [--json FILE]
         [--ngl 0|all --hardware cpu|hopper --gpus none|all] [--litellm PATH-TO-litellm]
+        [--gateway-loops auto[,asyncio]] [--floor]
 
 It lays out a box of its own in a temporary directory (config, state, HF cache with the tiny GGUF of
 tests/real_llamacpp/build_tiny_gguf.py, no Docker), serves it with `metralectl run` as a host process (CI's cached
@@ -19,7 +20,9 @@ rounds of TTFT p50 and p99 of each, the added TTFT (gateway - direct) and the ou
 32's targets: +0.3 ms p50, +1 ms p99, tok/s within 2 %. `--python` runs metralectl with another interpreter (a
 wheel's venv: then this checkout is kept off its path, and every command runs outside it). `--litellm` adds LiteLLM's
 proxy (its `litellm` command, from a venv of its own) routing the same engine as a third target in the same
-rounds, so the gateway is compared with a peer under the same noise. `--ngl/--hardware/--gpus` put the engine
+rounds, so the gateway is compared with a peer under the same noise. `--gateway-loops auto,asyncio` runs a gateway on
+each event loop (metralectl/gateway/loops.py) side by side; `--floor` adds benchmarks/relay_floor.c, a relay in C
+that parses nothing: what one more process and loopback hop cost on that machine, which no relay avoids. `--ngl/--hardware/--gpus` put the engine
 on a GPU (the lent H200: docs/h200.md). `--json FILE` writes every request's figures (paired: and a markdown table
 beside it, FILE.md). Exit 1 if any request failed; the targets are judged in the table, not the exit code (a busy
 machine's noise is no verdict on the gateway).
@@ -95,6 +98,29 @@ def bench(box: Box, url: str, ns: argparse.Namespace, c: int) -> dict[str, Any]:
     return row
 
 
+def gateway(ns: argparse.Namespace, box: Box, home: Path, port: int, loop: str,
+            timing: Path | None = None) -> subprocess.Popen[str]:
+    """`metralectl gateway` on port, on the event loop named, keeping its own time in `timing` if given."""
+    env = {**box.env, **({"METRALECTL_GATEWAY_TIMING": str(timing)} if timing else {})}
+    return subprocess.Popen([ns.python, "-m", "metralectl", "gateway", "--listen", f"127.0.0.1:{port}", "--json",
+                             "--event-loop", loop], stdout=subprocess.PIPE, text=True, cwd=home, env=env,
+                            stderr=open(home / f"gateway-{port}.log", "w"))
+
+
+def floor(home: Path, port: int, engine_port: int) -> subprocess.Popen[str]:
+    """benchmarks/relay_floor.c, built here with cc, relaying port to the engine; returns once it listens."""
+    binary = home / "relay_floor"
+    built = subprocess.run([os.environ.get("CC", "cc"), "-O2", "-o", str(binary), str(REPO / "benchmarks" /
+                            "relay_floor.c")], capture_output=True, text=True)
+    if built.returncode != 0:
+        sys.exit(f"gateway_overhead: --floor: cc could not build relay_floor.c:\n{built.stderr[-2000:]}")
+    proc = subprocess.Popen([str(binary), str(port), str(engine_port)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    if not proc.stdout.readline().strip().isdigit():
+        sys.exit(f"gateway_overhead: --floor: relay_floor exited {proc.wait()} before listening")
+    return proc
+
+
 def litellm(ns: argparse.Namespace, home: Path, port: int, engine_port: int) -> subprocess.Popen[str]:
     """LiteLLM's proxy routing `overhead` to the same engine (OpenAI-compatible provider), in the foreground of a
     child; returns once it answers a chat request (its readiness endpoint says ready before the router is)."""
@@ -149,6 +175,10 @@ def main() -> int:
     ap.add_argument("--hardware", default="cpu", help="the recipe's hardware class (hopper on the H200)")
     ap.add_argument("--gpus", default="none", help="resources.gpus (all on a GPU box)")
     ap.add_argument("--litellm", type=Path, help="LiteLLM's `litellm` command: its proxy as a third target")
+    ap.add_argument("--floor", action="store_true", help="a minimal relay in C (benchmarks/relay_floor.c, built "
+                    "with cc) in front of the same engine as another target: what any relay process costs there")
+    ap.add_argument("--gateway-loops", default="auto", help="the gateway's --event-loop; more than one (auto,asyncio) "
+                    "starts a gateway on each, the first as `gateway` (its own time kept), the others `gateway-LOOP`")
     ap.add_argument("--keep", type=Path, help="copy every bench run's records (requests.jsonl...) here")
     ns = ap.parse_args()
     ns.started = time.monotonic()
@@ -164,7 +194,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gw-overhead-") as tmp:
         box = Box(Path(tmp), ns.python, ns.llama_server or llama_server(), from_checkout)
         summary = build_tiny_gguf.install(Path(tmp) / "hf" / "hub", build_tiny_gguf.PRESETS[ns.preset])
-        ports = {name: HeldPort() for name in ("direct", "gateway", "litellm")}  # held to the end: servers bind beside
+        ports = {name: HeldPort() for name in ("direct", "gateway", "litellm", "floor")}  # held to the end: servers bind beside
         slots = max(concurrencies)
         image = "llama-cpp-cpu"
         kernel_model = "qwen2.5-0.5b-instruct" if ns.hardware == "cpu" else "qwen3.5-35b-a3b"  # one of the class's
@@ -186,14 +216,19 @@ def main() -> int:
             sys.exit(f"gateway_overhead: `metralectl run` failed:\n{run.stderr}")
         print(f"engine: {box.cli('ps').stdout.strip()}", file=sys.stderr)
         timing = Path(tmp) / "gateway-timing.jsonl"  # the gateway writes it as it stops
-        servers = [subprocess.Popen([ns.python, "-m", "metralectl", "gateway", "--listen",
-                                     f"127.0.0.1:{ports['gateway'].port}", "--json"], stdout=subprocess.PIPE,
-                                    stderr=open(Path(tmp) / "gateway.log", "w"), text=True, cwd=tmp,
-                                    env={**box.env, "METRALECTL_GATEWAY_TIMING": str(timing)})]
+        servers = [gateway(ns, box, Path(tmp), ports["gateway"].port, ns.gateway_loops.split(",")[0], timing)]
         targets = ["direct", "gateway"]
         try:
             assert servers[0].stdout is not None
             json.loads(servers[0].stdout.readline())  # its "listening" line: it routes from here on
+            for loop in ns.gateway_loops.split(",")[1:]:  # more gateways, each on another event loop
+                ports[f"gateway-{loop}"] = HeldPort()
+                servers.append(gateway(ns, box, Path(tmp), ports[f"gateway-{loop}"].port, loop))
+                json.loads(servers[-1].stdout.readline())  # type: ignore[union-attr]
+                targets.append(f"gateway-{loop}")
+            if ns.floor:
+                servers.append(floor(Path(tmp), ports["floor"].port, ports["direct"].port))
+                targets.append("floor")
             if ns.litellm:
                 servers.append(litellm(ns, Path(tmp), ports["litellm"].port, ports["direct"].port))
                 targets.append("litellm")

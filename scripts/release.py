@@ -140,9 +140,28 @@ def parse_compiled(text: str) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
+def committed_pins(platform: str, python: str) -> list[str]:
+    """The committed lock's `name==version` lines that apply to this Python (its python_version markers)."""
+    path = LOCK_DIR / f"{platform}.txt"
+    if not path.exists():
+        return []
+    pins = []
+    for line in path.read_text().splitlines():
+        if not line or line[0] in "# ":
+            continue
+        req, _, marker = line.rstrip(" \\").partition(";")
+        if not marker.strip() or f'python_version == "{python}"' in marker:
+            pins.append(req.strip())
+    return pins
+
+
 def resolve(platform: str, python: str, exclude_newer: str, uv: str) -> dict[str, tuple[str, list[str]]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "lock.txt"
+        # uv keeps the pins already in its output file where they still satisfy the dependencies: a dependency
+        # added or changed moves only what it must (an index that later lists a file as uploaded before the date,
+        # as a mirror's copy does, would otherwise move pins nobody asked to move).
+        out.write_text("".join(f"{pin}\n" for pin in committed_pins(platform, python)))
         cmd = [
             uv, "pip", "compile", str(REPO / "pyproject.toml"), "--quiet",
             "--generate-hashes", "--only-binary", ":all:", "--no-header", "--no-annotate",

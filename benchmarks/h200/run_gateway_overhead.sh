@@ -14,7 +14,8 @@
 #
 # Env: KIT, OUT, WORK (as run_lifecycle_gpu.sh: kept on a warm machine), DEADLINE_S (default 560),
 # DESIGN (paired), ROUNDS (4), DURATION (25 s per round and concurrency, after WARMUP 3), CONCURRENCIES (1,16,64),
-# PRESET (1b), BUILD_ONLY (1: stop once built), LLAMA_SERVER (a llama-server built on an earlier machine of this kind,
+# PRESET (1b), GATEWAY_LOOPS (auto; auto,asyncio: a gateway on each event loop, side by side), FLOOR (1: the C relay
+# of benchmarks/relay_floor.c as another path: what any relay process costs on this machine), BUILD_ONLY (1: stop once built), LLAMA_SERVER (a llama-server built on an earlier machine of this kind,
 # or a .tar.xz of its bin/llama-server: no build, one call). The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
 # plus ~60 s (4 x 3 x 28 s = 336 s): it must fit one call after the venv, so keep it under ~450 s (--budget stops
 # starting phases that would end past the call's limit; what ran is reported). Exit 0 when every request was
@@ -56,12 +57,20 @@ if [ "$left" -lt 240 ]; then note "only ${left}s left in this call: call again (
 RES="$WORK/gateway-$STAMP"
 mkdir -p "$RES"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; uptime; "$PYTHON" --version;
-  head -3 "$KIT/KIT.txt"; } >"$RES/environment.txt" 2>&1
+  head -3 "$KIT/KIT.txt"; grep -m1 "model name" /proc/cpuinfo
+  # what a core that slept costs to wake: the idle states' exit latencies (us), and the frequency governor
+  echo "cpuidle driver: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)"
+  for state in /sys/devices/system/cpu/cpu0/cpuidle/state*; do
+    [ -d "$state" ] && echo "  $(cat "$state/name") latency $(cat "$state/latency") us disable $(cat "$state/disable")"
+  done
+  echo "governor: $(cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/dev/null || echo none)"
+} >"$RES/environment.txt" 2>&1
 note "gateway_overhead (from the wheel), ${left}s left"
 (cd "$WORK" && timeout $((left - 20)) "$VENV/bin/python" "$HERE/../gateway_overhead.py" --python "$VENV/bin/python" \
   --llama-server "$BIN" --preset "${PRESET:-1b}" --ngl all --hardware hopper --gpus all \
   --design "${DESIGN:-paired}" --concurrencies "${CONCURRENCIES:-1,16,64}" --rounds "${ROUNDS:-4}" \
   --duration "${DURATION:-25}" --warmup "${WARMUP:-3}" --budget $((left - 70)) \
+  --gateway-loops "${GATEWAY_LOOPS:-auto}" ${FLOOR:+--floor} \
   --json "$RES/gateway-overhead.json" --keep "$RES/runs" >"$RES/gateway-overhead.txt" 2>"$RES/gateway-overhead.err")
 rc=$?
 uptime >>"$RES/environment.txt"

@@ -69,6 +69,9 @@ def gateway(
     as_json: bool = typer.Option(False, "--json", help="Status as JSON lines on stdout: one when listening, one each "
                                                        "time the served models change (`gone`: the engines that "
                                                        "went away without being stopped)."),
+    event_loop: str = typer.Option("auto", "--event-loop", metavar="auto|uvloop|asyncio",
+                                   help="The event loop it serves on: auto is uvloop where it is installed (it is a "
+                                        "dependency on Linux and macOS), else asyncio's own."),
 ) -> None:
     """Serve one OpenAI-compatible endpoint that routes each request by its `model` to the engine serving it.
     With API keys (`gateway keys add`), every client needs one, and each key names the models it may use."""
@@ -78,9 +81,11 @@ def gateway(
     import signal
 
     from metralectl.core.gateway_keys import KeyWatch
+    from metralectl.gateway import loops
     from metralectl.gateway.routes import Scanner
     from metralectl.gateway.server import Gateway, Limits, serve
 
+    loop_name = loops.pick(event_loop)  # a loop that is not there: refused before anything listens
     keys = KeyWatch()  # a key file that cannot be trusted: refused here, before anything listens
     host, port = parse_listen(listen, allow_remote, bool(keys.ring))
     remote = not ipaddress.ip_address(host).is_loopback
@@ -88,7 +93,8 @@ def gateway(
     url = f"http://{'[' + host + ']' if ':' in host else host}:{sock.getsockname()[1]}"
 
     def show(table: Any, event: str = "models", gone: list[str] | None = None) -> None:
-        status = {**_status(table, url), "keys": len(keys.ring.keys), "keys_error": keys.error, "gone": gone or []}
+        status = {**_status(table, url), "keys": len(keys.ring.keys), "keys_error": keys.error, "gone": gone or [],
+                  "event_loop": loop_name}
         if as_json:
             print(json.dumps({"event": event, **status}), flush=True)
             return
@@ -144,7 +150,7 @@ def gateway(
     gateway_.monitor = secrets.token_urlsafe(32)  # `top`, the dashboard and the page read /metrics with it
     recorded = state.record(url, len(keys.ring.keys), monitor=gateway_.monitor)  # `ps` shows it while it runs
     try:
-        interrupted = asyncio.run(main())
+        interrupted = loops.run(main(), loop_name)
     finally:
         state.remove(recorded)
     if interrupted:

@@ -125,6 +125,29 @@ def test_lock_rendering_marks_per_python_pins() -> None:
 
 
 
+def test_a_relock_hands_uv_the_committed_pins_so_an_added_dependency_moves_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding uvloop and re-locking with the same date also moved httpx 0.28.1 -> 0.29.0 and two others: the index
+    listed newer files as uploaded before the date. uv keeps what its output file already pins, where it still fits."""
+    (tmp_path / "linux-x86_64.txt").write_text(
+        "# metralectl dependency lock\n"
+        "httpx==0.28.1 \\\n    --hash=sha256:" + "aa" * 32 + "\n"
+        'filelock==4.1.0 ; python_version == "3.10" \\\n    --hash=sha256:' + "bb" * 32 + "\n"
+        'filelock==4.3.1 ; python_version == "3.11" or python_version == "3.12" \\\n    --hash=sha256:' + "cc" * 32 + "\n")
+    monkeypatch.setattr(release, "LOCK_DIR", tmp_path)
+    assert release.committed_pins("linux-x86_64", "3.11") == ["httpx==0.28.1", "filelock==4.3.1"]
+    assert release.committed_pins("linux-x86_64", "3.10") == ["httpx==0.28.1", "filelock==4.1.0"]
+    assert release.committed_pins("macos-arm64", "3.11") == []  # no lock yet: nothing to keep
+    uv = tmp_path / "uv"  # copies the output file it finds, then writes what a resolution would
+    uv.write_text("#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --output-file ] && out=$2; shift; done\n"
+                  f"cp \"$out\" {tmp_path}/seen\nprintf 'httpx==0.28.1 \\\\\\n    --hash=sha256:{'aa' * 32}\\n' > \"$out\"\n")
+    uv.chmod(0o755)
+    pins = release.resolve("linux-x86_64", "3.12", "2026-11-29T00:00:00Z", str(uv))
+    seen = (tmp_path / "seen").read_text().splitlines()
+    assert seen == ["httpx==0.28.1", "filelock==4.3.1"]
+    assert pins == {"httpx": ("0.28.1", ["aa" * 32])}
+
+
 def test_a_python_without_pip_builds_the_same_release(release_dir: Path, tmp_path: Path) -> None:
     """README's installer line runs `python3 scripts/release.py build` with the system's Python, which on Debian has
     no pip (python3-pip) and refuses installs (PEP 668). A Python with neither hatchling nor pip (here a venv made

@@ -114,8 +114,20 @@ def test_each_request_goes_to_the_engine_serving_its_model(two: tuple[ProcBox, P
         assert status == 404 and error["code"] == "model_not_found" and error["served"] == names, body
         assert gateway.metric("metralectl_gateway_requests_total", model="tiny-first", status="200") == 1
         assert gateway.metric("metralectl_gateway_errors_total", reason="unknown-model") == 1
+        assert gateway.first["event_loop"] == "uvloop"  # a dependency on Linux: auto serves on it
     finally:
         said = gateway.stop()
+    assert "Traceback" not in said, said
+    on_asyncio = Gateway(a.env, "--event-loop", "asyncio")  # the other loop relays the same answers
+    try:
+        assert on_asyncio.first["event_loop"] == "asyncio"
+        status, _, body = on_asyncio.chat("tiny-first", max_tokens=4)
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4, body
+        status, _, body = on_asyncio.chat("tiny-second", max_tokens=5, stream=True)
+        events = [e for e in body.decode().split("\n\n") if e.strip()]
+        assert status == 200 and events[-1] == "data: [DONE]" and len(events) >= 7, events
+    finally:
+        said = on_asyncio.stop()
     assert "Traceback" not in said, said
 
 

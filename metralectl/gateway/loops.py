@@ -1,0 +1,47 @@
+"""The event loop the gateway serves on: uvloop (libuv's loop, in C) where it is installed, else asyncio's own.
+
+Why it matters: at one stream, what the gateway adds to a first token is its cold path: the accept, four or five turns
+of the loop before a request is read and forwarded, and one more wake-up for the engine's first piece. Each turn of
+asyncio's loop is Python; uvloop's is C, and it accepts and reads without a turn of its own for each step. Paired at
+one stream against a stub engine on the 2-core box, through 0.9 ms added under uvloop against 1.1 ms under asyncio's
+loop, with a minimal relay in C at 0.15 ms (benchmarks/relay_floor.c; docs/gateway.md has the table). uvloop is a
+dependency where it has wheels (Linux, macOS); elsewhere, and with `--event-loop asyncio`, asyncio's loop serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from metralectl.errors import ExitCode, MetralError
+
+T = TypeVar("T")
+CHOICES = ("auto", "uvloop", "asyncio")
+
+
+def pick(choice: str) -> str:
+    """The loop `choice` names on this machine: auto is uvloop where it imports, else asyncio."""
+    if choice not in CHOICES:
+        raise MetralError(f"--event-loop {choice!r} is not one of {', '.join(CHOICES)}",
+                          "auto (the default) serves on uvloop where it is installed", exit_code=ExitCode.USAGE)
+    if choice == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise MetralError("--event-loop uvloop: uvloop is not installed in metralectl's environment",
+                              "install it there (`pip install uvloop` in that venv), or leave --event-loop at auto",
+                              exit_code=ExitCode.USAGE) from None
+        return "asyncio"
+    return "uvloop"
+
+
+def run(main: Coroutine[Any, Any, T], loop: str) -> T:
+    """main to its end on the loop pick() named."""
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)  # type: ignore[no-any-return]
+    return asyncio.run(main)
