@@ -3,7 +3,7 @@
 competing for the cores.
 
     python3 benchmarks/gateway_relay_cpu.py [--tree DIR ...] [--streams 64] [--events 200] [--interval-ms 2]
-        [--requests 1] [--lockstep] [--rounds 3] [--json FILE]
+        [--requests 1] [--lockstep] [--event-loops asyncio[,uvloop]] [--rounds 3] [--json FILE]
 
 A stub engine (this process, asyncio) answers each POST with a chunked SSE stream of `--events` events of an
 OpenAI chat chunk's size, one write per event, `--interval-ms` apart (an engine's token pace, so the gateway
@@ -54,7 +54,11 @@ class Fixed:
 sock = socket.socket(); sock.bind(("127.0.0.1", 0)); sock.listen(512)
 def ready(_table): print(sock.getsockname()[1], flush=True)
 try:
-    asyncio.run(serve(Gateway(Fixed()), sock, ready))
+    if sys.argv[2] == "asyncio":
+        asyncio.run(serve(Gateway(Fixed()), sock, ready))
+    else:  # a tree from before the gateway's event loop could be chosen has no loops.py
+        from metralectl.gateway import loops
+        loops.run(serve(Gateway(Fixed()), sock, ready), sys.argv[2])
 except KeyboardInterrupt:  # stopped by the benchmark (SIGINT: the gateway writes its timing file as it stops)
     pass
 """
@@ -141,11 +145,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(tree: Path, ns: argparse.Namespace) -> dict[str, float]:
+async def measure(tree: Path, loop: str, ns: argparse.Namespace) -> dict[str, float]:
     server, upstream = await stub_engine(ns.events, ns.interval_ms / 1000, ns.lockstep)
     timing_file = Path(tempfile.mkdtemp()) / "timing.jsonl"
     env = {**os.environ, "PYTHONPATH": str(tree), "METRALECTL_GATEWAY_TIMING": str(timing_file)}
-    child = subprocess.Popen([ns.python, "-c", CHILD, str(upstream)], stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+    child = subprocess.Popen([ns.python, "-c", CHILD, str(upstream), loop], stdout=subprocess.PIPE, text=True, env=env,
+                             cwd=tree)
     stopped = False
     try:
         assert child.stdout is not None
@@ -188,25 +193,28 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1, help="streamed requests per client, one after another")
     parser.add_argument("--lockstep", action="store_true",
                         help="every stream's next event at the same moment (an engine's batch step), not each on its own")
+    parser.add_argument("--event-loops", default="asyncio", help="the gateway's event loop(s), e.g. asyncio,uvloop: "
+                        "each tree is measured on each")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--json", type=Path)
     ns = parser.parse_args()
-    trees = [t.resolve() for t in (ns.tree or [REPO])]
-    rows: dict[str, list[dict[str, float]]] = {str(t): [] for t in trees}
+    arms = [f"{t.resolve()}@{loop}" for t in (ns.tree or [REPO]) for loop in ns.event_loops.split(",")]
+    rows: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
     for r in range(ns.rounds):
-        for tree in (trees if r % 2 == 0 else trees[::-1]):
-            row = asyncio.run(measure(tree, ns))
-            rows[str(tree)].append(row)
-            print(f"round {r + 1} {tree}: {row['cpu_us_per_event']:.1f} µs CPU/event "
+        for arm in (arms if r % 2 == 0 else arms[::-1]):
+            tree, _, loop = arm.rpartition("@")
+            row = asyncio.run(measure(Path(tree), loop, ns))
+            rows[arm].append(row)
+            print(f"round {r + 1} {arm}: {row['cpu_us_per_event']:.1f} µs CPU/event "
                   f"({row['events']:.0f} events, {row['cpu_s']:.2f} s CPU in {row['wall_s']:.2f} s); own time per "
                   f"request p50 {row['up_p50_us']:.0f} µs, p99 {row['up_p99_us']:.0f} µs", file=sys.stderr)
-    summary = {tree: statistics.median(x["cpu_us_per_event"] for x in got) for tree, got in rows.items()}
-    for tree, value in summary.items():
-        up50 = statistics.median(x["up_p50_us"] for x in rows[tree])
-        up99 = statistics.median(x["up_p99_us"] for x in rows[tree])
+    summary = {arm: statistics.median(x["cpu_us_per_event"] for x in got) for arm, got in rows.items()}
+    for arm, value in summary.items():
+        up50 = statistics.median(x["up_p50_us"] for x in rows[arm])
+        up99 = statistics.median(x["up_p99_us"] for x in rows[arm])
         print(f"{value:8.1f} µs CPU per event, own time per request p50 {up50:.0f} µs p99 {up99:.0f} µs "
-              f"(medians of {ns.rounds})  {tree}")
+              f"(medians of {ns.rounds})  {arm}")
     if ns.json:
         ns.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(ns).items()}, "rounds": rows,
                                        "median_cpu_us_per_event": summary}, indent=2) + "\n")
