@@ -49,6 +49,7 @@ class Upstream(asyncio.BufferedProtocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False  # EOF, an error, or closed by us: never taken again
+        self._lost: Exception | None = None  # the error it closed with, if any (an until-close answer is cut by one)
         self._buffer = bytearray()  # the head so far, and what came after it until the relay starts
         self._head: asyncio.Future[http1.Response] | None = None
         self._relay: _Relay | None = None
@@ -168,11 +169,12 @@ class Upstream(asyncio.BufferedProtocol):
             early, self._buffer = bytes(self._buffer), bytearray()
             relay.feed(early)
         relay.flush()  # the head alone, when no piece came with it
-        if self.closed and not relay.ended.done():
-            relay.source_ended(None)
+        if self.closed and not relay.ended.done():  # it closed before the relay started: cleanly, or with an error
+            relay.source_ended(self._lost)
 
     def _ended(self, exc: Exception | None) -> None:
         self.closed = True
+        self._lost = self._lost or exc
         if self._relay is not None:
             self._relay.source_ended(exc)
         elif self._head is not None and not self._head.done():

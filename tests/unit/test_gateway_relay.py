@@ -311,6 +311,30 @@ def test_an_answers_head_and_the_piece_read_with_it_go_to_the_client_in_one_writ
     asyncio.run(head_alone())
 
 
+def test_an_answer_running_until_close_that_an_error_cut_before_its_relay_started_is_not_ended_as_whole() -> None:
+    """An answer framed by the engine's close ends with the close, but only a clean one: a reset cuts it. Before, a
+    connection that had closed, with an error or not, before the relay started ended the client's answer cleanly."""
+    written: list[bytes] = []
+
+    class Client(_Client):
+        def write(self, data: bytes) -> None:
+            written.append(data)
+
+    async def go() -> None:
+        conn = upstream.Upstream()
+        conn.connection_made(_NoTransport())  # type: ignore[arg-type]
+        conn.send(b"POST / HTTP/1.1\r\n\r\n")  # no Start: the relay starts when the task asks for it
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\npart of it")
+        conn.connection_lost(ConnectionResetError("reset by peer"))
+        response = await conn.head()
+        with pytest.raises(ConnectionResetError):
+            await conn.relay(response, upstream.Start(Client()))  # type: ignore[arg-type]
+
+    asyncio.run(go())
+    sent = b"".join(written)
+    assert sent.endswith(b"a\r\npart of it\r\n") and not sent.endswith(b"0\r\n\r\n"), sent  # cut, not ended
+
+
 def test_an_answer_is_counted_when_its_last_byte_is_written_even_if_its_client_leaves_before_the_task_wakes() -> None:
     """A client that reads the answer and closes at once cancels the relay's task (ClientReader.on_gone), on a busy
     gateway before the task woke from the answer's end: a CI run counted 4 requests of 5 that way."""
