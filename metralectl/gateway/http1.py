@@ -27,6 +27,8 @@ TARGET_RE = re.compile(rb"[\x21-\x7e]+")
 # onto a pooled engine connection another client's answer uses (llama-server refuses such a head; not every parser
 # does, and the gateway does not rely on the engine behind it).
 BAD_VALUE_RE = re.compile(rb"[\r\n\x00]")
+# An engine's status line (RFC 9112 4): a version, three ASCII digits, a reason of visible characters, space, tab.
+STATUS_LINE_RE = re.compile(rb"HTTP/1\.[01] [1-5][0-9][0-9](?: [\t\x20-\x7e\x80-\xff]*)?")
 # RFC 9110 7.6.1 and the headers that only describe one connection: never forwarded either way.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
@@ -186,15 +188,21 @@ async def _trailers(reader: asyncio.StreamReader) -> bytes:
 
 def parse_response_head(lines: list[bytes]) -> Response:
     """An engine's answer head (its lines, the blank line excluded); BadRequest(502) when it is not HTTP/1.x."""
-    parts = lines[0].decode("latin-1").split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+    if not STATUS_LINE_RE.fullmatch(lines[0]):  # its reason goes into the client's head: no CR, LF or NUL in it
         raise BadRequest(502, "the engine's answer is not HTTP/1.x")
-    response = Response(int(parts[1]), parts[2] if len(parts) > 2 else "", _headers(lines[1:]))
+    parts = lines[0].decode("latin-1").split(" ", 2)
+    try:
+        response = Response(int(parts[1]), parts[2] if len(parts) > 2 else "", _headers(lines[1:]))
+    except BadRequest as bad:
+        raise BadRequest(502, f"the engine's answer head: {bad.message}") from None
     for name, value in response.headers:
         low = name.lower()
         if low == "transfer-encoding" and "chunked" in value.lower():
             response.chunked = True
-        elif low == "content-length" and value.isdigit():
+        elif low == "content-length":  # read one way only (RFC 9112 6.3): a second, different length is a fault
+            if not (value.isascii() and value.isdigit() and len(value) <= 18) or \
+                    response.length not in (None, int(value)):
+                raise BadRequest(502, "the engine's answer has a Content-Length that is not one plain number")
             response.length = int(value)
         elif low == "connection" and "close" in value.lower():
             response.keep_alive = False

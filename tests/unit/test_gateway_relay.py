@@ -139,7 +139,9 @@ def test_each_framing_reaches_the_client_whole_however_the_engine_cuts_it(framin
     (b"HTTP/1.1 200 OK\r\nContent-Len", "closed in the middle"),
     (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "not HTTP/1.x"),
     (b"HTTP/1.1 200 OK\r\nX-Fill: " + b"a" * (70 * 1024) + b"\r\n\r\n", "over 64 KiB"),
-], ids=["cut", "not-http", "too-long"])
+    (b"HTTP/1.1 200 OK\nSet-Cookie: by-the-engine\r\nContent-Length: 0\r\n\r\n", "not HTTP/1.x"),  # a header in its reason
+    (b"HTTP/1.1 \xb200 OK\r\nContent-Length: 0\r\n\r\n", "not HTTP/1.x"),  # '²': isdigit() but not int()
+], ids=["cut", "not-http", "too-long", "reason-with-lf", "status-not-ascii"])
 def test_an_engine_whose_head_breaks_off_or_is_not_http_gets_the_client_a_502_and_the_gateway_serves_on(
         wire: bytes, says: str) -> None:
     async def answer(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
