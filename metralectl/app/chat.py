@@ -30,7 +30,8 @@ READ_TIMEOUT_S = 300.0  # the most between two pieces of the stream (a long prom
 class ChatTarget:
     url: str  # the engine's base URL (no /v1)
     recipe: str | None  # the recipe metralectl serves there, when it does
-    # its engine's labels (none for --url): whether it asks metralectl's engine token (lifecycle/engine_token.py)
+    # its engine's labels (for --url, those of this box's engine there, if one is): whether it asks metralectl's
+    # engine token (lifecycle/engine_token.py)
     labels: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -66,7 +67,8 @@ def base_url(url: str) -> str:
 def resolve(recipe: str | None, url: str | None) -> ChatTarget:
     """The endpoint to chat with: --url as given, else what the daemon's labelled containers say is served."""
     if url:
-        return ChatTarget(base_url(url), recipe)
+        endpoint = base_url(url)
+        return ChatTarget(endpoint, recipe, served_labels(endpoint) or {})
     from metralectl.app.not_served import not_served
 
     engines = served_engines()
@@ -84,6 +86,27 @@ def resolve(recipe: str | None, url: str | None) -> ChatTarget:
                          "name it: `metralectl chat RECIPE [PROMPT]`")
     name, endpoint, labels = engines[0]
     return ChatTarget(endpoint, name, labels)
+
+
+def served_labels(url: str) -> dict[str, str] | None:
+    """The labels of the engine this box serves at url (the same scheme, host and port, the host as written), so a
+    `--url` that names one of them gets its engine token too; None for any other URL (the token goes nowhere else)
+    and when what is served cannot be read."""
+    from urllib.parse import urlsplit
+
+    def origin(u: str) -> tuple[str, str, int | None] | None:
+        try:
+            parts = urlsplit(u)
+            return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return None
+
+    want = origin(url)
+    try:
+        engines = served_engines()
+    except MetralError:
+        return None
+    return next((labels for _, endpoint, labels in engines if want is not None and origin(endpoint) == want), None)
 
 
 def served_endpoints() -> list[tuple[str, str]]:

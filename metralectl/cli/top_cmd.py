@@ -129,7 +129,9 @@ def _session(interval: float, urls: list[str]) -> Any:
     except MetralError as exc:
         notes.append(f"no thermal lines: the catalog did not load ({exc.message})")
     probe = NvmlProbe(gpu_classes=classes, unified_classes=unified)
-    discover = fixed_targets(urls) if urls else EngineDiscovery()  # one Docker connection for all of top
+    from metralectl.app.chat import served_labels  # an engine of this box named by its URL gets its token too
+
+    discover = fixed_targets(urls, served_labels) if urls else EngineDiscovery()  # one Docker connection for all of top
     from metralectl.gateway.watch import observe
 
     gateways = None if urls else observe  # --url watches those engines only

@@ -112,8 +112,10 @@ def engine_metric_maps() -> tuple[MetricsMap, ...]:
     return catalog_maps()
 
 
-def fixed_targets(urls: Sequence[str]) -> Discovery:
-    targets = [EngineTarget(u.rstrip("/"), None, None, "url") for u in urls]
+def fixed_targets(urls: Sequence[str], labels: Callable[[str], dict[str, str] | None] | None = None) -> Discovery:
+    """The engines at urls; labels(url): the labels of this box's engine there, if one is (its token goes with it)."""
+    targets = [EngineTarget(u.rstrip("/"), None, None, "url", None, (labels(u.rstrip("/")) if labels else None) or {})
+               for u in urls]
     return lambda: (list(targets), None)
 
 

@@ -102,6 +102,12 @@ def test_with_a_gateway_key_the_engine_asks_the_token_and_everything_of_ours_sen
     top = box.json("top", "--once", "--json", "--interval", "0.5", timeout=60)
     [watched] = [e for e in top["engines"] if e["url"] == f"http://127.0.0.1:{port}"]
     assert watched["state"] == "ok" and watched["totals"]["generation_tokens"] > 0, watched
+    # named by its URL, the engine of this box gets its token as well (before: 401 for both)
+    chat = box.cli("chat", "--url", f"http://127.0.0.1:{port}/v1", "Hello", "--max-tokens", "4", timeout=120)
+    assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr
+    top = box.json("top", "--once", "--json", "--interval", "0.5", "--url", f"http://127.0.0.1:{port}", timeout=60)
+    [watched] = top["engines"]
+    assert watched["state"] == "ok" and watched["totals"]["generation_tokens"] > 0, watched
 
     gateway = Gateway(box.env)
     try:

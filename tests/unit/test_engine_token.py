@@ -156,3 +156,29 @@ def test_headers_only_for_an_engine_of_ours_that_asks_the_token() -> None:
     assert engine_token.engine_headers({LABEL_OWNER: owner()}) == {}
     assert engine_token.engine_headers({**ours, LABEL_OWNER: "someone-else"}) == {}  # never sent to another's
     assert engine_token.engine_headers(None) == {}
+
+
+def test_a_url_that_names_one_of_this_boxs_engines_gets_its_token_and_no_other_url_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`chat --url` and `top --url` at an engine that asks the token got 401: a URL carried no labels. Only the exact
+    origin of an engine served here gets them (the token must not go to another host or port)."""
+    from metralectl.app import chat
+    from metralectl.errors import MetralError
+    from metralectl.telemetry.watch import fixed_targets
+
+    asks = {LABEL_ENGINE_AUTH: ENGINE_AUTH_TOKEN, LABEL_OWNER: owner()}
+    monkeypatch.setattr(chat, "served_engines", lambda: [("a", "http://127.0.0.1:8080", asks),
+                                                         ("b", "http://127.0.0.1:8081", {})])
+    assert chat.resolve(None, "http://127.0.0.1:8080/v1/").labels == asks
+    assert chat.served_labels("http://127.0.0.1:8081") == {}
+    for other in ("http://127.0.0.1:8082", "http://localhost:8080", "https://127.0.0.1:8080", "http://10.0.0.1:8080",
+                  "http://127.0.0.1:8080@evil:8080", "http://127.0.0.1:99999"):
+        assert chat.served_labels(other) is None, other
+    targets, _ = fixed_targets(["http://127.0.0.1:8080/", "http://127.0.0.1:9"], chat.served_labels)()
+    assert [t.labels for t in targets] == [asks, {}]
+
+    def no_docker() -> list[tuple[str, str, dict[str, str]]]:
+        raise MetralError("Docker is not running")
+
+    monkeypatch.setattr(chat, "served_engines", no_docker)  # what is served cannot be read: no token, no error
+    assert chat.resolve(None, "http://127.0.0.1:8080").labels == {}
