@@ -98,10 +98,7 @@ class Gateway:
 
     # connections
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        assert isinstance(reader, ClientReader)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:  # an answer's head and its first piece are two writes: no Nagle delay between them
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        assert isinstance(reader, ClientReader)  # its socket is TCP_NODELAY: both loops set it (loops.py)
         this: Any = asyncio.current_task()  # never None here: a connection's own task
         self._clients.add(this)
         try:

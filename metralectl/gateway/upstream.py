@@ -22,7 +22,6 @@ piece in a second one: two sends, and a client woken twice, on the path of every
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,10 +59,7 @@ class Upstream(asyncio.BufferedProtocol):
     # asyncio's side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Not an isinstance check: another event loop's transports (uvloop's) do all a Transport does without being one
-        self.transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:  # the request's head and body are one write, but an engine's client may be slow
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport = cast(asyncio.Transport, transport)  # TCP_NODELAY: both loops set it (loops.py)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._read

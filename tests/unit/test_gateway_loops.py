@@ -37,3 +37,29 @@ def test_an_unknown_loop_is_refused_before_anything_listens() -> None:
     assert done.returncode == ExitCode.USAGE, done
     assert "--event-loop 'twisted' is not one of auto, uvloop, asyncio" in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_each_loop_sets_tcp_nodelay_on_the_connections_it_accepts_and_makes(loop: str) -> None:
+    """The gateway sets no TCP_NODELAY of its own (loops.py): without it, an answer's small pieces waited ~40 ms for
+    Nagle and a delayed ACK."""
+    import socket
+
+    seen: list[int] = []
+
+    async def go() -> None:
+        accepted = asyncio.get_running_loop().create_future()
+
+        def on_client(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.set_result(writer)
+
+        server = await asyncio.start_server(on_client, "127.0.0.1", 0)
+        _, made = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        theirs = await accepted
+        for writer in (made, theirs):
+            seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+        server.close()
+
+    loops.run(go(), loop)
+    assert len(seen) == 2 and all(seen), seen
