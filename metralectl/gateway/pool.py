@@ -43,6 +43,7 @@ class Pool:
         idle = self._idle.get(address)
         first = address not in self._wanted  # nothing was opened ahead yet: not a burst
         self._wanted.setdefault(address, self.spares)
+        dropped = False  # a spare was there, but the engine had closed it: no burst, the load went away
         try:
             while idle:
                 conn = idle.pop()
@@ -50,7 +51,8 @@ class Pool:
                     return conn, True
                 conn.close()  # it idled past the engine's keep-alive: one spare fewer is wanted
                 self._wanted[address] = max(self.spares, self._wanted[address] - 1)
-            if self.spares and not first:  # a burst outran the spares: one more ahead for the next
+                dropped = True
+            if self.spares and not first and not dropped:  # a burst outran the spares: one more ahead for the next
                 self._wanted[address] = min(MAX_SPARES, self._wanted[address] + 1)
             return await asyncio.wait_for(self._open(address), self.connect_timeout_s), False
         finally:  # after the request is written (its task runs on to the write before it awaits): spares are

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from metralectl.gateway.pool import SPARES
 from metralectl.gateway.routes import Route, Table
 from metralectl.gateway.server import Gateway, serve
 
@@ -134,6 +135,7 @@ def test_a_spare_the_engine_dropped_is_not_used_and_the_request_is_answered() ->
     gateway = asyncio.run(session(engine, [0, 0.5, 0.5]))
     assert len(engine.requested) == 3  # every request answered (chat() checks each stream), none on a dropped one
     assert gateway.pool.opened >= 4  # the dropped spares were replaced
+    assert list(gateway.pool._wanted.values()) == [SPARES]  # found closed, each time: no burst, none more ahead
 
 
 def test_the_gateway_keeps_its_own_time_per_request_only_when_asked(tmp_path: Path,
