@@ -46,6 +46,7 @@ async def _in_process(spec: LoadSpec, url: str, path: str, plan: Callable[[int],
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     installed = False
+    previous = signal.getsignal(signal.SIGTERM)  # the command's own (bench run: SIGTERM as Ctrl-C)
     if task is not None:
         try:
             loop.add_signal_handler(signal.SIGTERM, task.cancel)  # SIGTERM ends the run like Ctrl-C does
@@ -59,8 +60,9 @@ async def _in_process(spec: LoadSpec, url: str, path: str, plan: Callable[[int],
     finally:
         if watcher is not None:
             watcher.cancel()
-        if installed:
+        if installed:  # asyncio leaves SIG_DFL behind: a SIGTERM between two rungs killed the run unrecorded
             loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 async def _cancel_on(token: cancel.CancelToken, task: asyncio.Task[Any], tick_s: float = 0.1) -> None:

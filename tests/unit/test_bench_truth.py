@@ -253,3 +253,18 @@ def test_an_open_loop_opens_the_connections_its_rate_needs_not_its_ceiling() -> 
     with truth_server("--ttft-ms", "5", "--itl-ms", "2") as url:
         out = run_load(LoadSpec(concurrency=6, requests=6), url, PATH, RequestFactory(model="m", max_tokens=4, text="x"))
     assert out.health["connections_opened"] == 6
+
+
+def test_after_a_rung_sigterm_is_the_commands_own_again() -> None:
+    """`bench run` turns SIGTERM into Ctrl-C (recorded as interrupted); each rung's loop takes it over while it runs.
+    asyncio's remove_signal_handler left SIG_DFL behind, so a SIGTERM between two rungs killed the run outright and
+    left its record `running` (a CI run saw -15 where 130 was expected)."""
+    import signal
+
+    from metralectl.seams.process import sigterm_as_interrupt
+
+    with truth_server("--ttft-ms", "1", "--itl-ms", "1") as url, sigterm_as_interrupt():
+        ours = signal.getsignal(signal.SIGTERM)
+        out = run_load(LoadSpec(concurrency=1, requests=2), url, PATH, RequestFactory(model="m", max_tokens=3, text="x"))
+        assert signal.getsignal(signal.SIGTERM) is ours
+    assert all(r.ok for r in out.results)
