@@ -161,7 +161,10 @@ def test_open_loop_schedule_starts_after_the_collection_in_a_large_heap() -> Non
     finally:
         del heap
     agg = aggregate(out.results, out.window)
-    assert 45 <= agg["requests"] <= 55 and out.health["dispatch_slip_ms"]["p99"] < 20.0
+    # the p90, not the p99: a busy box stalls a request or two now and then (a CI run saw 21.9 ms at p99 beside
+    # another test run); the backlog this guards against was a tenth of the window's requests or more, late by the
+    # collection's time (tens to hundreds of ms)
+    assert 45 <= agg["requests"] <= 55 and out.health["dispatch_slip_ms"]["p90"] < 20.0
 
 
 def test_sharded_over_two_processes() -> None:
