@@ -102,11 +102,15 @@ def served_labels(url: str) -> dict[str, str] | None:
             return None
 
     want = origin(url)
+    from metralectl.seams.sync_http import is_this_machine
+
+    if want is None or not is_this_machine(want[1]):  # another host's engine is none of ours: no runtime to ask
+        return None
     try:
         engines = served_engines()
     except MetralError:
         return None
-    return next((labels for _, endpoint, labels in engines if want is not None and origin(endpoint) == want), None)
+    return next((labels for _, endpoint, labels in engines if origin(endpoint) == want), None)
 
 
 def served_endpoints() -> list[tuple[str, str]]:

@@ -182,3 +182,30 @@ def test_a_url_that_names_one_of_this_boxs_engines_gets_its_token_and_no_other_u
 
     monkeypatch.setattr(chat, "served_engines", no_docker)  # what is served cannot be read: no token, no error
     assert chat.resolve(None, "http://127.0.0.1:8080").labels == {}
+
+
+def test_a_url_on_another_host_never_waits_on_this_boxs_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """served_labels() asked the runtime for every --url, so `chat --url http://other-box:8080` waited out a hung
+    Docker daemon's 10 s first. Another host's engine cannot be one of ours: the runtime is asked only for this
+    machine's own addresses (loopback, an address an interface holds, its host name), with no resolver asked."""
+    import socket
+
+    from metralectl.app import chat
+    from metralectl.seams.sync_http import is_this_machine
+
+    asked: list[str] = []
+
+    def served() -> list[tuple[str, str, dict[str, str]]]:
+        asked.append("runtime")
+        return []
+
+    monkeypatch.setattr(chat, "served_engines", served)
+    for other in ("http://10.255.255.1:8080", "http://192.0.2.7:8080", "http://[2001:db8::1]:8080",
+                  "http://other-box.example:8080", "http://0.0.0.0:8080", "http://224.0.0.1:8080"):
+        assert chat.served_labels(other) is None, other
+    assert asked == []
+    for ours in ("http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080",
+                 f"http://{socket.gethostname()}:8080"):
+        assert chat.served_labels(ours) is None, ours  # nothing is served, but the runtime was asked
+    assert asked == ["runtime"] * 4
+    assert not is_this_machine("") and not is_this_machine(None) and not is_this_machine("127.1")
