@@ -19,6 +19,10 @@ from typing import Any
 
 HEAD_LIMIT = 64 * 1024  # a request's or a response's head (request line + headers)
 CHUNK_SIZE_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")
+# an answer's chunk-size line and trailer lines as the strictest client reads them: CRLF-ended, no control byte but
+# HTAB in an extension or a trailer (a bare CR or LF there is where two parsers would find two different ends)
+CHUNK_LINE_RE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?\r\n")
+TRAILER_LINE_RE = re.compile(rb"[^\x00-\x08\x0a-\x1f\x7f:]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n")
 # RFC 9110 5.6.2: a method and a header name are tokens; a request target is visible ASCII (no space, no control).
 TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 TARGET_RE = re.compile(rb"[\x21-\x7e]+")
@@ -236,13 +240,16 @@ def answer_head(response: Response) -> bytes:
 
 class ChunkEnd:
     """Follows a chunked body's framing over pieces split anywhere; feed() returns where the body ends (the
-    offset just past the last chunk's trailers in that piece), else None. Malformed framing: ConnectionResetError."""
+    offset just past the last chunk's trailers in that piece), else None. Malformed framing: ConnectionResetError.
+    The framing is read as strictly as the strictest client would (CRLF line ends, the CRLF after each chunk's
+    data checked, no control bytes in a size line's extension or a trailer): the relay passes the engine's bytes on
+    verbatim, and a client that found another end than ours would read the rest as its next answer."""
 
     LINE_LIMIT = 4096
 
     def __init__(self) -> None:
         self.partial = b""  # a size or trailer line cut by a piece's end
-        self.left = 0  # bytes of the current chunk's data (and its CRLF) still to come
+        self.left = 0  # bytes of the current chunk's data and its CRLF still to come
         self.last = False  # the 0-size chunk was seen: trailers until an empty line
 
     def feed(self, data: bytes) -> int | None:
@@ -250,6 +257,10 @@ class ChunkEnd:
         while i < n:
             if self.left:
                 take = min(self.left, n - i)
+                if take > self.left - 2:  # this piece holds (part of) the CRLF that ends the chunk's data
+                    start = max(0, self.left - 2)
+                    if data[i + start:i + take] != b"\r\n"[2 - (self.left - start):2 - (self.left - take)]:
+                        raise ConnectionResetError("the engine's chunked answer has a chunk not ended by CRLF")
                 i, self.left = i + take, self.left - take
                 continue
             j = data.find(b"\n", i)
@@ -260,17 +271,18 @@ class ChunkEnd:
                 return None
             line, self.partial, i = self.partial + data[i:j + 1], b"", j + 1
             if self.last:
-                if line.strip() == b"":
+                if line == b"\r\n":
                     return i
+                if not TRAILER_LINE_RE.fullmatch(line):
+                    raise ConnectionResetError("the engine's chunked answer has a malformed trailer")
                 continue
-            digits = line.split(b";", 1)[0].strip()
-            if not CHUNK_SIZE_RE.fullmatch(digits):  # int(x, 16) takes '-6': a size that walked back, forever
+            size = CHUNK_LINE_RE.fullmatch(line)  # int(x, 16) takes '-6': a size that walked back, forever
+            if size is None:
                 raise ConnectionResetError("the engine's chunked answer is malformed")
-            size = int(digits, 16)
-            if size == 0:
+            if size[1] == b"0" * len(size[1]):
                 self.last = True
             else:
-                self.left = size + 2
+                self.left = int(size[1], 16) + 2
         return None
 
 

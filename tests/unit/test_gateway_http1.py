@@ -45,6 +45,45 @@ def test_a_chunk_size_that_is_not_plain_hexadecimal_is_refused_not_looped_on(siz
         ChunkEnd().feed(size + b"\r\nabc\r\n0\r\n\r\n")
 
 
+def _feed_cut(message: bytes, cut: int) -> int | None:
+    end = ChunkEnd()
+    first = end.feed(message[:cut])
+    if first is not None:
+        return first
+    found = end.feed(message[cut:])
+    return None if found is None else cut + found
+
+
+@pytest.mark.parametrize("message", [
+    b"5\nhello\r\n0\r\n\r\n",  # a size line ended by a bare LF
+    b"5\r\nhelloAB0\r\n\r\n",  # data not ended by CRLF: two bytes taken on trust
+    b"5\r\nhello\n\r0\r\n\r\n",
+    b"5;a=\rb\r\nhello\r\n0\r\n\r\n",  # a bare CR inside an extension
+    b"5;a=\x00\r\nhello\r\n0\r\n\r\n",
+    b" 5\r\nhello\r\n0\r\n\r\n",  # whitespace before the size
+    b"5\r\nhello\r\n0\r\nX: a\rb\r\n\r\n",  # a bare CR in a trailer
+    b"5\r\nhello\r\n0\r\nno colon\r\n\r\n",
+    b"5\r\nhello\r\n0\r\n\n",  # the blank line that ends it, a bare LF
+])
+def test_framing_a_strict_client_would_read_otherwise_is_refused_wherever_it_is_cut(message: bytes) -> None:
+    """The relay passes the engine's bytes on as they are: where our end and a strict client's differ (a bare CR or
+    LF in a line, a chunk's data not ended by CRLF), the client would read what follows as its next answer, one a
+    hostile engine wrote. Each of these used to be followed to an end; now the answer is cut, however it is cut."""
+    for cut in range(1, len(message)):
+        with pytest.raises(ConnectionResetError):
+            _feed_cut(message, cut)
+
+
+@pytest.mark.parametrize("message", [
+    b"5 ;name=\"v a\"\t\r\nhello\r\n0\r\n\r\n",
+    b"5;a;b=c\r\nhello\r\n00\r\nX-Trailer: 1\r\nY:\r\n\r\n",
+    b"A\r\n0123456789\r\n0;last\r\n\r\n",
+])
+def test_well_formed_extensions_and_trailers_still_end_where_they_end(message: bytes) -> None:
+    for cut in range(1, len(message)):
+        assert _feed_cut(message, cut) == len(message), cut
+
+
 def test_hop_by_hop_headers_and_those_connection_names_are_dropped() -> None:
     headers = [("Connection", "keep-alive, X-Private"), ("X-Private", "1"), ("Keep-Alive", "timeout=5"),
                ("Transfer-Encoding", "chunked"), ("Proxy-Authorization", "x"), ("Host", "a"), ("Content-Length", "3"),
