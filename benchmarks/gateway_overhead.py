@@ -21,7 +21,7 @@ rounds of TTFT p50 and p99 of each, the added TTFT (gateway - direct) and the ou
 wheel's venv: then this checkout is kept off its path, and every command runs outside it). `--litellm` adds LiteLLM's
 proxy (its `litellm` command, from a venv of its own) routing the same engine as a third target in the same
 rounds, so the gateway is compared with a peer under the same noise. `--gateway-loops auto,asyncio` runs a gateway on
-each event loop (metralectl/gateway/loops.py) side by side; `--floor` adds benchmarks/relay_floor.c, a relay in C
+each event loop (metralectl/gateway/loops.py) side by side (`auto@15`: one held to CPU 15); `--floor` adds benchmarks/relay_floor.c, a relay in C
 that parses nothing: what one more process and loopback hop cost on that machine, which no relay avoids. `--ngl/--hardware/--gpus` put the engine
 on a GPU (the lent H200: docs/h200.md). `--json FILE` writes every request's figures (paired: and a markdown table
 beside it, FILE.md). Exit 1 if any request failed; the targets are judged in the table, not the exit code (a busy
@@ -100,11 +100,17 @@ def bench(box: Box, url: str, ns: argparse.Namespace, c: int) -> dict[str, Any]:
 
 def gateway(ns: argparse.Namespace, box: Box, home: Path, port: int, loop: str,
             timing: Path | None = None) -> subprocess.Popen[str]:
-    """`metralectl gateway` on port, on the event loop named, keeping its own time in `timing` if given."""
+    """`metralectl gateway` on port, on the event loop named, keeping its own time in `timing` if given. `LOOP@CPUS`
+    (auto@15, auto@2-3) runs it on those CPUs only (sched_setaffinity, as `taskset -c` would): whether a gateway
+    that wakes on a core of its own, its caches as it left them, costs less than one the scheduler moves about."""
+    loop, _, cpus = loop.partition("@")
     env = {**box.env, **({"METRALECTL_GATEWAY_TIMING": str(timing)} if timing else {})}
+    chosen = {c for part in cpus.split(",") if part for a, _, b in [part.partition("-")]
+              for c in range(int(a), int(b or a) + 1)}
     return subprocess.Popen([ns.python, "-m", "metralectl", "gateway", "--listen", f"127.0.0.1:{port}", "--json",
                              "--event-loop", loop], stdout=subprocess.PIPE, text=True, cwd=home, env=env,
-                            stderr=open(home / f"gateway-{port}.log", "w"))
+                            stderr=open(home / f"gateway-{port}.log", "w"),
+                            preexec_fn=(lambda: os.sched_setaffinity(0, chosen)) if chosen else None)
 
 
 def floor(home: Path, port: int, engine_port: int) -> subprocess.Popen[str]:
@@ -178,7 +184,8 @@ def main() -> int:
     ap.add_argument("--floor", action="store_true", help="a minimal relay in C (benchmarks/relay_floor.c, built "
                     "with cc) in front of the same engine as another target: what any relay process costs there")
     ap.add_argument("--gateway-loops", default="auto", help="the gateway's --event-loop; more than one (auto,asyncio) "
-                    "starts a gateway on each, the first as `gateway` (its own time kept), the others `gateway-LOOP`")
+                    "starts a gateway on each, the first as `gateway` (its own time kept), the others `gateway-LOOP`; "
+                    "LOOP@CPUS (auto@15) runs that one on those CPUs only")
     ap.add_argument("--keep", type=Path, help="copy every bench run's records (requests.jsonl...) here")
     ns = ap.parse_args()
     ns.started = time.monotonic()

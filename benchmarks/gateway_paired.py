@@ -224,23 +224,28 @@ def summarize(c: int, via: str, groups: list[dict[str, Any]], own: list[dict[str
 
 
 def order_balanced(groups: list[dict[str, Any]], via: str, seed: int) -> tuple[float, float, float] | None:
-    """The median of the paired differences (via - direct) taken apart by which of the two was sent first, and the
-    mean of the two medians, with its 95 % bootstrap interval (groups resampled within each order): a cross-over
-    design's estimate, in which what going second costs at the engine cancels out. On the H200 at c=1 that cost was
-    ±2-4.5 ms, by the order alone (the engine's TTFT there is 10.5 or 15 ms), so the pooled paired median fell
-    into the gap between the two modes (+2.9 ms [-2.7, +3.7]) and said nothing about the gateway.
-    None without each group's order (results from before it was kept) or with either order missing."""
+    """The median of the paired differences (via - direct) taken apart by each group's send order (the rotation of
+    the paths it went out in), and the mean of those medians, with its 95 % bootstrap interval (groups resampled
+    within each order): a cross-over design's estimate, in which what a place in the order costs at the engine
+    cancels out, as every path takes every place equally often. On the H200 at c=1 the first of a group (a prompt
+    the engine had not seen) waited ±2-4.5 ms longer, by the order alone (the engine's TTFT there is 10.5 or 15 ms),
+    so the pooled paired median fell into the gap between the modes (+2.9 ms [-2.7, +3.7]) and said nothing about
+    the gateway. (Split by which of the two went first only, as before, this held with two paths; with four the
+    split put a gateway first in one order of four and second-or-later in three, so the first place's cost stayed
+    in: +2.4 ms for a gateway, -2.1 for the relay in C.)
+    None without each group's order (results from before it was kept) or with an order missing."""
     import numpy as np
 
     ordered = [g for g in groups if "order" in g]
-    via_first = [g["order"].index(via) < g["order"].index("direct") for g in ordered]
-    parts = [np.array([g[via]["ttft_ms"] - g["direct"]["ttft_ms"] for g, first in zip(ordered, via_first)
-                       if first is side], dtype=float) for side in (False, True)]
-    if not all(len(part) for part in parts):
+    orders = sorted({tuple(g["order"]) for g in ordered})
+    parts = [np.array([g[via]["ttft_ms"] - g["direct"]["ttft_ms"] for g in ordered if tuple(g["order"]) == order],
+                      dtype=float) for order in orders]
+    rotations = len(orders[0]) if orders else 0
+    if not parts or len(parts) < rotations or not all(len(part) for part in parts):
         return None
     rng = np.random.default_rng(seed)
-    boot = sum(np.median(part[rng.integers(0, len(part), (BOOT, len(part)))], axis=-1) for part in parts) / 2
-    point = (float(np.median(parts[0])) + float(np.median(parts[1]))) / 2
+    boot = sum(np.median(part[rng.integers(0, len(part), (BOOT, len(part)))], axis=-1) for part in parts) / len(parts)
+    point = sum(float(np.median(part)) for part in parts) / len(parts)
     return point, float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
 
 

@@ -8,7 +8,7 @@ With each group's `order` kept, that is used. Without it, only c = 1 can be read
 strictly in sequence, so within a round consecutive groups alternate their order and a group's position's parity
 is its order (which parity went first needs no knowing: the estimate is the mean of the two classes' medians).
 Each round is one stratum; the figure is the mean over rounds, its 95 % interval from resampling within each
-round's two classes. Prints one line per concurrency it can read.
+round's classes (one per send order). Prints one line per concurrency it can read.
 """
 
 from __future__ import annotations
@@ -22,14 +22,17 @@ import numpy as np
 BOOT = 2000
 
 
-def classes(phase: dict, via: str) -> tuple[np.ndarray, np.ndarray] | None:
+def classes(phase: dict, via: str) -> list[np.ndarray] | None:
+    """The paired differences of one round, split by send order: one class per rotation of the paths when each
+    group's order was kept (gateway_paired.order_balanced() says why not by which of the two went first), else at
+    c = 1 by position parity."""
     groups = phase.get("requests") or phase.get("groups") or []
     diffs = np.array([g[via]["ttft_ms"] - g["direct"]["ttft_ms"] for g in groups], dtype=float)
     if groups and all("order" in g for g in groups):
-        first = np.array([g["order"].index(via) < g["order"].index("direct") for g in groups])
-        return diffs[~first], diffs[first]
+        orders = [tuple(g["order"]) for g in groups]
+        return [diffs[np.array([o == order for o in orders])] for order in sorted(set(orders))]
     if phase["concurrency"] == 1:
-        return diffs[0::2], diffs[1::2]
+        return [diffs[0::2], diffs[1::2]]
     return None
 
 
@@ -43,19 +46,18 @@ def main() -> int:
         phases = json.load(open(path, encoding="utf-8"))["phases"]
         for c in sorted({p["concurrency"] for p in phases}):
             strata = [k for p in phases if p["concurrency"] == c for k in [classes(p, ns.via)]
-                      if k is not None and len(k[0]) and len(k[1])]
+                      if k is not None and len(k) > 1 and all(len(part) for part in k)]
             if not strata:
                 print(f"{path} c={c}: no group's order is known (kept only since the benchmark keeps it)")
                 continue
-            point = np.mean([(np.median(a) + np.median(b)) / 2 for a, b in strata])
-            boot = np.mean([(np.median(a[rng.integers(0, len(a), (BOOT, len(a)))], axis=1)
-                             + np.median(b[rng.integers(0, len(b), (BOOT, len(b)))], axis=1)) / 2
-                            for a, b in strata], axis=0)
+            point = np.mean([np.mean([np.median(part) for part in parts]) for parts in strata])
+            boot = np.mean([np.mean([np.median(part[rng.integers(0, len(part), (BOOT, len(part)))], axis=1)
+                                     for part in parts], axis=0) for parts in strata], axis=0)
             low, high = np.percentile(boot, [2.5, 97.5])
-            n = sum(len(a) + len(b) for a, b in strata)
+            n = sum(len(part) for parts in strata for part in parts)
             print(f"{path} c={c}: order-balanced paired median added {point:+.3f} ms [{low:+.3f}, {high:+.3f}] "
-                  f"({len(strata)} rounds, {n} groups; each round's two orders' medians: "
-                  + ", ".join(f"{np.median(a):+.2f}/{np.median(b):+.2f}" for a, b in strata) + ")")
+                  f"({len(strata)} rounds, {n} groups; each round's orders' medians: "
+                  + ", ".join("/".join(f"{np.median(part):+.2f}" for part in parts) for parts in strata) + ")")
     return 0
 
 

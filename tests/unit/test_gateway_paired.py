@@ -119,3 +119,26 @@ def test_what_going_second_costs_at_the_engine_cancels_out_of_the_order_balanced
     assert row["verdicts"]["paired_p50"] == "held"
     assert gateway_paired.order_balanced([{k: v for k, v in g.items() if k != "order"} for g in groups],
                                          "gateway", 1) is None  # results from before orders were kept
+
+
+def test_with_four_paths_the_first_places_cost_cancels_too() -> None:
+    """Four paths rotated (direct, two gateways, the relay in C), the first of each group waiting 4.5 ms more (a
+    prompt the engine had not seen: the H200 at c=1). Split by which of direct and a via went first, the first
+    place's cost stayed in (a gateway first in one rotation of four): +2.4 ms for a gateway, -2.1 for the relay on
+    the H200. Each rotation's median, averaged, gives each path's own cost."""
+    import random
+
+    rng = random.Random(11)
+    paths = ["direct", "gateway", "gateway-asyncio", "floor"]
+    cost = {"direct": 0.0, "gateway": 0.2, "gateway-asyncio": 0.4, "floor": 0.05}
+    groups = []
+    for g in range(800):
+        order = [paths[(j + g) % len(paths)] for j in range(len(paths))]
+        base = rng.choice([10.5, 15.0])
+        groups.append({"at": 0.0, "order": order, **{
+            p: {"ttft_ms": base + rng.gauss(0, 0.05) + (4.5 if order[0] == p else 0.0) + cost[p], "e2e_ms": 100.0,
+                "tokens": 64} for p in paths}})
+    for via in paths[1:]:
+        point, low, high = gateway_paired.order_balanced(groups, via, 3)  # type: ignore[misc]
+        assert abs(point - cost[via]) < 0.05 and low <= point <= high, (via, point, low, high)
+    assert gateway_paired.order_balanced([g for g in groups if g["order"][0] != "floor"], "gateway", 3) is None
