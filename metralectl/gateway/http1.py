@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -326,21 +327,35 @@ class ClientReader(asyncio.StreamReader):
         self._went()
 
 
+class _ReadBuffer(threading.local):
+    """One read buffer per thread (per event loop), shared by every connection on it: each read is copied out
+    before the callback that made it returns, so no two reads ever hold it at once. A buffer per connection was
+    64 KiB allocated and zeroed as each client connected, on the path of its first token."""
+
+    def __init__(self) -> None:
+        self.view = memoryview(bytearray(READ_SIZE))
+
+
+READ_SIZE = 64 * 1024  # the most one read takes (under glibc's mmap threshold: upstream.py says why that matters)
+_read_buffer = _ReadBuffer()
+
+
+def read_buffer() -> memoryview:
+    """This thread's read buffer (get_buffer() of a BufferedProtocol); what is read into it must be copied out in
+    the buffer_updated() that follows, before anything else runs."""
+    return _read_buffer.view
+
+
 class ClientProtocol(asyncio.StreamReaderProtocol, asyncio.BufferedProtocol):
-    """A client connection's protocol: its bytes read into a buffer of its own (upstream.py says why: asyncio's
-    default read allocates 256 KiB each time), then fed to its ClientReader as a StreamReaderProtocol does."""
-
-    READ_SIZE = 64 * 1024
-
-    def __init__(self, reader: ClientReader, handle: Callable[..., Any]) -> None:
-        super().__init__(reader, handle)
-        self._read = memoryview(bytearray(self.READ_SIZE))
+    """A client connection's protocol: its bytes read into the thread's shared buffer (upstream.py says why not
+    asyncio's default read, which allocates 256 KiB each time), then fed to its ClientReader as a
+    StreamReaderProtocol does."""
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._read
+        return _read_buffer.view
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(self._read[:nbytes]))
+        self.data_received(bytes(_read_buffer.view[:nbytes]))
 
 
 class NotSent(Exception):

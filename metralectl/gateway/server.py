@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from metralectl.gateway import auth, http1, timing
+from metralectl.gateway import auth, http1, loops, timing
 from metralectl.gateway.http1 import Answered, ClientReader, NotSent
 from metralectl.core.gateway_keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
@@ -373,6 +373,7 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
         lambda: http1.ClientProtocol(ClientReader(http1.HEAD_LIMIT), gateway.handle), sock=sock)
     gateway._publish(await asyncio.to_thread(gateway.scanner.scan))
     refresher = asyncio.ensure_future(gateway.refresh_forever())
+    loops.settle_heap()  # what starting made, out of the collector's passes (loops.py says why)
     if ready is not None:
         ready(gateway.table)
     # Scans run on a worker thread, and Python hands the GIL from it to the waiting loop after this interval (5 ms).

@@ -7,9 +7,10 @@ request's first token waited behind all their task steps (on the lent H200, +0.3
 median at 16 and 64 streams, with the gateway's own time at 0.1 ms). Here a piece costs a write and a framing
 check, and the relay's task only wakes for the answer's head, for back-pressure and for the answer's end.
 
-Reads go into a buffer of this connection's own (a BufferedProtocol): asyncio's plain Protocol reads each time
-into a new 256 KiB bytes, and an allocation that size is an mmap and munmap in glibc: ~25 us per read on the
-2-core box, half the gateway's CPU per relayed event.
+Reads go into a buffer of the thread's (a BufferedProtocol, http1.read_buffer(): one for every connection, as each
+read is copied out at once): asyncio's plain Protocol reads each time into a new 256 KiB bytes, and an allocation
+that size is an mmap and munmap in glibc: ~25 us per read on the 2-core box, half the gateway's CPU per relayed
+event.
 
 The head is gathered here (at most HEAD_LIMIT) and parsed by http1; the body's framing (Content-Length, chunked
 or until close) only decides where the answer ends and whether the connection may serve another request.
@@ -29,7 +30,6 @@ from typing import Any, cast
 
 from metralectl.gateway import http1
 
-READ_SIZE = 64 * 1024  # the most one read takes (under glibc's mmap threshold: see above)
 CLIENT_BUFFER_HIGH = 256 * 1024  # unsent bytes to a client past which the engine's side is paused until it drains
 
 
@@ -54,7 +54,6 @@ class Upstream(asyncio.BufferedProtocol):
         self._relay: _Relay | None = None
         self._destination: Start | None = None
         self._started: bool | None = None  # the answer went to its client from the head's callback (keep-alive, done)
-        self._read = memoryview(bytearray(READ_SIZE))
 
     # asyncio's side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -62,11 +61,11 @@ class Upstream(asyncio.BufferedProtocol):
         self.transport = cast(asyncio.Transport, transport)  # TCP_NODELAY: both loops set it (loops.py)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._read
+        return http1.read_buffer()  # shared by every connection of this thread: copied out at once, below
 
     def buffer_updated(self, nbytes: int) -> None:
         # Copied out at once: the buffer is read into again, and a client's transport may keep what it is given.
-        self.data_received(bytes(self._read[:nbytes]))
+        self.data_received(bytes(http1.read_buffer()[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         if self._relay is not None:

@@ -233,11 +233,25 @@ def test_a_client_that_does_not_read_holds_the_engine_back_and_then_gets_every_b
     assert got == expected
 
 
-def test_both_sides_read_into_a_buffer_of_their_own() -> None:
-    """asyncio's default read makes a new 256 KiB bytes each time, an mmap and munmap in glibc (upstream.py)."""
+def test_both_sides_read_into_one_buffer_of_the_threads_not_one_per_connection() -> None:
+    """asyncio's default read makes a new 256 KiB bytes each time, an mmap and munmap in glibc (upstream.py); a
+    buffer per connection was 64 KiB allocated and zeroed as each client connected, on its first token's path. One
+    per thread (each read is copied out at once), another thread's its own."""
+    import threading
+
+    from metralectl.gateway import http1
+
     assert issubclass(upstream.Upstream, asyncio.BufferedProtocol)
     assert issubclass(ClientProtocol, asyncio.BufferedProtocol)
-    assert upstream.READ_SIZE < 128 * 1024 and ClientProtocol.READ_SIZE < 128 * 1024  # glibc's mmap threshold
+    client = object.__new__(ClientProtocol)  # get_buffer() reads nothing of it (a StreamReader needs a loop)
+    one, two = upstream.Upstream(), upstream.Upstream()
+    assert client.get_buffer(-1) is one.get_buffer(-1) is two.get_buffer(-1)
+    assert len(one.get_buffer(-1)) < 128 * 1024  # glibc's mmap threshold
+    other: list[memoryview] = []
+    thread = threading.Thread(target=lambda: other.append(upstream.Upstream().get_buffer(-1)))
+    thread.start()
+    thread.join()
+    assert other[0] is not one.get_buffer(-1)
 
 
 def test_a_piece_from_the_engine_is_written_to_the_client_in_the_callback_that_read_it() -> None:
