@@ -59,14 +59,22 @@ def ps(on: str, namespace: str | None, as_json: bool) -> None:
               f"{'yes' if row['ready'] else 'no':<6} {clean(row['node'], 40)}")
 
 
-def logs(on: str, namespace: str | None, recipe_name: str | None, tail: int, rank: int | None = None) -> None:
+def logs(on: str, namespace: str | None, recipe_name: str | None, tail: int, rank: int | None = None,
+         follow: bool = False) -> None:
+    """The pod's last `tail` lines; with `follow`, then each new line as the API server streams it, until the
+    stream ends (the engine's container exited, or the server closed it: said on stderr)."""
     from metralectl.lifecycle import kube_run
 
     client, ns = _client(on, namespace)
     with client:
-        lines = kube_run.logs(client, ns, recipe_name, tail, rank)
-    for line in lines:
-        print(log_line(line, False))
+        if not follow:
+            for line in kube_run.logs(client, ns, recipe_name, tail, rank):
+                print(log_line(line, False))
+            return
+        pod = kube_run.log_pod(client, ns, recipe_name, rank)
+        for line in client.follow_log(ns, pod, tail):
+            print(log_line(line, False), flush=True)
+    note(f"the log of pod {clean(pod)} ended: its engine container exited, or the API server closed the stream")
 
 
 def stop(on: str, namespace: str | None, recipe_name: str | None, all_: bool, timeout_s: float = 30.0) -> None:

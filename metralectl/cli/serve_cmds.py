@@ -263,17 +263,17 @@ def logs(
     tail: int = typer.Option(200, "--tail", "-n", help="Lines of history to start with."),
     rank: int = typer.Option(None, "--rank", help="Multi-rank deployments: which rank's log (0 = the head, the default)."),
     last_failed: bool = typer.Option(False, "--last-failed", help="The kept log of the last failed start (of RECIPE)."),
-    on: str = typer.Option(None, "--on", metavar="kube[:CONTEXT]", help="A pod's log on a Kubernetes cluster (the last --tail lines; the head's, or --rank's)."),
+    on: str = typer.Option(None, "--on", metavar="kube[:CONTEXT]", help="A pod's log on a Kubernetes cluster (the last --tail lines, -f: until it exits; the head's, or --rank's)."),
     namespace: str = typer.Option(None, "--namespace", help="With --on kube: the namespace (default: the context's)."),
 ) -> None:
     """The engine's log (stdout). With -f, follows and returns when the container exits. With no container
     (a start that failed and was cleaned up), the log metralectl kept of that start."""
     if on or namespace:
-        if not on or follow or last_failed:
-            raise typer.BadParameter("--on kube takes RECIPE, --tail, --rank and --namespace (no -f, --last-failed)")
+        if not on or last_failed:
+            raise typer.BadParameter("--on kube takes RECIPE, -f, --tail, --rank and --namespace (no --last-failed)")
         from metralectl.cli import kube_cmds
 
-        kube_cmds.logs(on, namespace, recipe_name, tail, rank)
+        kube_cmds.logs(on, namespace, recipe_name, tail, rank, follow)
         return
     if last_failed:
         from metralectl.app.serving_logs import failed_start_log

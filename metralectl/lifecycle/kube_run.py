@@ -204,21 +204,26 @@ WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"  # LWS labels each pod
 
 
 def logs(client: KubeClient, namespace: str, recipe_name: str | None, tail: int, rank: int | None = None) -> list[str]:
-    """The last `tail` lines of the head pod (rank 0), or of rank `rank`'s: LWS's worker-index label says which pod
-    is which; a Deployment's one pod is rank 0."""
+    """The last `tail` lines of the head pod (rank 0), or of rank `rank`'s (log_pod says which)."""
+    return client.log(namespace, log_pod(client, namespace, recipe_name, rank), tail)
+
+
+def log_pod(client: KubeClient, namespace: str, recipe_name: str | None, rank: int | None = None) -> str:
+    """The pod whose log `logs` reads: the head's (rank 0), or rank `rank`'s. LWS's worker-index label says which
+    pod is which; a Deployment's one pod is rank 0. FAILED when there is none."""
     pods = client.pods(namespace, recipe_selector(recipe_name))
     if not pods:
         raise MetralError(f"no metralectl pod{' of ' + recipe_name if recipe_name else ''} in namespace {namespace}",
                           "`metralectl ps --on kube` lists them", exit_code=ExitCode.FAILED)
     if rank is None:
-        return client.log(namespace, _name(sorted(pods, key=_name)[0]), tail)
+        return _name(sorted(pods, key=_name)[0])
     ranks = {_labels(pod).get(WORKER_INDEX, "0"): pod for pod in pods}
     if str(rank) not in ranks:
         have = ", ".join(clean(k, 20) for k in sorted(ranks))
         raise MetralError(f"no pod of rank {rank}{' of ' + recipe_name if recipe_name else ''} in namespace "
                           f"{namespace} (ranks there: {have})", "`metralectl ps --on kube` lists them",
                           exit_code=ExitCode.FAILED)
-    return client.log(namespace, _name(ranks[str(rank)]), tail)
+    return _name(ranks[str(rank)])
 
 
 def _labels(pod: dict[str, Any]) -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -32,6 +33,10 @@ class FakeKube:
     pods: str = "ready"
     health: int = 200
     log: str = "INFO engine up\n"
+    # what `logs -f` streams (follow=true): each piece written and flushed, this long apart (s), then the stream ends
+    follow: list[bytes] = field(default_factory=list)
+    follow_gap_s: float = 0.05
+    follow_gate: threading.Event | None = None  # set by the test: only then is the last piece written
     event: str = "Failed to pull image"
     huge_pods: bool = False
     requests: list[Request] = field(default_factory=list)
@@ -64,6 +69,21 @@ class FakeKube:
                                   {k.lower(): v for k, v in self.headers.items()}, self.rfile.read(length))
                 fake.requests.append(request)
                 status, body, ctype = fake.answer(request)
+                if request.path.endswith("/log") and request.query.get("follow") == "true" and status == 200:
+                    self.send_response(200)  # HTTP/1.0: the body runs until the connection closes, as a follow does
+                    self.send_header("Content-Type", "text/plain")
+                    self.end_headers()
+                    try:
+                        pieces = [body, *fake.follow]
+                        for i, piece in enumerate(pieces):
+                            if i == len(pieces) - 1 and fake.follow_gate is not None:
+                                fake.follow_gate.wait(60)
+                            self.wfile.write(piece)
+                            self.wfile.flush()
+                            time.sleep(fake.follow_gap_s)
+                    except OSError:
+                        pass
+                    return
                 if body is None:  # a huge answer, streamed
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")

@@ -307,3 +307,73 @@ def test_a_pod_that_never_ends_fails_stop_naming_it() -> None:
     assert err.value.exit_code == ExitCode.FAILED and "2 pods of what was deleted still there after 60 s" in str(err.value)
     assert "\x1b" not in str(err.value) and "metralectl-x-0-1" in str(err.value)
     assert client.asked == 31 and said == ["waiting for 2 pods to end: metralectl-x-0, metralectl-x-0-1\\x1b[2J"]
+
+
+def test_logs_follow_on_kube_prints_each_line_as_the_api_server_streams_it(tmp_path: Path, fake: FakeKube) -> None:
+    """`logs -f --on kube` was refused. Now the pod's last --tail lines, then each line as it comes (read while the
+    stream is still open), escaped, until the stream ends (the container exited): then exit 0, said on stderr."""
+    import threading
+
+    fake.log = "history line\n"
+    fake.follow = [b"second li", b"ne\nred \x1b]0;title\x07 end\n", b"last, with no newline"]
+    fake.follow_gate = threading.Event()
+    config = _kubeconfig(tmp_path / "kc", fake.start())
+    assert _cli(tmp_path, config, "run", RECIPE, *SETS, "--on", "kube").returncode == 0
+    env = {**os.environ, "KUBECONFIG": str(config), "HOME": str(tmp_path / "home"), "NO_COLOR": "1",
+           "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "metralectl", "logs", RECIPE, "--on", "kube", "-f", "-n", "20"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        seen = [proc.stdout.readline() for _ in range(3)]  # the last piece is not written yet: these came streamed
+        assert seen == ["history line\n", "second line\n", "red \\x1b]0;title\\x07 end\n"], seen
+        assert proc.poll() is None
+        fake.follow_gate.set()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        fake.follow_gate.set()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out == "last, with no newline\n"
+    assert "ended" in err and "Traceback" not in err
+    call = [r for r in fake.requests if r.path.endswith("/log")][-1]
+    assert call.query["follow"] == "true" and call.query["tailLines"] == "20" and call.query["container"] == "engine"
+
+
+def test_a_followed_line_is_kept_to_its_limit_however_the_stream_is_cut() -> None:
+    """A followed log has no total cap (it runs until the container exits), so each line has one: an engine (or a
+    server) that sends a line with no end cannot grow metralectl's memory."""
+    from metralectl.seams.kube.client import _lines
+
+    stream = b"one\n" + b"x" * 100 + b"\ntwo\nthree"
+    for cut in range(1, len(stream)):
+        assert list(_lines(iter([stream[:cut], stream[cut:]]), 50)) == [
+            "one", "x" * 50 + " [... 50 more bytes of this line dropped]", "two", "three"], cut
+    endless = (b"y" * 4096 for _ in range(10_000))  # 40 MiB, no newline
+    assert list(_lines(endless, 1024)) == ["y" * 1024 + f" [... {40960000 - 1024} more bytes of this line dropped]"]
+
+
+def test_ctrl_c_stops_a_followed_log_on_kube_with_130_and_no_traceback(tmp_path: Path, fake: FakeKube) -> None:
+    import threading
+
+    fake.follow = [b"more\n", b"never sent\n"]
+    fake.follow_gate = threading.Event()  # never set here: the stream stays open until the test ends
+    config = _kubeconfig(tmp_path / "kc", fake.start())
+    assert _cli(tmp_path, config, "run", RECIPE, *SETS, "--on", "kube").returncode == 0
+    env = {**os.environ, "KUBECONFIG": str(config), "HOME": str(tmp_path / "home"), "NO_COLOR": "1",
+           "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "metralectl", "logs", RECIPE, "--on", "kube", "-f"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        assert [proc.stdout.readline() for _ in range(2)] == ["INFO engine up\n", "more\n"]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        fake.follow_gate.set()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err

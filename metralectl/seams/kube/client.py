@@ -25,6 +25,7 @@ FIELD_MANAGER = "metralectl"
 APPLY_TYPE = "application/apply-patch+yaml"
 LIST_LIMIT = 16 << 20  # a list of pods or events
 LOG_LIMIT = 1 << 20  # a pod's log tail
+FOLLOW_LINE_LIMIT = 64 << 10  # one line of a followed log: its rest past this is dropped, so memory stays bounded
 TIMEOUT_S = 15.0  # one read
 DEADLINE_S = 120.0  # a whole answer: a server that trickles bytes forever is cut here
 # a name the API server gives an object (DNS-1123 subdomain): it goes into a URL path, so never '/' or '..'
@@ -106,6 +107,22 @@ class KubeClient:
                           params=params, what="pod log", limit=LOG_LIMIT, accept="text/plain")
         return data.decode("utf-8", "replace").splitlines()
 
+    def follow_log(self, namespace: str, pod: str, tail: int) -> Iterator[str]:
+        """The pod's engine container's last `tail` lines, then each line as it is written, until the stream ends
+        (the container exited, or the server closed it). No deadline and no read timeout: an engine may say nothing
+        for hours. A line is kept to FOLLOW_LINE_LIMIT bytes; the rest of a longer one is dropped, said at its end."""
+        import httpx
+
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{checked_name(pod)}/log"
+        params = {"container": "engine", "tailLines": str(tail), "follow": "true"}
+        try:
+            with self._http.stream("GET", path, params=params, headers={"Accept": "text/plain"},
+                                   timeout=httpx.Timeout(TIMEOUT_S, read=None)) as response:
+                _checked(response, "follow pod log")
+                yield from _lines(response.iter_bytes(), FOLLOW_LINE_LIMIT)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+
     def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete one object (its pods follow: propagationPolicy Background). False: it was already gone."""
         try:
@@ -141,15 +158,7 @@ class KubeClient:
             headers["Accept"] = accept
         try:
             with self._http.stream(method, path, params=params, content=content, headers=headers) as response:
-                if response.status_code >= 400:
-                    body = bounded.peek(response.iter_bytes()).decode("utf-8", "replace")
-                    raise _refused(what, response.status_code, body)
-                if response.status_code >= 300:  # never followed: the token would go with it
-                    where = clean(response.headers.get("location", "nowhere"), 200)
-                    raise KubeFailed(f"{what}: the API server answered {response.status_code}, a redirect to {where}; "
-                                     "metralectl does not follow redirects of the API server",
-                                     "point the kubeconfig's server at the API server itself",
-                                     status=response.status_code)
+                _checked(response, what)
                 return bounded.read_chunks(self._timed(response.iter_bytes(), what), limit,
                                            f"the API server's answer to {what}")
         except httpx.HTTPError as exc:
@@ -168,6 +177,44 @@ class KubeClient:
         return KubeFailed(f"the API server at {clean(self.config.server, 200)} (context "
                           f"{clean(self.config.context, 80)}) did not answer: {clean(type(exc).__name__)}: "
                           f"{clean(str(exc), 300)}", "check the cluster is up and the kubeconfig's server and CA")
+
+
+def _checked(response: Any, what: str) -> None:
+    """A refusal (4xx, 5xx: its Status message, escaped) or a redirect (never followed: the token would go with it)
+    as KubeFailed; a 2xx passes."""
+    if response.status_code >= 400:
+        body = bounded.peek(response.iter_bytes()).decode("utf-8", "replace")
+        raise _refused(what, response.status_code, body)
+    if response.status_code >= 300:
+        where = clean(response.headers.get("location", "nowhere"), 200)
+        raise KubeFailed(f"{what}: the API server answered {response.status_code}, a redirect to {where}; "
+                         "metralectl does not follow redirects of the API server",
+                         "point the kubeconfig's server at the API server itself", status=response.status_code)
+
+
+def _lines(chunks: Iterator[bytes], limit: int) -> Iterator[str]:
+    """The lines of a byte stream as they complete, each cut to `limit` bytes (the rest dropped up to its newline,
+    and the cut said); an unterminated last line too."""
+    line, dropped = bytearray(), 0
+    for chunk in chunks:
+        at = 0
+        while at < len(chunk):
+            end = chunk.find(b"\n", at)
+            piece = chunk[at:] if end < 0 else chunk[at:end]
+            room = limit - len(line)
+            line += piece[:room]
+            dropped += max(0, len(piece) - room)
+            if end < 0:
+                break
+            yield _line_text(line, dropped)
+            line, dropped, at = bytearray(), 0, end + 1
+    if line or dropped:
+        yield _line_text(line, dropped)
+
+
+def _line_text(line: bytearray, dropped: int) -> str:
+    text = line.decode("utf-8", "replace")
+    return f"{text} [... {dropped} more bytes of this line dropped]" if dropped else text
 
 
 def object_path(kind: str, namespace: str, name: str) -> str:
