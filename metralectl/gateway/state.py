@@ -12,16 +12,16 @@ naming another host is shown as such, never contacted.
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import json
 import os
 import re
-import socket
 import stat
 import time
 from pathlib import Path
 from typing import Any
+
+from metralectl.seams.local_address import holds_address
 
 
 MAX_RECORDS = 32
@@ -105,26 +105,8 @@ def _checked(path: Path) -> dict[str, Any] | None:
     monitor = data.get("monitor")
     return {"url": url, "pid": identity["pid"], "keys": keys, "identity": identity,
             "started": started if isinstance(started, str) and len(started) <= 40 else None,
-            "here": this_machine(match.group(1).strip("[]")),
+            "here": holds_address(match.group(1).strip("[]")),
             "monitor": monitor if isinstance(monitor, str) and MONITOR_RE.fullmatch(monitor) else None}
-
-
-def this_machine(address: str) -> bool:
-    """Whether `address` is one of this host's: loopback, unspecified (a gateway on every address), or one a socket
-    can bind here (the kernel's own answer, no lookup). Any other is a record's claim about another host."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    if ip.is_loopback or ip.is_unspecified:
-        return True
-    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((address, 0))
-    except OSError as exc:
-        return exc.errno not in (errno.EADDRNOTAVAIL, errno.EINVAL, errno.EAFNOSUPPORT)
-    return True
 
 
 def _paths() -> list[Path]:
@@ -177,7 +159,7 @@ def health(url: str, timeout: float = 0.5) -> dict[str, Any] | None:
     from metralectl.seams.httpclient import Failed, get_once
 
     match = URL_RE.fullmatch(url)
-    if match is None or not this_machine(match.group(1).strip("[]")):
+    if match is None or not holds_address(match.group(1).strip("[]")):
         return None  # never asked of another host on a record's word
     try:
         reply = get_once(match.group(1).strip("[]"), int(match.group(2)), "/health", timeout, limit=HEALTH_LIMIT + 1)

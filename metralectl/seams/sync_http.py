@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from metralectl.core.release_archive import ReleaseError
 from metralectl.errors import ExitCode
 from metralectl.safetext import clean
+from metralectl.seams.local_address import holds_address
 
 if TYPE_CHECKING:
     from metralectl.seams.sync_fetch import Progress, Source
@@ -59,26 +60,12 @@ def is_loopback(host: str | None) -> bool:
 
 
 def is_this_machine(host: str | None) -> bool:
-    """Whether a URL's host is this machine without asking a resolver: loopback as is_loopback() reads it, an IP
-    address one of this machine's interfaces holds (it can be bound), or this machine's own host name."""
+    """Whether a URL's host is this machine without asking a resolver: loopback as is_loopback() reads it, this
+    machine's own host name, or an IP address holds_address() says is here."""
     if is_loopback(host) or not host:
         return bool(host)
     name = host.lower().rstrip(".").strip("[]")
-    if name == socket.gethostname().lower().rstrip("."):
-        return True
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    if address.is_unspecified or address.is_multicast:
-        return False
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.bind((str(address), 0))  # only an address an interface holds binds (no packet is sent)
-        return True
-    except OSError:
-        return False
+    return name == socket.gethostname().lower().rstrip(".") or holds_address(name)
 
 
 def transport_problem(url: str, allow_http: bool, came_from: str | None = None) -> str | None:

@@ -201,11 +201,15 @@ def test_a_url_on_another_host_never_waits_on_this_boxs_runtime(monkeypatch: pyt
 
     monkeypatch.setattr(chat, "served_engines", served)
     for other in ("http://10.255.255.1:8080", "http://192.0.2.7:8080", "http://[2001:db8::1]:8080",
-                  "http://other-box.example:8080", "http://0.0.0.0:8080", "http://224.0.0.1:8080"):
+                  "http://other-box.example:8080", "http://224.0.0.1:8080"):
         assert chat.served_labels(other) is None, other
     assert asked == []
-    for ours in ("http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080",
+    for ours in ("http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080", "http://0.0.0.0:8080",
                  f"http://{socket.gethostname()}:8080"):
         assert chat.served_labels(ours) is None, ours  # nothing is served, but the runtime was asked
-    assert asked == ["runtime"] * 4
+    assert asked == ["runtime"] * 5
     assert not is_this_machine("") and not is_this_machine(None) and not is_this_machine("127.1")
+    from metralectl.seams.local_address import holds_address  # the gateway's state record asks it too
+
+    assert holds_address("0.0.0.0") and holds_address("::1") and not holds_address("localhost")
+    assert not holds_address("224.0.0.1")  # a TCP socket binds a multicast address on Linux; no interface holds it
