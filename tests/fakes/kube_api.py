@@ -54,6 +54,12 @@ class FakeKube:
             def log_message(self, *args: object) -> None:
                 pass
 
+            def finish(self) -> None:  # a client that went mid-stream (Ctrl-C on `logs -f`): no traceback on stderr
+                try:
+                    super().finish()
+                except OSError:
+                    pass
+
             def _answer(self, status: int, body: Any, ctype: str = "application/json") -> None:
                 data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
