@@ -43,12 +43,15 @@ def fake() -> Iterator[FakeKube]:
     server.stop()
 
 
+def _env(tmp_path: Path, kubeconfig: Path) -> dict[str, str]:
+    return {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path / "home"), "NO_COLOR": "1",
+            "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
+            "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
 def _cli(tmp_path: Path, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path / "home"), "NO_COLOR": "1",
-           "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
-           "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    return subprocess.run([sys.executable, "-m", "metralectl", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "metralectl", *args], capture_output=True, text=True,
+                          env=_env(tmp_path, kubeconfig), timeout=120)
 
 
 def _calls(fake: FakeKube) -> list[str]:
@@ -137,7 +140,7 @@ def test_ctrl_c_while_waiting_deletes_what_was_applied(tmp_path: Path, fake: Fak
     config = _kubeconfig(tmp_path / "kc", fake.start())
     env = {**os.environ, "KUBECONFIG": str(config), "HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "metralectl", "run", RECIPE, *SETS, "--on", "kube", "-n", "team"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path, config))
     deadline = time.monotonic() + 60
     while not any(r.path == "/api/v1/namespaces/team/pods" for r in fake.requests):
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
@@ -319,11 +322,8 @@ def test_logs_follow_on_kube_prints_each_line_as_the_api_server_streams_it(tmp_p
     fake.follow_gate = threading.Event()
     config = _kubeconfig(tmp_path / "kc", fake.start())
     assert _cli(tmp_path, config, "run", RECIPE, *SETS, "--on", "kube").returncode == 0
-    env = {**os.environ, "KUBECONFIG": str(config), "HOME": str(tmp_path / "home"), "NO_COLOR": "1",
-           "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
-           "XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "metralectl", "logs", RECIPE, "--on", "kube", "-f", "-n", "20"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path, config))
     try:
         assert proc.stdout is not None
         seen = [proc.stdout.readline() for _ in range(3)]  # the last piece is not written yet: these came streamed
@@ -362,11 +362,8 @@ def test_ctrl_c_stops_a_followed_log_on_kube_with_130_and_no_traceback(tmp_path:
     fake.follow_gate = threading.Event()  # never set here: the stream stays open until the test ends
     config = _kubeconfig(tmp_path / "kc", fake.start())
     assert _cli(tmp_path, config, "run", RECIPE, *SETS, "--on", "kube").returncode == 0
-    env = {**os.environ, "KUBECONFIG": str(config), "HOME": str(tmp_path / "home"), "NO_COLOR": "1",
-           "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
-           "XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "metralectl", "logs", RECIPE, "--on", "kube", "-f"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path, config))
     try:
         assert proc.stdout is not None
         assert [proc.stdout.readline() for _ in range(2)] == ["INFO engine up\n", "more\n"]
