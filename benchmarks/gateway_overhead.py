@@ -5,7 +5,7 @@ LiteLLM's proxy), in one run, at each concurrency.
     PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--design paired|sequential] [--concurrencies 1,16,64]
         [--rounds 3] [--duration 10] [--warmup 2] [--budget SECONDS] [--isl 128] [--osl 64] [--preset tiny|1b] [--llama-server PATH] [--python PY] [--json FILE]
         [--ngl 0|all --hardware cpu|hopper --gpus none|all] [--litellm PATH-TO-litellm]
-        [--gateway-loops auto[,asyncio]] [--floor]
+        [--gateway-loops auto[,asyncio]] [--floor] [--baseline-python PY]
 
 It lays out a box of its own in a temporary directory (config, state, HF cache with the tiny GGUF of
 tests/real_llamacpp/build_tiny_gguf.py, no Docker), serves it with `metralectl run` as a host process (CI's cached
@@ -22,7 +22,8 @@ wheel's venv: then this checkout is kept off its path, and every command runs ou
 proxy (its `litellm` command, from a venv of its own) routing the same engine as a third target in the same
 rounds, so the gateway is compared with a peer under the same noise. `--gateway-loops auto,asyncio` runs a gateway on
 each event loop (metralectl/gateway/loops.py) side by side (`auto@15`: one held to CPU 15); `--floor` adds benchmarks/relay_floor.c, a relay in C
-that parses nothing: what one more process and loopback hop cost on that machine, which no relay avoids. `--ngl/--hardware/--gpus` put the engine
+that parses nothing: what one more process and loopback hop cost on that machine, which no relay avoids;
+`--baseline-python` adds the gateway of another metralectl (an earlier wheel) as `gateway-baseline`. `--ngl/--hardware/--gpus` put the engine
 on a GPU (the lent H200: docs/h200.md). `--json FILE` writes every request's figures (paired: and a markdown table
 beside it, FILE.md). Exit 1 if any request failed; the targets are judged in the table, not the exit code (a busy
 machine's noise is no verdict on the gateway).
@@ -99,7 +100,7 @@ def bench(box: Box, url: str, ns: argparse.Namespace, c: int) -> dict[str, Any]:
 
 
 def gateway(ns: argparse.Namespace, box: Box, home: Path, port: int, loop: str,
-            timing: Path | None = None) -> subprocess.Popen[str]:
+            timing: Path | None = None, python: str | None = None) -> subprocess.Popen[str]:
     """`metralectl gateway` on port, on the event loop named, keeping its own time in `timing` if given. `LOOP@CPUS`
     (auto@15, auto@2-3) runs it on those CPUs only (sched_setaffinity, as `taskset -c` would): whether a gateway
     that wakes on a core of its own, its caches as it left them, costs less than one the scheduler moves about."""
@@ -107,7 +108,7 @@ def gateway(ns: argparse.Namespace, box: Box, home: Path, port: int, loop: str,
     env = {**box.env, **({"METRALECTL_GATEWAY_TIMING": str(timing)} if timing else {})}
     chosen = {c for part in cpus.split(",") if part for a, _, b in [part.partition("-")]
               for c in range(int(a), int(b or a) + 1)}
-    return subprocess.Popen([ns.python, "-m", "metralectl", "gateway", "--listen", f"127.0.0.1:{port}", "--json",
+    return subprocess.Popen([python or ns.python, "-m", "metralectl", "gateway", "--listen", f"127.0.0.1:{port}", "--json",
                              "--event-loop", loop], stdout=subprocess.PIPE, text=True, cwd=home, env=env,
                             stderr=open(home / f"gateway-{port}.log", "w"),
                             preexec_fn=(lambda: os.sched_setaffinity(0, chosen)) if chosen else None)
@@ -186,6 +187,8 @@ def main() -> int:
     ap.add_argument("--gateway-loops", default="auto", help="the gateway's --event-loop; more than one (auto,asyncio) "
                     "starts a gateway on each, the first as `gateway` (its own time kept), the others `gateway-LOOP`; "
                     "LOOP@CPUS (auto@15) runs that one on those CPUs only")
+    ap.add_argument("--baseline-python", help="the interpreter of another metralectl (an earlier wheel's venv): its "
+                    "gateway runs beside this one as `gateway-baseline`, in the same rounds (what a change gained)")
     ap.add_argument("--keep", type=Path, help="copy every bench run's records (requests.jsonl...) here")
     ns = ap.parse_args()
     ns.started = time.monotonic()
@@ -233,6 +236,12 @@ def main() -> int:
                 servers.append(gateway(ns, box, Path(tmp), ports[f"gateway-{loop}"].port, loop))
                 json.loads(servers[-1].stdout.readline())  # type: ignore[union-attr]
                 targets.append(f"gateway-{loop}")
+            if ns.baseline_python:
+                ports["gateway-baseline"] = HeldPort()
+                servers.append(gateway(ns, box, Path(tmp), ports["gateway-baseline"].port, "auto",
+                                       python=ns.baseline_python))
+                json.loads(servers[-1].stdout.readline())  # type: ignore[union-attr]
+                targets.append("gateway-baseline")
             if ns.floor:
                 servers.append(floor(Path(tmp), ports["floor"].port, ports["direct"].port))
                 targets.append("floor")

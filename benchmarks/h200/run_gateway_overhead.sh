@@ -14,7 +14,8 @@
 #
 # Env: KIT, OUT, WORK (as run_lifecycle_gpu.sh: kept on a warm machine), DEADLINE_S (default 560),
 # DESIGN (paired), ROUNDS (4), DURATION (25 s per round and concurrency, after WARMUP 3), CONCURRENCIES (1,16,64),
-# PRESET (1b), GATEWAY_LOOPS (auto; auto,asyncio: a gateway on each event loop, side by side), FLOOR (1: the C relay
+# PRESET (1b), GATEWAY_LOOPS (auto; auto,asyncio: a gateway on each event loop, side by side), BASELINE (1: the
+# gateway of the wheel in the kit's baseline/ folder beside this one, as gateway-baseline), FLOOR (1: the C relay
 # of benchmarks/relay_floor.c as another path: what any relay process costs on this machine), BUILD_ONLY (1: stop once built), LLAMA_SERVER (a llama-server built on an earlier machine of this kind,
 # or a .tar.xz of its bin/llama-server: no build, one call). The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
 # plus ~60 s (4 x 3 x 28 s = 336 s): it must fit one call after the venv, so keep it under ~450 s (--budget stops
@@ -37,6 +38,18 @@ VENV="$WORK/venv"
 source "$HERE/kit_venv.sh"
 kit_venv "$VENV" || exit 1
 (cd "$WORK" && "$VENV/bin/metralectl" --version) >&2
+BASELINE_ARGS=()
+if [ -n "${BASELINE:-}" ]; then  # an earlier metralectl wheel (the kit's baseline/): its gateway beside this one
+  BASE_VENV="$WORK/venv-baseline"
+  if [ ! -x "$BASE_VENV/bin/metralectl" ]; then
+    rm -rf "$BASE_VENV" && "$PYTHON" -m venv --system-site-packages "$BASE_VENV" &&
+      cp "$VENV"/lib/python3*/site-packages/parent-site.pth "$BASE_VENV"/lib/python3*/site-packages/ 2>/dev/null
+    "$BASE_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$KIT/wheels" \
+      "$KIT"/baseline/metralectl_cockpit-*.whl || { note "FAILED: installing the baseline wheel"; exit 1; }
+  fi
+  BASELINE_ARGS=(--baseline-python "$BASE_VENV/bin/python")
+  note "baseline: $("$BASE_VENV/bin/metralectl" --version 2>&1 | head -1)"
+fi
 
 if [ -n "${LLAMA_SERVER:-}" ]; then  # one built on an earlier machine of the same kind (a .tar.xz of bin/llama-server)
   case "$LLAMA_SERVER" in
@@ -70,7 +83,7 @@ note "gateway_overhead (from the wheel), ${left}s left"
   --llama-server "$BIN" --preset "${PRESET:-1b}" --ngl all --hardware hopper --gpus all \
   --design "${DESIGN:-paired}" --concurrencies "${CONCURRENCIES:-1,16,64}" --rounds "${ROUNDS:-4}" \
   --duration "${DURATION:-25}" --warmup "${WARMUP:-3}" --budget $((left - 70)) \
-  --gateway-loops "${GATEWAY_LOOPS:-auto}" ${FLOOR:+--floor} \
+  --gateway-loops "${GATEWAY_LOOPS:-auto}" ${FLOOR:+--floor} "${BASELINE_ARGS[@]}" \
   --json "$RES/gateway-overhead.json" --keep "$RES/runs" >"$RES/gateway-overhead.txt" 2>"$RES/gateway-overhead.err")
 rc=$?
 uptime >>"$RES/environment.txt"

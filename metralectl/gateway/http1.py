@@ -1,4 +1,4 @@
-"""HTTP/1.1 framing for the gateway: a client's request read from its asyncio stream under caps, an engine's
+"""HTTP/1.1 framing for the gateway: a client's request head checked (client.py reads it under caps), an engine's
 answer head parsed (its body is relayed by upstream.py), hop-by-hop headers dropped, and errors in OpenAI's
 shape.
 
@@ -10,11 +10,9 @@ speak: Content-Length or chunked bodies, keep-alive, no upgrades.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,19 +22,29 @@ CHUNK_SIZE_RE = re.compile(rb"[0-9A-Fa-f]{1,15}")
 # HTAB in an extension or a trailer (a bare CR or LF there is where two parsers would find two different ends)
 CHUNK_LINE_RE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?\r\n")
 TRAILER_LINE_RE = re.compile(rb"[^\x00-\x08\x0a-\x1f\x7f:]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n")
-# RFC 9110 5.6.2: a method and a header name are tokens; a request target is visible ASCII (no space, no control).
-TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-TARGET_RE = re.compile(rb"[\x21-\x7e]+")
+# Heads are read as latin-1 text (one byte, one character) and checked whole by one regex each, so that reading one
+# costs a few C calls rather than Python per header line (the gateway's own time per request is mostly this kind of
+# Python, on caches that the engine's work between requests has left cold). RFC 9110 5.6.2: a method and a header
+# name are tokens; a request target is visible ASCII (no space, no control).
+TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 # RFC 9110 5.5: a field value with CR, LF or NUL is invalid. Forwarded as it came to an engine that splits lines on
 # a bare LF, a client could add headers of its choosing, a second Content-Length among them, and smuggle a request
 # onto a pooled engine connection another client's answer uses (llama-server refuses such a head; not every parser
 # does, and the gateway does not rely on the engine behind it).
-BAD_VALUE_RE = re.compile(rb"[\r\n\x00]")
+FIELD_LINES = rf"(?:{TOKEN}:[^\r\n\x00]*\r\n)*"
+REQUEST_HEAD_RE = re.compile(rf"({TOKEN}) ([\x21-\x7e]+) (HTTP/1\.[01])\r\n({FIELD_LINES})", re.ASCII)
 # An engine's status line (RFC 9112 4): a version, three ASCII digits, a reason of visible characters, space, tab.
-STATUS_LINE_RE = re.compile(rb"HTTP/1\.[01] [1-5][0-9][0-9](?: [\t\x20-\x7e\x80-\xff]*)?")
+RESPONSE_HEAD_RE = re.compile(rf"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: ([\t\x20-\x7e\x80-\xff]*))?\r\n({FIELD_LINES})",
+                              re.ASCII)
+FIELD_RE = re.compile(rf"({TOKEN}):[ \t]*([^\r\n\x00]*)\r\n", re.ASCII)
 # RFC 9110 7.6.1 and the headers that only describe one connection: never forwarded either way.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
+HOP_LINE_RE = re.compile(rf"^(?:{'|'.join(sorted(HOP_BY_HOP))}):[^\r\n]*\r\n", re.ASCII | re.IGNORECASE | re.MULTILINE)
+HOP_AUTH_LINE_RE = re.compile(rf"^(?:{'|'.join(sorted(HOP_BY_HOP | {'authorization'}))}):[^\r\n]*\r\n",
+                              re.ASCII | re.IGNORECASE | re.MULTILINE)
+SPECIAL = frozenset({"content-length", "transfer-encoding", "connection", "authorization"})  # read as a head is
+PLAIN_CONNECTION = frozenset({"", "keep-alive", "close"})  # a Connection header that names no other header
 
 
 class BadRequest(Exception):
@@ -60,9 +68,14 @@ class Request:
     body: bytes = b""
     keep_alive: bool = True
     received: int = 0  # timing.now() as its last byte was read, when the gateway keeps its own time (timing.py)
+    block: str | None = None  # its header lines as read (checked): forwarded from as they are, unless the
+    # Connection header names others to drop (then None)
+    special: dict[str, str] | None = None  # the first value of each SPECIAL header, as its head was read
 
     def header(self, name: str) -> str | None:
         name = name.lower()
+        if self.special is not None and name in SPECIAL:
+            return self.special.get(name)
         for key, value in self.headers:
             if key.lower() == name:
                 return value
@@ -81,137 +94,103 @@ class Response:
     length: int | None = None  # Content-Length; None with chunked (or until close)
     chunked: bool = False
     keep_alive: bool = True
+    block: str | None = None  # its header lines as read: Request.block says when
 
 
-def _headers(lines: list[bytes]) -> list[tuple[str, str]]:
-    out = []
-    for line in lines:
-        name, sep, value = line.partition(b":")
-        if not sep or not TOKEN_RE.fullmatch(name):
-            raise BadRequest(400, "a header line is not `Name: value`")
-        if BAD_VALUE_RE.search(value):
-            raise BadRequest(400, "a header value holds a line break or a NUL")
-        out.append((name.decode("latin-1"), value.strip(b" \t").decode("latin-1")))
-    return out
+def _fields(block: str) -> list[tuple[str, str]]:
+    """The (name, value) pairs of header lines that the head's regex has checked."""
+    pairs: list[tuple[str, str]] = FIELD_RE.findall(block)
+    if " \r\n" in block or "\t\r\n" in block:
+        pairs = [(name, value.rstrip(" \t")) for name, value in pairs]
+    return pairs
 
 
-def _framing(request: Request) -> tuple[bool, str | None]:
-    """(chunked, Content-Length) of a request, or a 400/501 where they could be read two ways (RFC 9112 6.1, 6.3):
-    both headers, two Transfer-Encodings, or two different lengths. One reader taking the first and another the
-    last is how a request is smuggled past a proxy."""
-    encodings = [v for k, v in request.headers if k.lower() == "transfer-encoding"]
-    lengths = {v for k, v in request.headers if k.lower() == "content-length"}
+def _specials(headers: list[tuple[str, str]]) -> dict[str, list[str]]:
+    seen: dict[str, list[str]] = {}
+    for name, value in headers:
+        low = name.lower()
+        if low in SPECIAL:
+            seen.setdefault(low, []).append(value)
+    return seen
+
+
+def _named(seen: dict[str, list[str]]) -> set[str]:
+    """What the Connection headers name (lowercase tokens)."""
+    return {token.strip().lower() for value in seen.get("connection", ()) for token in value.split(",")}
+
+
+def _why_not(text: str, status: int, first: str) -> BadRequest:
+    """The reason a head failed its regex, for the one who sent it: its first line (first: what it must be), or a
+    header line."""
+    lines = text.split("\r\n")[:-1]
+    line_re = REQUEST_HEAD_RE if status == 400 else RESPONSE_HEAD_RE
+    where = "the engine's answer head: " if status == 502 else ""
+    if not line_re.fullmatch(lines[0] + "\r\n"):
+        return BadRequest(status, first)
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not re.fullmatch(TOKEN, name, re.ASCII):
+            return BadRequest(status, f"{where}a header line is not `Name: value`")
+    return BadRequest(status, f"{where}a header value holds a line break or a NUL")
+
+
+def parse_request_head(head: bytes, body_limit: int) -> tuple[Request, bool, int]:
+    """A client's request head (its request line and header lines, each CRLF-ended; not the blank line): (the
+    request, chunked, its Content-Length); BadRequest when it is malformed, could be read two ways, or announces a
+    body over body_limit."""
+    text = head.decode("latin-1")
+    match = REQUEST_HEAD_RE.fullmatch(text)
+    if match is None:
+        raise _why_not(text, 400, "the request line is not `METHOD TARGET HTTP/1.x`")
+    method, target, version, block = match.groups()
+    request = Request(method, target, version, _fields(block))
+    seen = _specials(request.headers)
+    request.special = {name: values[0] for name, values in seen.items()}
+    named = _named(seen)
+    request.block = block if named <= PLAIN_CONNECTION else None
+    request.keep_alive = "close" not in named if version == "HTTP/1.1" else "keep-alive" in named
+    # (chunked, Content-Length), or a 400/501 where they could be read two ways (RFC 9112 6.1, 6.3): both headers,
+    # two Transfer-Encodings, or two different lengths. One reader taking the first and another the last is how a
+    # request is smuggled past a proxy.
+    encodings, lengths = seen.get("transfer-encoding", []), set(seen.get("content-length", ()))
     if encodings and lengths:
         raise BadRequest(400, "the request has both Transfer-Encoding and Content-Length")
     if len(encodings) > 1:
         raise BadRequest(400, "the request has more than one Transfer-Encoding header")
     if len(lengths) > 1:
         raise BadRequest(400, "the request has two different Content-Length values")
-    if encodings and encodings[0].lower() != "chunked":
-        raise BadRequest(501, "only a chunked or a Content-Length request body is understood")
-    return bool(encodings), next(iter(lengths), None)
+    if encodings:
+        if encodings[0].lower() != "chunked":
+            raise BadRequest(501, "only a chunked or a Content-Length request body is understood")
+        return request, True, 0
+    length = next(iter(lengths), "0")
+    if not (length.isascii() and length.isdigit() and len(length) <= 18):  # not '²', not 5000 digits
+        raise BadRequest(400, f"Content-Length {length[:20]!r} is not a number")
+    if int(length) > body_limit:
+        raise BadRequest(413, f"the request body ({int(length)} bytes) is over the gateway's cap of {body_limit} "
+                              "bytes (`metralectl gateway --max-body`)")
+    return request, False, int(length)
 
 
-async def read_head(reader: asyncio.StreamReader) -> list[bytes]:
-    """The head's lines (the blank line excluded), at most HEAD_LIMIT bytes; Closed on EOF before a byte."""
-    try:
-        raw = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as short:
-        if not short.partial.strip():
-            raise Closed() from None
-        raise BadRequest(400, "the connection closed in the middle of a request head") from None
-    except asyncio.LimitOverrunError:
-        raise BadRequest(431, f"the request head is over {HEAD_LIMIT // 1024} KiB") from None
-    return raw[:-4].split(b"\r\n")
-
-
-async def read_request(reader: asyncio.StreamReader, body_limit: int) -> Request:
-    lines = await read_head(reader)
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0") or not TOKEN_RE.fullmatch(parts[0]) \
-            or not TARGET_RE.fullmatch(parts[1]):
-        raise BadRequest(400, "the request line is not `METHOD TARGET HTTP/1.x`")
-    method, target, version = (part.decode("ascii") for part in parts)
-    request = Request(method, target, version, _headers(lines[1:]))
-    connection = (request.header("connection") or "").lower()
-    request.keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-    chunked, content_length = _framing(request)
-    if chunked:
-        request.body = await read_chunked_body(reader, body_limit)
-    else:
-        length = content_length or "0"
-        if not (length.isascii() and length.isdigit() and len(length) <= 18):  # not '²', not 5000 digits
-            raise BadRequest(400, f"Content-Length {length[:20]!r} is not a number")
-        if int(length) > body_limit:
-            raise BadRequest(413, f"the request body ({int(length)} bytes) is over the gateway's cap of {body_limit} "
-                                  "bytes (`metralectl gateway --max-body`)")
-        request.body = await reader.readexactly(int(length)) if int(length) else b""
-    return request
-
-
-async def read_chunked_body(reader: asyncio.StreamReader, limit: int) -> bytes:
-    body = bytearray()
-    while True:
-        size = await _chunk_size(reader)
-        if size == 0:
-            await _trailers(reader)
-            return bytes(body)
-        if len(body) + size > limit:
-            raise BadRequest(413, f"the request body is over the gateway's cap of {limit} bytes "
-                                  "(`metralectl gateway --max-body`)")
-        body += await reader.readexactly(size)
-        if await reader.readexactly(2) != b"\r\n":
-            raise BadRequest(400, "a chunk of the body does not end with CRLF")
-
-
-async def _chunk_size(reader: asyncio.StreamReader) -> int:
-    line = await _line(reader, "a chunk size line")
-    digits = line[:-2].split(b";", 1)[0].strip()
-    if not CHUNK_SIZE_RE.fullmatch(digits):  # int(x, 16) would take '-5', '0x10', '1_0'
-        raise BadRequest(400, "a chunk size is not hexadecimal")
-    return int(digits, 16)
-
-
-async def _line(reader: asyncio.StreamReader, what: str) -> bytes:
-    """One CRLF-ended line of a chunked body, a 400 when it passes the reader's limit or the connection ends."""
-    try:
-        return await reader.readuntil(b"\r\n")
-    except asyncio.LimitOverrunError:
-        raise BadRequest(400, f"{what} is too long") from None
-
-
-async def _trailers(reader: asyncio.StreamReader) -> bytes:
-    raw = b""
-    while True:
-        line = await _line(reader, "a trailer of the chunked body")
-        raw += line
-        if line == b"\r\n":
-            return raw
-        if len(raw) > HEAD_LIMIT:
-            raise BadRequest(400, "the chunked body's trailers are too long")
-
-
-def parse_response_head(lines: list[bytes]) -> Response:
-    """An engine's answer head (its lines, the blank line excluded); BadRequest(502) when it is not HTTP/1.x."""
-    if not STATUS_LINE_RE.fullmatch(lines[0]):  # its reason goes into the client's head: no CR, LF or NUL in it
-        raise BadRequest(502, "the engine's answer is not HTTP/1.x")
-    parts = lines[0].decode("latin-1").split(" ", 2)
-    try:
-        response = Response(int(parts[1]), parts[2] if len(parts) > 2 else "", _headers(lines[1:]))
-    except BadRequest as bad:
-        raise BadRequest(502, f"the engine's answer head: {bad.message}") from None
-    for name, value in response.headers:
-        low = name.lower()
-        if low == "transfer-encoding" and "chunked" in value.lower():
-            response.chunked = True
-        elif low == "content-length":  # read one way only (RFC 9112 6.3): a second, different length is a fault
-            if not (value.isascii() and value.isdigit() and len(value) <= 18) or \
-                    response.length not in (None, int(value)):
-                raise BadRequest(502, "the engine's answer has a Content-Length that is not one plain number")
-            response.length = int(value)
-        elif low == "connection" and "close" in value.lower():
-            response.keep_alive = False
-    if parts[0] == "HTTP/1.0":
+def parse_response_head(head: bytes) -> Response:
+    """An engine's answer head (its status line and header lines, each CRLF-ended; not the blank line);
+    BadRequest(502) when it is not HTTP/1.x."""
+    text = head.decode("latin-1")
+    match = RESPONSE_HEAD_RE.fullmatch(text)  # its reason goes into the client's head: no CR, LF or NUL in it
+    if match is None:
+        raise _why_not(text, 502, "the engine's answer is not HTTP/1.x")
+    minor, status, reason, block = match.groups()
+    response = Response(int(status), reason or "", _fields(block))
+    seen = _specials(response.headers)
+    if any("chunked" in value.lower() for value in seen.get("transfer-encoding", ())):
+        response.chunked = True
+    for value in seen.get("content-length", ()):  # read one way only (RFC 9112 6.3): a second, different length
+        if not (value.isascii() and value.isdigit() and len(value) <= 18) or response.length not in (None, int(value)):
+            raise BadRequest(502, "the engine's answer has a Content-Length that is not one plain number")
+        response.length = int(value)
+    named = _named(seen)
+    response.block = block if named <= PLAIN_CONNECTION else None
+    if "close" in named or minor == "0":
         response.keep_alive = False
     if not response.chunked and response.length is None and response.status not in (204, 304):
         response.keep_alive = False  # its body runs until the engine closes
@@ -228,15 +207,24 @@ def head_bytes(first_line: str, headers: list[tuple[str, str]]) -> bytes:
     return (first_line + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode("latin-1")
 
 
+def end_to_end(block: str | None, headers: list[tuple[str, str]], drop_authorization: bool = False) -> str:
+    """A head's header lines without the hop-by-hop ones (and Authorization, when asked): from its lines as read
+    where it has them (one regex), else from its pairs."""
+    if block is not None:
+        return (HOP_AUTH_LINE_RE if drop_authorization else HOP_LINE_RE).sub("", block)
+    return "".join(f"{k}: {v}\r\n" for k, v in forwarded(headers)
+                   if not (drop_authorization and k.lower() == "authorization"))
+
+
 def answer_head(response: Response) -> bytes:
     """The client's head for an engine's answer: its status and end-to-end headers, and the framing the gateway
     sends it in (the engine's Content-Length, else chunked: an answer that runs until close is re-framed)."""
-    out = forwarded(response.headers)
     if response.length is not None:
-        out.append(("Content-Length", str(response.length)))
-    elif response.status not in (204, 304):
-        out.append(("Transfer-Encoding", "chunked"))
-    return head_bytes(f"HTTP/1.1 {response.status} {response.reason}".rstrip(), out)
+        framing = f"Content-Length: {response.length}\r\n"
+    else:
+        framing = "Transfer-Encoding: chunked\r\n" if response.status not in (204, 304) else ""
+    status = f"HTTP/1.1 {response.status} {response.reason}".rstrip()
+    return f"{status}\r\n{end_to_end(response.block, response.headers)}{framing}\r\n".encode("latin-1")
 
 
 class ChunkEnd:
@@ -305,28 +293,6 @@ def simple_response(status: int, body: bytes, content_type: str = "application/j
     return head_bytes(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", headers) + body
 
 
-class ClientReader(asyncio.StreamReader):
-    """A StreamReader that says when its peer went away (EOF or an error), whether or not anyone reads."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit=limit)
-        self.gone = False
-        self.on_gone: Callable[[], object] | None = None  # the relay's cancel while one runs
-
-    def _went(self) -> None:
-        self.gone = True
-        if self.on_gone is not None:
-            self.on_gone()
-
-    def feed_eof(self) -> None:
-        super().feed_eof()
-        self._went()
-
-    def set_exception(self, exc: Exception) -> None:
-        super().set_exception(exc)
-        self._went()
-
-
 class _ReadBuffer(threading.local):
     """One read buffer per thread (per event loop), shared by every connection on it: each read is copied out
     before the callback that made it returns, so no two reads ever hold it at once. A buffer per connection was
@@ -344,18 +310,6 @@ def read_buffer() -> memoryview:
     """This thread's read buffer (get_buffer() of a BufferedProtocol); what is read into it must be copied out in
     the buffer_updated() that follows, before anything else runs."""
     return _read_buffer.view
-
-
-class ClientProtocol(asyncio.StreamReaderProtocol, asyncio.BufferedProtocol):
-    """A client connection's protocol: its bytes read into the thread's shared buffer (upstream.py says why not
-    asyncio's default read, which allocates 256 KiB each time), then fed to its ClientReader as a
-    StreamReaderProtocol does."""
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return _read_buffer.view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(_read_buffer.view[:nbytes]))
 
 
 class NotSent(Exception):

@@ -59,6 +59,15 @@ class Pool:
             # opened off its path, each a task of its own
             asyncio.get_running_loop().call_soon(self._ahead, address)
 
+    def idle(self, address: Address) -> Upstream | None:
+        """A live kept or spare connection at once, without a wait (the fast path, server.Gateway.arrived), else None:
+        none there, or the one on top was closed by its engine (take() counts that, as it does a first use)."""
+        idle = self._idle.get(address)
+        if not idle or idle[-1].closed or address not in self._wanted:
+            return None
+        asyncio.get_running_loop().call_soon(self._ahead, address)  # its replacement, after the request is written
+        return idle.pop()
+
     def wanted(self, address: Address) -> int:
         """How many connections are kept open ahead for `address` now."""
         return self._wanted.get(address, self.spares)

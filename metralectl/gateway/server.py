@@ -18,12 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from metralectl.gateway import auth, http1, loops, timing
-from metralectl.gateway.http1 import Answered, ClientReader, NotSent
+from metralectl.gateway import auth, dispatch, http1, loops, timing, waiting
+from metralectl.gateway.client import ClientConnection
+from metralectl.gateway.dispatch import Flight, Refused, Routed
+from metralectl.gateway.http1 import Answered, NotSent
 from metralectl.core.gateway_keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
 from metralectl.gateway.pool import SPARES, Pool
-from metralectl.gateway.loader import Loader, LoadRefused, wait_loaded
+from metralectl.gateway.loader import Loader
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
 from metralectl.gateway.upstream import Start
 
@@ -33,7 +35,6 @@ ROUTED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                     "/tokenize", "/detokenize", "/apply-template"})
 LABELLED = ROUTED | {"/v1/models", "/metrics", "/health"}  # the paths metrics name; any other is "(other)", not its own
 SWITCH_INTERVAL_S = 0.0005  # the longest the event loop waits for the GIL behind the scan's thread (serve())
-UNNAMED = frozenset({"/tokenize", "/detokenize", "/apply-template"})  # no `model`: the one engine's, else the body's
 
 
 @dataclass(frozen=True)
@@ -97,25 +98,24 @@ class Gateway:
             await asyncio.wait_for(self._changed.wait(), timeout)
 
     # connections
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        assert isinstance(reader, ClientReader)  # its socket is TCP_NODELAY: both loops set it (loops.py)
+    async def handle(self, client: ClientConnection) -> None:
         this: Any = asyncio.current_task()  # never None here: a connection's own task
         self._clients.add(this)
         try:
             while True:
                 try:
-                    request = await http1.read_request(reader, self.limits.max_body)
-                    if self.timing is not None:
-                        request.received = timing.now()
+                    got = await client.next()
                 except http1.Closed:
                     return
                 except http1.BadRequest as bad:
                     self.metrics.errors.labels(UNKNOWN, "bad-request").inc()
-                    writer.write(http1.simple_response(bad.status, http1.error_body(bad.status, bad.message, bad.kind),
+                    client.write(http1.simple_response(bad.status, http1.error_body(bad.status, bad.message, bad.kind),
                                                        keep_alive=False))
-                    await writer.drain()
+                    await client.drain()
                     return
-                keep = await self._serve(request, reader, writer)
+                keep = await self._serve(got, client)
+                request = got.request if isinstance(got, (Routed, Refused, Flight)) else got
+                assert isinstance(request, http1.Request)
                 if not keep or not request.keep_alive:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -124,7 +124,33 @@ class Gateway:
             return  # nobody, and Python 3.11's asyncio logs a cancelled one as an unhandled exception with a traceback
         finally:
             self._clients.discard(this)
-            writer.close()
+            client.close()
+
+    def arrived(self, request: http1.Request, client: ClientConnection) -> object:
+        """The fast path, in the callback that read the request's last byte: a request for a model that is served
+        and ready, with an engine connection idle in the pool, is checked and sent from here, before the connection's
+        task wakes (client.py says why); it gets the Flight. Anything else goes to the task as it is (or as far as
+        it was read: a Routed, a Refused), and nothing is done twice."""
+        if self.timing is not None:
+            request.received = client.read_at  # its parse is the gateway's time too
+        path = request.path
+        if request.method != "POST" or path not in ROUTED or client.gone:
+            return request
+        try:
+            routed = dispatch.routed(request, path, self._authorize(request), self.table)
+        except Answered as answer:
+            return Refused(request, path, answer)
+        table = self.table
+        route = table.find(routed.model)
+        if route is None or routed.model in table.starting or (self.loader is not None and
+                                                              self.loader.holds(route.recipe)):
+            return routed  # its engine is starting, swapping or loading: its queue, in the task
+        conn = self.pool.idle((route.host, route.port))
+        if conn is None:
+            return routed
+        if self.loader is not None:
+            self.loader.begin(route.recipe)  # in flight: never evicted mid-request (ended by _relay)
+        return self._send(Flight(routed, route, conn, True), client)
 
     def _authorize(self, request: http1.Request) -> ApiKey | None:
         try:
@@ -136,43 +162,61 @@ class Gateway:
             self.metrics.key_requests.labels(key.name).inc()
         return key
 
-    async def _serve(self, request: http1.Request, reader: ClientReader, writer: asyncio.StreamWriter) -> bool:
-        path, key = request.path, None
-        if path != "/health":
+    async def _serve(self, got: object, client: ClientConnection) -> bool:
+        """One request to its answer: got is what arrived() made of it."""
+        flight = got if isinstance(got, Flight) else None
+        if isinstance(got, Refused):
+            return await self._refuse(client, got.path, got.answer)
+        if isinstance(got, http1.Request):
+            request, path, key = got, got.path, None
+            if path != "/health":
+                try:
+                    key = self._authorize(request)
+                except Answered as answer:
+                    return await self._refuse(client, path, answer)
+            if request.method == "GET" and path in ("/v1/models", "/metrics", "/health"):
+                client.write(self._own(path, key))
+                await client.drain()
+                return True
+            if path not in ROUTED:
+                return await self._refuse(client, path, Answered(404, f"no route for {request.method} {path[:200]}",
+                                                                 "invalid_request_error", "unknown_url", "bad-request"))
+            if request.method != "POST":
+                return await self._refuse(client, path, Answered(405, f"{path} takes POST", "invalid_request_error",
+                                                                 "method_not_allowed", "bad-request"))
             try:
-                key = self._authorize(request)
+                got = dispatch.routed(request, path, key, self.table)
             except Answered as answer:
-                return await self._refuse(writer, path, answer)
-        if request.method == "GET" and path in ("/v1/models", "/metrics", "/health"):
-            writer.write(self._own(path, key))
-            await writer.drain()
-            return True
-        if path not in ROUTED:
-            return await self._refuse(writer, path, Answered(404, f"no route for {request.method} {path[:200]}",
-                                                             "invalid_request_error", "unknown_url", "bad-request"))
-        if request.method != "POST":
-            return await self._refuse(writer, path, Answered(405, f"{path} takes POST", "invalid_request_error",
-                                                             "method_not_allowed", "bad-request"))
-        if reader.gone:
-            return False
+                return await self._refuse(client, path, answer)
+        routed = flight.routed if flight is not None else got
+        assert isinstance(routed, Routed)
         # The relay runs in the connection's own task (a task of its own cost a turn of the event loop per request:
         # under load, behind every stream's pieces, ~0.5-1 ms on the lent H200), which the client's going away
-        # cancels (a callback of its reader); the cancel closes the engine connection in _forward, which is how the
-        # engine learns to stop generating.
+        # cancels (a callback of its connection); the cancel closes the engine connection in _forward, which is how
+        # the engine learns to stop generating.
         this: Any = asyncio.current_task()
-        reader.on_gone = this.cancel
+        client.on_gone = this.cancel
+        if client.gone:  # before this task woke: a request the fast path sent is taken back from its engine
+            if flight is not None:
+                flight.conn.close()
+                if self.loader is not None:
+                    self.loader.end(flight.route.recipe)
+            return False
         try:
-            return await self._route(request, path, writer, key)
+            return await self._relay(routed, client, flight)
+        except Answered as answer:
+            return await self._refuse(client, routed.path, answer,
+                                      routed.model if answer.reason != "unknown-model" else UNKNOWN)
         except asyncio.CancelledError:
-            if not reader.gone:
+            if not client.gone:
                 raise  # the gateway itself is stopping
             if hasattr(this, "uncancel"):  # 3.11+: this task goes on, to close the client's connection
                 this.uncancel()
             return False
         finally:
-            reader.on_gone = None
+            client.on_gone = None
 
-    async def _refuse(self, writer: asyncio.StreamWriter, path: str, answer: Answered, model: str = UNKNOWN) -> bool:
+    async def _refuse(self, writer: ClientConnection, path: str, answer: Answered, model: str = UNKNOWN) -> bool:
         extra = [("Retry-After", str(answer.retry_after))] if answer.retry_after is not None else []
         if answer.status == 401:
             extra.append(("WWW-Authenticate", 'Bearer realm="metralectl gateway"'))
@@ -199,100 +243,19 @@ class Gateway:
         return http1.simple_response(200, json.dumps({"object": "list", "data": data}).encode())
 
     # one routed request
-    async def _route(self, request: http1.Request, path: str, writer: asyncio.StreamWriter,
-                     key: ApiKey | None = None) -> bool:
-        try:
-            body = json.loads(request.body) if request.body else None
-        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
-            body = None
-        model = body.get("model") if isinstance(body, dict) else None
-        if model is None and path in UNNAMED and isinstance(body, dict) and len(self.table.routes) == 1:
-            model = self.table.routes[0].recipe
-        if not isinstance(body, dict) or not isinstance(model, str) or not model:
-            return await self._refuse(writer, path, Answered(400, "the request body is not JSON naming a `model`",
-                                                             "invalid_request_error", "model_missing", "bad-request"))
-        if not auth.may_use(key, model, self.table.find(model)):
-            assert key is not None
-            return await self._refuse(writer, path, Answered(
-                403, f"the key `{key.name}` may not use the model `{model[:200]}`", "invalid_request_error",
-                "model_not_allowed", "forbidden"))
-        if key is not None:  # the gateway's key is its own: never passed on to an engine
-            request.headers = [(k, v) for k, v in request.headers if k.lower() != "authorization"]
-        try:
-            return await self._relay(request, body, model, path, writer)
-        except Answered as answer:
-            return await self._refuse(writer, path, answer, model if answer.reason != "unknown-model" else UNKNOWN)
-
-    async def _wait_for(self, model: str) -> Route:
-        """The route for `model`, waiting (bounded, in its queue) while its engine starts or swaps; Answered
-        when it is nobody's (404), or its queue is full or stalled (503 + Retry-After)."""
-        table = self.table
-        if self.loader is not None:  # the route once the loader has it loaded; None: not the loader's
-            try:
-                loaded = await wait_loaded(self, model, self.loader)
-            except LoadRefused as no:
-                raise Answered(no.status, no.message, "server_error", no.code, no.reason, retry_after=no.retry_after)
-            if loaded is not None:
-                return loaded
-        if model not in table.starting and table.find(model) is not None:
-            return table.find(model)  # type: ignore[return-value]
-        if model not in table.starting:
-            self._rescan.set()  # it may have started a moment ago
-            await self._table_change(1.0)
-            table = self.table
-            if model not in table.starting:
-                route = table.find(model)
-                if route is not None:
-                    return route
-                if model in table.exited:
-                    raise _gone(model, table)
-                raise Answered(404, f"the model `{model[:200]}` is not served here; served: "
-                                    f"{', '.join(table.served_names()) or 'none'}", "invalid_request_error",
-                               "model_not_found", "unknown-model", served=table.served_names())
-        if self._waiting.get(model, 0) >= self.limits.queue_size:
-            raise Answered(503, f"`{model}` is starting and {self.limits.queue_size} requests already wait for it",
-                           "server_error", "model_starting", "queue-full", retry_after=5)
-        self._waiting[model] = self._waiting.get(model, 0) + 1
-        gauge = self.metrics.queue_depth.labels(model)
-        gauge.inc()
-        started, progress = time.monotonic(), (table.holder, table.phase)
-        last_progress = started
-        try:
-            while True:
-                table = self.table
-                route = table.find(model)
-                if model not in table.starting:
-                    if route is not None:
-                        return route
-                    raise Answered(404, f"the model `{model[:200]}` is not served here (its start ended without it); "
-                                        f"served: {', '.join(table.served_names()) or 'none'}",
-                                   "invalid_request_error", "model_not_found", "unknown-model",
-                                   served=table.served_names())
-                if (table.holder, table.phase) != progress:
-                    progress, last_progress = (table.holder, table.phase), time.monotonic()
-                left = self.limits.queue_stall_s - (time.monotonic() - last_progress)
-                if left <= 0:
-                    raise Answered(503, f"`{model}` is still starting: no progress in {self.limits.queue_stall_s:g} s",
-                                   "server_error", "model_starting", "queue-stalled", retry_after=10)
-                await self._table_change(left)
-        finally:
-            self._waiting[model] -= 1
-            gauge.dec()
-            self.metrics.queue_wait.labels(model).observe(time.monotonic() - started)
-
-    async def _relay(self, request: http1.Request, body: dict[str, Any], model: str, path: str,
-                     writer: asyncio.StreamWriter) -> bool:
-        payload = request.body
+    async def _relay(self, routed: Routed, client: ClientConnection, flight: Flight | None = None) -> bool:
+        """routed to its engine (flight: already sent there by the fast path) and its answer to the client."""
         refused_since = None  # the engine refused it, or went away with it unanswered: tried again (a swap's new
         # engine, a run starting it) until the table says where it is, for connect_timeout_s at most
         while True:
-            route = await self._wait_for(model)
-            if route.models and model != route.models[0]:  # engines that check the name get the one they serve
-                payload = json.dumps({**body, "model": route.models[0]}).encode()
-            if self.loader is not None:
-                self.loader.begin(route.recipe)  # in flight: never evicted mid-request, and its last use
+            if flight is None:
+                route = await waiting.wait_for(self, routed.model)
+                if self.loader is not None:
+                    self.loader.begin(route.recipe)  # in flight: never evicted mid-request, and its last use
+            else:
+                route = flight.route  # begun by arrived()
             try:
-                return await self._forward(route, request, payload, model, path, writer)
+                return await self._forward(route, routed, client, flight)
             except NotSent:  # the engine was not there (a swap stopped it, a run is starting it): wait, again
                 refused_since = refused_since or time.monotonic()
                 if time.monotonic() - refused_since > self.limits.connect_timeout_s:
@@ -300,41 +263,50 @@ class Gateway:
                 self._rescan.set()
                 await self._table_change(1.0)
             finally:
+                flight = None
                 if self.loader is not None:
                     self.loader.end(route.recipe)
-        if model in self.table.exited:
-            raise _gone(model, self.table)
-        raise Answered(502, f"the engine serving `{model}` does not answer", "server_error", "upstream_unreachable",
-                       "upstream")
+        if routed.model in self.table.exited:
+            raise waiting.gone(routed.model, self.table)
+        raise Answered(502, f"the engine serving `{routed.model}` does not answer", "server_error",
+                       "upstream_unreachable", "upstream")
 
-    async def _forward(self, route: Route, request: http1.Request, payload: bytes, model: str, path: str,
-                       client: asyncio.StreamWriter) -> bool:
-        headers = [*((k, v) for k, v in http1.forwarded(request.headers) if not (route.upstream and k.lower() ==
-                   "authorization")), *route.upstream, ("Host", f"{route.host}:{route.port}"),
-                   ("Content-Length", str(len(payload)))]  # the engine token replaces any client's
-        head = http1.head_bytes(f"{request.method} {request.target} HTTP/1.1", headers)
+    def _send(self, flight: Flight, client: ClientConnection) -> Flight:
+        """flight's request written to its engine connection; its answer starts to the client from the callback that
+        reads its head (upstream.py)."""
+        routed, model, path = flight.routed, flight.routed.model, flight.routed.path
         marks: list[int] | None = [] if self.timing is not None else None
-        sent = 0
 
         def answered(response: http1.Response) -> None:  # in the callback that wrote its end (upstream.py says why)
             if marks is not None:
-                timing.keep(request.received, sent, marks)
+                timing.keep(routed.request.received, flight.sent, marks)
             self.metrics.requests.labels(model, path, str(response.status)).inc()
 
-        start = Start(client, marks, answered)  # the answer goes to the client from the callback that read its head
+        payload = routed.payload(flight.route)
+        flight.start = Start(client, marks, answered)
+        flight.conn.send(routed.head(flight.route, len(payload)) + payload, flight.start)
+        if marks is not None:
+            flight.sent = timing.now()
+        return flight
+
+    async def _forward(self, route: Route, routed: Routed, client: ClientConnection,
+                       flight: Flight | None = None) -> bool:
+        model = routed.model
         while True:
+            if flight is None:
+                try:
+                    conn, pooled = await self.pool.take((route.host, route.port))
+                except (OSError, asyncio.TimeoutError):
+                    raise NotSent() from None
+                flight = self._send(Flight(routed, route, conn, pooled), client)
+            conn = flight.conn
             try:
-                conn, pooled = await self.pool.take((route.host, route.port))
-            except (OSError, asyncio.TimeoutError):
-                raise NotSent() from None
-            try:
-                conn.send(head + payload, start)
-                sent = timing.now() if self.timing is not None else 0
                 response = await conn.head()
                 break
             except http1.Closed:  # before a byte of an answer: a kept-alive one it had dropped, else not there
                 conn.close()
-                if pooled:
+                if flight.pooled:
+                    flight = None
                     continue
                 raise NotSent() from None
             except (ConnectionError, http1.BadRequest) as bad:  # an answer's head cut, not HTTP/1.x, or too long
@@ -344,11 +316,12 @@ class Gateway:
             except BaseException:
                 conn.close()
                 raise
+        assert flight.start is not None
         gauge = self.metrics.in_flight.labels(model)
         gauge.inc()
         reusable = False
         try:
-            reusable = await conn.relay(response, start)
+            reusable = await conn.relay(response, flight.start)
             return True
         except ConnectionError:
             self.metrics.errors.labels(model, "upstream").inc()
@@ -358,19 +331,11 @@ class Gateway:
             self.pool.give((route.host, route.port), conn, reusable)
 
 
-def _gone(model: str, table: Table) -> Answered:
-    """502 for a model whose engine went away (crashed or killed; with loading on, a later request loads it again)."""
-    recipe = table.exited.get(model, model)
-    return Answered(502, f"the engine serving `{model[:200]}` went away (it exited without being stopped): "
-                         f"`metralectl logs {recipe[:200]}` says why, `metralectl run {recipe[:200]}` starts it again",
-                    "server_error", "upstream_gone", "upstream")
-
-
 async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> None:
     """Serve on a bound, listening socket until cancelled."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: http1.ClientProtocol(ClientReader(http1.HEAD_LIMIT), gateway.handle), sock=sock)
+        lambda: ClientConnection(gateway.handle, gateway.arrived, gateway.limits.max_body), sock=sock)
     gateway._publish(await asyncio.to_thread(gateway.scanner.scan))
     refresher = asyncio.ensure_future(gateway.refresh_forever())
     loops.settle_heap()  # what starting made, out of the collector's passes (loops.py says why)

@@ -2,8 +2,8 @@
 noise does not touch (benchmarks/gateway_overhead.py reads it; docs/gateway.md says how).
 
 Off unless METRALECTL_GATEWAY_TIMING names a file when the gateway starts: then each relayed request keeps
-    up_ns      from its last byte read (read_request returned) to its bytes handed to the engine's socket
-               (routing, JSON, a pooled or new connection, the head written; and any wait in a model's queue
+    up_ns      from the read of its last byte to its bytes handed to the engine's socket (its head and body
+               parsed, routing, JSON, a pooled or new connection, the head written; and any wait in a model's queue
                while it loads, so a benchmark measures a model already served)
     first_ns   from the engine's first body piece read to that piece handed to the client's socket
     pieces     every later piece's read-to-client-write time (their count, sum and worst)

@@ -26,18 +26,26 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from metralectl.gateway import http1
 
 CLIENT_BUFFER_HIGH = 256 * 1024  # unsent bytes to a client past which the engine's side is paused until it drains
 
 
+class Client(Protocol):
+    """What the relay uses of a client's connection (client.ClientConnection)."""
+
+    transport: asyncio.Transport
+
+    async def drain(self) -> None: ...
+
+
 @dataclass
 class Start:
     """Where an answer goes: it starts there in the callback that read its head (given to send())."""
 
-    client: asyncio.StreamWriter
+    client: Client
     marks: list[int] | None = None  # each piece's time from its read to its write to the client, in ns
     answered: Callable[[http1.Response], None] | None = None  # once the answer's last byte is handed to the client
 
@@ -137,10 +145,10 @@ class Upstream(asyncio.BufferedProtocol):
                 _fail_seen(self._head, http1.BadRequest(502, f"the engine's answer head is over {http1.HEAD_LIMIT // 1024} KiB"))
                 self.close()
             return
-        lines = bytes(self._buffer[:end]).split(b"\r\n")
+        head = bytes(self._buffer[:end + 2])
         del self._buffer[:end + 4]
         try:
-            response = http1.parse_response_head(lines)
+            response = http1.parse_response_head(head)
         except http1.BadRequest as bad:
             _fail_seen(self._head, bad)
             self.close()

@@ -11,6 +11,7 @@ from typing import Any
 from metralectl.core.labels import (ENGINE_AUTH_TOKEN, LABEL_ENDPOINT, LABEL_ENGINE_AUTH, LABEL_MANAGED, LABEL_OWNER,
                                     LABEL_RECIPE, owner)
 from metralectl.gateway import http1
+from metralectl.gateway.dispatch import Routed
 from metralectl.gateway.routes import Route, Scanner
 from metralectl.gateway.server import Gateway
 from metralectl.lifecycle import engine_token
@@ -81,9 +82,11 @@ def test_the_scan_and_every_request_upstream_carry_the_engine_token_never_the_cl
             assert route is not None
             gw = Gateway(scanner)
             request = http1.Request("POST", "/v1/chat/completions", "HTTP/1.1",
-                                    [("Authorization", "Bearer mk-the-clients-own"), ("Content-Type", "application/json")])
+                                    [("Authorization", "Bearer mk-the-clients-own"), ("Content-Type", "application/json")],
+                                    b'{"model": "tiny"}')
             client = Client()
-            await gw._forward(route, request, b"{}", "tiny", "/v1/chat/completions", client)  # type: ignore[arg-type]
+            routed = Routed(request, "/v1/chat/completions", {"model": "tiny"}, "tiny")
+            await gw._forward(route, routed, client)  # type: ignore[arg-type]
             gw.pool.close()
             return route, client.data, engine
         finally:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from metralectl.gateway import upstream
-from metralectl.gateway.http1 import ClientProtocol
+from metralectl.gateway.client import ClientConnection
 from metralectl.gateway.server import Gateway, serve
 from tests.unit.test_gateway_pool import gateway_before as pool_gateway_before
 
@@ -242,8 +242,8 @@ def test_both_sides_read_into_one_buffer_of_the_threads_not_one_per_connection()
     from metralectl.gateway import http1
 
     assert issubclass(upstream.Upstream, asyncio.BufferedProtocol)
-    assert issubclass(ClientProtocol, asyncio.BufferedProtocol)
-    client = object.__new__(ClientProtocol)  # get_buffer() reads nothing of it (a StreamReader needs a loop)
+    assert issubclass(ClientConnection, asyncio.BufferedProtocol)
+    client = object.__new__(ClientConnection)  # get_buffer() reads nothing of it
     one, two = upstream.Upstream(), upstream.Upstream()
     assert client.get_buffer(-1) is one.get_buffer(-1) is two.get_buffer(-1)
     assert len(one.get_buffer(-1)) < 128 * 1024  # glibc's mmap threshold
