@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
-from metralectl.gateway import http1
+from metralectl.gateway import heads, http1
 from metralectl.gateway.http1 import HEAD_LIMIT, BadRequest, Closed, Request
 
 PAUSE_AT = 2 * HEAD_LIMIT  # buffered bytes of a next request, while one is served, past which reading pauses
@@ -122,7 +122,7 @@ class RequestParser:
             return False
         head = bytes(self.buffer[:end + 2])
         del self.buffer[:end + 4]
-        self._request, chunked, self._length = http1.parse_request_head(head, self.body_limit)
+        self._request, chunked, self._length = heads.request_head(head, self.body_limit)
         self._chunks = ChunkedBody(self.body_limit) if chunked else None
         return True
 

@@ -14,6 +14,7 @@ from metralectl.gateway.http1 import Answered, Request
 from metralectl.gateway.routes import Route, Table
 from metralectl.gateway.upstream import Start, Upstream
 
+_decode = json.JSONDecoder().decode
 # no `model` in these: the one engine's, else the body's
 UNNAMED = frozenset({"/tokenize", "/detokenize", "/apply-template"})
 
@@ -36,12 +37,25 @@ class Routed:
 
     def head(self, route: Route, length: int) -> bytes:
         """The request's head for `route`'s engine: the client's end-to-end headers, the engine token in place of
-        any client's Authorization (and a gateway key never), the engine's Host and the body's length."""
-        request = self.request
-        kept = http1.end_to_end(request.block, request.headers, bool(route.upstream) or self.keyed)
-        token = "".join(f"{k}: {v}\r\n" for k, v in route.upstream)
-        return (f"{request.method} {request.target} HTTP/1.1\r\n{kept}{token}Host: {route.host}:{route.port}\r\n"
-                f"Content-Length: {length}\r\n\r\n").encode("latin-1")
+        any client's Authorization (and a gateway key never), the engine's Host and the body's length. All but the
+        length is kept per head seen before and route (heads.py says why), the route held so its id is not reused."""
+        request, drop = self.request, bool(route.upstream) or self.keyed
+        key = (request.method, request.target, request.block, drop, id(route)) if request.block is not None else None
+        known = _prefixes.get(key) if key is not None else None
+        if known is None or known[0] is not route:
+            kept = http1.end_to_end(request.block, request.headers, drop)
+            token = "".join(f"{k}: {v}\r\n" for k, v in route.upstream)
+            prefix = (f"{request.method} {request.target} HTTP/1.1\r\n{kept}{token}Host: {route.host}:{route.port}"
+                      "\r\nContent-Length: ").encode("latin-1")
+            if key is None:
+                return prefix + b"%d\r\n\r\n" % length
+            if len(_prefixes) >= 256:
+                _prefixes.clear()
+            known = _prefixes[key] = (route, prefix)
+        return known[1] + b"%d\r\n\r\n" % length
+
+
+_prefixes: dict[tuple[str, str, str | None, bool, int], tuple[Route, bytes]] = {}  # Routed.head(), all but its length
 
 
 @dataclass
@@ -69,20 +83,32 @@ class Refused:
     answer: Answered
 
 
+def _json(data: bytes) -> Any:
+    """The body's JSON, else None. UTF-8 (RFC 8259 8.1) is read at once; json.loads(bytes), which first guesses among
+    UTF-8, -16 and -32 (and a BOM), only for a body that is not."""
+    try:
+        return _decode(data.decode("utf-8", "surrogatepass"))
+    except RecursionError:  # nested past Python's stack
+        return None
+    except ValueError:  # not JSON, or not UTF-8
+        pass
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
 def routed(request: Request, path: str, key: ApiKey | None, table: Table) -> Routed:
     """What a routed request names, checked: Answered (400, 403) when it names no model or one its key may not use.
     A gateway key is its own: it is taken off the request here, never passed on to an engine."""
-    try:
-        body = json.loads(request.body) if request.body else None
-    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
-        body = None
+    body = _json(request.body) if request.body else None
     model = body.get("model") if isinstance(body, dict) else None
     if model is None and path in UNNAMED and isinstance(body, dict) and len(table.routes) == 1:
         model = table.routes[0].recipe
     if not isinstance(body, dict) or not isinstance(model, str) or not model:
         raise Answered(400, "the request body is not JSON naming a `model`", "invalid_request_error",
                        "model_missing", "bad-request")
-    if not auth.may_use(key, model, table.find(model)):
+    if key is not None and not auth.may_use(key, model, table.find(model)):
         assert key is not None
         raise Answered(403, f"the key `{key.name}` may not use the model `{model[:200]}`", "invalid_request_error",
                        "model_not_allowed", "forbidden")

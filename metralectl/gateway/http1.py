@@ -72,6 +72,12 @@ class Request:
     # Connection header names others to drop (then None)
     special: dict[str, str] | None = None  # the first value of each SPECIAL header, as its head was read
 
+    def fresh(self, length: str | None = None) -> Request:
+        """A new request with this one's head (heads.py: one parsed before), its Content-Length `length` if given."""
+        special = self.special if length is None or self.special is None else {**self.special, "content-length": length}
+        return Request(self.method, self.target, self.version, self.headers, b"", self.keep_alive, 0, self.block,
+                       special)
+
     def header(self, name: str) -> str | None:
         name = name.lower()
         if self.special is not None and name in SPECIAL:
@@ -95,6 +101,7 @@ class Response:
     chunked: bool = False
     keep_alive: bool = True
     block: str | None = None  # its header lines as read: Request.block says when
+    client_head: bytes | None = None  # answer_head()'s, once made (a Response is never changed after its parse)
 
 
 def _fields(block: str) -> list[tuple[str, str]]:
@@ -166,10 +173,15 @@ def parse_request_head(head: bytes, body_limit: int) -> tuple[Request, bool, int
     length = next(iter(lengths), "0")
     if not (length.isascii() and length.isdigit() and len(length) <= 18):  # not '²', not 5000 digits
         raise BadRequest(400, f"Content-Length {length[:20]!r} is not a number")
-    if int(length) > body_limit:
-        raise BadRequest(413, f"the request body ({int(length)} bytes) is over the gateway's cap of {body_limit} "
+    return request, False, within(int(length), body_limit)
+
+
+def within(length: int, body_limit: int) -> int:
+    """A request body's announced length, or a 413 when it is over the gateway's cap."""
+    if length > body_limit:
+        raise BadRequest(413, f"the request body ({length} bytes) is over the gateway's cap of {body_limit} "
                               "bytes (`metralectl gateway --max-body`)")
-    return request, False, int(length)
+    return length
 
 
 def parse_response_head(head: bytes) -> Response:
@@ -207,11 +219,20 @@ def head_bytes(first_line: str, headers: list[tuple[str, str]]) -> bytes:
     return (first_line + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode("latin-1")
 
 
+_kept: dict[tuple[str, bool], str] = {}  # end_to_end() of header lines seen before (heads.py says why)
+
+
 def end_to_end(block: str | None, headers: list[tuple[str, str]], drop_authorization: bool = False) -> str:
     """A head's header lines without the hop-by-hop ones (and Authorization, when asked): from its lines as read
     where it has them (one regex), else from its pairs."""
     if block is not None:
-        return (HOP_AUTH_LINE_RE if drop_authorization else HOP_LINE_RE).sub("", block)
+        kept = _kept.get((block, drop_authorization))
+        if kept is None:
+            if len(_kept) >= 256:
+                _kept.clear()
+            kept = _kept[block, drop_authorization] = (HOP_AUTH_LINE_RE if drop_authorization else
+                                                       HOP_LINE_RE).sub("", block)
+        return kept
     return "".join(f"{k}: {v}\r\n" for k, v in forwarded(headers)
                    if not (drop_authorization and k.lower() == "authorization"))
 
@@ -219,12 +240,15 @@ def end_to_end(block: str | None, headers: list[tuple[str, str]], drop_authoriza
 def answer_head(response: Response) -> bytes:
     """The client's head for an engine's answer: its status and end-to-end headers, and the framing the gateway
     sends it in (the engine's Content-Length, else chunked: an answer that runs until close is re-framed)."""
+    if response.client_head is not None:
+        return response.client_head
     if response.length is not None:
         framing = f"Content-Length: {response.length}\r\n"
     else:
         framing = "Transfer-Encoding: chunked\r\n" if response.status not in (204, 304) else ""
     status = f"HTTP/1.1 {response.status} {response.reason}".rstrip()
-    return f"{status}\r\n{end_to_end(response.block, response.headers)}{framing}\r\n".encode("latin-1")
+    response.client_head = f"{status}\r\n{end_to_end(response.block, response.headers)}{framing}\r\n".encode("latin-1")
+    return response.client_head
 
 
 class ChunkEnd:

@@ -61,12 +61,16 @@ class Pool:
 
     def idle(self, address: Address) -> Upstream | None:
         """A live kept or spare connection at once, without a wait (the fast path, server.Gateway.arrived), else None:
-        none there, or the one on top was closed by its engine (take() counts that, as it does a first use)."""
+        none there, or the one on top was closed by its engine (take() counts that, as it does a first use). The
+        caller calls refill(address) once the request is written (from the connection's task: off its path)."""
         idle = self._idle.get(address)
         if not idle or idle[-1].closed or address not in self._wanted:
             return None
-        asyncio.get_running_loop().call_soon(self._ahead, address)  # its replacement, after the request is written
         return idle.pop()
+
+    def refill(self, address: Address) -> None:
+        """Opens what is wanted ahead for `address` (after an idle() that took one)."""
+        self._ahead(address)
 
     def wanted(self, address: Address) -> int:
         """How many connections are kept open ahead for `address` now."""

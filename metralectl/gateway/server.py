@@ -3,7 +3,7 @@ answer as it comes, and hold a request whose model is starting or swapping in a 
 
 One asyncio loop, no thread per request. The routing table (routes.py) is replaced whole by a scan on a worker
 thread, so a request only reads a dict. Engine connections come from pool.py (kept alive, or opened ahead). A client
-that goes away (EOF or reset on its socket, seen by ClientReader) cancels its relay, and the relay's engine
+that goes away (EOF or reset on its socket, seen by client.ClientConnection) cancels its relay, and the relay's engine
 connection is closed, which is how an engine learns to stop generating.
 """
 
@@ -153,6 +153,8 @@ class Gateway:
         return self._send(Flight(routed, route, conn, True), client)
 
     def _authorize(self, request: http1.Request) -> ApiKey | None:
+        if not self.require_key and (self.keys is None or not self.keys.ring):
+            return None  # no key configured, loopback only: every client is let in (auth.authorize's first case)
         try:
             key = auth.authorize(self.keys, self.require_key, request.header("authorization"),
                                  self.monitor if request.method == "GET" and request.path == "/metrics" else None)
@@ -196,6 +198,8 @@ class Gateway:
         # the engine learns to stop generating.
         this: Any = asyncio.current_task()
         client.on_gone = this.cancel
+        if flight is not None:  # sent from the read callback: the connection it took is replaced from here
+            self.pool.refill((flight.route.host, flight.route.port))
         if client.gone:  # before this task woke: a request the fast path sent is taken back from its engine
             if flight is not None:
                 flight.conn.close()

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from metralectl.gateway import http1
+from metralectl.gateway import heads, http1
 
 CLIENT_BUFFER_HIGH = 256 * 1024  # unsent bytes to a client past which the engine's side is paused until it drains
 
@@ -148,14 +148,14 @@ class Upstream(asyncio.BufferedProtocol):
         head = bytes(self._buffer[:end + 2])
         del self._buffer[:end + 4]
         try:
-            response = http1.parse_response_head(head)
+            response = heads.response_head(head)
         except http1.BadRequest as bad:
             _fail_seen(self._head, bad)
             self.close()
             return
-        self._head.set_result(response)
-        if self._destination is not None:
+        if self._destination is not None:  # first: the task's wake-up, below, is not on the way to the client
             self._start(response, self._destination)
+        self._head.set_result(response)
 
     def _start(self, response: http1.Response, start: Start) -> None:
         """The answer to its client: its head, with what came after it, in one write."""
@@ -265,7 +265,7 @@ class _Relay:
         if self.prefix:
             data, self.prefix = self.prefix + data, b""
         if not data or self.client.is_closing():
-            return  # a client gone: its task is being cancelled (ClientReader), which closes this connection
+            return  # a client gone: its task is being cancelled (ClientConnection.on_gone), which closes this connection
         self.client.write(data)
         if not self.paused and self.client.get_write_buffer_size() > CLIENT_BUFFER_HIGH:
             self.paused = True

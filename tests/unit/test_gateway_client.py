@@ -15,6 +15,7 @@ from metralectl.gateway import http1
 from metralectl.gateway.client import RequestParser
 from metralectl.gateway.dispatch import Flight, Refused, Routed
 from metralectl.gateway.http1 import HEAD_LIMIT, BadRequest, Closed, Request
+from metralectl.gateway.routes import Route
 from metralectl.gateway.upstream import Upstream
 from tests.unit.test_gateway_pool import Engine, chat, gateway_before
 
@@ -235,3 +236,57 @@ def test_an_answer_head_keeps_the_engines_end_to_end_headers_and_frames_it_for_t
                                          b"Content-Length: 2\r\n")
     assert http1.answer_head(response) == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"  # what Connection named
     assert not response.keep_alive
+
+
+def test_a_request_head_seen_before_is_reused_with_its_new_length_and_only_when_one_line_frames_its_body() -> None:
+    """heads.py: a client's head again with another Content-Length is not parsed again; a head that adds a second
+    framing line (another Content-Length in another case, a Transfer-Encoding) never matches a kept one and is refused
+    by the parse as before."""
+    from metralectl.gateway import heads
+
+    heads._requests.clear()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nContent-Length: %d\r\nAuthorization: Bearer k\r\n"
+    first = _requests([head % 3 + b"\r\nabc"])[0]
+    assert len(heads._requests) == 1
+    again = _requests([head % 5 + b"\r\nhello"])[0]
+    assert (again.body, again.header("content-length"), again.header("authorization")) == (b"hello", "5", "Bearer k")
+    assert again is not first and again.block is first.block  # reused: the same lines, a new request
+    assert len(heads._requests) == 1
+    for hostile in (head % 5 + b"content-length: 9\r\n\r\nhello", head % 5 + b"Transfer-Encoding: chunked\r\n\r\n",
+                    head % 5 + b"Content-Length: 6\r\n\r\nhello", (head % 5).replace(b"5", b"+5") + b"\r\nhello"):
+        with pytest.raises(BadRequest) as refused:
+            _requests([hostile])
+        assert refused.value.status == 400, hostile
+    with pytest.raises(BadRequest) as refused:
+        _requests([head % 9999999 + b"\r\n"], limit=LIMIT)
+    assert refused.value.status == 413  # the cap is checked on every request, reused head or not
+
+
+def test_an_answer_head_seen_before_is_the_same_response_and_its_client_head_is_made_once() -> None:
+    from metralectl.gateway import heads
+
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nKeep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\n"
+    one, two = heads.response_head(head), heads.response_head(head)
+    assert one is two and one.chunked and one.keep_alive
+    assert http1.answer_head(one) is http1.answer_head(two)
+    assert http1.answer_head(one) == b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def test_the_engine_head_kept_for_a_head_seen_before_is_that_requests_own() -> None:
+    """Routed.head() keeps all but the length per head and route: two requests with the same header lines and
+    another method or target, another route, or another key's stripping each get their own head."""
+    one = Route("a", "http://127.0.0.1:1", "127.0.0.1", 1, ("a",), ("a",))
+    two = Route("b", "http://127.0.0.1:2", "127.0.0.1", 2, ("b",), ("b",), upstream=(("Authorization", "Bearer t"),))
+    lines = "X-Id: 1\r\nAuthorization: Bearer mine\r\n"
+
+    def head(target: str, route: Route, keyed: bool = False) -> bytes:
+        request = Request("POST", target, "HTTP/1.1", [("X-Id", "1"), ("Authorization", "Bearer mine")], block=lines)
+        return Routed(request, target, {"model": "a"}, "a", keyed).head(route, 7)
+
+    for _ in range(2):  # the second time from what was kept
+        assert head("/v1/completions", one) == (b"POST /v1/completions HTTP/1.1\r\nX-Id: 1\r\nAuthorization: Bearer "
+                                                b"mine\r\nHost: 127.0.0.1:1\r\nContent-Length: 7\r\n\r\n")
+        assert head("/v1/chat/completions", one).startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+        assert head("/v1/completions", two) == (b"POST /v1/completions HTTP/1.1\r\nX-Id: 1\r\nAuthorization: Bearer t"
+                                                b"\r\nHost: 127.0.0.1:2\r\nContent-Length: 7\r\n\r\n")
+        assert b"mine" not in head("/v1/completions", one, keyed=True)
