@@ -17,6 +17,7 @@ from metralectl.gateway.dispatch import Flight, Refused, Routed
 from metralectl.gateway.http1 import HEAD_LIMIT, BadRequest, Closed, Request
 from metralectl.gateway.routes import Route
 from metralectl.gateway.upstream import Upstream
+from tests.unit.test_gateway_engine_token import Client
 from tests.unit.test_gateway_pool import Engine, chat, gateway_before
 
 LIMIT = 4096
@@ -115,25 +116,10 @@ def test_a_large_body_is_consumed_as_it_arrives_not_gathered_twice() -> None:
     assert request is not None and request.body == b"z" * (64 * 0x2000)
 
 
-class Sink:
-    """The client's side as the fast path sees it (gone or not, and a transport for the answer)."""
+class Sink(Client):
+    """The client's side as the fast path sees it: gone or not, and a transport for the answer."""
 
-    def __init__(self) -> None:
-        self.gone = False
-        self.data = b""
-        self.transport = self
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    async def drain(self) -> None:
-        pass
+    gone = False
 
 
 def _post(model: str = "stub", headers: list[tuple[str, str]] | None = None) -> Request:
@@ -150,7 +136,7 @@ def test_a_request_for_a_served_model_is_sent_to_its_engine_from_the_callback_th
 
     async def go() -> None:
         async with gateway_before(engine.handle) as (gateway, port):
-            arrived = gateway.arrived
+            arrived: Any = gateway.arrived  # called with Sinks too
 
             def watched(request: Request, client: Any) -> object:
                 seen.append(arrived(request, client))

@@ -39,7 +39,7 @@ class Engine:
 
 
 class Client:
-    """What the gateway's relay uses of a client's StreamWriter and its transport."""
+    """What the gateway's relay uses of a client's connection and its transport."""
 
     def __init__(self) -> None:
         self.data = b""
