@@ -192,16 +192,17 @@ class ClientConnection(asyncio.BufferedProtocol):
     async def next(self) -> object:
         """The next request, or what `arrived` made of it: Closed when the client ends, BadRequest for a request
         that cannot be read (answered, then the connection closes)."""
-        self._busy = False
-        if self._ready is None:
-            self._advance()  # one may wait in the buffer already (sent before the last answer ended)
-        got, self._ready = self._ready, None
+        got, self._ready = self._ready, None  # handed before the task asked: still busy with it
+        if got is None:
+            self._busy = False  # the last request is done
+            self._advance()  # the next may wait in the buffer already (sent before the last answer ended)
+            got, self._ready = self._ready, None
+        if self._reading_paused and (got is None or len(self.parser.buffer) <= PAUSE_AT):
+            self._reading_paused = False  # drained below the bound, or what is buffered waits for more
+            self.transport.resume_reading()
         if got is None:
             if self.gone:
                 raise self.parser.ended()
-            if self._reading_paused:
-                self._reading_paused = False
-                self.transport.resume_reading()
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 got = await self._waiter

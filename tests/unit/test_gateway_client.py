@@ -276,3 +276,106 @@ def test_the_engine_head_kept_for_a_head_seen_before_is_that_requests_own() -> N
         assert head("/v1/completions", two) == (b"POST /v1/completions HTTP/1.1\r\nX-Id: 1\r\nAuthorization: Bearer t"
                                                 b"\r\nHost: 127.0.0.1:2\r\nContent-Length: 7\r\n\r\n")
         assert b"mine" not in head("/v1/completions", one, keyed=True)
+
+
+async def _answers(reader: asyncio.StreamReader, count: int) -> list[bytes]:
+    """`count` chunked answers read one after another from a kept-alive connection (their bodies)."""
+    bodies = []
+    for _ in range(count):
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower(), head
+        body = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+            body += (await reader.readexactly(size + 2))[:-2]
+            if size == 0:
+                break
+        bodies.append(body)
+    return bodies
+
+
+def test_requests_pipelined_and_bodies_dribbled_byte_by_byte_are_each_answered_in_order() -> None:
+    """Three requests on one connection (the second and third, sent while the first is served, wait in its buffer),
+    then a chunked body sent a byte at a time: each answered whole, in order, on the one kept-alive connection; the
+    engine gets every body as it was sent."""
+    bodies: list[bytes] = []
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        bodies.append(await reader.readexactly(length))
+        data = b"data: %d\n\n" % len(bodies)
+        if len(bodies) == 1:  # the first answer is the slowest: the next must not be read (and answered) before it
+            await asyncio.sleep(0.3)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+        await writer.drain()
+        writer.close()
+
+    def post(n: int) -> bytes:
+        body = json.dumps({"model": "stub", "n": n}).encode()
+        return b"POST /v1/completions HTTP/1.1\r\nHost: g\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    async def go() -> list[bytes]:
+        async with gateway_before(engine) as (_gateway, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(post(1))
+            await asyncio.sleep(0.1)  # the first is being served: the next two come in while it is
+            writer.write(post(2) + post(3))
+            got = await _answers(reader, 3)
+            body = json.dumps({"model": "stub", "n": 4}).encode()
+            message = (b"POST /v1/completions HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       + b"".join(b"1\r\n%s\r\n" % body[i:i + 1] for i in range(len(body))) + b"0\r\n\r\n")
+            for i in range(len(message)):
+                writer.write(message[i:i + 1])
+                await writer.drain()
+                await asyncio.sleep(0)
+            got += await _answers(reader, 1)
+            writer.close()
+            return got
+
+    got = asyncio.run(go())
+    assert got == [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n", b"data: 4\n\n"]
+    assert [json.loads(b)["n"] for b in bodies] == [1, 2, 3, 4]
+
+
+def test_what_a_client_sends_while_its_request_is_served_is_bounded_then_read_when_the_task_asks() -> None:
+    """A client that floods the connection while its request is relayed: reading pauses past PAUSE_AT (the kernel's
+    buffers hold the rest) and resumes when the connection's task asks for the next request."""
+    from metralectl.gateway.client import PAUSE_AT, ClientConnection
+
+    calls: list[str] = []
+
+    class Transport:
+        def pause_reading(self) -> None:
+            calls.append("pause")
+
+        def resume_reading(self) -> None:
+            calls.append("resume")
+
+    async def go() -> None:
+        handed: list[object] = []
+
+        async def serve(conn: ClientConnection) -> None:
+            handed.append(await conn.next())
+            while len(conn.parser.buffer) <= PAUSE_AT:
+                await asyncio.sleep(0.001)
+            handed.append(await conn.next())
+
+        conn = ClientConnection(serve, lambda request, _client: request, 1 << 20)
+        conn.connection_made(Transport())  # type: ignore[arg-type]
+        conn.data_received(_post_bytes())
+        await asyncio.sleep(0.01)
+        big = b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (PAUSE_AT + 1)
+        conn.data_received(big + b"x" * (PAUSE_AT + 1))  # the next request, sent while the first is served
+        assert calls == ["pause"] and len(handed) == 1
+        assert conn.task is not None
+        await asyncio.wait_for(conn.task, 5)
+        assert calls == ["pause", "resume"] and len(handed) == 2
+        assert isinstance(handed[1], Request) and handed[1].body == b"x" * (PAUSE_AT + 1)
+
+    asyncio.run(go())
+
+
+def _post_bytes() -> bytes:
+    body = json.dumps({"model": "stub"}).encode()
+    return b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
