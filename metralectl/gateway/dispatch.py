@@ -83,7 +83,7 @@ class Refused:
     answer: Answered
 
 
-def _json(data: bytes) -> Any:
+def _json(data: bytes) -> object:
     """The body's JSON, else None. UTF-8 (RFC 8259 8.1) is read at once; json.loads(bytes), which first guesses among
     UTF-8, -16 and -32 (and a BOM), only for a body that is not."""
     try:
