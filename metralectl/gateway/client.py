@@ -9,9 +9,9 @@ lent H200 between requests, where every cache is cold). Here the request is pars
 the task wakes later, once the engine already has it: the engine's time to a first token covers the task's turn.
 
 The parse is the same strict subset as before (http1.parse_request_head): a head of at most HEAD_LIMIT, a body by
-Content-Length or chunked, under the gateway's body cap, read as it comes (a body is consumed as it arrives, never
-held twice). While a request is being served, what the client sends next (pipelined) waits in the buffer, and past
-PAUSE_AT bytes its reading is paused until the task asks for the next request.
+Content-Length or chunked, under the gateway's body cap, read as it comes (a chunked body is decoded as it arrives,
+its raw chunks not kept beside it). While a request is being served, what the client sends next (pipelined) waits in
+the buffer, and past PAUSE_AT bytes its reading is paused until the task asks for the next request.
 """
 
 from __future__ import annotations
