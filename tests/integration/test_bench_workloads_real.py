@@ -147,7 +147,9 @@ def test_depth_sweep_pp_tg_at_depths_within_the_served_context(server: str, tmp_
         # the server's own count of every prompt: pp + depth, as sized with /tokenize (the longest below it when a
         # two-token word straddles the target)
         assert len(row["prompt_tokens"]) == 1 and 0 <= 128 + row["depth"] - row["prompt_tokens"][0] <= 2, row
-        assert row["pp_tok_s"]["n"] == 2 and row["pp_tok_s"]["mean"] > 0, row
+        # pp is prompt tokens over (TTFT - the API's round trip): a busy box can measure a round trip as long as a
+        # short prefill (seen on CI: 4.2 ms at depth 0), which leaves that run no pp, as llama-benchy would not
+        assert row["pp_tok_s"]["n"] <= 2 and (row["pp_tok_s"]["n"] == 0 or row["pp_tok_s"]["mean"] > 0), row
         # tg needs two distinct arrival times: a busy box may read a whole short answer at once (llama-benchy then
         # has no tg for that run either)
         assert row["tg_tok_s"]["n"] <= 2 and (row["tg_tok_s"]["n"] == 0 or row["tg_tok_s"]["mean"] > 0), row
@@ -155,6 +157,7 @@ def test_depth_sweep_pp_tg_at_depths_within_the_served_context(server: str, tmp_
     # 64 tokens take tens of ms to generate here: at least one run of the sweep sees them arrive apart (seen on CI: a
     # stalled box read both 16-token answers at depth 0 at once, so that row had no tg, as llama-benchy would not)
     assert sum(row["tg_tok_s"]["n"] for row in summary["depths"]) >= 1, summary["depths"]
+    assert summary["depths"][1]["pp_tok_s"]["n"] == 2, summary["depths"]  # 1152 tokens of prefill: far past any RTT
     d1024 = summary["depths"][1]["tg_tok_s"]
     assert doc["api_rtt_ms"] > 0 and (summary["headline"].get("d1024.tg_tok_s") or 0) > 0 or d1024["n"] == 0
 

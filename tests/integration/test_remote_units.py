@@ -52,8 +52,10 @@ def pair(tmp_path: Path, double: EngineDouble) -> Iterator[tuple[Path, identity.
 
 
 def _spec(key: str, **params: Any) -> dict[str, Any]:
-    return {"key": key, "suite": "decode", "params": {"repeats": 3, "max_tokens": 16, "warmup": 1, **params},
-            "timeout_s": 120}
+    # client_bound=warn: these tests are about the units and their records; a busy box's load generator judged
+    # client-bound (seen on CI) must not fail the run they fetch and verify
+    return {"key": key, "suite": "decode",
+            "params": {"repeats": 3, "max_tokens": 16, "warmup": 1, "client_bound": "warn", **params}, "timeout_s": 120}
 
 
 def _run_to_end(me: identity.Identity, ref: ru.NodeRef, key: str) -> tuple[list[dict[str, Any]], ru.Followed]:
