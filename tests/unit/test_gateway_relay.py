@@ -352,7 +352,7 @@ def test_an_answer_running_until_close_that_an_error_cut_before_its_relay_starte
 
 
 def test_an_answer_is_counted_when_its_last_byte_is_written_even_if_its_client_leaves_before_the_task_wakes() -> None:
-    """A client that reads the answer and closes at once cancels the relay's task (ClientReader.on_gone), on a busy
+    """A client that reads the answer and closes at once cancels the relay's task (ClientConnection.on_gone), on a busy
     gateway before the task woke from the answer's end: a CI run counted 4 requests of 5 that way."""
     counted: list[int] = []
 
