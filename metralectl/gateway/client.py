@@ -11,7 +11,8 @@ the task wakes later, once the engine already has it: the engine's time to a fir
 The parse is the same strict subset as before (http1.parse_request_head): a head of at most HEAD_LIMIT, a body by
 Content-Length or chunked, under the gateway's body cap, read as it comes (a chunked body is decoded as it arrives,
 its raw chunks not kept beside it). While a request is being served, what the client sends next (pipelined) waits in
-the buffer, and past PAUSE_AT bytes its reading is paused until the task asks for the next request.
+the buffer, and past PAUSE_AT bytes its reading is paused until the task asks for the next request. Reads come as
+upstream.py's do (http1.py, above its read buffer): data_received on uvloop, buffer_updated on asyncio's own loop.
 """
 
 from __future__ import annotations
@@ -91,10 +92,17 @@ class RequestParser:
 
     def next(self) -> Request | None:
         """The next whole request, else None (more bytes needed); BadRequest when it cannot be read."""
-        if self._request is None and not self._head():
-            return None
         request = self._request
-        assert request is not None
+        if request is None:  # its head first, at most HEAD_LIMIT
+            end = self.buffer.find(b"\r\n\r\n")
+            if end > HEAD_LIMIT or (end < 0 and len(self.buffer) > HEAD_LIMIT):
+                raise BadRequest(431, f"the request head is over {HEAD_LIMIT // 1024} KiB")
+            if end < 0:
+                return None
+            head = bytes(self.buffer[:end + 2])
+            del self.buffer[:end + 4]
+            request, chunked, self._length = heads.request_head(head, self.body_limit)
+            self._request, self._chunks = request, ChunkedBody(self.body_limit) if chunked else None
         if self._chunks is not None:
             body = self._chunks.read(self.buffer)
             if body is None:
@@ -114,20 +122,8 @@ class RequestParser:
             return BadRequest(400, "the connection closed in the middle of a request head")
         return Closed()
 
-    def _head(self) -> bool:
-        end = self.buffer.find(b"\r\n\r\n")
-        if end > HEAD_LIMIT or (end < 0 and len(self.buffer) > HEAD_LIMIT):
-            raise BadRequest(431, f"the request head is over {HEAD_LIMIT // 1024} KiB")
-        if end < 0:
-            return False
-        head = bytes(self.buffer[:end + 2])
-        del self.buffer[:end + 4]
-        self._request, chunked, self._length = heads.request_head(head, self.body_limit)
-        self._chunks = ChunkedBody(self.body_limit) if chunked else None
-        return True
 
-
-class ClientConnection(asyncio.BufferedProtocol):
+class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
     """One client's connection: requests parsed as they arrive and handed to `serve` (the connection's task, which
     asks for each with next()), each first through `arrived` (what it returns is what next() returns); the writer
     side (write, drain, close) for the task and the relay; `gone` and `on_gone` when the client goes away."""
@@ -157,13 +153,17 @@ class ClientConnection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         return http1.read_buffer()  # shared by every connection of this thread: copied out at once, below
 
-    def buffer_updated(self, nbytes: int) -> None:
-        self.parser.buffer += http1.read_buffer()[:nbytes]
-        self._received()
+    def buffer_updated(self, nbytes: int) -> None:  # asyncio's own loop (uvloop calls data_received: class docstring)
+        self.data_received(bytes(http1.read_buffer()[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         self.parser.buffer += data
-        self._received()
+        self.read_at = time.perf_counter_ns()  # timing.now(): a request's `received` when the gateway keeps its time
+        if not self._busy:
+            self._advance()
+        elif len(self.parser.buffer) > PAUSE_AT and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
 
     def eof_received(self) -> bool:
         self._went()
@@ -230,14 +230,6 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.transport.close()
 
     # inside
-    def _received(self) -> None:
-        self.read_at = time.perf_counter_ns()  # timing.now(): a request's `received` when the gateway keeps its time
-        if not self._busy:
-            self._advance()
-        elif len(self.parser.buffer) > PAUSE_AT and not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()
-
     def _advance(self) -> None:
         """A whole request in the buffer to the task (through `arrived`), at most one at a time."""
         got: object

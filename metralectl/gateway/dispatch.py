@@ -5,21 +5,30 @@ connection's task and the fast path that forwards from the read callback (server
 from __future__ import annotations
 
 import json
+import json.scanner
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from metralectl.core.gateway_keys import ApiKey
-from metralectl.gateway import auth, http1
+from metralectl.gateway import auth, http1, timing
 from metralectl.gateway.http1 import Answered, Request
 from metralectl.gateway.routes import Route, Table
-from metralectl.gateway.upstream import Start, Upstream
+from metralectl.gateway.upstream import Client, Start, Upstream
 
-_decode = json.JSONDecoder().decode
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+# The C scanner json.loads() runs, called directly: loads() wraps it in two Python calls and two regex matches for
+# the whitespace around the document, Python run per request on cold caches (heads.py says why that counts).
+_scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(  # typeshed types it as a class
+    json.JSONDecoder())  # type: ignore[arg-type]
+_JSON_SPACE = " \t\n\r"  # RFC 8259 2: the only whitespace around a value
 # no `model` in these: the one engine's, else the body's
 UNNAMED = frozenset({"/tokenize", "/detokenize", "/apply-template"})
 
 
-@dataclass
+@dataclass(slots=True)
 class Routed:
     """A request for a model, its body read and its caller allowed to use it."""
 
@@ -58,23 +67,29 @@ class Routed:
 _prefixes: dict[tuple[str, str, str | None, bool, int], tuple[Route, bytes]] = {}  # Routed.head(), all but its length
 
 
-@dataclass
-class Flight:
-    """A routed request sent to an engine on `conn` (pooled: the engine may have closed it meanwhile)."""
+class Flight(Start):
+    """A routed request sent to an engine on `conn` (pooled: the engine may have closed it meanwhile), and where its
+    answer goes (it is its own Start): counted in `requests` once its answer is handed to the client."""
 
-    routed: Routed
-    route: Route
-    conn: Upstream
-    pooled: bool
-    start: Start | None = None  # where its answer goes (set as it is sent)
-    sent: int = 0  # timing.now() as it was handed to the engine's socket, when the gateway keeps its own time
+    __slots__ = ("routed", "route", "conn", "pooled", "requests", "sent")
+
+    def __init__(self, routed: Routed, route: Route, conn: Upstream, pooled: bool, client: Client,
+                 requests: Counter, marks: list[int] | None = None) -> None:
+        self.client, self.marks = client, marks  # Start's, without a call to its __init__
+        self.routed, self.route, self.conn, self.pooled, self.requests = routed, route, conn, pooled, requests
+        self.sent = 0  # timing.now() as it was handed to the engine's socket, when the gateway keeps its own time
 
     @property
     def request(self) -> Request:
         return self.routed.request
 
+    def answered(self, response: http1.Response) -> None:  # in the callback that wrote its end (upstream.py says why)
+        if self.marks is not None:
+            timing.keep(self.routed.request.received, self.sent, self.marks)
+        self.requests.labels(self.routed.model, self.routed.path, str(response.status)).inc()
 
-@dataclass
+
+@dataclass(slots=True)
 class Refused:
     """A request the fast path refused (its key, its body): the task writes the answer."""
 
@@ -84,13 +99,18 @@ class Refused:
 
 
 def _json(data: bytes) -> object:
-    """The body's JSON, else None. UTF-8 (RFC 8259 8.1) is read at once; json.loads(bytes), which first guesses among
-    UTF-8, -16 and -32 (and a BOM), only for a body that is not."""
+    """The body's JSON, else None. UTF-8 (RFC 8259 8.1) starting with its object is read at once, as json.loads
+    would; json.loads(bytes), which first guesses among UTF-8, -16 and -32 (and a BOM), only for any other body."""
     try:
-        return _decode(data.decode("utf-8", "surrogatepass"))
+        text = data.decode("utf-8", "surrogatepass")
+        if text[:1] == "{":
+            value, end = _scan(text, 0)
+            if end == len(text) or not text[end:].strip(_JSON_SPACE):
+                return value
+            return None  # more after the value: json.loads says "Extra data"
     except RecursionError:  # nested past Python's stack
         return None
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, StopIteration):  # not JSON, or not UTF-8
         pass
     try:
         return json.loads(data)

@@ -33,7 +33,12 @@ def request_head(head: bytes, body_limit: int) -> tuple[Request, bool, int]:
         key = head[:at] + head[stop:]
         known = _requests.get(key)
         if known is not None and digits.isdigit() and len(digits) <= 18:  # bytes.isdigit(): ASCII digits only
-            return known.fresh(digits.decode("ascii")), False, http1.within(int(digits), body_limit)
+            length = int(digits)
+            if length <= body_limit:  # else within() says 413, below
+                # known.fresh(), made here: each call is cache lines a cold core fetches (this module says why)
+                return (Request(known.method, known.target, known.version, known.headers, b"", known.keep_alive, 0,
+                                known.block, known.special), False, length)
+            http1.within(length, body_limit)
     request, chunked, length = http1.parse_request_head(head, body_limit)
     if key is not None and not chunked and [k.lower() for k, _ in request.headers].count("content-length") == 1:
         if len(_requests) >= KEPT:

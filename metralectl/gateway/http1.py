@@ -44,6 +44,7 @@ HOP_LINE_RE = re.compile(rf"^(?:{'|'.join(sorted(HOP_BY_HOP))}):[^\r\n]*\r\n", r
 HOP_AUTH_LINE_RE = re.compile(rf"^(?:{'|'.join(sorted(HOP_BY_HOP | {'authorization'}))}):[^\r\n]*\r\n",
                               re.ASCII | re.IGNORECASE | re.MULTILINE)
 SPECIAL = frozenset({"content-length", "transfer-encoding", "connection", "authorization"})  # read as a head is
+FRAMING = frozenset({"content-length", "transfer-encoding"})  # a request's body: the parser's, not header()'s
 PLAIN_CONNECTION = frozenset({"", "keep-alive", "close"})  # a Connection header that names no other header
 
 
@@ -59,7 +60,7 @@ class Closed(Exception):
     """The peer closed the connection before a whole head arrived (an idle keep-alive ending is no error)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     method: str
     target: str
@@ -70,16 +71,20 @@ class Request:
     received: int = 0  # timing.now() as its last byte was read, when the gateway keeps its own time (timing.py)
     block: str | None = None  # its header lines as read (checked): forwarded from as they are, unless the
     # Connection header names others to drop (then None)
-    special: dict[str, str] | None = None  # the first value of each SPECIAL header, as its head was read
+    special: dict[str, str] | None = None  # the first value of each SPECIAL header but the framing ones, as its head
+    # was read (never changed: requests of one head share it, heads.py)
 
-    def fresh(self, length: str | None = None) -> Request:
-        """A new request with this one's head (heads.py: one parsed before), its Content-Length `length` if given."""
-        special = self.special if length is None or self.special is None else {**self.special, "content-length": length}
+    def fresh(self) -> Request:
+        """A new request with this one's head (heads.py: one parsed before)."""
         return Request(self.method, self.target, self.version, self.headers, b"", self.keep_alive, 0, self.block,
-                       special)
+                       self.special)
 
     def header(self, name: str) -> str | None:
+        """The first value of header `name`. None for the framing ones (Content-Length, Transfer-Encoding): the
+        parser reads them, and requests of one head but different lengths share what is kept of it (heads.py)."""
         name = name.lower()
+        if name in FRAMING:
+            return None
         if self.special is not None and name in SPECIAL:
             return self.special.get(name)
         for key, value in self.headers:
@@ -92,7 +97,7 @@ class Request:
         return self.target.split("?", 1)[0]
 
 
-@dataclass
+@dataclass(slots=True)
 class Response:
     status: int
     reason: str
@@ -152,7 +157,7 @@ def parse_request_head(head: bytes, body_limit: int) -> tuple[Request, bool, int
     method, target, version, block = match.groups()
     request = Request(method, target, version, _fields(block))
     seen = _specials(request.headers)
-    request.special = {name: values[0] for name, values in seen.items()}
+    request.special = {name: values[0] for name, values in seen.items() if name not in FRAMING}
     named = _named(seen)
     request.block = block if named <= PLAIN_CONNECTION else None
     request.keep_alive = "close" not in named if version == "HTTP/1.1" else "keep-alive" in named
@@ -266,6 +271,12 @@ class ChunkEnd:
         self.last = False  # the 0-size chunk was seen: trailers until an empty line
 
     def feed(self, data: bytes) -> int | None:
+        if not (self.left or self.partial or self.last):  # what a streaming engine sends most: one whole chunk
+            size = CHUNK_LINE_RE.match(data)  # its size line (no LF in it, so it ends at the first LF, as below)
+            if size is not None:
+                end = size.end() + int(size[1], 16)
+                if end > size.end() and len(data) == end + 2 and data.endswith(b"\r\n"):
+                    return None
         i, n = 0, len(data)
         while i < n:
             if self.left:
@@ -315,6 +326,11 @@ def simple_response(status: int, body: bytes, content_type: str = "application/j
     if not keep_alive:
         headers.append(("Connection", "close"))
     return head_bytes(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", headers) + body
+
+
+# A protocol class of the gateway's derives from asyncio.Protocol and asyncio.BufferedProtocol both: asyncio's loop
+# takes any BufferedProtocol as one (get_buffer, buffer_updated), and uvloop takes a class with get_buffer as one only
+# when it is not an asyncio.Protocol (uvloop/handles/stream.pyx, _set_protocol), so it calls data_received.
 
 
 class _ReadBuffer(threading.local):

@@ -27,7 +27,6 @@ from metralectl.gateway.metrics import UNKNOWN, Metrics
 from metralectl.gateway.pool import SPARES, Pool
 from metralectl.gateway.loader import Loader
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
-from metralectl.gateway.upstream import Start
 
 # The engines' own token counters and llama-server's chat template: bench sizes its prompts with them (a prompt
 # sized by guess through the gateway was 220 tokens where 127 were asked, and the comparison with direct was off).
@@ -133,15 +132,16 @@ class Gateway:
         it was read: a Routed, a Refused), and nothing is done twice."""
         if self.timing is not None:
             request.received = client.read_at  # its parse is the gateway's time too
-        path = request.path
+        path = request.target.split("?", 1)[0]  # request.path, without a call: each is cache lines on a cold core
         if request.method != "POST" or path not in ROUTED or client.gone:
             return request
         try:
-            routed = dispatch.routed(request, path, self._authorize(request), self.table)
+            keyed = self.require_key or (self.keys is not None and self.keys.ring)  # _authorize()'s first test
+            routed = dispatch.routed(request, path, self._authorize(request) if keyed else None, self.table)
         except Answered as answer:
             return Refused(request, path, answer)
         table = self.table
-        route = table.find(routed.model)
+        route = table.by_name.get(routed.model)  # table.find()
         if route is None or routed.model in table.starting or (self.loader is not None and
                                                               self.loader.holds(route.recipe)):
             return routed  # its engine is starting, swapping or loading: its queue, in the task
@@ -150,7 +150,8 @@ class Gateway:
             return routed
         if self.loader is not None:
             self.loader.begin(route.recipe)  # in flight: never evicted mid-request (ended by _relay)
-        return self._send(Flight(routed, route, conn, True), client)
+        return self._send(Flight(routed, route, conn, True, client, self.metrics.requests,
+                                 [] if self.timing is not None else None))
 
     def _authorize(self, request: http1.Request) -> ApiKey | None:
         if not self.require_key and (self.keys is None or not self.keys.ring):
@@ -275,21 +276,13 @@ class Gateway:
         raise Answered(502, f"the engine serving `{routed.model}` does not answer", "server_error",
                        "upstream_unreachable", "upstream")
 
-    def _send(self, flight: Flight, client: ClientConnection) -> Flight:
+    def _send(self, flight: Flight) -> Flight:
         """flight's request written to its engine connection; its answer starts to the client from the callback that
         reads its head (upstream.py)."""
-        routed, model, path = flight.routed, flight.routed.model, flight.routed.path
-        marks: list[int] | None = [] if self.timing is not None else None
-
-        def answered(response: http1.Response) -> None:  # in the callback that wrote its end (upstream.py says why)
-            if marks is not None:
-                timing.keep(routed.request.received, flight.sent, marks)
-            self.metrics.requests.labels(model, path, str(response.status)).inc()
-
-        payload = routed.payload(flight.route)
-        flight.start = Start(client, marks, answered)
-        flight.conn.send(routed.head(flight.route, len(payload)) + payload, flight.start)
-        if marks is not None:
+        routed, route = flight.routed, flight.route
+        payload = routed.request.body if not route.models or routed.model == route.models[0] else routed.payload(route)
+        flight.conn.send(routed.head(route, len(payload)) + payload, flight)
+        if flight.marks is not None:
             flight.sent = timing.now()
         return flight
 
@@ -302,7 +295,8 @@ class Gateway:
                     conn, pooled = await self.pool.take((route.host, route.port))
                 except (OSError, asyncio.TimeoutError):
                     raise NotSent() from None
-                flight = self._send(Flight(routed, route, conn, pooled), client)
+                flight = self._send(Flight(routed, route, conn, pooled, client, self.metrics.requests,
+                                           [] if self.timing is not None else None))
             conn = flight.conn
             try:
                 response = await conn.head()
@@ -320,12 +314,11 @@ class Gateway:
             except BaseException:
                 conn.close()
                 raise
-        assert flight.start is not None
         gauge = self.metrics.in_flight.labels(model)
         gauge.inc()
         reusable = False
         try:
-            reusable = await conn.relay(response, flight.start)
+            reusable = await conn.relay(response, flight)
             return True
         except ConnectionError:
             self.metrics.errors.labels(model, "upstream").inc()

@@ -7,10 +7,17 @@ request's first token waited behind all their task steps (on the lent H200, +0.3
 median at 16 and 64 streams, with the gateway's own time at 0.1 ms). Here a piece costs a write and a framing
 check, and the relay's task only wakes for the answer's head, for back-pressure and for the answer's end.
 
-Reads go into a buffer of the thread's (a BufferedProtocol, http1.read_buffer(): one for every connection, as each
-read is copied out at once): asyncio's plain Protocol reads each time into a new 256 KiB bytes, and an allocation
+Both protocol kinds at once, so each event loop takes its cheaper read (http1.py, above its read buffer, says how). On asyncio's own
+loop, reads go into a buffer of the thread's (a BufferedProtocol, http1.read_buffer(): one for every connection, as
+each read is copied out at once): its plain Protocol reads each time into a new 256 KiB bytes, and an allocation
 that size is an mmap and munmap in glibc: ~25 us per read on the 2-core box, half the gateway's CPU per relayed
-event.
+event. uvloop reads into a buffer of its own and calls data_received with the bytes: one Python call per read, where
+its buffered path makes two (get_buffer, buffer_updated) and a memoryview.
+
+Per request, what runs before the request is written to the engine and between a piece's read and its write to the
+client is kept to few Python calls (no future made for the answer's head unless the task waits for it, a request
+that is its own Start): at one stream each runs on a core that the time between requests left cold, where a call
+costs several microseconds (heads.py says why).
 
 The head is gathered here (at most HEAD_LIMIT) and parsed by http1; the body's framing (Content-Length, chunked
 or until close) only decides where the answer ends and whether the connection may serve another request.
@@ -24,8 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from metralectl.gateway import heads, http1
@@ -41,16 +46,21 @@ class Client(Protocol):
     async def drain(self) -> None: ...
 
 
-@dataclass
 class Start:
-    """Where an answer goes: it starts there in the callback that read its head (given to send())."""
+    """Where an answer goes: it starts there in the callback that read its head (given to send()). marks: each
+    piece's time from its read to its write to the client, in ns. A subclass counts the answer in answered()
+    (dispatch.Flight: the request is its own Start, so sending one makes no second object)."""
 
-    client: Client
-    marks: list[int] | None = None  # each piece's time from its read to its write to the client, in ns
-    answered: Callable[[http1.Response], None] | None = None  # once the answer's last byte is handed to the client
+    __slots__ = ("client", "marks")
+
+    def __init__(self, client: Client, marks: list[int] | None = None) -> None:
+        self.client, self.marks = client, marks
+
+    def answered(self, response: http1.Response) -> None:
+        """Its answer's last byte was handed to the client (in the callback that wrote it)."""
 
 
-class Upstream(asyncio.BufferedProtocol):
+class Upstream(asyncio.Protocol, asyncio.BufferedProtocol):
     """An engine connection: idle in the pool, then one request's head awaited, then its body relayed."""
 
     def __init__(self) -> None:
@@ -58,7 +68,9 @@ class Upstream(asyncio.BufferedProtocol):
         self.closed = False  # EOF, an error, or closed by us: never taken again
         self._lost: Exception | None = None  # the error it closed with, if any (an until-close answer is cut by one)
         self._buffer = bytearray()  # the head so far, and what came after it until the relay starts
-        self._head: asyncio.Future[http1.Response] | None = None
+        self._asked = False  # a request was sent and its answer is not over: bytes are expected
+        self._head: http1.Response | BaseException | None = None  # its answer's head, or why there is none, once known
+        self._waiter: asyncio.Future[None] | None = None  # head()'s, made only when it waits (none on the send's path)
         self._relay: _Relay | None = None
         self._destination: Start | None = None
         self._started: bool | None = None  # the answer went to its client from the head's callback (keep-alive, done)
@@ -80,9 +92,9 @@ class Upstream(asyncio.BufferedProtocol):
             self._relay.feed(data)
             return
         self._buffer += data
-        if self._head is None:  # bytes on an idle connection: nothing asked for them, so it serves nobody
+        if not self._asked:  # bytes on an idle connection: nothing asked for them, so it serves nobody
             self.close()
-        elif not self._head.done():
+        elif self._head is None:
             self._parse_head()
 
     def eof_received(self) -> bool:
@@ -98,7 +110,7 @@ class Upstream(asyncio.BufferedProtocol):
         starts there in the callback that parsed its head, else when relay() is called."""
         assert self.transport is not None
         self._buffer.clear()
-        self._head = asyncio.get_running_loop().create_future()
+        self._asked, self._head = True, None
         self._destination, self._started = start, None
         self.transport.write(data)
 
@@ -106,8 +118,18 @@ class Upstream(asyncio.BufferedProtocol):
         """The answer's head: http1.Closed when the engine closed before a byte of it (a kept-alive connection it
         had dropped), ConnectionResetError when it closed in the middle, http1.BadRequest(502) for a head that
         is not HTTP/1.x."""
-        assert self._head is not None
-        return await self._head
+        assert self._asked
+        if self._head is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        head = self._head
+        if isinstance(head, BaseException):
+            raise head
+        assert head is not None
+        return head
 
     async def relay(self, response: http1.Response, start: Start) -> bool:
         """The body to the client as it arrives (re-framed as chunks when the engine's runs until it closes), its
@@ -127,7 +149,8 @@ class Upstream(asyncio.BufferedProtocol):
                 await start.client.drain()  # the client is slow: the engine's side waits (the kernel's buffers fill)
                 relay.resume()
         finally:
-            self._relay, self._head, self._destination = None, None, None  # idle again: any byte now closes it
+            self._relay, self._head, self._destination = None, None, None
+            self._asked = False  # idle again: any byte now closes it
             if relay is not None:
                 relay.stop()
 
@@ -138,11 +161,10 @@ class Upstream(asyncio.BufferedProtocol):
 
     # inside
     def _parse_head(self) -> None:
-        assert self._head is not None
         end = self._buffer.find(b"\r\n\r\n")
         if end < 0:
             if len(self._buffer) > http1.HEAD_LIMIT:
-                _fail_seen(self._head, http1.BadRequest(502, f"the engine's answer head is over {http1.HEAD_LIMIT // 1024} KiB"))
+                self._known(http1.BadRequest(502, f"the engine's answer head is over {http1.HEAD_LIMIT // 1024} KiB"))
                 self.close()
             return
         head = bytes(self._buffer[:end + 2])
@@ -150,20 +172,19 @@ class Upstream(asyncio.BufferedProtocol):
         try:
             response = heads.response_head(head)
         except http1.BadRequest as bad:
-            _fail_seen(self._head, bad)
+            self._known(bad)
             self.close()
             return
         if self._destination is not None:  # first: the task's wake-up, below, is not on the way to the client
             self._start(response, self._destination)
-        self._head.set_result(response)
+        self._known(response)
 
     def _start(self, response: http1.Response, start: Start) -> None:
         """The answer to its client: its head, with what came after it, in one write."""
         if response.status in (204, 304) or response.length == 0:
             start.client.transport.write(http1.answer_head(response))
             self._started = response.keep_alive and not self._buffer and not self.closed
-            if start.answered is not None:
-                start.answered(response)
+            start.answered(response)
             return
         self._started = False
         relay = _Relay(self, response, start)
@@ -180,9 +201,15 @@ class Upstream(asyncio.BufferedProtocol):
         self._lost = self._lost or exc
         if self._relay is not None:
             self._relay.source_ended(exc)
-        elif self._head is not None and not self._head.done():
-            _fail_seen(self._head, ConnectionResetError("the engine closed in the middle of its answer's head")
-                  if self._buffer.strip() else http1.Closed())
+        elif self._asked and self._head is None:
+            self._known(ConnectionResetError("the engine closed in the middle of its answer's head")
+                        if self._buffer.strip() else http1.Closed())
+
+    def _known(self, head: http1.Response | BaseException) -> None:
+        """The answer's head, or why there is none: head() returns or raises it (it wakes if it waits)."""
+        self._head = head
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
 
 class _Relay:
@@ -277,8 +304,7 @@ class _Relay:
     def _finish(self, reusable: bool) -> None:
         if not self.ended.done():
             self._mark()
-            if self.answered is not None:
-                self.answered(self.response)
+            self.answered(self.response)
             self.ended.set_result(reusable)
 
     def _fail(self, exc: Exception) -> None:

@@ -30,6 +30,30 @@ def test_the_end_of_a_chunked_body_is_found_however_it_is_cut(bodies: list[bytes
     raise AssertionError("the end was never found")
 
 
+@given(st.lists(st.binary(min_size=1, max_size=300), max_size=6), st.sampled_from([b"", b"X-Trailer: 1\r\n"]),
+       st.sampled_from([b"", b";ext=1", b" ;a=b"]), st.sampled_from([b"", b"XY", b"\r", b"\n\r\n", b"\r\n\r\n"]))
+def test_a_body_sent_one_whole_chunk_per_piece_ends_where_its_last_chunk_does(bodies: list[bytes], trailers: bytes,
+                                                                               extension: bytes, tail: bytes) -> None:
+    """What a streaming engine sends most, one whole chunk per read, takes feed()'s shortcut: it finds the same end
+    as the line-by-line reading, and a piece that only looks whole (data not ended by CRLF, more after it) is read
+    line by line, as before."""
+    pieces = [b"%x%s\r\n%s\r\n" % (len(b), extension, b) for b in bodies] + [b"0\r\n" + trailers + b"\r\n"]
+    end = ChunkEnd()
+    for piece in pieces[:-1]:
+        assert end.feed(piece) is None
+    assert end.feed(pieces[-1]) == len(pieces[-1])
+    if bodies:  # a piece whose data is not followed by exactly its CRLF
+        torn = b"%x\r\n%s%s" % (len(bodies[0]), bodies[0], tail)
+        if tail != b"\r\n\r\n":
+            with pytest.raises(ConnectionResetError):
+                cut = ChunkEnd()
+                cut.feed(torn)
+                cut.feed(b"0\r\n\r\n")
+        else:  # its CRLF, then the first line of the next size: a blank line is no chunk size
+            with pytest.raises(ConnectionResetError):
+                ChunkEnd().feed(torn)
+
+
 def test_malformed_framing_is_refused() -> None:
     with pytest.raises(ConnectionResetError):
         ChunkEnd().feed(b"zz\r\ndata\r\n")

@@ -362,7 +362,11 @@ def test_an_answer_is_counted_when_its_last_byte_is_written_even_if_its_client_l
         conn.send(b"POST / HTTP/1.1\r\n\r\n")
         conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234")
         response = await conn.head()
-        start = upstream.Start(_Client(), [], lambda _: counted.append(1))  # type: ignore[arg-type]
+        class Counted(upstream.Start):
+            def answered(self, response: Any) -> None:
+                counted.append(1)
+
+        start = Counted(_Client(), [])  # type: ignore[arg-type]
         relaying: Any = asyncio.ensure_future(conn.relay(response, start))
         await asyncio.sleep(0)
         conn.data_received(b"56789")  # the answer's end, written to the client in this callback
