@@ -115,6 +115,28 @@ class RequestParser:
         request.body, self._request, self._chunks = body, None, None
         return request
 
+    def take(self, data: bytes) -> Request | None:
+        """next(), after `data` is added to the buffer. A request that comes whole in one read, with nothing before
+        it (what a client sends most), is cut from `data` as it is: not copied into the buffer and out again."""
+        if self.buffer or self._request is not None:
+            self.buffer += data
+            return self.next()
+        end = data.find(b"\r\n\r\n", 0, HEAD_LIMIT + 4)
+        if end < 0:  # its head is still coming (or too long: next() says 431)
+            self.buffer += data
+            return self.next()
+        request, chunked, length = heads.request_head(data[:end + 2], self.body_limit)
+        start = end + 4
+        if chunked or len(data) - start < length:  # its body comes as it comes: next() reads it from the buffer
+            self._request, self._length = request, length
+            self._chunks = ChunkedBody(self.body_limit) if chunked else None
+            self.buffer += memoryview(data)[start:]
+            return self.next()
+        request.body = data[start:start + length]
+        if len(data) > start + length:  # the next request (pipelined) has begun: it waits in the buffer
+            self.buffer += memoryview(data)[start + length:]
+        return request
+
     def ended(self) -> Exception:
         """What the client's end of sending means here: Closed when no request had begun (an idle keep-alive
         ending) or its body was cut (nobody to answer); a 400 for a head cut short."""
@@ -157,11 +179,12 @@ class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
         self.data_received(bytes(http1.read_buffer()[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
-        self.parser.buffer += data
         self.read_at = time.perf_counter_ns()  # timing.now(): a request's `received` when the gateway keeps its time
         if not self._busy:
-            self._advance()
-        elif len(self.parser.buffer) > PAUSE_AT and not self._reading_paused:
+            self._advance(data)
+            return
+        self.parser.buffer += data
+        if len(self.parser.buffer) > PAUSE_AT and not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
 
@@ -230,11 +253,11 @@ class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
         self.transport.close()
 
     # inside
-    def _advance(self) -> None:
-        """A whole request in the buffer to the task (through `arrived`), at most one at a time."""
+    def _advance(self, data: bytes = b"") -> None:
+        """A whole request (in the buffer, with `data` just read) to the task (through `arrived`), one at a time."""
         got: object
         try:
-            request = self.parser.next()
+            request = self.parser.take(data) if data else self.parser.next()
             if request is None:
                 return
             self._busy = True

@@ -30,11 +30,14 @@ def _chunked(body: bytes, cuts: list[int], trailers: bytes) -> bytes:
 
 
 def _requests(pieces: list[bytes], limit: int = LIMIT) -> list[Request]:
+    """As a client's connection reads them: each read through take() (a request whole in it is cut from it as it
+    is), then what else is whole in the buffer through next()."""
     parser, got = RequestParser(limit), []
     for piece in pieces:
-        parser.buffer += piece
-        while (request := parser.next()) is not None:
+        request = parser.take(piece)
+        while request is not None:
             got.append(request)
+            request = parser.next()
     return got
 
 
