@@ -47,16 +47,28 @@ async def _in_process(spec: LoadSpec, url: str, path: str, plan: Callable[[int],
     task = asyncio.current_task()
     installed = False
     previous = signal.getsignal(signal.SIGTERM)  # the command's own (bench run: SIGTERM as Ctrl-C)
+    stopped: list[bool] = []  # the run was told to stop (SIGTERM, or the dashboard's token), not cancelled otherwise
+
+    def stop() -> None:
+        stopped.append(True)
+        if task is not None:
+            task.cancel()
+
     if task is not None:
         try:
-            loop.add_signal_handler(signal.SIGTERM, task.cancel)  # SIGTERM ends the run like Ctrl-C does
+            loop.add_signal_handler(signal.SIGTERM, stop)  # SIGTERM ends the run like Ctrl-C does
             installed = True
         except (ValueError, RuntimeError, NotImplementedError):
             pass  # not the main thread
     token = cancel.current()
-    watcher = asyncio.ensure_future(_cancel_on(token, task)) if token is not None and task is not None else None
+    watcher = asyncio.ensure_future(_cancel_on(token, stop)) if token is not None and task is not None else None
     try:
         return await run_worker(spec, url, path, plan, headers=headers, on_progress=on_progress)
+    except asyncio.CancelledError:
+        if stopped:  # before its load began (its connections opening): nothing of this rung was measured, and the
+            # run ends as on Ctrl-C, its record kept as interrupted (runner.py), not a CancelledError's traceback
+            raise KeyboardInterrupt from None
+        raise
     finally:
         if watcher is not None:
             watcher.cancel()
@@ -65,11 +77,11 @@ async def _in_process(spec: LoadSpec, url: str, path: str, plan: Callable[[int],
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-async def _cancel_on(token: cancel.CancelToken, task: asyncio.Task[Any], tick_s: float = 0.1) -> None:
-    """Cancel the run's task once the token is cancelled: its requests end as on SIGTERM (kept, marked)."""
+async def _cancel_on(token: cancel.CancelToken, stop: Callable[[], None], tick_s: float = 0.1) -> None:
+    """Stop the run once the token is cancelled: its requests end as on SIGTERM (kept, marked)."""
     while not token.cancelled:
         await asyncio.sleep(tick_s)
-    task.cancel()
+    stop()
 
 
 def _share(total: int, n: int, k: int) -> int:

@@ -246,14 +246,14 @@ class RawTransport:
             try:
                 sock.setblocking(False)
                 await loop.sock_connect(sock, addr)
-            except OSError:
+            except BaseException:  # refused, or the run stopped (cancelled) while it connected: nothing kept open
                 sock.close()
                 self._open -= 1
                 raise
             return _KConn(sock, loop, self._clock)
         try:
             _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=self.ssl)
-        except OSError:
+        except BaseException:
             self._open -= 1
             raise
         return conn

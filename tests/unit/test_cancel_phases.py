@@ -294,3 +294,27 @@ def test_a_cancel_ends_an_in_process_load_as_sigterm_does() -> None:
                            RequestFactory(model="m", max_tokens=2000, text="hello"))
     assert time.monotonic() - started < PROMPT_S + 2  # not the 60 s window
     assert out.cancelled and out.results and all(r.error and r.error.startswith("interrupted") for r in out.results)
+
+
+def test_a_stop_while_a_loads_connections_open_ends_it_as_ctrl_c_does() -> None:
+    """SIGTERM (or the dashboard's token) that lands while a rung's connections are still opening, before its load
+    began, ends the run as Ctrl-C does (a KeyboardInterrupt: the runner keeps the record as interrupted, exit 130),
+    not with a CancelledError's traceback and exit 1 (seen in CI: a SIGTERM at the second rung's start)."""
+    import socket
+
+    from metralectl.bench.loadgen import LoadSpec
+    from metralectl.bench.prompts import RequestFactory
+    from metralectl.bench.shard import run_load
+
+    with socket.socket() as server, socket.socket() as filler:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)  # never accepted: one connection fills the queue, and the next ones wait for their SYN's answer
+        filler.connect(server.getsockname())
+        url = "http://127.0.0.1:%d" % server.getsockname()[1]
+        token = CancelToken()
+        threading.Timer(0.5, token.cancel).start()
+        started = time.monotonic()
+        with token.bound(), pytest.raises(KeyboardInterrupt):
+            run_load(LoadSpec(concurrency=4, duration_s=60.0), url, "/v1/chat/completions",
+                     RequestFactory(model="m", max_tokens=10, text="hello"))
+    assert time.monotonic() - started < 30  # ended by the stop, not by the connections' timeout
