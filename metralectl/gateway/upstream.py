@@ -7,11 +7,11 @@ request's first token waited behind all their task steps (on the lent H200, +0.3
 median at 16 and 64 streams, with the gateway's own time at 0.1 ms). Here a piece costs a write and a framing
 check, and the relay's task only wakes for the answer's head, for back-pressure and for the answer's end.
 
-Both protocol kinds at once, so each event loop takes its cheaper read (http1.py, above its read buffer, says how). On asyncio's own
-loop, reads go into a buffer of the thread's (a BufferedProtocol, http1.read_buffer(): one for every connection, as
-each read is copied out at once): its plain Protocol reads each time into a new 256 KiB bytes, and an allocation
-that size is an mmap and munmap in glibc: ~25 us per read on the 2-core box, half the gateway's CPU per relayed
-event. uvloop reads into a buffer of its own and calls data_received with the bytes: one Python call per read, where
+Both protocol kinds at once, so each event loop takes its cheaper read (http1.py, above its read buffer, says how).
+On asyncio's own loop, reads go into a buffer of the thread's (a BufferedProtocol, http1.read_buffer(): one for every
+connection, as each read is copied out at once): its plain Protocol reads each time into a new 256 KiB bytes, and an
+allocation that size is an mmap and munmap in glibc: ~25 us per read on the 2-core box, half the gateway's CPU per
+relayed event. uvloop reads into a buffer of its own and calls data_received with the bytes: one Python call per read, where
 its buffered path makes two (get_buffer, buffer_updated) and a memoryview.
 
 Per request, what runs before the request is written to the engine and between a piece's read and its write to the
