@@ -11,8 +11,8 @@ Both protocol kinds at once, so each event loop takes its cheaper read (http1.py
 On asyncio's own loop, reads go into a buffer of the thread's (a BufferedProtocol, http1.read_buffer(): one for every
 connection, as each read is copied out at once): its plain Protocol reads each time into a new 256 KiB bytes, and an
 allocation that size is an mmap and munmap in glibc: ~25 us per read on the 2-core box, half the gateway's CPU per
-relayed event. uvloop reads into a buffer of its own and calls data_received with the bytes: one Python call per read, where
-its buffered path makes two (get_buffer, buffer_updated) and a memoryview.
+relayed event. uvloop reads into a buffer of its own and calls data_received with the bytes: one Python call per
+read, where its buffered path makes two (get_buffer, buffer_updated) and a memoryview.
 
 Per request, what runs before the request is written to the engine and between a piece's read and its write to the
 client is kept to few Python calls (no future made for the answer's head unless the task waits for it, a request
