@@ -60,6 +60,7 @@ class Gateway:
         self.pool = Pool(limits.connect_timeout_s, limits.spares)  # engine connections: kept, and spares ahead
         self._waiting: dict[str, int] = {}
         self._clients: set[asyncio.Task[Any]] = set()  # each client connection's task: cancelled as the gateway stops
+        self._opened: set[ClientConnection] = set()  # connections with no request yet, so no task: closed as it stops
         self.on_table: Any = None  # called with each new Table whose routes differ (the CLI's status line)
         self.monitor: str | None = None  # the credential that reads /metrics with keys in force (state.record)
         self.timing = timing.target()  # the gateway's own time per request, kept only when asked (timing.py)
@@ -332,7 +333,7 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
     """Serve on a bound, listening socket until cancelled."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: ClientConnection(gateway.handle, gateway.arrived, gateway.limits.max_body), sock=sock)
+        lambda: ClientConnection(gateway.handle, gateway.arrived, gateway.limits.max_body, gateway._opened), sock=sock)
     gateway._publish(await asyncio.to_thread(gateway.scanner.scan))
     refresher = asyncio.ensure_future(gateway.refresh_forever())
     loops.settle_heap()  # what starting made, out of the collector's passes (loops.py says why)
@@ -348,6 +349,8 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
         sys.setswitchinterval(switch)
         server.close()
         refresher.cancel()
+        for idle in list(gateway._opened):
+            idle.drop()
         clients = list(gateway._clients)
         for client in clients:
             client.cancel()
