@@ -90,7 +90,7 @@ async def main():
     gateway.timing = None
     address = (route.host, route.port)
     made, sent, first = [], [], []
-    opened = getattr(gateway, "_opened", None)  # the gateway's connections without a task (trees after 3d194e7)
+    opened = getattr(gateway, "connections", None)  # the gateway's client connections (trees after 3d194e7)
     for i in range(REQUESTS):
         engine = Upstream()
         engine.connection_made(Sink())

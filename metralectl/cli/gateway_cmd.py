@@ -57,6 +57,10 @@ def gateway(
     queue_timeout: float = typer.Option(300.0, "--queue-timeout", metavar="SECONDS", min=0.1,
                                         help="A waiting request gets 503 after this long with no progress of its "
                                              "model's start (a stall timer, not a total)."),
+    client_timeout: float = typer.Option(60.0, "--client-timeout", metavar="SECONDS", min=0.1,
+                                         help="Close a client connection idle this long (nothing asked, or kept "
+                                              "alive between requests), or whose request head is not whole this "
+                                              "long after its first byte (408)."),
     budget: float = typer.Option(None, "--budget", metavar="GB", min=0,
                                  help="The box's memory budget in GB that loaded models share (default: box.yaml's "
                                       "`budget:`, else the GPU's memory, else the host's RAM less the OS's share)."),
@@ -119,8 +123,9 @@ def gateway(
 
         pins = [*(pin or []), *box_config().pin]
         loader = Loader(BoxOps(budget), loadable_names(), pins=pins, drain_timeout_s=drain_timeout)
-    gateway_ = Gateway(Scanner(), Limits(max_body=max_body, queue_size=queue_size, queue_stall_s=queue_timeout), keys,
-                       require_key=remote and not allow_remote, loader=loader)
+    limits = Limits(max_body=max_body, queue_size=queue_size, queue_stall_s=queue_timeout,
+                    client_timeout_s=client_timeout)
+    gateway_ = Gateway(Scanner(), limits, keys, require_key=remote and not allow_remote, loader=loader)
     if loader is not None:
         loader.metrics = gateway_.metrics
     gateway_.on_table = show

@@ -137,6 +137,15 @@ class RequestParser:
             self.buffer += memoryview(data)[start + length:]
         return request
 
+    def head_pending(self) -> bool:
+        """Part of a request head is in, not all of it (idle.py times it)."""
+        return self._request is None and bool(self.buffer.strip())
+
+    def abandon(self) -> None:
+        """What was read of a request, dropped (its client timed out): ended() says Closed."""
+        self.buffer.clear()
+        self._request = self._chunks = None
+
     def ended(self) -> Exception:
         """What the client's end of sending means here: Closed when no request had begun (an idle keep-alive
         ending) or its body was cut (nobody to answer); a 400 for a head cut short."""
@@ -150,11 +159,14 @@ class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
     asks for each with next()), each first through `arrived` (what it returns is what next() returns); the writer
     side (write, drain, close) for the task and the relay; `gone` and `on_gone` when the client goes away."""
 
+    swept: tuple[int, float] | None = None  # idle.py's: the read_at a sweep saw, and when it first saw it
+    head_since: float | None = None  # idle.py's: when a sweep first saw a request head in part
+
     def __init__(self, serve: Callable[[ClientConnection], Coroutine[Any, Any, None]],
                  arrived: Callable[[Request, ClientConnection], object], body_limit: int,
-                 opened: set[ClientConnection] | None = None) -> None:
+                 connections: set[ClientConnection] | None = None) -> None:
         self._serve, self._arrived = serve, arrived
-        self._opened = set() if opened is None else opened  # the gateway's connections that have no task yet
+        self._connections = set() if connections is None else connections  # the gateway's: each one open
         self.parser = RequestParser(body_limit)
         self.transport: asyncio.Transport = cast(asyncio.Transport, None)
         self.task: asyncio.Task[None] | None = None
@@ -172,7 +184,7 @@ class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
     # asyncio's side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # TCP_NODELAY: both loops set it (loops.py)
-        self._opened.add(self)  # no task yet: it starts with the first request (_start says why)
+        self._connections.add(self)  # no task yet: it starts with the first request (_start says why)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return http1.read_buffer()  # shared by every connection of this thread: copied out at once, below
@@ -196,6 +208,7 @@ class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self._connections.discard(self)
         self._went()
         for waiter in self._drains:
             if not waiter.done():
@@ -254,10 +267,23 @@ class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
     def close(self) -> None:
         self.transport.close()
 
+    @property
+    def busy(self) -> bool:
+        """A request was handed over and its answer is not done."""
+        return self._busy
+
     def drop(self) -> None:
         """Close a connection no request has come on (the gateway stops): it has no task, and none starts."""
         self.gone = True
-        self._opened.discard(self)
+        self._connections.discard(self)
+        self.transport.close()
+
+    def time_out(self, answer: bytes | None) -> None:
+        """Past the client timeout (idle.py): `answer` written if given, and closed. What was read of a request is
+        dropped, so its task (if one asks) sees the client gone, not a request cut short."""
+        self.parser.abandon()
+        if answer is not None:
+            self.transport.write(answer)
         self.transport.close()
 
     # inside
@@ -287,7 +313,6 @@ class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
         client sends its request as soon as it has connected, and a task started as the connection was made ran its
         first turn between the accept and the request's read, ~50 us on a cold core, all of it in the client's time
         to a first token. Started here, it runs while the engine works."""
-        self._opened.discard(self)
         self.task = asyncio.get_running_loop().create_task(self._serve(self))
 
     def _went(self) -> None:

@@ -315,9 +315,10 @@ def error_body(status: int, message: str, kind: str, code: str | None = None, **
     return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code, **extra}}).encode()
 
 
-REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
-           413: "Content Too Large", 431: "Request Header Fields Too Large", 501: "Not Implemented",
-           502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+           405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required", 413: "Content Too Large",
+           431: "Request Header Fields Too Large", 501: "Not Implemented", 502: "Bad Gateway",
+           503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
 def simple_response(status: int, body: bytes, content_type: str = "application/json", *, keep_alive: bool = True,

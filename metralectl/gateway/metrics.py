@@ -24,6 +24,9 @@ class Metrics:
                               "(unknown-model, queue-full, queue-stalled, upstream (an engine cut its answer, went "
                               "away or does not answer), client-gone, bad-request, unauthorized, forbidden)",
                               ["model", "reason"], registry=r)
+        self.client_timeouts = Counter("metralectl_gateway_client_timeouts", "Client connections closed past the "
+                                       "client timeout, by kind (idle; head: a request head not whole in time, 408)",
+                                       ["kind"], registry=r)
         self.in_flight = Gauge("metralectl_gateway_requests_in_flight", "Requests being relayed now", ["model"],
                                registry=r)
         self.queue_depth = Gauge("metralectl_gateway_queue_depth", "Requests waiting for a model that is starting or "
@@ -56,6 +59,12 @@ class Metrics:
         self.load_seconds = Histogram("metralectl_gateway_load_seconds", "Time a load on demand took (room made, "
                                       "engine started and ready)", ["model"], registry=r,
                                       buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800))
+
+    def count_timeouts(self, idle: int, head: int) -> None:
+        if idle:
+            self.client_timeouts.labels("idle").inc(idle)
+        if head:
+            self.client_timeouts.labels("head").inc(head)
 
     def publish(self, table: Table) -> None:
         """The routing table's state as gauges: how many engines, which recipes are routed and which are starting."""

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from metralectl.gateway import auth, dispatch, http1, loops, timing, waiting
+from metralectl.gateway import auth, dispatch, http1, idle, loops, timing, waiting
 from metralectl.gateway.client import ClientConnection
 from metralectl.gateway.dispatch import Flight, Refused, Routed
 from metralectl.gateway.http1 import Answered, NotSent
@@ -43,6 +43,7 @@ class Limits:
     queue_stall_s: float = 300.0  # a waiting request fails after this long with no progress of its model's start
     connect_timeout_s: float = 5.0
     spares: int = SPARES  # engine connections opened ahead of need, per engine (pool.py)
+    client_timeout_s: float = idle.TIMEOUT_S  # a client connection idle, or a request head not whole, this long
 
 
 class Gateway:
@@ -60,7 +61,7 @@ class Gateway:
         self.pool = Pool(limits.connect_timeout_s, limits.spares)  # engine connections: kept, and spares ahead
         self._waiting: dict[str, int] = {}
         self._clients: set[asyncio.Task[Any]] = set()  # each client connection's task: cancelled as the gateway stops
-        self._opened: set[ClientConnection] = set()  # connections with no request yet, so no task: closed as it stops
+        self.connections: set[ClientConnection] = set()  # each client connection open (idle.py sweeps them)
         self.on_table: Any = None  # called with each new Table whose routes differ (the CLI's status line)
         self.monitor: str | None = None  # the credential that reads /metrics with keys in force (state.record)
         self.timing = timing.target()  # the gateway's own time per request, kept only when asked (timing.py)
@@ -332,10 +333,12 @@ class Gateway:
 async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> None:
     """Serve on a bound, listening socket until cancelled."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: ClientConnection(gateway.handle, gateway.arrived, gateway.limits.max_body, gateway._opened), sock=sock)
+    server = await loop.create_server(lambda: ClientConnection(gateway.handle, gateway.arrived,
+                                                               gateway.limits.max_body, gateway.connections), sock=sock)
     gateway._publish(await asyncio.to_thread(gateway.scanner.scan))
     refresher = asyncio.ensure_future(gateway.refresh_forever())
+    sweeper = asyncio.ensure_future(idle.sweep_forever(gateway.connections, gateway.limits.client_timeout_s,
+                                                       gateway.metrics.count_timeouts))
     loops.settle_heap()  # what starting made, out of the collector's passes (loops.py says why)
     if ready is not None:
         ready(gateway.table)
@@ -349,8 +352,9 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
         sys.setswitchinterval(switch)
         server.close()
         refresher.cancel()
-        for idle in list(gateway._opened):
-            idle.drop()
+        sweeper.cancel()
+        for unasked in [conn for conn in gateway.connections if conn.task is None]:
+            unasked.drop()  # no request came on it, so no task: closed here
         clients = list(gateway._clients)
         for client in clients:
             client.cancel()

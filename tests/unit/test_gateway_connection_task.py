@@ -12,6 +12,10 @@ from metralectl.gateway.http1 import Request
 from tests.unit.test_gateway_pool import Engine, chat, gateway_before
 
 
+def _unasked(gateway: Any) -> list[Any]:
+    return [conn for conn in gateway.connections if conn.task is None]
+
+
 async def _until(test: Any, what: str) -> None:
     for _ in range(200):
         if test():
@@ -43,7 +47,7 @@ def test_a_request_reaches_its_engine_before_its_connections_task_first_runs() -
 
             gateway.handle, gateway.arrived = watched_handle, watched_arrived  # type: ignore[method-assign]
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            await _until(lambda: gateway._opened, "the connection made")
+            await _until(lambda: _unasked(gateway), "the connection made")
             assert order == [] and not gateway._clients  # connected, nothing sent: no task yet
             writer.close()
             await chat(port)
@@ -56,9 +60,9 @@ def test_connections_that_end_without_a_request_leave_no_task_and_a_cut_head_is_
     async def go() -> None:
         async with gateway_before(Engine().handle) as (gateway, port):
             _, writer = await asyncio.open_connection("127.0.0.1", port)
-            await _until(lambda: gateway._opened, "the connection made")
+            await _until(lambda: _unasked(gateway), "the connection made")
             writer.close()  # gone without a word
-            await _until(lambda: not gateway._opened and not gateway._clients, "its end")
+            await _until(lambda: not gateway.connections and not gateway._clients, "its end")
 
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\n")
@@ -66,7 +70,7 @@ def test_connections_that_end_without_a_request_leave_no_task_and_a_cut_head_is_
             answer = await asyncio.wait_for(reader.read(), 10)
             assert answer.startswith(b"HTTP/1.1 400 ") and b"in the middle of a request head" in answer
             writer.close()
-            await _until(lambda: not gateway._opened and not gateway._clients, "its end")
+            await _until(lambda: not gateway.connections and not gateway._clients, "its end")
 
     asyncio.run(go())
 
@@ -75,9 +79,9 @@ def test_a_connection_that_sent_nothing_is_closed_as_the_gateway_stops() -> None
     async def go() -> None:
         async with gateway_before(Engine().handle) as (gateway, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            await _until(lambda: gateway._opened, "the connection made")
+            await _until(lambda: _unasked(gateway), "the connection made")
         assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the gateway's stop
-        assert not gateway._opened and not gateway._clients
+        assert not gateway.connections and not gateway._clients
         writer.close()
 
     asyncio.run(go())

@@ -18,7 +18,7 @@ import pytest
 
 from metralectl.gateway.pool import SPARES
 from metralectl.gateway.routes import Route, Table
-from metralectl.gateway.server import Gateway, serve
+from metralectl.gateway.server import Gateway, Limits, serve
 
 EVENTS = 5
 
@@ -81,11 +81,11 @@ async def chat(port: int) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def gateway_before(handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-                         ) -> AsyncIterator[tuple[Gateway, int]]:
+async def gateway_before(handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+                         limits: Limits = Limits()) -> AsyncIterator[tuple[Gateway, int]]:
     """A gateway serving on loopback in front of an engine that answers with `handle`: (it, its port)."""
     upstream = await asyncio.start_server(handle, "127.0.0.1", 0)
-    gateway = Gateway(Fixed(upstream.sockets[0].getsockname()[1]))  # type: ignore[arg-type]
+    gateway = Gateway(Fixed(upstream.sockets[0].getsockname()[1]), limits)  # type: ignore[arg-type]
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
