@@ -83,24 +83,10 @@ def test_a_head_sent_a_byte_at_a_time_gets_408_however_often_a_byte_comes() -> N
 
 
 def test_an_answer_slower_than_the_timeout_is_never_cut() -> None:
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length"))
-        await reader.readexactly(length)
-        await asyncio.sleep(0.8)  # a first token after more than twice the client timeout
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for i in range(EVENTS):
-            data = b'data: {"choices":[{"delta":{"content":"w%d"}}]}\n\n' % i
-            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-            await writer.drain()
-            await asyncio.sleep(0.2)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        writer.close()
+    slow = Engine(first_after=0.8, gap=0.2)  # a first token after more than twice the client timeout, then slow
 
     async def go() -> None:
-        async with gateway_before(slow, LIMITS) as (gateway, port):
+        async with gateway_before(slow.handle, LIMITS) as (gateway, port):
             await chat(port)  # whole (chat() checks every event and the end)
             assert _timeouts(gateway, "idle") == 0 and _timeouts(gateway, "head") == 0
 

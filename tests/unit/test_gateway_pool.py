@@ -27,10 +27,11 @@ class Engine:
     """Answers each POST with EVENTS SSE events, chunked, then ends the chunked body and closes (llama-server's
     way after a stream). Keeps when each connection was accepted and when its request arrived."""
 
-    def __init__(self, drop_idle_after: float | None = None) -> None:
+    def __init__(self, drop_idle_after: float | None = None, first_after: float = 0.0, gap: float = 0.005) -> None:
         self.accepted: list[float] = []
         self.requested: list[tuple[int, float]] = []  # (connection index, when its request arrived)
         self.drop_idle_after = drop_idle_after
+        self.first_after, self.gap = first_after, gap  # seconds before the answer's head, and between its events
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         index = len(self.accepted)
@@ -43,12 +44,13 @@ class Engine:
         self.requested.append((index, time.monotonic()))
         length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
         await reader.readexactly(length)
+        await asyncio.sleep(self.first_after)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         for i in range(EVENTS):
             data = b'data: {"choices":[{"delta":{"content":"w%d"}}]}\n\n' % i
             writer.write(b"%x\r\n%s\r\n" % (len(data), data))
             await writer.drain()
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(self.gap)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         writer.close()
