@@ -94,6 +94,9 @@ def gateway(
     host, port = parse_listen(listen, allow_remote, bool(keys.ring))
     remote = not ipaddress.ip_address(host).is_loopback
     sock = _bind(host, port)
+    from metralectl.seams.process import raise_fd_limit
+
+    raise_fd_limit()  # a client and an engine connection per stream, and idle clients until --client-timeout
     url = f"http://{'[' + host + ']' if ':' in host else host}:{sock.getsockname()[1]}"
 
     def show(table: Any, event: str = "models", gone: list[str] | None = None) -> None:

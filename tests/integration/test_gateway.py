@@ -165,3 +165,28 @@ def test_a_gateway_killed_leaves_a_record_nobody_shows_and_the_next_removes_it(e
         assert not killed.exists() and [p.name for p in records.glob("*.json")] == [f"{second.proc.pid}.json"]
     finally:
         second.stop()
+
+
+def test_the_gateway_lifts_its_descriptor_limit_and_closes_idle_clients_after_client_timeout(
+        env: dict[str, str]) -> None:
+    """A soft limit of 256 (inherited) is lifted to the hard one, as the agent does; a client that connects and
+    sends nothing is closed after --client-timeout, and the gateway serves on."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+    try:
+        gateway = Gateway(env, "--client-timeout", "0.3")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        limits = Path(f"/proc/{gateway.proc.pid}/limits").read_text()
+        [line] = [line for line in limits.splitlines() if line.startswith("Max open files")]
+        wanted = "unlimited" if hard == resource.RLIM_INFINITY else str(min(hard, 1 << 20))
+        assert line.split()[3] == wanted, line
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as idle:
+            assert idle.recv(1) == b""  # closed by the gateway, nothing said
+        status, _, _ = gateway.request("GET", "/health")
+        assert status == 200
+    finally:
+        gateway.stop()
