@@ -50,6 +50,7 @@ def test_a_request_reaches_its_engine_before_its_connections_task_first_runs() -
             await _until(lambda: _unasked(gateway), "the connection made")
             assert order == [] and not gateway._clients  # connected, nothing sent: no task yet
             writer.close()
+            await _until(lambda: order == ["task"], "the task of the connection that went without a word")
             await chat(port)
 
     asyncio.run(go())
