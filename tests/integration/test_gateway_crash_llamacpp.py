@@ -59,8 +59,10 @@ def _loop(url: str, model: str, stop: threading.Event, results: list[int]) -> No
 
 
 def _stream(url: str, model: str, out: list[str], first: threading.Event) -> None:
-    """A long streamed answer; what its end was: done, cut (the stream stopped short) or the status it got."""
-    body = {"model": model, "prompt": "Once", "max_tokens": 4000, "stream": True, "ignore_eos": True}
+    """A long streamed answer; what its end was: done, cut (the stream stopped short) or the status it got. Nearly the
+    slot's whole context: 4000 tokens of the tiny model took ~1 s on a quiet box, and the test needs the first stream
+    still going after the second is sent and a second has passed (it failed CI once: the second had started)."""
+    body = {"model": model, "prompt": "Once", "max_tokens": 16000, "stream": True, "ignore_eos": True}
     try:
         with httpx.Client(timeout=httpx.Timeout(60, connect=10)) as client, \
                 client.stream("POST", f"{url}/v1/completions", json=body) as got:
