@@ -2,7 +2,8 @@
 """What `metralectl gateway` costs (a script, not a test): a REAL llama-server direct and through the gateway (and
 LiteLLM's proxy), in one run, at each concurrency.
 
-    PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--design paired|sequential] [--concurrencies 1,16,64]
+    PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--design paired|sequential] [--connections fresh|keep-alive]
+        [--concurrencies 1,16,64]
         [--rounds 3] [--duration 10] [--warmup 2] [--budget SECONDS] [--isl 128] [--osl 64] [--preset tiny|1b] [--llama-server PATH] [--python PY] [--json FILE]
         [--ngl 0|all --hardware cpu|hopper --gpus none|all] [--litellm PATH-TO-litellm]
         [--gateway-loops auto[,asyncio]] [--floor] [--baseline-python PY]
@@ -12,7 +13,8 @@ tests/real_llamacpp/build_tiny_gguf.py, no Docker), serves it with `metralectl r
 llama-server, found as the tests find it), starts `metralectl gateway` (with METRALECTL_GATEWAY_TIMING: it keeps its own time per
 request, metralectl/gateway/timing.py), then measures in one of two designs. `--design paired` (the default; benchmarks/gateway_paired.py says how): one
 client pool sends the same prompts over every path at the same moments, so the engine's noise cancels, and reports
-bootstrap intervals and the gateway's own time from inside it. `--design sequential` (the first H200 figures,
+bootstrap intervals and the gateway's own time from inside it; `--connections keep-alive` sends them over metralectl
+bench's kept-alive transport instead of a connection per request. `--design sequential` (the first H200 figures,
 benchmarks/results/h200_gateway_overhead.json): for each round and concurrency it runs
 `metralectl bench run concurrency-sweep` once at the engine's own URL and once at the gateway's (which goes first
 alternates by round, so drift over the run falls on both alike). Per concurrency it reports the medians over the
@@ -165,6 +167,8 @@ def litellm(ns: argparse.Namespace, home: Path, port: int, engine_port: int) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--design", choices=("paired", "sequential"), default="paired")
+    ap.add_argument("--connections", choices=("fresh", "keep-alive"), default="fresh",
+                    help="paired: a connection per request on every path, or metralectl bench's kept-alive transport")
     ap.add_argument("--concurrencies", default="1,16,64")
     ap.add_argument("--budget", type=float, default=0, help="paired: run no phase that would end past this many "
                     "seconds from this script's start (what ran is reported); 0: no limit")
@@ -296,7 +300,7 @@ def paired_report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concu
                                       indent=1))
         ns.json.with_suffix(".md").write_text(gateway_paired.markdown(
             summary, " ".join([Path(sys.executable).name, *sys.argv]),
-            f"Design: paired-concurrent (benchmarks/gateway_paired.py). Added = via - direct, ms, 95 % bootstrap "
+            f"Design: paired-concurrent (benchmarks/gateway_paired.py), connections {getattr(ns, 'connections', 'fresh')}. Added = via - direct, ms, 95 % bootstrap "
             f"intervals over the groups; targets +{TARGETS['ttft_p50_ms']} ms p50, +{TARGETS['ttft_p99_ms']} ms p99, "
             f"tok/s within {TARGETS['tok_s_ratio']:.0%}; held / missed / open: the interval within, beyond, across."))
     return 1 if errors or not summary else 0

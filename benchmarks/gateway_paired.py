@@ -7,9 +7,17 @@ goes first. So at any moment about c/P requests of each path are in flight, each
 within a few milliseconds, with the same seed, temperature 0 and a fixed output length (`ignore_eos`). Prompts:
 PROMPTS seeded random texts cut to `isl` - 16 tokens by the engine's own /tokenize and /detokenize (its chat
 template adds the rest), each group's prefixed with its own seed, so no two groups share a prefix the engine could
-serve from its cache (and `cache_prompt` is off where llama-server reads it). Each request is a fresh connection (`Connection: close`), the same way on every path.
-A request's TTFT runs from just before its connect to the first SSE event with output text; its output rate is
-its content events over its time. Only groups started after the warm-up and answered over every path are counted.
+serve from its cache (and `cache_prompt` is off where llama-server reads it). Connections (`ns.connections`), the
+same way on every path: `fresh` (the default), a connection per request (`Connection: close`); `keep-alive`, what
+`metralectl bench` and the OpenAI SDKs do: metralectl's own bench transport (metralectl/bench/transport.py: HTTP/1.1
+kept alive, an idle connection checked before reuse, a request its server closed the connection under sent once more
+on a fresh one; reads stamped by the kernel), one per path and phase with a connection per worker. There each request
+says whether it went out on a connection opened for it (`fresh`): llama-server closes about a third of its streamed
+connections after their answer, where a gateway keeps its client's, so the summary also gives the added TTFT over the
+groups whose every request went on a kept connection (`kept_only`): the gateway against the engine, both kept alive.
+A request's TTFT runs from just before its connect (or its taking of a kept connection) to the first SSE event with
+output text; its output rate is its content events over its time. Only groups started after the warm-up and
+answered over every path are counted.
 
 Per concurrency (rounds pooled), against direct: the added TTFT p50 and p99 (difference of the percentiles), the
 median of the paired differences, the ratio of output rates (sum of tokens over sum of request time), each with a
@@ -23,6 +31,7 @@ A target is "held" when the interval's bound is within it, "missed" when the int
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import random
 import statistics
@@ -111,9 +120,49 @@ async def one(url: str, body: bytes) -> dict[str, Any]:
     return {"ttft_ms": (first - began) * 1e3, "e2e_ms": (end - began) * 1e3, "tokens": tokens}
 
 
+OPENED: contextvars.ContextVar[list[int]] = contextvars.ContextVar("opened")  # connections opened for this request
+
+
+def kept_alive(url: str, pool: int) -> Any:
+    """metralectl bench's own transport to `url`, which notes each connection it opens in OPENED."""
+    from metralectl.bench.transport import RawTransport
+
+    class Noted(RawTransport):
+        async def _connect(self) -> Any:
+            conn = await super()._connect()
+            OPENED.get([]).append(1)
+            return conn
+
+    return Noted(url, "/v1/chat/completions", pool, {"Authorization": "Bearer none"})
+
+
+async def one_kept(transport: Any, body: bytes) -> dict[str, Any]:
+    """one() over a kept-alive transport (kept_alive()): its TTFT from before the request takes a connection."""
+    from metralectl.bench.sse import parse_stream
+
+    opened: list[int] = []
+    OPENED.set(opened)  # this worker's context: stream() connects in it
+    began = time.perf_counter_ns()
+    raw = await transport.stream(body, REQUEST_TIMEOUT_S)
+    if raw.status is None or raw.error:
+        return {"error": raw.error or f"no answer (the connection {raw.end or 'ended'})"}
+    if raw.status != 200:
+        return {"error": f"HTTP {raw.status} " + (raw.pieces[0][1][:300].decode("latin-1") if raw.pieces else "")}
+    parsed = parse_stream(raw.pieces)
+    content = [event.t for event in parsed.events if event.kind == "c"]
+    if not content or not parsed.done:
+        return {"error": f"no output text (done={parsed.done})"}
+    return {"ttft_ms": (content[0] - began) / 1e6, "e2e_ms": ((raw.t_done or content[-1]) - began) / 1e6,
+            "tokens": len(content), "fresh": bool(opened), "retried": raw.retried}
+
+
 async def phase(urls: dict[str, str], c: int, ns: Any, seed_base: int) -> dict[str, Any]:
     """One round at concurrency c: every path under the same load at the same time."""
     paths = list(urls)
+    kept = {p: kept_alive(url, c) for p, url in urls.items()} if getattr(ns, "connections", "fresh") == "keep-alive" \
+        else None
+    if kept is not None:
+        await asyncio.gather(*(transport.open(c) for transport in kept.values()))
     groups: dict[int, dict[str, Any]] = {}
     counter = 0
     started = time.monotonic()
@@ -132,8 +181,9 @@ async def phase(urls: dict[str, str], c: int, ns: Any, seed_base: int) -> dict[s
                                "ignore_eos": True, "cache_prompt": False}).encode()
             at = time.monotonic()
             try:  # a hung request must not hang the run (the device call has a hard limit)
-                got = await asyncio.wait_for(one(urls[path], body), REQUEST_TIMEOUT_S)
-            except asyncio.TimeoutError:
+                got = await asyncio.wait_for(one(urls[path], body) if kept is None else one_kept(kept[path], body),
+                                             REQUEST_TIMEOUT_S + (0 if kept is None else 5))
+            except asyncio.TimeoutError:  # (the kept transport times its exchange itself: this is a backstop)
                 got = {"error": f"no answer in {REQUEST_TIMEOUT_S} s"}
             group = groups.setdefault(g, {"at": at, "seed": seed,
                                           "order": [paths[(j + g) % len(paths)] for j in range(len(paths))]})
@@ -141,7 +191,11 @@ async def phase(urls: dict[str, str], c: int, ns: Any, seed_base: int) -> dict[s
             group[path] = got
 
     window = time.monotonic_ns()
-    await asyncio.gather(*(worker() for _ in range(c)))
+    try:
+        await asyncio.gather(*(worker() for _ in range(c)))
+    finally:
+        for transport in (kept or {}).values():
+            await transport.close()
     counted = [g for g in groups.values() if g["at"] >= measure_from and all(p in g for p in paths)]
     errors = [f"{p}: {g[p]['error']}" for g in groups.values() for p in paths if "error" in g.get(p, {})]
     ok = [g for g in counted if not any("error" in g[p] for p in paths)]
@@ -209,6 +263,12 @@ def summarize(c: int, via: str, groups: list[dict[str, Any]], own: list[dict[str
                      "tok_s": verdict(ratio, 1 - targets["tok_s_ratio"], 1 + targets["tok_s_ratio"])}}
     if balanced is not None:
         row["verdicts"]["paired_p50"] = verdict(balanced, -1e9, targets["ttft_p50_ms"])
+    if all("fresh" in g[p] for g in groups for p in ("direct", via)):  # kept-alive connections (one_kept)
+        row["fresh_share"] = {p: sum(g[p]["fresh"] for g in groups) / len(groups) for p in ("direct", via)}
+        kept = kept_only(c, via, groups, added)
+        if kept is not None:
+            row["kept_only"] = kept
+            row["verdicts"]["kept_p50"] = verdict(kept["added_ttft_p50_ms"], -1e9, targets["ttft_p50_ms"])
     if via == "gateway" and own:
         mine = [(r["up_ns"] + r["first_ns"]) / 1e6 for r in own]
         pieces = [r["pieces_max_ns"] / 1e6 for r in own]
@@ -221,6 +281,21 @@ def summarize(c: int, via: str, groups: list[dict[str, Any]], own: list[dict[str
         row["verdicts"]["inside_p50"] = "held" if row["inside"]["own_ttft_p50_ms"] <= targets["ttft_p50_ms"] else "missed"
         row["verdicts"]["inside_p99"] = "held" if row["inside"]["own_ttft_p99_ms"] <= targets["ttft_p99_ms"] else "missed"
     return row
+
+
+def kept_only(c: int, via: str, groups: list[dict[str, Any]], added: Any) -> dict[str, Any] | None:
+    """The added TTFT over the groups whose direct and `via` requests both went on a kept connection (None under
+    20 such groups): what the gateway costs a client that keeps its connection, against the engine kept alive too."""
+    import numpy as np
+
+    both = [g for g in groups if not g["direct"]["fresh"] and not g[via]["fresh"]]
+    if len(both) < 20:
+        return None
+    cols = {f"{p}.ttft_ms": np.array([g[p]["ttft_ms"] for g in both], dtype=float) for p in ("direct", via)}
+    return {"groups": len(both), "added_ttft_p50_ms": _ci(cols, added(50), c + 5),
+            "paired_median_added_ms": _ci(cols, lambda x: np.median(x[f"{via}.ttft_ms"] - x["direct.ttft_ms"], axis=-1),
+                                          c + 6),
+            "order_balanced_median_added_ms": order_balanced(both, via, c + 7)}
 
 
 def order_balanced(groups: list[dict[str, Any]], via: str, seed: int) -> tuple[float, float, float] | None:
@@ -298,6 +373,12 @@ def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencie
                     f" | p99 {row['direct_ttft_p99_ms']:.2f}->"
                     f"{row['via_ttft_p99_ms']:.2f} added {fmt(row['added_ttft_p99_ms'])} | tok/s "
                     f"{fmt(row['tok_s_ratio'], 'x')} | {row['verdicts']}")
+            if "kept_only" in row:
+                k, share = row["kept_only"], row["fresh_share"]
+                line += (f"\n      kept alive on both ({k['groups']} groups; on a fresh connection: direct "
+                         f"{share['direct']:.0%}, {via} {share[via]:.0%}): added p50 {fmt(k['added_ttft_p50_ms'])} | "
+                         f"paired median {fmt(k['paired_median_added_ms'])} (order-balanced "
+                         f"{fmt(k['order_balanced_median_added_ms']) if k['order_balanced_median_added_ms'] else '-'})")
             if "inside" in row:
                 i = row["inside"]
                 line += (f"\n      inside the gateway ({i['requests']} requests): own TTFT p50 {i['own_ttft_p50_ms']:.3f}"
@@ -324,5 +405,16 @@ def markdown(rows: list[dict[str, Any]], command: str, note: str) -> str:
                    f"{ci(r['order_balanced_median_added_ms']) if r.get('order_balanced_median_added_ms') else '-'} | "
                    f"{ci(r['added_ttft_p99_ms'])} | {ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] | {own} | "
                    + ", ".join(f"{k} {v}" for k, v in r["verdicts"].items()) + " |")
+    kept = [r for r in rows if "kept_only" in r]
+    if kept:
+        out += ["", "Kept alive on both (groups whose direct and via requests both went on a kept connection):", "",
+                "| c | via | groups | on a fresh connection: direct / via | added p50 [95 %] | paired median added | "
+                "order-balanced paired median |", "|---:|---|---:|---|---|---|---|"]
+        for r in kept:
+            k, share = r["kept_only"], r["fresh_share"]
+            balanced = k["order_balanced_median_added_ms"]
+            out.append(f"| {r['concurrency']} | {r['via']} | {k['groups']} | {share['direct']:.0%} / "
+                       f"{share[r['via']]:.0%} | {ci(k['added_ttft_p50_ms'])} | {ci(k['paired_median_added_ms'])} | "
+                       f"{ci(balanced) if balanced else '-'} |")
     out += ["", "```sh", command, "```", ""]
     return "\n".join(out)

@@ -183,11 +183,13 @@ def test_a_relayed_stream_that_is_not_200_stops_the_relay_bench(status: bytes) -
         asyncio.run(go())
 
 
+@pytest.mark.parametrize("connections", ["fresh", "keep-alive"])
 @pytest.mark.parametrize("status", [b"500 Internal Server Error", b""])
 def test_paired_overhead_with_every_request_failed_prints_no_figure_and_exits_1(
-        status: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        status: bytes, connections: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     paired, overhead = script("gateway_paired"), script("gateway_overhead")
-    ns = argparse.Namespace(warmup=0.0, duration=0.2, alias="overhead", osl=4, prompts=["hi"], json=tmp_path / "r.json")
+    ns = argparse.Namespace(warmup=0.0, duration=0.2, alias="overhead", osl=4, prompts=["hi"], json=tmp_path / "r.json",
+                            connections=connections)
 
     async def go() -> dict[str, Any]:
         server = await _answering(status)
@@ -203,7 +205,8 @@ def test_paired_overhead_with_every_request_failed_prints_no_figure_and_exits_1(
     assert overhead.paired_report([got], [], [1], ["gateway"], ns) == 1
     out, err = capsys.readouterr()
     assert "c=1: no complete group" in out and not re.search(r"p50 \d|added [+-]\d", out), out
-    assert "failed: direct: " in err and ("500" in err if status else "IncompleteReadError" in err), err
+    no_answer = "IncompleteReadError" if connections == "fresh" else "closed"  # the kept transport's words for it
+    assert "failed: direct: " in err and ("500" in err if status else no_answer in err), err
     assert json.loads(ns.json.read_text())["summary"] == []
 
 

@@ -45,17 +45,60 @@ class Stub:
         writer.close()
 
 
-async def measure(delays: dict[str, float], c: int) -> tuple[dict[str, Any], dict[str, Stub]]:
+class KeptStub(Stub):
+    """Keeps each connection for its next request, as llama-server does, and closes every `close_every`-th one
+    right after its answer's last chunk, without `Connection: close` (what llama-server does to about a third)."""
+
+    def __init__(self, path: str, delay: float, close_every: int = 0) -> None:
+        super().__init__(path, delay)
+        self.close_every, self.answered, self.connections = close_every, 0, 0
+        self.handlers: set[asyncio.Task[Any]] = set()  # awaited before the loop ends: each ends at its client's EOF
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.handlers.add(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length"))
+                self.bodies.append(json.loads(await reader.readexactly(length)))
+                ORDER.append((self.path, self.bodies[-1]["seed"]))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+                await asyncio.sleep(self.delay + 0.005)
+                for i in range(4):
+                    data = b'data: {"choices":[{"delta":{"content":"w%d"}}]}\n\n' % i
+                    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                data = b"data: [DONE]\n\n"
+                writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+                await writer.drain()
+                self.answered += 1
+                if self.close_every and self.answered % self.close_every == 0:
+                    return
+        finally:
+            writer.close()
+
+
+async def measure(delays: dict[str, float], c: int, connections: str = "fresh", close_every: int = 0,
+                  duration: float = 1.2) -> tuple[dict[str, Any], dict[str, Stub]]:
     ORDER.clear()
-    stubs = {path: Stub(path, delay) for path, delay in delays.items()}
+    stubs = {path: Stub(path, delay) if connections == "fresh" else
+             KeptStub(path, delay, close_every if path == "direct" else 0) for path, delay in delays.items()}
     servers = {path: await asyncio.start_server(stub.handle, "127.0.0.1", 0) for path, stub in stubs.items()}
     urls = {path: f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}" for path, server in servers.items()}
-    ns = SimpleNamespace(warmup=0.1, duration=1.2, alias="m", osl=4, prompts=["alpha", "beta", "gamma"])
+    ns = SimpleNamespace(warmup=0.1, duration=duration, alias="m", osl=4, prompts=["alpha", "beta", "gamma"],
+                         connections=connections)
     try:
         return await gateway_paired.phase(urls, c, ns, seed_base=1000), stubs
     finally:
         for server in servers.values():
             server.close()
+        handlers = [task for stub in stubs.values() for task in getattr(stub, "handlers", ())]
+        if handlers:  # the phase closed its kept connections: each handler sees EOF and ends
+            await asyncio.wait(handlers, timeout=10)
 
 
 def test_every_prompt_goes_over_both_paths_at_once_with_the_same_body_in_rotated_order() -> None:
@@ -142,3 +185,37 @@ def test_with_four_paths_the_first_places_cost_cancels_too() -> None:
         point, low, high = gateway_paired.order_balanced(groups, via, 3)  # type: ignore[misc]
         assert abs(point - cost[via]) < 0.05 and low <= point <= high, (via, point, low, high)
     assert gateway_paired.order_balanced([g for g in groups if g["order"][0] != "floor"], "gateway", 3) is None
+
+
+def test_kept_alive_every_request_reuses_its_connection_and_the_summary_says_so() -> None:
+    """metralectl bench's kept-alive transport on both paths: one connection per worker and path serves the whole
+    phase (the requests' bodies as before), no request is on a fresh one, and the kept-only figures cover every group."""
+    got, stubs = asyncio.run(measure({"direct": 0.0, "gateway": 0.0}, c=2, connections="keep-alive"))
+    assert not got["errors"] and len(got["groups"]) > 20, got
+    assert stubs["direct"].connections == 2 and stubs["gateway"].connections == 2  # opened ahead, kept throughout
+    assert all(not g[p]["fresh"] and not g[p]["retried"] for g in got["groups"] for p in ("direct", "gateway"))
+    body = stubs["direct"].bodies[-1]
+    assert body["stream"] and body["ignore_eos"] and body["max_tokens"] == 4
+    row = gateway_paired.summarize(2, "gateway", got["groups"], [], TARGETS)
+    assert row["fresh_share"] == {"direct": 0.0, "gateway": 0.0}
+    assert row["kept_only"]["groups"] == len(got["groups"]) and row["verdicts"]["kept_p50"] != "missed", row
+
+
+def test_kept_alive_a_server_that_closes_after_its_answer_costs_fresh_connections_left_out_of_kept_only() -> None:
+    """A direct engine that closes every second connection after its answer (llama-server closes about a third):
+    each request is still answered (checked before reuse, else sent once more on a fresh connection), the requests
+    that went on a fresh connection are said, and the kept-only figures leave their groups out; a path 20 ms slower
+    is found either way."""
+    got, stubs = asyncio.run(measure({"direct": 0.0, "gateway": 0.02}, c=1, connections="keep-alive", close_every=2,
+                                     duration=2.5))
+    groups = got["groups"]
+    assert not got["errors"] and len(groups) > 10, got
+    fresh = [g for g in groups if g["direct"]["fresh"]]
+    assert fresh and len(fresh) < len(groups) and not any(g["gateway"]["fresh"] for g in groups)
+    assert stubs["direct"].connections > 3 and stubs["gateway"].connections == 1
+    row = gateway_paired.summarize(1, "gateway", groups, [], TARGETS)
+    assert row["fresh_share"]["direct"] == len(fresh) / len(groups) and row["fresh_share"]["gateway"] == 0.0
+    assert row["kept_only"]["groups"] == len(groups) - len(fresh), row
+    assert row["verdicts"]["ttft_p50"] == "missed" and row["verdicts"]["kept_p50"] == "missed", row
+    median = row["kept_only"]["paired_median_added_ms"][0]
+    assert 15 < median < 40, row
