@@ -52,6 +52,14 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 TARGETS = {"ttft_p50_ms": 0.3, "ttft_p99_ms": 1.0, "tok_s_ratio": 0.02}
 
 
+def connection_modes(value: str) -> str:
+    """--connections: fresh, keep-alive, or both, comma-separated, each once."""
+    asked = [m.strip() for m in value.split(",")]
+    if not asked or len(set(asked)) != len(asked) or not set(asked) <= {"fresh", "keep-alive"}:
+        raise argparse.ArgumentTypeError(f"{value!r}: fresh, keep-alive, or fresh,keep-alive")
+    return ",".join(asked)
+
+
 def llama_server() -> Path:
     out = subprocess.run(["bash", str(REPO / "scripts" / "build-llama-server.sh"), "--print-cache-dir"],
                          capture_output=True, text=True, timeout=60)
@@ -167,8 +175,9 @@ def litellm(ns: argparse.Namespace, home: Path, port: int, engine_port: int) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--design", choices=("paired", "sequential"), default="paired")
-    ap.add_argument("--connections", choices=("fresh", "keep-alive"), default="fresh",
-                    help="paired: a connection per request on every path, or metralectl bench's kept-alive transport")
+    ap.add_argument("--connections", type=connection_modes, default="fresh",
+                    help="paired: fresh (a connection per request on every path), keep-alive (metralectl bench's "
+                         "kept-alive transport), or both (fresh,keep-alive: each round runs both, alternating)")
     ap.add_argument("--concurrencies", default="1,16,64")
     ap.add_argument("--budget", type=float, default=0, help="paired: run no phase that would end past this many "
                     "seconds from this script's start (what ran is reported); 0: no limit")

@@ -156,11 +156,17 @@ async def one_kept(transport: Any, body: bytes) -> dict[str, Any]:
             "tokens": len(content), "fresh": bool(opened), "retried": raw.retried}
 
 
-async def phase(urls: dict[str, str], c: int, ns: Any, seed_base: int) -> dict[str, Any]:
-    """One round at concurrency c: every path under the same load at the same time."""
+def modes(ns: Any) -> list[str]:
+    """The connection modes asked for (`ns.connections`: fresh, keep-alive, or both, comma-separated)."""
+    return [m.strip() for m in str(getattr(ns, "connections", "fresh")).split(",") if m.strip()]
+
+
+async def phase(urls: dict[str, str], c: int, ns: Any, seed_base: int, connections: str = "") -> dict[str, Any]:
+    """One round at concurrency c: every path under the same load at the same time, over `connections` (fresh or
+    keep-alive; default: the first of ns.connections)."""
     paths = list(urls)
-    kept = {p: kept_alive(url, c) for p, url in urls.items()} if getattr(ns, "connections", "fresh") == "keep-alive" \
-        else None
+    connections = connections or modes(ns)[0]
+    kept = {p: kept_alive(url, c) for p, url in urls.items()} if connections == "keep-alive" else None
     if kept is not None:
         await asyncio.gather(*(transport.open(c) for transport in kept.values()))
     groups: dict[int, dict[str, Any]] = {}
@@ -200,7 +206,7 @@ async def phase(urls: dict[str, str], c: int, ns: Any, seed_base: int) -> dict[s
     errors = [f"{p}: {g[p]['error']}" for g in groups.values() for p in paths if "error" in g.get(p, {})]
     ok = [g for g in counted if not any("error" in g[p] for p in paths)]
     return {"window_ns": (window + int(ns.warmup * 1e9), time.monotonic_ns()), "groups": ok,
-            "errors": errors, "incomplete": len(counted) - len(ok)}
+            "errors": errors, "incomplete": len(counted) - len(ok), "connections": connections}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -325,24 +331,28 @@ def order_balanced(groups: list[dict[str, Any]], via: str, seed: int) -> tuple[f
 
 
 def run(urls: dict[str, str], concurrencies: list[int], ns: Any) -> list[dict[str, Any]]:
-    """Every round at every concurrency; returns the phases (groups, errors, windows), in order."""
+    """Every round at every concurrency (and, with both connection modes asked, in each: which goes first alternates
+    by round, so the machine's drift falls on both alike); returns the phases (groups, errors, windows), in order."""
     import sys
 
     phases: list[dict[str, Any]] = []
     ns.prompts = sized_prompts(urls["direct"], ns.isl)
     give_up = ns.started + ns.budget if ns.budget else float("inf")  # from the benchmark's own start
+    asked = modes(ns)
     for round_ in range(ns.rounds):
         for c in concurrencies:
-            if time.monotonic() + ns.warmup + ns.duration + 15 > give_up:  # what ran is kept and reported
-                print(f"out of time (--budget {ns.budget:g} s): round {round_ + 1} c={c} and later not run",
-                      file=sys.stderr, flush=True)
-                return phases
-            got = asyncio.run(phase(urls, c, ns, seed_base=(round_ * 1000 + c) * 100_000))
-            got.update(round=round_, concurrency=c)
-            phases.append(got)
-            print(json.dumps({"round": round_, "concurrency": c, "groups": len(got["groups"]),
-                              "errors": len(got["errors"]), "first_errors": got["errors"][:3]}), file=sys.stderr,
-                  flush=True)
+            for k, connections in enumerate(asked[round_ % len(asked):] + asked[:round_ % len(asked)]):
+                if time.monotonic() + ns.warmup + ns.duration + 15 > give_up:  # what ran is kept and reported
+                    print(f"out of time (--budget {ns.budget:g} s): round {round_ + 1} c={c} and later not run",
+                          file=sys.stderr, flush=True)
+                    return phases
+                seed_base = (round_ * 1000 + c) * 100_000 + asked.index(connections) * 50_000  # no prompt twice
+                got = asyncio.run(phase(urls, c, ns, seed_base, connections))
+                got.update(round=round_, concurrency=c)
+                phases.append(got)
+                print(json.dumps({"round": round_, "concurrency": c, "connections": connections,
+                                  "groups": len(got["groups"]), "errors": len(got["errors"]),
+                                  "first_errors": got["errors"][:3]}), file=sys.stderr, flush=True)
     return phases
 
 
@@ -356,17 +366,20 @@ def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencie
     print(f"design: paired-concurrent (one client pool, jobs alternating over {', '.join(['direct', *vias])}); "
           f"added = via - direct, ms, [95 % bootstrap]; targets +{targets['ttft_p50_ms']} ms p50, "
           f"+{targets['ttft_p99_ms']} ms p99, tok/s within {targets['tok_s_ratio']:.0%}")
-    for c in concurrencies:
-        mine = [p for p in phases if p["concurrency"] == c]
+    asked = list(dict.fromkeys(p.get("connections", "fresh") for p in phases))  # in the order first run
+    for c, connections in ((c, m) for c in concurrencies for m in asked or ["fresh"]):
+        mine = [p for p in phases if p["concurrency"] == c and p.get("connections", "fresh") == connections]
         groups = [g for p in mine for g in p["groups"]]
         inside = [r for r in own if any(p["window_ns"][0] <= r["at_ns"] <= p["window_ns"][1] for p in mine)]
+        label = f" {connections}" if len(asked) > 1 else ""
         if not groups:
-            print(f"c={c}: no complete group (see the errors)")
+            print(f"c={c}{label}: no complete group (see the errors)")
             continue
         for via in vias:
             row = summarize(c, via, groups, inside, targets)
+            row["connections"] = connections
             rows.append(row)
-            line = (f"c={c:<3} {via:8} n={row['groups']:<5} p50 {row['direct_ttft_p50_ms']:.2f}->"
+            line = (f"c={c:<3}{label} {via:8} n={row['groups']:<5} p50 {row['direct_ttft_p50_ms']:.2f}->"
                     f"{row['via_ttft_p50_ms']:.2f} added {fmt(row['added_ttft_p50_ms'])} | paired median "
                     f"{fmt(row['paired_median_added_ms'])} (order-balanced "
                     f"{fmt(row['order_balanced_median_added_ms']) if row['order_balanced_median_added_ms'] else '-'})"
@@ -393,14 +406,19 @@ def markdown(rows: list[dict[str, Any]], command: str, note: str) -> str:
     def ci(x: list[float], digits: int = 2) -> str:
         return f"{x[0]:+.{digits}f} [{x[1]:+.{digits}f}, {x[2]:+.{digits}f}]"
 
-    out = [note, "", "| c | via | groups | TTFT p50 direct → via (ms) | added p50 [95 %] | paired median added | "
-           "order-balanced paired median | added p99 [95 %] | tok/s ratio [95 %] | gateway's own TTFT p50 / p99 "
-           "(inside) | verdicts |", "|---:|---|---:|---|---|---|---|---|---|---|---|"]
+    out = [note, "", "| c | connections (on a fresh one: direct / via) | via | groups | TTFT p50 direct → via (ms) | "
+           "added p50 [95 %] | paired median added | order-balanced paired median | added p99 [95 %] | "
+           "tok/s ratio [95 %] | gateway's own TTFT p50 / p99 (inside) | verdicts |",
+           "|---:|---|---|---:|---|---|---|---|---|---|---|---|"]
     for r in rows:
         inside = r.get("inside")
         own = f"{inside['own_ttft_p50_ms']:.3f} / {inside['own_ttft_p99_ms']:.3f} ms" if inside else "-"
         ratio = r["tok_s_ratio"]
-        out.append(f"| {r['concurrency']} | {r['via']} | {r['groups']} | {r['direct_ttft_p50_ms']:.2f} → "
+        share = r.get("fresh_share")
+        connections = r.get("connections", "fresh") + (f" ({share['direct']:.0%} / {share[r['via']]:.0%})"
+                                                        if share else "")
+        out.append(f"| {r['concurrency']} | {connections} | {r['via']} | {r['groups']} | "
+                   f"{r['direct_ttft_p50_ms']:.2f} → "
                    f"{r['via_ttft_p50_ms']:.2f} | {ci(r['added_ttft_p50_ms'])} | {ci(r['paired_median_added_ms'])} | "
                    f"{ci(r['order_balanced_median_added_ms']) if r.get('order_balanced_median_added_ms') else '-'} | "
                    f"{ci(r['added_ttft_p99_ms'])} | {ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}] | {own} | "

@@ -219,3 +219,36 @@ def test_kept_alive_a_server_that_closes_after_its_answer_costs_fresh_connection
     assert row["verdicts"]["ttft_p50"] == "missed" and row["verdicts"]["kept_p50"] == "missed", row
     median = row["kept_only"]["paired_median_added_ms"][0]
     assert 15 < median < 40, row
+
+
+def test_both_connection_modes_run_in_every_round_alternating_and_are_reported_apart(
+        monkeypatch: Any, capsys: Any) -> None:
+    """--connections fresh,keep-alive: each round runs a phase of each mode, which goes first alternating by round,
+    with prompts of its own; the report gives each mode's rows apart, from its own phases' groups only."""
+    import time
+
+    ran: list[tuple[int, str, int]] = []
+
+    async def fake_phase(urls: dict[str, str], c: int, ns: Any, seed_base: int, connections: str = "") -> Any:
+        ran.append((c, connections, seed_base))
+        extra = 0.5 if connections == "keep-alive" else 0.0  # each mode's gateway costs what it costs
+        groups = [{"at": 0.0, "order": order, "direct": {"ttft_ms": 10.0, "e2e_ms": 100.0, "tokens": 64},
+                   "gateway": {"ttft_ms": 10.0 + extra + 0.01 * (g % 3), "e2e_ms": 100.0, "tokens": 64}}
+                  for g in range(40) for order in (["direct", "gateway"], ["gateway", "direct"])]
+        return {"window_ns": (0, 1), "groups": groups, "errors": [], "incomplete": 0, "connections": connections}
+
+    monkeypatch.setattr(gateway_paired, "phase", fake_phase)
+    monkeypatch.setattr(gateway_paired, "sized_prompts", lambda url, isl: ["alpha"])
+    ns = SimpleNamespace(warmup=0.0, duration=0.0, rounds=2, budget=0, started=time.monotonic(), isl=8,
+                         connections="fresh,keep-alive")
+    phases = gateway_paired.run({"direct": "http://127.0.0.1:1", "gateway": "http://127.0.0.1:2"}, [1], ns)
+    assert [m for _, m, _ in ran] == ["fresh", "keep-alive", "keep-alive", "fresh"]
+    assert len({seed for _, _, seed in ran}) == 4  # no prompt sent in two phases
+    rows = gateway_paired.report(phases, [], [1], ["gateway"], TARGETS)
+    assert [r["connections"] for r in rows] == ["fresh", "keep-alive"]
+    assert abs(rows[0]["added_ttft_p50_ms"][0] - 0.01) < 0.011 and abs(rows[1]["added_ttft_p50_ms"][0] - 0.51) < 0.011
+    assert rows[0]["verdicts"]["ttft_p50"] == "held" and rows[1]["verdicts"]["ttft_p50"] == "missed"
+    out = capsys.readouterr().out
+    assert "c=1   fresh gateway" in out and "c=1   keep-alive gateway" in out, out
+    table = gateway_paired.markdown(rows, "cmd", "note")
+    assert "| 1 | fresh | gateway |" in table and "| 1 | keep-alive | gateway |" in table, table
