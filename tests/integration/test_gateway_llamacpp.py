@@ -248,3 +248,49 @@ def test_a_swap_while_clients_send_loses_no_request(tmp_path: Path, hf_home: Pat
             gateway.stop()
     finally:
         box.cleanup()
+
+
+def test_a_kept_alive_client_keeps_its_connection_through_the_gateway_where_llama_server_closes_it(
+        tmp_path: Path, hf_home: Path, llama_server: Path) -> None:  # noqa: F811
+    """metralectl bench's own transport (kept alive, checked before reuse, a request the server closed under sent
+    once more) sends streamed chats in turn to the gateway and to the engine behind it, as the paired overhead
+    benchmark's `--connections keep-alive` does: every one is answered whole on both; through the gateway one
+    connection serves them all, while llama-server closes its streamed connections (tests/real_llamacpp/README.md),
+    so the same client talking to it directly opens more. docs/gateway.md says what that does to the figures."""
+    import asyncio
+
+    from metralectl.bench.sse import parse_stream
+    from metralectl.bench.transport import RawTransport
+
+    box = ProcBox(tmp_path, hf_home, llama_server)
+    try:
+        port = box.own_port()
+        tiny = box.recipe("tiny", TINY, port, alias="tiny")
+        box.cli("run", tiny, check=True, timeout=300)
+        gateway = Gateway(box.env)
+        try:
+            async def send_in_turn() -> dict[str, tuple[RawTransport, list[str]]]:
+                paths = {"gateway": f"http://127.0.0.1:{gateway.port}", "direct": f"http://127.0.0.1:{port}"}
+                seen = {name: (RawTransport(url, "/v1/chat/completions", 1), []) for name, url in paths.items()}
+                body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello"}],
+                                   "max_tokens": 8, "stream": True}).encode()
+                for _ in range(8):
+                    for transport, outcomes in seen.values():
+                        raw = await transport.stream(body, 120)
+                        parsed = parse_stream(raw.pieces)
+                        outcomes.append("ok" if raw.status == 200 and parsed.done and parsed.events
+                                        else f"{raw.status} {raw.error} {raw.end}")
+                for transport, _ in seen.values():
+                    await transport.close()
+                return seen
+
+            seen = asyncio.run(send_in_turn())
+            for name, (transport, outcomes) in seen.items():
+                assert outcomes == ["ok"] * 8, (name, outcomes)
+            through, direct = seen["gateway"][0], seen["direct"][0]
+            assert through.opened == 1 and through.idle_closed == 0, (through.opened, through.idle_closed)
+            assert direct.opened > 1, direct.opened  # llama-server closed at least one streamed connection
+        finally:
+            gateway.stop()
+    finally:
+        box.cleanup()
