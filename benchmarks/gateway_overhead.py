@@ -2,7 +2,7 @@
 """What `metralectl gateway` costs (a script, not a test): a REAL llama-server direct and through the gateway (and
 LiteLLM's proxy), in one run, at each concurrency.
 
-    PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--design paired|sequential] [--connections fresh|keep-alive]
+    PYTHONPATH=. python3 benchmarks/gateway_overhead.py [--design paired|sequential] [--connections fresh|keep-alive|fresh,keep-alive]
         [--concurrencies 1,16,64]
         [--rounds 3] [--duration 10] [--warmup 2] [--budget SECONDS] [--isl 128] [--osl 64] [--preset tiny|1b] [--llama-server PATH] [--python PY] [--json FILE]
         [--ngl 0|all --hardware cpu|hopper --gpus none|all] [--litellm PATH-TO-litellm]
@@ -295,11 +295,13 @@ def paired_report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concu
                   vias: list[str], ns: argparse.Namespace) -> int:
     import gateway_paired
 
+    from metralectl.safetext import clean
+
     summary = gateway_paired.report(phases, own, concurrencies, vias, TARGETS)
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     errors = [e for p in phases for e in p["errors"]]
     for e in errors[:20]:
-        print(f"failed: {e}", file=sys.stderr)
+        print(f"failed: {clean(e, 500)}", file=sys.stderr)  # an engine's words: escaped before a terminal
     if ns.json:
         kept = [{k: v for k, v in p.items() if k != "groups"} | {"requests": [
             {path: g[path] for path in g if path != "at"} for g in p["groups"]]} for p in phases]
@@ -309,7 +311,8 @@ def paired_report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concu
                                       indent=1))
         ns.json.with_suffix(".md").write_text(gateway_paired.markdown(
             summary, " ".join([Path(sys.executable).name, *sys.argv]),
-            f"Design: paired-concurrent (benchmarks/gateway_paired.py), connections {getattr(ns, 'connections', 'fresh')}. Added = via - direct, ms, 95 % bootstrap "
+            f"Design: paired-concurrent (benchmarks/gateway_paired.py), connections "
+            f"{getattr(ns, 'connections', 'fresh')}. Added = via - direct, ms, 95 % bootstrap "
             f"intervals over the groups; targets +{TARGETS['ttft_p50_ms']} ms p50, +{TARGETS['ttft_p99_ms']} ms p99, "
             f"tok/s within {TARGETS['tok_s_ratio']:.0%}; held / missed / open: the interval within, beyond, across."))
     return 1 if errors or not summary else 0

@@ -12,8 +12,8 @@ same way on every path: `fresh` (the default), a connection per request (`Connec
 `metralectl bench` and the OpenAI SDKs do: metralectl's own bench transport (metralectl/bench/transport.py: HTTP/1.1
 kept alive, an idle connection checked before reuse, a request its server closed the connection under sent once more
 on a fresh one; reads stamped by the kernel), one per path and phase with a connection per worker. There each request
-says whether it went out on a connection opened for it (`fresh`): llama-server closes about a third of its streamed
-connections after their answer, where a gateway keeps its client's, so the summary also gives the added TTFT over the
+says whether it went out on a connection opened for it (`fresh`): llama-server closes its streamed connections
+after their answer (every one, in this design), where a gateway keeps its client's, so the summary also gives the added TTFT over the
 groups whose every request went on a kept connection (`kept_only`): the gateway against the engine, both kept alive.
 A request's TTFT runs from just before its connect (or its taking of a kept connection) to the first SSE event with
 output text; its output rate is its content events over its time. Only groups started after the warm-up and
@@ -341,7 +341,7 @@ def run(urls: dict[str, str], concurrencies: list[int], ns: Any) -> list[dict[st
     asked = modes(ns)
     for round_ in range(ns.rounds):
         for c in concurrencies:
-            for k, connections in enumerate(asked[round_ % len(asked):] + asked[:round_ % len(asked)]):
+            for connections in asked[round_ % len(asked):] + asked[:round_ % len(asked)]:
                 if time.monotonic() + ns.warmup + ns.duration + 15 > give_up:  # what ran is kept and reported
                     print(f"out of time (--budget {ns.budget:g} s): round {round_ + 1} c={c} and later not run",
                           file=sys.stderr, flush=True)

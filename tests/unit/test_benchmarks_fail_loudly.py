@@ -337,3 +337,14 @@ def test_aiperf_side_by_side_takes_a_record_without_its_requests_as_not_measured
     fake = [sys.executable, "-c", f"print({printed!r})"]
     cmd, got = sbs.run_metralectl(fake, {}, "http://127.0.0.1:9", tmp_path, ["rates=1"], tmp_path)
     assert set(got) == {"run_failed"} and "no usable record" in got["run_failed"], got
+
+
+def test_paired_overhead_escapes_an_engines_words_before_the_terminal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    overhead = script("gateway_overhead")
+    ns = argparse.Namespace(json=None, connections="fresh")
+    phase = {"concurrency": 1, "round": 0, "groups": [], "incomplete": 1, "window_ns": (0, 1),
+             "errors": ["direct: HTTP/1.1 500 \x1b]0;owned\x07\x1b[2J oops"]}
+    assert overhead.paired_report([phase], [], [1], ["gateway"], ns) == 1
+    err = capsys.readouterr().err
+    assert "failed: direct: HTTP/1.1 500" in err and "\x1b" not in err and "\x07" not in err, err
