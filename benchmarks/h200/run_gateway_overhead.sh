@@ -14,7 +14,8 @@
 #
 # Env: KIT, OUT, WORK (as run_lifecycle_gpu.sh: kept on a warm machine), DEADLINE_S (default 560),
 # DESIGN (paired), CONNECTIONS (fresh, or keep-alive: metralectl bench's kept-alive transport; gateway_paired.py), ROUNDS (4), DURATION (25 s per round and concurrency, after WARMUP 3), CONCURRENCIES (1,16,64),
-# PRESET (1b), GATEWAY_LOOPS (auto; auto,asyncio: a gateway on each event loop, side by side), BASELINE (1: the
+# ISL, OSL (128, 64: the prompt's and the answer's tokens; a shorter answer gives more requests, so more of the
+# tail, per second), PRESET (1b), GATEWAY_LOOPS (auto; auto,asyncio: a gateway on each event loop, side by side), BASELINE (1: the
 # gateway of the wheel in the kit's baseline/ folder beside this one, as gateway-baseline), FLOOR (1: the C relay
 # of benchmarks/relay_floor.c as another path: what any relay process costs on this machine), BUILD_ONLY (1: stop once built), LLAMA_SERVER (a llama-server built on an earlier machine of this kind,
 # or a .tar.xz of its bin/llama-server: no build, one call). The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
@@ -82,7 +83,7 @@ note "gateway_overhead (from the wheel), ${left}s left"
 (cd "$WORK" && timeout $((left - 20)) "$VENV/bin/python" "$HERE/../gateway_overhead.py" --python "$VENV/bin/python" \
   --llama-server "$BIN" --preset "${PRESET:-1b}" --ngl all --hardware hopper --gpus all \
   --design "${DESIGN:-paired}" --connections "${CONNECTIONS:-fresh}" --concurrencies "${CONCURRENCIES:-1,16,64}" --rounds "${ROUNDS:-4}" \
-  --duration "${DURATION:-25}" --warmup "${WARMUP:-3}" --budget $((left - 70)) \
+  --isl "${ISL:-128}" --osl "${OSL:-64}" --duration "${DURATION:-25}" --warmup "${WARMUP:-3}" --budget $((left - 70)) \
   --gateway-loops "${GATEWAY_LOOPS:-auto}" ${FLOOR:+--floor} "${BASELINE_ARGS[@]}" \
   --json "$RES/gateway-overhead.json" --keep "$RES/runs" >"$RES/gateway-overhead.txt" 2>"$RES/gateway-overhead.err")
 rc=$?
