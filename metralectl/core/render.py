@@ -197,7 +197,8 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
     if engine_token and contract.token_file is None:
         raise MetralError(f"the {contract.display_name} engine takes no token file", "a bug if you see this")
     if recipe.runtime == "process":
-        return _process_spec(recipe, contract, program, rank=rank, extra_env=extra_env, engine_token=engine_token)
+        return _process_spec(recipe, contract, program, rank=rank, extra_env=extra_env, engine_token=engine_token,
+                             hardware=hardware)
     gpus: str | int | None = recipe.resources.gpus
     if gpus == "none":
         gpus = None
@@ -238,15 +239,29 @@ def render(recipe: Recipe, contract: EngineContract, image: ImageInfo, *, rank: 
     return _labelled(spec, recipe, contract, rank, bool(engine_token))
 
 
+def gpu_visibility(gpus: str | int, hardware: HardwareClass | None) -> dict[str, str]:
+    """The GPUs a host process may use, as `resources.gpus` gives a container (Docker's count takes the first N
+    devices): a count shows the first N by NVML's (PCI bus) order, which CUDA's default order need not be; `none`
+    shows none; `all`, or a class without an accelerator, sets nothing. The recipe's own env is applied after."""
+    if gpus == "all" or (hardware is not None and not hardware.has_accelerator):
+        return {}
+    if gpus == "none":
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(int(gpus)))}
+
+
 def _process_spec(recipe: Recipe, contract: EngineContract, program: str | None, *, rank: int,
-                  extra_env: dict[str, str] | None, engine_token: str | None = None) -> ContainerSpec:
+                  extra_env: dict[str, str] | None, engine_token: str | None = None,
+                  hardware: HardwareClass | None = None) -> ContainerSpec:
     """The process-mode spec: argv from the absolute program, the env the recipe and the engine file state
-    (the runtime adds only its fixed allow-list from the caller's environment), nothing of a container."""
+    (the runtime adds only its fixed allow-list from the caller's environment), the GPUs `resources.gpus` allows
+    (gpu_visibility), nothing else of a container."""
     if not program or not os.path.isabs(program):
         raise MetralError(f"{recipe.name} runs as a host process: its program must be an absolute path, not "
                           f"{program!r}", "seams/engine_programs.locate finds it (a bug if you see this)")
     argv = process_argv(recipe, contract, program, rank=rank)
     env = process_env(contract)
+    env.update(gpu_visibility(recipe.resources.gpus, hardware))
     env.update(recipe.env)
     env.update(extra_env or {})
     made = generated(recipe.name, contract.display_name, contract.config_file, recipe.engine_config, process=True)

@@ -130,6 +130,30 @@ def test_a_process_spec_takes_the_recipes_env_and_nothing_of_the_callers(monkeyp
     assert "PATH" not in spec.env  # the runtime adds its allow-list, the spec states only its own
 
 
+@pytest.mark.parametrize(("gpus", "visible"), [("1", "0"), ("2", "0,1"), ("none", "")])
+def test_a_process_sees_the_gpus_its_recipe_allows_as_a_container_would(gpus: str, visible: str) -> None:
+    cat = catalog()
+    spec = spec_for(cat, apply_sets(cat, cat.recipe(LLAMA), ["runtime=process", f"resources.gpus={gpus}"]),
+                    program=PROGRAM)
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == visible
+    if visible:  # Docker's count takes the first devices by NVML's order, which is the PCI bus's, not CUDA's default
+        assert spec.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    printed = process_command(spec, dict(spec.env))  # what --print shows the operator
+    assert f"CUDA_VISIBLE_DEVICES={visible}" in printed if visible else "CUDA_VISIBLE_DEVICES= " in printed, printed
+
+
+def test_all_gpus_or_a_class_without_one_sets_no_visibility_and_the_recipes_own_env_wins() -> None:
+    cat = catalog()
+    every = spec_for(cat, apply_sets(cat, cat.recipe(LLAMA), ["runtime=process", "resources.gpus=all"]), program=PROGRAM)
+    assert "CUDA_VISIBLE_DEVICES" not in every.env and "CUDA_DEVICE_ORDER" not in every.env
+    chosen = spec_for(cat, apply_sets(cat, cat.recipe(LLAMA), ["runtime=process", "resources.gpus=1",
+                                                               "env.CUDA_VISIBLE_DEVICES=3"]), program=PROGRAM)
+    assert chosen.env["CUDA_VISIBLE_DEVICES"] == "3"  # the operator's choice of device, not the first
+    cpu = next(r for r in cat.recipes.values() if not cat.hardware[r.hardware].has_accelerator)
+    spec = spec_for(cat, apply_sets(cat, cpu, ["runtime=process"]), program=PROGRAM)
+    assert "CUDA_VISIBLE_DEVICES" not in spec.env
+
+
 def test_a_process_spec_needs_an_absolute_program() -> None:
     cat = catalog()
     recipe = apply_sets(cat, cat.recipe(LLAMA), ["runtime=process"])
