@@ -18,6 +18,7 @@ from metralectl.core.checker_sections import check_env, check_source, check_vali
 from metralectl.core.checker_serve import Context, _add_hint, _is_set, check_serve
 from metralectl.core.contract import EngineContract
 from metralectl.core.engine_revisions import Revision
+from metralectl.core.fit import parallel_sizes
 from metralectl.errors import Problem
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.image_info import ImageInfo
@@ -225,6 +226,8 @@ def _resources(check: Checker, top: dict[str, Any], ctx: Context, serve: dict[st
         check.error(where + ("gpus",), f"hardware {ctx.hardware.id} has no accelerator: the engine runs on the CPU",
                     "write `gpus: none`")
         gpus = None
+    if isinstance(gpus, int) and not isinstance(gpus, bool) and ctx.contract is not None:
+        _gpus_for_parallel(check, where, gpus, serve, ctx.contract)
     ranks = _ranks(check, body, where, ctx, serve, port)
     multi = ranks is not None and len(ranks) > 1
     if multi and ctx.contract and ctx.contract.multi_rank == "none":
@@ -291,6 +294,17 @@ def _port(check: Checker, body: dict[str, Any], where: KeyPath, key: str, requir
         check.error(where + (key,), f"{key} must be between 1 and 65535, not {value}")
         return None
     return None if value is None else int(value)
+
+
+def _gpus_for_parallel(check: Checker, where: KeyPath, gpus: int, serve: dict[str, Any],
+                       contract: EngineContract) -> None:
+    """A count of GPUs below what the serve settings spread the model over: the engine would fail at start."""
+    tp, pp = parallel_sizes(serve, contract.fit_roles)
+    if gpus < tp * pp:
+        roles = contract.fit_roles
+        check.error(where + ("gpus",), f"gpus: {gpus} gives the engine {gpus} GPU{'s' if gpus > 1 else ''}, but "
+                                       f"serve's {roles.tensor_parallel} {tp} × {roles.pipeline_parallel} {pp} "
+                                       f"spreads the model over {tp * pp}", f"write `gpus: {tp * pp}` (or `gpus: all`)")
 
 
 def _ranks(check: Checker, body: dict[str, Any], where: KeyPath, ctx: Context, serve: dict[str, Any],

@@ -41,9 +41,10 @@ MEMORY_MEANINGS: dict[MemoryMeaning, str] = {
     "fraction-of-free-after-weights": "a fraction of the memory left free once the weights are loaded",
     "none": "the engine takes no memory fraction: it sizes the KV cache from the context and slots",
 }
-# The flags that play the fit estimate's roles in the generic KV pool (core/fit.py kv_part): context length ×
-# sequences tokens in the KV dtype. An engine without them sizes its cache itself (its class's kv_pool, or unknown).
-FitRole = Literal["context-length", "sequences", "kv-dtype"]
+# The flags that play the fit estimate's roles (core/fit.py): in the generic KV pool (kv_part), context length ×
+# sequences tokens in the KV dtype (an engine without them sizes its cache itself: its class's kv_pool, or unknown);
+# and the GPUs one engine spreads a model over (gpu_split), tensor × pipeline parallel: the estimate is per GPU.
+FitRole = Literal["context-length", "sequences", "kv-dtype", "tensor-parallel", "pipeline-parallel"]
 FIT_ROLES: tuple[FitRole, ...] = get_args(FitRole)
 
 
@@ -52,6 +53,8 @@ class FitRoles:
     context_length: str | None = None
     sequences: str | None = None
     kv_dtype: str | None = None
+    tensor_parallel: str | None = None
+    pipeline_parallel: str | None = None
 
     @property
     def sized(self) -> bool:

@@ -7,6 +7,7 @@ never a guess.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from metralectl.core.engine_profile import FitRoles, MemoryMeaning, unreachable
@@ -180,6 +181,16 @@ def _budget(hardware: HardwareClass, memory: float | None, util: float, meaning:
                                          f"({what})")
 
 
+def parallel_sizes(serve: Mapping[str, object], roles: FitRoles) -> tuple[int, int]:
+    """The tensor and pipeline parallel sizes one engine spreads the model over, from the serve settings' flags its
+    data names for those roles (`fit-roles:`); 1 where it names none or the recipe leaves them at their default."""
+    def size(flag: str | None) -> int:
+        value = serve.get(flag) if flag else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
+
+    return size(roles.tensor_parallel), size(roles.pipeline_parallel)
+
+
 def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name: str | None = None,
              memory_meaning: MemoryMeaning = "fraction-of-total", host_ram_gb: float | None = None,
              roles: FitRoles | None = None) -> MemoryEstimate:
@@ -193,9 +204,19 @@ def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name
         # EP splits the experts across ranks; the rest is replicated. Without the expert share in the
         # data, the even split is the optimistic bound and is labelled as such.
         weights = Part("weights", weights.gb / ranks, f"{weights.basis}, ÷ {ranks} ranks (≈, experts split)")
+    tp, pp = parallel_sizes(recipe.serve, roles or FitRoles())
+    kv = kv_part(model, recipe, roles)
+    if tp * pp > 1:  # one engine over several GPUs: the estimate, like the budget, is what one GPU holds
+        if weights.gb is not None:
+            weights = Part("weights", weights.gb / (tp * pp), f"{weights.basis}, ÷ {tp * pp} GPUs "
+                                                              f"(tensor {tp} × pipeline {pp} parallel)")
+        # KV heads split over the tensor ranks (copied where there are fewer heads than ranks), layers over the stages
+        kv_split = min(tp, model.kv_heads or tp) * pp
+        if kv.gb is not None and not kv.fixed and kv_split > 1:
+            kv = Part(kv.label, kv.gb / kv_split, f"{kv.basis}, ÷ {kv_split} GPUs")
     return MemoryEstimate(
         weights=weights,
-        kv_pool=kv_part(model, recipe, roles),
+        kv_pool=kv,
         reserve=Part("reserve", reserve_mb * 1e6 / GB, f"oom-guard-mb {reserve_mb}"),
         budget=budget,
         hardware=hardware.id,

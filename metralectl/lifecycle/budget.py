@@ -143,7 +143,7 @@ def running_footprints(catalog: Catalog, runtime: ContainerRuntime,
     from metralectl.lifecycle.ps_memory import measured_bytes
 
     try:
-        gpu = measured_bytes([c.name for c in running], runtime.container_pids) if running else {}
+        gpu = measured_bytes([c.name for c in running], runtime.container_pids, busiest_gpu=True) if running else {}
     except (MetralError, OSError):
         gpu = {}
     out = []

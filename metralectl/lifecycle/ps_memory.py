@@ -16,10 +16,12 @@ ESTIMATED = "estimate"
 
 
 def measured_bytes(names: Iterable[str], pids_of: Callable[[str], set[int]],
-                   probe_factory: Callable[[], Any] | None = None) -> dict[str, int]:
+                   probe_factory: Callable[[], Any] | None = None, *, busiest_gpu: bool = False) -> dict[str, int]:
     """Bytes held on the GPU by each named container's processes, for the containers NVML accounts
     for in full; a container left out is one it cannot measure (no driver, no process of it on the GPU,
-    or a process whose memory the driver would not report)."""
+    or a process whose memory the driver would not report). `busiest_gpu`: what it holds on the one GPU where
+    it holds the most (the memory budget is one GPU's; an engine spread over several holds a share on each),
+    not the sum over its GPUs (what `ps` shows). On a box of one GPU the two are the same."""
     from metralectl.core.gpudata import GpuUnavailable, gpu_resident_bytes
     from metralectl.errors import MetralError
 
@@ -34,21 +36,23 @@ def measured_bytes(names: Iterable[str], pids_of: Callable[[str], set[int]],
     try:
         if isinstance(probe.open(), GpuUnavailable):
             return {}
-        processes = [p for sample in probe.sample() for p in (sample.processes or ())]
+        devices = [list(sample.processes or ()) for sample in probe.sample()]
     except MetralError:  # the GPU went away mid-read: nothing measured, which ps says as such
         return {}
     finally:
         probe.close()
     out: dict[str, int] = {}
-    if not processes:  # nothing on the GPU: no need to ask the daemon for PIDs (that loads docker-py)
+    if not any(devices):  # nothing on the GPU: no need to ask the daemon for PIDs (that loads docker-py)
         return out
     for name in names:
         pids = pids_of(name)
-        mine = [p for p in processes if p.pid in pids]
-        if mine and all(p.used_bytes is not None for p in mine):
-            total = gpu_resident_bytes(mine)
-            if total is not None:
-                out[name] = total
+        mine = [[p for p in device if p.pid in pids] for device in devices]
+        held = [p for device in mine for p in device]
+        if not held or any(p.used_bytes is None for p in held):
+            continue
+        parts = [gpu_resident_bytes(device) for device in mine if device] if busiest_gpu else [gpu_resident_bytes(held)]
+        if all(part is not None for part in parts):
+            out[name] = max(part for part in parts if part is not None)
     return out
 
 

@@ -40,6 +40,16 @@ def test_memory_is_what_the_containers_processes_hold_through_nvml() -> None:
     assert found == {"metralectl-a": 32 * fk.GiB}
 
 
+def test_an_engine_over_two_gpus_is_its_sum_for_ps_and_its_busiest_gpu_for_the_budget() -> None:
+    h200 = lambda i, procs: fk.FakeDevice(uuid=f"GPU-{i}", bus_id=f"00000000:1{i}:00.0", compute_procs=procs)  # noqa: E731
+    devices = [h200(0, [(4242, 70 * fk.GiB), (5000, 20 * fk.GiB)]), h200(1, [(4243, 60 * fk.GiB)])]
+    two = lambda: NvmlProbe(nvml=fk.make_fake(devices))  # noqa: E731
+    assert ps_memory.measured_bytes(PIDS, lambda name: PIDS[name], two) == {"metralectl-a": 130 * fk.GiB,
+                                                                          "metralectl-b": 20 * fk.GiB}
+    assert ps_memory.measured_bytes(PIDS, lambda name: PIDS[name], two, busiest_gpu=True) == {
+        "metralectl-a": 70 * fk.GiB, "metralectl-b": 20 * fk.GiB}
+
+
 def test_no_nvml_measures_nothing() -> None:
     none = lambda: NvmlProbe(nvml=fk.make_fake([], init_error=fk.LibraryNotFound))  # noqa: E731
     assert ps_memory.measured_bytes(PIDS, lambda name: PIDS[name], none) == {}

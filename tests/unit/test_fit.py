@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -88,3 +89,55 @@ def test_the_kv_pool_reads_the_flags_the_engine_s_data_names() -> None:
     other = FitRoles(context_length="max-seq-len", sequences="max-sequences")  # a flag this recipe does not set
     said = estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware], roles=other).kv_pool.basis
     assert "max-seq-len × max-sequences" in said and "does not set max-sequences" in said
+
+
+def test_an_engine_over_several_gpus_is_estimated_per_gpu() -> None:
+    """tensor × pipeline parallel (the flags the engine's data names for those roles) split the weights over the
+    GPUs, and the KV pool over its KV heads and stages: the estimate, like the budget it is judged against, is what
+    one GPU holds. Where the heads are fewer than the tensor ranks, they are copied, not split further."""
+    cat = catalog()
+    hopper = cat.hardware["hopper"]
+
+    def on_hopper(name: str, *sets: str):
+        recipe = apply_sets(cat, cat.recipes[name], list(sets))
+        return estimate(recipe, cat.model_of(recipe), hopper, "NVIDIA H100 80GB HBM3",
+                        cat.engines[recipe.engine].memory_meaning, roles=cat.engines[recipe.engine].fit_roles)
+
+    one, four = on_hopper("qwen3.6-35b-a3b-vllm"), on_hopper("qwen3.6-35b-a3b-vllm", "serve.tensor-parallel-size=4")
+    assert one.weights.gb and four.weights.gb == pytest.approx(one.weights.gb / 4)
+    assert "÷ 4 GPUs (tensor 4 × pipeline 1 parallel)" in four.weights.basis
+    assert four.budget.gb == one.budget.gb  # the memory fraction is of each GPU
+    staged = on_hopper("qwen3.6-35b-a3b-vllm", "serve.tensor-parallel-size=2", "serve.pipeline-parallel-size=2")
+    assert staged.weights.gb == pytest.approx(four.weights.gb)
+    # the generic pool (sized from the recipe): 2 KV heads split over 2 tensor ranks, over 4 no further than 2
+    flagship = cat.recipes["qwen3.5-35b-a3b"]
+    roles = dataclasses.replace(cat.engines[flagship.engine].fit_roles, tensor_parallel="tp-under-test")
+
+    def generic(tp: int):
+        recipe = dataclasses.replace(flagship, serve={**flagship.serve, "tp-under-test": tp})
+        return estimate(recipe, cat.model_of(recipe), cat.hardware[recipe.hardware], roles=roles)
+
+    assert cat.model_of(flagship).kv_heads == 2
+    base, tp2, tp4 = generic(1), generic(2), generic(4)
+    assert base.kv_pool.gb and tp2.kv_pool.gb == pytest.approx(base.kv_pool.gb / 2)
+    assert tp4.kv_pool.gb == pytest.approx(base.kv_pool.gb / 2) and tp4.weights.gb == pytest.approx(
+        base.weights.gb / 4)  # type: ignore[operator]
+    assert "÷ 2 GPUs" in tp4.kv_pool.basis
+    trt = on_hopper("qwen3-8b-fp8-trtllm", "serve.tp_size=4")  # TRT-LLM's own flag; its pool it sizes itself
+    assert trt.weights.gb == pytest.approx(on_hopper("qwen3-8b-fp8-trtllm").weights.gb / 4)  # type: ignore[operator]
+    # SGLang names its own flags for the roles
+    assert on_hopper("qwen3-8b-fp8-sglang", "serve.tp-size=2").weights.gb == pytest.approx(
+        on_hopper("qwen3-8b-fp8-sglang").weights.gb / 2)  # type: ignore[operator]
+
+
+def test_a_gpu_count_below_the_parallel_sizes_is_refused_by_the_checker() -> None:
+    from metralectl.errors import RecipeInvalid
+
+    cat = catalog()
+    with pytest.raises(RecipeInvalid) as refused:
+        apply_sets(cat, cat.recipes["qwen3.6-35b-a3b-vllm"], ["serve.tensor-parallel-size=4", "resources.gpus=2"])
+    said = str(refused.value)
+    assert "gpus: 2 gives the engine 2 GPUs, but serve's tensor-parallel-size 4 × pipeline-parallel-size 1 spreads " \
+           "the model over 4" in said and refused.value.hint == "write `gpus: 4` (or `gpus: all`)", said
+    fine = apply_sets(cat, cat.recipes["qwen3.6-35b-a3b-vllm"], ["serve.tensor-parallel-size=4", "resources.gpus=4"])
+    assert fine.resources.gpus == 4
