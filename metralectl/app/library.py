@@ -110,6 +110,8 @@ def _judge(recipe: Recipe, hardware: HardwareClass, target: Target, est: MemoryE
 
 def _memory_reason(est: MemoryEstimate) -> str:
     total, budget = est.total_gb, est.budget.gb
+    if total is None and est.fits is False and budget:
+        return f"the weights alone {est.known_gb:.1f} of {budget:.1f} GB"
     return f"{total:.1f} of {budget:.1f} GB" if total is not None and budget else ""
 
 

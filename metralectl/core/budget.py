@@ -63,6 +63,8 @@ def footprint_of_estimate(name: str, est: MemoryEstimate, meaning: MemoryMeaning
     total = est.total_gb
     if (meaning in ("fraction-of-total", "fraction-of-free-after-weights") and est.budget.gb is not None
             and not est.kv_pool.fixed):
+        if total is None and est.known_gb > est.budget.gb:  # the weights alone exceed the share it would take
+            return Footprint(name, est.known_gb, f"estimate: the weights alone, more than {est.budget.basis}")
         if total is None or est.budget.gb > total:
             return Footprint(name, est.budget.gb, f"estimate: the engine takes {est.budget.basis}")
     if total is None:

@@ -54,16 +54,31 @@ class MemoryEstimate:
         return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
 
     @property
+    def known_gb(self) -> float:
+        """The parts that are known: with one unknown, a lower bound of the total."""
+        return sum(p.gb for p in (self.weights, self.kv_pool, self.reserve) if p.gb is not None)
+
+    @property
     def fits(self) -> bool | None:
+        """None where a part is unknown, unless the known ones alone exceed the budget (weights larger than the
+        GPU, whatever the engine's KV cache would be): that does not fit."""
         total, budget = self.total_gb, self.budget.gb
-        if total is None or budget is None:
+        if budget is None:
             return None
+        if total is None:
+            return False if self.known_gb > budget else None
         return total <= budget
 
     @property
     def headroom_gb(self) -> float | None:
+        """budget - total; where a part is unknown but the rest exceeds the budget, budget - those (at least short
+        by that much)."""
         total, budget = self.total_gb, self.budget.gb
-        return None if total is None or budget is None else budget - total
+        if budget is None:
+            return None
+        if total is None:
+            return budget - self.known_gb if self.known_gb > budget else None
+        return budget - total
 
 
 def kv_element_bytes(dtype: str) -> tuple[float, float] | None:

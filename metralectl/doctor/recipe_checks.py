@@ -127,6 +127,10 @@ def _gguf_weights(name: str, what: str, state: hfcache.CacheState, data: dict[st
                 "(or refuses with --no-pull)", f"metralectl pull {name}", **data)
 
 
+OVER_WEIGHTS_FIX = ("a leaner quant (`--set checkpoint.quant=…`), or spread the model over more GPUs (the engine's "
+                    "tensor-parallel size and resources.gpus)")
+
+
 def check_fit(ctx: Context) -> Finding:
     from metralectl.core.fit import estimate
 
@@ -153,7 +157,10 @@ def check_fit(ctx: Context) -> Finding:
     if est.fits is None:
         unknown = "; ".join(p.basis for p in (est.weights, est.kv_pool, est.budget) if p.gb is None)
         return warn(f"memory estimate unknown {where}: {unknown}", **data)
-    assert total is not None and budget is not None
+    assert budget is not None
+    if total is None:  # the KV part unknown, but the rest alone is more than the budget
+        return problem(f"the weights {est.weights.gb or 0:.1f} GB + reserve {est.reserve.gb or 0:.1f} GB alone exceed "
+                       f"a {budget:.1f} GB budget ({est.budget.basis}) {where}: does not fit", OVER_WEIGHTS_FIX, **data)
     summary = (f"needs ≈ {total:.1f} GB (weights {est.weights.gb:.1f} + KV {est.kv_pool.gb:.1f} + reserve "
                f"{est.reserve.gb:.1f}) of a {budget:.1f} GB budget ({est.budget.basis}) {where}")
     if not est.fits:

@@ -100,7 +100,8 @@ def as_text(catalog: Catalog, recipe: Recipe) -> str:
     lines.append(f"  {'total':<10}{total}")
     lines.append(f"  {'budget':<10}{_gb(est.budget)}   {est.budget.basis}")
     verdict = {True: f"fits ({est.headroom_gb:.1f} GB headroom)" if est.headroom_gb is not None else "fits",
-               False: f"does NOT fit (short by {-(est.headroom_gb or 0):.1f} GB)", None: "unknown"}[est.fits]
+               False: f"does NOT fit (short by {'at least ' if est.total_gb is None else ''}"
+                      f"{-(est.headroom_gb or 0):.1f} GB)", None: "unknown"}[est.fits]
     lines.append(f"  verdict   {verdict}")
     for rank in range(recipe.resources.world_size):
         title = "Command" if not recipe.multi_rank else f"Command (rank {rank}, {recipe.resources.ranks[rank].role})"

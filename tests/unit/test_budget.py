@@ -155,7 +155,7 @@ def test_vllm_s_cpu_build_told_a_cache_size_takes_that_not_its_memory_fraction()
     weights = estimate(recipe, model, cpu, None, meaning, host_ram_gb=25.0).weights.gb
     assert weights is not None and told.basis == "estimate", told
     assert told.gb == pytest.approx(weights + 2 * 2**30 / 1e9 + CPU_PROCESSES_GB), told
-    assert told.gb < share.gb or weights > share.gb
+    assert told.gb < share.gb or weights >= share.gb  # (the share is the weights where they alone exceed it)
     for ignored in ("0", "", "two"):  # vLLM's auto size, or a value it refuses itself: the share stands
         assert footprint({"VLLM_CPU_KVCACHE_SPACE": ignored}) == share
 

@@ -550,6 +550,21 @@ def test_recipe_on_its_own_hardware(tmp_path: Path) -> None:
     assert fit.status == "ok" and "of a 124.1 GB budget" in fit.detail, fit.detail
 
 
+def test_recipe_fit_with_weights_over_the_budget_is_a_problem_though_the_kv_part_is_unknown(tmp_path: Path) -> None:
+    import dataclasses
+
+    from metralectl.core.overrides import apply_sets
+
+    catalog = df.shipped_catalog()
+    vllm = apply_sets(catalog, catalog.recipes["nemotron-3-super-120b-a12b-vllm"], ["resources.memory-utilization=0.3"])
+    over = dataclasses.replace(vllm, name="over-h200", hardware="hopper")  # 67.5 GB of weights, 0.3 of 141 GB
+    ctx = df.make_ctx(tmp_path, recipe="over-h200",
+                      catalog=dataclasses.replace(catalog, recipes={**catalog.recipes, "over-h200": over}))
+    fit = run(ctx, "recipe.fit")["recipe.fit"]
+    assert fit.status == "problem" and "alone exceed a 42.3 GB budget" in fit.detail, fit.detail
+    assert "tensor-parallel size" in (fit.remedy or "")
+
+
 def test_recipe_image_absent_and_weights_cached(tmp_path: Path) -> None:
     cached_model()
     ctx = df.make_ctx(tmp_path, recipe="qwen3.5-35b-a3b-hopper", runtime=df.FakeRuntime())

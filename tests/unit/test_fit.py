@@ -141,3 +141,31 @@ def test_a_gpu_count_below_the_parallel_sizes_is_refused_by_the_checker() -> Non
            "the model over 4" in said and refused.value.hint == "write `gpus: 4` (or `gpus: all`)", said
     fine = apply_sets(cat, cat.recipes["qwen3.6-35b-a3b-vllm"], ["serve.tensor-parallel-size=4", "resources.gpus=4"])
     assert fine.resources.gpus == 4
+
+
+def test_weights_alone_over_the_budget_do_not_fit_though_the_kv_part_is_unknown() -> None:
+    """vLLM sizes its KV cache itself (unknown here), but weights larger than its share of the GPU cannot start
+    whatever that cache would be: `fit`, `show`, `list` and the budget say so, where they said "unknown"; spread
+    over two GPUs the same model is unknown again (its per-GPU weights fit the share)."""
+    from metralectl.app.library import _memory_reason
+    from metralectl.core.budget import footprint_of_estimate
+    from metralectl.present.show_view import as_text
+
+    cat = catalog()
+    meaning = cat.engines["vllm"].memory_meaning
+
+    def on_h100(*sets: str):
+        recipe = dataclasses.replace(apply_sets(cat, cat.recipes["nemotron-3-super-120b-a12b-vllm"],
+                                                ["resources.memory-utilization=0.5", *sets]), hardware="hopper")
+        return recipe, estimate(recipe, cat.model_of(recipe), cat.hardware["hopper"], "NVIDIA H100 80GB HBM3",
+                                meaning, roles=cat.engines["vllm"].fit_roles)
+
+    recipe, one = on_h100()
+    assert one.kv_pool.gb is None and one.weights.gb == pytest.approx(67.5) and one.budget.gb == pytest.approx(40)
+    assert one.fits is False and one.headroom_gb == pytest.approx(40 - 67.5)
+    assert "does NOT fit (short by at least 27.5 GB)" in as_text(cat, recipe)
+    assert _memory_reason(one) == "the weights alone 67.5 of 40.0 GB"
+    assert footprint_of_estimate(recipe.name, one, meaning).gb == pytest.approx(67.5)  # not the 40 GB share
+    _, two = on_h100("serve.tensor-parallel-size=2")
+    assert two.fits is None and two.headroom_gb is None
+    assert footprint_of_estimate(recipe.name, two, meaning).gb == pytest.approx(40)
