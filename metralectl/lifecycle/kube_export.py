@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from metralectl.core.fit import parallel_sizes
 from metralectl.core.labels import LABEL_RANK
 from metralectl.errors import ExitCode, MetralError
 
@@ -49,7 +50,7 @@ class KubeOptions:
     roce_interface: str | None = None  # NCCL_SOCKET_IFNAME on every rank (multi-rank: required, never guessed)
     rdma_device: str | None = None  # NCCL_IB_HCA on every rank (optional, as for `run`)
     rdma: bool = True
-    gpus: int | None = None  # nvidia.com/gpu per pod; default: the recipe's count, 1 for "all"
+    gpus: int | None = None  # nvidia.com/gpu per pod; default: the recipe's count, for "all" its tensor × pipeline size
 
 
 def dns_label(text: str, limit: int = 63) -> str:
@@ -142,12 +143,14 @@ def _labels(spec: ContainerSpec, name: str) -> dict[str, str]:
     return labels
 
 
-def _gpus(spec: ContainerSpec, options: KubeOptions) -> int | None:
+def _gpus(spec: ContainerSpec, options: KubeOptions, spread: int) -> int | None:
+    """nvidia.com/gpu for one pod: --gpus, else the recipe's count, else (`all`) the GPUs the engine spreads the
+    model over (its tensor × pipeline parallel sizes, `spread`; 1 without them): a pod asks a count, never "all"."""
     if spec.gpus is None:
         return None
     if options.gpus is not None:
         return options.gpus
-    return spec.gpus if isinstance(spec.gpus, int) else 1
+    return spec.gpus if isinstance(spec.gpus, int) else spread
 
 
 def _probes(catalog: Catalog, recipe: Recipe, spec: ContainerSpec) -> dict[str, Any]:
@@ -184,7 +187,8 @@ def _pod_spec(catalog: Catalog, recipe: Recipe, spec: ContainerSpec, args: list[
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _shm_quantity(spec.shm_size)}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
     container: dict[str, Any] = {"name": "engine", "image": spec.image, "args": args, "env": _env(spec)}
-    gpus = _gpus(spec, options)
+    tp, pp = parallel_sizes(recipe.serve, catalog.engines[recipe.engine].fit_roles)
+    gpus = _gpus(spec, options, tp * pp)
     if gpus is not None:
         container["resources"] = {"limits": {GPU_RESOURCE: gpus}}
     if spec.cap_add:

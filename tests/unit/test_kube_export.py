@@ -118,6 +118,19 @@ def test_single_rank_argv_is_run_prints(operator: None) -> None:
         printed["labels"]["ai.metrale.metralectl.spec-hash"]
 
 
+def test_a_pod_of_gpus_all_asks_the_gpus_its_engine_spreads_the_model_over(operator: None) -> None:
+    """A pod asks a count of nvidia.com/gpu, never "all": a vLLM recipe told tensor-parallel-size 4 asks 4 (vLLM
+    would not start on the one a pod got before), one of tensor × pipeline 2 × 2 asks 4, and --gpus still wins."""
+    def limit(*args: str) -> int:
+        container = _container(_docs(_invoke("export", "kube", "qwen3.6-35b-a3b-vllm", *args))[0]["spec"]["template"])
+        return container["resources"]["limits"]["nvidia.com/gpu"]
+
+    assert limit() == 1
+    assert limit("--set", "serve.tensor-parallel-size=4") == 4
+    assert limit("--set", "serve.tensor-parallel-size=2", "--set", "serve.pipeline-parallel-size=2") == 4
+    assert limit("--set", "serve.tensor-parallel-size=4", "--gpus", "8") == 8
+
+
 def test_a_literal_dollar_paren_in_a_recipe_stays_literal(operator: None) -> None:
     from metralectl.lifecycle.kube_export import _kube_text
 
