@@ -41,6 +41,9 @@ class Facts:
     running: tuple[ContainerInfo, ...]  # ours that run
     port_free: bool | None = None  # None: not probed
     room: Room | None = None  # whether the recipe fits beside what runs (lifecycle/budget.py); None: not judged
+    spread: int = 1  # the GPUs the engine spreads the model over (tensor × pipeline parallel)
+    spread_words: str = ""  # how the serve settings say it: "tensor-parallel-size 4 × pipeline-parallel-size 1"
+    gpus_seen: int = 0  # this box's GPUs, looked at only when spread > 1 (0: none seen)
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,17 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
             weights_status, weights_error = "conflict", exc
         except MetralError as exc:
             weights_error = exc
-    return Facts(state, image_error, pullable, weights_status, weights_error, None, (), ())
+    spread, words, seen = 1, "", 0
+    hardware = catalog.hardware.get(recipe.hardware)
+    if hardware is not None and hardware.has_accelerator:
+        from metralectl.core.fit import parallel_sizes
+
+        roles = catalog.engines[recipe.engine].fit_roles
+        tp, pp = parallel_sizes(recipe.serve, roles)
+        spread, words = tp * pp, f"{roles.tensor_parallel} {tp} × {roles.pipeline_parallel} {pp}"
+        seen = len(machine.gpu_names()) if spread > 1 else 0
+    return Facts(state, image_error, pullable, weights_status, weights_error, None, (), (), spread=spread,
+                 spread_words=words, gpus_seen=seen)
 
 
 def _program_state(recipe: Recipe, catalog: Catalog) -> tuple[ImageState | None, MetralError | None, bool]:
@@ -119,7 +132,7 @@ def standing_refusal(recipe: Recipe, options: LaunchOptions, staged: Facts) -> R
     """What refuses a run of (or a swap to) this recipe on this box whatever serves, with these launch
     options: the ranks it needs, an image or weights staging cannot bring (or may not: options.pull).
     The dashboard's Library and the page disable their Run/Swap with it, in the words the launch says."""
-    return multi_rank_refusal(recipe) or staging_refusal(options, staged)
+    return multi_rank_refusal(recipe) or gpu_count_refusal(recipe, staged) or staging_refusal(options, staged)
 
 
 def multi_rank_refusal(recipe: Recipe) -> Refusal | None:
@@ -130,6 +143,17 @@ def multi_rank_refusal(recipe: Recipe) -> Refusal | None:
         "name the worker node's Docker endpoint",
         f"`metralectl run {recipe.name} --worker CONTEXT|ssh://user@host` (docs/multinode.md); "
         f"`metralectl run {recipe.name} --print --rank N` shows each rank's command"))
+
+
+def gpu_count_refusal(recipe: Recipe, facts: Facts) -> Refusal | None:
+    """An engine told to spread the model over more GPUs than this box has would fail after its load began."""
+    if not 0 < facts.gpus_seen < facts.spread:
+        return None
+    return Refusal(MetralError(
+        f"{recipe.name} spreads the model over {facts.spread} GPUs (serve's {facts.spread_words}); this box has "
+        f"{count(facts.gpus_seen, 'GPU')}",
+        f"lower them to {facts.gpus_seen} GPU{'s' if facts.gpus_seen > 1 else ''} in all with `--set serve.<flag>=N`, "
+        f"or run it on a box with {facts.spread}"))
 
 
 def staging_refusal(options: LaunchOptions, facts: Facts) -> Refusal | None:
@@ -213,7 +237,7 @@ def launch_refusal(recipe: Recipe, spec: ContainerSpec, options: LaunchOptions, 
                    ignore_running: tuple[str, ...] = ()) -> Refusal | None:
     """The first reason this launch would be refused, in the order the launch meets them; None: it may go."""
     running = [c for c in facts.running if c.name not in ignore_running]
-    return (multi_rank_refusal(recipe) or staging_refusal(options, facts)
+    return (multi_rank_refusal(recipe) or gpu_count_refusal(recipe, facts) or staging_refusal(options, facts)
             or containers_refusal(recipe, spec, options, facts.same_name, facts.others, running,
                                   room=_room(facts, running))
             or port_refusal(spec, facts.port_free, running))
