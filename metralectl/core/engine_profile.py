@@ -43,7 +43,7 @@ MEMORY_MEANINGS: dict[MemoryMeaning, str] = {
 }
 # The flags that play the fit estimate's roles (core/fit.py): in the generic KV pool (kv_part), context length ×
 # sequences tokens in the KV dtype (an engine without them sizes its cache itself: its class's kv_pool, or unknown);
-# and the GPUs one engine spreads a model over (gpu_split), tensor × pipeline parallel: the estimate is per GPU.
+# and the GPUs one engine spreads a model over (parallel_sizes), tensor × pipeline parallel: the estimate is per GPU.
 FitRole = Literal["context-length", "sequences", "kv-dtype", "tensor-parallel", "pipeline-parallel"]
 FIT_ROLES: tuple[FitRole, ...] = get_args(FitRole)
 

@@ -43,6 +43,7 @@ class Facts:
     room: Room | None = None  # whether the recipe fits beside what runs (lifecycle/budget.py); None: not judged
     spread: int = 1  # the GPUs the engine spreads the model over (tensor × pipeline parallel)
     spread_words: str = ""  # how the serve settings say it: "tensor-parallel-size 4 × pipeline-parallel-size 1"
+    spread_flag: str = ""  # the tensor-parallel flag: the one to lower
     gpus_seen: int = 0  # this box's GPUs, looked at only when spread > 1 (0: none seen)
 
 
@@ -101,7 +102,7 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
             weights_status, weights_error = "conflict", exc
         except MetralError as exc:
             weights_error = exc
-    spread, words, seen = 1, "", 0
+    spread, words, flag, seen = 1, "", "", 0
     hardware = catalog.hardware.get(recipe.hardware)
     if hardware is not None and hardware.has_accelerator:
         from metralectl.core.fit import parallel_sizes
@@ -109,9 +110,10 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
         roles = catalog.engines[recipe.engine].fit_roles
         tp, pp = parallel_sizes(recipe.serve, roles)
         spread, words = tp * pp, f"{roles.tensor_parallel} {tp} × {roles.pipeline_parallel} {pp}"
+        flag = roles.tensor_parallel or ""
         seen = len(machine.gpu_names()) if spread > 1 else 0
     return Facts(state, image_error, pullable, weights_status, weights_error, None, (), (), spread=spread,
-                 spread_words=words, gpus_seen=seen)
+                 spread_words=words, spread_flag=flag, gpus_seen=seen)
 
 
 def _program_state(recipe: Recipe, catalog: Catalog) -> tuple[ImageState | None, MetralError | None, bool]:
@@ -152,8 +154,8 @@ def gpu_count_refusal(recipe: Recipe, facts: Facts) -> Refusal | None:
     return Refusal(MetralError(
         f"{recipe.name} spreads the model over {facts.spread} GPUs (serve's {facts.spread_words}); this box has "
         f"{count(facts.gpus_seen, 'GPU')}",
-        f"lower them to {facts.gpus_seen} GPU{'s' if facts.gpus_seen > 1 else ''} in all with `--set serve.<flag>=N`, "
-        f"or run it on a box with {facts.spread}"))
+        f"spread it over at most {facts.gpus_seen} (`--set serve.{facts.spread_flag}={facts.gpus_seen}`, the pipeline "
+        f"size 1), or run it on a box with {facts.spread} GPUs"))
 
 
 def staging_refusal(options: LaunchOptions, facts: Facts) -> Refusal | None:

@@ -48,7 +48,7 @@ def test_more_gpus_than_the_box_has_is_refused_before_anything_starts(monkeypatc
     recipe = apply_sets(cat, cat.recipe(VLLM), ["serve.tensor-parallel-size=2"])
     with pytest.raises(MetralError) as refused:
         launch(recipe, cat, rt, options=OPTIONS, on_event=Recorder())
-    assert refused.value.message == said and "--set serve.<flag>=N" in (refused.value.hint or "")
+    assert refused.value.message == said and "`--set serve.tensor-parallel-size=1`" in (refused.value.hint or "")
     assert rt.all() == []  # no container made, none half-started
 
 
