@@ -342,6 +342,15 @@ class Context:
             return hw, names[0], "/proc/driver/nvidia"
         return None, None, "none"
 
+    def gpu_count(self) -> int:
+        """This machine's GPUs, as detected_gpu finds them (0: none found)."""
+        try:
+            system = self.gpus().system
+        except Exception:  # noqa: BLE001 - fall back to /proc below
+            system = None
+        gpus = getattr(system, "gpus", None)
+        return len(gpus) if gpus else len(self.proc_gpu_names())
+
     def target_hardware(self) -> tuple[str | None, str]:
         """The class to judge against: the recipe's (with --recipe), else the detected one."""
         recipe = self.recipe()

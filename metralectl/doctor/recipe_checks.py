@@ -11,6 +11,7 @@ from metralectl.doctor.model import Finding, ok, problem, skipped, warn
 
 if TYPE_CHECKING:
     from metralectl.core.recipe import Recipe
+    from metralectl.core.catalog import Catalog
 
 GB = 1e9
 
@@ -131,6 +132,20 @@ OVER_WEIGHTS_FIX = ("a leaner quant (`--set checkpoint.quant=…`), or spread th
                     "tensor-parallel size and resources.gpus)")
 
 
+def _spread_refusal(recipe: Recipe, catalog: Catalog, gpus: int, data: dict[str, Any]) -> Finding | None:
+    """More GPUs than this machine has, for the engine's tensor × pipeline parallel sizes: `run` refuses it."""
+    from metralectl.core.fit import parallel_sizes
+
+    roles = catalog.engines[recipe.engine].fit_roles
+    tp, pp = parallel_sizes(recipe.serve, roles)
+    if not 0 < gpus < tp * pp:
+        return None
+    return problem(f"{recipe.name} spreads the model over {tp * pp} GPUs (serve's {roles.tensor_parallel} {tp} × "
+                   f"{roles.pipeline_parallel} {pp}); this machine has {gpus}",
+                   f"`--set serve.{roles.tensor_parallel}={gpus}` (the pipeline size 1), or a machine with {tp * pp} "
+                   "GPUs", **data, gpus=gpus, spread=tp * pp)
+
+
 def check_fit(ctx: Context) -> Finding:
     from metralectl.core.fit import estimate
 
@@ -142,6 +157,10 @@ def check_fit(ctx: Context) -> Finding:
     if hw.has_accelerator and detected is not None and detected != recipe.hardware:
         return problem(f"{recipe.name} is built for {recipe.hardware}; this machine is {detected} ({gpu_name})",
                        "pick a recipe for this machine (`metralectl list` judges fit on the detected class)", **data)
+    if hw.has_accelerator and detected == recipe.hardware:
+        spread = _spread_refusal(recipe, catalog, ctx.gpu_count(), data)
+        if spread is not None:
+            return spread
     ram = None
     if hw.host_memory:  # the budget is this machine's RAM
         from metralectl.seams.machine import host_memory_gb

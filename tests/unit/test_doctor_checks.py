@@ -565,6 +565,26 @@ def test_recipe_fit_with_weights_over_the_budget_is_a_problem_though_the_kv_part
     assert "tensor-parallel size" in (fit.remedy or "")
 
 
+def test_recipe_fit_over_more_gpus_than_the_machine_has_is_a_problem(tmp_path: Path) -> None:
+    import dataclasses
+
+    from metralectl.core.overrides import apply_sets
+
+    catalog = df.shipped_catalog()
+    vllm = apply_sets(catalog, catalog.recipes["qwen3.6-35b-a3b-vllm"], ["serve.tensor-parallel-size=2"])
+    wide = dataclasses.replace(vllm, name="wide-h200", hardware="hopper")
+    wider = dataclasses.replace(catalog, recipes={**catalog.recipes, "wide-h200": wide})
+    fit = run(df.make_ctx(tmp_path, recipe="wide-h200", catalog=wider), "recipe.fit")["recipe.fit"]  # one H200
+    assert fit.status == "problem" and fit.detail == ("wide-h200 spreads the model over 2 GPUs (serve's "
+                                                      "tensor-parallel-size 2 × pipeline-parallel-size 1); this "
+                                                      "machine has 1"), fit.detail
+    assert "`--set serve.tensor-parallel-size=1`" in (fit.remedy or "")
+    two = df.make_ctx(tmp_path, recipe="wide-h200", catalog=wider,
+                      gpu_probe_factory=df.probe_factory([fk.FakeDevice(), fk.FakeDevice(uuid="GPU-1", bus_id="00000000:1A:00.0")],
+                                                         tmp_path / "meminfo"))
+    assert "spreads the model" not in run(two, "recipe.fit")["recipe.fit"].detail
+
+
 def test_recipe_image_absent_and_weights_cached(tmp_path: Path) -> None:
     cached_model()
     ctx = df.make_ctx(tmp_path, recipe="qwen3.5-35b-a3b-hopper", runtime=df.FakeRuntime())
