@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from metralectl.seams import machine
 from metralectl.seams.hf import state as hfstate
 from metralectl.core.catalog import Catalog
-from metralectl.core.fit import MemoryEstimate, estimate
+from metralectl.core.fit import MemoryEstimate, estimate, parallel_sizes
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.recipe import Recipe
 
@@ -72,7 +72,8 @@ def choose_target(catalog: Catalog, hardware: str | None) -> Target:
                   host_ram_gb=ram, cpu_arch=arch)
 
 
-def _judge(recipe: Recipe, hardware: HardwareClass, target: Target, est: MemoryEstimate) -> tuple[bool | None, str]:
+def _judge(recipe: Recipe, hardware: HardwareClass, target: Target, est: MemoryEstimate,
+           spread: int = 1) -> tuple[bool | None, str]:
     """FITS on this box: every fact that rules the recipe out is named; `?` only when no fact does and the
     memory estimate (or this box's class) is unknown. A class without an accelerator runs on any box of its CPU
     architecture, whatever GPU it has (or none): judged on that and on this box's RAM only."""
@@ -95,6 +96,8 @@ def _judge(recipe: Recipe, hardware: HardwareClass, target: Target, est: MemoryE
         against.append(f"built for {recipe.hardware}, this is {target.hardware}")
     elif target.hardware is None and not target.gpus_seen:
         against.append(f"built for {recipe.hardware}, and this box has no NVIDIA GPU")
+    if 0 < len(target.gpus_seen) < spread:  # tensor × pipeline parallel over more GPUs than this box has
+        against.append(f"spreads the model over {spread} GPUs, this box has {len(target.gpus_seen)}")
     if est.fits is False:
         against.append(_memory_reason(est) or "the memory estimate exceeds the budget")
     if against:
@@ -122,7 +125,8 @@ def row(catalog: Catalog, recipe: Recipe, target: Target) -> LibraryRow:
                                    target.gpu_name if target.hardware == recipe.hardware else None,
                                    catalog.engines[recipe.engine].memory_meaning, host_ram_gb=target.host_ram_gb,
                                    roles=catalog.engines[recipe.engine].fit_roles)
-    fits, reason = _judge(recipe, hardware, target, est)
+    tp, pp = parallel_sizes(recipe.serve, catalog.engines[recipe.engine].fit_roles)
+    fits, reason = _judge(recipe, hardware, target, est, tp * pp)
     cache = hfstate.checkpoint_state(recipe.checkpoint)
     image = catalog.image_for(recipe)
     return LibraryRow(

@@ -51,3 +51,14 @@ def test_filled_model_facts_give_an_estimate(catalog: Catalog) -> None:
     """Nemotron-3-Super's KV facts come from its config.json: the estimate and FITS are known."""
     row = judged(catalog, "nemotron-3-super-120b-a12b", library.Target("gb10", "--hardware"))
     assert row.memory_gb is not None and row.fits is True
+
+
+def test_a_recipe_over_more_gpus_than_the_box_has_does_not_fit_it(catalog: Catalog) -> None:
+    from metralectl.core.overrides import apply_sets
+
+    wide = apply_sets(catalog, catalog.recipes["qwen3.6-35b-a3b-vllm"], ["serve.tensor-parallel-size=2"])
+    spark = library.Target("gb10", "detected NVIDIA GB10", "NVIDIA GB10", ("NVIDIA GB10",))
+    row = library.row(catalog, wide, spark)
+    assert row.fits is False and "spreads the model over 2 GPUs, this box has 1" in row.fits_reason, row.fits_reason
+    assert "spreads" not in library.row(catalog, catalog.recipes["qwen3.6-35b-a3b-vllm"], spark).fits_reason
+    assert "spreads" not in library.row(catalog, wide, library.Target("gb10", "--hardware")).fits_reason  # not seen
