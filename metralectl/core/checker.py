@@ -302,7 +302,7 @@ def _gpus_for_parallel(check: Checker, where: KeyPath, gpus: int, serve: dict[st
     tp, pp = parallel_sizes(serve, contract.fit_roles)
     if gpus < tp * pp:
         roles = contract.fit_roles
-        check.error(where + ("gpus",), f"gpus: {gpus} gives the engine {gpus} GPU{'s' if gpus > 1 else ''}, but "
+        check.error(where + ("gpus",), f"gpus: {gpus} gives the engine {count(gpus, 'GPU')}, but "
                                        f"serve's {roles.tensor_parallel} {tp} × {roles.pipeline_parallel} {pp} "
                                        f"spreads the model over {tp * pp}", f"write `gpus: {tp * pp}` (or `gpus: all`)")
 
