@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from metralectl.core.budget import Budget, Footprint, Resident, plan_room, short_words
+from metralectl.core.budget import Budget, Footprint, Resident, gb, plan_room, short_words
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -219,6 +219,12 @@ class Loader:
         residents = [Resident(h.footprint.name, h.footprint.gb, self.last_used.get(h.footprint.name, 0.0),
                               self.in_flight.get(h.footprint.name, 0), h.footprint.name in self.pins or not h.ours)
                      for h in held]
+        if need.gb is not None and budget.gb is not None and need.gb > budget.gb + 1e-9:
+            self._count("loads", recipe, "refused")  # no eviction, no wait, no later can make room: said so, and
+            # without a Retry-After (a client that retries would only be refused again)
+            raise LoadRefused(503, f"cannot load `{recipe}`: it needs {gb(need.gb)}, more than the whole budget "
+                                   f"{gb(budget.gb)} ({budget.basis}); it cannot be served on this box as it is "
+                                   "(a leaner quant, or a larger budget)", "model_too_large")
         plan = plan_room(need.gb, budget.gb, residents)
         if plan is None:
             from metralectl.core.budget import Room

@@ -89,6 +89,18 @@ def test_a_pinned_model_is_never_evicted_and_nothing_evictable_is_a_503_with_the
                                      "ours: a, b)")
 
 
+def test_a_model_larger_than_the_whole_budget_is_refused_at_once_with_no_retry_and_nothing_stopped() -> None:
+    ops = FakeOps(20, {"a": 8, "b": 8, "c": 24}, running=("a", "b"))
+    loader = Loader(ops, NAMES)
+    with pytest.raises(LoadRefused) as refused:
+        run(lambda: loader.ensure("c"))
+    assert (refused.value.status, refused.value.code, refused.value.retry_after) == (503, "model_too_large", None)
+    assert refused.value.message == ("cannot load `c`: it needs 24.00 GB, more than the whole budget 20.00 GB "
+                                     "(--budget); it cannot be served on this box as it is (a leaner quant, or a "
+                                     "larger budget)")
+    assert ops.log == [] and ops.running == ["a", "b"]  # nobody evicted for a load that could never fit
+
+
 def test_a_busy_model_is_drained_first_never_stopped_mid_request() -> None:
     ops = FakeOps(20, {"a": 8, "b": 8, "c": 8}, running=("a", "b"))
     loader = Loader(ops, NAMES, drain_timeout_s=5.0)
