@@ -229,3 +229,26 @@ def test_a_busy_model_is_drained_not_killed_and_a_failed_load_leaves_the_rest_se
     finally:
         gateway.send_signal(signal.SIGINT)
         gateway.wait(30)
+
+
+def test_a_model_larger_than_the_whole_budget_is_refused_at_once_without_a_retry(box: ProcBox) -> None:
+    """A budget below the tiny model's footprint: the gateway answers 503 `model_too_large` with the numbers and no
+    Retry-After, starts no engine and stops none (the one already serving under another budget keeps serving)."""
+    alpha = box.recipe("alpha", TINY, box.own_port(), alias="tiny-alpha")
+    beta = box.recipe("beta", SECOND, box.own_port(), alias="tiny-beta")
+    gateway, url = _gateway(box, "--budget", "0.5")
+    try:
+        box.cli("run", alpha, "--json", check=True, timeout=300)  # by hand, under the default budget
+        served = box.engines()
+        assert len(served) == 1, served
+        answer = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": beta, "max_tokens": 4, "messages": [{"role": "user", "content": "Hello"}]})
+        assert answer.status_code == 503 and "retry-after" not in answer.headers, (answer.status_code, answer.headers)
+        error = answer.json()["error"]
+        assert error["code"] == "model_too_large", error
+        assert f"it needs {FOOTPRINT:.2f} GB, more than the whole budget 0.50 GB (--budget)" in error["message"], error
+        assert box.engines() == served  # nothing started, nothing evicted
+    finally:
+        gateway.send_signal(signal.SIGINT)
+        gateway.wait(30)
+        box.cli("stop", "--all", timeout=120)
