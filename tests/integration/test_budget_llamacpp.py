@@ -103,7 +103,10 @@ def _gateway(box: ProcBox, *args: str) -> tuple[subprocess.Popen[str], str]:
     proc = box.popen("gateway", "--listen", f"127.0.0.1:{port}", "--json", *args)
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    assert json.loads(line)["event"] == "listening", (line, proc.stderr.read() if proc.poll() is not None else "")
+    if not line or json.loads(line).get("event") != "listening":  # never left running behind a failed test
+        proc.kill()
+        proc.wait(30)
+        raise AssertionError((line, proc.stderr.read() if proc.stderr is not None else ""))
     threading.Thread(target=proc.stdout.read, daemon=True).start()  # the status lines, never left to block it
     return proc, f"http://127.0.0.1:{port}"
 
