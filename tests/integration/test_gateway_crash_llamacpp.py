@@ -58,26 +58,39 @@ def _loop(url: str, model: str, stop: threading.Event, results: list[int]) -> No
                 results.append(-1)
 
 
-def _stream(url: str, model: str, out: list[str], first: threading.Event) -> None:
+def _stream(url: str, model: str, out: list[str], first: threading.Event,
+            live: threading.Event | None = None) -> None:
     """A long streamed answer; what its end was: done, cut (the stream stopped short) or the status it got. Nearly the
-    slot's whole context: 4000 tokens of the tiny model took ~1 s on a quiet box, and the test needs the first stream
-    still going after the second is sent and a second has passed (it failed CI once: the second had started)."""
+    slot's whole context: 4000 tokens of the tiny model took ~1 s on a quiet box. With `live`: an answer that ends
+    whole is asked again at once, and `live` is set while one is streaming, so a test can act only while both of its
+    streams are in flight however fast the engine is (a first stream once ended before the second had begun)."""
     body = {"model": model, "prompt": "Once", "max_tokens": 16000, "stream": True, "ignore_eos": True}
     try:
-        with httpx.Client(timeout=httpx.Timeout(60, connect=10)) as client, \
-                client.stream("POST", f"{url}/v1/completions", json=body) as got:
-            if got.status_code != 200:
-                got.read()
-                out.append(f"{got.status_code} {got.text}")
-                first.set()
-                return
-            for line in got.iter_lines():
-                if line.startswith("data: "):
-                    first.set()
-                    if line == "data: [DONE]":
+        with httpx.Client(timeout=httpx.Timeout(60, connect=10)) as client:
+            while True:
+                with client.stream("POST", f"{url}/v1/completions", json=body) as got:
+                    if got.status_code != 200:
+                        got.read()
+                        out.append(f"{got.status_code} {got.text}")
+                        first.set()
+                        return
+                    whole = False
+                    for line in got.iter_lines():
+                        if line.startswith("data: "):
+                            first.set()
+                            if live is not None:
+                                live.set()
+                            if line == "data: [DONE]":
+                                whole = True
+                                break
+                    if live is not None:
+                        live.clear()
+                    if not whole:
+                        out.append("ended without [DONE]")
+                        return
+                    if live is None:
                         out.append("done")
                         return
-            out.append("ended without [DONE]")
     except httpx.RemoteProtocolError as exc:
         out.append(f"cut: {exc}")
     except httpx.HTTPError as exc:
@@ -163,13 +176,17 @@ def test_ctrl_c_of_the_gateway_with_streams_in_flight(box: ProcBox) -> None:
         assert loaded.status_code == 200, loaded.text
         ends: list[str] = []
         started = [threading.Event(), threading.Event()]
-        streams = [threading.Thread(target=_stream, args=(url, model, ends, ready), daemon=True)
-                   for model, ready in zip((alpha, beta), started)]
+        live = [threading.Event(), threading.Event()]
+        streams = [threading.Thread(target=_stream, args=(url, model, ends, ready, now), daemon=True)
+                   for model, ready, now in zip((alpha, beta), started, live)]
         for stream in streams:
             stream.start()
         for ready in started:
             assert ready.wait(120), ends
-        assert not ends, ends
+        deadline = time.monotonic() + 120
+        while not all(now.is_set() for now in live):  # both in the middle of an answer (one that ended is asked again)
+            assert time.monotonic() < deadline and not ends, ends
+            time.sleep(0.001)
         gateway.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
         assert gateway.wait(15) == 130, gateway.stderr.read()
