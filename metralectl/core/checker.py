@@ -18,7 +18,7 @@ from metralectl.core.checker_sections import check_env, check_source, check_vali
 from metralectl.core.checker_serve import Context, _add_hint, _is_set, check_serve
 from metralectl.core.contract import EngineContract
 from metralectl.core.engine_revisions import Revision
-from metralectl.core.fit import parallel_sizes
+from metralectl.core.fit import parallel_sizes, parallel_words
 from metralectl.errors import Problem
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.image_info import ImageInfo
@@ -303,8 +303,8 @@ def _gpus_for_parallel(check: Checker, where: KeyPath, gpus: int, serve: dict[st
     if gpus < tp * pp:
         roles = contract.fit_roles
         check.error(where + ("gpus",), f"gpus: {gpus} gives the engine {count(gpus, 'GPU')}, but "
-                                       f"serve's {roles.tensor_parallel} {tp} × {roles.pipeline_parallel} {pp} "
-                                       f"spreads the model over {tp * pp}", f"write `gpus: {tp * pp}` (or `gpus: all`)")
+                                       f"serve's {parallel_words(roles, tp, pp)} spreads the model over {tp * pp}",
+                    f"write `gpus: {tp * pp}` (or `gpus: all`)")
 
 
 def _ranks(check: Checker, body: dict[str, Any], where: KeyPath, ctx: Context, serve: dict[str, Any],

@@ -206,6 +206,11 @@ def parallel_sizes(serve: Mapping[str, object], roles: FitRoles) -> tuple[int, i
     return size(roles.tensor_parallel), size(roles.pipeline_parallel)
 
 
+def parallel_words(roles: FitRoles, tp: int, pp: int) -> str:
+    """How the serve settings spread the model, in their own flags: "tensor-parallel-size 4 × pipeline-parallel-size 1"."""
+    return f"{roles.tensor_parallel} {tp} × {roles.pipeline_parallel} {pp}"
+
+
 def estimate(recipe: Recipe, model: ModelInfo, hardware: HardwareClass, gpu_name: str | None = None,
              memory_meaning: MemoryMeaning = "fraction-of-total", host_ram_gb: float | None = None,
              roles: FitRoles | None = None) -> MemoryEstimate:

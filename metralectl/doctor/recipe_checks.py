@@ -134,14 +134,14 @@ OVER_WEIGHTS_FIX = ("a leaner quant (`--set checkpoint.quant=…`), or spread th
 
 def _spread_refusal(recipe: Recipe, catalog: Catalog, gpus: int, data: dict[str, Any]) -> Finding | None:
     """More GPUs than this machine has, for the engine's tensor × pipeline parallel sizes: `run` refuses it."""
-    from metralectl.core.fit import parallel_sizes
+    from metralectl.core.fit import parallel_sizes, parallel_words
 
     roles = catalog.engines[recipe.engine].fit_roles
     tp, pp = parallel_sizes(recipe.serve, roles)
     if not 0 < gpus < tp * pp:
         return None
-    return problem(f"{recipe.name} spreads the model over {tp * pp} GPUs (serve's {roles.tensor_parallel} {tp} × "
-                   f"{roles.pipeline_parallel} {pp}); this machine has {gpus}",
+    return problem(f"{recipe.name} spreads the model over {tp * pp} GPUs (serve's {parallel_words(roles, tp, pp)}); "
+                   f"this machine has {gpus}",
                    f"`--set serve.{roles.tensor_parallel}={gpus}` (the pipeline size 1), or a machine with {tp * pp} "
                    "GPUs", **data, gpus=gpus, spread=tp * pp)
 

@@ -105,11 +105,11 @@ def observe_staging(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime,
     spread, words, flag, seen = 1, "", "", 0
     hardware = catalog.hardware.get(recipe.hardware)
     if hardware is not None and hardware.has_accelerator:
-        from metralectl.core.fit import parallel_sizes
+        from metralectl.core.fit import parallel_sizes, parallel_words
 
         roles = catalog.engines[recipe.engine].fit_roles
         tp, pp = parallel_sizes(recipe.serve, roles)
-        spread, words = tp * pp, f"{roles.tensor_parallel} {tp} × {roles.pipeline_parallel} {pp}"
+        spread, words = tp * pp, parallel_words(roles, tp, pp)
         flag = roles.tensor_parallel or ""
         seen = len(machine.gpu_names()) if spread > 1 else 0
     return Facts(state, image_error, pullable, weights_status, weights_error, None, (), (), spread=spread,
