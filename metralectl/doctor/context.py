@@ -323,11 +323,7 @@ class Context:
     # -- derived --------------------------------------------------------------------------------
     def detected_gpu(self) -> tuple[str | None, str | None, str]:
         """(hardware class id, GPU name, how it was found) from NVML, else the driver's /proc entries."""
-        try:
-            system = self.gpus().system
-        except Exception:  # noqa: BLE001 - fall back to /proc below
-            system = None
-        gpus = getattr(system, "gpus", None)
+        gpus = self._nvml_gpus()
         if gpus:
             first = gpus[0]
             return first.hw_class, first.name, "NVML"
@@ -344,12 +340,16 @@ class Context:
 
     def gpu_count(self) -> int:
         """This machine's GPUs, as detected_gpu finds them (0: none found)."""
+        gpus = self._nvml_gpus()
+        return len(gpus) if gpus else len(self.proc_gpu_names())
+
+    def _nvml_gpus(self) -> Any:
+        """NVML's GPUs (empty when it cannot say: the callers fall back to the driver's /proc entries)."""
         try:
             system = self.gpus().system
-        except Exception:  # noqa: BLE001 - fall back to /proc below
-            system = None
-        gpus = getattr(system, "gpus", None)
-        return len(gpus) if gpus else len(self.proc_gpu_names())
+        except Exception:  # noqa: BLE001 - fall back to /proc
+            return ()
+        return getattr(system, "gpus", None) or ()
 
     def target_hardware(self) -> tuple[str | None, str]:
         """The class to judge against: the recipe's (with --recipe), else the detected one."""
