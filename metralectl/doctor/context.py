@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
-    from metralectl.core.gpudata import GpuSample, GpuSystem, GpuUnavailable
+    from metralectl.core.gpudata import GpuInfo, GpuSample, GpuSystem, GpuUnavailable
     from metralectl.core.recipe import Recipe
     from metralectl.seams.docker.protocol import ContainerRuntime
     from metralectl.seams.docker.containers import ContainerInfo
@@ -343,7 +343,7 @@ class Context:
         gpus = self._nvml_gpus()
         return len(gpus) if gpus else len(self.proc_gpu_names())
 
-    def _nvml_gpus(self) -> Any:
+    def _nvml_gpus(self) -> tuple[GpuInfo, ...]:
         """NVML's GPUs (empty when it cannot say: the callers fall back to the driver's /proc entries)."""
         try:
             system = self.gpus().system
