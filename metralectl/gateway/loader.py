@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from metralectl.core.budget import Budget, Footprint, Resident, gb, plan_room, short_words
+from metralectl.gateway.oversize import Oversize
 
 if TYPE_CHECKING:
     from metralectl.core.catalog import Catalog
@@ -118,6 +119,7 @@ class Loader:
     def __init__(self, ops: Ops, names: dict[str, str], *, pins: Iterable[str] = (), drain_timeout_s: float = 60.0,
                  metrics: Metrics | None = None) -> None:
         self.ops, self.names = ops, dict(names)  # every name a loadable recipe answers to -> the recipe
+        self.oversize = Oversize(ops, self.names.values())  # those more than the whole budget, for /v1/models
         self.pins = frozenset(pins)
         self.drain_timeout_s = drain_timeout_s
         self.metrics = metrics

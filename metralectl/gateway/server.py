@@ -15,6 +15,7 @@ import json
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from metralectl.core.gateway_keys import ApiKey, KeyWatch
 from metralectl.gateway.metrics import UNKNOWN, Metrics
 from metralectl.gateway.pool import SPARES, Pool
 from metralectl.gateway.loader import Loader
+from metralectl.gateway.oversize import TooLarge
 from metralectl.gateway.routes import LIFECYCLE_POLL_S, RESCAN_S, Route, Scanner, Table
 
 # The engines' own token counters and llama-server's chat template: bench sizes its prompts with them (a prompt
@@ -180,7 +182,9 @@ class Gateway:
                 except Answered as answer:
                     return await self._refuse(client, path, answer)
             if request.method == "GET" and path in ("/v1/models", "/metrics", "/health"):
-                client.write(self._own(path, key))
+                loader = self.loader if path == "/v1/models" else None
+                too_large = await loader.oversize.get() if loader is not None else {}
+                client.write(self._own(path, key, too_large))
                 await client.drain()
                 return True
             if path not in ROUTED:
@@ -233,7 +237,8 @@ class Gateway:
         self.metrics.requests.labels(model, path if path in LABELLED else "(other)", str(answer.status)).inc()
         return True
 
-    def _own(self, path: str, key: ApiKey | None = None) -> bytes:
+    def _own(self, path: str, key: ApiKey | None = None, too_large: Mapping[str, TooLarge] | None = None) -> bytes:
+        """too_large: the loadable recipes more than the whole budget (oversize.py), listed so with their numbers."""
         if path == "/metrics":
             return http1.simple_response(200, *self.metrics.text())
         if path == "/health":
@@ -243,9 +248,11 @@ class Gateway:
                  "recipe": route.recipe, "status": "loaded"}
                 for name, route in sorted(self.table.by_name.items())
                 if key is None or key.allows(name, route.recipe)]  # a key sees the models it may use
-        if self.loader is not None:  # what a request may name to have it loaded
+        if self.loader is not None:  # what a request may name to have it loaded (or, too large, why not)
+            too_large = too_large or {}
             data += [{"id": name, "object": "model", "created": 0, "owned_by": "metralectl", "recipe": recipe,
-                      "status": "loadable"} for name, recipe in sorted(self.loader.names.items())
+                      **(too_large[recipe].fields() if recipe in too_large else {"status": "loadable"})}
+                     for name, recipe in sorted(self.loader.names.items())
                      if name not in self.table.by_name and (key is None or key.allows(name, recipe))]
         return http1.simple_response(200, json.dumps({"object": "list", "data": data}).encode())
 
@@ -336,6 +343,8 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
     server = await loop.create_server(lambda: ClientConnection(gateway.handle, gateway.arrived,
                                                                gateway.limits.max_body, gateway.connections), sock=sock)
     gateway._publish(await asyncio.to_thread(gateway.scanner.scan))
+    if gateway.loader is not None:
+        gateway.loader.oversize.start()  # the too-large recipes found now, so the first /v1/models seldom waits
     refresher = asyncio.ensure_future(gateway.refresh_forever())
     sweeper = asyncio.ensure_future(idle.sweep_forever(gateway.connections, gateway.limits.client_timeout_s,
                                                        gateway.metrics.count_timeouts))

@@ -235,12 +235,16 @@ def test_a_busy_model_is_drained_not_killed_and_a_failed_load_leaves_the_rest_se
 
 
 def test_a_model_larger_than_the_whole_budget_is_refused_at_once_without_a_retry(box: ProcBox) -> None:
-    """A budget below the tiny model's footprint: the gateway answers 503 `model_too_large` with the numbers and no
-    Retry-After, starts no engine and stops none (the one already serving under another budget keeps serving)."""
+    """A budget below the tiny model's footprint: /v1/models lists it `too_large` with the numbers, and a request
+    for it is answered 503 `model_too_large` with the numbers and no Retry-After, starting no engine and stopping
+    none (the one already serving under another budget keeps serving)."""
     alpha = box.recipe("alpha", TINY, box.own_port(), alias="tiny-alpha")
     beta = box.recipe("beta", SECOND, box.own_port(), alias="tiny-beta")
     gateway, url = _gateway(box, "--budget", "0.5")
     try:
+        listed = {m["id"]: m for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]}
+        assert (listed[beta]["status"], listed[beta]["budget_gb"]) == ("too_large", 0.5), listed
+        assert f"{listed[beta]['needs_gb']:.2f}" == f"{FOOTPRINT:.2f}", listed
         box.cli("run", alpha, "--json", check=True, timeout=300)  # by hand, under the default budget
         served = box.engines()
         assert len(served) == 1, served

@@ -2,11 +2,16 @@
 stops the least recently used idle model first, and BEFORE the start (a sampler of the fake's running set never sees
 the budget exceeded); a pinned model is never evicted; a busy model is drained (its request finishes), not stopped
 mid-request, and a drain that does not end refuses the load (503) with the busy model untouched; nothing evictable:
-503 with the numbers; a launch that fails: 502 with the engine's reason."""
+503 with the numbers; a launch that fails: 502 with the engine's reason. /v1/models lists a recipe larger than the
+whole budget `too_large` with its need and the budget (found on a worker thread, kept a while), and one whose size or
+budget is unknown, or whose ops fail, `loadable`."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -14,6 +19,9 @@ import pytest
 
 from metralectl.core.budget import Budget, Footprint
 from metralectl.gateway.loader import Held, Loader, LoadRefused
+from metralectl.gateway.oversize import Oversize
+from metralectl.gateway.routes import Table
+from metralectl.gateway.server import Gateway, serve
 
 
 class FakeOps:
@@ -147,3 +155,107 @@ def test_a_launch_that_fails_is_a_502_with_the_engines_reason() -> None:
         run(lambda: Loader(ops, NAMES).ensure("c"))
     assert refused.value.status == 502 and refused.value.code == "model_load_failed"
     assert refused.value.message == "loading `c` failed: start failed (corrupt-weights): invalid magic"
+
+
+# /v1/models: a recipe larger than the whole budget is listed `too_large`, with its numbers (gateway/oversize.py)
+
+class SizedOps(FakeOps):
+    """budget() and footprint() as given: a number, None (unknown), or an exception raised; each call's thread."""
+
+    def __init__(self, budget: float | None | Exception, sizes: dict[str, float | None | Exception]) -> None:
+        super().__init__(0, {})
+        self.given_budget, self.sizes = budget, sizes
+        self.threads: list[int] = []
+
+    def budget(self) -> Budget:
+        self.threads.append(threading.get_ident())
+        if isinstance(self.given_budget, Exception):
+            raise self.given_budget
+        return Budget(self.given_budget, "--budget")
+
+    def footprint(self, recipe: str) -> Footprint:
+        self.threads.append(threading.get_ident())
+        size = self.sizes[recipe]
+        if isinstance(size, Exception):
+            raise size
+        return Footprint(recipe, size, "estimate")
+
+
+class NothingServed:
+    def lifecycle(self) -> tuple[None, None]:
+        return None, None
+
+    def scan(self) -> Table:
+        return Table()
+
+    def close(self) -> None:
+        pass
+
+
+def listed(ops: SizedOps, names: dict[str, str]) -> tuple[dict[str, dict[str, object]], int]:
+    """GET /v1/models of a gateway serving nothing that may load `names` with `ops`: each id's entry, and the
+    event loop's thread."""
+    async def ask() -> tuple[dict[str, dict[str, object]], int]:
+        gateway = Gateway(NothingServed(), loader=Loader(ops, names))  # type: ignore[arg-type]
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        ready = asyncio.Event()
+        server = asyncio.ensure_future(serve(gateway, sock, lambda _table: ready.set()))
+        await ready.wait()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = await reader.read()
+            writer.close()
+        finally:
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+        return {m["id"]: m for m in json.loads(body)["data"]}, threading.get_ident()
+
+    got = run(ask())
+    assert isinstance(got, tuple)
+    return got
+
+
+def test_models_lists_a_recipe_over_the_whole_budget_as_too_large_with_its_numbers_and_the_rest_loadable() -> None:
+    ops = SizedOps(24.0, {"a": 8.0, "big": 27.5, "edge": 24.0, "unknown": None, "broken": RuntimeError("no weights")})
+    names = {"a": "a", "big": "big", "big-alias": "big", "edge": "edge", "unknown": "unknown", "broken": "broken"}
+    models, loop_thread = listed(ops, names)
+    statuses = {name: m["status"] for name, m in models.items()}
+    assert statuses == {"a": "loadable", "big": "too_large", "big-alias": "too_large", "edge": "loadable",
+                        "unknown": "loadable", "broken": "loadable"}, models
+    assert models["big"] == {"id": "big", "object": "model", "created": 0, "owned_by": "metralectl",
+                             "recipe": "big", "status": "too_large", "needs_gb": 27.5, "budget_gb": 24.0}
+    assert all("needs_gb" not in models[name] for name in ("a", "edge", "unknown", "broken"))
+    assert ops.threads and loop_thread not in ops.threads  # the ops were asked on a worker thread, never the loop's
+
+
+@pytest.mark.parametrize("budget", [None, RuntimeError("NVML failed")], ids=["unknown", "raises"])
+def test_models_with_a_budget_unknown_or_failing_lists_every_recipe_loadable(budget: None | Exception) -> None:
+    models, _ = listed(SizedOps(budget, {"a": 8.0, "big": 27.5}), {"a": "a", "big": "big"})
+    assert {name: m["status"] for name, m in models.items()} == {"a": "loadable", "big": "loadable"}
+
+
+def test_the_too_large_finding_is_kept_for_its_lifetime_then_found_again() -> None:
+    ops = SizedOps(24.0, {"a": 8.0, "big": 27.5})
+    now = [100.0]
+    oversize = Oversize(ops, ["a", "big"], refresh_s=30.0, clock=lambda: now[0])
+
+    async def scenario() -> list[set[str]]:
+        seen = [set(await oversize.get())]
+        asked = len(ops.threads)
+        ops.sizes["a"] = 30.0  # the box changed (a larger quant of a)
+        now[0] += 29.0
+        seen.append(set(await oversize.get()))  # within its lifetime: the same finding, the ops not asked again
+        assert len(ops.threads) == asked
+        now[0] += 2.0
+        await oversize.get()  # past it: a new finding is begun (the old one answers meanwhile)
+        assert oversize._task is not None
+        await oversize._task
+        seen.append(set(await oversize.get()))
+        return seen
+
+    assert run(scenario()) == [{"big"}, {"big"}, {"a", "big"}]
