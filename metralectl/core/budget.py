@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from metralectl.core.engine_profile import MemoryMeaning
 from metralectl.core.fit import MemoryEstimate
+from metralectl.core.placement import Holding, Placement, choose, refusal_words
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class Footprint:
     name: str  # the recipe (or the engine's container name when its recipe is unknown)
     gb: float | None
     basis: str  # "estimate", "measured 1.2 GB (rss)", "unknown: ..."
+    # the GPUs it holds, on a box of several (core/placement.py); None: not known, counted on every GPU
+    devices: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -33,11 +36,26 @@ class Budget:
 
 @dataclass(frozen=True)
 class Room:
-    """Whether `new` fits beside `held` within `budget`."""
+    """Whether `new` fits beside `held` within `budget`: summed on a box of one GPU (or an unknown count), per GPU
+    on the `need` least-held of a box of `gpus` GPUs (core/placement.py)."""
 
     budget: Budget
     new: Footprint
     held: tuple[Footprint, ...]
+    gpus: int = 0  # the box's GPUs (0: unknown or none)
+    need: int = 0  # the GPUs `new` takes (0: none, or not placed: the sum rule)
+
+    @property
+    def placement(self) -> Placement | None:
+        """The GPUs `new` would go on, where the box has several and `new` takes some; None: the sum rule."""
+        if self.gpus <= 1 or self.need <= 0:
+            return None
+        return choose(self.gpus, self.budget.gb, self.holdings, self.new.gb, self.need)
+
+    @property
+    def holdings(self) -> tuple[Holding, ...]:
+        every = tuple(range(self.gpus))
+        return tuple(Holding(h.name, h.gb, every if h.devices is None else h.devices) for h in self.held)
 
     @property
     def used_gb(self) -> float | None:
@@ -51,6 +69,9 @@ class Room:
 
     @property
     def fits(self) -> bool:
+        placed = self.placement
+        if placed is not None:
+            return placed.fits
         free = self.free_gb
         return free is not None and self.new.gb is not None and self.new.gb <= free + 1e-9
 
@@ -91,7 +112,11 @@ def holders(held: Sequence[Footprint]) -> str:
 
 
 def short_words(room: Room) -> str:
-    """Why `room.new` does not fit, with the numbers: needs X, free Y of budget Z, what holds it."""
+    """Why `room.new` does not fit, with the numbers: needs X, free Y of budget Z, what holds it (on a box of several
+    GPUs: on which GPUs)."""
+    placed = room.placement
+    if placed is not None:
+        return refusal_words(room.new.name, placed, room.holdings, room.budget.basis)
     if room.budget.gb is None:
         return (f"{room.new.name} cannot be placed beside what serves: this box's memory budget is unknown "
                 f"({room.budget.basis})")

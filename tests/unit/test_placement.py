@@ -1,0 +1,110 @@
+"""GPU placement on a box of several GPUs (core/placement.py, core/budget.Room): a new engine goes on the GPUs that
+hold least (ties: the lower index), fits when each keeps held + need within the per-GPU budget, never on a GPU whose
+holder's footprint is unknown; a box of one GPU keeps the sum rule; the `gpu-ids` label is read back strictly."""
+
+from __future__ import annotations
+
+import pytest
+
+from metralectl.core.budget import Budget, Footprint, Room, short_words
+from metralectl.core.placement import Holding, choose, devices_held, held_per_gpu, ids_text, parse_ids
+
+BUDGET = Budget(80.0, "NVIDIA H100 80GB HBM3 memory")
+
+
+def test_the_least_held_gpus_are_chosen_ties_by_index() -> None:
+    held = [Holding("a", 60.0, (0,)), Holding("b", 10.0, (2,)), Holding("c", 10.0, (3,))]
+    p = choose(4, 80.0, held, 30.0, 2)
+    assert p.chosen == (1, 2) and p.fits  # GPU 1 holds nothing; 2 and 3 tie at 10 GB: the lower index
+    assert choose(4, 80.0, held, 30.0, 1).chosen == (1,)
+    assert choose(8, 80.0, [], 30.0, 3).chosen == (0, 1, 2)
+
+
+def test_a_set_that_does_not_fit() -> None:
+    held = [Holding("a", 60.0, (0, 1)), Holding("b", 70.0, (2, 3))]
+    p = choose(4, 80.0, held, 30.0, 1)
+    assert p.chosen == (0,) and not p.fits
+    assert choose(4, 80.0, held, 20.0, 2).fits  # GPUs 0 and 1: 60 + 20
+    assert not choose(4, 80.0, held, 20.5, 2).fits
+    assert not choose(4, 80.0, held, 10.5, 4).fits  # GPUs 2 and 3: 70 + 10.5
+
+
+def test_too_many_gpus_asked() -> None:
+    p = choose(2, 80.0, [], 10.0, 4)
+    assert p.chosen == () and not p.fits
+
+
+def test_unknown_holding_never_has_room_but_others_do() -> None:
+    held = [Holding("a", None, (0,))]
+    assert held_per_gpu(2, held) == (None, 0.0)
+    p = choose(2, 80.0, held, 10.0, 1)
+    assert p.chosen == (1,) and p.fits
+    assert not choose(2, 80.0, held, 10.0, 2).fits
+    assert not choose(2, 80.0, [], None, 1).fits  # the new one's footprint unknown
+    assert not choose(2, None, [], 10.0, 1).fits  # the budget unknown
+
+
+def test_held_sums_per_gpu() -> None:
+    held = [Holding("a", 20.0, (0, 1)), Holding("b", 30.0, (1,)), Holding("c", 5.0, (7,))]
+    assert held_per_gpu(3, held) == (20.0, 50.0, 0.0)  # an index beyond the box is no GPU of it
+
+
+def test_parse_ids_is_strict() -> None:
+    assert parse_ids("1,3", 8) == (1, 3)
+    assert parse_ids("0", 1) == (0,)
+    for bad in ("", None, "1,,3", "1, 3", "-1", "8", "1,1", "a", "1.0", "٣", "1;rm", "9" * 300):
+        assert parse_ids(bad, 8) is None, bad
+    assert ids_text((1, 3)) == "1,3"
+
+
+def test_devices_held() -> None:
+    assert devices_held("all", 4, None) == (0, 1, 2, 3)
+    assert devices_held("none", 4, "1") == ()
+    assert devices_held(2, 4, None, accelerator=False) == ()
+    assert devices_held(2, 8, "5,6") == (5, 6)
+    assert devices_held(2, 8, None) == (0, 1)  # an older metralectl's engine: the first ones
+    assert devices_held(2, 8, "5") == (0, 1)  # a label of the wrong length: as if unlabelled
+    assert devices_held(2, 4, "1,7") == (0, 1)  # beyond the box
+    assert devices_held(1, 0, "0") == ()
+
+
+def _fp(name: str, gb: float | None, devices: tuple[int, ...] | None = None) -> Footprint:
+    return Footprint(name, gb, "estimate", devices)
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_one_gpu_box_is_the_sum_rule(gpus: int) -> None:
+    held = (_fp("a", 50.0, (0,)),)
+    assert Room(BUDGET, _fp("b", 30.0), held, gpus=gpus, need=1).fits
+    assert not Room(BUDGET, _fp("b", 30.5), held, gpus=gpus, need=1).fits
+    assert Room(BUDGET, _fp("b", 30.0), held, gpus=gpus, need=1).placement is None
+    words = short_words(Room(BUDGET, _fp("b", 30.5), held, gpus=gpus, need=1))
+    assert words == short_words(Room(BUDGET, _fp("b", 30.5), held))
+
+
+def test_two_one_gpu_models_on_a_box_of_eight() -> None:
+    held = (_fp("a", 70.0, (0,)),)
+    room = Room(BUDGET, _fp("b", 70.0), held, gpus=8, need=1)
+    assert room.fits and room.placement is not None and room.placement.chosen == (1,)
+    assert not Room(BUDGET, _fp("b", 70.0), held).fits  # the sum rule would refuse it
+
+
+def test_gpus_all_and_unplaced_holders() -> None:
+    held = (_fp("a", 70.0, (3,)),)
+    assert not Room(BUDGET, _fp("b", 20.0), held, gpus=4, need=4).fits  # `all`: GPU 3 too
+    assert Room(BUDGET, _fp("b", 10.0), held, gpus=4, need=4).fits
+    # a holder whose GPUs are unknown counts on every one
+    assert not Room(BUDGET, _fp("b", 20.0), (_fp("a", 70.0),), gpus=4, need=1).fits
+
+
+def test_refusal_names_the_gpus() -> None:
+    held = (_fp("a", 70.0, (0, 1)), _fp("c", 75.0, (2,)), _fp("d", 60.0, (3,)))
+    room = Room(BUDGET, _fp("b", 30.0), held, gpus=4, need=2)
+    assert not room.fits
+    words = short_words(room)
+    assert words.startswith("b needs 30.00 GB on each of 2 of this box's 4 GPUs")
+    assert "budget 80.00 GB per GPU, NVIDIA H100 80GB HBM3 memory" in words
+    assert "GPU 0: free 10.00 GB (held by a 70.00 GB)" in words and "GPU 3: free 20.00 GB (held by d 60.00 GB)" in words
+    one = short_words(Room(BUDGET, _fp("b", 30.0), held, gpus=4, need=1))
+    assert "on 1 of this box's 4 GPUs" in one and "GPU 3:" in one
+    assert short_words(Room(BUDGET, _fp("b", 1.0), (), gpus=2, need=3)) == "b needs 3 GPUs; this box has 2 GPUs"
