@@ -26,13 +26,16 @@ LABEL_ENGINE = f"{LABEL_PREFIX}.engine"  # the engine file's name (metrale, llam
 # directly sends `Authorization: Bearer <token>`
 LABEL_ENGINE_AUTH = f"{LABEL_PREFIX}.engine-auth"
 ENGINE_AUTH_TOKEN = "metralectl-token"
+# "1,3": the GPUs an engine was placed on, on a box of several (core/placement.py); not in the spec hash, so the
+# same recipe on other GPUs is the same launch. Without it, an engine of `gpus: N` holds the first N.
+LABEL_GPU_IDS = f"{LABEL_PREFIX}.gpu-ids"
 
 # Short-lived helper containers, never taken for engines.
 LABEL_PROBE = f"{LABEL_PREFIX}.probe"  # the network/HF-cache probe (seams/docker/containers.run_probe)
 LABEL_DOCTOR = f"{LABEL_PREFIX}.doctor"  # doctor's GPU probe container
 
 ALL = (LABEL_MANAGED, LABEL_RECIPE, LABEL_SPEC_HASH, LABEL_OWNER, LABEL_RANK, LABEL_RUN_ID, LABEL_ENDPOINT,
-       LABEL_SETS, LABEL_ENGINE, LABEL_PROBE, LABEL_DOCTOR, LABEL_ENGINE_AUTH)
+       LABEL_SETS, LABEL_ENGINE, LABEL_PROBE, LABEL_DOCTOR, LABEL_ENGINE_AUTH, LABEL_GPU_IDS)
 
 
 def owner() -> str:

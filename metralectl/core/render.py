@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,8 @@ from metralectl.core.engine_config import GeneratedFile, generated
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.image_info import ImageInfo
 # The label table lives in core.labels; these names stay importable from here for older callers.
-from metralectl.core.labels import ENGINE_AUTH_TOKEN, LABEL_ENGINE, LABEL_ENGINE_AUTH
+from metralectl.core.labels import ENGINE_AUTH_TOKEN, LABEL_ENGINE, LABEL_ENGINE_AUTH, LABEL_GPU_IDS
+from metralectl.core.placement import ids_text
 from metralectl.core.labels import LABEL_MANAGED as LABEL_MANAGED
 from metralectl.core.labels import LABEL_OWNER as LABEL_OWNER
 from metralectl.core.labels import LABEL_PREFIX as LABEL_PREFIX
@@ -71,17 +72,29 @@ class ContainerSpec:
     ulimits: tuple[tuple[str, int, int], ...] = ()  # (name, soft, hard)
     shm_size: str | None = None
     files: tuple[GeneratedFile, ...] = ()  # written by the launch before it starts (core/engine_config.py)
+    # the GPUs a box of several placed it on (`placed`, core/placement.py): Docker's device ids instead of the
+    # count, a host process's CUDA_VISIBLE_DEVICES; None: the first `gpus` (as ever). Never in the spec hash.
+    gpu_ids: tuple[int, ...] | None = None
 
     @property
     def is_process(self) -> bool:
         """Started as a host process (runtime: process), not in a container."""
         return self.image.startswith(PROCESS_IMAGE_PREFIX)
 
+    @property
+    def engine_env(self) -> dict[str, str]:
+        """The environment the engine gets: `env`, with a host process's placement (gpu_ids) made visible."""
+        if not self.is_process or self.gpu_ids is None:
+            return dict(self.env)
+        return {**self.env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ids_text(self.gpu_ids)}
+
     def spec_hash(self) -> str:
-        """Identity of what would run (labels excluded, so the hash can be one of them). The multi-rank profile
-        counts only when set, so a single-node spec hashes as it always did."""
+        """Identity of what would run (labels and the placement excluded, so the hash can be one of them and the
+        same recipe on other GPUs is the same launch). The multi-rank profile counts only when set, so a
+        single-node spec hashes as it always did."""
         body = asdict(self)
         body.pop("labels")
+        body.pop("gpu_ids")
         for key in _PROFILE_FIELDS:
             if not body[key]:
                 body.pop(key)
@@ -89,6 +102,18 @@ class ContainerSpec:
 
 
 _PROFILE_FIELDS = ("devices", "cap_add", "ulimits", "shm_size", "files")
+
+
+def placed(spec: ContainerSpec, recipe: Recipe, ids: tuple[int, ...] | None) -> ContainerSpec:
+    """spec on the GPUs `ids` (core/placement.py chose them), recorded in its gpu-ids label; unchanged where there
+    is nothing to place: no ids, a spec of `gpus: all`/`none`, ids of another count, a host process whose recipe
+    sets CUDA_VISIBLE_DEVICES itself (the recipe's own env wins)."""
+    wanted = recipe.resources.gpus if spec.is_process else spec.gpus
+    if ids is None or not isinstance(wanted, int) or isinstance(wanted, bool) or len(ids) != wanted:
+        return spec
+    if spec.is_process and ("CUDA_VISIBLE_DEVICES" not in spec.env or "CUDA_VISIBLE_DEVICES" in recipe.env):
+        return spec
+    return replace(spec, gpu_ids=tuple(ids), labels={**spec.labels, LABEL_GPU_IDS: ids_text(ids)})
 
 
 def hf_mounts(container_hf_home: str = CONTAINER_HF_HOME) -> tuple[Mount, ...]:
@@ -319,7 +344,9 @@ def docker_run_command(spec: ContainerSpec, *, width: int = 88) -> str:
     q = shlex.quote
     lines = [f"docker run -d --name {q(spec.name)}"]
     runtime = ["--network", q(spec.network_mode)]
-    if spec.gpus is not None:
+    if spec.gpu_ids is not None:
+        runtime += ["--gpus", q(f'"device={ids_text(spec.gpu_ids)}"')]
+    elif spec.gpus is not None:
         runtime += ["--gpus", q(str(spec.gpus))]
     runtime.append(q(f"--ipc={spec.ipc_mode}"))
     lines.append(" ".join(runtime))

@@ -49,7 +49,7 @@ def engine_environment(spec: ContainerSpec) -> dict[str, str]:
     from this environment (PATH, HOME, LANG, ...), then exactly the spec's."""
     from metralectl.seams.process.state import engine_environment as built
 
-    return built(spec.env)
+    return built(spec.engine_env)
 
 
 def command_text(spec: ContainerSpec) -> str:

@@ -20,7 +20,8 @@ def test_the_names_never_change() -> None:
         "ai.metrale.metralectl.managed", "ai.metrale.metralectl.recipe", "ai.metrale.metralectl.spec-hash",
         "ai.metrale.metralectl.owner", "ai.metrale.metralectl.rank", "ai.metrale.metralectl.run-id",
         "ai.metrale.metralectl.endpoint", "ai.metrale.metralectl.sets", "ai.metrale.metralectl.engine",
-        "ai.metrale.metralectl.probe", "ai.metrale.metralectl.doctor", "ai.metrale.metralectl.engine-auth")
+        "ai.metrale.metralectl.probe", "ai.metrale.metralectl.doctor", "ai.metrale.metralectl.engine-auth",
+        "ai.metrale.metralectl.gpu-ids")
 
 
 def test_all_lists_every_label_of_the_table() -> None:

@@ -88,7 +88,9 @@ class ContainersMixin(Resource):
         from docker.types import DeviceRequest
 
         device_requests = None
-        if spec.gpus == "all":
+        if spec.gpu_ids is not None:  # placed on a box of several GPUs (core/placement.py)
+            device_requests = [DeviceRequest(device_ids=[str(i) for i in spec.gpu_ids], capabilities=[["gpu"]])]
+        elif spec.gpus == "all":
             device_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
         elif isinstance(spec.gpus, int):
             device_requests = [DeviceRequest(count=spec.gpus, capabilities=[["gpu"]])]

@@ -34,13 +34,13 @@ ABORT_WAIT_S = 10.0
 
 
 def _request(spec: ContainerSpec, name: str, launch: str, log: str, log_limit: int) -> dict[str, Any]:
-    return {"name": name, "launch": launch, "argv": list(spec.command), "env": state.engine_environment(spec.env),
+    return {"name": name, "launch": launch, "argv": list(spec.command), "env": state.engine_environment(spec.engine_env),
             "ulimits": [list(u) for u in spec.ulimits], "log": log, "log_limit": log_limit,
             "states_root": str(state.states_dir().root), "logs_root": str(logs.logs_dir().root), "cwd": "/"}
 
 
 def _initial(spec: ContainerSpec, name: str, launch: str, labels: dict[str, str], log: str) -> dict[str, Any]:
-    env = state.engine_environment(spec.env)
+    env = state.engine_environment(spec.engine_env)
     return {"schema": state.SCHEMA, "name": name, "launch": launch, "image": spec.image, "argv": list(spec.command),
             "env_names": sorted(env), "port": spec.port, "bind": spec.bind, "labels": labels,
             "spec_hash": spec.spec_hash(), "owner_uid": os.geteuid(), "created_at": state.now_iso(), "log": log,
