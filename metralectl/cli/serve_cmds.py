@@ -196,6 +196,9 @@ def run(
             raise MetralError(f"{recipe.name} has {count(recipe.resources.world_size, 'rank')}; --rank {rank} does not exist")
         spec = spec_here(catalog, recipe, rank=rank, master_addr=master_addr, roce_interface=roce_interface,
                          rdma=not no_rdma, rdma_device=rdma_device)
+        from metralectl.lifecycle.placing import place_for_print
+
+        spec = place_for_print(catalog, recipe, spec)  # on a box of several GPUs: the ones `run` would choose now
         if as_json:  # a host process: also every variable it gets, as it gets them
             extra = {"environment": engine_environment(spec)} if spec.is_process else {}
             print(json.dumps({**asdict(spec), **extra}, indent=2))

@@ -100,7 +100,7 @@ def with_measured(estimated: Footprint, measured_gb: float | None, how: str) -> 
         return estimated
     if estimated.gb is not None and estimated.gb >= measured_gb:
         return estimated
-    return Footprint(estimated.name, measured_gb, f"measured ({how})")
+    return Footprint(estimated.name, measured_gb, f"measured ({how})", estimated.devices)
 
 
 def gb(value: float | None) -> str:

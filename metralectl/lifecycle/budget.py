@@ -9,7 +9,7 @@ or `--budget GB` where a command takes it (run, gateway); `pin:` there lists the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -136,14 +136,21 @@ def rss_bytes(pids: set[int]) -> int | None:
 
 
 def running_footprints(catalog: Catalog, runtime: ContainerRuntime,
-                       running: Sequence[ContainerInfo]) -> list[Footprint]:
-    """Each running engine's footprint: the larger of its recipe's estimate and its measured memory."""
+                       running: Sequence[ContainerInfo], box_gpus: int = 0) -> list[Footprint]:
+    """Each running engine's footprint: the larger of its recipe's estimate and its measured memory. On a box of
+    several GPUs (`box_gpus`), also the GPUs it holds: those its gpu-ids label names (else the first ones, as an
+    engine started before placement holds) and every one NVML sees it on."""
     from metralectl.core.labels import LABEL_RECIPE
     from metralectl.errors import MetralError
-    from metralectl.lifecycle.ps_memory import measured_bytes
+    from metralectl.lifecycle.ps_memory import measured_bytes, measured_per_gpu
 
+    per_gpu: dict[str, dict[int, int]] = {}
     try:
-        gpu = measured_bytes([c.name for c in running], runtime.container_pids, busiest_gpu=True) if running else {}
+        if box_gpus > 1 and running:
+            per_gpu = measured_per_gpu([c.name for c in running], runtime.container_pids)
+            gpu = {name: max(held.values()) for name, held in per_gpu.items() if held}
+        else:
+            gpu = measured_bytes([c.name for c in running], runtime.container_pids, busiest_gpu=True) if running else {}
     except (MetralError, OSError):
         gpu = {}
     out = []
@@ -151,6 +158,8 @@ def running_footprints(catalog: Catalog, runtime: ContainerRuntime,
         recipe = served_recipe(catalog, c)
         name = c.labels.get(LABEL_RECIPE, c.name)
         est = recipe_footprint(catalog, recipe) if recipe is not None else Footprint(name, None, "unknown recipe")
+        if box_gpus > 1:
+            est = replace(est, devices=_devices(catalog, recipe, c, box_gpus, per_gpu.get(c.name, {})))
         if c.name in gpu:
             out.append(with_measured(est, gpu[c.name] / 1e9, "NVML"))
             continue
@@ -162,10 +171,44 @@ def running_footprints(catalog: Catalog, runtime: ContainerRuntime,
     return out
 
 
+def _devices(catalog: Catalog, recipe: Recipe | None, container: ContainerInfo, box_gpus: int,
+             seen: dict[int, int]) -> tuple[int, ...] | None:
+    """The GPUs a running engine holds (None: unknown, counted on every GPU): its label's (core/placement.py reads
+    it strictly), with every GPU NVML sees it on."""
+    from metralectl.core.labels import LABEL_GPU_IDS
+    from metralectl.core.placement import devices_held
+
+    if recipe is None:
+        return None
+    hardware = catalog.hardware.get(recipe.hardware)
+    held = devices_held(recipe.resources.gpus, box_gpus, container.labels.get(LABEL_GPU_IDS),
+                        accelerator=hardware is None or hardware.has_accelerator)
+    return tuple(sorted(set(held) | {i for i in seen if 0 <= i < box_gpus}))
+
+
+def box_gpus() -> int:
+    """This box's GPUs, as the driver lists them (0: none, or no driver)."""
+    from metralectl.seams import machine
+
+    return len(machine.gpu_names())
+
+
+def gpus_needed(catalog: Catalog, recipe: Recipe, box: int) -> int:
+    """The GPUs `recipe` takes on a box of `box`: `all` every one, `none` (or a class without an accelerator) none."""
+    hardware = catalog.hardware.get(recipe.hardware)
+    setting = recipe.resources.gpus
+    if setting == "none" or (hardware is not None and not hardware.has_accelerator):
+        return 0
+    return box if setting == "all" or not isinstance(setting, int) else setting
+
+
 def room_for(catalog: Catalog, recipe: Recipe, runtime: ContainerRuntime, running: Sequence[ContainerInfo],
              budget_gb: float | None = None) -> Room:
+    """Whether `recipe` fits beside `running`: per GPU, on the GPUs that hold least, on a box of several."""
+    box = box_gpus()
     return Room(box_budget(catalog, budget_gb), recipe_footprint(catalog, recipe),
-                tuple(running_footprints(catalog, runtime, running)))
+                tuple(running_footprints(catalog, runtime, running, box)), gpus=box,
+                need=gpus_needed(catalog, recipe, box))
 
 
 def free_port(bind: str, taken: set[int], start: int) -> int:

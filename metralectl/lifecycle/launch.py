@@ -239,7 +239,11 @@ class LaunchInterrupted(MetralError):
 def start_and_wait(recipe: Recipe, catalog: Catalog, runtime: ContainerRuntime, spec: ContainerSpec,
                    options: LaunchOptions, on_event: Listener) -> Launched:
     """Start the one container and wait until it serves (lifecycle/ranks.py: a single-rank launch), or fail
-    it: classified, logs kept, the container removed unless keep_failed; Ctrl-C removes it too."""
+    it: classified, logs kept, the container removed unless keep_failed; Ctrl-C removes it too. On a box of several
+    GPUs it goes on those that hold least (lifecycle/placing.py)."""
+    from metralectl.lifecycle.placing import place
+
+    spec = place(catalog, recipe, runtime, spec, options.budget_gb)  # on a box of several GPUs: the least held
     run_id = new_run_id()
     rank = Rank(0, runtime, spec, store.logs_dir() / f"{run_id}-{recipe.name}.log")
     booted = boot(recipe, catalog, [rank], run_id, base_url(spec.bind, spec.port), options, on_event)

@@ -200,12 +200,15 @@ def containers_refusal(recipe: Recipe, spec: ContainerSpec, options: LaunchOptio
         if room is not None and not recipe.multi_rank and not ranked:
             if room.fits:
                 return None  # it starts beside what serves, on its own port
-            held = " ".join(f"`metralectl stop {h.name}`" for h in room.held)
+            placement = room.placement  # on a box of several GPUs: only those on the GPUs it would go on
+            on = set(placement.chosen) if placement is not None else None
+            held = " ".join(f"`metralectl stop {h.name}`" for h in room.holdings
+                            if on is None or on.intersection(h.devices))
             return Refusal(MetralError(
                 f"{short_words(room)}{where}",
                 f"`metralectl run {recipe.name} --replace` stops what serves first; `metralectl swap {recipe.name}` "
                 f"replaces the one served model; or free room: {held} (`--budget GB` or `budget:` in box.yaml "
-                "sets the budget)"), "swap")
+                f"sets the budget{' per GPU' if placement is not None else ''})"), "swap")
         hint = ("`run --replace` stops it first" if recipe.multi_rank or ranked else
                 f"`metralectl swap {recipe.name}` replaces it with rollback; `run --replace` stops it first")
         what = (f"{recipe.name} is multi-rank: it runs alone on its nodes" if recipe.multi_rank else

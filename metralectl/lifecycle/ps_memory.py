@@ -22,7 +22,36 @@ def measured_bytes(names: Iterable[str], pids_of: Callable[[str], set[int]],
     or a process whose memory the driver would not report). `busiest_gpu`: what it holds on the one GPU where
     it holds the most (the memory budget is one GPU's; an engine spread over several holds a share on each),
     not the sum over its GPUs (what `ps` shows). On a box of one GPU the two are the same."""
-    from metralectl.core.gpudata import GpuUnavailable, gpu_resident_bytes
+    from metralectl.core.gpudata import gpu_resident_bytes
+
+    out: dict[str, int] = {}
+    for name, mine in _mine(names, pids_of, probe_factory).items():
+        held = [p for _, device in mine for p in device]
+        parts = [gpu_resident_bytes(device) for _, device in mine] if busiest_gpu else [gpu_resident_bytes(held)]
+        if all(part is not None for part in parts):
+            out[name] = max(part for part in parts if part is not None)
+    return out
+
+
+def measured_per_gpu(names: Iterable[str], pids_of: Callable[[str], set[int]],
+                     probe_factory: Callable[[], Any] | None = None) -> dict[str, dict[int, int]]:
+    """What each named container's processes hold on each GPU (NVML's device index: the order Docker's device ids
+    and CUDA_DEVICE_ORDER=PCI_BUS_ID use), for the containers NVML accounts for in full (as measured_bytes)."""
+    from metralectl.core.gpudata import gpu_resident_bytes
+
+    out: dict[str, dict[int, int]] = {}
+    for name, mine in _mine(names, pids_of, probe_factory).items():
+        parts = {index: gpu_resident_bytes(device) for index, device in mine}
+        if all(part is not None for part in parts.values()):
+            out[name] = {index: part for index, part in parts.items() if part is not None}
+    return out
+
+
+def _mine(names: Iterable[str], pids_of: Callable[[str], set[int]],
+          probe_factory: Callable[[], Any] | None) -> dict[str, list[tuple[int, list[Any]]]]:
+    """Each named container's processes on each GPU where it has any (GPU index, processes), for the containers
+    with a process on the GPU whose memory the driver reports."""
+    from metralectl.core.gpudata import GpuUnavailable
     from metralectl.errors import MetralError
 
     names = list(names)
@@ -36,23 +65,22 @@ def measured_bytes(names: Iterable[str], pids_of: Callable[[str], set[int]],
     try:
         if isinstance(probe.open(), GpuUnavailable):
             return {}
-        devices = [list(sample.processes or ()) for sample in probe.sample()]
+        devices = [(int(getattr(sample, "index", n)), list(sample.processes or ()))
+                   for n, sample in enumerate(probe.sample())]
     except MetralError:  # the GPU went away mid-read: nothing measured, which ps says as such
         return {}
     finally:
         probe.close()
-    out: dict[str, int] = {}
-    if not any(devices):  # nothing on the GPU: no need to ask the daemon for PIDs (that loads docker-py)
-        return out
+    out: dict[str, list[tuple[int, list[Any]]]] = {}
+    if not any(device for _, device in devices):  # nothing on the GPU: no need to ask the daemon for PIDs (that
+        return out  # loads docker-py)
     for name in names:
         pids = pids_of(name)
-        mine = [[p for p in device if p.pid in pids] for device in devices]
-        held = [p for device in mine for p in device]
-        if not held or any(p.used_bytes is None for p in held):
+        mine = [(index, [p for p in device if p.pid in pids]) for index, device in devices]
+        mine = [(index, device) for index, device in mine if device]
+        if not mine or any(p.used_bytes is None for _, device in mine for p in device):
             continue
-        parts = [gpu_resident_bytes(device) for device in mine if device] if busiest_gpu else [gpu_resident_bytes(held)]
-        if all(part is not None for part in parts):
-            out[name] = max(part for part in parts if part is not None)
+        out[name] = mine
     return out
 
 
