@@ -10,7 +10,7 @@ the numbers (`short_words`); the gateway's loader evicts the least recently used
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from metralectl.core.engine_profile import MemoryMeaning
 from metralectl.core.fit import MemoryEstimate
@@ -26,36 +26,35 @@ class Footprint:
     basis: str  # "estimate", "measured 1.2 GB (rss)", "unknown: ..."
     # the GPUs it holds, on a box of several (core/placement.py); None: not known, counted on every GPU
     devices: tuple[int, ...] | None = None
+    gpus: int = 0  # the GPUs a recipe's engine takes (`all`: the box's); 0: none, judged by the sum rule
 
 
 @dataclass(frozen=True)
 class Budget:
     gb: float | None  # None: unknown (no GPU memory known and none configured)
     basis: str  # "configured budget", "NVIDIA H200 GPU memory", ...
+    gpus: int = 0  # the box's GPUs (0: none, or no driver listing): on a box of several, the budget is per GPU
 
 
 @dataclass(frozen=True)
 class Room:
     """Whether `new` fits beside `held` within `budget`: summed on a box of one GPU (or an unknown count), per GPU
-    on the `need` least-held of a box of `gpus` GPUs (core/placement.py)."""
+    on the `new.gpus` least-held of a box of `budget.gpus` GPUs (core/placement.py)."""
 
     budget: Budget
     new: Footprint
     held: tuple[Footprint, ...]
-    gpus: int = 0  # the box's GPUs (0: unknown or none)
-    need: int = 0  # the GPUs `new` takes (0: none, or not placed: the sum rule)
 
     @property
     def placement(self) -> Placement | None:
         """The GPUs `new` would go on, where the box has several and `new` takes some; None: the sum rule."""
-        if self.gpus <= 1 or self.need <= 0:
+        if self.budget.gpus <= 1 or self.new.gpus <= 0:
             return None
-        return choose(self.gpus, self.budget.gb, self.holdings, self.new.gb, self.need)
+        return choose(self.budget.gpus, self.budget.gb, self.holdings, self.new.gb, self.new.gpus)
 
     @property
     def holdings(self) -> tuple[Holding, ...]:
-        every = tuple(range(self.gpus))
-        return tuple(Holding(h.name, h.gb, every if h.devices is None else h.devices) for h in self.held)
+        return holdings(self.budget.gpus, self.held)
 
     @property
     def used_gb(self) -> float | None:
@@ -100,7 +99,13 @@ def with_measured(estimated: Footprint, measured_gb: float | None, how: str) -> 
         return estimated
     if estimated.gb is not None and estimated.gb >= measured_gb:
         return estimated
-    return Footprint(estimated.name, measured_gb, f"measured ({how})", estimated.devices)
+    return replace(estimated, gb=measured_gb, basis=f"measured ({how})")
+
+
+def holdings(gpus: int, held: Sequence[Footprint]) -> tuple[Holding, ...]:
+    """What runs, on the box's GPUs: one whose GPUs are unknown is counted on every one."""
+    every = tuple(range(gpus))
+    return tuple(Holding(h.name, h.gb, every if h.devices is None else h.devices) for h in held)
 
 
 def gb(value: float | None) -> str:
@@ -142,6 +147,7 @@ class Resident:
     in_flight: int = 0
     pinned: bool = False
     loading: bool = False  # being started: never evicted
+    devices: tuple[int, ...] | None = None  # the GPUs it holds on a box of several (None: every one)
 
 
 @dataclass(frozen=True)
@@ -169,4 +175,36 @@ def plan_room(need_gb: float | None, budget_gb: float | None, residents: Sequenc
         free += r.gb or 0.0
         if need_gb <= free + 1e-9:
             return RoomPlan(tuple(evict), tuple(drain))
+    return None
+
+
+def plan_gpus(need: Footprint, budget: Budget, residents: Sequence[Resident]) -> RoomPlan | None:
+    """plan_room, on a box of several GPUs per GPU (core/placement.py): stop models in plan_room's order (least
+    recently used idle first, busy ones drained, pinned and loading never) until the least-held `need.gpus` GPUs
+    fit `need`, then keep any of those stopped before the last whose staying still leaves it room (never more
+    stopped than needed). On a box of one GPU, or for a model that takes none: plan_room itself."""
+    if budget.gpus <= 1 or need.gpus <= 0:
+        return plan_room(need.gb, budget.gb, residents)
+    if need.gb is None or budget.gb is None:
+        return None
+
+    def placed(kept: Sequence[Resident]) -> Placement:
+        held = holdings(budget.gpus, [Footprint(r.name, r.gb, "", r.devices) for r in kept])
+        return choose(budget.gpus, budget.gb, held, need.gb, need.gpus)
+
+    if placed(residents).fits:
+        return RoomPlan((), ())
+    order = sorted((r for r in residents if not r.pinned and not r.loading),
+                   key=lambda r: (r.in_flight > 0, r.last_used, r.name))
+    gone: list[Resident] = []
+    for r in order:
+        gone.append(r)
+        kept = [k for k in residents if k not in gone]
+        if not placed(kept).fits:
+            continue
+        for g in reversed(gone[:-1]):  # the last one made the room; one before it that need not go stays
+            if placed([*kept, g]).fits:
+                kept.append(g)
+                gone.remove(g)
+        return RoomPlan(tuple(g.name for g in gone if g.in_flight == 0), tuple(g.name for g in gone if g.in_flight > 0))
     return None

@@ -3,9 +3,11 @@
 A request naming a recipe of this box (or a served name/alias its recipe sets) that nothing serves starts it
 through `run`'s own path (app/serving: the lifecycle lock, the launch's preflight and budget check, containers or
 host processes as the recipe says). When it does not fit, the least recently used idle models are stopped first
-(core/budget.plan_room): a busy one is drained (no new request goes to it; its requests finish, bounded by
-`drain_timeout_s`), never stopped mid-request; a pinned one never. The evicted are stopped BEFORE the new one
-starts, so the sum of the footprints of what runs stays within the budget at every moment. Nothing evictable:
+(core/budget.plan_room; on a box of several GPUs plan_gpus, per GPU: in the same order until the least-held GPUs
+the model takes have room, never more than needed): a busy one is drained (no new request goes to it; its
+requests finish, bounded by `drain_timeout_s`), never stopped mid-request; a pinned one never. The evicted are
+stopped BEFORE the new one starts, so the footprints of what runs stay within the budget (of each GPU) at every
+moment. Nothing evictable:
 503 with Retry-After and the numbers. A launch that fails: its waiters get the engine's reason (502).
 
 One load at a time (the lifecycle lock serialises them anyway); the blocking work (the runtime, NVML, the launch)
@@ -21,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from metralectl.core.budget import Budget, Footprint, Resident, gb, plan_room, short_words
+from metralectl.core.budget import Budget, Footprint, Resident, gb, plan_gpus, short_words
 from metralectl.gateway.oversize import Oversize
 
 if TYPE_CHECKING:
@@ -84,12 +86,12 @@ class BoxOps:
 
     def held(self) -> list[Held]:
         from metralectl.core.render import owner
-        from metralectl.lifecycle.budget import running_footprints
+        from metralectl.lifecycle.budget import box_gpus, running_footprints
         from metralectl.lifecycle.local_runtime import open_local
 
         with open_local(need_docker=False, timeout=5.0) as runtime:
             running = [c for c in runtime.containers(mine=False) if c.running]
-            found = running_footprints(self._catalog(), runtime, running)
+            found = running_footprints(self._catalog(), runtime, running, box_gpus())
         return [Held(f, c.owner == owner()) for f, c in zip(found, running)]
 
     def stop(self, recipe: str) -> None:
@@ -219,7 +221,8 @@ class Loader:
         budget, need = await asyncio.to_thread(self.ops.budget), await asyncio.to_thread(self.ops.footprint, recipe)
         held = await asyncio.to_thread(self.ops.held)
         residents = [Resident(h.footprint.name, h.footprint.gb, self.last_used.get(h.footprint.name, 0.0),
-                              self.in_flight.get(h.footprint.name, 0), h.footprint.name in self.pins or not h.ours)
+                              self.in_flight.get(h.footprint.name, 0), h.footprint.name in self.pins or not h.ours,
+                              devices=h.footprint.devices)
                      for h in held]
         if need.gb is not None and budget.gb is not None and need.gb > budget.gb + 1e-9:
             self._count("loads", recipe, "refused")  # no eviction, no wait, no later can make room: said so, and
@@ -227,7 +230,7 @@ class Loader:
             raise LoadRefused(503, f"cannot load `{recipe}`: it needs {gb(need.gb)}, more than the whole budget "
                                    f"{gb(budget.gb)} ({budget.basis}); it cannot be served on this box as it is "
                                    "(a leaner quant, or a larger budget)", "model_too_large")
-        plan = plan_room(need.gb, budget.gb, residents)
+        plan = plan_gpus(need, budget, residents)  # per GPU on a box of several
         if plan is None:
             from metralectl.core.budget import Room
 

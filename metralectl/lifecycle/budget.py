@@ -61,23 +61,24 @@ def box_config() -> BoxConfig:
 
 def box_budget(catalog: Catalog, override_gb: float | None = None) -> Budget:
     """`override_gb` (--budget), else box.yaml's budget, else the first GPU's memory (its hardware class's SKU),
-    else this machine's RAM less what the OS keeps (fit.os_headroom_gb)."""
+    else this machine's RAM less what the OS keeps (fit.os_headroom_gb). On a box of several GPUs (`gpus`), each
+    has this budget (core/placement.py)."""
     from metralectl.core.fit import os_headroom_gb
     from metralectl.seams import machine
 
+    names = machine.gpu_names()
     if override_gb is not None:
-        return Budget(override_gb, "--budget")
+        return Budget(override_gb, "--budget", len(names))
     configured = box_config().budget_gb
     if configured is not None:
-        return Budget(configured, f"budget in {paths.display(config_path())}")
-    names = machine.gpu_names()
+        return Budget(configured, f"budget in {paths.display(config_path())}", len(names))
     if names:
         for hw in catalog.hardware.values():
             for sku in hw.skus:
                 if sku.total_gb and sku.match.lower() in names[0].lower():
-                    return Budget(sku.total_gb, f"{names[0]} memory")
+                    return Budget(sku.total_gb, f"{names[0]} memory", len(names))
         return Budget(None, f"the memory of {names[0]} is not in the hardware data; set `budget:` in "
-                            f"{paths.display(config_path())}")
+                            f"{paths.display(config_path())}", len(names))
     ram = machine.host_memory_gb()
     if ram is None:
         return Budget(None, f"no GPU, and /proc/meminfo unreadable; set `budget:` in {paths.display(config_path())}")
@@ -86,21 +87,23 @@ def box_budget(catalog: Catalog, override_gb: float | None = None) -> Budget:
 
 
 def recipe_footprint(catalog: Catalog, recipe: Recipe) -> Footprint:
-    """The recipe's fit estimate on this machine, as `metralectl fit`/`list` compute it."""
+    """The recipe's fit estimate on this machine, as `metralectl fit`/`list` compute it (per GPU), with the GPUs it
+    takes on this box."""
     from metralectl.core.fit import estimate
     from metralectl.errors import MetralError
     from metralectl.seams import machine
 
+    names = machine.gpu_names()
+    gpus = gpus_needed(catalog, recipe, len(names))
     try:
         hardware = catalog.hardware[recipe.hardware]
-        names = machine.gpu_names()
         ram = machine.host_memory_gb() if hardware.host_memory else None
         meaning = catalog.engines[recipe.engine].memory_meaning
         est = estimate(recipe, catalog.model_of(recipe), hardware, names[0] if names else None, meaning,
                        host_ram_gb=ram, roles=catalog.engines[recipe.engine].fit_roles)
     except (KeyError, MetralError) as exc:
-        return Footprint(recipe.name, None, f"unknown: {exc}")
-    return footprint_of_estimate(recipe.name, est, meaning)
+        return Footprint(recipe.name, None, f"unknown: {exc}", gpus=gpus)
+    return replace(footprint_of_estimate(recipe.name, est, meaning), gpus=gpus)
 
 
 def served_recipe(catalog: Catalog, container: ContainerInfo) -> Recipe | None:
@@ -205,10 +208,9 @@ def gpus_needed(catalog: Catalog, recipe: Recipe, box: int) -> int:
 def room_for(catalog: Catalog, recipe: Recipe, runtime: ContainerRuntime, running: Sequence[ContainerInfo],
              budget_gb: float | None = None) -> Room:
     """Whether `recipe` fits beside `running`: per GPU, on the GPUs that hold least, on a box of several."""
-    box = box_gpus()
-    return Room(box_budget(catalog, budget_gb), recipe_footprint(catalog, recipe),
-                tuple(running_footprints(catalog, runtime, running, box)), gpus=box,
-                need=gpus_needed(catalog, recipe, box))
+    budget = box_budget(catalog, budget_gb)
+    return Room(budget, recipe_footprint(catalog, recipe),
+                tuple(running_footprints(catalog, runtime, running, budget.gpus)))
 
 
 def free_port(bind: str, taken: set[int], start: int) -> int:

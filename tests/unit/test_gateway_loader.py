@@ -259,3 +259,55 @@ def test_the_too_large_finding_is_kept_for_its_lifetime_then_found_again() -> No
         return seen
 
     assert run(scenario()) == [{"big"}, {"big"}, {"a", "big"}]
+
+
+class GpuOps(FakeOps):
+    """A box of `gpus` GPUs, each with the budget; a start goes on the least-held GPU (as launch places it)."""
+
+    def __init__(self, budget: float, sizes: dict[str, float], gpus: int) -> None:
+        super().__init__(budget, sizes)
+        self.gpus, self.on = gpus, {}  # type: ignore[var-annotated]
+
+    def budget(self) -> Budget:
+        return Budget(self._budget, "--budget", self.gpus)
+
+    def footprint(self, recipe: str) -> Footprint:
+        return Footprint(recipe, self.size[recipe], "estimate", gpus=1)
+
+    def held(self) -> list[Held]:
+        return [Held(Footprint(r, self.size[r], "estimate", (self.on[r],)), True) for r in self.running]
+
+    def start(self, recipe: str, progress: Callable[[], None]) -> None:
+        load = [sum(self.size[r] for r in self.running if self.on[r] == i) for i in range(self.gpus)]
+        self.on[recipe] = min(range(self.gpus), key=lambda i: (load[i], i))
+        super().start(recipe, progress)
+        assert load[self.on[recipe]] + self.size[recipe] <= self._budget  # never over a GPU's budget
+
+
+def test_on_a_box_of_several_gpus_a_model_loads_on_a_free_gpu_and_evicts_only_what_makes_room() -> None:
+    ops = GpuOps(80, {"a": 70, "b": 70, "c": 70}, gpus=2)
+    loader = Loader(ops, NAMES)
+
+    async def scenario() -> None:
+        await loader.ensure("a")
+        loader.begin("a"); loader.end("a")  # noqa: E702
+        await loader.ensure("b")  # GPU 1 is free: nothing stopped (the sum rule would stop a)
+        time.sleep(0.01)
+        loader.begin("b"); loader.end("b")  # noqa: E702
+        await loader.ensure("c")  # no GPU has room: the least recently used (a) goes, and only it
+
+    run(scenario())
+    assert ops.log == ["start a", "start b", "stop a", "start c"]
+    assert ops.on == {"a": 0, "b": 1, "c": 0} and sorted(ops.running) == ["b", "c"]
+
+
+def test_on_a_box_of_several_gpus_nothing_evictable_names_the_gpus() -> None:
+    ops = GpuOps(80, {"a": 70, "b": 70, "c": 70}, gpus=2)
+    ops.running, ops.on = ["a", "b"], {"a": 0, "b": 1}
+    loader = Loader(ops, NAMES, pins=("a", "b"))
+    with pytest.raises(LoadRefused) as refused:
+        run(lambda: loader.ensure("c"))
+    assert refused.value.status == 503 and refused.value.code == "model_does_not_fit"
+    assert refused.value.message.startswith("cannot load `c`: c needs 70.00 GB on 1 of this box's 2 GPUs")
+    assert "GPU 0: free 10.00 GB (held by a 70.00 GB)" in refused.value.message
+    assert ops.log == []

@@ -4,9 +4,11 @@ holder's footprint is unknown; a box of one GPU keeps the sum rule; the `gpu-ids
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from metralectl.core.budget import Budget, Footprint, Room, short_words
+from metralectl.core.budget import Budget, Footprint, Resident, Room, RoomPlan, plan_gpus, plan_room, short_words
 from metralectl.core.placement import Holding, choose, devices_held, held_per_gpu, ids_text, parse_ids
 
 BUDGET = Budget(80.0, "NVIDIA H100 80GB HBM3 memory")
@@ -72,39 +74,89 @@ def _fp(name: str, gb: float | None, devices: tuple[int, ...] | None = None) -> 
     return Footprint(name, gb, "estimate", devices)
 
 
+def _budget(gpus: int) -> Budget:
+    return Budget(BUDGET.gb, BUDGET.basis, gpus)
+
+
+def _need(new: Footprint, gpus: int) -> Footprint:
+    return replace(new, gpus=gpus)
+
+
 @pytest.mark.parametrize("gpus", [0, 1])
 def test_one_gpu_box_is_the_sum_rule(gpus: int) -> None:
     held = (_fp("a", 50.0, (0,)),)
-    assert Room(BUDGET, _fp("b", 30.0), held, gpus=gpus, need=1).fits
-    assert not Room(BUDGET, _fp("b", 30.5), held, gpus=gpus, need=1).fits
-    assert Room(BUDGET, _fp("b", 30.0), held, gpus=gpus, need=1).placement is None
-    words = short_words(Room(BUDGET, _fp("b", 30.5), held, gpus=gpus, need=1))
+    assert Room(_budget(gpus), _need(_fp("b", 30.0), 1), held).fits
+    assert not Room(_budget(gpus), _need(_fp("b", 30.5), 1), held).fits
+    assert Room(_budget(gpus), _need(_fp("b", 30.0), 1), held).placement is None
+    words = short_words(Room(_budget(gpus), _need(_fp("b", 30.5), 1), held))
     assert words == short_words(Room(BUDGET, _fp("b", 30.5), held))
 
 
 def test_two_one_gpu_models_on_a_box_of_eight() -> None:
     held = (_fp("a", 70.0, (0,)),)
-    room = Room(BUDGET, _fp("b", 70.0), held, gpus=8, need=1)
+    room = Room(_budget(8), _need(_fp("b", 70.0), 1), held)
     assert room.fits and room.placement is not None and room.placement.chosen == (1,)
     assert not Room(BUDGET, _fp("b", 70.0), held).fits  # the sum rule would refuse it
 
 
 def test_gpus_all_and_unplaced_holders() -> None:
     held = (_fp("a", 70.0, (3,)),)
-    assert not Room(BUDGET, _fp("b", 20.0), held, gpus=4, need=4).fits  # `all`: GPU 3 too
-    assert Room(BUDGET, _fp("b", 10.0), held, gpus=4, need=4).fits
+    assert not Room(_budget(4), _need(_fp("b", 20.0), 4), held).fits  # `all`: GPU 3 too
+    assert Room(_budget(4), _need(_fp("b", 10.0), 4), held).fits
     # a holder whose GPUs are unknown counts on every one
-    assert not Room(BUDGET, _fp("b", 20.0), (_fp("a", 70.0),), gpus=4, need=1).fits
+    assert not Room(_budget(4), _need(_fp("b", 20.0), 1), (_fp("a", 70.0),)).fits
 
 
 def test_refusal_names_the_gpus() -> None:
     held = (_fp("a", 70.0, (0, 1)), _fp("c", 75.0, (2,)), _fp("d", 60.0, (3,)))
-    room = Room(BUDGET, _fp("b", 30.0), held, gpus=4, need=2)
+    room = Room(_budget(4), _need(_fp("b", 30.0), 2), held)
     assert not room.fits
     words = short_words(room)
     assert words.startswith("b needs 30.00 GB on each of 2 of this box's 4 GPUs")
     assert "budget 80.00 GB per GPU, NVIDIA H100 80GB HBM3 memory" in words
     assert "GPU 0: free 10.00 GB (held by a 70.00 GB)" in words and "GPU 3: free 20.00 GB (held by d 60.00 GB)" in words
-    one = short_words(Room(BUDGET, _fp("b", 30.0), held, gpus=4, need=1))
+    one = short_words(Room(_budget(4), _need(_fp("b", 30.0), 1), held))
     assert "on 1 of this box's 4 GPUs" in one and "GPU 3:" in one
-    assert short_words(Room(BUDGET, _fp("b", 1.0), (), gpus=2, need=3)) == "b needs 3 GPUs; this box has 2 GPUs"
+    assert short_words(Room(_budget(2), _need(_fp("b", 1.0), 3), ())) == "b needs 3 GPUs; this box has 2 GPUs"
+
+
+# The gateway's plan on a box of several GPUs (core/budget.plan_gpus): the LRU order, per GPU, no more than needed.
+
+def _r(name: str, gb: float | None, devices: tuple[int, ...] | None, last_used: float, **kw: object) -> Resident:
+    return Resident(name, gb, last_used, devices=devices, **kw)  # type: ignore[arg-type]
+
+
+def test_plan_on_a_free_gpu_evicts_nothing() -> None:
+    residents = [_r("a", 70.0, (0,), 1.0)]
+    assert plan_gpus(_need(_fp("b", 70.0), 1), _budget(2), residents) == RoomPlan((), ())
+    assert plan_room(70.0, 80.0, residents) == RoomPlan(("a",), ())  # the sum rule would stop a
+    assert plan_gpus(_need(_fp("b", 70.0), 1), _budget(1), residents) == plan_room(70.0, 80.0, residents)
+
+
+def test_plan_evicts_in_lru_order_but_keeps_those_that_made_no_room() -> None:
+    residents = [_r("old", 50.0, (0,), 1.0), _r("mid", 50.0, (1,), 2.0), _r("new", 10.0, (2,), 3.0)]
+    # 60 GB on each of 2 GPUs: GPU 2 has room (10 + 60), GPU 0 or 1 only once its holder stops
+    plan = plan_gpus(_need(_fp("x", 60.0), 2), _budget(3), residents)
+    assert plan == RoomPlan(("old",), ())  # GPUs 0 and 2
+    # a model of one GPU fits on GPU 2 beside `new`: nothing stopped
+    assert plan_gpus(_need(_fp("x", 60.0), 1), _budget(3), residents) == RoomPlan((), ())
+    # 75 GB on one GPU: old is stopped first (LRU) and makes the room on GPU 0
+    assert plan_gpus(_need(_fp("x", 75.0), 1), _budget(3), residents) == RoomPlan(("old",), ())
+
+
+def test_plan_never_stops_one_that_did_not_make_the_room() -> None:
+    residents = [_r("old", 10.0, (3,), 1.0), _r("a", 75.0, (0,), 2.0), _r("b", 75.0, (1,), 3.0),
+                 _r("c", 75.0, (2,), 4.0)]
+    # x needs 70 on 2 GPUs: GPU 3 (10 held) and one of 0..2 once its holder stops; `old` (LRU) made no room
+    plan = plan_gpus(_need(_fp("x", 70.0), 2), _budget(4), residents)
+    assert plan == RoomPlan(("a",), ())
+
+
+def test_plan_pinned_busy_unknown_and_too_many() -> None:
+    residents = [_r("p", 70.0, (0,), 1.0, pinned=True), _r("busy", 70.0, (1,), 0.5, in_flight=2)]
+    assert plan_gpus(_need(_fp("x", 20.0), 1), _budget(2), residents) == RoomPlan((), ("busy",))
+    assert plan_gpus(_need(_fp("x", 20.0), 2), _budget(2), residents) is None  # GPU 0 is pinned
+    unknown = [_r("u", None, (0,), 1.0), _r("k", 70.0, (1,), 2.0, pinned=True)]
+    assert plan_gpus(_need(_fp("x", 20.0), 1), _budget(2), unknown) == RoomPlan(("u",), ())
+    assert plan_gpus(_need(_fp("x", 1.0), 3), _budget(2), []) is None
+    assert plan_gpus(_need(_fp("x", None), 1), _budget(2), []) is None
