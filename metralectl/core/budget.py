@@ -24,7 +24,8 @@ class Footprint:
     name: str  # the recipe (or the engine's container name when its recipe is unknown)
     gb: float | None
     basis: str  # "estimate", "measured 1.2 GB (rss)", "unknown: ..."
-    # the GPUs it holds, on a box of several (core/placement.py); None: not known, counted on every GPU
+    # the GPUs it holds, on a box of several (core/placement.py); None: not known, counted on every GPU. For a
+    # recipe not yet started: the GPUs it will be on whatever is chosen (its own CUDA_VISIBLE_DEVICES), else None
     devices: tuple[int, ...] | None = None
     gpus: int = 0  # the GPUs a recipe's engine takes (`all`: the box's); 0: none, judged by the sum rule
 
@@ -50,7 +51,7 @@ class Room:
         """The GPUs `new` would go on, where the box has several and `new` takes some; None: the sum rule."""
         if self.budget.gpus <= 1 or self.new.gpus <= 0:
             return None
-        return choose(self.budget.gpus, self.budget.gb, self.holdings, self.new.gb, self.new.gpus)
+        return choose(self.budget.gpus, self.budget.gb, self.holdings, self.new.gb, self.new.gpus, self.new.devices)
 
     @property
     def holdings(self) -> tuple[Holding, ...]:
@@ -190,7 +191,7 @@ def plan_gpus(need: Footprint, budget: Budget, residents: Sequence[Resident]) ->
 
     def placed(kept: Sequence[Resident]) -> Placement:
         held = holdings(budget.gpus, [Footprint(r.name, r.gb, "", r.devices) for r in kept])
-        return choose(budget.gpus, budget.gb, held, need.gb, need.gpus)
+        return choose(budget.gpus, budget.gb, held, need.gb, need.gpus, need.devices)
 
     if placed(residents).fits:
         return RoomPlan((), ())

@@ -58,9 +58,14 @@ def held_per_gpu(gpus: int, holdings: Sequence[Holding]) -> tuple[float | None, 
 
 
 def choose(gpus: int, budget_gb: float | None, holdings: Sequence[Holding], need_gb: float | None,
-           count: int) -> Placement:
-    """The `count` GPUs holding least (ties: the lower index; an unknown holding counts as the most)."""
+           count: int, fixed: tuple[int, ...] | None = None) -> Placement:
+    """The `count` GPUs holding least (ties: the lower index; an unknown holding counts as the most); `fixed`: the
+    GPUs the engine will be on whatever is chosen (a host process whose recipe sets CUDA_VISIBLE_DEVICES), judged
+    as they are."""
     held = held_per_gpu(gpus, holdings)
+    if fixed is not None:
+        inside = all(0 <= i < gpus for i in fixed)
+        return Placement(gpus, budget_gb, need_gb, len(fixed), tuple(sorted(set(fixed))) if inside else (), held)
     order = sorted(range(gpus), key=lambda i: (held[i] is None, held[i] or 0.0, i))
     chosen = tuple(sorted(order[:count])) if 0 < count <= gpus else ()
     return Placement(gpus, budget_gb, need_gb, count, chosen, held)

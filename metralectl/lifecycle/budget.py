@@ -95,6 +95,7 @@ def recipe_footprint(catalog: Catalog, recipe: Recipe) -> Footprint:
 
     names = machine.gpu_names()
     gpus = gpus_needed(catalog, recipe, len(names))
+    own = own_devices(recipe, len(names)) if gpus and len(names) > 1 else None
     try:
         hardware = catalog.hardware[recipe.hardware]
         ram = machine.host_memory_gb() if hardware.host_memory else None
@@ -102,8 +103,18 @@ def recipe_footprint(catalog: Catalog, recipe: Recipe) -> Footprint:
         est = estimate(recipe, catalog.model_of(recipe), hardware, names[0] if names else None, meaning,
                        host_ram_gb=ram, roles=catalog.engines[recipe.engine].fit_roles)
     except (KeyError, MetralError) as exc:
-        return Footprint(recipe.name, None, f"unknown: {exc}", gpus=gpus)
-    return replace(footprint_of_estimate(recipe.name, est, meaning), gpus=gpus)
+        return Footprint(recipe.name, None, f"unknown: {exc}", own, gpus)
+    return replace(footprint_of_estimate(recipe.name, est, meaning), devices=own, gpus=gpus)
+
+
+def own_devices(recipe: Recipe, box: int) -> tuple[int, ...] | None:
+    """The GPUs a host process whose recipe sets CUDA_VISIBLE_DEVICES itself is on (its env wins over placement):
+    indices only, read strictly (a UUID or anything else: None, placed as any other)."""
+    from metralectl.core.placement import parse_ids
+
+    if recipe.runtime != "process" or "CUDA_VISIBLE_DEVICES" not in recipe.env:
+        return None
+    return parse_ids(recipe.env["CUDA_VISIBLE_DEVICES"], box)
 
 
 def served_recipe(catalog: Catalog, container: ContainerInfo) -> Recipe | None:
@@ -184,8 +195,10 @@ def _devices(catalog: Catalog, recipe: Recipe | None, container: ContainerInfo, 
     if recipe is None:
         return None
     hardware = catalog.hardware.get(recipe.hardware)
-    held = devices_held(recipe.resources.gpus, box_gpus, container.labels.get(LABEL_GPU_IDS),
-                        accelerator=hardware is None or hardware.has_accelerator)
+    label = container.labels.get(LABEL_GPU_IDS)
+    own = own_devices(recipe, box_gpus)
+    held = own if own is not None else devices_held(recipe.resources.gpus, box_gpus, label,
+                                                   accelerator=hardware is None or hardware.has_accelerator)
     return tuple(sorted(set(held) | {i for i in seen if 0 <= i < box_gpus}))
 
 

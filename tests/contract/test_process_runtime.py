@@ -329,6 +329,26 @@ def test_the_engine_gets_its_spec_environment_and_the_allow_list_only(rt: Proces
     assert "ENGINE_TOKEN" in json.loads(kept)["env_names"]
 
 
+def test_a_placed_engine_sees_its_gpus_and_its_label_reads_back(rt: ProcessRuntime) -> None:
+    """Placement on a box of several GPUs (core/render.placed): the engine's CUDA_VISIBLE_DEVICES is the chosen ids,
+    the gpu-ids label is recorded with the launch and read back as a container's labels are."""
+    from dataclasses import replace
+
+    from metralectl.core.labels import LABEL_GPU_IDS
+
+    name = unique("gpus")
+    spec = ContainerSpec(name=name, image="process:/usr/bin/env", command=("/usr/bin/env",),
+                         env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1"},
+                         labels=LABELS)
+    rt.create_and_start(replace(spec, gpu_ids=(2, 5), labels={**LABELS, LABEL_GPU_IDS: "2,5"}))
+    assert rt.wait_exit(name, 60) == 0
+    got = dict(line.split("=", 1) for line in rt.log_tail(name, 100))
+    assert got["CUDA_VISIBLE_DEVICES"] == "2,5" and got["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    info = rt.inspect(name)
+    assert info is not None and info.labels[LABEL_GPU_IDS] == "2,5"
+    assert json.loads(state.state_path(name).read_text())["spec_hash"] == spec.spec_hash()
+
+
 # --- interrupted or failed starts ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("when", ["before-the-request", "after-the-answer"])
 def test_ctrl_c_during_create_and_start_leaves_no_process_and_no_state(rt: ProcessRuntime,

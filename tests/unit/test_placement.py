@@ -160,3 +160,30 @@ def test_plan_pinned_busy_unknown_and_too_many() -> None:
     assert plan_gpus(_need(_fp("x", 20.0), 1), _budget(2), unknown) == RoomPlan(("u",), ())
     assert plan_gpus(_need(_fp("x", 1.0), 3), _budget(2), []) is None
     assert plan_gpus(_need(_fp("x", None), 1), _budget(2), []) is None
+
+
+def test_a_new_engine_on_fixed_gpus_is_judged_on_those() -> None:
+    """A host process whose recipe sets CUDA_VISIBLE_DEVICES is on those GPUs whatever placement would choose."""
+    held = (_fp("a", 70.0, (0,)),)
+    pinned = Room(_budget(4), replace(_fp("b", 20.0, (0,)), gpus=1), held)
+    assert pinned.placement is not None and pinned.placement.chosen == (0,) and not pinned.fits
+    assert "GPU 0: free 10.00 GB (held by a 70.00 GB)" in short_words(pinned)
+    assert Room(_budget(4), replace(_fp("b", 20.0, (2,)), gpus=1), held).fits
+    assert not choose(4, 80.0, [], 1.0, 1, fixed=(7,)).fits  # beyond the box
+    assert plan_gpus(replace(_fp("b", 20.0, (0,)), gpus=1), _budget(4),
+                     [_r("a", 70.0, (0,), 1.0), _r("c", 70.0, (1,), 0.5)]) == RoomPlan(("a",), ())
+
+
+def test_own_devices_of_a_host_process_recipe() -> None:
+    from metralectl.core.overrides import apply_sets
+    from metralectl.lifecycle.budget import own_devices
+    from tests.unit.recipe_helpers import catalog
+
+    cat = catalog()
+    base = cat.recipe("qwen3.5-35b-a3b-llamacpp")
+    proc = apply_sets(cat, base, ["runtime=process", "resources.gpus=1", "env.CUDA_VISIBLE_DEVICES=3"])
+    assert own_devices(proc, 8) == (3,)
+    assert own_devices(proc, 2) is None  # not a GPU of this box: placed as any other
+    assert own_devices(apply_sets(cat, base, ["resources.gpus=1", "env.CUDA_VISIBLE_DEVICES=3"]), 8) is None
+    uuid = apply_sets(cat, base, ["runtime=process", "env.CUDA_VISIBLE_DEVICES=GPU-5d1e"])
+    assert own_devices(uuid, 8) is None
