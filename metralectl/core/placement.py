@@ -37,6 +37,7 @@ class Placement:
     count: int
     chosen: tuple[int, ...]  # ascending; empty when the box has fewer GPUs than the engine needs
     held: tuple[float | None, ...]  # per GPU index: what runs holds there (None: a holder's footprint is unknown)
+    fixed: bool = False  # the engine's own GPUs (its CUDA_VISIBLE_DEVICES), not a choice
 
     @property
     def fits(self) -> bool:
@@ -65,7 +66,8 @@ def choose(gpus: int, budget_gb: float | None, holdings: Sequence[Holding], need
     held = held_per_gpu(gpus, holdings)
     if fixed is not None:
         inside = all(0 <= i < gpus for i in fixed)
-        return Placement(gpus, budget_gb, need_gb, len(fixed), tuple(sorted(set(fixed))) if inside else (), held)
+        return Placement(gpus, budget_gb, need_gb, len(fixed), tuple(sorted(set(fixed))) if inside else (), held,
+                         fixed=True)
     order = sorted(range(gpus), key=lambda i: (held[i] is None, held[i] or 0.0, i))
     chosen = tuple(sorted(order[:count])) if 0 < count <= gpus else ()
     return Placement(gpus, budget_gb, need_gb, count, chosen, held)
@@ -127,5 +129,6 @@ def refusal_words(name: str, placement: Placement, holdings: Sequence[Holding], 
     on = f"each of {p.count}" if p.count > 1 else "1"
     gpus = "; ".join(f"GPU {i}: free {_gb(None if p.held[i] is None else max(p.budget_gb - (p.held[i] or 0.0), 0.0))}"
                      f" (held by {who(i)})" for i in p.chosen)
-    return (f"{name} needs {_gb(p.need_gb)} on {on} of this box's {counted(p.gpus, 'GPU')}, and not even the "
-            f"least held fit (budget {_gb(p.budget_gb)} per GPU, {budget_basis}): {gpus}")
+    which = "its own CUDA_VISIBLE_DEVICES do not fit" if p.fixed else "not even the least held fit"
+    return (f"{name} needs {_gb(p.need_gb)} on {on} of this box's {counted(p.gpus, 'GPU')}, and {which} "
+            f"(budget {_gb(p.budget_gb)} per GPU, {budget_basis}): {gpus}")

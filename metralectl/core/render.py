@@ -24,7 +24,6 @@ from metralectl.core.hardware import HardwareClass
 from metralectl.core.image_info import ImageInfo
 # The label table lives in core.labels; these names stay importable from here for older callers.
 from metralectl.core.labels import ENGINE_AUTH_TOKEN, LABEL_ENGINE, LABEL_ENGINE_AUTH, LABEL_GPU_IDS
-from metralectl.core.placement import ids_text
 from metralectl.core.labels import LABEL_MANAGED as LABEL_MANAGED
 from metralectl.core.labels import LABEL_OWNER as LABEL_OWNER
 from metralectl.core.labels import LABEL_PREFIX as LABEL_PREFIX
@@ -33,6 +32,7 @@ from metralectl.core.labels import LABEL_RECIPE as LABEL_RECIPE
 from metralectl.core.labels import LABEL_RUN_ID as LABEL_RUN_ID
 from metralectl.core.labels import LABEL_SPEC_HASH as LABEL_SPEC_HASH
 from metralectl.core.labels import owner as owner  # here for older callers; in labels so `ps` need not load render
+from metralectl.core.placement import ids_text
 from metralectl.core.recipe import Recipe
 from metralectl.errors import MetralError
 

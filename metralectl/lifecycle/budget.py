@@ -188,14 +188,15 @@ def running_footprints(catalog: Catalog, runtime: ContainerRuntime,
 def _devices(catalog: Catalog, recipe: Recipe | None, container: ContainerInfo, box_gpus: int,
              seen: dict[int, int]) -> tuple[int, ...] | None:
     """The GPUs a running engine holds (None: unknown, counted on every GPU): its label's (core/placement.py reads
-    it strictly), with every GPU NVML sees it on."""
+    it strictly), with every GPU NVML sees it on. One whose recipe is unknown and that has no label: every GPU."""
     from metralectl.core.labels import LABEL_GPU_IDS
-    from metralectl.core.placement import devices_held
+    from metralectl.core.placement import devices_held, parse_ids
 
-    if recipe is None:
-        return None
-    hardware = catalog.hardware.get(recipe.hardware)
     label = container.labels.get(LABEL_GPU_IDS)
+    if recipe is None:
+        labelled = parse_ids(label, box_gpus)
+        return None if labelled is None else tuple(sorted(set(labelled) | {i for i in seen if 0 <= i < box_gpus}))
+    hardware = catalog.hardware.get(recipe.hardware)
     own = own_devices(recipe, box_gpus)
     held = own if own is not None else devices_held(recipe.resources.gpus, box_gpus, label,
                                                    accelerator=hardware is None or hardware.has_accelerator)

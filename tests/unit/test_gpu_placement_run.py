@@ -220,3 +220,18 @@ def test_an_engine_holds_every_gpu_nvml_sees_it_on(monkeypatch: pytest.MonkeyPat
     assert held.devices == (0, 3) and held.gb == 75.0 and held.basis == "measured (NVML)"
     [single] = running_footprints(cat, rt, running)  # a box of one GPU: no devices, as before
     assert single.devices is None
+
+
+def test_an_engine_of_an_unknown_recipe_holds_its_labelled_gpus_else_every_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from metralectl.lifecycle.budget import running_footprints
+
+    _box(monkeypatch, 4)
+    cat = _catalog()
+    rt = _runtime(cat)
+    rt.serving("gone-recipe")
+    running = [c for c in rt.containers() if c.running]
+    [held] = running_footprints(cat, rt, running, 4)
+    assert held.devices is None  # no label: counted on every GPU
+    _labels(rt, "metralectl-gone-recipe")[LABEL_GPU_IDS] = "1"
+    [held] = running_footprints(cat, rt, [c for c in rt.containers() if c.running], 4)
+    assert held.devices == (1,)

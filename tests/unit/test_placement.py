@@ -167,6 +167,7 @@ def test_a_new_engine_on_fixed_gpus_is_judged_on_those() -> None:
     held = (_fp("a", 70.0, (0,)),)
     pinned = Room(_budget(4), replace(_fp("b", 20.0, (0,)), gpus=1), held)
     assert pinned.placement is not None and pinned.placement.chosen == (0,) and not pinned.fits
+    assert "its own CUDA_VISIBLE_DEVICES do not fit" in short_words(pinned)
     assert "GPU 0: free 10.00 GB (held by a 70.00 GB)" in short_words(pinned)
     assert Room(_budget(4), replace(_fp("b", 20.0, (2,)), gpus=1), held).fits
     assert not choose(4, 80.0, [], 1.0, 1, fixed=(7,)).fits  # beyond the box
