@@ -356,6 +356,19 @@ def run(urls: dict[str, str], concurrencies: list[int], ns: Any) -> list[dict[st
     return phases
 
 
+def collections(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The gateway's garbage collections among its timing records (timing.watch_collections): each stops every
+    request in the gateway, also one not yet read, which its own time cannot show. None: no pause kept (a gateway
+    from before it kept them, or none in the window)."""
+    pauses = [r for r in records if "gc" in r]
+    if not pauses:
+        return None
+    longest = max(pauses, key=lambda r: r["pause_ns"])
+    return {"count": len(pauses), "full": sum(1 for r in pauses if r["gc"] == 2),
+            "total_ms": sum(r["pause_ns"] for r in pauses) / 1e6, "longest_ms": longest["pause_ns"] / 1e6,
+            "longest_generation": longest["gc"], "longest_at_ns": longest["at_ns"]}
+
+
 def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencies: list[int], vias: list[str],
            targets: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
@@ -370,7 +383,9 @@ def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencie
     for c, connections in ((c, m) for c in concurrencies for m in asked or ["fresh"]):
         mine = [p for p in phases if p["concurrency"] == c and p.get("connections", "fresh") == connections]
         groups = [g for p in mine for g in p["groups"]]
-        inside = [r for r in own if any(p["window_ns"][0] <= r["at_ns"] <= p["window_ns"][1] for p in mine)]
+        within = [r for r in own if any(p["window_ns"][0] <= r["at_ns"] <= p["window_ns"][1] for p in mine)]
+        inside = [r for r in within if "up_ns" in r]  # the requests; a "gc" line is a garbage collection's pause
+        pauses = collections(within)
         label = f" {connections}" if len(asked) > 1 else ""
         if not groups:
             print(f"c={c}{label}: no complete group (see the errors)")
@@ -378,6 +393,8 @@ def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencie
         for via in vias:
             row = summarize(c, via, groups, inside, targets)
             row["connections"] = connections
+            if via == "gateway" and pauses is not None:
+                row["gateway_gc"] = pauses
             rows.append(row)
             line = (f"c={c:<3}{label} {via:8} n={row['groups']:<5} p50 {row['direct_ttft_p50_ms']:.2f}->"
                     f"{row['via_ttft_p50_ms']:.2f} added {fmt(row['added_ttft_p50_ms'])} | paired median "
@@ -397,6 +414,11 @@ def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencie
                 line += (f"\n      inside the gateway ({i['requests']} requests): own TTFT p50 {i['own_ttft_p50_ms']:.3f}"
                          f" p99 {i['own_ttft_p99_ms']:.3f} max {i['own_ttft_max_ms']:.3f} ms; per later piece "
                          f"{i['piece_mean_us']:.1f} us mean, worst-per-request p99 {i['piece_max_p99_ms']:.3f} ms")
+            if "gateway_gc" in row:
+                g = row["gateway_gc"]
+                line += (f"\n      the gateway's garbage collections in these windows: {g['count']}, longest "
+                         f"{g['longest_ms']:.2f} ms (generation {g['longest_generation']}), {g['full']} full, "
+                         f"{g['total_ms']:.1f} ms in all")
             print(line)
     return rows
 

@@ -67,6 +67,8 @@ class Gateway:
         self.on_table: Any = None  # called with each new Table whose routes differ (the CLI's status line)
         self.monitor: str | None = None  # the credential that reads /metrics with keys in force (state.record)
         self.timing = timing.target()  # the gateway's own time per request, kept only when asked (timing.py)
+        if self.timing is not None:
+            timing.watch_collections()  # and each garbage collection's pause, which stops every request
 
     # the table
     def _publish(self, table: Table) -> None:
@@ -372,4 +374,5 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
         gateway.pool.close()
         await asyncio.to_thread(gateway.scanner.close)
         if gateway.timing is not None:
+            timing.unwatch_collections()
             timing.dump(gateway.timing)

@@ -10,11 +10,15 @@ Off unless METRALECTL_GATEWAY_TIMING names a file when the gateway starts: then 
 and the gateway writes them as JSON lines to that file as it stops (nothing is written while it serves: the
 relay's path stays free of file I/O). Off, the relay pays one `is None` test per piece.
 What it cannot see: the event loop's wake-up after a socket becomes readable (shared with every asyncio
-server); the benchmark's paired client-side figure includes it.
+server), and a stop of the whole process before a request's last byte is read; the benchmark's paired
+client-side figure includes both. One such stop it names: each garbage collection (`watch_collections`: a line
+`{"gc": generation, "at_ns", "pause_ns"}` per collection, beside the requests' lines), which holds every thread of
+the gateway while it walks the heap (loops.settle_heap says why the heap is frozen).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -22,6 +26,8 @@ from pathlib import Path
 
 ENV = "METRALECTL_GATEWAY_TIMING"
 _records: list[tuple[int, int, int, list[int]]] = []  # (received at, monotonic ns; up_ns; first_ns; later pieces)
+_pauses: list[tuple[int, int, int]] = []  # each garbage collection: (its start, perf_counter ns; generation; ns)
+_collecting = [0]  # the running collection's start (gc calls back from one thread at a time: it holds the GIL)
 
 
 def target() -> Path | None:
@@ -39,6 +45,25 @@ def keep(received: int, sent: int, pieces: list[int]) -> None:
     _records.append((received, sent - received, pieces[0] if pieces else 0, pieces[1:]))
 
 
+def _on_collection(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _collecting[0] = time.perf_counter_ns()
+    else:
+        _pauses.append((_collecting[0], info.get("generation", -1), time.perf_counter_ns() - _collecting[0]))
+
+
+def watch_collections() -> None:
+    """Keep each garbage collection's pause from here on (the gateway, from its start while its time is kept)."""
+    if _on_collection not in gc.callbacks:
+        gc.callbacks.append(_on_collection)
+
+
+def unwatch_collections() -> None:
+    """No more pauses kept (the gateway, as it stops)."""
+    if _on_collection in gc.callbacks:
+        gc.callbacks.remove(_on_collection)
+
+
 def dump(path: Path) -> int:
     """Writes (appends) every kept request as a JSON line; returns how many. `at_ns` is CLOCK_MONOTONIC, which a
     benchmark on the same machine compares with its own phases."""
@@ -48,6 +73,9 @@ def dump(path: Path) -> int:
             out.write(json.dumps({"at_ns": received + offset, "up_ns": up, "first_ns": first,
                                   "pieces": len(later), "pieces_sum_ns": sum(later),
                                   "pieces_max_ns": max(later, default=0)}) + "\n")
+        for started, generation, pause in _pauses:
+            out.write(json.dumps({"gc": generation, "at_ns": started + offset, "pause_ns": pause}) + "\n")
     count = len(_records)
     _records.clear()
+    _pauses.clear()
     return count

@@ -252,3 +252,26 @@ def test_both_connection_modes_run_in_every_round_alternating_and_are_reported_a
     assert "c=1   fresh gateway" in out and "c=1   keep-alive gateway" in out, out
     table = gateway_paired.markdown(rows, "cmd", "note")
     assert "| 1 | fresh | gateway |" in table and "| 1 | keep-alive | gateway |" in table, table
+
+
+def test_the_gateways_garbage_collections_in_a_phase_are_reported_and_not_taken_for_requests(capsys: Any) -> None:
+    """The timing file holds the requests' lines and, since timing.watch_collections, a line per collection: the
+    report counts the requests from the first only and names the collections within each phase's window."""
+    groups = [{"at": 0.0, "order": order, "direct": {"ttft_ms": 10.0, "e2e_ms": 100.0, "tokens": 64},
+               "gateway": {"ttft_ms": 10.1, "e2e_ms": 100.0, "tokens": 64}}
+              for _ in range(20) for order in (["direct", "gateway"], ["gateway", "direct"])]
+    phases = [{"window_ns": (1000, 2000), "groups": groups, "errors": [], "incomplete": 0, "concurrency": 16,
+               "connections": "fresh"}]
+    request = {"at_ns": 1500, "up_ns": 50_000, "first_ns": 40_000, "pieces": 3, "pieces_sum_ns": 60_000,
+               "pieces_max_ns": 30_000}
+    own = [request, {**request, "at_ns": 1600},
+           {"gc": 0, "at_ns": 1200, "pause_ns": 300_000}, {"gc": 2, "at_ns": 1700, "pause_ns": 81_000_000},
+           {"gc": 2, "at_ns": 5000, "pause_ns": 99_000_000}]  # the last one outside the window
+    rows = gateway_paired.report(phases, own, [16], ["gateway"], TARGETS)
+    assert rows[0]["inside"]["requests"] == 2
+    g = rows[0]["gateway_gc"]
+    assert (g["count"], g["full"], g["longest_generation"], g["longest_at_ns"]) == (2, 1, 2, 1700)
+    assert abs(g["longest_ms"] - 81.0) < 1e-9 and abs(g["total_ms"] - 81.3) < 1e-9
+    out = capsys.readouterr().out
+    assert "garbage collections in these windows: 2, longest 81.00 ms (generation 2), 1 full" in out, out
+    assert gateway_paired.collections([request]) is None  # a gateway that kept none: nothing said

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import socket
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from metralectl.gateway import timing
 from metralectl.gateway.pool import SPARES
 from metralectl.gateway.routes import Route, Table
 from metralectl.gateway.server import Gateway, Limits, serve
@@ -148,10 +150,36 @@ def test_the_gateway_keeps_its_own_time_per_request_only_when_asked(tmp_path: Pa
     monkeypatch.setenv("METRALECTL_GATEWAY_TIMING", str(out))
     before = time.monotonic_ns()
     asyncio.run(session(Engine(), [0, 0.05, 0.05]))
-    lines: list[dict[str, Any]] = [json.loads(line) for line in out.read_text().splitlines()]
+    every: list[dict[str, Any]] = [json.loads(line) for line in out.read_text().splitlines()]
+    lines = [line for line in every if "gc" not in line]  # the requests (a collection's pause has its own line)
     assert len(lines) == 3, lines
     for line in lines:
         assert before < line["at_ns"] < time.monotonic_ns()
         assert 0 < line["up_ns"] < 1e9 and 0 < line["first_ns"] < 1e9
         # the body's later pieces: EVENTS events 5 ms apart and the end, one read each unless a busy loop merged some
         assert 1 <= line["pieces"] <= EVENTS and line["pieces_max_ns"] * line["pieces"] >= line["pieces_sum_ns"] > 0
+
+
+
+class Collecting(Engine):
+    """An engine in the gateway's own process that makes a full garbage collection as each request arrives."""
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        gc.collect()
+        await super().handle(reader, writer)
+
+
+def test_with_its_time_kept_the_gateway_also_keeps_each_garbage_collections_pause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "timing.jsonl"
+    monkeypatch.setenv("METRALECTL_GATEWAY_TIMING", str(out))
+    before = time.monotonic_ns()
+    asyncio.run(session(Collecting(), [0, 0.05]))
+    every = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len([line for line in every if "up_ns" in line]) == 2, every
+    pauses = [line for line in every if "gc" in line]
+    assert len([p for p in pauses if p["gc"] == 2]) >= 2, pauses  # the engine's two, at least
+    for pause in pauses:
+        assert set(pause) == {"gc", "at_ns", "pause_ns"}
+        assert before < pause["at_ns"] < time.monotonic_ns() and 0 < pause["pause_ns"] < 60e9
+    assert timing._on_collection not in gc.callbacks  # stopped with the gateway: none kept after
