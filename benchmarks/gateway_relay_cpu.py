@@ -173,11 +173,15 @@ async def measure(tree: Path, loop: str, ns: argparse.Namespace) -> dict[str, fl
         server.close()
     kept = [json.loads(line) for line in timing_file.read_text().splitlines()] if timing_file.exists() else []
     ups = sorted(r["up_ns"] / 1e3 for r in [r for r in kept if "up_ns" in r][1:])  # requests (not gc pauses)
+    pauses = [r for r in kept if "gc" in r]
     if len(ups) != ns.streams * ns.requests:
         raise SystemExit(f"NOT MEASURED: the gateway kept its time for {len(ups)} requests of "
                          f"{ns.streams * ns.requests} (from {tree})")
     return {"cpu_s": cpu, "wall_s": wall, "events": relayed, "cpu_us_per_event": cpu / relayed * 1e6,
-            "up_p50_us": ups[len(ups) // 2], "up_p99_us": ups[min(len(ups) - 1, int(len(ups) * 0.99))]}
+            "up_p50_us": ups[len(ups) // 2], "up_p99_us": ups[min(len(ups) - 1, int(len(ups) * 0.99))],
+            # its garbage collections (a gateway that keeps them: timing.watch_collections), each a stop of it all
+            "gc_pauses": len(pauses), "gc_full": sum(1 for r in pauses if r["gc"] == 2),
+            "gc_longest_ms": max((r["pause_ns"] for r in pauses), default=0) / 1e6}
 
 
 async def client(port: int, events: int, requests: int) -> int:
@@ -208,7 +212,9 @@ def main() -> int:
             rows[arm].append(row)
             print(f"round {r + 1} {arm}: {row['cpu_us_per_event']:.1f} µs CPU/event "
                   f"({row['events']:.0f} events, {row['cpu_s']:.2f} s CPU in {row['wall_s']:.2f} s); own time per "
-                  f"request p50 {row['up_p50_us']:.0f} µs, p99 {row['up_p99_us']:.0f} µs", file=sys.stderr)
+                  f"request p50 {row['up_p50_us']:.0f} µs, p99 {row['up_p99_us']:.0f} µs; "
+                  f"{row['gc_pauses']:.0f} garbage collections ({row['gc_full']:.0f} full), the longest "
+                  f"{row['gc_longest_ms']:.2f} ms", file=sys.stderr)
     summary = {arm: statistics.median(x["cpu_us_per_event"] for x in got) for arm, got in rows.items()}
     for arm, value in summary.items():
         up50 = statistics.median(x["up_p50_us"] for x in rows[arm])
