@@ -66,7 +66,11 @@ fi
 note "llama-server: $BIN"
 if [ -n "${BUILD_ONLY:-}" ]; then note "built (BUILD_ONLY): call again for the measurement"; exit 0; fi
 left=$((DEADLINE_S - (SECONDS - START)))
-if [ "$left" -lt 240 ]; then note "only ${left}s left in this call: call again (the build is kept)"; exit 3; fi
+# one phase at least (warm-up + duration) and ~70 s of starts; --budget below skips the phases that would end late
+need=$(( ${WARMUP:-3} + ${DURATION:-25} + 70 ))
+if [ "$left" -lt "$need" ]; then
+  note "only ${left}s left in this call, one phase takes ~${need}s: call again (the build is kept)"; exit 3
+fi
 
 RES="$WORK/gateway-$STAMP"
 mkdir -p "$RES"
