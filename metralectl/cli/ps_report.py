@@ -92,6 +92,13 @@ def show(report: StatusReport, as_json: bool, memory: list[tuple[float | None, s
             for s, mem in zip(report.serving, memory)]
     headers = ["RECIPE", "ENGINE", "CONTAINER", "OWNER", "STATE", "HEALTH", "UPTIME", "MEM GB", "ENDPOINT",
                "IMAGE REVISION"]
+    if any(s.gpu_ids is not None for s in report.serving):  # a box of several GPUs: which each engine is on
+        from metralectl.core.placement import ids_text
+
+        at = headers.index("ENDPOINT")
+        headers.insert(at, "GPUS")
+        for row, s in zip(rows, report.serving):
+            row.insert(at, "-" if s.gpu_ids is None else ids_text(s.gpu_ids))
     if any(s.rank is not None for s in report.serving):  # a multi-rank deployment: say which rank runs where
         headers[3:3] = ["RANK", "NODE"]
         for row, s in zip(rows, report.serving):

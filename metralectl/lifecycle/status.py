@@ -30,6 +30,7 @@ class Serving:
     image_revision: str | None
     rank: int | None = None  # multi-rank deployments: which rank this container is
     node: str | None = None  # ... and the Docker endpoint of its node
+    gpu_ids: tuple[int, ...] | None = None  # the GPUs a box of several placed it on (its gpu-ids label)
 
     @property
     def host_process(self) -> bool:
@@ -95,6 +96,18 @@ def _health(container: ContainerInfo) -> str:
     return state.describe() if state.kind in ("loading", "faulted") else f"{answer.status}"
 
 
+def _placed(labels: dict[str, str]) -> tuple[int, ...] | None:
+    """The GPUs its gpu-ids label names (core/placement.py), read strictly: a label that is anyone's on a shared
+    daemon, shown only as the indices it holds (anything else: None)."""
+    from metralectl.core.labels import LABEL_GPU_IDS
+    from metralectl.core.placement import parse_ids
+
+    return parse_ids(labels.get(LABEL_GPU_IDS), SHOWN_GPUS)
+
+
+SHOWN_GPUS = 1024  # a bound for reading the label (no box has as many): `ps` shows it, placement judges it per box
+
+
 def _row(runtime: ContainerRuntime, container: ContainerInfo, answer: str, revisions: dict[str, str | None],
          rank: int | None = None, node: str | None = None) -> Serving:
     key = f"{runtime.endpoint.url} {container.image}"
@@ -106,7 +119,7 @@ def _row(runtime: ContainerRuntime, container: ContainerInfo, answer: str, revis
         state=container.status if container.exit_code is None else f"{container.status} ({container.exit_code})",
         health=answer, uptime=_human(up), uptime_s=up, endpoint=container.labels.get(LABEL_ENDPOINT, "-"),
         run_id=container.labels.get(LABEL_RUN_ID, "-"), image=container.image,
-        image_revision=revisions[key], rank=rank, node=node)
+        image_revision=revisions[key], rank=rank, node=node, gpu_ids=_placed(container.labels))
 
 
 def collect(runtime: ContainerRuntime) -> StatusReport:

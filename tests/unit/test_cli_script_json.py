@@ -141,3 +141,26 @@ def test_bench_json_is_format_json(argv: list[str]) -> None:
     assert spelled.returncode == short.returncode == 0, short.stderr
     assert short.stdout == spelled.stdout and json.loads(short.stdout) is not None
     assert cli(*argv).stdout != spelled.stdout  # the default is still text
+
+
+def test_ps_says_which_gpus_each_engine_was_placed_on(capsys: pytest.CaptureFixture[str]) -> None:
+    report = StatusReport([replace(ROW, gpu_ids=(1, 3)), replace(ROW, name="metralectl-b", recipe="gemma")])
+    ps_report.show(report, as_json=False, memory=MEMORY)
+    header, first, second = capsys.readouterr().out.splitlines()
+    names = header.split()
+    assert names[names.index("GPUS") + 1] == "ENDPOINT", header
+    assert " 1,3 " in first and " - " in second
+    ps_report.show(report, as_json=True, memory=MEMORY)
+    assert [s["gpu_ids"] for s in json.loads(capsys.readouterr().out)["serving"]] == [[1, 3], None]
+    ps_report.show(_report(), as_json=False, memory=MEMORY)  # nothing placed (a box of one GPU): no column
+    assert "GPUS" not in capsys.readouterr().out
+
+
+def test_ps_reads_a_gpu_ids_label_strictly() -> None:
+    from metralectl.core.labels import LABEL_GPU_IDS
+    from metralectl.lifecycle.status import _placed
+
+    assert _placed({LABEL_GPU_IDS: "0,5"}) == (0, 5)
+    for hostile in ("1;rm -rf /", "\x1b[31m1", "1,1", "-1", "1,", "", "9" * 300):
+        assert _placed({LABEL_GPU_IDS: hostile}) is None, hostile
+    assert _placed({}) is None
