@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -172,6 +173,14 @@ def litellm(ns: argparse.Namespace, home: Path, port: int, engine_port: int) -> 
     sys.exit(f"gateway_overhead: LiteLLM never answered:\n{(home / 'litellm.log').read_text()[-2000:]}")
 
 
+def serve_setting(text: str) -> tuple[str, str]:
+    """KEY=VALUE (a key of engine/llama-cpp.yaml's serve options; `metralectl run` checks it against them)."""
+    key, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-z][a-z0-9-]*", key) or not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. cache-ram=0")
+    return key, value
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--design", choices=("paired", "sequential"), default="paired")
@@ -203,6 +212,10 @@ def main() -> int:
     ap.add_argument("--baseline-python", help="the interpreter of another metralectl (an earlier wheel's venv): its "
                     "gateway runs beside this one as `gateway-baseline`, in the same rounds (what a change gained)")
     ap.add_argument("--keep", type=Path, help="copy every bench run's records (requests.jsonl...) here")
+    ap.add_argument("--serve", action="append", type=serve_setting, default=[], metavar="KEY=VALUE",
+                    help="another of the engine's serve settings (repeatable): cache-ram=0 spares llama-server's "
+                         "saving of its idle slots at each new request, milliseconds of the TTFT both paths share "
+                         "(docs/gateway.md)")
     ns = ap.parse_args()
     ns.started = time.monotonic()
     ns.alias = "overhead"
@@ -232,7 +245,8 @@ def main() -> int:
             f"runtime: process\ncheckpoint: {{repo: {summary['repo']}, quant: Q8_0, model: {kernel_model}, "
             f"revision: null}}\nhardware: {ns.hardware}\nimage: {image}\n"
             f"serve: {{ctx-size: {slots * (ns.isl + ns.osl + 64)}, parallel: {slots}, n-gpu-layers: {ns.ngl}, "
-            f"alias: {ns.alias}, ui: false}}\nresources: {{port: {ports['direct'].port}, bind: 127.0.0.1, "
+            f"alias: {ns.alias}, ui: false{''.join(f', {k}: {v}' for k, v in ns.serve)}}}\n"
+            f"resources: {{port: {ports['direct'].port}, bind: 127.0.0.1, "
             f"gpus: {ns.gpus}, ranks: 1}}\nvalidated: {{source: null, hardware: {ns.hardware}}}\n")
         run = box.cli("run", "overhead", "--no-weights-check")
         if run.returncode != 0:

@@ -18,7 +18,10 @@
 # tail, per second), PRESET (1b), GATEWAY_LOOPS (auto; auto,asyncio: a gateway on each event loop, side by side), BASELINE (1: the
 # gateway of the wheel in the kit's baseline/ folder beside this one, as gateway-baseline), FLOOR (1: the C relay
 # of benchmarks/relay_floor.c as another path: what any relay process costs on this machine), BUILD_ONLY (1: stop once built), LLAMA_SERVER (a llama-server built on an earlier machine of this kind,
-# or a .tar.xz of its bin/llama-server: no build, one call). The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
+# or a .tar.xz of its bin/llama-server: no build, one call), SAVE_SERVER (1: once built, a .tar.xz of bin/llama-server
+# into OUT, to carry as LLAMA_SERVER to a later, fresh machine), SERVE (the engine's extra serve settings, KEY=VALUE
+# separated by spaces; default cache-ram=0: llama-server saves its idle slots to a prompt cache at every new request,
+# tens of milliseconds of TTFT at 16 streams that both paths share and that only widen the intervals; "" for none). The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
 # plus ~60 s (4 x 3 x 28 s = 336 s): it must fit one call after the venv, so keep it under ~450 s (--budget stops
 # starting phases that would end past the call's limit; what ran is reported). Exit 0 when every request was
 # answered; the targets are judged in the table (gateway-overhead.txt and .md in the tar, and on stdout).
@@ -64,6 +67,12 @@ else
     note "the build is not finished; call again while the machine is warm"; exit 3; }
 fi
 note "llama-server: $BIN"
+if [ -n "${SAVE_SERVER:-}" ]; then  # for a later machine of this kind (the build takes ~270 s of a call)
+  XZ_OPT="-T0 -6" tar -cJf "$OUT/llama-server-cuda.tar.xz" -C "$(dirname "$(dirname "$BIN")")" bin/llama-server &&
+    note "saved: $OUT/llama-server-cuda.tar.xz ($(du -h "$OUT/llama-server-cuda.tar.xz" | cut -f1))"
+fi
+SERVE_ARGS=()
+for setting in ${SERVE-cache-ram=0}; do SERVE_ARGS+=(--serve "$setting"); done
 if [ -n "${BUILD_ONLY:-}" ]; then note "built (BUILD_ONLY): call again for the measurement"; exit 0; fi
 left=$((DEADLINE_S - (SECONDS - START)))
 # one phase at least (warm-up + duration) and ~70 s of starts; --budget below skips the phases that would end late
@@ -88,7 +97,7 @@ note "gateway_overhead (from the wheel), ${left}s left"
   --llama-server "$BIN" --preset "${PRESET:-1b}" --ngl all --hardware hopper --gpus all \
   --design "${DESIGN:-paired}" --connections "${CONNECTIONS:-fresh}" --concurrencies "${CONCURRENCIES:-1,16,64}" --rounds "${ROUNDS:-4}" \
   --isl "${ISL:-128}" --osl "${OSL:-64}" --duration "${DURATION:-25}" --warmup "${WARMUP:-3}" --budget $((left - 70)) \
-  --gateway-loops "${GATEWAY_LOOPS:-auto}" ${FLOOR:+--floor} "${BASELINE_ARGS[@]}" \
+  --gateway-loops "${GATEWAY_LOOPS:-auto}" ${FLOOR:+--floor} "${BASELINE_ARGS[@]}" "${SERVE_ARGS[@]}" \
   --json "$RES/gateway-overhead.json" --keep "$RES/runs" >"$RES/gateway-overhead.txt" 2>"$RES/gateway-overhead.err")
 rc=$?
 uptime >>"$RES/environment.txt"
