@@ -283,7 +283,11 @@ def summarize(c: int, via: str, groups: list[dict[str, Any]], own: list[dict[str
                          "up_p99_ms": _pct([r["up_ns"] / 1e6 for r in own], .99),
                          "piece_max_p99_ms": _pct(pieces, .99),
                          "piece_mean_us": sum(r["pieces_sum_ns"] for r in own) / 1e3
-                         / max(1, sum(r["pieces"] for r in own))}
+                         / max(1, sum(r["pieces"] for r in own)),
+                         # written again on a new connection: the kept one had been closed by the engine (timing.py)
+                         "resent": sum(bool(r.get("resent")) for r in own),
+                         "resent_own_ttft_p50_ms": _pct([m for m, r in zip(mine, own) if r.get("resent")], .5)
+                         if any(r.get("resent") for r in own) else None}
         row["verdicts"]["inside_p50"] = "held" if row["inside"]["own_ttft_p50_ms"] <= targets["ttft_p50_ms"] else "missed"
         row["verdicts"]["inside_p99"] = "held" if row["inside"]["own_ttft_p99_ms"] <= targets["ttft_p99_ms"] else "missed"
     return row
@@ -413,7 +417,9 @@ def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencie
                 i = row["inside"]
                 line += (f"\n      inside the gateway ({i['requests']} requests): own TTFT p50 {i['own_ttft_p50_ms']:.3f}"
                          f" p99 {i['own_ttft_p99_ms']:.3f} max {i['own_ttft_max_ms']:.3f} ms; per later piece "
-                         f"{i['piece_mean_us']:.1f} us mean, worst-per-request p99 {i['piece_max_p99_ms']:.3f} ms")
+                         f"{i['piece_mean_us']:.1f} us mean, worst-per-request p99 {i['piece_max_p99_ms']:.3f} ms"
+                         + (f"; {i['resent']} sent again on a new connection (a kept one the engine had closed), "
+                            f"own TTFT p50 {i['resent_own_ttft_p50_ms']:.3f} ms" if i.get("resent") else ""))
             if "gateway_gc" in row:
                 g = row["gateway_gc"]
                 line += (f"\n      the gateway's garbage collections in these windows: {g['count']}, longest "

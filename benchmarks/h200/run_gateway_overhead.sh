@@ -18,8 +18,9 @@
 # tail, per second), PRESET (1b), GATEWAY_LOOPS (auto; auto,asyncio: a gateway on each event loop, side by side), BASELINE (1: the
 # gateway of the wheel in the kit's baseline/ folder beside this one, as gateway-baseline), FLOOR (1: the C relay
 # of benchmarks/relay_floor.c as another path: what any relay process costs on this machine), BUILD_ONLY (1: stop once built), LLAMA_SERVER (a llama-server built on an earlier machine of this kind,
-# or a .tar.xz of its bin/llama-server: no build, one call), SAVE_SERVER (1: once built, a .tar.xz of bin/llama-server
-# into OUT, to carry as LLAMA_SERVER to a later, fresh machine), SERVE (the engine's extra serve settings, KEY=VALUE
+# or a .tar.xz of its bin/llama-server, or such a name whose .part-NN files SAVE_SERVER left: no build, one call),
+# SAVE_SERVER (1: once built, a .tar.xz of bin/llama-server into OUT in 15 MiB parts, for LLAMA_SERVER on a later
+# machine), SERVE (the engine's extra serve settings, KEY=VALUE
 # separated by spaces; default cache-ram=0: llama-server saves its idle slots to a prompt cache at every new request,
 # tens of milliseconds of TTFT at 16 streams that both paths share and that only widen the intervals; "" for none). The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
 # plus ~60 s (4 x 3 x 28 s = 336 s): it must fit one call after the venv, so keep it under ~450 s (--budget stops
@@ -56,6 +57,10 @@ if [ -n "${BASELINE:-}" ]; then  # an earlier metralectl wheel (the kit's baseli
 fi
 
 if [ -n "${LLAMA_SERVER:-}" ]; then  # one built on an earlier machine of the same kind (a .tar.xz of bin/llama-server)
+  if [ ! -f "$LLAMA_SERVER" ] && [ -f "$LLAMA_SERVER.part-00" ]; then  # as SAVE_SERVER left it: in parts
+    cat "$LLAMA_SERVER".part-* >"$WORK/llama-server-joined.tar.xz" || exit 1
+    LLAMA_SERVER="$WORK/llama-server-joined.tar.xz"
+  fi
   case "$LLAMA_SERVER" in
     *.tar.xz) mkdir -p "$WORK/prebuilt" && tar -xJf "$LLAMA_SERVER" -C "$WORK/prebuilt" || exit 1
               BIN="$WORK/prebuilt/bin/llama-server" ;;
@@ -67,9 +72,11 @@ else
     note "the build is not finished; call again while the machine is warm"; exit 3; }
 fi
 note "llama-server: $BIN"
-if [ -n "${SAVE_SERVER:-}" ]; then  # for a later machine of this kind (the build takes ~270 s of a call)
-  XZ_OPT="-T0 -6" tar -cJf "$OUT/llama-server-cuda.tar.xz" -C "$(dirname "$(dirname "$BIN")")" bin/llama-server &&
-    note "saved: $OUT/llama-server-cuda.tar.xz ($(du -h "$OUT/llama-server-cuda.tar.xz" | cut -f1))"
+if [ -n "${SAVE_SERVER:-}" ]; then  # for a later machine of this kind (the build takes ~270 s of a call), in parts
+  # of 15 MiB (a file back from the device is at most 16 MiB): cat llama-server-cuda.tar.xz.part-* > one .tar.xz
+  XZ_OPT="-T0 -6" tar -cJf "$WORK/llama-server-cuda.tar.xz" -C "$(dirname "$(dirname "$BIN")")" bin/llama-server &&
+    split -b 15m -d "$WORK/llama-server-cuda.tar.xz" "$OUT/llama-server-cuda.tar.xz.part-" &&
+    note "saved: $(find "$OUT" -maxdepth 1 -name "llama-server-cuda.tar.xz.part-*" | sort | tr "\n" " ")($(du -h "$WORK/llama-server-cuda.tar.xz" | cut -f1))"
 fi
 SERVE_ARGS=()
 for setting in ${SERVE-cache-ram=0}; do SERVE_ARGS+=(--serve "$setting"); done

@@ -71,13 +71,14 @@ class Flight(Start):
     """A routed request sent to an engine on `conn` (pooled: the engine may have closed it meanwhile), and where its
     answer goes (it is its own Start): counted in `requests` once its answer is handed to the client."""
 
-    __slots__ = ("routed", "route", "conn", "pooled", "requests", "sent")
+    __slots__ = ("routed", "route", "conn", "pooled", "requests", "sent", "resent")
 
     def __init__(self, routed: Routed, route: Route, conn: Upstream, pooled: bool, client: Client,
-                 requests: Counter, marks: list[int] | None = None) -> None:
+                 requests: Counter, marks: list[int] | None = None, resent: bool = False) -> None:
         self.client, self.marks = client, marks  # Start's, without a call to its __init__
         self.routed, self.route, self.conn, self.pooled, self.requests = routed, route, conn, pooled, requests
         self.sent = 0  # timing.now() as it was handed to the engine's socket, when the gateway keeps its own time
+        self.resent = resent  # sent again: the kept connection it went on first had been closed by the engine
 
     @property
     def request(self) -> Request:
@@ -85,7 +86,7 @@ class Flight(Start):
 
     def answered(self, response: http1.Response) -> None:  # in the callback that wrote its end (upstream.py says why)
         if self.marks is not None:
-            timing.keep(self.routed.request.received, self.sent, self.marks)
+            timing.keep(self.routed.request.received, self.sent, self.marks, self.resent)
         self.requests.labels(self.routed.model, self.routed.path, str(response.status)).inc()
 
 

@@ -151,12 +151,13 @@ class Gateway:
         if route is None or routed.model in table.starting or (self.loader is not None and
                                                               self.loader.holds(route.recipe)):
             return routed  # its engine is starting, swapping or loading: its queue, in the task
-        conn = self.pool.idle((route.host, route.port))
-        if conn is None:
+        now = self.pool.now((route.host, route.port))  # a spare, else a loopback engine connected to right here
+        if now is None:
             return routed
+        conn, pooled = now
         if self.loader is not None:
             self.loader.begin(route.recipe)  # in flight: never evicted mid-request (ended by _relay)
-        return self._send(Flight(routed, route, conn, True, client, self.metrics.requests,
+        return self._send(Flight(routed, route, conn, pooled, client, self.metrics.requests,
                                  [] if self.timing is not None else None))
 
     def _authorize(self, request: http1.Request) -> ApiKey | None:
@@ -300,6 +301,7 @@ class Gateway:
     async def _forward(self, route: Route, routed: Routed, client: ClientConnection,
                        flight: Flight | None = None) -> bool:
         model = routed.model
+        resent = False
         while True:
             if flight is None:
                 try:
@@ -307,7 +309,7 @@ class Gateway:
                 except (OSError, asyncio.TimeoutError):
                     raise NotSent() from None
                 flight = self._send(Flight(routed, route, conn, pooled, client, self.metrics.requests,
-                                           [] if self.timing is not None else None))
+                                           [] if self.timing is not None else None, resent))
             conn = flight.conn
             try:
                 response = await conn.head()
@@ -315,7 +317,7 @@ class Gateway:
             except http1.Closed:  # before a byte of an answer: a kept-alive one it had dropped, else not there
                 conn.close()
                 if flight.pooled:
-                    flight = None
+                    flight, resent = None, True
                     continue
                 raise NotSent() from None
             except (ConnectionError, http1.BadRequest) as bad:  # an answer's head cut, not HTTP/1.x, or too long

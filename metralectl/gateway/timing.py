@@ -7,6 +7,8 @@ Off unless METRALECTL_GATEWAY_TIMING names a file when the gateway starts: then 
                while it loads, so a benchmark measures a model already served)
     first_ns   from the engine's first body piece read to that piece handed to the client's socket
     pieces     every later piece's read-to-client-write time (their count, sum and worst)
+    resent     true when it was written again on a new connection: the kept one it went on first had been closed
+               by the engine (its up_ns then holds that round trip too)
 and the gateway writes them as JSON lines to that file as it stops (nothing is written while it serves: the
 relay's path stays free of file I/O). Off, the relay pays one `is None` test per piece.
 What it cannot see: the event loop's wake-up after a socket becomes readable (shared with every asyncio
@@ -25,7 +27,8 @@ import time
 from pathlib import Path
 
 ENV = "METRALECTL_GATEWAY_TIMING"
-_records: list[tuple[int, int, int, list[int]]] = []  # (received at, monotonic ns; up_ns; first_ns; later pieces)
+_records: list[tuple[int, int, int, list[int], bool]] = []  # (received at, monotonic ns; up_ns; first_ns; later
+# pieces; resent)
 _pauses: list[tuple[int, int, int]] = []  # each garbage collection: (its start, perf_counter ns; generation; ns)
 _collecting = [0]  # the running collection's start (gc calls back from one thread at a time: it holds the GIL)
 
@@ -40,9 +43,10 @@ def now() -> int:
     return time.perf_counter_ns()
 
 
-def keep(received: int, sent: int, pieces: list[int]) -> None:
-    """One relayed request: `received`/`sent` from now(); pieces: each body piece's read-to-write ns, in order."""
-    _records.append((received, sent - received, pieces[0] if pieces else 0, pieces[1:]))
+def keep(received: int, sent: int, pieces: list[int], resent: bool = False) -> None:
+    """One relayed request: `received`/`sent` from now(); pieces: each body piece's read-to-write ns, in order;
+    resent: sent again on a new connection after the kept one was found closed."""
+    _records.append((received, sent - received, pieces[0] if pieces else 0, pieces[1:], resent))
 
 
 def _on_collection(phase: str, info: dict[str, int]) -> None:
@@ -69,10 +73,10 @@ def dump(path: Path) -> int:
     benchmark on the same machine compares with its own phases."""
     offset = time.monotonic_ns() - time.perf_counter_ns()  # both CLOCK_MONOTONIC on Linux: 0 there; kept general
     with open(path, "a", encoding="utf-8") as out:
-        for received, up, first, later in _records:
+        for received, up, first, later, resent in _records:
             out.write(json.dumps({"at_ns": received + offset, "up_ns": up, "first_ns": first,
                                   "pieces": len(later), "pieces_sum_ns": sum(later),
-                                  "pieces_max_ns": max(later, default=0)}) + "\n")
+                                  "pieces_max_ns": max(later, default=0), "resent": resent}) + "\n")
         for started, generation, pause in _pauses:
             out.write(json.dumps({"gc": generation, "at_ns": started + offset, "pause_ns": pause}) + "\n")
     count = len(_records)

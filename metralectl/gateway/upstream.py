@@ -30,6 +30,7 @@ piece in a second one: two sends, and a client woken twice, on the path of every
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from typing import Any, Protocol, cast
 
@@ -63,8 +64,11 @@ class Start:
 class Upstream(asyncio.Protocol, asyncio.BufferedProtocol):
     """An engine connection: idle in the pool, then one request's head awaited, then its body relayed."""
 
-    def __init__(self) -> None:
+    def __init__(self, sock: socket.socket | None = None) -> None:
+        """sock: connected in the fast path's callback (Pool.now), not yet under a transport: a request is written
+        on it directly, and what the kernel did not take then goes out through the transport once it is made."""
         self.transport: asyncio.Transport | None = None
+        self._sock, self._unsent = sock, b""
         self.closed = False  # EOF, an error, or closed by us: never taken again
         self._lost: Exception | None = None  # the error it closed with, if any (an until-close answer is cut by one)
         self._buffer = bytearray()  # the head so far, and what came after it until the relay starts
@@ -79,6 +83,12 @@ class Upstream(asyncio.Protocol, asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Not an isinstance check: another event loop's transports (uvloop's) do all a Transport does without being one
         self.transport = cast(asyncio.Transport, transport)  # TCP_NODELAY: both loops set it (loops.py)
+        self._sock = None
+        if self.closed:  # closed before asyncio adopted it (Pool.now)
+            self.transport.close()
+        elif self._unsent:
+            unsent, self._unsent = self._unsent, b""
+            self.transport.write(unsent)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return http1.read_buffer()  # shared by every connection of this thread: copied out at once, below
@@ -108,11 +118,21 @@ class Upstream(asyncio.Protocol, asyncio.BufferedProtocol):
     def send(self, data: bytes, start: Start | None = None) -> None:
         """A request's head and body (the answer's head is awaited with head()). start: where the answer goes; it
         starts there in the callback that parsed its head, else when relay() is called."""
-        assert self.transport is not None
         self._buffer.clear()
         self._asked, self._head = True, None
         self._destination, self._started = start, None
-        self.transport.write(data)
+        if self.transport is not None:
+            self.transport.write(data)
+            return
+        assert self._sock is not None  # made by Pool.now: its transport comes in a later turn of the loop
+        try:
+            sent = self._sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as e:  # refused or reset between the connect and now: head() raises, as for a lost one
+            self._ended(e)
+            return
+        self._unsent = data[sent:]
 
     async def head(self) -> http1.Response:
         """The answer's head: http1.Closed when the engine closed before a byte of it (a kept-alive connection it
@@ -157,7 +177,7 @@ class Upstream(asyncio.Protocol, asyncio.BufferedProtocol):
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
-            self.transport.close()
+            self.transport.close()  # (one not adopted yet is closed as it is: connection_made)
 
     # inside
     def _parse_head(self) -> None:

@@ -131,9 +131,10 @@ def _post(model: str = "stub", headers: list[tuple[str, str]] | None = None) -> 
 
 
 def test_a_request_for_a_served_model_is_sent_to_its_engine_from_the_callback_that_read_it() -> None:
-    """With a connection to the engine idle in the pool, arrived() (run in the read callback) sends the request and
-    hands the task a Flight; with none (the first request), the task gets the Routed request and connects, and
-    nothing is checked twice. What the gateway answers itself goes to the task as it came."""
+    """arrived() (run in the read callback) sends the request and hands the task a Flight: on a connection to the
+    engine idle in the pool (pooled), or with none (the first request), on one it connects to right there (the
+    engine is on loopback: Pool.now), and nothing is checked twice. What the gateway answers itself goes to the task
+    as it came."""
     engine = Engine()
     seen: list[object] = []
 
@@ -158,7 +159,7 @@ def test_a_request_for_a_served_model_is_sent_to_its_engine_from_the_callback_th
             assert isinstance(refused, Refused) and refused.answer.status == 400
 
     asyncio.run(go())
-    assert isinstance(seen[0], Routed) and not isinstance(seen[0], Flight)
+    assert isinstance(seen[0], Flight) and seen[0].client is not None and not seen[0].pooled
     assert isinstance(seen[1], Flight) and seen[1].client is not None and seen[1].pooled
     assert len(engine.requested) == 2
 

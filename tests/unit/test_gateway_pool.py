@@ -183,3 +183,134 @@ def test_with_its_time_kept_the_gateway_also_keeps_each_garbage_collections_paus
         assert set(pause) == {"gc", "at_ns", "pause_ns"}
         assert before < pause["at_ns"] < time.monotonic_ns() and 0 < pause["pause_ns"] < 60e9
     assert timing._on_collection not in gc.callbacks  # stopped with the gateway: none kept after
+
+
+# Pool.now(): with no spare left, a connection to a loopback engine made and written to within the read callback
+
+def _listener() -> socket.socket:
+    """A plain listening socket on loopback (no event loop behind it): what reached the engine is read from it
+    directly, so the test can ask before the gateway's loop has turned once."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    return server
+
+
+def test_with_no_spare_left_a_request_reaches_a_loopback_engine_before_the_event_loop_turns() -> None:
+    from metralectl.gateway.pool import Pool
+
+    server = _listener()
+    address = server.getsockname()
+    request = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+
+    async def go() -> bytes:
+        pool = Pool(5.0)
+        got = pool.now(address)
+        assert got is not None and got[1] is False and pool.opened == 1  # made here, not taken from the pool
+        conn = got[0]
+        conn.send(request)
+        engine, _ = server.accept()  # no await since now(): connected and written inside the call
+        engine.setblocking(False)
+        arrived = engine.recv(65536)
+        engine.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        head = await asyncio.wait_for(conn.head(), 5)  # read once asyncio adopted the socket
+        assert head.status == 200 and conn.transport is not None
+        conn.close()
+        engine.close()
+        pool.close()
+        return arrived
+
+    try:
+        assert asyncio.run(go()) == request
+    finally:
+        server.close()
+
+
+def test_a_request_larger_than_the_socket_takes_at_once_goes_out_whole_once_adopted() -> None:
+    from metralectl.gateway.pool import Pool
+
+    server = _listener()
+    body = bytes(range(256)) * (16 * 1024)  # 4 MiB: past what a new socket's buffer takes in one send
+    request = b"POST /v1/embeddings HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    async def go() -> bytes:
+        pool = Pool(5.0)
+        got = pool.now(server.getsockname())
+        assert got is not None
+        got[0].send(request)
+        engine, _ = server.accept()
+        engine.setblocking(False)
+        received = bytearray()
+        while len(received) < len(request):  # the rest goes out through the transport, turns of the loop later
+            try:
+                received += engine.recv(1 << 20)
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+        got[0].close()
+        engine.close()
+        pool.close()
+        return bytes(received)
+
+    try:
+        assert asyncio.run(go()) == request
+    finally:
+        server.close()
+
+
+def test_no_connection_is_made_in_the_callback_to_an_engine_refusing_or_off_loopback() -> None:
+    from metralectl.gateway.pool import Pool, _loopback
+
+    held = socket.socket()  # bound, never listening: a connect to it is refused (and no one else gets the port)
+    held.bind(("127.0.0.1", 0))
+
+    async def go() -> None:
+        pool = Pool(5.0)
+        assert pool.now(held.getsockname()) is None  # refused at once: the task connects (and reports it)
+        assert pool.now(("192.0.2.1", 8000)) is None  # another host: never a connect that could wait, here
+        assert pool.now(("localhost", 8000)) is None  # a name: never resolved in a callback
+        assert pool.opened == 0
+        pool.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        held.close()
+    assert _loopback("127.0.0.1") == socket.AF_INET and _loopback("127.3.0.9") == socket.AF_INET
+    assert _loopback("::1") == socket.AF_INET6
+    for host in ("localhost", "10.0.0.1", "", "127.0.0.1\n", "0.0.0.0", "::", "127.0.0.1; rm -rf /"):
+        assert _loopback(host) is None, host
+
+
+def test_a_spare_found_closed_on_top_is_dropped_and_counted_before_a_connection_is_made() -> None:
+    from metralectl.gateway.pool import Pool
+    from metralectl.gateway.upstream import Upstream
+
+    server = _listener()
+    address = server.getsockname()
+
+    async def go() -> None:
+        pool = Pool(5.0, spares=1)
+        pool._wanted[address] = 3  # grown by earlier bursts
+        dead = Upstream()
+        dead.closed = True  # the engine dropped it after its keep-alive timeout
+        pool._idle[address] = [dead]
+        got = pool.now(address)
+        assert got is not None and got[1] is False
+        assert pool._idle[address] == [] and pool._wanted[address] == 2  # one fewer wanted: the load went away
+        got[0].close()
+        pool.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+
+
+def test_a_request_sent_again_after_its_kept_connection_was_found_closed_says_so_in_its_time(tmp_path: Path) -> None:
+    out = tmp_path / "timing.jsonl"
+    timing.keep(1_000, 3_000_000, [10, 20], resent=True)
+    timing.keep(2_000, 50_000, [10])
+    assert timing.dump(out) == 2
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["resent"] for line in lines] == [True, False]
+    assert lines[0]["up_ns"] == 3_000_000 - 1_000
