@@ -373,6 +373,32 @@ def collections(records: list[dict[str, Any]]) -> dict[str, Any] | None:
             "longest_generation": longest["gc"], "longest_at_ns": longest["at_ns"]}
 
 
+def slowest(records: list[dict[str, Any]], share: float = 0.01) -> dict[str, Any] | None:
+    """What the gateway's slowest requests (by own TTFT, the top `share`, at least 5) had in common, from its
+    timing records: how many were sent from their connection's task (a loop turn after their read), the thread's
+    CPU time over their up time (well below 1: the thread stood still), and how many overlapped its periodic work
+    (the lifecycle poll, a scan) or a garbage collection. None: too few records, or a gateway from before these."""
+    requests = [r for r in records if "up_ns" in r and "up_cpu_ns" in r]
+    if len(requests) < 100:
+        return None
+    requests.sort(key=lambda r: r["up_ns"] + r["first_ns"])
+    top = requests[-max(5, int(len(requests) * share)):]
+    spans = [(r["at_ns"], r["at_ns"] + (r.get("ns") or r.get("pause_ns") or 0), r.get("window") or "gc")
+             for r in records if "window" in r or "gc" in r]
+
+    def during(r: dict[str, Any], kind: str) -> bool:
+        start, end = r["at_ns"], r["at_ns"] + r["up_ns"]
+        return any(k == kind and a <= end and b >= start for a, b, k in spans)
+
+    cpu = sorted(r["up_cpu_ns"] / r["up_ns"] for r in top if r["up_cpu_ns"] >= 0 and r["up_ns"] > 0)
+    return {"requests": len(top), "own_ttft_from_ms": (top[0]["up_ns"] + top[0]["first_ns"]) / 1e6,
+            "up_share": statistics.median(r["up_ns"] / max(1, r["up_ns"] + r["first_ns"]) for r in top),
+            "tasked": sum(bool(r.get("tasked")) for r in top),
+            "cpu_over_up_p50": statistics.median(cpu) if cpu else None,
+            "during": {kind: sum(during(r, kind) for r in top) for kind in ("lifecycle", "scan", "gc")},
+            "windows": {kind: sum(1 for *_, k in spans if k == kind) for kind in ("lifecycle", "scan", "gc")}}
+
+
 def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencies: list[int], vias: list[str],
            targets: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
@@ -399,6 +425,9 @@ def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencie
             row["connections"] = connections
             if via == "gateway" and pauses is not None:
                 row["gateway_gc"] = pauses
+            slow = slowest(within) if via == "gateway" else None
+            if slow is not None:
+                row["gateway_slowest"] = slow
             rows.append(row)
             line = (f"c={c:<3}{label} {via:8} n={row['groups']:<5} p50 {row['direct_ttft_p50_ms']:.2f}->"
                     f"{row['via_ttft_p50_ms']:.2f} added {fmt(row['added_ttft_p50_ms'])} | paired median "
@@ -425,6 +454,14 @@ def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencie
                 line += (f"\n      the gateway's garbage collections in these windows: {g['count']}, longest "
                          f"{g['longest_ms']:.2f} ms (generation {g['longest_generation']}), {g['full']} full, "
                          f"{g['total_ms']:.1f} ms in all")
+            if "gateway_slowest" in row:
+                w = row["gateway_slowest"]
+                cpu = f"{w['cpu_over_up_p50']:.2f}" if w["cpu_over_up_p50"] is not None else "-"
+                line += (f"\n      its slowest {w['requests']} (own TTFT from {w['own_ttft_from_ms']:.3f} ms): "
+                         f"{w['up_share']:.0%} of it before the send (median), {w['tasked']} sent from their task, "
+                         f"CPU over that time {cpu} (median); during the lifecycle poll {w['during']['lifecycle']}, "
+                         f"a scan {w['during']['scan']}, a collection {w['during']['gc']} (of "
+                         f"{w['windows']['lifecycle']}, {w['windows']['scan']}, {w['windows']['gc']} in the window)")
             print(line)
     return rows
 

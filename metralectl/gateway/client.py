@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
-from metralectl.gateway import heads, http1
+from metralectl.gateway import heads, http1, timing
 from metralectl.gateway.http1 import HEAD_LIMIT, BadRequest, Closed, Request
 
 PAUSE_AT = 2 * HEAD_LIMIT  # buffered bytes of a next request, while one is served, past which reading pauses
@@ -180,6 +180,7 @@ class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
         self._lost = False
         self._drains: list[asyncio.Future[None]] = []
         self.read_at = 0  # when its last read was (the one that completed the request being handed over)
+        self.read_cpu = 0  # the thread's CPU time then, while the gateway keeps its time
 
     # asyncio's side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -194,6 +195,8 @@ class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
 
     def data_received(self, data: bytes) -> None:
         self.read_at = time.perf_counter_ns()  # timing.now(): a request's `received` when the gateway keeps its time
+        if timing.ON[0]:
+            self.read_cpu = time.thread_time_ns()  # timing.cpu(): what the thread ran from here to the send
         if not self._busy:
             self._advance(data)
             return

@@ -71,14 +71,16 @@ class Flight(Start):
     """A routed request sent to an engine on `conn` (pooled: the engine may have closed it meanwhile), and where its
     answer goes (it is its own Start): counted in `requests` once its answer is handed to the client."""
 
-    __slots__ = ("routed", "route", "conn", "pooled", "requests", "sent", "resent")
+    __slots__ = ("routed", "route", "conn", "pooled", "requests", "sent", "resent", "up_cpu", "tasked")
 
     def __init__(self, routed: Routed, route: Route, conn: Upstream, pooled: bool, client: Client,
-                 requests: Counter, marks: list[int] | None = None, resent: bool = False) -> None:
+                 requests: Counter, marks: list[int] | None = None, resent: bool = False, tasked: bool = False) -> None:
         self.client, self.marks = client, marks  # Start's, without a call to its __init__
         self.routed, self.route, self.conn, self.pooled, self.requests = routed, route, conn, pooled, requests
         self.sent = 0  # timing.now() as it was handed to the engine's socket, when the gateway keeps its own time
+        self.up_cpu = -1  # and the thread's CPU time from the request's read to then (timing.cpu())
         self.resent = resent  # sent again: the kept connection it went on first had been closed by the engine
+        self.tasked = tasked  # sent from the connection's task, not from the callback that read it
 
     @property
     def request(self) -> Request:
@@ -86,7 +88,7 @@ class Flight(Start):
 
     def answered(self, response: http1.Response) -> None:  # in the callback that wrote its end (upstream.py says why)
         if self.marks is not None:
-            timing.keep(self.routed.request.received, self.sent, self.marks, self.resent)
+            timing.keep(self.routed.request.received, self.sent, self.marks, self.resent, self.up_cpu, self.tasked)
         self.requests.labels(self.routed.model, self.routed.path, str(response.status)).inc()
 
 

@@ -69,6 +69,7 @@ class Gateway:
         self.timing = timing.target()  # the gateway's own time per request, kept only when asked (timing.py)
         if self.timing is not None:
             timing.watch_collections()  # and each garbage collection's pause, which stops every request
+            timing.ON[0] = True
 
     # the table
     def _publish(self, table: Table) -> None:
@@ -89,11 +90,17 @@ class Gateway:
         while True:
             if self.keys is not None and self.keys.poll() and self.on_table is not None:
                 self.on_table(self.table)  # the status line says the keys changed (names and counts only)
+            started = timing.now() if self.timing is not None else 0
             holder, journal = await asyncio.to_thread(self.scanner.lifecycle)
+            if started:
+                timing.window("lifecycle", started)
             seen = (holder, journal.get("phase") if journal else None, journal.get("updated") if journal else None)
             if seen != last_seen or self._rescan.is_set() or time.monotonic() - last_scan > RESCAN_S:
                 self._rescan.clear()
-                self._publish(await asyncio.to_thread(self.scanner.scan))
+                started = timing.now() if self.timing is not None else 0
+                self._publish(await asyncio.to_thread(self.scanner.scan))  # engines' own answers: a thread
+                if started:
+                    timing.window("scan", started)
                 last_seen, last_scan = seen, time.monotonic()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._rescan.wait(), LIFECYCLE_POLL_S)
@@ -296,6 +303,8 @@ class Gateway:
         flight.conn.send(routed.head(route, len(payload)) + payload, flight)
         if flight.marks is not None:
             flight.sent = timing.now()
+            read_cpu = getattr(flight.client, "read_cpu", 0)  # a ClientConnection's (tests' stand-ins have none)
+            flight.up_cpu = timing.cpu() - read_cpu if read_cpu else -1
         return flight
 
     async def _forward(self, route: Route, routed: Routed, client: ClientConnection,
@@ -309,7 +318,7 @@ class Gateway:
                 except (OSError, asyncio.TimeoutError):
                     raise NotSent() from None
                 flight = self._send(Flight(routed, route, conn, pooled, client, self.metrics.requests,
-                                           [] if self.timing is not None else None, resent))
+                                           [] if self.timing is not None else None, resent, True))
             conn = flight.conn
             try:
                 response = await conn.head()
@@ -377,4 +386,5 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
         await asyncio.to_thread(gateway.scanner.close)
         if gateway.timing is not None:
             timing.unwatch_collections()
+            timing.ON[0] = False
             timing.dump(gateway.timing)

@@ -9,6 +9,12 @@ Off unless METRALECTL_GATEWAY_TIMING names a file when the gateway starts: then 
     pieces     every later piece's read-to-client-write time (their count, sum and worst)
     resent     true when it was written again on a new connection: the kept one it went on first had been closed
                by the engine (its up_ns then holds that round trip too)
+    tasked     true when it was sent from its connection's task, a turn of the event loop after its read (a model
+               loading, no connection made at once: server.Gateway.arrived says when), not from the read callback
+    up_cpu_ns  the gateway thread's CPU time over up_ns (time.thread_time_ns from the read to the send): well below
+               up_ns, the thread stood still (another thread held the interpreter, or the kernel ran something else)
+and each window of the gateway's own periodic work (`{"window": kind, "at_ns", "ns"}`: `lifecycle`, the poll of the
+lock and the swap journal; `scan`, the engines' table, on a thread), so a slow request can be set against them.
 and the gateway writes them as JSON lines to that file as it stops (nothing is written while it serves: the
 relay's path stays free of file I/O). Off, the relay pays one `is None` test per piece.
 What it cannot see: the event loop's wake-up after a socket becomes readable (shared with every asyncio
@@ -27,8 +33,10 @@ import time
 from pathlib import Path
 
 ENV = "METRALECTL_GATEWAY_TIMING"
-_records: list[tuple[int, int, int, list[int], bool]] = []  # (received at, monotonic ns; up_ns; first_ns; later
-# pieces; resent)
+ON = [False]  # the time is kept (the server sets it as it starts): the read callback also notes its CPU time
+_records: list[tuple[int, int, int, list[int], bool, int, bool]] = []  # (received at, monotonic ns; up_ns; first_ns;
+# later pieces; resent; up_cpu_ns, -1 unknown; tasked)
+_windows: list[tuple[int, int, str]] = []  # the gateway's periodic work: (its start, perf_counter ns; ns; kind)
 _pauses: list[tuple[int, int, int]] = []  # each garbage collection: (its start, perf_counter ns; generation; ns)
 _collecting = [0]  # the running collection's start (gc calls back from one thread at a time: it holds the GIL)
 
@@ -43,10 +51,21 @@ def now() -> int:
     return time.perf_counter_ns()
 
 
-def keep(received: int, sent: int, pieces: list[int], resent: bool = False) -> None:
+def cpu() -> int:
+    return time.thread_time_ns()
+
+
+def keep(received: int, sent: int, pieces: list[int], resent: bool = False, up_cpu: int = -1,
+         tasked: bool = False) -> None:
     """One relayed request: `received`/`sent` from now(); pieces: each body piece's read-to-write ns, in order;
-    resent: sent again on a new connection after the kept one was found closed."""
-    _records.append((received, sent - received, pieces[0] if pieces else 0, pieces[1:], resent))
+    resent: sent again on a new connection after the kept one was found closed; up_cpu: the thread's CPU time from
+    its read to its send (cpu()); tasked: sent from its connection's task."""
+    _records.append((received, sent - received, pieces[0] if pieces else 0, pieces[1:], resent, up_cpu, tasked))
+
+
+def window(kind: str, started: int) -> None:
+    """A stretch of the gateway's own periodic work, from `started` (now()) to now."""
+    _windows.append((started, now() - started, kind))
 
 
 def _on_collection(phase: str, info: dict[str, int]) -> None:
@@ -73,13 +92,17 @@ def dump(path: Path) -> int:
     benchmark on the same machine compares with its own phases."""
     offset = time.monotonic_ns() - time.perf_counter_ns()  # both CLOCK_MONOTONIC on Linux: 0 there; kept general
     with open(path, "a", encoding="utf-8") as out:
-        for received, up, first, later, resent in _records:
+        for received, up, first, later, resent, up_cpu, tasked in _records:
             out.write(json.dumps({"at_ns": received + offset, "up_ns": up, "first_ns": first,
                                   "pieces": len(later), "pieces_sum_ns": sum(later),
-                                  "pieces_max_ns": max(later, default=0), "resent": resent}) + "\n")
+                                  "pieces_max_ns": max(later, default=0), "resent": resent,
+                                  "up_cpu_ns": up_cpu, "tasked": tasked}) + "\n")
         for started, generation, pause in _pauses:
             out.write(json.dumps({"gc": generation, "at_ns": started + offset, "pause_ns": pause}) + "\n")
+        for started, took, kind in _windows:
+            out.write(json.dumps({"window": kind, "at_ns": started + offset, "ns": took}) + "\n")
     count = len(_records)
     _records.clear()
     _pauses.clear()
+    _windows.clear()
     return count

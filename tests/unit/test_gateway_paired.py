@@ -275,3 +275,24 @@ def test_the_gateways_garbage_collections_in_a_phase_are_reported_and_not_taken_
     out = capsys.readouterr().out
     assert "garbage collections in these windows: 2, longest 81.00 ms (generation 2), 1 full" in out, out
     assert gateway_paired.collections([request]) is None  # a gateway that kept none: nothing said
+
+
+def test_the_gateways_slowest_requests_are_set_against_its_own_periodic_work_and_collections() -> None:
+    """slowest(): the top 1 % by own TTFT (at least 5), how many went from their task, the thread's CPU share of
+    their time before the send, and which overlapped a lifecycle poll, a scan or a collection."""
+    quick = [{"at_ns": i * 1_000_000, "up_ns": 80_000, "first_ns": 20_000, "up_cpu_ns": 75_000, "tasked": False}
+             for i in range(300)]
+    slow = [{"at_ns": 400_000_000 + i * 10_000_000, "up_ns": 2_000_000, "first_ns": 20_000, "up_cpu_ns": 100_000,
+             "tasked": i == 0} for i in range(5)]
+    work = [{"window": "scan", "at_ns": 399_000_000, "ns": 2_500_000},  # over the first slow one
+            {"window": "lifecycle", "at_ns": 419_500_000, "ns": 1_000_000},  # over the third
+            {"window": "lifecycle", "at_ns": 900_000_000, "ns": 100_000},  # over none
+            {"gc": 1, "at_ns": 441_000_000, "pause_ns": 300_000}]  # over the fifth
+    got = gateway_paired.slowest(quick + slow + work)
+    assert got is not None
+    assert got["requests"] == 5 and got["tasked"] == 1 and abs(got["own_ttft_from_ms"] - 2.02) < 1e-9
+    assert got["during"] == {"lifecycle": 1, "scan": 1, "gc": 1}
+    assert got["windows"] == {"lifecycle": 2, "scan": 1, "gc": 1}
+    assert abs(got["cpu_over_up_p50"] - 0.05) < 1e-9  # the thread stood still for 95 % of their time
+    assert gateway_paired.slowest(quick[:50]) is None  # too few to say
+    assert gateway_paired.slowest([{k: v for k, v in r.items() if k != "up_cpu_ns"} for r in quick]) is None  # older

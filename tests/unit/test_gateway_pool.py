@@ -151,13 +151,17 @@ def test_the_gateway_keeps_its_own_time_per_request_only_when_asked(tmp_path: Pa
     before = time.monotonic_ns()
     asyncio.run(session(Engine(), [0, 0.05, 0.05]))
     every: list[dict[str, Any]] = [json.loads(line) for line in out.read_text().splitlines()]
-    lines = [line for line in every if "gc" not in line]  # the requests (a collection's pause has its own line)
+    lines = [line for line in every if "up_ns" in line]  # the requests (a collection, a poll: lines of their own)
     assert len(lines) == 3, lines
     for line in lines:
         assert before < line["at_ns"] < time.monotonic_ns()
         assert 0 < line["up_ns"] < 1e9 and 0 < line["first_ns"] < 1e9
+        assert 0 <= line["up_cpu_ns"] <= line["up_ns"] + 1_000_000 and line["tasked"] is False  # sent as read
         # the body's later pieces: EVENTS events 5 ms apart and the end, one read each unless a busy loop merged some
         assert 1 <= line["pieces"] <= EVENTS and line["pieces_max_ns"] * line["pieces"] >= line["pieces_sum_ns"] > 0
+    windows = [line for line in every if "window" in line]  # the lifecycle poll's (every 50 ms) and the scans'
+    assert {w["window"] for w in windows} >= {"lifecycle"}, windows
+    assert all(before < w["at_ns"] < time.monotonic_ns() and 0 < w["ns"] < 60e9 for w in windows)
 
 
 
