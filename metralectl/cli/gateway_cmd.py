@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from metralectl.errors import ExitCode, MetralError
+from metralectl.errors import ExitCode, MetralError, UsageError
 from metralectl.gateway.listen import DEFAULT_LISTEN, parse_listen  # noqa: F401 (parse_listen: tests use it here)
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -30,6 +30,32 @@ def _bind(host: str, port: int) -> socket.socket:
                           exit_code=ExitCode.UNAVAILABLE) from None
     sock.setblocking(False)
     return sock
+
+
+def _own_cpus(text: str | None) -> frozenset[int] | None:
+    """The gateway on --cpus (else box.yaml's gateway-cpus), checked against what this process may use; None: no
+    CPUs of its own. A list that cannot be: refused before anything listens."""
+    from metralectl.seams import affinity
+
+    if text is None:
+        from metralectl.lifecycle.budget import box_config
+
+        chosen, where = box_config().gateway_cpus, "box.yaml's gateway-cpus"
+        if not chosen:
+            return None
+    else:
+        from metralectl.core.cpulist import parse
+
+        try:
+            chosen, where = parse(text), "--cpus"
+        except ValueError as bad:
+            raise UsageError(f"--cpus: {bad}", "name the CPUs the gateway runs on, e.g. --cpus 14-15") from None
+    problem = affinity.check(chosen)
+    if problem is not None:
+        raise UsageError(f"{where}: {problem}", "leave the engines some CPUs: e.g. the last two, --cpus 14-15 on a "
+                                                "box of 16 (`nproc` says how many this process may use)")
+    affinity.pin(chosen)
+    return chosen
 
 
 def _status(table: Any, url: str) -> dict[str, Any]:
@@ -76,6 +102,10 @@ def gateway(
     event_loop: str = typer.Option("auto", "--event-loop", metavar="auto|uvloop|asyncio",
                                    help="The event loop it serves on: auto is uvloop where it is installed (it is a "
                                         "dependency on Linux and macOS), else asyncio's own."),
+    cpus: str = typer.Option(None, "--cpus", metavar="LIST",
+                             help="Run on these CPUs only (e.g. 14-15), and start engines on the others (default: "
+                                  "box.yaml's `gateway-cpus:`). Engines started by `run` keep off them when box.yaml "
+                                  "names them."),
 ) -> None:
     """Serve one OpenAI-compatible endpoint that routes each request by its `model` to the engine serving it.
     With API keys (`gateway keys add`), every client needs one, and each key names the models it may use."""
@@ -90,6 +120,13 @@ def gateway(
     from metralectl.gateway.server import Gateway, Limits, serve
 
     loop_name = loops.pick(event_loop)  # a loop that is not there: refused before anything listens
+    own_cpus = _own_cpus(cpus)  # before any thread starts: each one inherits the affinity
+    if own_cpus is not None:
+        from metralectl.core.cpulist import render
+
+        cpu_list: str | None = render(own_cpus)
+    else:
+        cpu_list = None
     keys = KeyWatch()  # a key file that cannot be trusted: refused here, before anything listens
     host, port = parse_listen(listen, allow_remote, bool(keys.ring))
     remote = not ipaddress.ip_address(host).is_loopback
@@ -101,7 +138,7 @@ def gateway(
 
     def show(table: Any, event: str = "models", gone: list[str] | None = None) -> None:
         status = {**_status(table, url), "keys": len(keys.ring.keys), "keys_error": keys.error, "gone": gone or [],
-                  "event_loop": loop_name}
+                  "event_loop": loop_name, "cpus": cpu_list}
         if as_json:
             print(json.dumps({"event": event, **status}), flush=True)
             return
@@ -110,7 +147,7 @@ def gateway(
 
         names = ", ".join(f"{m['name']} ({m['recipe']})" if m["name"] != m["recipe"] else m["name"]
                           for m in status["models"]) or "none"
-        print(f"gateway {url}: serving {clean(names, 2000)}" +
+        print(f"gateway {url}: serving {clean(names, 2000)}" + (f"; on CPUs {cpu_list}" if cpu_list else "") +
               (f"; starting: {clean(', '.join(status['starting']), 500)}" if status["starting"] else "") +
               (f"; {clean(table.error, 500)}" if table.error else "") +
               (f"; went away (exited without being stopped): {clean(', '.join(gone), 500)}" if gone else "") +

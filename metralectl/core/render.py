@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from metralectl import paths
 from metralectl.core.contract import EngineContract
+from metralectl.core.cpulist import render as cpu_list
 from metralectl.core.engine_config import GeneratedFile, generated
 from metralectl.core.hardware import HardwareClass
 from metralectl.core.image_info import ImageInfo
@@ -75,6 +76,7 @@ class ContainerSpec:
     # the GPUs a box of several placed it on (`placed`, core/placement.py): Docker's device ids instead of the
     # count, a host process's CUDA_VISIBLE_DEVICES; None: the first `gpus` (as ever). Never in the spec hash.
     gpu_ids: tuple[int, ...] | None = None
+    cpu_ids: tuple[int, ...] | None = None  # off the gateway's CPUs (seams/affinity.py); None: all. Not hashed
 
     @property
     def is_process(self) -> bool:
@@ -95,6 +97,7 @@ class ContainerSpec:
         body = asdict(self)
         body.pop("labels")
         body.pop("gpu_ids")
+        body.pop("cpu_ids")
         for key in _PROFILE_FIELDS:
             if not body[key]:
                 body.pop(key)
@@ -349,6 +352,8 @@ def docker_run_command(spec: ContainerSpec, *, width: int = 88) -> str:
     elif spec.gpus is not None:
         runtime += ["--gpus", q(str(spec.gpus))]
     runtime.append(q(f"--ipc={spec.ipc_mode}"))
+    if spec.cpu_ids is not None:  # kept off the gateway's own CPUs (seams/affinity.py)
+        runtime += ["--cpuset-cpus", q(cpu_list(spec.cpu_ids))]
     lines.append(" ".join(runtime))
     profile = [f"--device {q(d)}" for d in spec.devices] + [f"--cap-add {q(c)}" for c in spec.cap_add]
     profile += [f"--ulimit {q(f'{n}={soft}:{hard}')}" for n, soft, hard in spec.ulimits]

@@ -3,7 +3,8 @@ else the host's RAM less what the OS keeps), each recipe's footprint (its fit es
 (the larger of its recipe's estimate and its measured memory: NVML's per-process bytes, else its processes' RSS).
 
 The configured budget is `<config dir>/box.yaml`'s `budget:` (GB; a number, e.g. `budget: 24` or `budget: 1.5`),
-or `--budget GB` where a command takes it (run, gateway); `pin:` there lists the recipes the gateway never evicts.
+or `--budget GB` where a command takes it (run, gateway); `pin:` there lists the recipes the gateway never evicts;
+`gateway-cpus:` (a CPU list, `14-15`) the CPUs the gateway runs on and every engine keeps off (seams/affinity.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from metralectl import paths
 from metralectl.core.budget import Budget, Footprint, Room, footprint_of_estimate, with_measured
@@ -24,13 +25,14 @@ if TYPE_CHECKING:
     from metralectl.seams.docker.protocol import ContainerRuntime
 
 CONFIG_FILE = "box.yaml"
-KEYS = ("budget", "pin")
+KEYS = ("budget", "pin", "gateway-cpus")
 
 
 @dataclass(frozen=True)
 class BoxConfig:
     budget_gb: float | None = None
     pin: tuple[str, ...] = ()
+    gateway_cpus: frozenset[int] = frozenset()
 
 
 def config_path() -> Path:
@@ -54,9 +56,28 @@ def box_config() -> BoxConfig:
     check.known_keys(top, (), KEYS, CONFIG_FILE)
     budget = check.number(top, (), "budget", required=False, nullable=True, minimum=0)
     pin = check.string_list(top, (), "pin")
+    cpus = _gateway_cpus(check, top)
     if not check.ok:
         raise RecipeInvalid(check.problems)
-    return BoxConfig(float(budget) if budget is not None else None, tuple(pin))
+    return BoxConfig(float(budget) if budget is not None else None, tuple(pin), cpus)
+
+
+def _gateway_cpus(check: Any, top: dict[str, Any]) -> frozenset[int]:
+    """box.yaml's gateway-cpus: a CPU list (`"14-15"`, `7`), refused by line when it is not one."""
+    from metralectl.core.cpulist import parse
+
+    value = top.get("gateway-cpus")
+    if value is None:
+        return frozenset()
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        check.error(("gateway-cpus",), f"must be a CPU list, not {type(value).__name__}",
+                    'write it as `gateway-cpus: "14-15"` (the CPUs the gateway runs on, the engines keep off)')
+        return frozenset()
+    try:
+        return parse(str(value))
+    except ValueError as bad:
+        check.error(("gateway-cpus",), str(bad), 'e.g. `gateway-cpus: "14-15"`')
+        return frozenset()
 
 
 def box_budget(catalog: Catalog, override_gb: float | None = None) -> Budget:

@@ -4,6 +4,7 @@ gateway's loads: they all start through launch.start_and_wait), and `run --print
 
 A box of one GPU, of an unknown count, or a recipe of `gpus: all`/`none`: nothing is placed, the spec stays as
 rendered (Docker's count, a host process's first devices), exactly as before placement existed.
+Every start is also kept off the gateway's own CPUs where box.yaml names them (`gateway-cpus`, seams/affinity.py).
 """
 
 from __future__ import annotations
@@ -39,10 +40,24 @@ def placement_for(catalog: Catalog, recipe: Recipe, runtime: ContainerRuntime,
 
 def place(catalog: Catalog, recipe: Recipe, runtime: ContainerRuntime, spec: ContainerSpec,
           budget_gb: float | None = None) -> ContainerSpec:
-    """spec on the GPUs placement_for chooses (unchanged where nothing is placed)."""
-    if spec.gpu_ids is not None:
+    """spec on the GPUs placement_for chooses (unchanged where nothing is placed), kept off the gateway's CPUs."""
+    if spec.gpu_ids is None:
+        spec = placed(spec, recipe, placement_for(catalog, recipe, runtime, budget_gb))
+    return spec if recipe.multi_rank else off_gateway_cpus(spec)  # ranks on other nodes: not this box's CPUs
+
+
+def off_gateway_cpus(spec: ContainerSpec) -> ContainerSpec:
+    """spec on this box's CPUs less the gateway's own (box.yaml's gateway-cpus, and this process's if it is a
+    gateway pinned with --cpus: seams/affinity.py); unchanged where there are none to keep off."""
+    from dataclasses import replace
+
+    from metralectl.lifecycle.budget import box_config
+    from metralectl.seams import affinity
+
+    if spec.cpu_ids is not None:
         return spec
-    return placed(spec, recipe, placement_for(catalog, recipe, runtime, budget_gb))
+    cpus = affinity.for_engines(box_config().gateway_cpus)
+    return spec if cpus is None else replace(spec, cpu_ids=cpus)
 
 
 def place_for_print(catalog: Catalog, recipe: Recipe, spec: ContainerSpec) -> ContainerSpec:
@@ -51,12 +66,14 @@ def place_for_print(catalog: Catalog, recipe: Recipe, spec: ContainerSpec) -> Co
     from metralectl.errors import MetralError
     from metralectl.lifecycle.budget import box_gpus
 
-    if box_gpus() <= 1 or recipe.resources.gpus in ("all", "none") or recipe.multi_rank:
-        return spec  # nothing to place: no runtime opened
+    if recipe.multi_rank:
+        return spec
+    if box_gpus() <= 1 or recipe.resources.gpus in ("all", "none"):
+        return off_gateway_cpus(spec)  # nothing to place: no runtime opened
     from metralectl.lifecycle.local_runtime import open_local
 
     try:
         with open_local(need_docker=False, timeout=5.0) as runtime:
             return place(catalog, recipe, runtime, spec)
     except (MetralError, OSError):
-        return spec
+        return off_gateway_cpus(spec)

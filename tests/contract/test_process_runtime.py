@@ -349,6 +349,22 @@ def test_a_placed_engine_sees_its_gpus_and_its_label_reads_back(rt: ProcessRunti
     assert json.loads(state.state_path(name).read_text())["spec_hash"] == spec.spec_hash()
 
 
+def test_an_engine_kept_off_the_gateways_cpus_runs_on_the_others_only(rt: ProcessRuntime) -> None:
+    """spec.cpu_ids (lifecycle/placing.off_gateway_cpus): the supervisor is set to them before it starts the engine,
+    which inherits them: the kernel's own account of the engine's CPUs says so."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one CPU: no other to keep an engine on")
+    name = unique("cpus")
+    spec = ContainerSpec(name=name, image="process:/usr/bin/grep",
+                         command=("/usr/bin/grep", "Cpus_allowed_list", "/proc/self/status"), labels=LABELS,
+                         cpu_ids=(allowed[-1],))
+    rt.create_and_start(spec)
+    assert rt.wait_exit(name, 60) == 0
+    assert rt.log_tail(name, 10)[-1].split(":")[1].strip() == str(allowed[-1])
+    assert sorted(os.sched_getaffinity(0)) == allowed  # this process (the CLI, the gateway) is left as it was
+
+
 # --- interrupted or failed starts ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("when", ["before-the-request", "after-the-answer"])
 def test_ctrl_c_during_create_and_start_leaves_no_process_and_no_state(rt: ProcessRuntime,

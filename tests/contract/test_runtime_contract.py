@@ -13,8 +13,11 @@ timeout), never a time taken.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +165,26 @@ def test_unknown_names_are_nothing_to_act_on(runtime: ContainerRuntime) -> None:
     runtime.remove(missing, force=True)
     assert runtime.remove_if_labelled(missing, {}) is False
     assert runtime.wait_exit(missing, 1) == 0  # as Docker answers for a container that is not there
+
+
+def test_a_start_kept_off_the_gateways_cpus_runs_on_the_others_only(runtime: ContainerRuntime,
+                                                                     spec_for: SpecFor) -> None:
+    """spec.cpu_ids (box.yaml's gateway-cpus, lifecycle/placing.off_gateway_cpus): Docker's cpuset, a host process's
+    affinity; the kernel's account of each of its processes says so."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one CPU: no other to keep a workload on")
+    spec = replace(spec_for(), cpu_ids=(allowed[-1],))
+    started = runtime.create_and_start(spec)
+    try:
+        _until(lambda: "workload up" in runtime.log_tail(spec.name, 5))
+        pids = runtime.container_pids(started.id)
+        assert pids
+        for pid in pids:
+            status = Path(f"/proc/{pid}/status").read_text()
+            cpus = next(line.split(":", 1)[1].strip() for line in status.splitlines()
+                        if line.startswith("Cpus_allowed_list"))
+            assert cpus == str(allowed[-1]), (pid, cpus)
+    finally:
+        runtime.kill(started.id)
+        runtime.remove(started.id, force=True)

@@ -9,6 +9,7 @@ in OpenAI's shape; a non-loopback --listen refused without --allow-remote; a tak
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -102,6 +103,37 @@ def test_a_non_loopback_address_needs_allow_remote_and_a_taken_port_is_refused(e
         out = _cli(env, "--listen", f"127.0.0.1:{taken.getsockname()[1]}")
     assert out.returncode == 69 and "the gateway cannot listen on 127.0.0.1:" in out.stderr, out.stderr
     assert out.stdout == ""
+
+
+def _cpus_of(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
+
+
+def test_the_gateway_runs_on_its_own_cpus_from_cpus_or_box_yaml_and_a_wrong_list_is_refused(
+        env: dict[str, str]) -> None:
+    """`--cpus` (else box.yaml's gateway-cpus): the gateway's process on those CPUs only, said in its listening
+    line; a list it cannot take refused before anything listens, with the fix (seams/affinity.py says why)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one CPU: the gateway could not leave the engines any")
+    for cpus, said in (("two", "--cpus: 'two' is not a CPU or a range"), ("4095", "CPU 4095 is not one this process"),
+                       (",".join(map(str, allowed)), "none would be left for engines")):
+        out = _cli(env, "--cpus", cpus)
+        assert out.returncode == 64 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert out.stdout == ""
+    last = str(allowed[-1])
+    gateway = Gateway(env, "--cpus", last)
+    try:
+        assert gateway.first["cpus"] == last and _cpus_of(gateway.proc.pid) == last, gateway.first
+    finally:
+        gateway.stop()
+    (Path(env["METRALECTL_CONFIG_DIR"]) / "box.yaml").write_text(f'gateway-cpus: "{allowed[0]}"\n')
+    gateway = Gateway(env)
+    try:
+        assert gateway.first["cpus"] == str(allowed[0]) and _cpus_of(gateway.proc.pid) == str(allowed[0])
+    finally:
+        gateway.stop()
 
 
 def _ps(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

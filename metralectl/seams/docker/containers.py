@@ -95,9 +95,14 @@ class ContainersMixin(Resource):
         elif isinstance(spec.gpus, int):
             device_requests = [DeviceRequest(count=spec.gpus, capabilities=[["gpu"]])]
         binds = {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts}
+        cpuset: dict[str, Any] = {}
+        if spec.cpu_ids is not None:  # kept off the gateway's own CPUs (seams/affinity.py)
+            from metralectl.core.cpulist import render
+
+            cpuset["cpuset_cpus"] = render(spec.cpu_ids)
         host_config = self._call(self.api.create_host_config, network_mode=spec.network_mode,
                                  ipc_mode=spec.ipc_mode, binds=binds, device_requests=device_requests, init=False,
-                                 **profile_kwargs(spec))
+                                 **profile_kwargs(spec), **cpuset)
         labels = {**spec.labels, **(extra_labels or {})}
         created = self._create_uninterruptibly(spec, labels, host_config)
         container_id = created["Id"]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from metralectl.safetext import clean
 from metralectl.seams.docker.errors import RuntimeCause, RuntimeFailure
 from metralectl.seams.process import group, logs, state
+from metralectl.seams import affinity
 from metralectl.seams.process.images import executable_problem, install_hint
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ def create_and_start(spec: ContainerSpec, labels: dict[str, str], log_limit: int
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       cwd=str(state.states_dir().root), start_new_session=True, close_fds=True,
                                       env=_supervisor_environment())
+        affinity.apply(supervisor.pid, spec.cpu_ids)  # before it starts the engine, which inherits it
         answer = _converse(supervisor, _request(spec, name, launch, log, log_limit))
     except BaseException:
         _abort(supervisor, name, launch)
