@@ -26,6 +26,8 @@ metralectl/gateway/timing.py) over the same window: a figure the engine's noise 
 The median of the paired differences is also given order-balanced (order_balanced(): each group keeps which path
 went first, and the two orders' medians are averaged), where going second costs something at the engine.
 A target is "held" when the interval's bound is within it, "missed" when the interval lies beyond it, else "open".
+Each is one-sided: the added TTFT must not exceed its target, the output rate must not fall more than its share
+below direct's; a gateway faster than direct holds both.
 """
 
 from __future__ import annotations
@@ -266,7 +268,10 @@ def summarize(c: int, via: str, groups: list[dict[str, Any]], own: list[dict[str
         "via_tokens_per_request": statistics.mean(g[via]["tokens"] for g in groups),
         "verdicts": {"ttft_p50": verdict(p50, -1e9, targets["ttft_p50_ms"]),
                      "ttft_p99": verdict(p99, -1e9, targets["ttft_p99_ms"]),
-                     "tok_s": verdict(ratio, 1 - targets["tok_s_ratio"], 1 + targets["tok_s_ratio"])}}
+                     # one-sided: the target is that the gateway costs no output rate, so a ratio above 1 (a kept-alive
+                     # client, whose connection the gateway keeps where llama-server closes every streamed one: 1.057
+                     # at c=16 on the H100) holds it; held when the interval's lower bound is within 1 - t
+                     "tok_s": verdict(ratio, 1 - targets["tok_s_ratio"], float("inf"))}}
     if balanced is not None:
         row["verdicts"]["paired_p50"] = verdict(balanced, -1e9, targets["ttft_p50_ms"])
     if all("fresh" in g[p] for g in groups for p in ("direct", via)):  # kept-alive connections (one_kept)
@@ -408,7 +413,7 @@ def report(phases: list[dict[str, Any]], own: list[dict[str, Any]], concurrencie
 
     print(f"design: paired-concurrent (one client pool, jobs alternating over {', '.join(['direct', *vias])}); "
           f"added = via - direct, ms, [95 % bootstrap]; targets +{targets['ttft_p50_ms']} ms p50, "
-          f"+{targets['ttft_p99_ms']} ms p99, tok/s within {targets['tok_s_ratio']:.0%}")
+          f"+{targets['ttft_p99_ms']} ms p99, tok/s at most {targets['tok_s_ratio']:.0%} below")
     asked = list(dict.fromkeys(p.get("connections", "fresh") for p in phases))  # in the order first run
     for c, connections in ((c, m) for c in concurrencies for m in asked or ["fresh"]):
         mine = [p for p in phases if p["concurrency"] == c and p.get("connections", "fresh") == connections]

@@ -131,6 +131,25 @@ def test_two_equal_paths_are_not_called_missed() -> None:
     assert row["added_ttft_p50_ms"][1] < 0.3 and abs(row["paired_median_added_ms"][0]) < 5, row
 
 
+def test_the_output_rate_target_is_one_sided_a_faster_gateway_holds_it() -> None:
+    """A kept-alive client's gateway keeps its connection where llama-server closes every streamed one, so its output
+    rate can be above direct's (1.057 at c=16 on the H100): that costs nothing, and must not read missed."""
+    def groups(via_e2e_ms: float) -> list[dict[str, Any]]:
+        jitter = [0.98, 1.0, 1.02, 0.99, 1.01]
+        return [{"direct": {"ttft_ms": 5.0, "e2e_ms": 10.0 * jitter[i % 5], "tokens": 16},
+                 "gateway": {"ttft_ms": 5.0, "e2e_ms": via_e2e_ms * jitter[(i + 2) % 5], "tokens": 16}}
+                for i in range(200)]
+
+    def tok_s(via_e2e_ms: float) -> tuple[float, str]:
+        row = gateway_paired.summarize(2, "gateway", groups(via_e2e_ms), [], TARGETS)
+        return row["tok_s_ratio"][0], row["verdicts"]["tok_s"]
+
+    faster, slower, edge = tok_s(9.5), tok_s(10.5), tok_s(10.2)
+    assert faster[0] > 1.05 and faster[1] == "held", faster  # two-sided, this was "missed"
+    assert slower[0] < 0.96 and slower[1] == "missed", slower
+    assert 0.975 < edge[0] < 0.985 and edge[1] == "open", edge  # the interval across 0.98
+
+
 def test_each_group_keeps_the_order_its_paths_were_sent_in() -> None:
     got, _ = asyncio.run(measure({"direct": 0.0, "gateway": 0.0}, c=1))
     firsts = [path for i, (path, seed) in enumerate(ORDER) if i == 0 or ORDER[i - 1][1] != seed]
