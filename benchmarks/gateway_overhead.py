@@ -117,10 +117,16 @@ def gateway(ns: argparse.Namespace, box: Box, home: Path, port: int, loop: str,
     that wakes on a core of its own, its caches as it left them, costs less than one the scheduler moves about."""
     loop, _, cpus = loop.partition("@")
     env = {**box.env, **({"METRALECTL_GATEWAY_TIMING": str(timing)} if timing else {})}
+    own = []  # --gateway-cpus: this wheel's gateway takes them itself (`gateway --cpus`, the product's way)
+    if not cpus and ns.gateway_cpus:
+        if python is None:
+            own = ["--cpus", ns.gateway_cpus]
+        else:  # another wheel's (the baseline): it may have no --cpus, so it is set on those CPUs from here
+            cpus = ns.gateway_cpus
     chosen = {c for part in cpus.split(",") if part for a, _, b in [part.partition("-")]
               for c in range(int(a), int(b or a) + 1)}
     return subprocess.Popen([python or ns.python, "-m", "metralectl", "gateway", "--listen", f"127.0.0.1:{port}", "--json",
-                             "--event-loop", loop], stdout=subprocess.PIPE, text=True, cwd=home, env=env,
+                             "--event-loop", loop, *own], stdout=subprocess.PIPE, text=True, cwd=home, env=env,
                             stderr=open(home / f"gateway-{port}.log", "w"),
                             preexec_fn=(lambda: os.sched_setaffinity(0, chosen)) if chosen else None)
 
@@ -212,6 +218,9 @@ def main() -> int:
     ap.add_argument("--baseline-python", help="the interpreter of another metralectl (an earlier wheel's venv): its "
                     "gateway runs beside this one as `gateway-baseline`, in the same rounds (what a change gained)")
     ap.add_argument("--keep", type=Path, help="copy every bench run's records (requests.jsonl...) here")
+    ap.add_argument("--gateway-cpus", metavar="LIST", help="the gateway on these CPUs (`metralectl gateway --cpus`), "
+                    "the engine kept off them by metralectl (box.yaml's gateway-cpus) and this client too: "
+                    "docs/gateway.md, \"Cores of its own\"")
     ap.add_argument("--serve", action="append", type=serve_setting, default=[], metavar="KEY=VALUE",
                     help="another of the engine's serve settings (repeatable): cache-ram=0 spares llama-server's "
                          "saving of its idle slots at each new request, milliseconds of the TTFT both paths share "
@@ -248,6 +257,8 @@ def main() -> int:
             f"alias: {ns.alias}, ui: false{''.join(f', {k}: {v}' for k, v in ns.serve)}}}\n"
             f"resources: {{port: {ports['direct'].port}, bind: 127.0.0.1, "
             f"gpus: {ns.gpus}, ranks: 1}}\nvalidated: {{source: null, hardware: {ns.hardware}}}\n")
+        if ns.gateway_cpus:  # the engine kept off the gateway's CPUs by metralectl itself (box.yaml, seams/affinity.py)
+            (Path(tmp) / "config" / "box.yaml").write_text(f'gateway-cpus: "{ns.gateway_cpus}"\n')
         run = box.cli("run", "overhead", "--no-weights-check")
         if run.returncode != 0:
             sys.exit(f"gateway_overhead: `metralectl run` failed:\n{run.stderr}")
@@ -275,6 +286,10 @@ def main() -> int:
             if ns.litellm:
                 servers.append(litellm(ns, Path(tmp), ports["litellm"].port, ports["direct"].port))
                 targets.append("litellm")
+            if ns.gateway_cpus:  # and this client too, once every server has started
+                from metralectl.core.cpulist import parse
+
+                os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - parse(ns.gateway_cpus))
             urls = {name: f"http://127.0.0.1:{held.port}" for name, held in ports.items()}
             rows: list[dict[str, Any]] = []
             if ns.design == "paired":

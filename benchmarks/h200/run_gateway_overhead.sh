@@ -23,8 +23,8 @@
 # machine), SERVE (the engine's extra serve settings, KEY=VALUE
 # separated by spaces; default cache-ram=0: llama-server saves its idle slots to a prompt cache at every new request,
 # tens of milliseconds of TTFT at 16 streams that both paths share and that only widen the intervals; "" for none),
-# GATEWAY_CPUS (e.g. 14-15: each loop of GATEWAY_LOOPS without its own @CPUS runs on those, as LOOP@CPUS, and the
-# measurement, the engine and the clients included, under `taskset -c` on every other CPU: on the lent H100 the
+# GATEWAY_CPUS (e.g. 14-15: gateway_overhead.py --gateway-cpus: the gateway on those CPUs by its own --cpus, the
+# engine kept off them by metralectl (box.yaml's gateway-cpus), the clients too: on the lent H100 the
 # kernel put engine threads the gateway had just woken on its CPU and preempted it, ~240 times a second at 64
 # streams, which made the gateway's own TTFT p99 1.4-2.3 ms; on CPUs of its own, 0.12-0.15 ms; docs/gateway.md).
 # The measurement takes ROUNDS x concurrencies x (WARMUP + DURATION)
@@ -86,27 +86,10 @@ fi
 SERVE_ARGS=()
 for setting in ${SERVE-cache-ram=0}; do SERVE_ARGS+=(--serve "$setting"); done
 LOOPS="${GATEWAY_LOOPS:-auto}"
-PIN=()
-if [ -n "${GATEWAY_CPUS:-}" ]; then  # the gateway on these CPUs, everything else on the others
-  REST="$("$PYTHON" - "$GATEWAY_CPUS" <<'PY'
-import os, sys
-mine = set()
-for part in sys.argv[1].split(","):
-    low, _, high = part.partition("-")
-    mine.update(range(int(low), int(high or low) + 1))
-rest = sorted(set(os.sched_getaffinity(0)) - mine)
-print(",".join(map(str, rest)) if rest and mine else "")
-PY
-)" || REST=""
-  if [ -z "$REST" ]; then note "FAILED: GATEWAY_CPUS=$GATEWAY_CPUS leaves no CPU for the rest (or is not a CPU list)"; exit 2; fi
-  pinned=()
-  IFS=, read -ra loops <<<"$LOOPS"
-  for loop in "${loops[@]}"; do  # a loop that names its own CPUs keeps them
-    case "$loop" in *@*) pinned+=("$loop") ;; *) pinned+=("$loop@$GATEWAY_CPUS") ;; esac
-  done
-  LOOPS="$(IFS=,; echo "${pinned[*]}")"
-  PIN=(taskset -c "$REST")
-  note "the gateway on CPUs $GATEWAY_CPUS ($LOOPS), the rest on $REST"
+CPU_ARGS=()
+if [ -n "${GATEWAY_CPUS:-}" ]; then  # the product's way: gateway --cpus, the engine and the client kept off them
+  CPU_ARGS=(--gateway-cpus "$GATEWAY_CPUS")
+  note "the gateway on CPUs $GATEWAY_CPUS (metralectl gateway --cpus; the engine and the client on the others)"
 fi
 if [ -n "${BUILD_ONLY:-}" ]; then note "built (BUILD_ONLY): call again for the measurement"; exit 0; fi
 left=$((DEADLINE_S - (SECONDS - START)))
@@ -126,14 +109,14 @@ mkdir -p "$RES"
     [ -d "$state" ] && echo "  $(cat "$state/name") latency $(cat "$state/latency") us disable $(cat "$state/disable")"
   done
   echo "governor: $(cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/dev/null || echo none)"
-  if [ -n "${GATEWAY_CPUS:-}" ]; then echo "gateway CPUs: $GATEWAY_CPUS ($LOOPS); the rest: $REST"; fi
+  if [ -n "${GATEWAY_CPUS:-}" ]; then echo "gateway CPUs: $GATEWAY_CPUS ($LOOPS; the rest on the others)"; fi
 } >"$RES/environment.txt" 2>&1
 note "gateway_overhead (from the wheel), ${left}s left"
-(cd "$WORK" && timeout $((left - 20)) "${PIN[@]}" "$VENV/bin/python" "$HERE/../gateway_overhead.py" --python "$VENV/bin/python" \
+(cd "$WORK" && timeout $((left - 20)) "$VENV/bin/python" "$HERE/../gateway_overhead.py" --python "$VENV/bin/python" \
   --llama-server "$BIN" --preset "${PRESET:-1b}" --ngl all --hardware hopper --gpus all \
   --design "${DESIGN:-paired}" --connections "${CONNECTIONS:-fresh}" --concurrencies "${CONCURRENCIES:-1,16,64}" --rounds "${ROUNDS:-4}" \
   --isl "${ISL:-128}" --osl "${OSL:-64}" --duration "${DURATION:-25}" --warmup "${WARMUP:-3}" --budget $((left - 70)) \
-  --gateway-loops "$LOOPS" ${FLOOR:+--floor} "${BASELINE_ARGS[@]}" "${SERVE_ARGS[@]}" \
+  --gateway-loops "$LOOPS" ${FLOOR:+--floor} "${BASELINE_ARGS[@]}" "${SERVE_ARGS[@]}" "${CPU_ARGS[@]}" \
   --json "$RES/gateway-overhead.json" --keep "$RES/runs" >"$RES/gateway-overhead.txt" 2>"$RES/gateway-overhead.err")
 rc=$?
 uptime >>"$RES/environment.txt"
