@@ -90,10 +90,10 @@ class Gateway:
         while True:
             if self.keys is not None and self.keys.poll() and self.on_table is not None:
                 self.on_table(self.table)  # the status line says the keys changed (names and counts only)
-            # In the loop, not on a thread: a lock probe and a small file, ~0.1 ms, 20 times a second, where each
-            # hand-over to a thread and back wanted the interpreter from the loop's thread in the middle of its work.
+            # On a thread: a state directory that answers slowly must not stall every request (run in the loop
+            # instead, the gateway's tail at 64 streams on a lent H100 was the same: docs/gateway.md).
             started = timing.now() if self.timing is not None else 0
-            holder, journal = self.scanner.lifecycle()
+            holder, journal = await asyncio.to_thread(self.scanner.lifecycle)
             if started:
                 timing.window("lifecycle", started)
             seen = (holder, journal.get("phase") if journal else None, journal.get("updated") if journal else None)
