@@ -17,8 +17,9 @@ connects inline and opens a new spare.
 
 Connecting inline, on the fast path (now()): an engine on loopback is connected to, and the request written to it,
 within the callback that read the request (a loopback connect completes inside the call), where asyncio's
-create_connection took two or three turns of the event loop, each behind every stream's pieces: at 64 streams on a
-lent H100, the ~1 % of requests that found no spare spent 1.4-2.6 ms in the gateway, its own time's p99.
+create_connection takes two or three turns of the event loop, each behind every stream's pieces. (It was thought to
+be the own time's p99 at 64 streams on a lent H100, 1.4-2.6 ms; it was not: that was the kernel preempting the
+gateway for engine threads, seams/affinity.py. It stays: a request with no spare left is not put behind others.)
 """
 
 from __future__ import annotations
@@ -72,9 +73,8 @@ class Pool:
         """A connection at once, without a wait, for the fast path (server.Gateway.arrived): a live kept or spare one
         (True: as take() says), else, for an engine on loopback, a new one made within this callback (False): a
         connect on loopback completes inside the call (EINPROGRESS, then writable at once: ~10-15 us), where
-        asyncio's create_connection takes two or three turns of the event loop, each behind every stream's pieces
-        (1.4-2.6 ms of the gateway's own time for ~1 % of the requests at 64 streams on a lent H100: its p99). The
-        request is written on that socket at once (Upstream.send); asyncio adopts it in a task of its own.
+        asyncio's create_connection takes two or three turns of the event loop, each behind every stream's pieces.
+        The request is written on that socket at once (Upstream.send); asyncio adopts it in a task of its own.
         None: an engine elsewhere with no live connection on top, or one that did not accept at once: the caller's
         task connects (take()). Counted as take() counts; the caller calls refill(address) once the request is
         written (from the connection's task: off its path)."""
