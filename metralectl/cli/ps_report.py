@@ -130,7 +130,8 @@ def _note_gateways(gateways: list[dict[str, Any]]) -> None:
                 if g["answering"] else style("not answering", "33", sys.stderr) if g["here"] else
                 style("not asked: its record names an address that is not this machine's", "33", sys.stderr))
         keys = count(g["keys"], "API key") if g["keys"] else "no API key"
-        note(f"gateway {clean(g['url'], 80)} (pid {g['pid']}): {live}; {keys}")
+        cpus = f"; on CPUs {g['cpus']}" if g.get("cpus") else ""
+        note(f"gateway {clean(g['url'], 80)} (pid {g['pid']}): {live}; {keys}{cpus}")
 
 
 def _gateways() -> list[dict[str, Any]]:

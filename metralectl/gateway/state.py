@@ -37,11 +37,12 @@ def records_dir() -> Path:
     return store.state_dir() / "gateways"
 
 
-def record(url: str, keys: int, pid: int | None = None, monitor: str | None = None) -> Path | None:
+def record(url: str, keys: int, pid: int | None = None, monitor: str | None = None,
+           cpus: str | None = None) -> Path | None:
     """Say that this process serves a gateway at `url`; the path written (None when this process cannot be
     named, which leaves it out of `ps` but serving). `monitor`: the credential that reads its /metrics when API keys
     are in force (`top`, the dashboard and the agent of this user read it here: the file is 0600 in this user's
-    state directory; `ps --json` never prints it)."""
+    state directory; `ps --json` never prints it). `cpus`: its own CPUs (`--cpus`), as a CPU list."""
     from metralectl.seams import store
     from metralectl.seams.process import group
 
@@ -52,7 +53,8 @@ def record(url: str, keys: int, pid: int | None = None, monitor: str | None = No
     forget_stale()
     path = records_dir() / f"{pid}.json"
     store.write_json(path, {"schema": 1, "url": url, "keys": keys, "identity": identity, "monitor": monitor,
-                            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, mode=0o600)
+                            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": cpus},
+                     mode=0o600)
     return path
 
 
@@ -103,10 +105,22 @@ def _checked(path: Path) -> dict[str, Any] | None:
     if path.stem != str(identity.get("pid")):
         return None  # a record under another pid's name: not what the gateway wrote
     monitor = data.get("monitor")
-    return {"url": url, "pid": identity["pid"], "keys": keys, "identity": identity,
+    return {"url": url, "pid": identity["pid"], "keys": keys, "identity": identity, "cpus": _cpus(data.get("cpus")),
             "started": started if isinstance(started, str) and len(started) <= 40 else None,
             "here": holds_address(match.group(1).strip("[]")),
             "monitor": monitor if isinstance(monitor, str) and MONITOR_RE.fullmatch(monitor) else None}
+
+
+def _cpus(value: object) -> str | None:
+    """A record's CPU list, as the gateway would write it (core/cpulist.py), else None: anyone may leave text here."""
+    from metralectl.core.cpulist import parse, render
+
+    if not isinstance(value, str) or len(value) > 200:
+        return None
+    try:
+        return render(parse(value))
+    except ValueError:
+        return None
 
 
 def _paths() -> list[Path]:

@@ -126,6 +126,8 @@ def test_the_gateway_runs_on_its_own_cpus_from_cpus_or_box_yaml_and_a_wrong_list
     gateway = Gateway(env, "--cpus", last)
     try:
         assert gateway.first["cpus"] == last and _cpus_of(gateway.proc.pid) == last, gateway.first
+        [shown] = json.loads(_ps(env, "--json").stdout)["gateways"]
+        assert shown["cpus"] == last and f"; on CPUs {last}" in _ps(env).stderr, shown
     finally:
         gateway.stop()
     (Path(env["METRALECTL_CONFIG_DIR"]) / "box.yaml").write_text(f'gateway-cpus: "{allowed[0]}"\n')

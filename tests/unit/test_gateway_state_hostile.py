@@ -133,3 +133,14 @@ def test_top_never_asks_a_record_naming_another_host_nor_sends_it_the_credential
     _write(state.records_dir() / f"{os.getpid()}.json", {**record, "url": "http://127.0.0.1:9"})
     watch.observe(timeout=0.2)
     assert [host for host, _ in asked] == ["127.0.0.1"]  # loopback is asked, with the credential
+
+
+@pytest.mark.parametrize(("written", "shown"), [("14-15", "14-15"), ("15,14", "14-15"), ("\x1b[2J0-3", None),
+                                                ("1;rm -rf /", None), ("0-99999", None), (["1"], None), (7, None),
+                                                ("1," * 150, None), (None, None)])
+def test_a_records_cpu_list_is_shown_only_as_a_cpu_list(home: Path, written: Any, shown: str | None) -> None:
+    """The gateway's own CPUs (`gateway --cpus`) in its record: `ps` shows what parses as a CPU list, rendered anew;
+    anything else someone left there is shown as none, never raw."""
+    _write(state.records_dir() / f"{os.getpid()}.json", {**_record("http://127.0.0.1:9"), "cpus": written})
+    [found] = state.running()
+    assert found["cpus"] == shown
