@@ -50,20 +50,12 @@ class Pool:
     async def take(self, address: Address) -> tuple[Upstream, bool]:
         """A live kept or spare connection (True: the engine may have closed it meanwhile: a failure on it is
         worth a retry on a fresh one), else a new one (False). OSError or TimeoutError when none can be made."""
-        idle = self._idle.get(address)
-        first = address not in self._wanted  # nothing was opened ahead yet: not a burst
-        self._wanted.setdefault(address, self.spares)
-        dropped = False  # a spare was there, but the engine had closed it: no burst, the load went away
         try:
-            while idle:
-                conn = idle.pop()
-                if not conn.closed:
-                    return conn, True
-                conn.close()  # it idled past the engine's keep-alive: one spare fewer is wanted
-                self._wanted[address] = max(self.spares, self._wanted[address] - 1)
-                dropped = True
-            if self.spares and not first and not dropped:  # a burst outran the spares: one more ahead for the next
-                self._wanted[address] = min(MAX_SPARES, self._wanted[address] + 1)
+            conn, burst = self._kept(address)
+            if conn is not None:
+                return conn, True
+            if burst:
+                self._grow(address)
             return await asyncio.wait_for(self._open(address), self.connect_timeout_s), False
         finally:  # after the request is written (its task runs on to the write before it awaits): spares are
             # opened off its path, each a task of its own
@@ -82,27 +74,42 @@ class Pool:
         family = _loopback(address[0])
         if family is None:  # take() does the counting and the connect, in the task
             return (idle.pop(), True) if idle and not idle[-1].closed and address in self._wanted else None
-        first = address not in self._wanted  # nothing was opened ahead yet: not a burst
-        self._wanted.setdefault(address, self.spares)
-        dropped = False
-        while idle:
-            conn = idle.pop()
-            if not conn.closed:
-                return conn, True
-            conn.close()  # it idled past the engine's keep-alive: one spare fewer is wanted
-            self._wanted[address] = max(self.spares, self._wanted[address] - 1)
-            dropped = True
+        kept, burst = self._kept(address)
+        if kept is not None:
+            return kept, True
         made = _connect_now(family, address)
         if made is None:
             return None
-        if self.spares and not first and not dropped:  # a burst outran the spares: one more ahead for the next
-            self._wanted[address] = min(MAX_SPARES, self._wanted[address] + 1)
+        if burst:
+            self._grow(address)
         conn = Upstream(made)
         self.opened += 1
         task = asyncio.ensure_future(self._adopt(conn, made))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return conn, False
+
+    def _kept(self, address: Address) -> tuple[Upstream | None, bool]:
+        """A live kept or spare connection (None: none left), and whether a new one now means a burst outran the
+        spares: not a first use, and no spare found closed on the way (each one dropped, one spare fewer wanted:
+        it idled past the engine's keep-alive, so the load that wanted it has gone)."""
+        idle = self._idle.get(address)
+        first = address not in self._wanted  # nothing was opened ahead yet: not a burst
+        self._wanted.setdefault(address, self.spares)
+        dropped = False
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn, False
+            conn.close()
+            self._wanted[address] = max(self.spares, self._wanted[address] - 1)
+            dropped = True
+        return None, not first and not dropped
+
+    def _grow(self, address: Address) -> None:
+        """One more spare kept ahead for the next burst (up to MAX_SPARES)."""
+        if self.spares:
+            self._wanted[address] = min(MAX_SPARES, self._wanted[address] + 1)
 
     def refill(self, address: Address) -> None:
         """Opens what is wanted ahead for `address` (after an idle() that took one)."""
