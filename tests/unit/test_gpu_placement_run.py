@@ -98,34 +98,23 @@ def test_no_gpu_with_room_is_refused_naming_the_gpus(monkeypatch: pytest.MonkeyP
     assert _ids(rt) == {replaced.container: "0"}
 
 
-def test_an_engine_without_the_label_holds_the_first_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("a_gpus", "label", "b_goes_to"), [
+    (2, None, "2"),  # no label, as an older metralectl started A: it holds the first GPUs (0, 1)
+    (1, "2", "0"),  # the label says where A is
+    (1, "3;rm -rf /", "1"),  # a garbled label is read as none: A counted on GPU 0, as if unlabelled
+])
+def test_the_gpus_an_engine_holds_are_read_from_its_label_or_else_the_first(
+        monkeypatch: pytest.MonkeyPatch, a_gpus: int, label: str | None, b_goes_to: str) -> None:
     _box(monkeypatch, 4)
     cat = _catalog()
     rt = _runtime(cat)
-    _launch(cat, rt, A, 2)
-    del _labels(rt, f"metralectl-{A}")[LABEL_GPU_IDS]  # as an older metralectl started it
+    _launch(cat, rt, A, a_gpus)
+    if label is None:
+        del _labels(rt, f"metralectl-{A}")[LABEL_GPU_IDS]
+    else:
+        _labels(rt, f"metralectl-{A}")[LABEL_GPU_IDS] = label
     _launch(cat, rt, B, 1)
-    assert _ids(rt)[f"metralectl-{B}"] == "2"
-
-
-def test_the_label_says_where_an_engine_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    _box(monkeypatch, 4)
-    cat = _catalog()
-    rt = _runtime(cat)
-    _launch(cat, rt, A, 1)
-    _labels(rt, f"metralectl-{A}")[LABEL_GPU_IDS] = "2"
-    _launch(cat, rt, B, 1)
-    assert _ids(rt)[f"metralectl-{B}"] == "0"
-
-
-def test_a_garbled_label_is_read_as_no_label(monkeypatch: pytest.MonkeyPatch) -> None:
-    _box(monkeypatch, 4)
-    cat = _catalog()
-    rt = _runtime(cat)
-    _launch(cat, rt, A, 1)
-    _labels(rt, f"metralectl-{A}")[LABEL_GPU_IDS] = "3;rm -rf /"
-    _launch(cat, rt, B, 1)
-    assert _ids(rt)[f"metralectl-{B}"] == "1"  # A counted on GPU 0, as if unlabelled
+    assert _ids(rt)[f"metralectl-{B}"] == b_goes_to
 
 
 def test_the_same_recipe_on_other_gpus_is_served_already(monkeypatch: pytest.MonkeyPatch) -> None:
