@@ -114,8 +114,10 @@ def gateway(ns: argparse.Namespace, box: Box, home: Path, port: int, loop: str,
             timing: Path | None = None, python: str | None = None) -> subprocess.Popen[str]:
     """`metralectl gateway` on port, on the event loop named, keeping its own time in `timing` if given. `LOOP@CPUS`
     (auto@15, auto@2-3) runs it on those CPUs only (sched_setaffinity, as `taskset -c` would): whether a gateway
-    that wakes on a core of its own, its caches as it left them, costs less than one the scheduler moves about."""
+    that wakes on a core of its own, its caches as it left them, costs less than one the scheduler moves about.
+    `LOOP+busyMS` (auto+busy50@14) runs it with `--busy-poll MS` (gateway/busy.py)."""
     loop, _, cpus = loop.partition("@")
+    loop, _, busy_ms = loop.partition("+busy")
     env = {**box.env, **({"METRALECTL_GATEWAY_TIMING": str(timing)} if timing else {})}
     own = []  # --gateway-cpus: this wheel's gateway takes them itself (`gateway --cpus`, the product's way)
     if not cpus and ns.gateway_cpus:
@@ -125,8 +127,9 @@ def gateway(ns: argparse.Namespace, box: Box, home: Path, port: int, loop: str,
             cpus = ns.gateway_cpus
     chosen = {c for part in cpus.split(",") if part for a, _, b in [part.partition("-")]
               for c in range(int(a), int(b or a) + 1)}
+    busy = ["--busy-poll", busy_ms] if busy_ms else []
     return subprocess.Popen([python or ns.python, "-m", "metralectl", "gateway", "--listen", f"127.0.0.1:{port}", "--json",
-                             "--event-loop", loop, *own], stdout=subprocess.PIPE, text=True, cwd=home, env=env,
+                             "--event-loop", loop, *own, *busy], stdout=subprocess.PIPE, text=True, cwd=home, env=env,
                             stderr=open(home / f"gateway-{port}.log", "w"),
                             preexec_fn=(lambda: os.sched_setaffinity(0, chosen)) if chosen else None)
 
@@ -214,7 +217,7 @@ def main() -> int:
                     "with cc) in front of the same engine as another target: what any relay process costs there")
     ap.add_argument("--gateway-loops", default="auto", help="the gateway's --event-loop; more than one (auto,asyncio) "
                     "starts a gateway on each, the first as `gateway` (its own time kept), the others `gateway-LOOP`; "
-                    "LOOP@CPUS (auto@15) runs that one on those CPUs only")
+                    "LOOP@CPUS (auto@15) runs that one on those CPUs only, LOOP+busyMS (auto+busy50) with --busy-poll MS")
     ap.add_argument("--baseline-python", help="the interpreter of another metralectl (an earlier wheel's venv): its "
                     "gateway runs beside this one as `gateway-baseline`, in the same rounds (what a change gained)")
     ap.add_argument("--keep", type=Path, help="copy every bench run's records (requests.jsonl...) here")

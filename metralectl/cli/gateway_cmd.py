@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import socket
 import sys
 from typing import Any
@@ -58,6 +59,17 @@ def _own_cpus(text: str | None) -> frozenset[int] | None:
     return chosen
 
 
+def _busy_poll_ms(given: float | None) -> float:
+    """--busy-poll, else box.yaml's gateway-busy-poll (refused by line there), else 0: off."""
+    if given is None:
+        from metralectl.lifecycle.budget import box_config
+
+        return box_config().gateway_busy_poll_ms
+    if not math.isfinite(given):  # click's range lets nan through
+        raise UsageError(f"--busy-poll: {given} is not a number of milliseconds", "e.g. --busy-poll 50, or 0 for off")
+    return given
+
+
 def _status(table: Any, url: str) -> dict[str, Any]:
     return {"listen": url, "models": [{"name": name, "recipe": route.recipe, "url": route.url}
                                       for name, route in sorted(table.by_name.items())],
@@ -106,6 +118,11 @@ def gateway(
                              help="Run on these CPUs only (e.g. 14-15), and start engines on the others (default: "
                                   "box.yaml's `gateway-cpus:`). Engines started by `run` keep off them when box.yaml "
                                   "names them."),
+    busy_poll: float = typer.Option(None, "--busy-poll", metavar="MS", min=0, max=10_000,
+                                    help="Keep its event loop polling, not sleeping, this long after each read: "
+                                         "less added to a first token at few streams, a CPU flat out while it serves "
+                                         "(give it --cpus of its own). Default: box.yaml's `gateway-busy-poll:`, "
+                                         "else 0 (off)."),
 ) -> None:
     """Serve one OpenAI-compatible endpoint that routes each request by its `model` to the engine serving it.
     With API keys (`gateway keys add`), every client needs one, and each key names the models it may use."""
@@ -127,6 +144,7 @@ def gateway(
         cpu_list: str | None = render(own_cpus)
     else:
         cpu_list = None
+    busy_ms = _busy_poll_ms(busy_poll)
     keys = KeyWatch()  # a key file that cannot be trusted: refused here, before anything listens
     host, port = parse_listen(listen, allow_remote, bool(keys.ring))
     remote = not ipaddress.ip_address(host).is_loopback
@@ -138,7 +156,7 @@ def gateway(
 
     def show(table: Any, event: str = "models", gone: list[str] | None = None) -> None:
         status = {**_status(table, url), "keys": len(keys.ring.keys), "keys_error": keys.error, "gone": gone or [],
-                  "event_loop": loop_name, "cpus": cpu_list}
+                  "event_loop": loop_name, "cpus": cpu_list, "busy_poll_ms": busy_ms}
         if as_json:
             print(json.dumps({"event": event, **status}), flush=True)
             return
@@ -164,7 +182,7 @@ def gateway(
         pins = [*(pin or []), *box_config().pin]
         loader = Loader(BoxOps(budget), loadable_names(), pins=pins, drain_timeout_s=drain_timeout)
     limits = Limits(max_body=max_body, queue_size=queue_size, queue_stall_s=queue_timeout,
-                    client_timeout_s=client_timeout)
+                    client_timeout_s=client_timeout, busy_poll_s=busy_ms / 1000)
     gateway_ = Gateway(Scanner(), limits, keys, require_key=remote and not allow_remote, loader=loader)
     if loader is not None:
         loader.metrics = gateway_.metrics

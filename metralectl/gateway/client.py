@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
-from metralectl.gateway import heads, http1, timing
+from metralectl.gateway import busy, heads, http1, timing
 from metralectl.gateway.http1 import HEAD_LIMIT, BadRequest, Closed, Request
 
 PAUSE_AT = 2 * HEAD_LIMIT  # buffered bytes of a next request, while one is served, past which reading pauses
@@ -197,6 +197,8 @@ class ClientConnection(asyncio.Protocol, asyncio.BufferedProtocol):
         self.read_at = time.perf_counter_ns()  # timing.now(): a request's `received` when the gateway keeps its time
         if timing.ON[0]:
             self.read_cpu = time.thread_time_ns()  # timing.cpu(): what the thread ran from here to the send
+        if busy.ACTIVE[0] is not None:  # --busy-poll: the loop stays awake a while after each read (busy.py)
+            busy.ACTIVE[0].poke()
         if not self._busy:
             self._advance(data)
             return

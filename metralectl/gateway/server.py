@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from metralectl.gateway import auth, dispatch, http1, idle, loops, timing, waiting
+from metralectl.gateway import auth, busy, dispatch, http1, idle, loops, timing, waiting
 from metralectl.gateway.client import ClientConnection
 from metralectl.gateway.dispatch import Flight, Refused, Routed
 from metralectl.gateway.http1 import Answered, NotSent
@@ -46,6 +46,7 @@ class Limits:
     connect_timeout_s: float = 5.0
     spares: int = SPARES  # engine connections opened ahead of need, per engine (pool.py)
     client_timeout_s: float = idle.TIMEOUT_S  # a client connection idle, or a request head not whole, this long
+    busy_poll_s: float = 0.0  # the loop polls instead of sleeping this long after each read (busy.py; 0: off)
 
 
 class Gateway:
@@ -369,11 +370,13 @@ async def serve(gateway: Gateway, sock: socket.socket, ready: Any = None) -> Non
     # Scans run on a worker thread, and Python hands the GIL from it to the waiting loop after this interval (5 ms).
     switch = sys.getswitchinterval()
     sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
+    busy.start(gateway.limits.busy_poll_s)
     try:
         await server.serve_forever()
     finally:  # stopping (Ctrl-C): no new client, and each one's connection closed now, its relay (and so its engine
         # connection) cancelled, streams cut where they are, never waited for; engines are left as they are
         sys.setswitchinterval(switch)
+        busy.stop()
         server.close()
         refresher.cancel()
         sweeper.cancel()

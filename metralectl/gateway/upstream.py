@@ -34,7 +34,7 @@ import socket
 import time
 from typing import Any, Protocol, cast
 
-from metralectl.gateway import heads, http1
+from metralectl.gateway import busy, heads, http1
 
 CLIENT_BUFFER_HIGH = 256 * 1024  # unsent bytes to a client past which the engine's side is paused until it drains
 
@@ -98,6 +98,8 @@ class Upstream(asyncio.Protocol, asyncio.BufferedProtocol):
         self.data_received(bytes(http1.read_buffer()[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
+        if busy.ACTIVE[0] is not None:  # --busy-poll: awake for the next piece too (busy.py)
+            busy.ACTIVE[0].poke()
         if self._relay is not None:
             self._relay.feed(data)
             return

@@ -4,11 +4,13 @@ else the host's RAM less what the OS keeps), each recipe's footprint (its fit es
 
 The configured budget is `<config dir>/box.yaml`'s `budget:` (GB; a number, e.g. `budget: 24` or `budget: 1.5`),
 or `--budget GB` where a command takes it (run, gateway); `pin:` there lists the recipes the gateway never evicts;
-`gateway-cpus:` (a CPU list, `14-15`) the CPUs the gateway runs on and every engine keeps off (seams/affinity.py).
+`gateway-cpus:` (a CPU list, `14-15`) the CPUs the gateway runs on and every engine keeps off (seams/affinity.py);
+`gateway-busy-poll:` (milliseconds) how long the gateway's loop stays awake after each read (gateway/busy.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +27,8 @@ if TYPE_CHECKING:
     from metralectl.seams.docker.protocol import ContainerRuntime
 
 CONFIG_FILE = "box.yaml"
-KEYS = ("budget", "pin", "gateway-cpus")
+BUSY_POLL_MAX_MS = 10_000.0  # longer is a mistake, not a setting: 10 s of a core flat out after each read
+KEYS = ("budget", "pin", "gateway-cpus", "gateway-busy-poll")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class BoxConfig:
     budget_gb: float | None = None
     pin: tuple[str, ...] = ()
     gateway_cpus: frozenset[int] = frozenset()
+    gateway_busy_poll_ms: float = 0.0
 
 
 def config_path() -> Path:
@@ -55,11 +59,19 @@ def box_config() -> BoxConfig:
     top = check.mapping(doc.data if doc.data is not None else {}, (), CONFIG_FILE)
     check.known_keys(top, (), KEYS, CONFIG_FILE)
     budget = check.number(top, (), "budget", required=False, nullable=True, minimum=0)
+    if budget is not None and not math.isfinite(budget):
+        check.error(("budget",), f"must be a number of GB, not {budget}", "e.g. `budget: 24`")
+        budget = None
     pin = check.string_list(top, (), "pin")
     cpus = _gateway_cpus(check, top)
+    busy_ms = check.number(top, (), "gateway-busy-poll", required=False, nullable=True, minimum=0)
+    if busy_ms is not None and not busy_ms <= BUSY_POLL_MAX_MS:  # `not <=`: .nan and .inf too
+        check.error(("gateway-busy-poll",), f"must be at most {BUSY_POLL_MAX_MS:g} (milliseconds), not {busy_ms}",
+                    "e.g. `gateway-busy-poll: 50` (the gateway's loop awake 50 ms after each read), or 0 for off")
+        busy_ms = None
     if not check.ok:
         raise RecipeInvalid(check.problems)
-    return BoxConfig(float(budget) if budget is not None else None, tuple(pin), cpus)
+    return BoxConfig(float(budget) if budget is not None else None, tuple(pin), cpus, float(busy_ms or 0))
 
 
 def _gateway_cpus(check: Any, top: dict[str, Any]) -> frozenset[int]:
