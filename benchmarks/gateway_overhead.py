@@ -120,7 +120,9 @@ def gateway(ns: argparse.Namespace, box: Box, home: Path, port: int, loop: str,
     loop, _, busy_ms = loop.partition("+busy")
     env = {**box.env, **({"METRALECTL_GATEWAY_TIMING": str(timing)} if timing else {})}
     own = []  # --gateway-cpus: this wheel's gateway takes them itself (`gateway --cpus`, the product's way)
-    if not cpus and ns.gateway_cpus:
+    if ns.gateway_cpus and python is None:  # auto@14 beside --gateway-cpus 14-15: on 14, by its own --cpus
+        own, cpus = ["--cpus", cpus or ns.gateway_cpus], ""
+    elif not cpus and ns.gateway_cpus:
         if python is None:
             own = ["--cpus", ns.gateway_cpus]
         else:  # another wheel's (the baseline): it may have no --cpus, so it is set on those CPUs from here

@@ -15,7 +15,7 @@
 # Env: KIT, OUT, WORK (as run_lifecycle_gpu.sh: kept on a warm machine), DEADLINE_S (default 560),
 # DESIGN (paired), CONNECTIONS (fresh, or keep-alive: metralectl bench's kept-alive transport; gateway_paired.py), ROUNDS (4), DURATION (25 s per round and concurrency, after WARMUP 3), CONCURRENCIES (1,16,64),
 # ISL, OSL (128, 64: the prompt's and the answer's tokens; a shorter answer gives more requests, so more of the
-# tail, per second), PRESET (1b), GATEWAY_LOOPS (auto; auto,asyncio: a gateway on each event loop, side by side), BASELINE (1: the
+# tail, per second), PRESET (1b), GATEWAY_LOOPS (auto; auto,asyncio: a gateway on each event loop, side by side; auto+busy50@14,auto@15: one with --busy-poll 50 on CPU 14 beside one without on 15), BASELINE (1: the
 # gateway of the wheel in the kit's baseline/ folder beside this one, as gateway-baseline), FLOOR (1: the C relay
 # of benchmarks/relay_floor.c as another path: what any relay process costs on this machine), BUILD_ONLY (1: stop once built), LLAMA_SERVER (a llama-server built on an earlier machine of this kind,
 # or a .tar.xz of its bin/llama-server, or such a name whose .part-NN files SAVE_SERVER left: no build, one call),

@@ -138,6 +138,50 @@ def test_the_gateway_runs_on_its_own_cpus_from_cpus_or_box_yaml_and_a_wrong_list
         gateway.stop()
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # the loop's thread
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_busy_poll_keeps_the_gateways_loop_running_after_a_read_and_lets_it_sleep_after_the_window(
+        env: dict[str, str]) -> None:
+    """`--busy-poll MS` (gateway/busy.py): after a read its loop runs flat out (its CPU time grows by most of the
+    time that passes), and once the window has passed with no read it sleeps again (its CPU time stands still);
+    said in its listening line. Bad values refused before anything listens (box.yaml's by line)."""
+    for bad, said in (("nan", "--busy-poll: nan is not a number of milliseconds"), ("20000", "0<=x<=10000")):
+        out = _cli(env, "--busy-poll", bad)
+        assert out.returncode == 64 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert out.stdout == ""
+    box_yaml = Path(env["METRALECTL_CONFIG_DIR"]) / "box.yaml"
+    box_yaml.write_text("gateway-busy-poll: fast\n")
+    out = _cli(env)
+    assert out.returncode != 0 and "box.yaml:1" in out.stderr and "gateway-busy-poll" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    box_yaml.write_text("gateway-busy-poll: 1500\n")
+    gateway = Gateway(env)
+    try:
+        assert gateway.first["busy_poll_ms"] == 1500, gateway.first
+        time.sleep(2)  # past the window of its start's reads (none: it only wakes on a read)
+        began = _cpu_seconds(gateway.proc.pid)
+        time.sleep(0.5)
+        assert _cpu_seconds(gateway.proc.pid) - began < 0.2  # idle: asleep, as without --busy-poll
+        for _ in range(3):  # again if this test itself was held past the window (a busy box): it cannot tell then
+            read_at = time.monotonic()
+            assert gateway.request("GET", "/health")[0] == 200  # a read: awake for 1.5 s
+            began = _cpu_seconds(gateway.proc.pid)
+            time.sleep(0.8)
+            spent = _cpu_seconds(gateway.proc.pid) - began
+            if time.monotonic() - read_at < 1.4:
+                break
+        assert spent > 0.2, spent  # flat out (a share of a core on a busy box)
+        time.sleep(max(0.0, read_at + 2.0 - time.monotonic()))
+        began = _cpu_seconds(gateway.proc.pid)
+        time.sleep(0.5)
+        assert _cpu_seconds(gateway.proc.pid) - began < 0.2  # past the window: asleep again
+    finally:
+        gateway.stop()
+
+
 def _ps(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     # a box whose engines run as host processes (no Docker): `ps` reads their state directory
     (Path(env["METRALE_HOME"]) / "state" / "processes").mkdir(parents=True, exist_ok=True)
