@@ -211,7 +211,8 @@ def gateway(
     import secrets
 
     gateway_.monitor = secrets.token_urlsafe(32)  # `top`, the dashboard and the page read /metrics with it
-    recorded = state.record(url, len(keys.ring.keys), monitor=gateway_.monitor, cpus=cpu_list)  # `ps` shows it
+    recorded = state.record(url, len(keys.ring.keys), monitor=gateway_.monitor, cpus=cpu_list,
+                            busy_poll_ms=busy_ms)  # `ps` shows it
     try:
         interrupted = loops.run(main(), loop_name)
     finally:

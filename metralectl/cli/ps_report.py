@@ -131,7 +131,8 @@ def _note_gateways(gateways: list[dict[str, Any]]) -> None:
                 style("not asked: its record names an address that is not this machine's", "33", sys.stderr))
         keys = count(g["keys"], "API key") if g["keys"] else "no API key"
         cpus = f"; on CPUs {g['cpus']}" if g.get("cpus") else ""
-        note(f"gateway {clean(g['url'], 80)} (pid {g['pid']}): {live}; {keys}{cpus}")
+        busy = f"; busy-polling {g['busy_poll_ms']:g} ms after each read" if g.get("busy_poll_ms") else ""
+        note(f"gateway {clean(g['url'], 80)} (pid {g['pid']}): {live}; {keys}{cpus}{busy}")
 
 
 def _gateways() -> list[dict[str, Any]]:

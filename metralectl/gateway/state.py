@@ -38,11 +38,12 @@ def records_dir() -> Path:
 
 
 def record(url: str, keys: int, pid: int | None = None, monitor: str | None = None,
-           cpus: str | None = None) -> Path | None:
+           cpus: str | None = None, busy_poll_ms: float = 0.0) -> Path | None:
     """Say that this process serves a gateway at `url`; the path written (None when this process cannot be
     named, which leaves it out of `ps` but serving). `monitor`: the credential that reads its /metrics when API keys
     are in force (`top`, the dashboard and the agent of this user read it here: the file is 0600 in this user's
-    state directory; `ps --json` never prints it). `cpus`: its own CPUs (`--cpus`), as a CPU list."""
+    state directory; `ps --json` never prints it). `cpus`: its own CPUs (`--cpus`), as a CPU list; `busy_poll_ms`:
+    its loop's window awake after each read (`--busy-poll`, 0: off)."""
     from metralectl.seams import store
     from metralectl.seams.process import group
 
@@ -53,8 +54,8 @@ def record(url: str, keys: int, pid: int | None = None, monitor: str | None = No
     forget_stale()
     path = records_dir() / f"{pid}.json"
     store.write_json(path, {"schema": 1, "url": url, "keys": keys, "identity": identity, "monitor": monitor,
-                            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": cpus},
-                     mode=0o600)
+                            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": cpus,
+                            "busy_poll_ms": busy_poll_ms}, mode=0o600)
     return path
 
 
@@ -106,6 +107,7 @@ def _checked(path: Path) -> dict[str, Any] | None:
         return None  # a record under another pid's name: not what the gateway wrote
     monitor = data.get("monitor")
     return {"url": url, "pid": identity["pid"], "keys": keys, "identity": identity, "cpus": _cpus(data.get("cpus")),
+            "busy_poll_ms": _busy_poll_ms(data.get("busy_poll_ms")),
             "started": started if isinstance(started, str) and len(started) <= 40 else None,
             "here": holds_address(match.group(1).strip("[]")),
             "monitor": monitor if isinstance(monitor, str) and MONITOR_RE.fullmatch(monitor) else None}
@@ -121,6 +123,13 @@ def _cpus(value: object) -> str | None:
         return render(parse(value))
     except ValueError:
         return None
+
+
+def _busy_poll_ms(value: object) -> float:
+    """A record's --busy-poll window (ms), else 0: a number from 0 to 10 s, nothing else someone left here."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10_000:
+        return 0.0  # (nan fails the range too)
+    return float(value)
 
 
 def _paths() -> list[Path]:

@@ -161,6 +161,8 @@ def test_busy_poll_keeps_the_gateways_loop_running_after_a_read_and_lets_it_slee
     gateway = Gateway(env)
     try:
         assert gateway.first["busy_poll_ms"] == 1500, gateway.first
+        [shown] = json.loads(_ps(env, "--json").stdout)["gateways"]
+        assert shown["busy_poll_ms"] == 1500 and "; busy-polling 1500 ms after each read" in _ps(env).stderr, shown
         time.sleep(2)  # past the window of its start's reads (none: it only wakes on a read)
         began = _cpu_seconds(gateway.proc.pid)
         time.sleep(0.5)

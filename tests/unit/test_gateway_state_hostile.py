@@ -144,3 +144,12 @@ def test_a_records_cpu_list_is_shown_only_as_a_cpu_list(home: Path, written: Any
     _write(state.records_dir() / f"{os.getpid()}.json", {**_record("http://127.0.0.1:9"), "cpus": written})
     [found] = state.running()
     assert found["cpus"] == shown
+
+
+@pytest.mark.parametrize(("written", "shown"), [(50, 50.0), (0.5, 0.5), (0, 0.0), (-1, 0.0), (10_001, 0.0),
+                                                (float("nan"), 0.0), (True, 0.0), ("50", 0.0), ([50], 0.0), (None, 0.0)])
+def test_a_records_busy_poll_window_is_shown_only_as_a_number_in_range(home: Path, written: Any, shown: float) -> None:
+    """`gateway --busy-poll` in its record: `ps` shows a number of milliseconds from 0 to 10 s, else none."""
+    _write(state.records_dir() / f"{os.getpid()}.json", {**_record("http://127.0.0.1:9"), "busy_poll_ms": written})
+    [found] = state.running()
+    assert found["busy_poll_ms"] == shown
