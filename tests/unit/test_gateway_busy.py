@@ -13,6 +13,7 @@ import pytest
 
 from metralectl.gateway import busy
 from metralectl.gateway.server import Limits
+from tests.unit.test_gateway_cpus import _box_yaml
 from tests.unit.test_gateway_pool import Engine, chat, gateway_before
 
 
@@ -107,13 +108,6 @@ def test_a_gateway_with_a_window_is_awake_after_its_reads_and_answers_the_same()
 
     asyncio.run(go())
     assert len(pokes) >= 2  # the request's read, and the engine's pieces
-
-
-def _box_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
-    config = tmp_path / "config"
-    config.mkdir(exist_ok=True)
-    (config / "box.yaml").write_text(text)
-    monkeypatch.setenv("METRALECTL_CONFIG_DIR", str(config))
 
 
 def test_box_yaml_sets_the_window_and_refuses_what_is_not_one_by_line(
