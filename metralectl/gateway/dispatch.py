@@ -17,7 +17,7 @@ from metralectl.gateway.routes import Route, Table
 from metralectl.gateway.upstream import Client, Start, Upstream
 
 if TYPE_CHECKING:
-    from prometheus_client import Counter
+    from metralectl.gateway.metrics import Metrics
 
 # The C scanner json.loads() runs, called directly: loads() wraps it in two Python calls and two regex matches for
 # the whitespace around the document, Python run per request on cold caches (heads.py says why that counts).
@@ -69,14 +69,15 @@ _prefixes: dict[tuple[str, str, str | None, bool, int], tuple[Route, bytes]] = {
 
 class Flight(Start):
     """A routed request sent to an engine on `conn` (pooled: the engine may have closed it meanwhile), and where its
-    answer goes (it is its own Start): counted in `requests` once its answer is handed to the client."""
+    answer goes (it is its own Start): counted in `requests` once its answer is handed to the client (an SSE stream
+    once its `data: [DONE]` is), in `errors` as client-gone when its client leaves before that."""
 
-    __slots__ = ("routed", "route", "conn", "pooled", "requests", "sent", "resent", "up_cpu", "tasked")
+    __slots__ = ("routed", "route", "conn", "pooled", "metrics", "sent", "resent", "up_cpu", "tasked")
 
     def __init__(self, routed: Routed, route: Route, conn: Upstream, pooled: bool, client: Client,
-                 requests: Counter, marks: list[int] | None = None, resent: bool = False, tasked: bool = False) -> None:
+                 metrics: Metrics, marks: list[int] | None = None, resent: bool = False, tasked: bool = False) -> None:
         self.client, self.marks = client, marks  # Start's, without a call to its __init__
-        self.routed, self.route, self.conn, self.pooled, self.requests = routed, route, conn, pooled, requests
+        self.routed, self.route, self.conn, self.pooled, self.metrics = routed, route, conn, pooled, metrics
         self.sent = 0  # timing.now() as it was handed to the engine's socket, when the gateway keeps its own time
         self.up_cpu = -1  # and the thread's CPU time from the request's read to then (timing.cpu())
         self.resent = resent  # sent again: the kept connection it went on first had been closed by the engine
@@ -89,7 +90,11 @@ class Flight(Start):
     def answered(self, response: http1.Response) -> None:  # in the callback that wrote its end (upstream.py says why)
         if self.marks is not None:
             timing.keep(self.routed.request.received, self.sent, self.marks, self.resent, self.up_cpu, self.tasked)
-        self.requests.labels(self.routed.model, self.routed.path, str(response.status)).inc()
+        self.metrics.requests.labels(self.routed.model, self.routed.path, str(response.status)).inc()
+
+    def cut(self) -> None:
+        if self.client.gone:  # else the gateway stops: no fault of the request's
+            self.metrics.errors.labels(self.routed.model, "client-gone").inc()
 
 
 @dataclass(slots=True)

@@ -18,11 +18,13 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("metralectl_gateway_requests", "Requests answered, by model, path and status",
-                                ["model", "path", "status"], registry=r)
+        self.requests = Counter("metralectl_gateway_requests", "Requests answered, by model, path and status (a "
+                                "stream once its data: [DONE] reached the client, which may close before the "
+                                "engine's last chunk)", ["model", "path", "status"], registry=r)
         self.errors = Counter("metralectl_gateway_errors", "Requests the gateway itself failed, by model and reason "
                               "(unknown-model, queue-full, queue-stalled, upstream (an engine cut its answer, went "
-                              "away or does not answer), client-gone, bad-request, unauthorized, forbidden)",
+                              "away or does not answer), client-gone (the client left a request sent to its engine "
+                              "before its answer's end), bad-request, unauthorized, forbidden)",
                               ["model", "reason"], registry=r)
         self.client_timeouts = Counter("metralectl_gateway_client_timeouts", "Client connections closed past the "
                                        "client timeout, by kind (idle; head: a request head not whole in time, 408)",

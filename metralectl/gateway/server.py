@@ -167,7 +167,7 @@ class Gateway:
         conn, pooled = now
         if self.loader is not None:
             self.loader.begin(route.recipe)  # in flight: never evicted mid-request (ended by _relay)
-        return self._send(Flight(routed, route, conn, pooled, client, self.metrics.requests,
+        return self._send(Flight(routed, route, conn, pooled, client, self.metrics,
                                  [] if self.timing is not None else None))
 
     def _authorize(self, request: http1.Request) -> ApiKey | None:
@@ -222,7 +222,7 @@ class Gateway:
             self.pool.refill((flight.route.host, flight.route.port))
         if client.gone:  # before this task woke: a request the fast path sent is taken back from its engine
             if flight is not None:
-                flight.conn.close()
+                flight.conn.abandon()  # counted as answered (to its end, or its `data: [DONE]`) or client-gone
                 if self.loader is not None:
                     self.loader.end(flight.route.recipe)
             return False
@@ -320,7 +320,7 @@ class Gateway:
                     conn, pooled = await self.pool.take((route.host, route.port))
                 except (OSError, asyncio.TimeoutError):
                     raise NotSent() from None
-                flight = self._send(Flight(routed, route, conn, pooled, client, self.metrics.requests,
+                flight = self._send(Flight(routed, route, conn, pooled, client, self.metrics,
                                            [] if self.timing is not None else None, resent, True))
             conn = flight.conn
             try:
@@ -336,8 +336,8 @@ class Gateway:
                 conn.close()
                 raise Answered(502, f"the engine serving `{model[:200]}`: {bad}", "server_error", "upstream_malformed",
                                "upstream") from None
-            except BaseException:
-                conn.close()
+            except BaseException:  # cancelled: the client went away (client-gone), or the gateway stops
+                conn.abandon()
                 raise
         gauge = self.metrics.in_flight.labels(model)
         gauge.inc()

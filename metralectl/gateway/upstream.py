@@ -37,20 +37,26 @@ from typing import Any, Protocol, cast
 from metralectl.gateway import busy, heads, http1
 
 CLIENT_BUFFER_HIGH = 256 * 1024  # unsent bytes to a client past which the engine's side is paused until it drains
+# A written piece that ends with this ended an SSE stream (`data: [DONE]`, its blank line, the chunk's CRLF): the
+# client has its answer. Many stop reading there and close (benchmarks/gateway_paired.py), before the last chunk,
+# which llama-server writes apart.
+SSE_END = b"[DONE]\n\n\r\n"
 
 
 class Client(Protocol):
     """What the relay uses of a client's connection (client.ClientConnection)."""
 
     transport: asyncio.Transport
+    gone: bool  # it went away (EOF or an error): not the gateway stopping
 
     async def drain(self) -> None: ...
 
 
 class Start:
     """Where an answer goes: it starts there in the callback that read its head (given to send()). marks: each
-    piece's time from its read to its write to the client, in ns. A subclass counts the answer in answered()
-    (dispatch.Flight: the request is its own Start, so sending one makes no second object)."""
+    piece's time from its read to its write to the client, in ns. A subclass counts the answer in answered(), or
+    one that stopped short in cut() (dispatch.Flight: the request is its own Start, so sending one makes no second
+    object)."""
 
     __slots__ = ("client", "marks")
 
@@ -58,7 +64,12 @@ class Start:
         self.client, self.marks = client, marks
 
     def answered(self, response: http1.Response) -> None:
-        """Its answer's last byte was handed to the client (in the callback that wrote it)."""
+        """Its answer's last byte was handed to the client (in the callback that wrote it), or, for an SSE stream,
+        its `data: [DONE]` before the relay was stopped. Called once at most, never with cut()."""
+
+    def cut(self) -> None:
+        """Its answer stopped before its end (or before it began), its task cancelled: the client went away, or the
+        gateway stops. Called once at most, never with answered()."""
 
 
 class Upstream(asyncio.Protocol, asyncio.BufferedProtocol):
@@ -157,7 +168,8 @@ class Upstream(asyncio.Protocol, asyncio.BufferedProtocol):
         """The body to the client as it arrives (re-framed as chunks when the engine's runs until it closes), its
         head first, unless it started as its head was read. Returns whether this connection may serve another request.
         ConnectionResetError when the engine closed before its answer's end. A client that reads the answer and
-        closes at once cancels this task before it wakes: what counts the answer goes in start.answered."""
+        closes at once cancels this task before it wakes: what counts the answer goes in start.answered, called too
+        for a stream whose client closed after its `data: [DONE]` (_Relay.stop); one cut short goes in start.cut."""
         if self._started is None:
             self._start(response, start)
         relay = self._relay
@@ -180,6 +192,16 @@ class Upstream(asyncio.Protocol, asyncio.BufferedProtocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()  # (one not adopted yet is closed as it is: connection_made)
+
+    def abandon(self) -> None:
+        """Closed with its request given up before relay() took the answer (the task cancelled): the answer ends as
+        relay()'s would, whether it had started from the head's callback (_Relay.stop) or not begun (Start.cut)."""
+        if self._relay is not None:
+            self._relay.stop()
+        elif self._destination is not None and self._started is None:
+            self._destination.cut()
+        self._destination = None  # a head read after this starts nothing
+        self.close()
 
     # inside
     def _parse_head(self) -> None:
@@ -239,7 +261,7 @@ class _Relay:
 
     def __init__(self, upstream: Upstream, response: http1.Response, start: Start) -> None:
         loop = asyncio.get_running_loop()
-        self.upstream, self.response, self.marks, self.answered = upstream, response, start.marks, start.answered
+        self.upstream, self.response, self.start, self.marks = upstream, response, start, start.marks
         self.client: asyncio.WriteTransport = start.client.transport  # type: ignore[assignment]
         self.prefix = http1.answer_head(response)  # the client's head, written with the first piece
         self.ended: asyncio.Future[bool] = loop.create_future()  # True: the connection may serve again
@@ -247,6 +269,7 @@ class _Relay:
         self.left = response.length  # Content-Length: bytes still to come
         self.chunks = http1.ChunkEnd() if response.chunked else None
         self.paused = False
+        self.whole = False  # the last piece written ended an SSE stream (SSE_END): the client has what it needs
         self.read_at = 0  # when the piece being fed was read (ns), while timing is kept
 
     def feed(self, piece: bytes) -> None:
@@ -301,9 +324,14 @@ class _Relay:
         self.paused = False
 
     def stop(self) -> None:
-        """The relay is over (its end, an error, or the client gone and the task cancelled)."""
+        """The relay is over (its end, an error, or the task cancelled: the client gone, or the gateway stopping).
+        Cancelled after an SSE stream's `data: [DONE]` was written, it was answered; before, it was cut."""
         if not self.ended.done():
             self.ended.cancel()
+            if self.whole:
+                self.start.answered(self.response)
+            else:
+                self.start.cut()
 
     def flush(self) -> None:
         """The client's head, if no piece has taken it along yet."""
@@ -316,6 +344,7 @@ class _Relay:
         if not data or self.client.is_closing():
             return  # a client gone: its task is being cancelled (ClientConnection.on_gone), which closes this connection
         self.client.write(data)
+        self.whole = data.endswith(SSE_END)
         if not self.paused and self.client.get_write_buffer_size() > CLIENT_BUFFER_HIGH:
             self.paused = True
             if self.upstream.transport is not None:
@@ -326,7 +355,7 @@ class _Relay:
     def _finish(self, reusable: bool) -> None:
         if not self.ended.done():
             self._mark()
-            self.answered(self.response)
+            self.start.answered(self.response)
             self.ended.set_result(reusable)
 
     def _fail(self, exc: Exception) -> None:
