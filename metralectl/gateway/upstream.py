@@ -41,6 +41,8 @@ CLIENT_BUFFER_HIGH = 256 * 1024  # unsent bytes to a client past which the engin
 # client has its answer. Many stop reading there and close (benchmarks/gateway_paired.py), before the last chunk,
 # which llama-server writes apart.
 SSE_END = b"[DONE]\n\n\r\n"
+SSE_ENDS = (SSE_END, SSE_END + b"0\r\n", SSE_END + b"0\r\n\r")  # and the last chunk begun in the same read (seen:
+# llama-server's `0\r\n` read with [DONE], its closing CRLF a read later)
 
 
 class Client(Protocol):
@@ -344,7 +346,8 @@ class _Relay:
         if not data or self.client.is_closing():
             return  # a client gone: its task is being cancelled (ClientConnection.on_gone), which closes this connection
         self.client.write(data)
-        self.whole = data.endswith(SSE_END)
+        if not self.whole:  # once [DONE] is written, nothing after it matters to the client
+            self.whole = data.endswith(SSE_ENDS)
         if not self.paused and self.client.get_write_buffer_size() > CLIENT_BUFFER_HIGH:
             self.paused = True
             if self.upstream.transport is not None:

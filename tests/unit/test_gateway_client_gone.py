@@ -37,6 +37,16 @@ async def streams_then_holds(reader: asyncio.StreamReader, writer: asyncio.Strea
     writer.write(b"0\r\n\r\n")
 
 
+async def streams_then_holds_the_last_crlf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _n: int) -> None:
+    """As llama-server was seen to: [DONE] and the last chunk's `0\r\n` in one write, its closing CRLF apart."""
+    writer.write(STREAM_HEAD + chunk(SSE))
+    await writer.drain()
+    writer.write(chunk(DONE) + b"0\r\n")
+    await writer.drain()
+    await reader.read()
+    writer.write(b"\r\n")
+
+
 async def one_token_then_holds(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _n: int) -> None:
     writer.write(STREAM_HEAD + chunk(SSE[:SSE.index(b"\n\n") + 2]))
     await writer.drain()
@@ -71,6 +81,11 @@ def test_a_client_that_closes_at_done_before_the_engines_last_chunk_is_counted_a
     assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(DONE[:-2])
     assert answered == 1
     assert gone is None
+
+
+def test_a_client_that_closes_at_done_read_with_the_last_chunks_start_is_counted_as_answered_once() -> None:
+    got, answered, gone = leaving(streams_then_holds_the_last_crlf, b"[DONE]")
+    assert got.endswith(DONE[:-2]) and answered == 1 and gone is None
 
 
 def test_a_client_that_leaves_in_the_middle_of_an_answer_is_client_gone_and_not_answered() -> None:
