@@ -114,6 +114,16 @@ def test_each_request_goes_to_the_engine_serving_its_model(two: tuple[ProcBox, P
         assert status == 404 and error["code"] == "model_not_found" and error["served"] == names, body
         assert gateway.metric("metralectl_gateway_requests_total", model="tiny-first", status="200") == 1
         assert gateway.metric("metralectl_gateway_errors_total", reason="unknown-model") == 1
+        # clients that stop reading at `data: [DONE]` and close, before or after llama-server's last chunk came:
+        # answered, every one, none client-gone (it writes `0\r\n` with [DONE] and the last CRLF apart)
+        answered = gateway.metric("metralectl_gateway_requests_total", model="tiny-second", status="200")
+        for _ in range(8):
+            _stream_until_done(gateway.port, "tiny-second")
+        deadline = time.monotonic() + 30
+        while gateway.metric("metralectl_gateway_requests_total", model="tiny-second", status="200") < answered + 8:
+            assert time.monotonic() < deadline, "a client that read its whole answer was not counted as answered"
+            time.sleep(0.05)
+        assert gateway.metric("metralectl_gateway_errors_total", reason="client-gone") == 0
         assert gateway.first["event_loop"] == "uvloop"  # a dependency on Linux: auto serves on it
     finally:
         said = gateway.stop()
@@ -129,6 +139,21 @@ def test_each_request_goes_to_the_engine_serving_its_model(two: tuple[ProcBox, P
     finally:
         said = on_asyncio.stop()
     assert "Traceback" not in said, said
+
+
+def _stream_until_done(port: int, model: str) -> None:
+    """A streamed chat whose client reads until `data: [DONE]` and closes (many do; gateway_paired.py too)."""
+    body = json.dumps({"model": model, "stream": True, "max_tokens": 3,
+                       "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as raw:
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        seen = b""
+        while b"data: [DONE]" not in seen:
+            piece = raw.recv(65536)
+            assert piece, seen
+            seen += piece
+    assert seen.startswith(b"HTTP/1.1 200 "), seen[:200]
 
 
 def test_a_client_that_goes_away_cancels_its_request_in_the_engine(tmp_path: Path, hf_home: Path,  # noqa: F811
@@ -182,6 +207,9 @@ def test_a_client_that_goes_away_cancels_its_request_in_the_engine(tmp_path: Pat
             status, _, answer = gateway.chat("big", max_tokens=2)  # and the gateway still serves
             assert status == 200, answer
             assert gateway.metric("metralectl_gateway_requests_in_flight", model="big") == 0
+            # the two that left mid-answer: client-gone, not answered; the last one answered
+            assert gateway.metric("metralectl_gateway_errors_total", model="big", reason="client-gone") == 2
+            assert gateway.metric("metralectl_gateway_requests_total", model="big") == 1
         finally:
             gateway.stop()
     finally:
