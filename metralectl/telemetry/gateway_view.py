@@ -123,8 +123,10 @@ def parse_gateway_metrics(text: str, base: dict[str, Any]) -> GatewayRow:
                 loads[str(sample.labels.get("outcome", ""))[:40]] += int(value)
                 per[model]["loads"] += value if sample.labels.get("outcome") == "loaded" else 0
             elif short == "errors":
-                reasons[str(sample.labels.get("reason", ""))[:40]] += int(value)
-                per[model]["errors"] += value
+                reason = str(sample.labels.get("reason", ""))[:40]
+                reasons[reason] += int(value)
+                if reason != "client-gone":  # a client that left (a user's stop) is no failure: by reason only
+                    per[model]["errors"] += value
             elif short in ("requests", "evictions", "queue_depth"):
                 per[model][short] += value
             elif short == "requests_in_flight":

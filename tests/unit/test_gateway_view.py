@@ -29,6 +29,7 @@ def test_a_running_gateways_routed_loading_and_counts_come_from_its_metrics() ->
     m.requests.labels("a", "/v1/chat/completions", "200").inc(5)
     m.requests.labels("(unknown)", "/v1/chat/completions", "404").inc()
     m.errors.labels("(unknown)", "unknown-model").inc()
+    m.errors.labels("a", "client-gone").inc(2)  # clients that left mid-answer: by reason, not among the errors
     m.loads.labels("b", "loaded").inc(2)
     m.loads.labels("d", "refused").inc()
     m.evictions.labels("b").inc()
@@ -37,7 +38,8 @@ def test_a_running_gateways_routed_loading_and_counts_come_from_its_metrics() ->
     assert data["state"] == "serving" and data["models_served"] == 1
     assert data["routed"] == ["a"] and data["loading"] == ["c", "d"]
     assert data["queue_depth"] == 3 and data["requests"] == 6 and data["errors"] == 1 and data["evictions"] == 1
-    assert data["loads"] == {"loaded": 2, "refused": 1} and data["errors_by_reason"] == {"unknown-model": 1}
+    assert data["loads"] == {"loaded": 2, "refused": 1} and data["errors_by_reason"] == {"unknown-model": 1,
+                                                                                      "client-gone": 2}
 
 
 def test_a_gone_gateway_shows_no_number_and_a_foreign_answer_is_not_believed() -> None:
