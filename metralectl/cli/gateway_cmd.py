@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import math
 import socket
 import sys
 from typing import Any
@@ -61,12 +60,13 @@ def _own_cpus(text: str | None) -> frozenset[int] | None:
 
 def _busy_poll_ms(given: float | None) -> float:
     """--busy-poll, else box.yaml's gateway-busy-poll (refused by line there), else 0: off."""
-    if given is None:
-        from metralectl.lifecycle.budget import box_config
+    from metralectl.lifecycle.budget import BUSY_POLL_MAX_MS, box_config
 
+    if given is None:
         return box_config().gateway_busy_poll_ms
-    if not math.isfinite(given):  # click's range lets nan through
-        raise UsageError(f"--busy-poll: {given} is not a number of milliseconds", "e.g. --busy-poll 50, or 0 for off")
+    if not 0 <= given <= BUSY_POLL_MAX_MS:  # (nan too)
+        raise UsageError(f"--busy-poll: {given:g} is not a number of milliseconds from 0 to {BUSY_POLL_MAX_MS:g}",
+                         "e.g. --busy-poll 50, or 0 for off")
     return given
 
 
@@ -118,11 +118,11 @@ def gateway(
                              help="Run on these CPUs only (e.g. 14-15), and start engines on the others (default: "
                                   "box.yaml's `gateway-cpus:`). Engines started by `run` keep off them when box.yaml "
                                   "names them."),
-    busy_poll: float = typer.Option(None, "--busy-poll", metavar="MS", min=0, max=10_000,
-                                    help="Keep its event loop polling, not sleeping, this long after each read: "
-                                         "less added to a first token at few streams, a CPU flat out while it serves "
-                                         "(give it --cpus of its own). Default: box.yaml's `gateway-busy-poll:`, "
-                                         "else 0 (off)."),
+    busy_poll: float = typer.Option(None, "--busy-poll", metavar="MS",
+                                    help="Keep its event loop polling, not sleeping, this long (0-10000) after "
+                                         "each read: less added to a first token at few streams, a CPU flat out "
+                                         "while it serves (give it --cpus of its own). Default: box.yaml's "
+                                         "`gateway-busy-poll:`, else 0 (off)."),
 ) -> None:
     """Serve one OpenAI-compatible endpoint that routes each request by its `model` to the engine serving it.
     With API keys (`gateway keys add`), every client needs one, and each key names the models it may use."""

@@ -21,7 +21,10 @@ import asyncio
 import time
 from collections.abc import Callable
 
+
 class BusyPoll:
+    """The window on one loop: poke() at each read, start() and stop() with the gateway's serving."""
+
     def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s, self.clock = window_s, clock
         self.loop: asyncio.AbstractEventLoop | None = None

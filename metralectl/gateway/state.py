@@ -126,8 +126,10 @@ def _cpus(value: object) -> str | None:
 
 
 def _busy_poll_ms(value: object) -> float:
-    """A record's --busy-poll window (ms), else 0: a number from 0 to 10 s, nothing else someone left here."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10_000:
+    """A record's --busy-poll window (ms), else 0: a number in --busy-poll's range, nothing else someone left here."""
+    from metralectl.lifecycle.budget import BUSY_POLL_MAX_MS
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= BUSY_POLL_MAX_MS:
         return 0.0  # (nan fails the range too)
     return float(value)
 
