@@ -271,7 +271,7 @@ class _Relay:
         self.left = response.length  # Content-Length: bytes still to come
         self.chunks = http1.ChunkEnd() if response.chunked else None
         self.paused = False
-        self.whole = False  # the last piece written ended an SSE stream (SSE_END): the client has what it needs
+        self.whole = False  # an SSE stream's end was written (SSE_ENDS): the client has what it needs
         self.read_at = 0  # when the piece being fed was read (ns), while timing is kept
 
     def feed(self, piece: bytes) -> None:
