@@ -119,14 +119,11 @@ def gateway(ns: argparse.Namespace, box: Box, home: Path, port: int, loop: str,
     loop, _, cpus = loop.partition("@")
     loop, _, busy_ms = loop.partition("+busy")
     env = {**box.env, **({"METRALECTL_GATEWAY_TIMING": str(timing)} if timing else {})}
-    own = []  # --gateway-cpus: this wheel's gateway takes them itself (`gateway --cpus`, the product's way)
-    if ns.gateway_cpus and python is None:  # auto@14 beside --gateway-cpus 14-15: on 14, by its own --cpus
-        own, cpus = ["--cpus", cpus or ns.gateway_cpus], ""
-    elif not cpus and ns.gateway_cpus:
-        if python is None:
-            own = ["--cpus", ns.gateway_cpus]
-        else:  # another wheel's (the baseline): it may have no --cpus, so it is set on those CPUs from here
-            cpus = ns.gateway_cpus
+    own = []
+    if ns.gateway_cpus and python is None:  # this wheel's gateway takes them itself (`gateway --cpus`, the product's
+        own, cpus = ["--cpus", cpus or ns.gateway_cpus], ""  # way), or those of LOOP@CPUS among them (auto@14)
+    elif not cpus and ns.gateway_cpus:  # another wheel's (the baseline): it may have no --cpus, so set from here
+        cpus = ns.gateway_cpus
     chosen = {c for part in cpus.split(",") if part for a, _, b in [part.partition("-")]
               for c in range(int(a), int(b or a) + 1)}
     busy = ["--busy-poll", busy_ms] if busy_ms else []
